@@ -1,0 +1,374 @@
+//! `execrelay run`: behave like `ssh host cmd` (`processes.md` §7), and `execrelay demo`.
+//!
+//! Local stdout/stderr receive the remote streams, local stdin is forwarded and closed at end
+//! of file, `-t` puts the local terminal in raw mode and forwards size changes, Ctrl-C is
+//! forwarded as `SIGINT`, and the exit status is the remote one (`128+N` for a signal).
+
+use std::io::IsTerminal;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use crate::process::event_log::StreamName;
+use crate::rpc::messages::TermSize;
+
+/// Flags of `execrelay run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to spawn a local server.
+    pub target: Option<String>,
+    /// Spawn `execrelay serve --listen stdio` and run the command through it.
+    #[arg(long)]
+    pub local: bool,
+    /// Allocate a PTY; the local terminal goes raw and its size is forwarded.
+    #[arg(short = 't', long = "tty")]
+    pub tty: bool,
+    /// Set an environment variable for the command (repeatable).
+    #[arg(short = 'e', long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Working directory on the server (absolute).
+    #[arg(short = 'C', long = "cwd", value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Terminate the command after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+/// Flags of `execrelay demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Command to run instead of the built-in demo script.
+    #[arg(last = true)]
+    pub argv: Vec<String>,
+}
+
+/// Run `run`; returns the exit code.
+pub fn main(args: RunArgs) -> i32 {
+    crate::cli::init_logging("warn", false);
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("execrelay run: {e}");
+            return 255;
+        }
+    };
+    let code = rt.block_on(run(args));
+    // Do not wait for the blocking stdin reader thread.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+fn parse_target(args: &RunArgs) -> Result<Target, String> {
+    match (&args.target, args.local) {
+        (None, _) | (_, true) => Target::local().map_err(|e| e.to_string()),
+        (Some(t), false) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
+        (Some(t), false) => Err(format!(
+            "unsupported target {t:?}: expected ws://HOST:PORT or --local"
+        )),
+    }
+}
+
+fn local_size() -> Option<TermSize> {
+    let out = std::io::stdout();
+    if !out.is_terminal() {
+        return None;
+    }
+    let mut ws = nix::pty::Winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes a winsize struct we own.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&out.as_fd()),
+            libc::TIOCGWINSZ,
+            &mut ws,
+        )
+    };
+    (r == 0 && ws.ws_row > 0).then_some(TermSize {
+        rows: ws.ws_row,
+        cols: ws.ws_col,
+    })
+}
+
+/// Restores the terminal mode when dropped.
+struct RawMode {
+    saved: nix::sys::termios::Termios,
+}
+
+impl RawMode {
+    fn enable() -> Option<RawMode> {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return None;
+        }
+        let saved = nix::sys::termios::tcgetattr(stdin.as_fd()).ok()?;
+        let mut raw = saved.clone();
+        nix::sys::termios::cfmakeraw(&mut raw);
+        nix::sys::termios::tcsetattr(stdin.as_fd(), nix::sys::termios::SetArg::TCSANOW, &raw)
+            .ok()?;
+        Some(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let stdin = std::io::stdin();
+        let _ = nix::sys::termios::tcsetattr(
+            stdin.as_fd(),
+            nix::sys::termios::SetArg::TCSANOW,
+            &self.saved,
+        );
+    }
+}
+
+async fn run(args: RunArgs) -> i32 {
+    let target = match parse_target(&args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("execrelay run: {e}");
+            return 255;
+        }
+    };
+    let mut start = StartOptions::new("run-1", args.argv.clone());
+    for kv in &args.env {
+        match kv.split_once('=') {
+            Some((k, v)) => {
+                start.params.env.insert(k.to_string(), Some(v.to_string()));
+            }
+            None => {
+                eprintln!("execrelay run: -e expects K=V, got {kv:?}");
+                return 255;
+            }
+        }
+    }
+    start.params.cwd = args.cwd.clone();
+    start.params.timeout_ms = args.timeout.map(|s| (s * 1000.0) as u64);
+    start.params.pipe_stdin = true;
+    if args.tty {
+        start.params.tty = true;
+        start.params.size = Some(local_size().unwrap_or_default());
+    }
+    let client = match Client::connect(target, ClientOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("execrelay run: {e}");
+            return 255;
+        }
+    };
+    let mut proc = match client.start(start).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("execrelay run: {e}");
+            return 255;
+        }
+    };
+    let _raw = if args.tty { RawMode::enable() } else { None };
+
+    // stdin → process/write, then closeStdin at end of file.
+    let ctl = proc.controller();
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut n_writes = 0u64;
+        loop {
+            match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    n_writes += 1;
+                    match ctl.write(&buf[..n], &format!("w-{n_writes}")).await {
+                        Ok(s) if s == "accepted" => {}
+                        _ => return,
+                    }
+                }
+            }
+        }
+        let _ = ctl.close_stdin().await;
+    });
+
+    // Ctrl-C (when the terminal is not raw) → SIGINT; window changes → resize.
+    let ctl = proc.controller();
+    let tty = args.tty;
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut winch)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::window_change()),
+        ) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = int.recv() => { let _ = ctl.signal("SIGINT").await; }
+                _ = winch.recv() => {
+                    if tty {
+                        if let Some(size) = local_size() {
+                            let _ = ctl.resize(size).await;
+                        }
+                    }
+                }
+            }
+        }
+    });
+
+    let mut stdout = tokio::io::stdout();
+    let mut stderr = tokio::io::stderr();
+    let mut code = 255;
+    while let Some(ev) = proc.next_event().await {
+        match ev {
+            ProcessEvent::Output { stream, data } => {
+                let r = match stream {
+                    StreamName::Stderr => stderr.write_all(&data).await,
+                    _ => {
+                        let r = stdout.write_all(&data).await;
+                        if tty {
+                            let _ = stdout.flush().await;
+                        }
+                        r
+                    }
+                };
+                if r.is_err() {
+                    // Local stdout is gone (e.g. `| head`): stop the remote command.
+                    let _ = proc.terminate(None).await;
+                }
+            }
+            ProcessEvent::Lost { from, to } => {
+                eprintln!("execrelay run: output events {from}..={to} were lost");
+            }
+            ProcessEvent::Exited(info) => {
+                code = match (info.exit_code, info.signal.as_deref()) {
+                    (Some(c), _) => c,
+                    (None, Some(sig)) => 128 + signal_number(sig),
+                    (None, None) => 255,
+                };
+                if info.output_drain_timed_out {
+                    tracing::warn!("output was cut at the drain deadline");
+                }
+                break;
+            }
+        }
+    }
+    let _ = stdout.flush().await;
+    let _ = stderr.flush().await;
+    client.close();
+    code
+}
+
+fn signal_number(name: &str) -> i32 {
+    name.parse::<nix::sys::signal::Signal>()
+        .map(|s| s as i32)
+        .unwrap_or(0)
+}
+
+/// `execrelay demo`: a local WebSocket server and a client streaming a command's output.
+pub fn demo_main(args: DemoArgs) -> i32 {
+    crate::cli::init_logging("warn", false);
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("execrelay demo: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(demo(args))
+}
+
+async fn demo(args: DemoArgs) -> i32 {
+    use tokio::io::AsyncBufReadExt;
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("execrelay demo: {e}");
+            return 1;
+        }
+    };
+    let mut server = match tokio::process::Command::new(exe)
+        .args(["serve", "--listen", "ws://127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("execrelay demo: cannot start server: {e}");
+            return 1;
+        }
+    };
+    let Some(out) = server.stdout.take() else {
+        return 1;
+    };
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    let url = match lines.next_line().await {
+        Ok(Some(u)) => u,
+        _ => {
+            eprintln!("execrelay demo: server did not print its URL");
+            return 1;
+        }
+    };
+    println!("demo: exec server listening on {url}");
+    let client = match Client::connect(Target::Ws(url.clone()), ClientOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("execrelay demo: {e}");
+            return 1;
+        }
+    };
+    let argv = if args.argv.is_empty() {
+        vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            "for i in 1 2 3 4 5; do echo \"tick $i from pid $$\"; sleep 0.2; done; echo 'a line on stderr' >&2; exit 7".to_string(),
+        ]
+    } else {
+        args.argv
+    };
+    println!("demo: running {argv:?}");
+    let mut p = match client.start(StartOptions::new("demo-1", argv)).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("execrelay demo: {e}");
+            return 1;
+        }
+    };
+    let mut status = 1;
+    while let Some(ev) = p.next_event().await {
+        match ev {
+            ProcessEvent::Output { stream, data } => {
+                for line in String::from_utf8_lossy(&data).lines() {
+                    println!("[{}] {line}", stream.as_str());
+                }
+            }
+            ProcessEvent::Lost { from, to } => println!("[lost] events {from}..={to}"),
+            ProcessEvent::Exited(info) => {
+                println!(
+                    "demo: exited: code={:?} signal={:?} stdout={}B stderr={}B in {} ms",
+                    info.exit_code,
+                    info.signal,
+                    info.stdout_bytes,
+                    info.stderr_bytes,
+                    info.duration_ms
+                );
+                status = 0;
+                break;
+            }
+        }
+    }
+    client.close();
+    if let Some(pid) = server.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), server.wait()).await;
+    println!("demo: done");
+    status
+}

@@ -1,0 +1,808 @@
+//! The Rust client: connect to an exec server, start processes, stream their events, and
+//! survive transport failures by resuming the session.
+//!
+//! Layout: [`rpc_connection`] is one JSON-RPC connection; this module adds the session
+//! (`initialize`, resume with backoff inside the server's TTL), per-process event streams
+//! that hand out every event exactly once and in order (deduplicated by `seq`, gaps filled
+//! with `process/read`), and acks. It must never show a byte twice or skip one silently: a
+//! range the server no longer retains is surfaced as [`ProcessEvent::Lost`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), execrelay::client::ClientError> {
+//! use execrelay::client::{Client, ClientOptions, ProcessEvent, Target};
+//! let client = Client::connect(Target::Ws("ws://127.0.0.1:7000".into()), ClientOptions::default()).await?;
+//! let mut p = client.start(execrelay::client::StartOptions::new("p1", ["echo", "hi"])).await?;
+//! while let Some(ev) = p.next_event().await {
+//!     if let ProcessEvent::Exited(info) = ev { println!("exit {:?}", info.exit_code); }
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod rpc_connection;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::MAX_MESSAGE_BYTES;
+use crate::process::event_log::StreamName;
+use crate::process::managed_process::lock;
+use crate::rpc::messages::{ExitInfo, InitializeResult, StartParams, StartResult, TermSize};
+use crate::transport::stdio::line_transport;
+use crate::transport::Transport;
+use rpc_connection::RpcConnection;
+
+/// Events buffered per process between the connection and the application. When full, the
+/// connection stops reading: the server holds the rest (and eventually the child blocks).
+pub const PROCESS_EVENT_QUEUE: usize = 64;
+/// Output bytes handed to the application before an ack is sent.
+pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
+/// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
+pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
+/// Longest reconnect delay.
+pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// Client failures.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The server answered with a JSON-RPC error.
+    #[error("server error {code}: {message}")]
+    Rpc {
+        /// JSON-RPC code.
+        code: i64,
+        /// Message.
+        message: String,
+        /// Data member.
+        data: Option<Value>,
+    },
+    /// The connection dropped while a call was in flight.
+    #[error("connection lost")]
+    ConnectionLost,
+    /// The transport could not be set up.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The server sent something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The session could not be resumed within its TTL.
+    #[error("session lost: {0}")]
+    SessionLost(String),
+}
+
+impl ClientError {
+    pub(crate) fn from_error_object(v: Value) -> ClientError {
+        ClientError::Rpc {
+            code: v.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: v
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            data: v.get("data").cloned(),
+        }
+    }
+
+    /// The JSON-RPC code, if this is a server error.
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            ClientError::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// Where the server is.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Spawn `program args…` and speak over its stdin/stdout (e.g. `execrelay serve --listen
+    /// stdio`). The server lives as long as the connection: no reconnection.
+    Spawn {
+        /// Program.
+        program: PathBuf,
+        /// Arguments.
+        args: Vec<String>,
+    },
+    /// A plain WebSocket URL, `ws://HOST:PORT`.
+    Ws(String),
+}
+
+impl Target {
+    /// Spawn this very binary as a stdio server (`execrelay run --local`).
+    pub fn local() -> Result<Target, ClientError> {
+        let exe = std::env::current_exe().map_err(|e| ClientError::Connect(e.to_string()))?;
+        Ok(Target::Spawn {
+            program: exe,
+            args: vec!["serve".into(), "--listen".into(), "stdio".into()],
+        })
+    }
+
+    fn can_reconnect(&self) -> bool {
+        matches!(self, Target::Ws(_))
+    }
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Sent in `initialize`.
+    pub client_name: String,
+    /// Declare `capabilities.acks` (lossless retention across reconnects).
+    pub acks: bool,
+    /// Resume automatically after a transport failure.
+    pub reconnect: bool,
+    /// Give up resuming after this long (default: the server's TTL).
+    pub reconnect_deadline: Option<Duration>,
+    /// Largest message accepted from the server.
+    pub max_message_bytes: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            client_name: "execrelay-client".into(),
+            acks: true,
+            reconnect: true,
+            reconnect_deadline: None,
+            max_message_bytes: MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// What to start; see `process/start`.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// The params sent.
+    pub params: StartParams,
+}
+
+impl StartOptions {
+    /// A process `id` running `argv` with every other setting at its default.
+    pub fn new<I, S>(id: &str, argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        StartOptions {
+            params: StartParams {
+                process_id: id.to_string(),
+                argv: argv.into_iter().map(Into::into).collect(),
+                cwd: None,
+                env: Default::default(),
+                inherit_env: true,
+                tty: false,
+                pipe_stdin: false,
+                size: None,
+                timeout_ms: None,
+                output_bytes_cap: None,
+                drain_timeout_ms: None,
+                kill_grace_ms: None,
+                kill_process_group_on_exit: false,
+            },
+        }
+    }
+}
+
+/// An event of one process, handed out exactly once, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProcessEvent {
+    /// Output bytes.
+    Output {
+        /// Which stream.
+        stream: StreamName,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// The server no longer had events `from..=to` (only possible without acks).
+    Lost {
+        /// First missing seq.
+        from: u64,
+        /// Last missing seq.
+        to: u64,
+    },
+    /// The exit notice; the last event.
+    Exited(ExitInfo),
+}
+
+struct ProcSlot {
+    tx: mpsc::Sender<ProcessEvent>,
+    /// Highest seq handed to the application.
+    delivered: u64,
+    unacked_bytes: u64,
+    done: bool,
+}
+
+struct Shared {
+    target: Target,
+    opts: ClientOptions,
+    conn: Mutex<Option<RpcConnection>>,
+    session: Mutex<Option<(String, String, u64)>>,
+    procs: tokio::sync::Mutex<HashMap<String, ProcSlot>>,
+    reconnected: Notify,
+    shutdown: CancellationToken,
+    lost: Mutex<Option<String>>,
+    connects: std::sync::atomic::AtomicU64,
+}
+
+/// A connected client. Cheap to clone; every clone shares the session.
+#[derive(Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+}
+
+/// A started process.
+pub struct ProcessHandle {
+    /// Its id.
+    pub id: String,
+    /// Its pid on the server.
+    pub pid: u32,
+    events: mpsc::Receiver<ProcessEvent>,
+    client: Client,
+    write_seq: u64,
+}
+
+async fn open_transport(target: &Target, max: usize) -> Result<Transport, ClientError> {
+    match target {
+        Target::Spawn { program, args } => {
+            let mut child = tokio::process::Command::new(program)
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| ClientError::Connect(format!("{}: {e}", program.display())))?;
+            let stdin = child
+                .stdin
+                .take()
+                .ok_or_else(|| ClientError::Connect("no stdin".into()))?;
+            let stdout = child
+                .stdout
+                .take()
+                .ok_or_else(|| ClientError::Connect("no stdout".into()))?;
+            // Reap the server when it exits; kill_on_drop covers an abandoned client.
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+            });
+            Ok(line_transport(stdout, stdin, max, "spawned server"))
+        }
+        Target::Ws(url) => crate::transport::websocket::connect_websocket(url, max)
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string())),
+    }
+}
+
+impl Client {
+    /// Connect and `initialize` a new session.
+    pub async fn connect(target: Target, opts: ClientOptions) -> Result<Client, ClientError> {
+        let shared = Arc::new(Shared {
+            target,
+            opts,
+            conn: Mutex::new(None),
+            session: Mutex::new(None),
+            procs: tokio::sync::Mutex::new(HashMap::new()),
+            reconnected: Notify::new(),
+            shutdown: CancellationToken::new(),
+            lost: Mutex::new(None),
+            connects: std::sync::atomic::AtomicU64::new(0),
+        });
+        let client = Client { shared };
+        client.establish(None).await?;
+        if client.shared.opts.reconnect && client.shared.target.can_reconnect() {
+            let c = client.clone();
+            tokio::spawn(async move { c.supervise().await });
+        }
+        Ok(client)
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> Option<String> {
+        lock(&self.shared.session).as_ref().map(|s| s.0.clone())
+    }
+
+    /// How many connections were established (1 + successful resumes).
+    pub fn connection_count(&self) -> u64 {
+        self.shared
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Drop the current transport as if the network failed (tests and benchmarks).
+    pub fn break_connection(&self) {
+        if let Some(c) = lock(&self.shared.conn).as_ref() {
+            c.close();
+        }
+    }
+
+    /// Close the client: the server detaches the session (it expires after its TTL).
+    pub fn close(&self) {
+        self.shared.shutdown.cancel();
+        self.break_connection();
+    }
+
+    /// Connect, initialize (resuming `resume` if given) and install the connection.
+    async fn establish(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
+        let transport = open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
+        let (ntx, nrx) = mpsc::channel::<(String, Value)>(PROCESS_EVENT_QUEUE);
+        let conn = RpcConnection::start(transport, ntx);
+        let mut params = json!({
+            "clientName": self.shared.opts.client_name,
+            "clientVersion": env!("CARGO_PKG_VERSION"),
+            "capabilities": {"acks": self.shared.opts.acks},
+        });
+        if let Some((sid, tok)) = &resume {
+            params["resume"] = json!({"sessionId": sid, "resumeToken": tok});
+        }
+        let result = conn.call("initialize", params).await?;
+        let init: InitializeResult = serde_json::from_value(result)
+            .map_err(|e| ClientError::Protocol(format!("bad initialize result: {e}")))?;
+        conn.notify("initialized", json!({})).await?;
+        *lock(&self.shared.session) = Some((
+            init.session_id,
+            init.resume_token,
+            init.limits.detached_session_ttl_ms,
+        ));
+        *lock(&self.shared.conn) = Some(conn.clone());
+        self.shared
+            .connects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let c = self.clone();
+        tokio::spawn(async move { c.route(conn, nrx).await });
+        self.shared.reconnected.notify_waiters();
+        Ok(())
+    }
+
+    /// Watch the connection; on loss, resume with backoff until the deadline.
+    async fn supervise(&self) {
+        loop {
+            let conn = lock(&self.shared.conn).clone();
+            let Some(conn) = conn else { return };
+            tokio::select! {
+                _ = conn.closed() => {}
+                _ = self.shared.shutdown.cancelled() => return,
+            }
+            if self.shared.shutdown.is_cancelled() {
+                return;
+            }
+            let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
+                return;
+            };
+            let deadline = tokio::time::Instant::now()
+                + self
+                    .shared
+                    .opts
+                    .reconnect_deadline
+                    .unwrap_or(Duration::from_millis(ttl));
+            let mut delay = RECONNECT_INITIAL_DELAY;
+            let mut attempt = 0u32;
+            loop {
+                attempt += 1;
+                match self.establish(Some((sid.clone(), tok.clone()))).await {
+                    Ok(()) => {
+                        tracing::info!(attempt, "session resumed");
+                        break;
+                    }
+                    Err(ClientError::Rpc { code: -32003, message, .. }) => {
+                        self.fail(format!("server refused resume: {message}")).await;
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(attempt, error = %e, "reconnect failed");
+                        if tokio::time::Instant::now() + delay > deadline {
+                            self.fail(format!("could not reconnect within the session TTL: {e}"))
+                                .await;
+                            return;
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = self.shared.shutdown.cancelled() => return,
+                        }
+                        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn fail(&self, why: String) {
+        tracing::warn!(%why, "session lost");
+        *lock(&self.shared.lost) = Some(why);
+        // Closing every event stream tells the application.
+        self.shared.procs.lock().await.clear();
+        self.shared.reconnected.notify_waiters();
+    }
+
+    /// Route notifications of one connection to process streams, deduplicated by seq.
+    async fn route(&self, conn: RpcConnection, mut rx: mpsc::Receiver<(String, Value)>) {
+        while let Some((method, params)) = rx.recv().await {
+            let Some(pid) = params.get("processId").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(seq) = params.get("seq").and_then(Value::as_u64) else {
+                continue;
+            };
+            let ev = match method.as_str() {
+                "process/outputDelta" => match decode_output(&params) {
+                    Some(ev) => ev,
+                    None => continue,
+                },
+                "process/exited" => match serde_json::from_value::<ExitInfo>(params.clone()) {
+                    Ok(info) => ProcessEvent::Exited(info),
+                    Err(_) => continue,
+                },
+                _ => continue,
+            };
+            self.deliver(&conn, pid, seq, ev).await;
+        }
+    }
+
+    async fn deliver(&self, conn: &RpcConnection, pid: &str, seq: u64, ev: ProcessEvent) {
+        let mut procs = self.shared.procs.lock().await;
+        let Some(slot) = procs.get_mut(pid) else {
+            return;
+        };
+        if seq <= slot.delivered || slot.done {
+            return; // a replay after resume
+        }
+        if seq > slot.delivered + 1 {
+            // A gap: fetch what is missing before going on.
+            let from = slot.delivered;
+            drop(procs);
+            self.fill_gap(conn, pid, from, seq).await;
+            procs = self.shared.procs.lock().await;
+            let Some(s) = procs.get_mut(pid) else { return };
+            if seq <= s.delivered || s.done {
+                return;
+            }
+            let slot = s;
+            return Self::hand_out(conn, pid, slot, seq, ev).await;
+        }
+        Self::hand_out(conn, pid, slot, seq, ev).await
+    }
+
+    async fn hand_out(
+        conn: &RpcConnection,
+        pid: &str,
+        slot: &mut ProcSlot,
+        seq: u64,
+        ev: ProcessEvent,
+    ) {
+        let bytes = match &ev {
+            ProcessEvent::Output { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        let exited = matches!(ev, ProcessEvent::Exited(_));
+        if slot.tx.send(ev).await.is_err() {
+            // The application dropped the handle; keep acking so the server can release.
+        }
+        slot.delivered = seq;
+        slot.unacked_bytes += bytes;
+        if exited {
+            slot.done = true;
+        }
+        if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
+            slot.unacked_bytes = 0;
+            let _ = conn
+                .notify("process/ack", json!({"processId": pid, "seq": seq}))
+                .await;
+        }
+    }
+
+    async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) {
+        let mut after = after;
+        while after + 1 < upto {
+            let r = conn
+                .call(
+                    "process/read",
+                    json!({"processId": pid, "afterSeq": after, "maxBytes": 1 << 20}),
+                )
+                .await;
+            let events = match r {
+                Ok(v) => v,
+                Err(ClientError::Rpc { code: -32005, data, .. }) => {
+                    let to = data
+                        .as_ref()
+                        .and_then(|d| d.get("toSeq"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(upto - 1);
+                    let mut procs = self.shared.procs.lock().await;
+                    if let Some(slot) = procs.get_mut(pid) {
+                        let _ = slot
+                            .tx
+                            .send(ProcessEvent::Lost {
+                                from: after + 1,
+                                to,
+                            })
+                            .await;
+                        slot.delivered = to;
+                    }
+                    after = to;
+                    continue;
+                }
+                Err(_) => return,
+            };
+            let list = events["events"].as_array().cloned().unwrap_or_default();
+            if list.is_empty() {
+                return;
+            }
+            for e in list {
+                let Some(seq) = e.get("seq").and_then(Value::as_u64) else {
+                    return;
+                };
+                if seq >= upto {
+                    return;
+                }
+                let ev = if e["type"] == "exited" {
+                    match serde_json::from_value::<ExitInfo>(e.clone()) {
+                        Ok(i) => ProcessEvent::Exited(i),
+                        Err(_) => return,
+                    }
+                } else {
+                    match decode_output(&e) {
+                        Some(ev) => ev,
+                        None => return,
+                    }
+                };
+                let mut procs = self.shared.procs.lock().await;
+                if let Some(slot) = procs.get_mut(pid) {
+                    if seq == slot.delivered + 1 {
+                        Self::hand_out(conn, pid, slot, seq, ev).await;
+                    }
+                }
+                after = seq;
+            }
+        }
+    }
+
+    /// Current connection, waiting for a reconnect if one is under way.
+    async fn connection(&self) -> Result<RpcConnection, ClientError> {
+        loop {
+            if let Some(why) = lock(&self.shared.lost).clone() {
+                return Err(ClientError::SessionLost(why));
+            }
+            let notified = self.shared.reconnected.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let c = lock(&self.shared.conn).clone();
+            match c {
+                Some(c) if !c.is_closed() => return Ok(c),
+                _ if !(self.shared.opts.reconnect && self.shared.target.can_reconnect()) => {
+                    return Err(ClientError::ConnectionLost)
+                }
+                _ => notified.await,
+            }
+        }
+    }
+
+    /// Call a method, retrying across reconnects. Only for requests that are safe to repeat.
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        loop {
+            let conn = self.connection().await?;
+            match conn.call(method, params.clone()).await {
+                Err(ClientError::ConnectionLost)
+                    if self.shared.opts.reconnect && self.shared.target.can_reconnect() =>
+                {
+                    continue
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Start a process and get a handle streaming its events.
+    pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
+        let id = opts.params.process_id.clone();
+        let (tx, rx) = mpsc::channel(PROCESS_EVENT_QUEUE);
+        self.shared.procs.lock().await.insert(
+            id.clone(),
+            ProcSlot {
+                tx,
+                delivered: 0,
+                unacked_bytes: 0,
+                done: false,
+            },
+        );
+        let params = serde_json::to_value(&opts.params)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut retried = false;
+        let result = loop {
+            let conn = match self.connection().await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.shared.procs.lock().await.remove(&id);
+                    return Err(e);
+                }
+            };
+            match conn.call("process/start", params.clone()).await {
+                Ok(v) => break v,
+                Err(ClientError::ConnectionLost) if self.shared.target.can_reconnect() => {
+                    retried = true;
+                    continue;
+                }
+                // The first attempt started it before the link died: find its pid.
+                Err(ClientError::Rpc { code: -32002, .. }) if retried => {
+                    let list = self.call("process/list", json!({})).await?;
+                    let pid = list["processes"]
+                        .as_array()
+                        .and_then(|ps| ps.iter().find(|p| p["processId"] == id.as_str()))
+                        .and_then(|p| p["pid"].as_u64())
+                        .unwrap_or(0);
+                    break json!({"processId": id, "pid": pid});
+                }
+                Err(e) => {
+                    self.shared.procs.lock().await.remove(&id);
+                    return Err(e);
+                }
+            }
+        };
+        let r: StartResult =
+            serde_json::from_value(result).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(ProcessHandle {
+            id,
+            pid: r.pid,
+            events: rx,
+            client: self.clone(),
+            write_seq: 0,
+        })
+    }
+
+    /// `server/info`.
+    pub async fn server_info(&self) -> Result<Value, ClientError> {
+        self.call("server/info", json!({})).await
+    }
+}
+
+fn decode_output(params: &Value) -> Option<ProcessEvent> {
+    let stream = match params.get("stream")?.as_str()? {
+        "stdout" => StreamName::Stdout,
+        "stderr" => StreamName::Stderr,
+        "pty" => StreamName::Pty,
+        _ => return None,
+    };
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(params.get("chunk")?.as_str()?)
+        .ok()?;
+    Some(ProcessEvent::Output {
+        stream,
+        data: Bytes::from(data),
+    })
+}
+
+impl ProcessHandle {
+    /// The next event; `None` after the exit notice (or if the session was lost).
+    pub async fn next_event(&mut self) -> Option<ProcessEvent> {
+        self.events.recv().await
+    }
+
+    /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`).
+    pub async fn write(&mut self, data: &[u8]) -> Result<String, ClientError> {
+        self.write_seq += 1;
+        let v = self
+            .client
+            .call(
+                "process/write",
+                json!({
+                    "processId": self.id,
+                    "chunk": base64::engine::general_purpose::STANDARD.encode(data),
+                    "writeId": format!("w-{}", self.write_seq),
+                }),
+            )
+            .await?;
+        Ok(v["status"].as_str().unwrap_or("").to_string())
+    }
+
+    /// Close stdin.
+    pub async fn close_stdin(&self) -> Result<(), ClientError> {
+        self.client
+            .call("process/closeStdin", json!({"processId": self.id}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Send a signal by name.
+    pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
+        self.client
+            .call("process/signal", json!({"processId": self.id, "signal": name}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Resize the PTY.
+    pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
+        self.client
+            .call(
+                "process/resize",
+                json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Terminate (SIGTERM, then SIGKILL after `grace`).
+    pub async fn terminate(&self, grace: Option<Duration>) -> Result<bool, ClientError> {
+        let mut p = json!({"processId": self.id});
+        if let Some(g) = grace {
+            p["graceMs"] = json!(g.as_millis() as u64);
+        }
+        let v = self.client.call("process/terminate", p).await?;
+        Ok(v["running"].as_bool().unwrap_or(false))
+    }
+
+    /// A cloneable controller for this process (signals, writes) usable while another task
+    /// consumes events.
+    pub fn controller(&self) -> ProcessController {
+        ProcessController {
+            id: self.id.clone(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+/// Controls a process without owning its event stream.
+#[derive(Clone)]
+pub struct ProcessController {
+    id: String,
+    client: Client,
+}
+
+impl ProcessController {
+    /// Send a signal by name.
+    pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
+        self.client
+            .call("process/signal", json!({"processId": self.id, "signal": name}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Resize the PTY.
+    pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
+        self.client
+            .call(
+                "process/resize",
+                json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Write with an explicit idempotency key.
+    pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
+        let v = self
+            .client
+            .call(
+                "process/write",
+                json!({
+                    "processId": self.id,
+                    "chunk": base64::engine::general_purpose::STANDARD.encode(data),
+                    "writeId": write_id,
+                }),
+            )
+            .await?;
+        Ok(v["status"].as_str().unwrap_or("").to_string())
+    }
+
+    /// Close stdin.
+    pub async fn close_stdin(&self) -> Result<(), ClientError> {
+        self.client
+            .call("process/closeStdin", json!({"processId": self.id}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Terminate.
+    pub async fn terminate(&self) -> Result<bool, ClientError> {
+        let v = self
+            .client
+            .call("process/terminate", json!({"processId": self.id}))
+            .await?;
+        Ok(v["running"].as_bool().unwrap_or(false))
+    }
+}

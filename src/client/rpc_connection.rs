@@ -1,0 +1,172 @@
+//! One client-side JSON-RPC connection: request/response correlation and notification
+//! routing over a [`Transport`].
+//!
+//! A reader task routes responses to their waiting callers and notifications to one handler;
+//! a writer task owns the sink. It knows nothing of sessions or reconnection: the [`Client`]
+//! (`client/mod.rs`) builds those on top and replaces a dead connection with a new one.
+//!
+//! [`Client`]: super::Client
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::ClientError;
+use crate::process::managed_process::lock;
+use crate::rpc::jsonrpc::{encode_notification, encode_request, parse_inbound, Inbound};
+use crate::transport::Transport;
+
+/// Outbound messages queued for the writer task. Bounded so a dead peer cannot make the
+/// client buffer without limit.
+const OUTBOUND_QUEUE: usize = 256;
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, ClientError>>>>>;
+
+/// Receives every notification, in wire order, on the reader task. It may wait (that is
+/// backpressure on the transport).
+pub type NotificationSink = mpsc::Sender<(String, Value)>;
+
+/// A live connection.
+#[derive(Clone)]
+pub struct RpcConnection {
+    out: mpsc::Sender<String>,
+    pending: Pending,
+    next_id: Arc<AtomicU64>,
+    closed: CancellationToken,
+}
+
+impl RpcConnection {
+    /// Start the reader and writer tasks over `transport`.
+    pub fn start(transport: Transport, notifications: NotificationSink) -> RpcConnection {
+        let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let closed = CancellationToken::new();
+        let Transport {
+            mut incoming,
+            mut outgoing,
+            ..
+        } = transport;
+
+        let c = closed.clone();
+        tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    _ = c.cancelled() => break,
+                    m = out_rx.recv() => m,
+                };
+                let Some(msg) = msg else { break };
+                if outgoing.feed(msg).await.is_err() {
+                    break;
+                }
+                // Batch whatever else is queued before flushing.
+                let mut ok = true;
+                while let Ok(m) = out_rx.try_recv() {
+                    if outgoing.feed(m).await.is_err() {
+                        ok = false;
+                        break;
+                    }
+                }
+                if !ok || outgoing.flush().await.is_err() {
+                    break;
+                }
+            }
+            let _ = outgoing.close().await;
+            c.cancel();
+        });
+
+        let p = pending.clone();
+        let c = closed.clone();
+        tokio::spawn(async move {
+            loop {
+                let item = tokio::select! {
+                    _ = c.cancelled() => break,
+                    m = incoming.next() => m,
+                };
+                let Some(Ok(bytes)) = item else { break };
+                match parse_inbound(&bytes) {
+                    Ok(Inbound::Response { id, outcome }) => {
+                        let Some(id) = id.as_u64() else { continue };
+                        let tx = lock(&p).remove(&id);
+                        if let Some(tx) = tx {
+                            let _ = tx.send(outcome.map_err(ClientError::from_error_object));
+                        }
+                    }
+                    Ok(Inbound::Notification { method, params }) => {
+                        tokio::select! {
+                            _ = c.cancelled() => break,
+                            r = notifications.send((method, params)) => if r.is_err() { break },
+                        }
+                    }
+                    Ok(Inbound::Request { .. }) => {}
+                    Err(r) => {
+                        // A server error not tied to a request (id null), e.g. a framing error.
+                        tracing::debug!(error = %r.error, "unparseable message from server");
+                    }
+                }
+            }
+            c.cancel();
+            // Fail every waiting call: the connection is gone.
+            for (_, tx) in lock(&p).drain() {
+                let _ = tx.send(Err(ClientError::ConnectionLost));
+            }
+        });
+
+        RpcConnection {
+            out: out_tx,
+            pending,
+            next_id: Arc::new(AtomicU64::new(1)),
+            closed,
+        }
+    }
+
+    /// Send a request and wait for its result.
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        if self.closed.is_cancelled() {
+            lock(&self.pending).remove(&id);
+            return Err(ClientError::ConnectionLost);
+        }
+        let text = encode_request(&Value::from(id), method, &params);
+        if self.out.send(text).await.is_err() {
+            lock(&self.pending).remove(&id);
+            return Err(ClientError::ConnectionLost);
+        }
+        tokio::select! {
+            r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
+            _ = self.closed.cancelled() => {
+                lock(&self.pending).remove(&id);
+                Err(ClientError::ConnectionLost)
+            }
+        }
+    }
+
+    /// Send a notification.
+    pub async fn notify(&self, method: &str, params: Value) -> Result<(), ClientError> {
+        self.out
+            .send(encode_notification(method, &params))
+            .await
+            .map_err(|_| ClientError::ConnectionLost)
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Resolves when the connection is gone.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await
+    }
+
+    /// Drop the connection now.
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+}

@@ -1,0 +1,382 @@
+//! The `ConnectionProcessor`: one JSON-RPC connection, from framed messages to the session.
+//!
+//! It owns the connection's state machine (`initialize` → `initialized` → ready), the request
+//! classes of `protocol.md` §6 (control requests run at once, per-process requests through the
+//! [`Scheduler`]), the per-connection request limit, and the connection's writer task. When the
+//! connection ends, queued requests are skipped, in-flight ones (long polls included) end at
+//! once, and the session is detached (or closed, for stdio). It must never block its reader on
+//! a request: every request runs in its own task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::delivery::{run_writer, ControlMessage, ReadySet};
+use crate::handlers::{self, Ctx, Reply};
+use crate::request_scheduler::{Class, Scheduler};
+use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
+use crate::rpc::messages::{AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION};
+use crate::rpc::RpcError;
+use crate::session_registry::{ConnHandle, Session, SessionRegistry};
+use crate::transport::{FramingError, Transport};
+
+/// Extra control-lane slots beyond the request limit, for errors the reader sends itself
+/// (parse errors, limit errors). When even these are full the reader waits: the client is not
+/// reading its responses.
+const CONTROL_LANE_SLACK: usize = 64;
+
+/// How long a closing connection waits for its writer to flush a final error.
+const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Options of one connection.
+#[derive(Clone, Default)]
+pub struct ConnectionOptions {
+    /// Close the session (terminating its processes) when the connection ends, instead of
+    /// detaching it. Stdio mode.
+    pub close_session_on_end: bool,
+    /// The client's static key on a Noise channel.
+    pub peer_key: Option<Vec<u8>>,
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionEnd {
+    /// The peer closed it.
+    PeerClosed,
+    /// A framing error (oversized message, transport violation).
+    FramingError(String),
+    /// The peer sent a response; the server never sends requests.
+    UnexpectedResponse,
+    /// Another connection resumed the session.
+    Evicted,
+    /// Server shutdown.
+    Shutdown,
+}
+
+enum State {
+    AwaitInitialize,
+    AwaitInitialized(Arc<Session>),
+    Ready(Arc<Session>),
+}
+
+/// Runs one connection.
+pub struct ConnectionProcessor {
+    registry: Arc<SessionRegistry>,
+    opts: ConnectionOptions,
+    conn_id: u64,
+    ready: Arc<ReadySet>,
+    evict: CancellationToken,
+    cancel: CancellationToken,
+    control: mpsc::Sender<ControlMessage>,
+    scheduler: Scheduler,
+    pending: Arc<Semaphore>,
+    state: State,
+}
+
+impl ConnectionProcessor {
+    /// Serve `transport` until it closes, the session is resumed elsewhere, or `shutdown`
+    /// fires.
+    pub async fn run(
+        transport: Transport,
+        registry: Arc<SessionRegistry>,
+        opts: ConnectionOptions,
+        shutdown: CancellationToken,
+    ) -> ConnectionEnd {
+        let conn_id = registry.next_conn_id();
+        let span = tracing::info_span!("connection", id = conn_id, peer = %transport.peer);
+        async move {
+            let cfg = registry.config().clone();
+            let (control, control_rx) =
+                mpsc::channel(cfg.max_pending_requests + CONTROL_LANE_SLACK);
+            let ready = Arc::new(ReadySet::default());
+            let writer_cancel = CancellationToken::new();
+            let writer = tokio::spawn(
+                run_writer(transport.outgoing, control_rx, ready.clone(), writer_cancel.clone())
+                    .in_current_span(),
+            );
+            let mut cp = ConnectionProcessor {
+                registry,
+                opts,
+                conn_id,
+                ready,
+                evict: CancellationToken::new(),
+                cancel: CancellationToken::new(),
+                control,
+                scheduler: Scheduler::default(),
+                pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
+                state: State::AwaitInitialize,
+            };
+            tracing::debug!("connection open");
+            let end = cp.read_loop(transport.incoming, &shutdown).await;
+            tracing::info!(?end, "connection closing");
+            cp.teardown(&end);
+            let ConnectionProcessor { control, .. } = cp;
+            drop(control);
+            let mut writer = writer;
+            if matches!(end, ConnectionEnd::Evicted) {
+                writer_cancel.cancel();
+            }
+            if tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, &mut writer)
+                .await
+                .is_err()
+            {
+                writer_cancel.cancel();
+                writer.abort();
+            }
+            end
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn read_loop(
+        &mut self,
+        mut incoming: crate::transport::MessageStream,
+        shutdown: &CancellationToken,
+    ) -> ConnectionEnd {
+        let evict = self.evict.clone();
+        loop {
+            let msg = tokio::select! {
+                biased;
+                _ = evict.cancelled() => return ConnectionEnd::Evicted,
+                _ = shutdown.cancelled() => return ConnectionEnd::Shutdown,
+                m = incoming.next() => m,
+            };
+            match msg {
+                None => return ConnectionEnd::PeerClosed,
+                Some(Err(FramingError::TooLarge { limit })) => {
+                    let e = RpcError::invalid_request(format!(
+                        "message exceeds the limit of {limit} bytes"
+                    ));
+                    self.send(encode_error(&Value::Null, &e)).await;
+                    return ConnectionEnd::FramingError(e.message);
+                }
+                Some(Err(e)) => return ConnectionEnd::FramingError(e.to_string()),
+                Some(Ok(bytes)) => {
+                    if let Some(end) = self.handle_message(&bytes).await {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send(&self, text: String) {
+        let _ = self.control.send(ControlMessage::new(text)).await;
+    }
+
+    async fn handle_message(&mut self, bytes: &[u8]) -> Option<ConnectionEnd> {
+        let inbound = match parse_inbound(bytes) {
+            Ok(i) => i,
+            Err(r) => {
+                self.send(encode_error(&r.id, &r.error)).await;
+                return None;
+            }
+        };
+        match inbound {
+            Inbound::Response { .. } => {
+                tracing::warn!("client sent a response; the server sends no requests");
+                Some(ConnectionEnd::UnexpectedResponse)
+            }
+            Inbound::Notification { method, params } => {
+                self.handle_notification(&method, params);
+                None
+            }
+            Inbound::Request { id, method, params } => {
+                self.handle_request(id, method, params).await;
+                None
+            }
+        }
+    }
+
+    fn handle_notification(&mut self, method: &str, params: Value) {
+        match (&self.state, method) {
+            (State::AwaitInitialized(s), "initialized") => {
+                self.state = State::Ready(s.clone());
+            }
+            (State::Ready(s), "process/ack") => handlers::ack(s, params),
+            (_, other) => tracing::debug!(method = other, "notification ignored"),
+        }
+    }
+
+    async fn handle_request(&mut self, id: Value, method: String, params: Value) {
+        let session = match (&self.state, method.as_str()) {
+            (State::AwaitInitialize, "initialize") => {
+                let reply = self.initialize(params);
+                let text = match reply {
+                    Ok(v) => encode_response(&id, &v),
+                    Err(e) => encode_error(&id, &e),
+                };
+                self.send(text).await;
+                return;
+            }
+            (State::AwaitInitialize, _) => {
+                let e = RpcError::invalid_request("client must send initialize first");
+                self.send(encode_error(&id, &e)).await;
+                return;
+            }
+            (_, "initialize") => {
+                let e = RpcError::invalid_request("initialize may succeed only once");
+                self.send(encode_error(&id, &e)).await;
+                return;
+            }
+            (State::AwaitInitialized(_), _) => {
+                let e = RpcError::invalid_request("client must send initialized first");
+                self.send(encode_error(&id, &e)).await;
+                return;
+            }
+            (State::Ready(s), _) => s.clone(),
+        };
+
+        let class = match method.as_str() {
+            "process/signal" | "process/terminate" | "server/info" | "process/list" => None,
+            "process/start" | "process/write" | "process/closeStdin" | "process/resize" => {
+                Some(Class::Exclusive)
+            }
+            "process/read" => Some(Class::Shared),
+            "process/ack" => {
+                handlers::ack(&session, params);
+                self.send(encode_response(&id, &serde_json::json!({}))).await;
+                return;
+            }
+            _ => {
+                self.send(encode_error(&id, &RpcError::method_not_found(&method)))
+                    .await;
+                return;
+            }
+        };
+
+        let Ok(permit) = self.pending.clone().try_acquire_owned() else {
+            let e = RpcError::limit_reached(
+                "maxPendingRequests",
+                self.registry.config().max_pending_requests as u64,
+            );
+            self.send(encode_error(&id, &e)).await;
+            return;
+        };
+
+        // Per-process requests need their processId before they can queue.
+        let slot = match class {
+            None => None,
+            Some(class) => match params.get("processId").and_then(Value::as_str) {
+                Some(pid) => Some(self.scheduler.enqueue(pid, class)),
+                None => {
+                    let e = match decode_params::<crate::rpc::messages::ProcessRef>(params) {
+                        Err(e) => e,
+                        Ok(_) => RpcError::invalid_params("invalid params: processId"),
+                    };
+                    self.send(encode_error(&id, &e)).await;
+                    return;
+                }
+            },
+        };
+        self.spawn_request(id, method, params, session, slot, permit);
+    }
+
+    fn spawn_request(
+        &self,
+        id: Value,
+        method: String,
+        params: Value,
+        session: Arc<Session>,
+        slot: Option<crate::request_scheduler::Slot>,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let ctx = Ctx {
+            session,
+            registry: self.registry.clone(),
+            conn_id: self.conn_id,
+            cancel: self.cancel.clone(),
+        };
+        let control = self.control.clone();
+        let cancel = self.cancel.clone();
+        let span = tracing::debug_span!("request", %method);
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                let mut slot = slot;
+                let work = async {
+                    if let Some(s) = slot.as_mut() {
+                        s.ready().await;
+                    }
+                    handlers::dispatch(&ctx, &method, params).await
+                };
+                let reply = tokio::select! {
+                    biased;
+                    // Closed connection: queued requests are skipped, running ones end.
+                    _ = cancel.cancelled() => return,
+                    r = work => r,
+                };
+                let msg = match reply {
+                    Ok(Reply { result, after_write }) => ControlMessage {
+                        text: encode_response(&id, &result),
+                        after_write,
+                    },
+                    Err(e) => ControlMessage::new(encode_error(&id, &e)),
+                };
+                let _ = control.send(msg).await;
+                drop(slot);
+            }
+            .instrument(span),
+        );
+    }
+
+    fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
+        let p: InitializeParams = decode_params(params)?;
+        let conn = ConnHandle {
+            conn_id: self.conn_id,
+            ready: self.ready.clone(),
+            evict: self.evict.clone(),
+            peer_key: self.opts.peer_key.clone(),
+        };
+        let (session, token, resumed) = match &p.resume {
+            Some(r) => {
+                let s = self
+                    .registry
+                    .resume(&r.session_id, &r.resume_token, &conn)?;
+                (s, r.resume_token.clone(), true)
+            }
+            None => {
+                let (s, t) = self.registry.create(p.capabilities.acks, &conn)?;
+                (s, t, false)
+            }
+        };
+        tracing::info!(session = %session.id, resumed, "initialized");
+        let cfg = self.registry.config();
+        let result = InitializeResult {
+            protocol_version: PROTOCOL_VERSION,
+            server_version: env!("CARGO_PKG_VERSION").to_string(),
+            session_id: session.id.clone(),
+            resume_token: token,
+            resumed,
+            limits: AdvertisedLimits {
+                max_message_bytes: cfg.max_message_bytes as u64,
+                max_processes: cfg.max_processes as u64,
+                retained_output_bytes: cfg.retained_output_bytes as u64,
+                detached_session_ttl_ms: cfg.detached_session_ttl_ms,
+            },
+        };
+        self.state = State::AwaitInitialized(session);
+        serde_json::to_value(result).map_err(|e| RpcError::internal(e.to_string()))
+    }
+
+    fn teardown(&mut self, end: &ConnectionEnd) {
+        self.cancel.cancel();
+        let session = match &self.state {
+            State::AwaitInitialize => None,
+            State::AwaitInitialized(s) | State::Ready(s) => Some(s.clone()),
+        };
+        if let Some(s) = session {
+            if self.opts.close_session_on_end {
+                s.close();
+            } else if !matches!(end, ConnectionEnd::Evicted) {
+                s.detach(self.conn_id);
+            }
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Delivery to one connection: the ready set of processes with unwritten events, and the
+//! connection writer that serves the control lane before the event lane.
+//!
+//! The event lane is *pulled*, not pushed: events stay in each process's log (bounded by its
+//! limits) and the writer takes them when the transport can accept more. So events are never
+//! dropped, a slow client blocks the child (its pump finds no room), and the only per-
+//! connection queue is the control lane, bounded by the connection's request limit.
+//! The writer must never block on anything but the transport.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use futures_util::SinkExt;
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EVENT_BATCH_BYTES;
+use crate::process::managed_process::{encode_notification, lock};
+use crate::process::ManagedProcess;
+use crate::transport::MessageSink;
+
+/// Processes of one connection that have unwritten events, in the order they became ready.
+#[derive(Default)]
+pub struct ReadySet {
+    inner: Mutex<ReadyInner>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct ReadyInner {
+    queue: VecDeque<Arc<ManagedProcess>>,
+    queued: HashSet<usize>,
+}
+
+impl ReadySet {
+    /// Queue `p` once (repeated pushes before the writer takes it are merged).
+    pub fn push(&self, p: Arc<ManagedProcess>) {
+        let key = Arc::as_ptr(&p) as usize;
+        let mut inner = lock(&self.inner);
+        if inner.queued.insert(key) {
+            inner.queue.push_back(p);
+            drop(inner);
+            self.notify.notify_one();
+        }
+    }
+
+    fn pop(&self) -> Option<Arc<ManagedProcess>> {
+        let mut inner = lock(&self.inner);
+        let p = inner.queue.pop_front()?;
+        inner.queued.remove(&(Arc::as_ptr(&p) as usize));
+        Some(p)
+    }
+
+    /// How many processes wait (for metrics and tests).
+    pub fn len(&self) -> usize {
+        lock(&self.inner).queue.len()
+    }
+
+    /// Whether no process waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A message for the control lane: a response or error, with an optional action to run once
+/// it was handed to the transport (used to open a new process's event delivery only after its
+/// `process/start` result, so the result precedes its output).
+pub struct ControlMessage {
+    /// The encoded JSON text.
+    pub text: String,
+    /// Run after the text was accepted by the transport.
+    pub after_write: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl ControlMessage {
+    /// A plain message.
+    pub fn new(text: String) -> Self {
+        ControlMessage {
+            text,
+            after_write: None,
+        }
+    }
+}
+
+/// Why the writer stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriterEnd {
+    /// The control lane closed (the connection is done) and everything was flushed.
+    Finished,
+    /// Cancelled by the connection (evicted, or shutdown).
+    Cancelled,
+    /// The transport failed.
+    TransportFailed,
+}
+
+/// Serve one connection's transport until the control lane closes, `cancel` fires, or the
+/// transport fails. Control messages go first; between output batches the writer looks at the
+/// control lane again, so a response waits at most for one event already being written.
+pub async fn run_writer(
+    mut sink: MessageSink,
+    mut control: mpsc::Receiver<ControlMessage>,
+    ready: Arc<ReadySet>,
+    cancel: CancellationToken,
+) -> WriterEnd {
+    let end = loop {
+        // Control lane first, without waiting.
+        match drain_control(&mut sink, &mut control).await {
+            Ok(true) => {}
+            Ok(false) => break finish(&mut sink).await,
+            Err(()) => break WriterEnd::TransportFailed,
+        }
+        if cancel.is_cancelled() {
+            break WriterEnd::Cancelled;
+        }
+        if let Some(p) = ready.pop() {
+            if !p.delivers_to(&ready) {
+                continue;
+            }
+            let events = p.peek_unwritten(EVENT_BATCH_BYTES);
+            let mut last = None;
+            let mut failed = false;
+            for ev in &events {
+                let text = encode_notification(&p.id_json, ev);
+                if sink.feed(text).await.is_err() {
+                    failed = true;
+                    break;
+                }
+                last = Some(ev.seq);
+                // Let a response overtake the rest of this batch.
+                if !control.is_empty() {
+                    break;
+                }
+            }
+            if failed {
+                break WriterEnd::TransportFailed;
+            }
+            if let Some(seq) = last {
+                if p.mark_written(seq) {
+                    ready.push(p);
+                }
+            }
+            continue;
+        }
+        // Nothing to do: push out what is buffered, then sleep until there is.
+        if sink.flush().await.is_err() {
+            break WriterEnd::TransportFailed;
+        }
+        let notified = ready.notify.notified();
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break WriterEnd::Cancelled,
+            msg = control.recv() => match msg {
+                Some(m) => {
+                    if write_control(&mut sink, m).await.is_err() {
+                        break WriterEnd::TransportFailed;
+                    }
+                }
+                None => break finish(&mut sink).await,
+            },
+            _ = notified => {}
+        }
+    };
+    end
+}
+
+async fn finish(sink: &mut MessageSink) -> WriterEnd {
+    let _ = sink.flush().await;
+    let _ = sink.close().await;
+    WriterEnd::Finished
+}
+
+/// Write every queued control message. `Ok(false)`: the lane is closed.
+async fn drain_control(
+    sink: &mut MessageSink,
+    control: &mut mpsc::Receiver<ControlMessage>,
+) -> Result<bool, ()> {
+    loop {
+        match control.try_recv() {
+            Ok(m) => write_control(sink, m).await?,
+            Err(mpsc::error::TryRecvError::Empty) => return Ok(true),
+            Err(mpsc::error::TryRecvError::Disconnected) => return Ok(false),
+        }
+    }
+}
+
+async fn write_control(sink: &mut MessageSink, m: ControlMessage) -> Result<(), ()> {
+    sink.feed(m.text).await.map_err(|_| ())?;
+    if let Some(after) = m.after_write {
+        // The action may make events deliverable that must follow this message: flush so the
+        // ordering holds on the wire even if a later write fails.
+        sink.flush().await.map_err(|_| ())?;
+        after();
+    }
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! Method handlers: decode params, call the session or process, shape the result.
+//!
+//! Handlers run in their own tasks, already ordered by the scheduler. They never touch the
+//! transport; a handler that needs something to happen after its reply is written (opening a
+//! new process's output) returns it as `after_write`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DEFAULT_READ_MAX_BYTES;
+use crate::process::signals::parse_signal;
+use crate::rpc::jsonrpc::decode_params;
+use crate::rpc::messages::{
+    AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
+    TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
+};
+use crate::rpc::RpcError;
+use crate::session_registry::{Session, SessionRegistry};
+
+/// What a request handler needs.
+pub struct Ctx {
+    /// The connection's session.
+    pub session: Arc<Session>,
+    /// The server's registry.
+    pub registry: Arc<SessionRegistry>,
+    /// The connection.
+    pub conn_id: u64,
+    /// Fires when the connection closes.
+    pub cancel: CancellationToken,
+}
+
+/// A successful reply.
+pub struct Reply {
+    /// The `result` member.
+    pub result: Value,
+    /// Run once the reply was handed to the transport.
+    pub after_write: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl From<Value> for Reply {
+    fn from(result: Value) -> Self {
+        Reply {
+            result,
+            after_write: None,
+        }
+    }
+}
+
+/// Route one request (the connection processor already checked state and class).
+pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, RpcError> {
+    match method {
+        "process/start" => start(ctx, decode_params(params)?),
+        "process/read" => read(ctx, decode_params(params)?).await.map(Reply::from),
+        "process/write" => write(ctx, decode_params(params)?).await.map(Reply::from),
+        "process/closeStdin" => {
+            let p: ProcessRef = decode_params(params)?;
+            ctx.session.get(&p.process_id)?.close_stdin().await;
+            Ok(json!({}).into())
+        }
+        "process/resize" => {
+            let p: ResizeParams = decode_params(params)?;
+            ctx.session.get(&p.process_id)?.resize(TermSize {
+                rows: p.rows,
+                cols: p.cols,
+            })?;
+            Ok(json!({}).into())
+        }
+        "process/signal" => {
+            let p: SignalParams = decode_params(params)?;
+            let sig = parse_signal(&p.signal).ok_or_else(|| {
+                RpcError::invalid_params(format!("unknown signal {:?}", p.signal))
+            })?;
+            ctx.session.get(&p.process_id)?.signal(sig)?;
+            Ok(json!({}).into())
+        }
+        "process/terminate" => {
+            let p: TerminateParams = decode_params(params)?;
+            let running = match ctx.session.get(&p.process_id) {
+                Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)),
+                Err(_) => false,
+            };
+            Ok(json!({ "running": running }).into())
+        }
+        "process/list" => {
+            let mut procs: Vec<Value> = ctx
+                .session
+                .processes()
+                .iter()
+                .map(|p| p.list_entry())
+                .collect();
+            procs.sort_by(|a, b| a["processId"].as_str().cmp(&b["processId"].as_str()));
+            Ok(json!({ "processes": procs }).into())
+        }
+        "server/info" => Ok(server_info(&ctx.registry).into()),
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
+    let proc = ctx.session.start(p, ctx.conn_id)?;
+    let result = serde_json::to_value(StartResult {
+        process_id: proc.id.clone(),
+        pid: proc.pid,
+    })
+    .map_err(|e| RpcError::internal(e.to_string()))?;
+    let session = ctx.session.clone();
+    let conn_id = ctx.conn_id;
+    Ok(Reply {
+        result,
+        after_write: Some(Box::new(move || session.enable_delivery(&proc, conn_id))),
+    })
+}
+
+async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
+    let proc = ctx.session.get(&p.process_id)?;
+    let max_wait = ctx.registry.config().max_read_wait_ms;
+    let wait = Duration::from_millis(p.wait_ms.min(max_wait));
+    let max_bytes = p.max_bytes.unwrap_or(DEFAULT_READ_MAX_BYTES);
+    let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+    proc.read(p.after_seq, max_bytes, wait, ctx.session.acks, &ctx.cancel)
+        .await
+}
+
+async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
+    let proc = ctx.session.get(&p.process_id)?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(p.chunk.as_bytes())
+        .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
+    let status = proc.write(&data, p.write_id).await;
+    Ok(json!({ "status": status.as_str() }))
+}
+
+/// `process/ack` (a notification): ignored without the acks capability or for an unknown
+/// process, as a notification cannot be answered.
+pub fn ack(session: &Session, params: Value) {
+    if !session.acks {
+        return;
+    }
+    if let Ok(p) = decode_params::<AckParams>(params) {
+        if let Ok(proc) = session.get(&p.process_id) {
+            proc.ack(p.seq);
+        }
+    }
+}
+
+fn server_info(registry: &SessionRegistry) -> Value {
+    let hostname = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    json!({
+        "serverVersion": env!("CARGO_PKG_VERSION"),
+        "protocolVersion": PROTOCOL_VERSION,
+        "hostname": hostname,
+        "os": std::env::consts::OS,
+        "pid": std::process::id(),
+        "uptimeMs": registry.uptime().as_millis() as u64,
+        "sessions": registry.session_count(),
+        "processes": registry.process_count(),
+    })
+}

@@ -1,0 +1,28 @@
+//! execrelay: a process-execution relay server.
+//!
+//! Clients start processes on a host over JSON-RPC and stream their output back; sessions
+//! outlive connections. See `ARCHITECTURE.md` for the map.
+//!
+//! # Layout
+//!
+//! - [`rpc`]: the JSON-RPC envelope, error codes (mapped in one place) and typed messages.
+//! - [`transport`]: framing over stdio and WebSocket.
+//! - [`connection_processor`]: one connection's state machine and request ordering
+//!   ([`request_scheduler`]), its writer ([`delivery`]) and method [`handlers`].
+//! - [`session_registry`]: sessions shared by all connections of a server.
+//! - [`process`]: spawning, output pumps, drain deadlines and the event log.
+//! - [`server`]: listeners and shutdown; [`client`]: the Rust client; [`cli`]: the binary.
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod connection_processor;
+pub mod delivery;
+pub mod handlers;
+pub mod process;
+pub mod request_scheduler;
+pub mod rpc;
+pub mod server;
+pub mod session_registry;
+pub mod transport;

@@ -1,0 +1,464 @@
+//! The per-process event log: output deltas and the exit notice, numbered by `seq`, with
+//! retention and a delivery cursor.
+//!
+//! Sans-IO: a plain struct, no tokio, no clock. The output pump appends, the connection
+//! writer takes unwritten events and marks them written, readers (`process/read`) copy ranges,
+//! and acks release. It owns the rule of `processes.md` §4: nothing is released before it is
+//! written (without acks) or acknowledged (with acks), so a gap is impossible by
+//! construction; a read below the retained range is reported as exactly that range.
+//! It must never drop an event that has not been released by those rules.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::rpc::messages::ExitInfo;
+
+/// Bookkeeping cost charged per event on top of its bytes, so that a log of tiny events is
+/// bounded too (an event's allocation, seq and stream tag).
+pub const EVENT_OVERHEAD_BYTES: usize = 64;
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamName {
+    /// Standard output of a pipe process.
+    Stdout,
+    /// Standard error of a pipe process.
+    Stderr,
+    /// The merged terminal stream of a PTY process.
+    Pty,
+}
+
+impl StreamName {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+            StreamName::Pty => "pty",
+        }
+    }
+}
+
+/// What an event says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventBody {
+    /// Raw output bytes (at most `MAX_CHUNK_BYTES`).
+    Output {
+        /// Source stream.
+        stream: StreamName,
+        /// Raw bytes.
+        chunk: Bytes,
+    },
+    /// The exit notice; always the last event.
+    Exited(ExitInfo),
+}
+
+/// One numbered event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// 1, 2, 3, … per process.
+    pub seq: u64,
+    /// Content.
+    pub body: EventBody,
+}
+
+impl Event {
+    fn cost(&self) -> usize {
+        EVENT_OVERHEAD_BYTES
+            + match &self.body {
+                EventBody::Output { chunk, .. } => chunk.len(),
+                EventBody::Exited(_) => 0,
+            }
+    }
+}
+
+/// A read that asked for released events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// `fromSeq..=toSeq` are gone.
+    #[error("events {from_seq}..={to_seq} are no longer retained")]
+    Released {
+        /// First missing seq.
+        from_seq: u64,
+        /// Last missing seq.
+        to_seq: u64,
+    },
+}
+
+/// Limits of one log.
+#[derive(Debug, Clone, Copy)]
+pub struct LogLimits {
+    /// Retained bytes beyond which written (or acked) events are released, oldest first;
+    /// also the point at which the pump must stop appending.
+    pub retained_bytes: usize,
+    /// Unwritten bytes beyond which the pump must stop appending (the delivery queue).
+    pub delivery_queue_bytes: usize,
+}
+
+/// The event log of one process.
+#[derive(Debug)]
+pub struct EventLog {
+    events: VecDeque<Event>,
+    /// Highest seq released (0: none).
+    released_through: u64,
+    /// Next seq to assign.
+    next_seq: u64,
+    /// Highest seq handed to the transport of the attached connection.
+    written_through: u64,
+    /// Highest seq acknowledged by the client.
+    acked_through: u64,
+    retained_cost: usize,
+    unwritten_cost: usize,
+    limits: LogLimits,
+    acks: bool,
+    exit_seq: Option<u64>,
+}
+
+impl EventLog {
+    /// An empty log. `acks`: the session's client acknowledges events.
+    pub fn new(limits: LogLimits, acks: bool) -> Self {
+        EventLog {
+            events: VecDeque::new(),
+            released_through: 0,
+            next_seq: 1,
+            written_through: 0,
+            acked_through: 0,
+            retained_cost: 0,
+            unwritten_cost: 0,
+            limits,
+            acks,
+            exit_seq: None,
+        }
+    }
+
+    /// Whether the pump may append another chunk now. When false the pump waits (the child
+    /// blocks on its pipe): backpressure instead of loss.
+    pub fn has_room(&self) -> bool {
+        self.retained_cost < self.limits.retained_bytes
+            && self.unwritten_cost < self.limits.delivery_queue_bytes
+    }
+
+    /// Append an output chunk; returns its seq. Callers check [`has_room`](Self::has_room)
+    /// first; appending anyway is allowed (bounded overshoot of one chunk per stream).
+    pub fn append_output(&mut self, stream: StreamName, chunk: Bytes) -> u64 {
+        self.push(EventBody::Output { stream, chunk })
+    }
+
+    /// Append the exit notice; it takes the highest seq. Appending twice is a bug upstream;
+    /// the second is ignored and the first seq returned.
+    pub fn append_exit(&mut self, info: ExitInfo) -> u64 {
+        if let Some(seq) = self.exit_seq {
+            return seq;
+        }
+        let seq = self.push(EventBody::Exited(info));
+        self.exit_seq = Some(seq);
+        seq
+    }
+
+    fn push(&mut self, body: EventBody) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let ev = Event { seq, body };
+        let cost = ev.cost();
+        self.retained_cost += cost;
+        self.unwritten_cost += cost;
+        self.events.push_back(ev);
+        seq
+    }
+
+    /// Next seq to be assigned (`nextSeq` of `process/list`).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The exit notice's seq, once appended.
+    pub fn exit_seq(&self) -> Option<u64> {
+        self.exit_seq
+    }
+
+    /// Whether the exit notice has been written to a transport.
+    pub fn exit_written(&self) -> bool {
+        self.exit_seq.is_some_and(|s| self.written_through >= s)
+    }
+
+    /// Whether the exit notice has been acknowledged.
+    pub fn exit_acked(&self) -> bool {
+        self.exit_seq.is_some_and(|s| self.acked_through >= s)
+    }
+
+    /// Highest seq written so far.
+    pub fn written_through(&self) -> u64 {
+        self.written_through
+    }
+
+    /// Highest seq released so far.
+    pub fn released_through(&self) -> u64 {
+        self.released_through
+    }
+
+    /// Bytes (with per-event overhead) currently retained.
+    pub fn retained_cost(&self) -> usize {
+        self.retained_cost
+    }
+
+    /// Whether events wait to be written.
+    pub fn has_unwritten(&self) -> bool {
+        self.written_through + 1 < self.next_seq
+    }
+
+    /// Copy unwritten events, oldest first, up to about `max_bytes` of output (at least one).
+    /// They stay unwritten until [`mark_written`](Self::mark_written).
+    pub fn peek_unwritten(&self, max_bytes: usize) -> Vec<Event> {
+        self.copy_after(self.written_through, max_bytes)
+    }
+
+    /// The transport accepted every event up to `seq`.
+    pub fn mark_written(&mut self, seq: u64) {
+        let seq = seq.min(self.next_seq - 1);
+        if seq <= self.written_through {
+            return;
+        }
+        for ev in self.events.iter() {
+            if ev.seq > self.written_through && ev.seq <= seq {
+                self.unwritten_cost -= ev.cost();
+            }
+        }
+        self.written_through = seq;
+        self.release();
+    }
+
+    /// The client has every event up to `seq` (`process/ack`, or a read's `afterSeq`).
+    pub fn ack(&mut self, seq: u64) {
+        let seq = seq.min(self.next_seq - 1);
+        if seq > self.acked_through {
+            self.acked_through = seq;
+            self.release();
+        }
+    }
+
+    /// A connection (re)attached: deliver again from after the last acknowledged event
+    /// (without acks, from the oldest retained one; the client deduplicates by seq).
+    pub fn rewind_delivery(&mut self) {
+        let from = if self.acks {
+            self.acked_through.max(self.released_through)
+        } else {
+            self.released_through
+        };
+        if from < self.written_through {
+            self.written_through = from;
+            self.unwritten_cost = self
+                .events
+                .iter()
+                .filter(|e| e.seq > from)
+                .map(Event::cost)
+                .sum();
+        }
+    }
+
+    /// Events with `seq > after_seq`, up to about `max_bytes` of output (at least one event
+    /// when any is available).
+    pub fn read(&self, after_seq: u64, max_bytes: usize) -> Result<Vec<Event>, ReadError> {
+        if after_seq < self.released_through {
+            return Err(ReadError::Released {
+                from_seq: after_seq + 1,
+                to_seq: self.released_through,
+            });
+        }
+        Ok(self.copy_after(after_seq, max_bytes))
+    }
+
+    fn copy_after(&self, after_seq: u64, max_bytes: usize) -> Vec<Event> {
+        let first = self.released_through + 1;
+        let skip = after_seq.saturating_sub(first - 1) as usize;
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for ev in self.events.iter().skip(skip) {
+            let len = match &ev.body {
+                EventBody::Output { chunk, .. } => chunk.len(),
+                EventBody::Exited(_) => 0,
+            };
+            if !out.is_empty() && bytes + len > max_bytes {
+                break;
+            }
+            bytes += len;
+            out.push(ev.clone());
+        }
+        out
+    }
+
+    fn release(&mut self) {
+        loop {
+            let Some(front) = self.events.front() else {
+                break;
+            };
+            let releasable = if self.acks {
+                front.seq <= self.acked_through
+            } else {
+                front.seq <= self.written_through
+                    && self.retained_cost > self.limits.retained_bytes
+            };
+            if !releasable {
+                break;
+            }
+            let cost = front.cost();
+            self.retained_cost -= cost;
+            self.released_through = front.seq;
+            self.events.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(retained: usize, queue: usize) -> LogLimits {
+        LogLimits {
+            retained_bytes: retained,
+            delivery_queue_bytes: queue,
+        }
+    }
+
+    fn chunk(n: usize) -> Bytes {
+        Bytes::from(vec![b'x'; n])
+    }
+
+    fn exit() -> ExitInfo {
+        ExitInfo {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            output_drain_timed_out: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            dropped_bytes: 0,
+            duration_ms: 0,
+        }
+    }
+
+    #[test]
+    fn seqs_are_contiguous_and_exit_is_last() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), false);
+        assert_eq!(log.append_output(StreamName::Stdout, chunk(1)), 1);
+        assert_eq!(log.append_output(StreamName::Stderr, chunk(1)), 2);
+        assert_eq!(log.append_exit(exit()), 3);
+        assert_eq!(log.append_exit(exit()), 3, "exit is appended once");
+        let evs = log.read(0, usize::MAX).unwrap();
+        let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert!(matches!(evs[2].body, EventBody::Exited(_)));
+    }
+
+    #[test]
+    fn unwritten_events_are_never_released() {
+        let mut log = EventLog::new(limits(100, 1 << 20), false);
+        for _ in 0..10 {
+            log.append_output(StreamName::Stdout, chunk(50));
+        }
+        assert!(!log.has_room(), "over the retention limit: pump must wait");
+        assert_eq!(log.read(0, usize::MAX).unwrap().len(), 10, "nothing lost");
+        log.mark_written(4);
+        // Released oldest-first while over the limit, but only written ones.
+        assert_eq!(log.released_through(), 4);
+        assert_eq!(
+            log.read(2, usize::MAX),
+            Err(ReadError::Released {
+                from_seq: 3,
+                to_seq: 4
+            })
+        );
+        assert_eq!(log.read(4, usize::MAX).unwrap()[0].seq, 5);
+    }
+
+    #[test]
+    fn written_events_stay_while_under_the_limit() {
+        let mut log = EventLog::new(limits(10_000, 10_000), false);
+        log.append_output(StreamName::Stdout, chunk(10));
+        log.mark_written(1);
+        assert_eq!(log.released_through(), 0);
+        assert_eq!(log.read(0, 100).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn acks_release_and_only_acks() {
+        let mut log = EventLog::new(limits(100, 1 << 20), true);
+        for _ in 0..5 {
+            log.append_output(StreamName::Stdout, chunk(50));
+        }
+        log.mark_written(5);
+        assert_eq!(log.released_through(), 0, "written is not enough with acks");
+        log.ack(3);
+        assert_eq!(log.released_through(), 3);
+        log.ack(2);
+        assert_eq!(log.released_through(), 3, "acks never go backwards");
+        log.ack(99);
+        assert_eq!(log.released_through(), 5, "ack is clamped to what exists");
+    }
+
+    #[test]
+    fn delivery_queue_bounds_unwritten_bytes() {
+        let mut log = EventLog::new(limits(1 << 20, 200), false);
+        log.append_output(StreamName::Stdout, chunk(100));
+        assert!(log.has_room());
+        log.append_output(StreamName::Stdout, chunk(100));
+        assert!(!log.has_room());
+        let batch = log.peek_unwritten(usize::MAX);
+        assert_eq!(batch.len(), 2);
+        log.mark_written(1);
+        assert!(log.has_room());
+        assert!(log.has_unwritten());
+        log.mark_written(2);
+        assert!(!log.has_unwritten());
+    }
+
+    #[test]
+    fn peek_respects_max_bytes_but_returns_one() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), false);
+        log.append_output(StreamName::Stdout, chunk(300));
+        log.append_output(StreamName::Stdout, chunk(300));
+        assert_eq!(log.peek_unwritten(100).len(), 1);
+        assert_eq!(log.peek_unwritten(600).len(), 2);
+        assert_eq!(log.read(0, 0).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn rewind_redelivers_after_last_ack() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        for _ in 0..4 {
+            log.append_output(StreamName::Stdout, chunk(1));
+        }
+        log.mark_written(4);
+        log.ack(2);
+        log.rewind_delivery();
+        let seqs: Vec<u64> = log
+            .peek_unwritten(usize::MAX)
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, vec![3, 4]);
+    }
+
+    #[test]
+    fn rewind_without_acks_redelivers_everything_retained() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), false);
+        for _ in 0..3 {
+            log.append_output(StreamName::Stdout, chunk(1));
+        }
+        log.mark_written(3);
+        log.rewind_delivery();
+        assert_eq!(log.peek_unwritten(usize::MAX).len(), 3);
+    }
+
+    #[test]
+    fn exit_written_and_acked_flags() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        let s = log.append_exit(exit());
+        assert!(!log.exit_written());
+        log.mark_written(s);
+        assert!(log.exit_written());
+        assert!(!log.exit_acked());
+        log.ack(s);
+        assert!(log.exit_acked());
+    }
+}

@@ -1,0 +1,528 @@
+//! One running (or exited) process as the server knows it: its event log, stdin, PTY, and
+//! the control operations of `protocol.md` §4 (signal, terminate, resize, write, read).
+//!
+//! Shared as `Arc<ManagedProcess>` between the session, the output pumps, the supervisor and
+//! connection writers. All state a peer can change sits behind short, non-async locks; the
+//! only async lock is stdin's, held by at most one write at a time. It never spawns (that is
+//! `spawn.rs`) and never writes to a transport (that is the connection writer).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use base64::Engine;
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::event_log::{Event, EventBody, EventLog, LogLimits};
+use super::output_drain::OutputDrain;
+use super::signals;
+use super::spawn::{InputWriter, PtyControl};
+use crate::config::RETAINED_WRITE_IDS;
+use crate::delivery::ReadySet;
+use crate::rpc::messages::{ExitInfo, TermSize};
+use crate::rpc::RpcError;
+
+/// Per-process options from `process/start`, with defaults applied.
+#[derive(Debug, Clone)]
+pub struct ProcessOptions {
+    /// `timeoutMs`.
+    pub timeout: Option<Duration>,
+    /// `outputBytesCap`, per stream.
+    pub output_cap: Option<u64>,
+    /// `drainTimeoutMs`.
+    pub drain_timeout: Duration,
+    /// `killGraceMs`.
+    pub kill_grace: Duration,
+    /// `killProcessGroupOnExit`.
+    pub kill_group_on_exit: bool,
+}
+
+/// Outcome of `process/write`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteStatus {
+    /// Written (or a repeated `writeId` already written).
+    Accepted,
+    /// No stdin, or it was closed.
+    StdinClosed,
+    /// The process exited.
+    Exited,
+}
+
+impl WriteStatus {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteStatus::Accepted => "accepted",
+            WriteStatus::StdinClosed => "stdinClosed",
+            WriteStatus::Exited => "exited",
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) log: EventLog,
+    pub(crate) drain: OutputDrain,
+    pub(crate) stdout_bytes: u64,
+    pub(crate) stderr_bytes: u64,
+    pub(crate) dropped_bytes: u64,
+    pub(crate) exit: Option<ExitInfo>,
+}
+
+struct StdinState {
+    writer: Option<InputWriter>,
+    closed: bool,
+    ids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl StdinState {
+    fn remember(&mut self, id: String) {
+        if self.ids.insert(id.clone()) {
+            self.order.push_back(id);
+            while self.order.len() > RETAINED_WRITE_IDS {
+                if let Some(old) = self.order.pop_front() {
+                    self.ids.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// A process of a session.
+pub struct ManagedProcess {
+    /// Client-chosen id.
+    pub id: String,
+    /// The id as a JSON string literal, precomputed for the notification hot path.
+    pub(crate) id_json: String,
+    /// OS pid, also the process group id.
+    pub pid: u32,
+    /// What was started.
+    pub argv: Vec<String>,
+    /// Runs on a PTY.
+    pub tty: bool,
+    pub(crate) opts: ProcessOptions,
+    pub(crate) started: Instant,
+    pub(crate) inner: Mutex<Inner>,
+    /// Wakes pumps waiting for room, long polls waiting for events, and the supervisor
+    /// waiting for the exit notice to be delivered.
+    pub(crate) changed: Notify,
+    /// The direct child was reaped.
+    pub(crate) exited: CancellationToken,
+    /// The exit notice is in the log.
+    pub(crate) finished: CancellationToken,
+    /// The session is gone: pumps stop waiting for room and quit.
+    pub(crate) abandoned: CancellationToken,
+    pub(crate) timed_out: AtomicBool,
+    stdin: tokio::sync::Mutex<StdinState>,
+    pty: Option<PtyControl>,
+    delivery: Mutex<Option<Arc<ReadySet>>>,
+}
+
+/// Lock a std mutex, recovering from poisoning: the data behind our locks stays consistent
+/// across a panic in another holder because every critical section is a few field updates.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ManagedProcess {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: String,
+        pid: u32,
+        argv: Vec<String>,
+        tty: bool,
+        opts: ProcessOptions,
+        limits: LogLimits,
+        acks: bool,
+        streams: usize,
+        stdin: Option<InputWriter>,
+        pty: Option<PtyControl>,
+    ) -> Self {
+        let drain = OutputDrain::new(opts.drain_timeout, streams);
+        ManagedProcess {
+            id_json: Value::String(id.clone()).to_string(),
+            id,
+            pid,
+            argv,
+            tty,
+            opts,
+            started: Instant::now(),
+            inner: Mutex::new(Inner {
+                log: EventLog::new(limits, acks),
+                drain,
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+                dropped_bytes: 0,
+                exit: None,
+            }),
+            changed: Notify::new(),
+            exited: CancellationToken::new(),
+            finished: CancellationToken::new(),
+            abandoned: CancellationToken::new(),
+            timed_out: AtomicBool::new(false),
+            stdin: tokio::sync::Mutex::new(StdinState {
+                writer: stdin,
+                closed: false,
+                ids: HashSet::new(),
+                order: VecDeque::new(),
+            }),
+            pty,
+            delivery: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    /// Whether the direct child is still running (not yet reaped).
+    pub fn is_running(&self) -> bool {
+        !self.exited.is_cancelled()
+    }
+
+    /// Resolves once the exit notice is in the log.
+    pub async fn wait_finished(&self) {
+        self.finished.cancelled().await
+    }
+
+    /// Route future events to `ready` (a connection's writer), or nowhere (`None`: detached).
+    /// Marks the process ready at once so that retained unwritten events flow.
+    pub fn set_delivery(self: &Arc<Self>, ready: Option<Arc<ReadySet>>) {
+        let has_unwritten = self.inner().log.has_unwritten();
+        let mut d = lock(&self.delivery);
+        *d = ready;
+        if let Some(r) = d.as_ref() {
+            if has_unwritten {
+                r.push(self.clone());
+            }
+        }
+    }
+
+    /// Whether `ready` is the current delivery target.
+    pub fn delivers_to(&self, ready: &Arc<ReadySet>) -> bool {
+        lock(&self.delivery)
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, ready))
+    }
+
+    /// Tell the attached writer (if any) that events wait.
+    pub(crate) fn notify_delivery(self: &Arc<Self>) {
+        if let Some(r) = lock(&self.delivery).as_ref() {
+            r.push(self.clone());
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Unwritten events for the connection writer (at least one if any).
+    pub fn peek_unwritten(&self, max_bytes: usize) -> Vec<Event> {
+        self.inner().log.peek_unwritten(max_bytes)
+    }
+
+    /// The writer handed events up to `seq` to the transport.
+    pub fn mark_written(&self, seq: u64) -> bool {
+        let more = {
+            let mut inner = self.inner();
+            inner.log.mark_written(seq);
+            inner.log.has_unwritten()
+        };
+        self.changed.notify_waiters();
+        more
+    }
+
+    /// Re-deliver from after the last acknowledged event (on resume).
+    pub fn rewind_delivery(&self) {
+        self.inner().log.rewind_delivery();
+    }
+
+    /// `process/ack`.
+    pub fn ack(&self, seq: u64) {
+        self.inner().log.ack(seq);
+        self.changed.notify_waiters();
+    }
+
+    /// Whether the exit notice was written (without acks) or acknowledged (with acks).
+    pub fn exit_delivered(&self, acks: bool) -> bool {
+        let inner = self.inner();
+        if acks {
+            inner.log.exit_acked()
+        } else {
+            inner.log.exit_written()
+        }
+    }
+
+    /// Wait until [`exit_delivered`](Self::exit_delivered).
+    pub async fn wait_exit_delivered(&self, acks: bool) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.exit_delivered(acks) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// `process/signal`: to the process group; nothing once the child exited.
+    pub fn signal(&self, sig: Signal) -> Result<(), RpcError> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        signals::signal_group(self.pid, sig)
+            .map(|_| ())
+            .map_err(|e| RpcError::internal(format!("signal failed: {e}")))
+    }
+
+    /// `process/terminate`: SIGTERM to the group now, SIGKILL after `grace` if any member is
+    /// alive. Returns whether the child was still running.
+    pub fn terminate(&self, grace: Option<Duration>) -> bool {
+        let running = self.is_running();
+        let grace = grace.unwrap_or(self.opts.kill_grace);
+        terminate_group(self.pid, grace);
+        running
+    }
+
+    /// `process/resize`.
+    pub fn resize(&self, size: TermSize) -> Result<(), RpcError> {
+        let Some(pty) = &self.pty else {
+            return Err(RpcError::invalid_params(format!(
+                "process {} is not a tty process",
+                self.id_json
+            )));
+        };
+        if size.rows == 0 || size.cols == 0 {
+            return Err(RpcError::invalid_params("rows and cols must be positive"));
+        }
+        pty.resize(size)
+            .map_err(|e| RpcError::internal(format!("resize failed: {e}")))?;
+        if self.is_running() {
+            let _ = signals::signal_group(self.pid, Signal::SIGWINCH);
+        }
+        Ok(())
+    }
+
+    /// `process/write`: applied in request order by the caller's queue; waits for pipe space
+    /// but gives up with `exited` when the child exits meanwhile.
+    pub async fn write(&self, data: &[u8], write_id: Option<String>) -> WriteStatus {
+        if !self.is_running() {
+            return WriteStatus::Exited;
+        }
+        let mut st = tokio::select! {
+            st = self.stdin.lock() => st,
+            _ = self.exited.cancelled() => return WriteStatus::Exited,
+        };
+        if let Some(id) = &write_id {
+            if st.ids.contains(id) {
+                return WriteStatus::Accepted;
+            }
+        }
+        if st.closed {
+            return WriteStatus::StdinClosed;
+        }
+        let Some(w) = st.writer.as_mut() else {
+            return WriteStatus::StdinClosed;
+        };
+        let res = tokio::select! {
+            r = async { w.write_all(data).await?; w.flush().await } => r,
+            _ = self.exited.cancelled() => return WriteStatus::Exited,
+        };
+        match res {
+            Ok(()) => {
+                if let Some(id) = write_id {
+                    st.remember(id);
+                }
+                WriteStatus::Accepted
+            }
+            Err(_) => {
+                st.writer = None;
+                st.closed = true;
+                if self.is_running() {
+                    WriteStatus::StdinClosed
+                } else {
+                    WriteStatus::Exited
+                }
+            }
+        }
+    }
+
+    /// `process/closeStdin`: a pipe is closed; a PTY gets the end-of-file character (^D),
+    /// which the terminal's line discipline turns into end of file for the reader.
+    pub async fn close_stdin(&self) {
+        let mut st = tokio::select! {
+            st = self.stdin.lock() => st,
+            _ = self.exited.cancelled() => return,
+        };
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        if let Some(mut w) = st.writer.take() {
+            if w.is_pty() {
+                let _ = tokio::select! {
+                    r = w.write_all(b"\x04") => r,
+                    _ = self.exited.cancelled() => Ok(()),
+                };
+                // Keep the master writer alive: dropping it does not close the terminal.
+                st.writer = Some(w);
+            } else {
+                let _ = w.shutdown().await;
+            }
+        }
+    }
+
+    /// `process/list` entry.
+    pub fn list_entry(&self) -> Value {
+        let inner = self.inner();
+        let (code, signal) = match &inner.exit {
+            Some(e) => (json!(e.exit_code), json!(e.signal)),
+            None => (Value::Null, Value::Null),
+        };
+        json!({
+            "processId": self.id,
+            "pid": self.pid,
+            "argv": self.argv,
+            "tty": self.tty,
+            "state": if inner.exit.is_some() { "exited" } else { "running" },
+            "nextSeq": inner.log.next_seq(),
+            "exitCode": code,
+            "signal": signal,
+        })
+    }
+
+    /// `process/read`: events after `after_seq`, long-polling up to `wait`. Ends at once
+    /// when `cancel` fires (connection closed or session resumed elsewhere).
+    pub async fn read(
+        &self,
+        after_seq: u64,
+        max_bytes: usize,
+        wait: Duration,
+        acks: bool,
+        cancel: &CancellationToken,
+    ) -> Result<Value, RpcError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = self.inner();
+                if acks && after_seq > 0 {
+                    inner.log.ack(after_seq);
+                }
+                let events = inner.log.read(after_seq, max_bytes)?;
+                let done = inner.exit.is_some();
+                if !events.is_empty() || done || Instant::now() >= deadline {
+                    let next = events.last().map(|e| e.seq + 1).unwrap_or(after_seq + 1);
+                    let events: Vec<Value> = events.iter().map(event_json).collect();
+                    return Ok(json!({
+                        "events": events,
+                        "nextSeq": next,
+                        "running": self.is_running(),
+                        "exited": done,
+                    }));
+                }
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = cancel.cancelled() => return Err(RpcError::invalid_request("connection closed")),
+            }
+        }
+    }
+
+    /// End this process's life in the server: kill the group and stop the pumps.
+    pub fn abandon(&self) {
+        if self.is_running() || !self.finished.is_cancelled() {
+            terminate_group(self.pid, self.opts.kill_grace);
+        }
+        self.abandoned.cancel();
+        self.changed.notify_waiters();
+    }
+}
+
+/// SIGTERM to the group now; SIGKILL after `grace` if any member is still alive.
+pub(crate) fn terminate_group(pgid: u32, grace: Duration) {
+    match signals::signal_group(pgid, Signal::SIGTERM) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => tracing::warn!(pgid, error = %e, "SIGTERM to process group failed"),
+    }
+    let kill = async move {
+        tokio::time::sleep(grace).await;
+        if signals::group_alive(pgid) {
+            let _ = signals::signal_group(pgid, Signal::SIGKILL);
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn(kill);
+        }
+        Err(_) => {
+            let _ = signals::signal_group(pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// The JSON form of an event in a `process/read` result.
+pub fn event_json(ev: &Event) -> Value {
+    match &ev.body {
+        EventBody::Output { stream, chunk } => json!({
+            "seq": ev.seq,
+            "type": "output",
+            "stream": stream.as_str(),
+            "chunk": base64::engine::general_purpose::STANDARD.encode(chunk),
+        }),
+        EventBody::Exited(info) => {
+            let mut v = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
+            v["seq"] = json!(ev.seq);
+            v["type"] = json!("exited");
+            v
+        }
+    }
+}
+
+/// Encode an event as its notification, by hand for output: this is the hot path of every
+/// byte a child writes.
+pub fn encode_notification(id_json: &str, ev: &Event) -> String {
+    match &ev.body {
+        EventBody::Output { stream, chunk } => {
+            let b64_len = chunk.len().div_ceil(3) * 4;
+            let mut s = String::with_capacity(b64_len + id_json.len() + 112);
+            s.push_str(
+                "{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\",\"params\":{\"processId\":",
+            );
+            s.push_str(id_json);
+            s.push_str(",\"seq\":");
+            s.push_str(itoa_u64(ev.seq).as_str());
+            s.push_str(",\"stream\":\"");
+            s.push_str(stream.as_str());
+            s.push_str("\",\"chunk\":\"");
+            base64::engine::general_purpose::STANDARD.encode_string(chunk, &mut s);
+            s.push_str("\"}}");
+            s
+        }
+        EventBody::Exited(info) => {
+            let mut params = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
+            params["seq"] = json!(ev.seq);
+            params["processId"] = serde_json::from_str(id_json).unwrap_or(Value::Null);
+            json!({"jsonrpc": "2.0", "method": "process/exited", "params": params}).to_string()
+        }
+    }
+}
+
+fn itoa_u64(n: u64) -> String {
+    n.to_string()
+}
+
+/// Whether the `timeoutMs` of this process fired.
+impl ManagedProcess {
+    pub(crate) fn mark_timed_out(&self) {
+        self.timed_out.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,217 @@
+//! JSON-RPC error codes, mapped in one place.
+//!
+//! Every error the server can send a peer is an [`RpcError`] built here. Other layers return
+//! their own typed errors and convert through the `From` impls below, so the code a client sees
+//! for a given failure is decided in exactly one file.
+
+use serde_json::{json, Value};
+
+/// The error codes of `protocol.md` §2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The bytes are not JSON.
+    ParseError,
+    /// Not a JSON-RPC request object, or a request in the wrong connection state.
+    InvalidRequest,
+    /// No such method.
+    MethodNotFound,
+    /// Params did not decode.
+    InvalidParams,
+    /// A local failure (spawn, signal…); the message carries the OS error.
+    Internal,
+    /// No process with that id in the session.
+    UnknownProcess,
+    /// A process with that id is already known.
+    ProcessExists,
+    /// Unknown or expired session, or a wrong resume token.
+    UnknownSession,
+    /// A configured limit was reached; `data.limit` names it.
+    LimitReached,
+    /// The requested events were released; `data` gives the missing range.
+    OutputNotRetained,
+}
+
+impl ErrorCode {
+    /// The numeric JSON-RPC code.
+    pub fn code(self) -> i64 {
+        match self {
+            ErrorCode::ParseError => -32700,
+            ErrorCode::InvalidRequest => -32600,
+            ErrorCode::MethodNotFound => -32601,
+            ErrorCode::InvalidParams => -32602,
+            ErrorCode::Internal => -32603,
+            ErrorCode::UnknownProcess => -32001,
+            ErrorCode::ProcessExists => -32002,
+            ErrorCode::UnknownSession => -32003,
+            ErrorCode::LimitReached => -32004,
+            ErrorCode::OutputNotRetained => -32005,
+        }
+    }
+}
+
+/// An error to send to the peer as a JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message} ({code:?})")]
+pub struct RpcError {
+    /// Which error.
+    pub code: ErrorCode,
+    /// Human-readable message.
+    pub message: String,
+    /// Optional structured data.
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    /// A new error without data.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// `-32700`.
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        Self::new(ErrorCode::ParseError, format!("parse error: {detail}"))
+    }
+
+    /// `-32600`.
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    /// `-32601`.
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(
+            ErrorCode::MethodNotFound,
+            format!("method not found: {method}"),
+        )
+    }
+
+    /// `-32602`.
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidParams, message)
+    }
+
+    /// `-32603`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+
+    /// `-32001`.
+    pub fn unknown_process(id: &str) -> Self {
+        Self::new(
+            ErrorCode::UnknownProcess,
+            format!("unknown process id {}", json!(id)),
+        )
+    }
+
+    /// `-32002`.
+    pub fn process_exists(id: &str) -> Self {
+        Self::new(
+            ErrorCode::ProcessExists,
+            format!("process id {} already exists", json!(id)),
+        )
+    }
+
+    /// `-32003`: one message for every cause, so a probe learns nothing.
+    pub fn unknown_session() -> Self {
+        Self::new(
+            ErrorCode::UnknownSession,
+            "unknown or expired session, or wrong resume token",
+        )
+    }
+
+    /// `-32004` naming the limit.
+    pub fn limit_reached(limit: &str, value: u64) -> Self {
+        RpcError {
+            code: ErrorCode::LimitReached,
+            message: format!("limit reached: {limit} ({value})"),
+            data: Some(json!({ "limit": limit, "value": value })),
+        }
+    }
+
+    /// `-32005` with the exact missing range.
+    pub fn output_not_retained(from_seq: u64, to_seq: u64) -> Self {
+        RpcError {
+            code: ErrorCode::OutputNotRetained,
+            message: format!("output no longer retained: seq {from_seq}..={to_seq}"),
+            data: Some(json!({ "fromSeq": from_seq, "toSeq": to_seq })),
+        }
+    }
+
+    /// The `error` member of a JSON-RPC response.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({ "code": self.code.code(), "message": self.message });
+        if let Some(data) = &self.data {
+            v["data"] = data.clone();
+        }
+        v
+    }
+}
+
+impl From<crate::session_registry::SessionError> for RpcError {
+    fn from(e: crate::session_registry::SessionError) -> Self {
+        use crate::session_registry::SessionError as E;
+        match e {
+            E::UnknownSession => RpcError::unknown_session(),
+            E::TooManySessions(n) => RpcError::limit_reached("maxSessions", n as u64),
+            E::TooManyProcesses(n) => RpcError::limit_reached("maxProcesses", n as u64),
+            E::ProcessExists(id) => RpcError::process_exists(&id),
+            E::UnknownProcess(id) => RpcError::unknown_process(&id),
+            E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
+            E::InvalidParams(m) => RpcError::invalid_params(m),
+        }
+    }
+}
+
+impl From<crate::process::event_log::ReadError> for RpcError {
+    fn from(e: crate::process::event_log::ReadError) -> Self {
+        match e {
+            crate::process::event_log::ReadError::Released { from_seq, to_seq } => {
+                RpcError::output_not_retained(from_seq, to_seq)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_the_protocol_table() {
+        assert_eq!(ErrorCode::ParseError.code(), -32700);
+        assert_eq!(ErrorCode::InvalidRequest.code(), -32600);
+        assert_eq!(ErrorCode::MethodNotFound.code(), -32601);
+        assert_eq!(ErrorCode::InvalidParams.code(), -32602);
+        assert_eq!(ErrorCode::Internal.code(), -32603);
+        assert_eq!(ErrorCode::UnknownProcess.code(), -32001);
+        assert_eq!(ErrorCode::ProcessExists.code(), -32002);
+        assert_eq!(ErrorCode::UnknownSession.code(), -32003);
+        assert_eq!(ErrorCode::LimitReached.code(), -32004);
+        assert_eq!(ErrorCode::OutputNotRetained.code(), -32005);
+    }
+
+    #[test]
+    fn not_retained_carries_the_range() {
+        let e = RpcError::output_not_retained(3, 9).to_json();
+        assert_eq!(e["code"], -32005);
+        assert_eq!(e["data"]["fromSeq"], 3);
+        assert_eq!(e["data"]["toSeq"], 9);
+    }
+
+    #[test]
+    fn messages_quote_ids() {
+        assert_eq!(
+            RpcError::unknown_process("x").message,
+            "unknown process id \"x\""
+        );
+        assert_eq!(
+            RpcError::process_exists("x").message,
+            "process id \"x\" already exists"
+        );
+    }
+}

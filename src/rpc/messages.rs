@@ -1,0 +1,255 @@
+//! Typed params and results of the methods in `protocol.md` §4, shared by server and client.
+//!
+//! Field names are camelCase on the wire; unknown members are ignored and optional members
+//! take their documented defaults.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version spoken by this build.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// `initialize` params.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeParams {
+    /// Free-form client name.
+    #[serde(default)]
+    pub client_name: Option<String>,
+    /// Free-form client version.
+    #[serde(default)]
+    pub client_version: Option<String>,
+    /// Resume an existing session instead of creating one.
+    #[serde(default)]
+    pub resume: Option<ResumeParams>,
+    /// Optional features the client supports.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// Which session to resume.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeParams {
+    /// The session id returned by the first `initialize`.
+    pub session_id: String,
+    /// The secret returned with it.
+    pub resume_token: String,
+}
+
+/// Client capabilities.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// The client acknowledges events with `process/ack`; retention waits for acks.
+    #[serde(default)]
+    pub acks: bool,
+}
+
+/// Limits advertised in the `initialize` result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdvertisedLimits {
+    /// Largest message accepted.
+    pub max_message_bytes: u64,
+    /// Processes per session.
+    pub max_processes: u64,
+    /// Retained output per process.
+    pub retained_output_bytes: u64,
+    /// How long a detached session survives.
+    pub detached_session_ttl_ms: u64,
+}
+
+/// `initialize` result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeResult {
+    /// Always [`PROTOCOL_VERSION`].
+    pub protocol_version: u32,
+    /// The server's version.
+    pub server_version: String,
+    /// The session now attached to this connection.
+    pub session_id: String,
+    /// The secret needed to resume it.
+    pub resume_token: String,
+    /// Whether an existing session was resumed.
+    pub resumed: bool,
+    /// Limits in force.
+    pub limits: AdvertisedLimits,
+}
+
+/// Terminal size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+impl Default for TermSize {
+    fn default() -> Self {
+        TermSize { rows: 24, cols: 80 }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `process/start` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartParams {
+    /// Client-chosen id, 1–256 bytes.
+    pub process_id: String,
+    /// Program and arguments; non-empty.
+    pub argv: Vec<String>,
+    /// Absolute working directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Environment overlay; `null` removes a variable.
+    #[serde(default)]
+    pub env: BTreeMap<String, Option<String>>,
+    /// Start from the server's environment (default true).
+    #[serde(default = "default_true")]
+    pub inherit_env: bool,
+    /// Run on a PTY.
+    #[serde(default)]
+    pub tty: bool,
+    /// Keep stdin writable without a tty.
+    #[serde(default)]
+    pub pipe_stdin: bool,
+    /// PTY size.
+    #[serde(default)]
+    pub size: Option<TermSize>,
+    /// Terminate after this long.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Per-stream delivered-bytes cap.
+    #[serde(default)]
+    pub output_bytes_cap: Option<u64>,
+    /// Drain budget after the child exits.
+    #[serde(default)]
+    pub drain_timeout_ms: Option<u64>,
+    /// Grace between SIGTERM and SIGKILL.
+    #[serde(default)]
+    pub kill_grace_ms: Option<u64>,
+    /// Terminate the process group once the exit notice is ready.
+    #[serde(default)]
+    pub kill_process_group_on_exit: bool,
+}
+
+/// `process/start` result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartResult {
+    /// Echo of the id.
+    pub process_id: String,
+    /// OS pid (also the process group id).
+    pub pid: u32,
+}
+
+/// Params naming only a process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessRef {
+    /// The process.
+    pub process_id: String,
+}
+
+/// `process/read` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadParams {
+    /// The process.
+    pub process_id: String,
+    /// Return events with `seq > afterSeq`.
+    #[serde(default)]
+    pub after_seq: u64,
+    /// Soft cap on output bytes returned.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Long-poll budget.
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// `process/write` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteParams {
+    /// The process.
+    pub process_id: String,
+    /// Base64 bytes.
+    pub chunk: String,
+    /// Idempotency key.
+    #[serde(default)]
+    pub write_id: Option<String>,
+}
+
+/// `process/resize` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizeParams {
+    /// The process.
+    pub process_id: String,
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+/// `process/signal` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalParams {
+    /// The process.
+    pub process_id: String,
+    /// Signal name, e.g. `SIGINT`.
+    pub signal: String,
+}
+
+/// `process/terminate` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminateParams {
+    /// The process.
+    pub process_id: String,
+    /// Grace before SIGKILL; default the process's `killGraceMs`.
+    #[serde(default)]
+    pub grace_ms: Option<u64>,
+}
+
+/// `process/ack` params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AckParams {
+    /// The process.
+    pub process_id: String,
+    /// Every event up to this one was received.
+    pub seq: u64,
+}
+
+/// The exit notice (`process/exited` params, and the `exited` event of `process/read`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitInfo {
+    /// Exit code for a normal exit.
+    pub exit_code: Option<i32>,
+    /// Signal name for a death by signal.
+    pub signal: Option<String>,
+    /// `timeoutMs` passed.
+    pub timed_out: bool,
+    /// Output could still have been pending at the drain deadline.
+    pub output_drain_timed_out: bool,
+    /// Bytes the child wrote to stdout (or the pty), dropped ones included.
+    pub stdout_bytes: u64,
+    /// Bytes the child wrote to stderr.
+    pub stderr_bytes: u64,
+    /// Bytes discarded by `outputBytesCap`.
+    pub dropped_bytes: u64,
+    /// From spawn to exit notice.
+    pub duration_ms: u64,
+}
