@@ -1,9 +1,10 @@
 //! Ordering of concurrent requests on one connection (`protocol.md` §6).
 //!
 //! Per `processId`, requests form a FIFO queue: an *exclusive* request (start, write,
-//! closeStdin, resize) runs alone once every earlier request of that process is done; a
+//! closeStdin, resize) runs once every earlier exclusive request of that process is done; a
 //! *shared* request (read) runs once every earlier exclusive one is done, alongside other
-//! reads. Control requests never enter a queue. [`Queues`] is the sans-IO core; [`Scheduler`]
+//! reads. An exclusive request does not wait for earlier reads: a read may be a long poll,
+//! and a long poll must never hold up anything else (a write to the same process, say). Control requests never enter a queue. [`Queues`] is the sans-IO core; [`Scheduler`]
 //! wraps it with wake-ups for tasks. Tickets are taken in wire order by the connection's
 //! reader, so the order is the order the client sent.
 
@@ -71,10 +72,12 @@ impl Queues {
     /// Mark and return the entries that may start now and have not yet.
     fn runnable(q: &mut VecDeque<Entry>) -> Vec<Ticket> {
         let mut out = Vec::new();
-        for (i, e) in q.iter_mut().enumerate() {
+        for e in q.iter_mut() {
             match e.class {
                 Class::Exclusive => {
-                    if i == 0 && !e.running {
+                    // The first exclusive entry runs (reads before it do not hold it back);
+                    // everything after it waits for it.
+                    if !e.running {
                         e.running = true;
                         out.push(e.ticket);
                     }
@@ -191,11 +194,13 @@ mod tests {
         let (w, w_now) = q.enqueue("p", Class::Exclusive);
         let (r3, r3_now) = q.enqueue("p", Class::Shared);
         assert!(r1_now && r2_now, "reads run together");
-        assert!(!w_now, "a write waits for earlier reads");
+        assert!(w_now, "a write does not wait for earlier reads (they may be long polls)");
         assert!(!r3_now, "a read waits for an earlier write");
+        let (w2, w2_now) = q.enqueue("p", Class::Exclusive);
+        assert!(!w2_now, "writes stay FIFO");
         assert!(q.complete("p", r2).is_empty());
-        assert_eq!(q.complete("p", r1), vec![w]);
-        assert_eq!(q.complete("p", w), vec![r3]);
+        assert!(q.complete("p", r1).is_empty());
+        assert_eq!(q.complete("p", w), vec![r3, w2]);
     }
 
     #[test]

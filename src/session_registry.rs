@@ -135,6 +135,11 @@ impl SessionRegistry {
         self.started.elapsed()
     }
 
+    /// Look a session up by id (operators' tools and tests; clients resume instead).
+    pub fn session(&self, id: &str) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(id).cloned()
+    }
+
     /// Number of sessions.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()

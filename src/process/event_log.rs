@@ -202,6 +202,11 @@ impl EventLog {
         self.retained_cost
     }
 
+    /// Bytes (with per-event overhead) not yet written to a transport.
+    pub fn unwritten_cost(&self) -> usize {
+        self.unwritten_cost
+    }
+
     /// Whether events wait to be written.
     pub fn has_unwritten(&self) -> bool {
         self.written_through + 1 < self.next_seq

@@ -43,6 +43,23 @@ pub struct ProcessOptions {
     pub kill_group_on_exit: bool,
 }
 
+/// Occupancy of a process's event log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessStats {
+    /// Retained bytes, with per-event overhead.
+    pub retained_bytes: usize,
+    /// Unwritten bytes, with per-event overhead.
+    pub unwritten_bytes: usize,
+    /// Next seq to assign.
+    pub next_seq: u64,
+    /// Highest released seq.
+    pub released_through: u64,
+    /// Highest seq written to a transport.
+    pub written_through: u64,
+    /// The exit notice is in the log.
+    pub exited: bool,
+}
+
 /// Outcome of `process/write`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteStatus {
@@ -174,6 +191,19 @@ impl ManagedProcess {
             }),
             pty,
             delivery: Mutex::new(None),
+        }
+    }
+
+    /// A snapshot of the log's occupancy (metrics, tests).
+    pub fn stats(&self) -> ProcessStats {
+        let inner = self.inner();
+        ProcessStats {
+            retained_bytes: inner.log.retained_cost(),
+            unwritten_bytes: inner.log.unwritten_cost(),
+            next_seq: inner.log.next_seq(),
+            released_through: inner.log.released_through(),
+            written_through: inner.log.written_through(),
+            exited: inner.exit.is_some(),
         }
     }
 
