@@ -1,1 +1,245 @@
-fn main(){}
+//! The execrelay benchmark (`bash benches/run.sh`, or `cargo bench --bench bench` for our
+//! half alone). Prints `KEY VALUE` lines and, when given the OpenSSH baseline file written by
+//! `benches/ssh_baseline.sh` in the same run, ratios against it.
+//!
+//! Measured: throughput of `head -c N /dev/zero` to the client over stdio and plain
+//! WebSocket (MB/s, CPU seconds per GB, server peak RSS), and exec latency (`process/start`
+//! of `true` until its exit notice, p50/p99 over many runs on one open connection).
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use tokio::io::AsyncBufReadExt;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn server_bin() -> std::path::PathBuf {
+    // benches run from target/release/deps; the binary is one level up.
+    if let Ok(p) = std::env::var("EXECRELAY_BIN") {
+        return p.into();
+    }
+    let mut p = std::env::current_exe().expect("current exe");
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    p.join("execrelay")
+}
+
+/// CPU seconds (user+system) of a live process, from /proc.
+fn proc_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let cut: f64 = f.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let cst: f64 = f.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    (ut + st + cut + cst) / tick
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn self_cpu_secs() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// A server started as a separate process, as in production.
+struct ServerProc {
+    child: tokio::process::Child,
+    url: String,
+}
+
+async fn start_ws_server() -> ServerProc {
+    let mut child = tokio::process::Command::new(server_bin())
+        .args(["serve", "--listen", "ws://127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start server");
+    let out = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    let url = lines.next_line().await.expect("url").expect("url line");
+    ServerProc { child, url }
+}
+
+async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) {
+    let t0 = Instant::now();
+    let mut p = client
+        .start(StartOptions::new(id, argv))
+        .await
+        .expect("start");
+    let mut bytes = 0u64;
+    let mut events = 0u64;
+    while let Some(ev) = p.next_event().await {
+        match ev {
+            ProcessEvent::Output { data, .. } => {
+                bytes += data.len() as u64;
+                events += 1;
+            }
+            ProcessEvent::Exited(_) => break,
+            ProcessEvent::Lost { .. } => panic!("lost output"),
+        }
+    }
+    if bytes > 1 << 20 {
+        eprintln!(
+            "[bench] {events} output events, {} bytes per event on average",
+            bytes / events.max(1)
+        );
+    }
+    (bytes, t0.elapsed())
+}
+
+struct Throughput {
+    mbps: f64,
+    cpu_per_gb: f64,
+    server_rss_kib: u64,
+}
+
+async fn throughput(kind: &str, n: u64) -> Throughput {
+    let argv = vec![
+        "head".to_string(),
+        "-c".to_string(),
+        n.to_string(),
+        "/dev/zero".to_string(),
+    ];
+    let (client, server_pid, mut server) = match kind {
+        "stdio" => {
+            let c = Client::connect(
+                Target::Spawn {
+                    program: server_bin(),
+                    args: vec!["serve".into(), "--listen".into(), "stdio".into()],
+                },
+                ClientOptions::default(),
+            )
+            .await
+            .expect("connect stdio");
+            let info = c.server_info().await.expect("info");
+            (c, info["pid"].as_u64().unwrap_or(0) as u32, None)
+        }
+        _ => {
+            let s = start_ws_server().await;
+            let c = Client::connect(Target::Ws(s.url.clone()), ClientOptions::default())
+                .await
+                .expect("connect ws");
+            let pid = s.child.id().unwrap_or(0);
+            (c, pid, Some(s))
+        }
+    };
+    let cpu0 = proc_cpu_secs(server_pid) + self_cpu_secs();
+    let (bytes, took) = drain(&client, "tp", argv).await;
+    let cpu = proc_cpu_secs(server_pid) + self_cpu_secs() - cpu0;
+    assert_eq!(bytes, n, "every byte must arrive (got {bytes} of {n})");
+    let rss = peak_rss_kib(server_pid);
+    client.close();
+    if let Some(s) = server.as_mut() {
+        let _ = s.child.start_kill();
+        let _ = s.child.wait().await;
+    }
+    Throughput {
+        mbps: n as f64 / 1e6 / took.as_secs_f64(),
+        cpu_per_gb: cpu / (n as f64 / 1e9),
+        server_rss_kib: rss,
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    // Nearest rank, like the OpenSSH baseline script.
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn exec_latency(runs: u64) -> (f64, f64) {
+    let s = start_ws_server().await;
+    let client = Client::connect(Target::Ws(s.url.clone()), ClientOptions::default())
+        .await
+        .expect("connect");
+    let mut samples = Vec::with_capacity(runs as usize);
+    for i in 0..(runs + 20) {
+        let (_, took) = drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
+        if i >= 20 {
+            samples.push(took.as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    client.close();
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
+fn read_baseline() -> HashMap<String, f64> {
+    let mut m = HashMap::new();
+    if let Ok(path) = std::env::var("SSH_BASELINE_FILE") {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            for line in text.lines() {
+                let mut it = line.split_whitespace();
+                if let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    if let Ok(v) = v.parse() {
+                        m.insert(k.to_string(), v);
+                    }
+                }
+            }
+        }
+    }
+    m
+}
+
+#[tokio::main]
+async fn main() {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    let n = env_u64("BENCH_BYTES", 1 << 30);
+    let repeats = env_u64("BENCH_REPEATS", 3).max(1);
+    let runs = env_u64("EXEC_LATENCY_RUNS", 1000);
+    let base = read_baseline();
+    eprintln!("[bench] server binary: {}", server_bin().display());
+
+    let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws".into());
+    for kind in kinds.split(',') {
+        let mut results = Vec::new();
+        for r in 0..repeats {
+            let t = throughput(kind, n).await;
+            eprintln!(
+                "[bench] {kind} run {r}: {:.1} MB/s, {:.2} CPU-s/GB, server peak RSS {} KiB",
+                t.mbps, t.cpu_per_gb, t.server_rss_kib
+            );
+            results.push(t);
+        }
+        results.sort_by(|a, b| a.mbps.total_cmp(&b.mbps));
+        let med = &results[results.len() / 2];
+        println!("{kind}_MBps {:.1}", med.mbps);
+        println!("{kind}_cpu_s_per_GB {:.2}", med.cpu_per_gb);
+        println!("{kind}_server_peak_rss_KiB {}", med.server_rss_kib);
+        if let Some(ssh) = base.get("ssh_chacha_MBps") {
+            println!("{kind}_vs_ssh_chacha_ratio {:.2}", med.mbps / ssh);
+        }
+        if let Some(raw) = base.get("raw_pipe_MBps") {
+            println!("{kind}_vs_raw_pipe_ratio {:.2}", med.mbps / raw);
+        }
+    }
+
+    let (p50, p99) = exec_latency(runs).await;
+    println!("exec_latency_p50_ms {p50:.3}");
+    println!("exec_latency_p99_ms {p99:.3}");
+    if let Some(ssh) = base.get("ssh_controlmaster_p50_ms") {
+        println!("exec_latency_p50_vs_ssh_controlmaster_ratio {:.3}", p50 / ssh);
+    }
+}

@@ -38,7 +38,7 @@ use crate::process::managed_process::lock;
 use crate::rpc::messages::{ExitInfo, InitializeResult, StartParams, StartResult, TermSize};
 use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
-use rpc_connection::RpcConnection;
+use rpc_connection::{Notification, RpcConnection};
 
 /// Events buffered per process between the connection and the application. When full, the
 /// connection stops reading: the server holds the rest (and eventually the child blocks).
@@ -331,7 +331,7 @@ impl Client {
     /// Connect, initialize (resuming `resume` if given) and install the connection.
     async fn establish(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
         let transport = open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
-        let (ntx, nrx) = mpsc::channel::<(String, Value)>(PROCESS_EVENT_QUEUE);
+        let (ntx, nrx) = mpsc::channel::<Notification>(PROCESS_EVENT_QUEUE);
         let conn = RpcConnection::start(transport, ntx);
         let mut params = json!({
             "clientName": self.shared.opts.client_name,
@@ -421,26 +421,41 @@ impl Client {
     }
 
     /// Route notifications of one connection to process streams, deduplicated by seq.
-    async fn route(&self, conn: RpcConnection, mut rx: mpsc::Receiver<(String, Value)>) {
-        while let Some((method, params)) = rx.recv().await {
-            let Some(pid) = params.get("processId").and_then(Value::as_str) else {
-                continue;
-            };
-            let Some(seq) = params.get("seq").and_then(Value::as_u64) else {
-                continue;
-            };
-            let ev = match method.as_str() {
-                "process/outputDelta" => match decode_output(&params) {
-                    Some(ev) => ev,
-                    None => continue,
-                },
-                "process/exited" => match serde_json::from_value::<ExitInfo>(params.clone()) {
-                    Ok(info) => ProcessEvent::Exited(info),
-                    Err(_) => continue,
-                },
-                _ => continue,
-            };
-            self.deliver(&conn, pid, seq, ev).await;
+    async fn route(&self, conn: RpcConnection, mut rx: mpsc::Receiver<Notification>) {
+        while let Some(n) = rx.recv().await {
+            match n {
+                Notification::Output {
+                    process_id,
+                    seq,
+                    stream,
+                    data,
+                } => {
+                    let ev = ProcessEvent::Output { stream, data };
+                    self.deliver(&conn, &process_id, seq, ev).await;
+                }
+                Notification::Other { method, params } => {
+                    let Some(pid) = params.get("processId").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    let Some(seq) = params.get("seq").and_then(Value::as_u64) else {
+                        continue;
+                    };
+                    let ev = match method.as_str() {
+                        "process/outputDelta" => match decode_output(&params) {
+                            Some(ev) => ev,
+                            None => continue,
+                        },
+                        "process/exited" => {
+                            match serde_json::from_value::<ExitInfo>(params.clone()) {
+                                Ok(info) => ProcessEvent::Exited(info),
+                                Err(_) => continue,
+                            }
+                        }
+                        _ => continue,
+                    };
+                    self.deliver(&conn, pid, seq, ev).await;
+                }
+            }
         }
     }
 

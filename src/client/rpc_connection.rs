@@ -27,9 +27,76 @@ const OUTBOUND_QUEUE: usize = 256;
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, ClientError>>>>>;
 
+/// A notification from the server. Output deltas are decoded on the reader task without
+/// building a JSON tree (they carry almost every byte).
+#[derive(Debug)]
+pub enum Notification {
+    /// `process/outputDelta`, decoded.
+    Output {
+        /// The process.
+        process_id: String,
+        /// Its seq.
+        seq: u64,
+        /// `stdout`, `stderr` or `pty`.
+        stream: crate::process::event_log::StreamName,
+        /// Raw bytes.
+        data: bytes::Bytes,
+    },
+    /// Any other notification.
+    Other {
+        /// Method.
+        method: String,
+        /// Params.
+        params: Value,
+    },
+}
+
 /// Receives every notification, in wire order, on the reader task. It may wait (that is
 /// backpressure on the transport).
-pub type NotificationSink = mpsc::Sender<(String, Value)>;
+pub type NotificationSink = mpsc::Sender<Notification>;
+
+#[derive(serde::Deserialize)]
+struct FastDelta<'a> {
+    #[serde(borrow)]
+    method: &'a str,
+    #[serde(borrow)]
+    params: FastParams<'a>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FastParams<'a> {
+    process_id: String,
+    seq: u64,
+    #[serde(borrow)]
+    stream: &'a str,
+    #[serde(borrow)]
+    chunk: &'a str,
+}
+
+/// Decode an output delta without a JSON tree; `None` for anything else.
+fn fast_output(bytes: &[u8]) -> Option<Notification> {
+    let d: FastDelta<'_> = serde_json::from_slice(bytes).ok()?;
+    if d.method != "process/outputDelta" {
+        return None;
+    }
+    use crate::process::event_log::StreamName;
+    let stream = match d.params.stream {
+        "stdout" => StreamName::Stdout,
+        "stderr" => StreamName::Stderr,
+        "pty" => StreamName::Pty,
+        _ => return None,
+    };
+    let data = base64_simd::STANDARD
+        .decode_to_vec(d.params.chunk.as_bytes())
+        .ok()?;
+    Some(Notification::Output {
+        process_id: d.params.process_id,
+        seq: d.params.seq,
+        stream,
+        data: bytes::Bytes::from(data),
+    })
+}
 
 /// A live connection.
 #[derive(Clone)]
@@ -88,6 +155,17 @@ impl RpcConnection {
                     m = incoming.next() => m,
                 };
                 let Some(Ok(bytes)) = item else { break };
+                // Output deltas start with this exact prefix when they come from execrelay;
+                // anything else takes the general path.
+                if bytes.starts_with(b"{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\"") {
+                    if let Some(n) = fast_output(&bytes) {
+                        tokio::select! {
+                            _ = c.cancelled() => break,
+                            r = notifications.send(n) => if r.is_err() { break },
+                        }
+                        continue;
+                    }
+                }
                 match parse_inbound(&bytes) {
                     Ok(Inbound::Response { id, outcome }) => {
                         let Some(id) = id.as_u64() else { continue };
@@ -99,7 +177,7 @@ impl RpcConnection {
                     Ok(Inbound::Notification { method, params }) => {
                         tokio::select! {
                             _ = c.cancelled() => break,
-                            r = notifications.send((method, params)) => if r.is_err() { break },
+                            r = notifications.send(Notification::Other { method, params }) => if r.is_err() { break },
                         }
                     }
                     Ok(Inbound::Request { .. }) => {}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The benchmark, with its baselines measured in the same run (benchmarks.md).
+#   bash benches/run.sh            # 1 GiB per throughput run, 1000 exec-latency runs
+#   BENCH_BYTES=268435456 bash benches/run.sh   # quicker
+# Prints KEY VALUE lines; ratios compare against OpenSSH measured moments before.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --locked --quiet
+base=$(mktemp)
+trap 'rm -f "$base"' EXIT
+echo "== OpenSSH and raw pipe baselines (benches/ssh_baseline.sh)" >&2
+bash benches/ssh_baseline.sh | tee "$base"
+echo "== execrelay (benches/bench.rs)" >&2
+SSH_BASELINE_FILE="$base" cargo bench --locked --quiet --bench bench
