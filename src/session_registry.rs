@@ -303,10 +303,12 @@ impl Session {
             st.generation
         };
         let ttl = self.config.detached_ttl();
+        // The deadline is fixed now, not when the timer task first runs.
+        let deadline = Instant::now() + ttl;
         let me = Arc::downgrade(self);
         tracing::info!(session = %self.id, ttl_ms = ttl.as_millis() as u64, "session detached");
         tokio::spawn(async move {
-            tokio::time::sleep(ttl).await;
+            tokio::time::sleep_until(deadline).await;
             let Some(s) = me.upgrade() else { return };
             let stale = {
                 let st = lock(&s.attach);

@@ -316,6 +316,26 @@ async fn death_by_signal_is_reported_by_name() {
         .await;
     assert_eq!(r, json!({}));
     eventually("the group is gone", || !group_alive(pid)).await;
+
+    // Reported faithfully: no invented 128+N for a signal, the real code otherwise.
+    start(
+        c,
+        json!({"processId": "self", "argv": ["sh", "-c", "kill -TERM $$"]}),
+    )
+    .await;
+    let got = c.collect("self").await;
+    got.assert_seqs_contiguous();
+    assert_eq!(got.exit["signal"], "SIGTERM", "{}", got.exit);
+    assert_eq!(got.exit["exitCode"], Value::Null, "{}", got.exit);
+    start(
+        c,
+        json!({"processId": "three", "argv": ["sh", "-c", "exit 3"]}),
+    )
+    .await;
+    let got = c.collect("three").await;
+    got.assert_seqs_contiguous();
+    assert_eq!(got.exit["exitCode"], 3, "{}", got.exit);
+    assert_eq!(got.exit["signal"], Value::Null, "{}", got.exit);
 }
 
 // 5. ------------------------------------------------------------------------------------------
@@ -337,6 +357,24 @@ async fn timeout_terminates_and_marks_timed_out() {
     assert_eq!(e["exitCode"], Value::Null, "{e}");
     let d = duration_ms(e);
     assert!((300..100_000).contains(&d), "durationMs {d}");
+
+    // A child ignoring SIGTERM is killed `killGraceMs` after the timeout.
+    let pid = start(
+        c,
+        json!({"processId": "t2",
+               "argv": ["sh", "-c", "trap '' TERM; echo ready; sleep 100"],
+               "timeoutMs": 300, "killGraceMs": 200}),
+    )
+    .await;
+    let got = c.collect("t2").await;
+    got.assert_seqs_contiguous();
+    assert_eq!(got.stdout, b"ready\n");
+    let e = &got.exit;
+    assert_eq!(e["timedOut"], true, "{e}");
+    assert_eq!(e["signal"], "SIGKILL", "{e}");
+    assert_eq!(e["exitCode"], Value::Null, "{e}");
+    assert!(duration_ms(e) >= 500, "timeout + grace: {e}");
+    eventually("the group is gone", || !group_alive(pid)).await;
 }
 
 // 6. ------------------------------------------------------------------------------------------
@@ -490,6 +528,35 @@ async fn pty_session_sizes_resize_and_echo() {
     let got = c.collect("notty").await;
     got.assert_seqs_contiguous();
     assert_eq!(got.exit["exitCode"], 0);
+
+    // closeStdin on a tty sends end of file through the line discipline.
+    start(
+        c,
+        json!({"processId": "ttycat", "argv": ["cat"], "tty": true}),
+    )
+    .await;
+    let r = c
+        .call(
+            "process/write",
+            json!({"processId": "ttycat", "chunk": b64(b"abc\n")}),
+        )
+        .await;
+    assert_eq!(r, json!({"status": "accepted"}));
+    let r = c
+        .call("process/closeStdin", json!({"processId": "ttycat"}))
+        .await;
+    assert_eq!(r, json!({}));
+    let got = c.collect("ttycat").await;
+    got.assert_seqs_contiguous();
+    assert_eq!(text(&got.pty), "abc\r\nabc\r\n", "echo, then cat's copy");
+    assert_eq!(got.exit["exitCode"], 0, "{}", got.exit);
+    let r = c
+        .call(
+            "process/write",
+            json!({"processId": "ttycat", "chunk": b64(b"x")}),
+        )
+        .await;
+    assert_eq!(r, json!({"status": "exited"}));
 }
 
 // 8. ------------------------------------------------------------------------------------------
@@ -686,6 +753,22 @@ async fn spawn_failures_leave_nothing_behind() {
     assert!(list_entry(c, "q").await.is_none());
 
     let e = c
+        .call_err(
+            "process/start",
+            json!({"processId": "q", "argv": ["/nonexistent/prog"], "tty": true}),
+        )
+        .await;
+    assert_eq!(e["code"], -32603, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .expect("message")
+            .contains("No such file"),
+        "{e}"
+    );
+    assert!(list_entry(c, "q").await.is_none());
+
+    let e = c
         .call_err("process/start", json!({"processId": "r", "argv": []}))
         .await;
     assert_eq!(e["code"], -32602, "{e}");
@@ -826,6 +909,36 @@ async fn child_has_only_stdio_and_its_own_session() {
         .map(|s| s.parse().expect("number"))
         .collect();
     assert_eq!(ids, vec![pid, pid, pid], "pid == sid == pgid: {out:?}");
+
+    // The same on a PTY, which is also the child's controlling terminal.
+    let pid = start(
+        c,
+        json!({"processId": "ttyfds", "tty": true,
+               "argv": ["sh", "-c", "ls /proc/self/fd; ps -o pid=,sid=,pgid=,tty= -p $$"]}),
+    )
+    .await;
+    let got = c.collect("ttyfds").await;
+    got.assert_seqs_contiguous();
+    assert_eq!(got.exit["exitCode"], 0, "{}", text(&got.pty));
+    let out = text(&got.pty);
+    let mut lines = out.lines();
+    let fds: Vec<u32> = lines
+        .next()
+        .expect("fd line")
+        .split_whitespace()
+        .map(|s| s.parse().expect("fd number"))
+        .collect();
+    assert!(
+        [0, 1, 2].iter().all(|fd| fds.contains(fd)) && fds.iter().all(|&fd| fd <= 3),
+        "tty child descriptors: {out:?}"
+    );
+    let ps: Vec<&str> = lines.next().expect("ps line").split_whitespace().collect();
+    let want = pid.to_string();
+    assert_eq!(ps[..3], [&want[..]; 3], "pid == sid == pgid: {out:?}");
+    assert!(
+        ps.get(3).is_some_and(|t| t.starts_with("pts/")),
+        "controlling terminal: {out:?}"
+    );
 }
 
 // BUG: a write blocked on a full stdin pipe when the child dies answers `stdinClosed`, not

@@ -1,7 +1,7 @@
 //! Line-framed transports over byte streams: the server's own stdin/stdout, a child's pipes
 //! (the client spawning `execrelay serve --listen stdio`), or an in-memory duplex in tests.
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -20,7 +20,7 @@ where
     outgoing.set_backpressure_boundary(256 * 1024);
     Transport {
         incoming: Box::pin(incoming.fuse()),
-        outgoing: Box::pin(outgoing.sink_map_err(|e| e)),
+        outgoing: Box::pin(outgoing),
         peer: peer.to_string(),
     }
 }

@@ -23,7 +23,7 @@ pub const GUARD: Duration = Duration::from_secs(60);
 /// A raw client speaking newline-framed JSON-RPC.
 pub struct RawClient {
     reader: Box<dyn tokio::io::AsyncBufRead + Unpin + Send>,
-    writer: Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+    pub writer: Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
     /// Messages received but not yet consumed by `response`/`next_notification`.
     pub backlog: VecDeque<Value>,
     next_id: u64,

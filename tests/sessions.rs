@@ -1,0 +1,436 @@
+//! Sessions outlive connections: resume, eviction, lossless retention while detached, expiry,
+//! and the client library's reconnection.
+
+mod common;
+use common::*;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use execrelay::config::ServerConfig;
+use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions};
+use execrelay::delivery::ReadySet;
+use execrelay::session_registry::{ConnHandle, SessionRegistry};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn shared(cfg: ServerConfig) -> Arc<SessionRegistry> {
+    SessionRegistry::new(Arc::new(cfg))
+}
+
+fn connect(registry: &Arc<SessionRegistry>) -> InProcess {
+    in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default())
+}
+
+async fn resume(c: &mut RawClient, sid: &str, token: &str) -> serde_json::Value {
+    let id = c
+        .request(
+            "initialize",
+            json!({"resume": {"sessionId": sid, "resumeToken": token}, "capabilities": {"acks": true}}),
+        )
+        .await;
+    c.response(id).await
+}
+
+fn pseudo_random(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn file_with(data: &[u8]) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(data).unwrap();
+    f.flush().unwrap();
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_with_the_right_token_keeps_the_session_and_its_processes() {
+    let reg = shared(cfg());
+    let mut a = connect(&reg);
+    let init = a.client.handshake().await;
+    let sid = init["sessionId"].as_str().unwrap().to_string();
+    let token = init["resumeToken"].as_str().unwrap().to_string();
+    assert!(token.len() >= 22, "at least 128 bits of token");
+    let start = a
+        .client
+        .call("process/start", json!({"processId": "sleeper", "argv": ["sleep", "100"]}))
+        .await;
+    let pid = start["pid"].as_i64().unwrap() as i32;
+    drop(a.client);
+    assert_eq!(a.end.await.unwrap(), ConnectionEnd::PeerClosed);
+
+    let mut b = connect(&reg);
+    let r = resume(&mut b.client, &sid, &token).await;
+    assert_eq!(r["result"]["sessionId"], sid.as_str());
+    assert_eq!(r["result"]["resumed"], true);
+    b.client.notify("initialized", json!({})).await;
+    let list = b.client.call("process/list", json!({})).await;
+    assert_eq!(list["processes"][0]["processId"], "sleeper");
+    assert_eq!(list["processes"][0]["state"], "running");
+    assert!(group_alive(pid));
+    b.client
+        .call("process/terminate", json!({"processId": "sleeper"}))
+        .await;
+    let c = b.client.collect("sleeper").await;
+    assert_eq!(c.exit["signal"], "SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
+    let reg = shared(ServerConfig {
+        detached_session_ttl_ms: 200,
+        ..cfg()
+    });
+    let mut a = connect(&reg);
+    let init = a.client.handshake().await;
+    let sid = init["sessionId"].as_str().unwrap().to_string();
+    let token = init["resumeToken"].as_str().unwrap().to_string();
+
+    let mut b = connect(&reg);
+    let wrong = resume(&mut b.client, &sid, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").await;
+    let unknown = resume(&mut b.client, "s-nope", &token).await;
+    assert_eq!(wrong["error"]["code"], -32003);
+    assert_eq!(unknown["error"]["code"], -32003);
+    assert_eq!(wrong["error"]["message"], unknown["error"]["message"]);
+    // A failed resume left `a` attached and untouched.
+    assert!(a.client.call("server/info", json!({})).await["sessions"] == 1);
+
+    drop(a.client);
+    a.end.await.unwrap();
+    eventually("detached session expires", || reg.session(&sid).is_none()).await;
+    let expired = resume(&mut b.client, &sid, &token).await;
+    assert_eq!(expired["error"]["code"], -32003);
+    assert_eq!(expired["error"]["message"], wrong["error"]["message"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_on_a_dead_connection_does_not_hold_the_session() {
+    let reg = shared(cfg());
+    let mut a = connect(&reg);
+    let init = a.client.handshake().await;
+    let (sid, token) = (
+        init["sessionId"].as_str().unwrap().to_string(),
+        init["resumeToken"].as_str().unwrap().to_string(),
+    );
+    a.client
+        .call(
+            "process/start",
+            json!({"processId": "p", "argv": ["sleep", "100"]}),
+        )
+        .await;
+    let _poll = a
+        .client
+        .request(
+            "process/read",
+            json!({"processId": "p", "afterSeq": 0, "waitMs": 30000}),
+        )
+        .await;
+    drop(a.client);
+    // The old processor ends although its long poll had 30 s to go.
+    let end = tokio::time::timeout(GUARD, a.end).await.unwrap().unwrap();
+    assert_eq!(end, ConnectionEnd::PeerClosed);
+
+    let mut b = connect(&reg);
+    let r = resume(&mut b.client, &sid, &token).await;
+    assert_eq!(r["result"]["resumed"], true);
+    b.client.notify("initialized", json!({})).await;
+    let t = b
+        .client
+        .call("process/terminate", json!({"processId": "p"}))
+        .await;
+    assert_eq!(t["running"], true);
+    let c = b.client.collect("p").await;
+    assert_eq!(c.exit["signal"], "SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_evicts_a_half_open_connection_and_takes_over_its_events() {
+    let reg = shared(cfg());
+    let mut a = connect(&reg);
+    let init = a.client.handshake().await;
+    let (sid, token) = (
+        init["sessionId"].as_str().unwrap().to_string(),
+        init["resumeToken"].as_str().unwrap().to_string(),
+    );
+    a.client
+        .call(
+            "process/start",
+            json!({"processId": "cat", "argv": ["cat"], "pipeStdin": true}),
+        )
+        .await;
+    a.client
+        .call("process/write", json!({"processId": "cat", "chunk": b64(b"one\n")}))
+        .await;
+
+    // `a` is still open (half-open from the server's point of view) when `b` resumes.
+    let mut b = connect(&reg);
+    let r = resume(&mut b.client, &sid, &token).await;
+    assert_eq!(r["result"]["resumed"], true);
+    b.client.notify("initialized", json!({})).await;
+    assert_eq!(
+        tokio::time::timeout(GUARD, a.end).await.unwrap().unwrap(),
+        ConnectionEnd::Evicted
+    );
+    // The evicted connection is closed: whatever it had buffered, it ends without answering
+    // a new request.
+    let late = json!({"jsonrpc": "2.0", "id": "late", "method": "server/info"});
+    let _ = tokio::io::AsyncWriteExt::write_all(
+        &mut a.client.writer,
+        format!("{late}\n").as_bytes(),
+    )
+    .await;
+    while let Some(m) = a.client.read_message().await {
+        assert_ne!(m["id"], "late", "an evicted connection must not serve requests");
+    }
+
+    b.client
+        .call("process/write", json!({"processId": "cat", "chunk": b64(b"two\n")}))
+        .await;
+    b.client
+        .call("process/closeStdin", json!({"processId": "cat"}))
+        .await;
+    // Retained events are replayed first (seq 1 = "one"), then live ones, in seq order.
+    let c = b.client.collect("cat").await;
+    assert_eq!(c.stdout, b"one\ntwo\n");
+    c.assert_seqs_contiguous();
+    assert_eq!(c.exit["exitCode"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_produced_while_detached_is_held_not_lost() {
+    let data = pseudo_random(2 * 1024 * 1024);
+    let file = file_with(&data);
+    let reg = shared(ServerConfig {
+        retained_output_bytes: 256 * 1024,
+        delivery_queue_bytes: 64 * 1024,
+        ..cfg()
+    });
+    let mut a = connect(&reg);
+    let id = a
+        .client
+        .request("initialize", json!({"capabilities": {"acks": true}}))
+        .await;
+    let init = a.client.response(id).await["result"].clone();
+    a.client.notify("initialized", json!({})).await;
+    let (sid, token) = (
+        init["sessionId"].as_str().unwrap().to_string(),
+        init["resumeToken"].as_str().unwrap().to_string(),
+    );
+    let start = a
+        .client
+        .call(
+            "process/start",
+            json!({"processId": "p", "argv": ["cat", file.path()], "drainTimeoutMs": 100}),
+        )
+        .await;
+    let pid = start["pid"].as_u64().unwrap();
+    drop(a.client);
+    a.end.await.unwrap();
+    // Detached: the log fills to its retention and the child is held in write().
+    let proc = reg.session(&sid).unwrap().get("p").unwrap();
+    eventually("child blocked while detached", || {
+        std::fs::read_to_string(format!("/proc/{pid}/wchan"))
+            .unwrap_or_default()
+            .ends_with("pipe_write")
+    })
+    .await;
+    // Held back at the delivery queue (64 KiB), well inside the retention.
+    assert!(proc.stats().retained_bytes >= 64 * 1024);
+    assert_eq!(proc.stats().released_through, 0, "nothing released while detached");
+
+    let mut b = connect(&reg);
+    let r = resume(&mut b.client, &sid, &token).await;
+    assert_eq!(r["result"]["resumed"], true);
+    b.client.notify("initialized", json!({})).await;
+    // Read everything, acknowledging as we go (the log only shrinks on acks).
+    let mut got = Vec::new();
+    let mut expected_seq = 1;
+    let exit = loop {
+        let n = b.client.next_notification().await.unwrap();
+        let p = n["params"].clone();
+        let seq = p["seq"].as_u64().unwrap();
+        assert_eq!(seq, expected_seq, "replayed in seq order, no gap");
+        expected_seq += 1;
+        b.client
+            .notify("process/ack", json!({"processId": "p", "seq": seq}))
+            .await;
+        if n["method"] == "process/exited" {
+            break p;
+        }
+        got.extend(
+            base64::Engine::decode(
+                &base64::engine::general_purpose::STANDARD,
+                p["chunk"].as_str().unwrap(),
+            )
+            .unwrap(),
+        );
+    };
+    assert_eq!(got.len(), data.len());
+    assert_eq!(sha256(&got), sha256(&data));
+    assert_eq!(exit["exitCode"], 0);
+    assert_eq!(exit["outputDrainTimedOut"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_takes_its_process_groups_with_it() {
+    let reg = shared(ServerConfig {
+        detached_session_ttl_ms: 300,
+        ..cfg()
+    });
+    let mut a = connect(&reg);
+    let init = a.client.handshake().await;
+    let sid = init["sessionId"].as_str().unwrap().to_string();
+    let start = a
+        .client
+        .call(
+            "process/start",
+            json!({"processId": "p", "argv": ["sh", "-c", "sleep 100 & sleep 100"]}),
+        )
+        .await;
+    let pgid = start["pid"].as_i64().unwrap() as i32;
+    assert!(group_alive(pgid));
+    drop(a.client);
+    a.end.await.unwrap();
+    eventually("session expired", || reg.session(&sid).is_none()).await;
+    eventually("process group gone", || !group_alive(pgid)).await;
+    assert_eq!(reg.process_count(), 0);
+}
+
+fn conn(reg: &SessionRegistry) -> ConnHandle {
+    ConnHandle {
+        conn_id: reg.next_conn_id(),
+        ready: Arc::new(ReadySet::default()),
+        evict: CancellationToken::new(),
+        peer_key: None,
+    }
+}
+
+/// Let spawned timer tasks run after the clock moved.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_expiry_timer_never_closes_a_resumed_session() {
+    let reg = shared(ServerConfig {
+        detached_session_ttl_ms: 500,
+        ..cfg()
+    });
+    let c1 = conn(&reg);
+    let (session, token) = reg.create(false, &c1).unwrap();
+    let sid = session.id.clone();
+    session.detach(c1.conn_id); // t=0: first timer due at 500
+    tokio::time::advance(Duration::from_millis(300)).await;
+    let c2 = conn(&reg);
+    reg.resume(&sid, &token, &c2).unwrap(); // t=300
+    tokio::time::advance(Duration::from_millis(100)).await;
+    session.detach(c2.conn_id); // t=400: second timer due at 900
+    tokio::time::advance(Duration::from_millis(200)).await; // t=600
+    settle().await;
+    assert!(reg.session(&sid).is_some(), "the first timer is stale");
+    assert!(!session.is_closed());
+    tokio::time::advance(Duration::from_millis(400)).await; // t=1000
+    settle().await;
+    assert!(reg.session(&sid).is_none(), "the second timer expires it");
+    assert!(session.is_closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_resumed_in_time_is_not_expired_at_all() {
+    let reg = shared(ServerConfig {
+        detached_session_ttl_ms: 500,
+        ..cfg()
+    });
+    let c1 = conn(&reg);
+    let (session, token) = reg.create(false, &c1).unwrap();
+    session.detach(c1.conn_id);
+    tokio::time::advance(Duration::from_millis(499)).await;
+    let c2 = conn(&reg);
+    reg.resume(&session.id, &token, &c2).unwrap();
+    tokio::time::advance(Duration::from_millis(10_000)).await;
+    settle().await;
+    assert!(!session.is_closed());
+    assert!(session.is_attached_to(c2.conn_id));
+}
+
+/// A WebSocket server in this process, for the client library.
+async fn ws_server(cfg: ServerConfig) -> (String, Arc<SessionRegistry>, CancellationToken) {
+    let reg = shared(cfg);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(execrelay::server::run_ws_with_registry(
+        listener,
+        reg.clone(),
+        stop.clone(),
+    ));
+    (url, reg, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_survives_killed_links_without_loss_or_duplicates() {
+    const TOTAL: usize = 50 * 1024 * 1024;
+    let data = pseudo_random(TOTAL);
+    let file = file_with(&data);
+    let (url, _reg, stop) = ws_server(ServerConfig {
+        retained_output_bytes: 1024 * 1024,
+        ..cfg()
+    })
+    .await;
+    let client = Client::connect(Target::Ws(url), ClientOptions::default())
+        .await
+        .unwrap();
+    let mut p = client
+        .start(StartOptions::new(
+            "big",
+            ["cat".to_string(), file.path().display().to_string()],
+        ))
+        .await
+        .unwrap();
+    // Kill the link at 7 offsets spread at random over the stream.
+    let mut kills: Vec<usize> = (0..7)
+        .map(|i| {
+            let r = pseudo_random(8 + i)[i] as usize;
+            (i * TOTAL / 7) + r * 997 % (TOTAL / 7)
+        })
+        .collect();
+    kills.sort();
+    let mut got = Vec::with_capacity(TOTAL);
+    let mut killed = 0;
+    let exit = loop {
+        match p.next_event().await.expect("stream ended early") {
+            ProcessEvent::Output { data, .. } => {
+                got.extend_from_slice(&data);
+                while killed < kills.len() && got.len() >= kills[killed] {
+                    client.break_connection();
+                    killed += 1;
+                }
+            }
+            ProcessEvent::Exited(info) => break info,
+            ProcessEvent::Lost { from, to } => panic!("lost events {from}..={to}"),
+        }
+    };
+    assert_eq!(killed, 7);
+    assert!(
+        client.connection_count() >= 6,
+        "the client reconnected after the kills ({} connections)",
+        client.connection_count()
+    );
+    assert_eq!(got.len(), TOTAL);
+    assert!(got == data, "bytes differ from what the child wrote");
+    assert_eq!(exit.exit_code, Some(0));
+    client.close();
+    stop.cancel();
+}
