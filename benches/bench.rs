@@ -240,6 +240,9 @@ async fn main() {
     println!("exec_latency_p50_ms {p50:.3}");
     println!("exec_latency_p99_ms {p99:.3}");
     if let Some(ssh) = base.get("ssh_controlmaster_p50_ms") {
-        println!("exec_latency_p50_vs_ssh_controlmaster_ratio {:.3}", p50 / ssh);
+        println!(
+            "exec_latency_p50_vs_ssh_controlmaster_ratio {:.3}",
+            p50 / ssh
+        );
     }
 }

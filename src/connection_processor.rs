@@ -20,7 +20,9 @@ use crate::delivery::{run_writer, ControlMessage, ReadySet};
 use crate::handlers::{self, Ctx, Reply};
 use crate::request_scheduler::{Class, Scheduler};
 use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
-use crate::rpc::messages::{AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION};
+use crate::rpc::messages::{
+    AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION,
+};
 use crate::rpc::RpcError;
 use crate::session_registry::{ConnHandle, Session, SessionRegistry};
 use crate::transport::{FramingError, Transport};
@@ -96,8 +98,13 @@ impl ConnectionProcessor {
             let ready = Arc::new(ReadySet::default());
             let writer_cancel = CancellationToken::new();
             let writer = tokio::spawn(
-                run_writer(transport.outgoing, control_rx, ready.clone(), writer_cancel.clone())
-                    .in_current_span(),
+                run_writer(
+                    transport.outgoing,
+                    control_rx,
+                    ready.clone(),
+                    writer_cancel.clone(),
+                )
+                .in_current_span(),
             );
             let mut cp = ConnectionProcessor {
                 registry,
@@ -241,7 +248,8 @@ impl ConnectionProcessor {
             "process/read" => Some(Class::Shared),
             "process/ack" => {
                 handlers::ack(&session, params);
-                self.send(encode_response(&id, &serde_json::json!({}))).await;
+                self.send(encode_response(&id, &serde_json::json!({})))
+                    .await;
                 return;
             }
             _ => {
@@ -313,7 +321,10 @@ impl ConnectionProcessor {
                     r = work => r,
                 };
                 let msg = match reply {
-                    Ok(Reply { result, after_write }) => ControlMessage {
+                    Ok(Reply {
+                        result,
+                        after_write,
+                    }) => ControlMessage {
                         text: encode_response(&id, &result),
                         after_write,
                     },

@@ -194,7 +194,10 @@ mod tests {
         let (w, w_now) = q.enqueue("p", Class::Exclusive);
         let (r3, r3_now) = q.enqueue("p", Class::Shared);
         assert!(r1_now && r2_now, "reads run together");
-        assert!(w_now, "a write does not wait for earlier reads (they may be long polls)");
+        assert!(
+            w_now,
+            "a write does not wait for earlier reads (they may be long polls)"
+        );
         assert!(!r3_now, "a read waits for an earlier write");
         let (w2, w2_now) = q.enqueue("p", Class::Exclusive);
         assert!(!w2_now, "writes stay FIFO");

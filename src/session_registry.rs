@@ -24,7 +24,7 @@ use crate::process::managed_process::lock;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
 use crate::process::{ManagedProcess, ProcessOptions};
-use crate::rpc::messages::{StartParams, TermSize};
+use crate::rpc::messages::StartParams;
 
 /// Failures of session and process bookkeeping; mapped to JSON-RPC codes in `rpc::error`.
 #[derive(Debug, thiserror::Error)]
@@ -236,11 +236,12 @@ impl SessionRegistry {
                 p.terminate(None);
                 longest = longest.max(p.opts.kill_grace + p.opts.drain_timeout);
                 let attached = s.is_attached();
-                let acks = s.acks;
                 waits.push(async move {
                     p.wait_finished().await;
                     if attached {
-                        p.wait_exit_delivered(acks && false).await;
+                        // Written to the transport is enough here: the server is going away,
+                        // so an ack could not release anything anyway.
+                        p.wait_exit_delivered(false).await;
                     }
                 });
             }
@@ -399,7 +400,7 @@ impl Session {
             inherit_env: params.inherit_env,
             tty: params
                 .tty
-                .then(|| params.size.unwrap_or_else(TermSize::default)),
+                .then(|| params.size.unwrap_or_default()),
             pipe_stdin: params.pipe_stdin,
         };
         let opts = ProcessOptions {
@@ -408,7 +409,9 @@ impl Session {
             drain_timeout: Duration::from_millis(
                 params.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
             ),
-            kill_grace: Duration::from_millis(params.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS)),
+            kill_grace: Duration::from_millis(
+                params.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS),
+            ),
             kill_group_on_exit: params.kill_process_group_on_exit,
         };
         let limits = LogLimits {
@@ -498,11 +501,15 @@ fn validate_start(p: &StartParams) -> Result<(), SessionError> {
     }
     if let Some(cwd) = &p.cwd {
         if !cwd.starts_with('/') {
-            return Err(SessionError::InvalidParams("cwd must be an absolute path".into()));
+            return Err(SessionError::InvalidParams(
+                "cwd must be an absolute path".into(),
+            ));
         }
     }
     if p.argv.iter().any(|a| a.contains('\0')) {
-        return Err(SessionError::InvalidParams("argv must not contain NUL".into()));
+        return Err(SessionError::InvalidParams(
+            "argv must not contain NUL".into(),
+        ));
     }
     Ok(())
 }

@@ -59,7 +59,10 @@ async fn output_written_while_client_reads_nothing_arrives_whole_once_it_reads()
     let pid = r["result"]["pid"].as_u64().unwrap();
     assert!(s.client.backlog.is_empty(), "the start result comes first");
     // Every queue is full: the child cannot make progress and sits in write().
-    eventually("child blocked writing its pipe", || wchan(pid).ends_with("pipe_write")).await;
+    eventually("child blocked writing its pipe", || {
+        wchan(pid).ends_with("pipe_write")
+    })
+    .await;
     let session_id = s.registry.process_count();
     assert_eq!(session_id, 1);
 
@@ -102,7 +105,10 @@ async fn resize_and_terminate_answer_before_pending_output() {
         .await;
     let term = s
         .client
-        .request("process/terminate", json!({"processId": "big", "graceMs": 5000}))
+        .request(
+            "process/terminate",
+            json!({"processId": "big", "graceMs": 5000}),
+        )
         .await;
     // Read in wire order and count the output that came before both replies.
     let mut output_before = 0usize;
@@ -130,8 +136,14 @@ async fn resize_and_terminate_answer_before_pending_output() {
 
     let c = s.client.collect("big").await;
     // Everything the server had read (the pending megabyte among it) is still delivered.
-    assert_eq!(c.stdout.len() as u64, c.exit["stdoutBytes"].as_u64().unwrap());
-    assert_eq!(c.stderr.len() as u64, c.exit["stderrBytes"].as_u64().unwrap());
+    assert_eq!(
+        c.stdout.len() as u64,
+        c.exit["stdoutBytes"].as_u64().unwrap()
+    );
+    assert_eq!(
+        c.stderr.len() as u64,
+        c.exit["stderrBytes"].as_u64().unwrap()
+    );
     assert!(c.stdout.len() + c.stderr.len() >= 900 * 1024);
     assert_eq!(c.exit["signal"], "SIGTERM");
     assert!(c.exit["exitCode"].is_null());
@@ -207,7 +219,10 @@ async fn events_are_numbered_without_gaps_and_exit_is_last() {
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(seqs, c.seqs);
-    assert_eq!(r["events"].as_array().unwrap().last().unwrap()["type"], "exited");
+    assert_eq!(
+        r["events"].as_array().unwrap().last().unwrap()["type"],
+        "exited"
+    );
     assert_eq!(r["exited"], true);
     assert_eq!(r["running"], false);
     assert_eq!(r["nextSeq"], c.seqs.len() as u64 + 1);
@@ -231,7 +246,10 @@ async fn read_long_polls_until_output_and_respects_after_seq() {
         )
         .await;
     s.client
-        .call("process/write", json!({"processId": "p", "chunk": b64(b"ping")}))
+        .call(
+            "process/write",
+            json!({"processId": "p", "chunk": b64(b"ping")}),
+        )
         .await;
     let r = s.client.response(read).await;
     let ev = &r["result"]["events"][0];

@@ -63,7 +63,10 @@ async fn resume_with_the_right_token_keeps_the_session_and_its_processes() {
     assert!(token.len() >= 22, "at least 128 bits of token");
     let start = a
         .client
-        .call("process/start", json!({"processId": "sleeper", "argv": ["sleep", "100"]}))
+        .call(
+            "process/start",
+            json!({"processId": "sleeper", "argv": ["sleep", "100"]}),
+        )
         .await;
     let pid = start["pid"].as_i64().unwrap() as i32;
     drop(a.client);
@@ -97,7 +100,12 @@ async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
     let token = init["resumeToken"].as_str().unwrap().to_string();
 
     let mut b = connect(&reg);
-    let wrong = resume(&mut b.client, &sid, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").await;
+    let wrong = resume(
+        &mut b.client,
+        &sid,
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    )
+    .await;
     let unknown = resume(&mut b.client, "s-nope", &token).await;
     assert_eq!(wrong["error"]["code"], -32003);
     assert_eq!(unknown["error"]["code"], -32003);
@@ -169,7 +177,10 @@ async fn resume_evicts_a_half_open_connection_and_takes_over_its_events() {
         )
         .await;
     a.client
-        .call("process/write", json!({"processId": "cat", "chunk": b64(b"one\n")}))
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": b64(b"one\n")}),
+        )
         .await;
 
     // `a` is still open (half-open from the server's point of view) when `b` resumes.
@@ -184,17 +195,21 @@ async fn resume_evicts_a_half_open_connection_and_takes_over_its_events() {
     // The evicted connection is closed: whatever it had buffered, it ends without answering
     // a new request.
     let late = json!({"jsonrpc": "2.0", "id": "late", "method": "server/info"});
-    let _ = tokio::io::AsyncWriteExt::write_all(
-        &mut a.client.writer,
-        format!("{late}\n").as_bytes(),
-    )
-    .await;
+    let _ =
+        tokio::io::AsyncWriteExt::write_all(&mut a.client.writer, format!("{late}\n").as_bytes())
+            .await;
     while let Some(m) = a.client.read_message().await {
-        assert_ne!(m["id"], "late", "an evicted connection must not serve requests");
+        assert_ne!(
+            m["id"], "late",
+            "an evicted connection must not serve requests"
+        );
     }
 
     b.client
-        .call("process/write", json!({"processId": "cat", "chunk": b64(b"two\n")}))
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": b64(b"two\n")}),
+        )
         .await;
     b.client
         .call("process/closeStdin", json!({"processId": "cat"}))
@@ -246,7 +261,11 @@ async fn output_produced_while_detached_is_held_not_lost() {
     .await;
     // Held back at the delivery queue (64 KiB), well inside the retention.
     assert!(proc.stats().retained_bytes >= 64 * 1024);
-    assert_eq!(proc.stats().released_through, 0, "nothing released while detached");
+    assert_eq!(
+        proc.stats().released_through,
+        0,
+        "nothing released while detached"
+    );
 
     let mut b = connect(&reg);
     let r = resume(&mut b.client, &sid, &token).await;

@@ -330,7 +330,8 @@ impl Client {
 
     /// Connect, initialize (resuming `resume` if given) and install the connection.
     async fn establish(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
-        let transport = open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
+        let transport =
+            open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
         let (ntx, nrx) = mpsc::channel::<Notification>(PROCESS_EVENT_QUEUE);
         let conn = RpcConnection::start(transport, ntx);
         let mut params = json!({
@@ -390,7 +391,11 @@ impl Client {
                         tracing::info!(attempt, "session resumed");
                         break;
                     }
-                    Err(ClientError::Rpc { code: -32003, message, .. }) => {
+                    Err(ClientError::Rpc {
+                        code: -32003,
+                        message,
+                        ..
+                    }) => {
                         self.fail(format!("server refused resume: {message}")).await;
                         return;
                     }
@@ -522,7 +527,9 @@ impl Client {
                 .await;
             let events = match r {
                 Ok(v) => v,
-                Err(ClientError::Rpc { code: -32005, data, .. }) => {
+                Err(ClientError::Rpc {
+                    code: -32005, data, ..
+                }) => {
                     let to = data
                         .as_ref()
                         .and_then(|d| d.get("toSeq"))
@@ -625,8 +632,8 @@ impl Client {
                 done: false,
             },
         );
-        let params = serde_json::to_value(&opts.params)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let params =
+            serde_json::to_value(&opts.params).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut retried = false;
         let result = loop {
             let conn = match self.connection().await {
@@ -725,7 +732,10 @@ impl ProcessHandle {
     /// Send a signal by name.
     pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
         self.client
-            .call("process/signal", json!({"processId": self.id, "signal": name}))
+            .call(
+                "process/signal",
+                json!({"processId": self.id, "signal": name}),
+            )
             .await
             .map(|_| ())
     }
@@ -772,7 +782,10 @@ impl ProcessController {
     /// Send a signal by name.
     pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
         self.client
-            .call("process/signal", json!({"processId": self.id, "signal": name}))
+            .call(
+                "process/signal",
+                json!({"processId": self.id, "signal": name}),
+            )
             .await
             .map(|_| ())
     }

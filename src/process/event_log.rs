@@ -293,15 +293,11 @@ impl EventLog {
     }
 
     fn release(&mut self) {
-        loop {
-            let Some(front) = self.events.front() else {
-                break;
-            };
+        while let Some(front) = self.events.front() {
             let releasable = if self.acks {
                 front.seq <= self.acked_through
             } else {
-                front.seq <= self.written_through
-                    && self.retained_cost > self.limits.retained_bytes
+                front.seq <= self.written_through && self.retained_cost > self.limits.retained_bytes
             };
             if !releasable {
                 break;

@@ -96,11 +96,7 @@ async fn wait_for_room(p: &ManagedProcess) -> bool {
     }
 }
 
-async fn pump(
-    p: Arc<ManagedProcess>,
-    stream: StreamName,
-    mut reader: OutputReader,
-) -> StreamEnd {
+async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputReader) -> StreamEnd {
     let cap = p.opts.output_cap;
     let mut delivered: u64 = 0;
     let mut capped = cap == Some(0);

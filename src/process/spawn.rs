@@ -161,7 +161,14 @@ fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
         if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
             return Err(io::Error::last_os_error());
         }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) < 0
+        {
             return Err(io::Error::last_os_error());
         }
         // The parent may have died before prctl took effect.
@@ -319,7 +326,11 @@ impl AsyncWrite for InputWriter {
                 let res = guard.try_io(|inner| {
                     // SAFETY: writing from a buffer we borrow to a descriptor we own.
                     let n = unsafe {
-                        libc::write(inner.get_ref().as_raw_fd(), data.as_ptr().cast(), data.len())
+                        libc::write(
+                            inner.get_ref().as_raw_fd(),
+                            data.as_ptr().cast(),
+                            data.len(),
+                        )
                     };
                     if n < 0 {
                         Err(io::Error::last_os_error())

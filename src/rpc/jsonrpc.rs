@@ -171,8 +171,7 @@ pub fn encode_notification(method: &str, params: &Value) -> String {
 
 /// Encode a request (client → server).
 pub fn encode_request(id: &Value, method: &str, params: &Value) -> String {
-    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-        .to_string()
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
 #[cfg(test)]
@@ -242,7 +241,11 @@ mod tests {
         }
         let e = decode_params::<P>(Value::Null).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidParams);
-        assert!(e.message.contains("missing field processId"), "{}", e.message);
+        assert!(
+            e.message.contains("missing field processId"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
