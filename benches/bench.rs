@@ -186,6 +186,111 @@ async fn exec_latency(runs: u64) -> (f64, f64) {
     (percentile(&samples, 50.0), percentile(&samples, 99.0))
 }
 
+/// Kill the client's link `kills` times while a child streams a known file; measure the time
+/// from each kill to the next output received over the new connection, and the bytes lost.
+async fn resume_bench(kills: usize) -> (f64, f64, i64) {
+    let total: usize = 256 * 1024 * 1024;
+    let mut data = vec![0u8; total];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 32) as u8;
+    }
+    let path = std::env::temp_dir().join(format!("execrelay-bench-{}", std::process::id()));
+    std::fs::write(&path, &data).expect("write temp file");
+    let s = start_ws_server().await;
+    let client = Client::connect(Target::Ws(s.url.clone()), ClientOptions::default())
+        .await
+        .expect("connect");
+    let mut p = client
+        .start(StartOptions::new(
+            "resume",
+            ["cat".to_string(), path.display().to_string()],
+        ))
+        .await
+        .expect("start");
+    let mut got: Vec<u8> = Vec::with_capacity(total);
+    let mut next_kill = total / (kills + 1);
+    let mut pending: Option<(Instant, u64)> = None;
+    let mut samples = Vec::new();
+    while let Some(ev) = p.next_event().await {
+        match ev {
+            ProcessEvent::Output { data, .. } => {
+                got.extend_from_slice(&data);
+                if let Some((t, conns)) = pending {
+                    if client.connection_count() > conns {
+                        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+                        pending = None;
+                    }
+                }
+                if pending.is_none() && samples.len() < kills && got.len() >= next_kill {
+                    pending = Some((Instant::now(), client.connection_count()));
+                    client.break_connection();
+                    next_kill += total / (kills + 1);
+                }
+            }
+            ProcessEvent::Exited(_) => break,
+            ProcessEvent::Lost { .. } => break,
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    let lost = total as i64 - got.len() as i64;
+    let intact = got == data;
+    if !intact {
+        eprintln!("[bench] resume: received bytes differ from what the child wrote");
+    }
+    client.close();
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let (p50, max) = if samples.is_empty() {
+        (f64::NAN, f64::NAN)
+    } else {
+        (percentile(&samples, 50.0), samples[samples.len() - 1])
+    };
+    (p50, max, if intact { lost } else { lost.max(1) })
+}
+
+/// A consumer that takes 1 KiB/s while the child writes as fast as it can: server peak RSS
+/// and the latency of a `process/terminate` sent meanwhile.
+async fn slow_consumer(seconds: u64) -> (u64, f64) {
+    let mut s = start_ws_server().await;
+    let server_pid = s.child.id().unwrap_or(0);
+    let client = Client::connect(Target::Ws(s.url.clone()), ClientOptions::default())
+        .await
+        .expect("connect");
+    let mut p = client
+        .start(StartOptions::new(
+            "flood",
+            ["cat".to_string(), "/dev/zero".to_string()],
+        ))
+        .await
+        .expect("start");
+    let ctl = p.controller();
+    let t0 = Instant::now();
+    let mut consumed = 0u64;
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        // Take output no faster than 1 KiB per second of wall time.
+        let allowed = (t0.elapsed().as_secs_f64() * 1024.0) as u64;
+        if consumed <= allowed {
+            if let Some(ProcessEvent::Output { data, .. }) = p.next_event().await {
+                consumed += data.len() as u64;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let rss = peak_rss_kib(server_pid);
+    let t = Instant::now();
+    ctl.terminate().await.expect("terminate");
+    let latency = t.elapsed().as_secs_f64() * 1000.0;
+    drop(p);
+    client.close();
+    let _ = s.child.start_kill();
+    let _ = s.child.wait().await;
+    (rss, latency)
+}
+
 fn read_baseline() -> HashMap<String, f64> {
     let mut m = HashMap::new();
     if let Ok(path) = std::env::var("SSH_BASELINE_FILE") {
@@ -235,6 +340,15 @@ async fn main() {
             println!("{kind}_vs_raw_pipe_ratio {:.2}", med.mbps / raw);
         }
     }
+
+    let (r50, rmax, lost) = resume_bench(env_u64("RESUME_KILLS", 10) as usize).await;
+    println!("resume_p50_ms {r50:.2}");
+    println!("resume_max_ms {rmax:.2}");
+    println!("resume_bytes_lost {lost}");
+
+    let (rss, term_ms) = slow_consumer(env_u64("SLOW_CONSUMER_SECONDS", 10)).await;
+    println!("slow_consumer_server_peak_rss_KiB {rss}");
+    println!("slow_consumer_terminate_latency_ms {term_ms:.2}");
 
     let (p50, p99) = exec_latency(runs).await;
     println!("exec_latency_p50_ms {p50:.3}");

@@ -398,9 +398,7 @@ impl Session {
             cwd: params.cwd.clone(),
             env: params.env.clone().into_iter().collect(),
             inherit_env: params.inherit_env,
-            tty: params
-                .tty
-                .then(|| params.size.unwrap_or_default()),
+            tty: params.tty.then(|| params.size.unwrap_or_default()),
             pipe_stdin: params.pipe_stdin,
         };
         let opts = ProcessOptions {

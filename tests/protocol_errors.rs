@@ -5,16 +5,22 @@
 mod common;
 use common::*;
 
+use std::collections::HashMap;
+use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
 
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions};
+use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
 use execrelay::session_registry::SessionRegistry;
+use execrelay::transport::stdio::line_transport;
 use execrelay::transport::Transport;
 
 /// A connection that completed `initialize` + `initialized`.
@@ -22,6 +28,60 @@ async fn ready_with(cfg: ServerConfig) -> InProcess {
     let mut t = in_process(cfg, 1 << 20);
     t.client.handshake().await;
     t
+}
+
+/// Like `in_process`, but the client ignores write errors: when the server closes the
+/// connection on a framing error it may do so while the client is still writing the line.
+fn in_process_lenient(cfg: ServerConfig) -> InProcess {
+    let registry = SessionRegistry::new(Arc::new(cfg));
+    let (client_end, server_end) = tokio::io::duplex(1 << 20);
+    let (sr, sw) = tokio::io::split(server_end);
+    let (cr, cw) = tokio::io::split(client_end);
+    let max = registry.config().max_message_bytes;
+    let transport = line_transport(sr, sw, max, "test");
+    let shutdown = CancellationToken::new();
+    let end = tokio::spawn(ConnectionProcessor::run(
+        transport,
+        registry.clone(),
+        ConnectionOptions::default(),
+        shutdown.clone(),
+    ));
+    InProcess {
+        client: RawClient::new(cr, Lenient(cw)),
+        registry,
+        end,
+        shutdown,
+    }
+}
+
+/// A writer that reports success after its peer went away.
+struct Lenient<W>(W);
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Lenient<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.0).poll_write(cx, buf) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(buf.len())),
+            other => other,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_flush(cx) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_shutdown(cx) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
 }
 
 /// The `error` member of a response (panics on a success).
@@ -48,6 +108,44 @@ fn padded_request(id: u64, method: &str, total: usize) -> Vec<u8> {
     v.extend_from_slice(tail.as_bytes());
     assert_eq!(v.len(), total);
     v
+}
+
+/// Collect the notifications of several processes until each has exited (`RawClient::collect`
+/// handles one process and keeps the others' notifications to itself).
+async fn collect_all(c: &mut RawClient, ids: &[&str]) -> HashMap<String, Collected> {
+    let mut out: HashMap<String, Collected> = HashMap::new();
+    let mut exited = 0;
+    while exited < ids.len() {
+        let n = c
+            .next_notification()
+            .await
+            .expect("connection closed before every process exited");
+        let p = &n["params"];
+        let id = p["processId"].as_str().expect("processId");
+        assert!(ids.contains(&id), "unexpected notification {n}");
+        let col = out.entry(id.to_string()).or_default();
+        assert!(col.exit.is_null(), "event after the exit notice: {n}");
+        col.seqs.push(p["seq"].as_u64().expect("seq"));
+        match n["method"].as_str().expect("method") {
+            "process/outputDelta" => {
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(p["chunk"].as_str().expect("chunk"))
+                    .expect("base64");
+                match p["stream"].as_str().expect("stream") {
+                    "stdout" => col.stdout.extend_from_slice(&data),
+                    "stderr" => col.stderr.extend_from_slice(&data),
+                    "pty" => col.pty.extend_from_slice(&data),
+                    s => panic!("unknown stream {s}"),
+                }
+            }
+            "process/exited" => {
+                col.exit = p.clone();
+                exited += 1;
+            }
+            m => panic!("unexpected notification {m}"),
+        }
+    }
+    out
 }
 
 /// `max_message_bytes` of 128 KiB: small, but valid (`validate()` wants one base64 chunk).
@@ -267,10 +365,10 @@ async fn missing_and_mistyped_params_are_invalid_params_naming_the_member() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_limit_is_a_framing_error_that_closes_the_connection() {
-    let t = ready_with(small_limit_cfg()).await;
     let InProcess {
         mut client, end, ..
-    } = t;
+    } = in_process_lenient(small_limit_cfg());
+    client.handshake().await;
     let line = padded_request(1, "server/info", 200 * 1024);
     client.send_raw(&line).await;
     let m = client.read_message().await.expect("the framing error");
@@ -318,7 +416,8 @@ async fn a_message_of_the_limit_plus_one_is_rejected() {
     let max = small_limit_cfg().max_message_bytes;
     let InProcess {
         mut client, end, ..
-    } = ready_with(small_limit_cfg()).await;
+    } = in_process_lenient(small_limit_cfg());
+    client.handshake().await;
     client
         .send_raw(&padded_request(1, "server/info", max + 1))
         .await;
@@ -601,9 +700,8 @@ async fn max_processes_at_its_edge() {
         let r = c.call("process/terminate", json!({"processId": id})).await;
         assert_eq!(r["running"], true);
     }
-    for id in ["a", "b"] {
-        let done = c.collect(id).await;
-        assert_eq!(done.exit["signal"], "SIGTERM");
+    for (id, done) in collect_all(c, &["a", "b"]).await {
+        assert_eq!(done.exit["signal"], "SIGTERM", "{id}");
     }
     for pid in &pids {
         kill_group(pid);

@@ -20,7 +20,7 @@
 
 pub mod rpc_connection;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -40,10 +40,9 @@ use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
 use rpc_connection::{Notification, RpcConnection};
 
-/// Events buffered per process between the connection and the application. When full, the
-/// connection stops reading: the server holds the rest (and eventually the child blocks).
-pub const PROCESS_EVENT_QUEUE: usize = 64;
-/// Output bytes handed to the application before an ack is sent.
+/// Notifications queued between a connection's reader and its router task.
+pub const NOTIFICATION_QUEUE: usize = 64;
+/// Output bytes consumed by the application before an ack is sent.
 pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
@@ -212,12 +211,35 @@ pub enum ProcessEvent {
     Exited(ExitInfo),
 }
 
+/// Client-side state of one process: events received but not yet consumed.
+///
+/// The connection's reader never waits for the application (so responses keep flowing while
+/// output piles up); the buffer is bounded by the server instead: with acks, the server stops
+/// reading the child once `retainedOutputBytes` are unacknowledged, and this client
+/// acknowledges only what the application consumed.
 struct ProcSlot {
-    tx: mpsc::Sender<ProcessEvent>,
+    buf: VecDeque<(u64, ProcessEvent)>,
+    /// Highest seq received (deduplication of replays).
+    received: u64,
     /// Highest seq handed to the application.
-    delivered: u64,
+    consumed: u64,
     unacked_bytes: u64,
+    /// The exit notice was received.
     done: bool,
+    notify: Arc<Notify>,
+}
+
+impl ProcSlot {
+    fn new() -> Self {
+        ProcSlot {
+            buf: VecDeque::new(),
+            received: 0,
+            consumed: 0,
+            unacked_bytes: 0,
+            done: false,
+            notify: Arc::new(Notify::new()),
+        }
+    }
 }
 
 struct Shared {
@@ -225,7 +247,7 @@ struct Shared {
     opts: ClientOptions,
     conn: Mutex<Option<RpcConnection>>,
     session: Mutex<Option<(String, String, u64)>>,
-    procs: tokio::sync::Mutex<HashMap<String, ProcSlot>>,
+    procs: Mutex<HashMap<String, ProcSlot>>,
     reconnected: Notify,
     shutdown: CancellationToken,
     lost: Mutex<Option<String>>,
@@ -244,7 +266,6 @@ pub struct ProcessHandle {
     pub id: String,
     /// Its pid on the server.
     pub pid: u32,
-    events: mpsc::Receiver<ProcessEvent>,
     client: Client,
     write_seq: u64,
 }
@@ -288,7 +309,7 @@ impl Client {
             opts,
             conn: Mutex::new(None),
             session: Mutex::new(None),
-            procs: tokio::sync::Mutex::new(HashMap::new()),
+            procs: Mutex::new(HashMap::new()),
             reconnected: Notify::new(),
             shutdown: CancellationToken::new(),
             lost: Mutex::new(None),
@@ -332,7 +353,7 @@ impl Client {
     async fn establish(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
         let transport =
             open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
-        let (ntx, nrx) = mpsc::channel::<Notification>(PROCESS_EVENT_QUEUE);
+        let (ntx, nrx) = mpsc::channel::<Notification>(NOTIFICATION_QUEUE);
         let conn = RpcConnection::start(transport, ntx);
         let mut params = json!({
             "clientName": self.shared.opts.client_name,
@@ -420,8 +441,10 @@ impl Client {
     async fn fail(&self, why: String) {
         tracing::warn!(%why, "session lost");
         *lock(&self.shared.lost) = Some(why);
-        // Closing every event stream tells the application.
-        self.shared.procs.lock().await.clear();
+        // Ending every event stream tells the application.
+        for slot in lock(&self.shared.procs).values() {
+            slot.notify.notify_waiters();
+        }
         self.shared.reconnected.notify_waiters();
     }
 
@@ -465,55 +488,37 @@ impl Client {
     }
 
     async fn deliver(&self, conn: &RpcConnection, pid: &str, seq: u64, ev: ProcessEvent) {
-        let mut procs = self.shared.procs.lock().await;
-        let Some(slot) = procs.get_mut(pid) else {
-            return;
-        };
-        if seq <= slot.delivered || slot.done {
-            return; // a replay after resume
-        }
-        if seq > slot.delivered + 1 {
-            // A gap: fetch what is missing before going on.
-            let from = slot.delivered;
-            drop(procs);
-            self.fill_gap(conn, pid, from, seq).await;
-            procs = self.shared.procs.lock().await;
-            let Some(s) = procs.get_mut(pid) else { return };
-            if seq <= s.delivered || s.done {
+        let gap_from = {
+            let mut procs = lock(&self.shared.procs);
+            let Some(slot) = procs.get_mut(pid) else {
+                return;
+            };
+            if seq <= slot.received || slot.done {
+                return; // a replay after resume
+            }
+            if seq == slot.received + 1 {
+                Self::push(slot, seq, ev);
                 return;
             }
-            let slot = s;
-            return Self::hand_out(conn, pid, slot, seq, ev).await;
+            slot.received
+        };
+        // A gap: fetch what is missing before going on.
+        self.fill_gap(conn, pid, gap_from, seq).await;
+        let mut procs = lock(&self.shared.procs);
+        if let Some(slot) = procs.get_mut(pid) {
+            if seq == slot.received + 1 && !slot.done {
+                Self::push(slot, seq, ev);
+            }
         }
-        Self::hand_out(conn, pid, slot, seq, ev).await
     }
 
-    async fn hand_out(
-        conn: &RpcConnection,
-        pid: &str,
-        slot: &mut ProcSlot,
-        seq: u64,
-        ev: ProcessEvent,
-    ) {
-        let bytes = match &ev {
-            ProcessEvent::Output { data, .. } => data.len() as u64,
-            _ => 0,
-        };
-        let exited = matches!(ev, ProcessEvent::Exited(_));
-        if slot.tx.send(ev).await.is_err() {
-            // The application dropped the handle; keep acking so the server can release.
-        }
-        slot.delivered = seq;
-        slot.unacked_bytes += bytes;
-        if exited {
+    fn push(slot: &mut ProcSlot, seq: u64, ev: ProcessEvent) {
+        if matches!(ev, ProcessEvent::Exited(_)) {
             slot.done = true;
         }
-        if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
-            slot.unacked_bytes = 0;
-            let _ = conn
-                .notify("process/ack", json!({"processId": pid, "seq": seq}))
-                .await;
-        }
+        slot.received = seq;
+        slot.buf.push_back((seq, ev));
+        slot.notify.notify_waiters();
     }
 
     async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) {
@@ -535,16 +540,20 @@ impl Client {
                         .and_then(|d| d.get("toSeq"))
                         .and_then(Value::as_u64)
                         .unwrap_or(upto - 1);
-                    let mut procs = self.shared.procs.lock().await;
+                    let mut procs = lock(&self.shared.procs);
                     if let Some(slot) = procs.get_mut(pid) {
-                        let _ = slot
-                            .tx
-                            .send(ProcessEvent::Lost {
-                                from: after + 1,
+                        if slot.received == after {
+                            // Not a real event: it does not take a seq of its own.
+                            slot.buf.push_back((
                                 to,
-                            })
-                            .await;
-                        slot.delivered = to;
+                                ProcessEvent::Lost {
+                                    from: after + 1,
+                                    to,
+                                },
+                            ));
+                            slot.received = to;
+                            slot.notify.notify_waiters();
+                        }
                     }
                     after = to;
                     continue;
@@ -573,13 +582,80 @@ impl Client {
                         None => return,
                     }
                 };
-                let mut procs = self.shared.procs.lock().await;
+                let mut procs = lock(&self.shared.procs);
                 if let Some(slot) = procs.get_mut(pid) {
-                    if seq == slot.delivered + 1 {
-                        Self::hand_out(conn, pid, slot, seq, ev).await;
+                    if seq == slot.received + 1 {
+                        Self::push(slot, seq, ev);
                     }
                 }
                 after = seq;
+            }
+        }
+    }
+
+    /// The application took events up to `seq` of `pid`: acknowledge now and then, so the
+    /// server releases them (and keeps the child going).
+    fn consumed(&self, pid: &str, seq: u64, bytes: u64, exited: bool) {
+        let ack = {
+            let mut procs = lock(&self.shared.procs);
+            let Some(slot) = procs.get_mut(pid) else {
+                return;
+            };
+            slot.consumed = seq;
+            slot.unacked_bytes += bytes;
+            if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
+                slot.unacked_bytes = 0;
+                true
+            } else {
+                false
+            }
+        };
+        if ack {
+            if let Some(conn) = lock(&self.shared.conn).clone() {
+                let pid = pid.to_string();
+                // Fire and forget: a lost ack only means a longer replay after a resume.
+                tokio::spawn(async move {
+                    let _ = conn
+                        .notify("process/ack", json!({"processId": pid, "seq": seq}))
+                        .await;
+                });
+            }
+        }
+    }
+
+    async fn next_event_of(&self, pid: &str) -> Option<ProcessEvent> {
+        loop {
+            let notify = {
+                let mut procs = lock(&self.shared.procs);
+                let slot = procs.get_mut(pid)?;
+                if let Some((seq, ev)) = slot.buf.pop_front() {
+                    let bytes = match &ev {
+                        ProcessEvent::Output { data, .. } => data.len() as u64,
+                        _ => 0,
+                    };
+                    let exited = matches!(ev, ProcessEvent::Exited(_));
+                    drop(procs);
+                    self.consumed(pid, seq, bytes, exited);
+                    if exited {
+                        lock(&self.shared.procs).remove(pid);
+                    }
+                    return Some(ev);
+                }
+                if lock(&self.shared.lost).is_some() {
+                    return None;
+                }
+                slot.notify.clone()
+            };
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Re-check after registering, so a push in between is not missed.
+            let ready = {
+                let procs = lock(&self.shared.procs);
+                procs.get(pid).is_none_or(|s| !s.buf.is_empty())
+            };
+            if !ready && lock(&self.shared.lost).is_none() {
+                notified.await;
             }
         }
     }
@@ -622,16 +698,7 @@ impl Client {
     /// Start a process and get a handle streaming its events.
     pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
         let id = opts.params.process_id.clone();
-        let (tx, rx) = mpsc::channel(PROCESS_EVENT_QUEUE);
-        self.shared.procs.lock().await.insert(
-            id.clone(),
-            ProcSlot {
-                tx,
-                delivered: 0,
-                unacked_bytes: 0,
-                done: false,
-            },
-        );
+        lock(&self.shared.procs).insert(id.clone(), ProcSlot::new());
         let params =
             serde_json::to_value(&opts.params).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut retried = false;
@@ -639,7 +706,7 @@ impl Client {
             let conn = match self.connection().await {
                 Ok(c) => c,
                 Err(e) => {
-                    self.shared.procs.lock().await.remove(&id);
+                    lock(&self.shared.procs).remove(&id);
                     return Err(e);
                 }
             };
@@ -660,7 +727,7 @@ impl Client {
                     break json!({"processId": id, "pid": pid});
                 }
                 Err(e) => {
-                    self.shared.procs.lock().await.remove(&id);
+                    lock(&self.shared.procs).remove(&id);
                     return Err(e);
                 }
             }
@@ -670,7 +737,6 @@ impl Client {
         Ok(ProcessHandle {
             id,
             pid: r.pid,
-            events: rx,
             client: self.clone(),
             write_seq: 0,
         })
@@ -701,7 +767,7 @@ fn decode_output(params: &Value) -> Option<ProcessEvent> {
 impl ProcessHandle {
     /// The next event; `None` after the exit notice (or if the session was lost).
     pub async fn next_event(&mut self) -> Option<ProcessEvent> {
-        self.events.recv().await
+        self.client.next_event_of(&self.id).await
     }
 
     /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`).
@@ -768,6 +834,14 @@ impl ProcessHandle {
             id: self.id.clone(),
             client: self.client.clone(),
         }
+    }
+}
+
+impl Drop for ProcessHandle {
+    /// Stop buffering this process's events. Its output is no longer acknowledged, so with
+    /// acks the server eventually holds the child back: terminate it if it should not run on.
+    fn drop(&mut self) {
+        lock(&self.client.shared.procs).remove(&self.id);
     }
 }
 
