@@ -32,6 +32,11 @@ use crate::transport::{FramingError, Transport};
 /// reading its responses.
 const CONTROL_LANE_SLACK: usize = 64;
 
+/// Control requests (`signal`, `terminate`, `server/info`, `process/list`) in flight per
+/// connection, apart from `maxPendingRequests`. They finish at once, so a small pool is
+/// plenty; it only stops a client that sends them without reading the answers.
+pub const CONTROL_REQUEST_SLOTS: usize = 64;
+
 /// How long a closing connection waits for its writer to flush a final error.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -77,6 +82,7 @@ pub struct ConnectionProcessor {
     control: mpsc::Sender<ControlMessage>,
     scheduler: Scheduler,
     pending: Arc<Semaphore>,
+    control_pending: Arc<Semaphore>,
     state: State,
 }
 
@@ -93,8 +99,9 @@ impl ConnectionProcessor {
         let span = tracing::info_span!("connection", id = conn_id, peer = %transport.peer);
         async move {
             let cfg = registry.config().clone();
-            let (control, control_rx) =
-                mpsc::channel(cfg.max_pending_requests + CONTROL_LANE_SLACK);
+            let (control, control_rx) = mpsc::channel(
+                cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK,
+            );
             let ready = Arc::new(ReadySet::default());
             let writer_cancel = CancellationToken::new();
             let writer = tokio::spawn(
@@ -116,6 +123,7 @@ impl ConnectionProcessor {
                 control,
                 scheduler: Scheduler::default(),
                 pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
+                control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
                 state: State::AwaitInitialize,
             };
             tracing::debug!("connection open");
@@ -259,11 +267,23 @@ impl ConnectionProcessor {
             }
         };
 
-        let Ok(permit) = self.pending.clone().try_acquire_owned() else {
-            let e = RpcError::limit_reached(
-                "maxPendingRequests",
-                self.registry.config().max_pending_requests as u64,
-            );
+        // Control requests draw from their own small pool, so that a connection whose
+        // request slots are all taken by long polls can still terminate its processes.
+        let pool = if class.is_none() {
+            &self.control_pending
+        } else {
+            &self.pending
+        };
+        let Ok(permit) = pool.clone().try_acquire_owned() else {
+            let (name, value) = if class.is_none() {
+                ("maxPendingControlRequests", CONTROL_REQUEST_SLOTS as u64)
+            } else {
+                (
+                    "maxPendingRequests",
+                    self.registry.config().max_pending_requests as u64,
+                )
+            };
+            let e = RpcError::limit_reached(name, value);
             self.send(encode_error(&id, &e)).await;
             return;
         };
@@ -308,18 +328,21 @@ impl ConnectionProcessor {
             async move {
                 let _permit = permit;
                 let mut slot = slot;
-                let work = async {
-                    if let Some(s) = slot.as_mut() {
-                        s.ready().await;
+                if let Some(s) = slot.as_mut() {
+                    tokio::select! {
+                        biased;
+                        // Closed connection: queued requests are skipped, never run.
+                        _ = cancel.cancelled() => return,
+                        _ = s.ready() => {}
                     }
-                    handlers::dispatch(&ctx, &method, params).await
-                };
-                let reply = tokio::select! {
-                    biased;
-                    // Closed connection: queued requests are skipped, running ones end.
-                    _ = cancel.cancelled() => return,
-                    r = work => r,
-                };
+                }
+                if cancel.is_cancelled() {
+                    return;
+                }
+                // A request that has started runs to its end even if the connection closes
+                // meanwhile: a write cut half-way could not be retried exactly once. Long
+                // polls watch the connection's token themselves and end at once.
+                let reply = handlers::dispatch(&ctx, &method, params).await;
                 let msg = match reply {
                     Ok(Reply {
                         result,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
@@ -99,10 +100,12 @@ pub async fn run_ws_with_registry(
     let reg = registry.clone();
     let cs = conn_shutdown.clone();
     let max = registry.config().max_message_bytes;
+    let tracker = TaskTracker::new();
+    let t = tracker.clone();
     serve_websocket(listener, max, accept_stop, move |transport| {
         let reg = reg.clone();
         let cs = cs.clone();
-        tokio::spawn(async move {
+        t.spawn(async move {
             ConnectionProcessor::run(transport, reg, ConnectionOptions::default(), cs).await;
         });
     })
@@ -111,7 +114,10 @@ pub async fn run_ws_with_registry(
     registry
         .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
         .await;
+    // Exit notices are written; let every connection flush and close before returning.
     conn_shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
     Ok(())
 }
 

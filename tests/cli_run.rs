@@ -597,7 +597,7 @@ impl Screen {
     }
 
     /// Everything until every slave descriptor is closed.
-    async fn to_end(&mut self) -> String {
+    async fn read_to_end(&mut self) -> String {
         loop {
             match tokio::time::timeout(GUARD, self.rx.recv()).await {
                 Ok(Some(chunk)) => self.seen.extend_from_slice(&chunk),
@@ -650,7 +650,7 @@ async fn tty_flag_gives_a_terminal_of_the_local_size() {
             "test -t 0 && echo IS_TTY; stty size",
         ],
     );
-    let shown = screen.to_end().await;
+    let shown = screen.read_to_end().await;
     let status = wait_status(&mut child).await;
     assert_eq!(code(&status), 0, "screen: {shown:?}");
     assert!(shown.contains("IS_TTY"), "screen: {shown:?}");
@@ -665,7 +665,7 @@ async fn without_tty_flag_the_command_has_no_terminal() {
         pty.slave,
         &["--local", "--", "sh", "-c", "test -t 0 || echo NOT_TTY"],
     );
-    let shown = screen.to_end().await;
+    let shown = screen.read_to_end().await;
     let status = wait_status(&mut child).await;
     assert_eq!(code(&status), 0, "screen: {shown:?}");
     assert!(shown.contains("NOT_TTY"), "screen: {shown:?}");
@@ -683,7 +683,7 @@ async fn tty_mode_is_raw_while_running_and_restored_after() {
     let mut child = spawn_on_pty(pty.slave, &["--local", "-t", "--", "sh", "-c", INT_SCRIPT]);
     screen.wait_for("ready").await;
     keyboard.write_all(&[0x03]).expect("type Ctrl-C");
-    let shown = screen.to_end().await;
+    let shown = screen.read_to_end().await;
     let status = wait_status(&mut child).await;
     assert_eq!(code(&status), 9, "screen: {shown:?}");
     assert!(shown.contains("got-int"), "screen: {shown:?}");
@@ -731,7 +731,7 @@ async fn tty_size_changes_are_forwarded() {
             text(&screen.seen)
         );
     }
-    let shown = screen.to_end().await;
+    let shown = screen.read_to_end().await;
     let status = wait_status(&mut child).await;
     assert_eq!(code(&status), 0, "screen: {shown:?}");
 }

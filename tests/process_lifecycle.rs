@@ -941,7 +941,7 @@ async fn child_has_only_stdio_and_its_own_session() {
     );
 }
 
-// BUG: a write blocked on a full stdin pipe when the child dies answers `stdinClosed`, not
+// Regression (fixed): a write blocked on a full stdin pipe when the child dies answers `stdinClosed`, not
 // `exited` as `protocol.md` §4 requires ("if the process exits meanwhile the write answers
 // `exited`"). `ManagedProcess::write` (src/process/managed_process.rs) races the child's
 // death: the kernel closes the dead child's descriptors (the writer gets EPIPE) before the

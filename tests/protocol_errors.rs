@@ -177,6 +177,12 @@ async fn not_json_is_a_parse_error_with_null_id_and_the_connection_stays_open() 
         assert_eq!(m["id"], Value::Null, "{m}");
         assert_eq!(error_of(&m)["code"], -32700, "{m}");
     }
+    // Nesting deeper than the parser allows is refused as a parse error, not a crash.
+    c.send_raw("[".repeat(100_000).as_bytes()).await;
+    let m = c.read_message().await.expect("an error");
+    assert_eq!(m["id"], Value::Null, "{m}");
+    assert_eq!(error_of(&m)["code"], -32700, "{m}");
+
     let info = c.call("server/info", json!({})).await;
     assert_eq!(info["protocolVersion"], 1);
     assert!(!t.end.is_finished());

@@ -258,6 +258,9 @@ async fn run(args: RunArgs) -> i32 {
     }
     let _ = stdout.flush().await;
     let _ = stderr.flush().await;
+    if let Some(why) = client.lost_reason() {
+        eprintln!("execrelay run: {why}");
+    }
     client.close();
     code
 }

@@ -273,8 +273,16 @@ pub struct ProcessHandle {
 async fn open_transport(target: &Target, max: usize) -> Result<Transport, ClientError> {
     match target {
         Target::Spawn { program, args } => {
-            let mut child = tokio::process::Command::new(program)
-                .args(args)
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args);
+            // A local server is plumbing: keep its logs to warnings unless asked otherwise.
+            if std::env::var_os("RUST_LOG").is_none() {
+                cmd.env("RUST_LOG", "warn");
+            }
+            // Its own process group: a Ctrl-C at the terminal is the client's to forward,
+            // not a shutdown request for the server.
+            cmd.process_group(0);
+            let mut child = cmd
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -317,9 +325,20 @@ impl Client {
         });
         let client = Client { shared };
         client.establish(None).await?;
+        let c = client.clone();
         if client.shared.opts.reconnect && client.shared.target.can_reconnect() {
-            let c = client.clone();
             tokio::spawn(async move { c.supervise().await });
+        } else {
+            // Nothing to resume: when the connection ends, so do the event streams.
+            tokio::spawn(async move {
+                let conn = lock(&c.shared.conn).clone();
+                if let Some(conn) = conn {
+                    conn.closed().await;
+                    if !c.shared.shutdown.is_cancelled() {
+                        c.fail("the connection to the server was lost".into()).await;
+                    }
+                }
+            });
         }
         Ok(client)
     }
@@ -327,6 +346,11 @@ impl Client {
     /// The session id.
     pub fn session_id(&self) -> Option<String> {
         lock(&self.shared.session).as_ref().map(|s| s.0.clone())
+    }
+
+    /// Why the session was lost, if it was.
+    pub fn lost_reason(&self) -> Option<String> {
+        lock(&self.shared.lost).clone()
     }
 
     /// How many connections were established (1 + successful resumes).
@@ -765,7 +789,8 @@ fn decode_output(params: &Value) -> Option<ProcessEvent> {
 }
 
 impl ProcessHandle {
-    /// The next event; `None` after the exit notice (or if the session was lost).
+    /// The next event; `None` after the exit notice, or if the session was lost (see
+    /// [`Client::lost_reason`]).
     pub async fn next_event(&mut self) -> Option<ProcessEvent> {
         self.client.next_event_of(&self.id).await
     }

@@ -28,6 +28,10 @@ use crate::delivery::ReadySet;
 use crate::rpc::messages::{ExitInfo, TermSize};
 use crate::rpc::RpcError;
 
+/// How long a failed stdin write waits to learn whether the child is exiting (a child's
+/// descriptors close before it can be reaped), to answer `exited` rather than `stdinClosed`.
+pub const WRITE_EXIT_GRACE: Duration = Duration::from_millis(500);
+
 /// Per-process options from `process/start`, with defaults applied.
 #[derive(Debug, Clone)]
 pub struct ProcessOptions {
@@ -372,10 +376,11 @@ impl ManagedProcess {
             Err(_) => {
                 st.writer = None;
                 st.closed = true;
-                if self.is_running() {
-                    WriteStatus::StdinClosed
-                } else {
-                    WriteStatus::Exited
+                // A dying child closes its stdin before it can be reaped: give the reaper a
+                // moment so that such a write answers `exited`, not `stdinClosed`.
+                tokio::select! {
+                    _ = self.exited.cancelled() => WriteStatus::Exited,
+                    _ = tokio::time::sleep(WRITE_EXIT_GRACE) => WriteStatus::StdinClosed,
                 }
             }
         }

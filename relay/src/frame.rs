@@ -1,0 +1,285 @@
+//! Frames on a physical link: a 44-byte big-endian header and a payload, one frame per binary
+//! WebSocket message.
+//!
+//! Sans-IO: [`Frame::decode`] and [`Frame::encode`] only. It owns the header layout and the
+//! size limit; it never looks inside a payload (a handshake message, a ciphertext, or a reset
+//! reason), which is what lets a relay route frames it cannot read.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Frame format version.
+pub const FRAME_VERSION: u8 = 1;
+/// Header length.
+pub const HEADER_BYTES: usize = 44;
+/// Largest payload: one Noise message (65,535 bytes, tag included).
+pub const MAX_PAYLOAD_BYTES: usize = 65_535;
+/// Largest frame: header plus one Noise message. A larger WebSocket message is a protocol
+/// error, rejected before it is buffered whole.
+pub const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_PAYLOAD_BYTES;
+/// Longest `RESET` reason, in bytes.
+pub const MAX_RESET_REASON_BYTES: usize = 256;
+/// Length of a stream id.
+pub const STREAM_ID_BYTES: usize = 16;
+
+/// A stream id: 16 random bytes chosen by the client.
+pub type StreamId = [u8; STREAM_ID_BYTES];
+
+/// Frame types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameType {
+    /// Handshake message 1 (client → server).
+    Open = 1,
+    /// Handshake message 2 (server → client).
+    Accept = 2,
+    /// One encrypted record; `seq` is its record number.
+    Data = 3,
+    /// Acknowledgement only (reliability layer).
+    Ack = 4,
+    /// The stream is gone (unauthenticated); payload is a reason.
+    Reset = 5,
+    /// Resume a stream after a link change (reliability layer).
+    Resume = 6,
+}
+
+impl FrameType {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => FrameType::Open,
+            2 => FrameType::Accept,
+            3 => FrameType::Data,
+            4 => FrameType::Ack,
+            5 => FrameType::Reset,
+            6 => FrameType::Resume,
+            _ => return None,
+        })
+    }
+}
+
+/// A frame that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// Shorter than the header.
+    #[error("truncated frame: {0} bytes, the header alone is 44")]
+    Truncated(usize),
+    /// Over [`MAX_FRAME_BYTES`].
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES}")]
+    TooLarge(usize),
+    /// Version other than 1.
+    #[error("unsupported frame version {0}")]
+    BadVersion(u8),
+    /// Type byte not in the table.
+    #[error("unknown frame type {0}")]
+    UnknownType(u8),
+    /// Flags must be 0 in version 1.
+    #[error("nonzero flags {0:#06x}")]
+    BadFlags(u16),
+    /// A `RESET` reason over 256 bytes.
+    #[error("reset reason too long")]
+    ReasonTooLong,
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Type.
+    pub ftype: FrameType,
+    /// Stream id.
+    pub stream: StreamId,
+    /// `DATA`: the record number; otherwise 0.
+    pub seq: u64,
+    /// Highest record number received in order from the peer on this stream.
+    pub ack: u64,
+    /// Bit i acknowledges record `ack + 2 + i`.
+    pub ack_bits: u32,
+    /// How many records past `ack` the sender of this frame will accept.
+    pub window: u32,
+    /// Handshake message, ciphertext, or reset reason.
+    pub payload: Bytes,
+}
+
+impl Frame {
+    /// A frame with zeroed reliability fields.
+    pub fn new(ftype: FrameType, stream: StreamId, seq: u64, payload: Bytes) -> Self {
+        Frame {
+            ftype,
+            stream,
+            seq,
+            ack: 0,
+            ack_bits: 0,
+            window: 0,
+            payload,
+        }
+    }
+
+    /// A `RESET` with a reason (truncated to 256 bytes on a character boundary).
+    pub fn reset(stream: StreamId, reason: &str) -> Self {
+        let mut end = reason.len().min(MAX_RESET_REASON_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        Frame::new(
+            FrameType::Reset,
+            stream,
+            0,
+            Bytes::copy_from_slice(&reason.as_bytes()[..end]),
+        )
+    }
+
+    /// Decode one frame (one whole WebSocket message).
+    pub fn decode(msg: &[u8]) -> Result<Frame, FrameError> {
+        if msg.len() > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge(msg.len()));
+        }
+        if msg.len() < HEADER_BYTES {
+            return Err(FrameError::Truncated(msg.len()));
+        }
+        if msg[0] != FRAME_VERSION {
+            return Err(FrameError::BadVersion(msg[0]));
+        }
+        let ftype = FrameType::from_u8(msg[1]).ok_or(FrameError::UnknownType(msg[1]))?;
+        let flags = u16::from_be_bytes([msg[2], msg[3]]);
+        if flags != 0 {
+            return Err(FrameError::BadFlags(flags));
+        }
+        let mut stream = [0u8; STREAM_ID_BYTES];
+        stream.copy_from_slice(&msg[4..20]);
+        let be64 = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&msg[at..at + 8]);
+            u64::from_be_bytes(b)
+        };
+        let be32 = |at: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&msg[at..at + 4]);
+            u32::from_be_bytes(b)
+        };
+        let payload = &msg[HEADER_BYTES..];
+        if ftype == FrameType::Reset && payload.len() > MAX_RESET_REASON_BYTES {
+            return Err(FrameError::ReasonTooLong);
+        }
+        Ok(Frame {
+            ftype,
+            stream,
+            seq: be64(20),
+            ack: be64(28),
+            ack_bits: be32(36),
+            window: be32(40),
+            payload: Bytes::copy_from_slice(payload),
+        })
+    }
+
+    /// Encode into one WebSocket message.
+    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        let len = HEADER_BYTES + self.payload.len();
+        if len > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge(len));
+        }
+        let mut b = BytesMut::with_capacity(len);
+        b.put_u8(FRAME_VERSION);
+        b.put_u8(self.ftype as u8);
+        b.put_u16(0);
+        b.put_slice(&self.stream);
+        b.put_u64(self.seq);
+        b.put_u64(self.ack);
+        b.put_u32(self.ack_bits);
+        b.put_u32(self.window);
+        b.put_slice(&self.payload);
+        Ok(b.to_vec())
+    }
+
+    /// The reason of a `RESET`, lossily decoded.
+    pub fn reset_reason(&self) -> String {
+        String::from_utf8_lossy(&self.payload).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Frame {
+        Frame {
+            ftype: FrameType::Data,
+            stream: *b"0123456789abcdef",
+            seq: 7,
+            ack: 5,
+            ack_bits: 0b101,
+            window: 64,
+            payload: Bytes::from_static(b"ciphertext"),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let f = sample();
+        let bytes = f.encode().unwrap();
+        assert_eq!(bytes.len(), HEADER_BYTES + 10);
+        assert_eq!(Frame::decode(&bytes).unwrap(), f);
+    }
+
+    #[test]
+    fn golden_bytes_match_the_fixture() {
+        // fixtures/frames/data.hex: the sample frame, byte for byte.
+        let hex = include_str!("../../fixtures/frames/data.hex");
+        let hex: String = hex.split_whitespace().collect();
+        let golden: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(sample().encode().unwrap(), golden);
+        assert_eq!(Frame::decode(&golden).unwrap(), sample());
+    }
+
+    #[test]
+    fn rejects_bad_frames() {
+        let good = sample().encode().unwrap();
+        assert_eq!(Frame::decode(&good[..43]), Err(FrameError::Truncated(43)));
+        let mut v = good.clone();
+        v[0] = 2;
+        assert_eq!(Frame::decode(&v), Err(FrameError::BadVersion(2)));
+        let mut v = good.clone();
+        v[1] = 9;
+        assert_eq!(Frame::decode(&v), Err(FrameError::UnknownType(9)));
+        let mut v = good.clone();
+        v[3] = 1;
+        assert_eq!(Frame::decode(&v), Err(FrameError::BadFlags(1)));
+        let big = vec![0u8; MAX_FRAME_BYTES + 1];
+        assert_eq!(
+            Frame::decode(&big),
+            Err(FrameError::TooLarge(MAX_FRAME_BYTES + 1))
+        );
+        let mut r = Frame::reset([0; 16], "x").encode().unwrap();
+        r.extend_from_slice(&[b'y'; 256]);
+        assert_eq!(Frame::decode(&r), Err(FrameError::ReasonTooLong));
+    }
+
+    #[test]
+    fn max_frame_is_accepted_and_one_more_byte_is_not() {
+        let f = Frame::new(
+            FrameType::Data,
+            [1; 16],
+            1,
+            Bytes::from(vec![0u8; MAX_PAYLOAD_BYTES]),
+        );
+        let bytes = f.encode().unwrap();
+        assert_eq!(bytes.len(), MAX_FRAME_BYTES);
+        assert!(Frame::decode(&bytes).is_ok());
+        let f = Frame::new(
+            FrameType::Data,
+            [1; 16],
+            1,
+            Bytes::from(vec![0u8; MAX_PAYLOAD_BYTES + 1]),
+        );
+        assert!(f.encode().is_err());
+    }
+
+    #[test]
+    fn reset_reason_is_capped_on_a_char_boundary() {
+        let long = "é".repeat(200); // 400 bytes
+        let f = Frame::reset([0; 16], &long);
+        assert!(f.payload.len() <= MAX_RESET_REASON_BYTES);
+        assert!(std::str::from_utf8(&f.payload).is_ok());
+    }
+}

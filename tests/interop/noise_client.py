@@ -1,0 +1,575 @@
+#!/usr/bin/env python3
+"""Independent Noise client for execrelay's `noise+ws://` listener (interoperability check).
+
+Written from the specification only (`secure-transport.md` §1-§5, §8 and `protocol.md` §1,
+§3), with a different Noise implementation (the `noiseprotocol` package) from the server's,
+so that a misreading of the spec shared by the server and the Rust client shows up here.
+
+Usage:
+    python3 noise_client.py URL SERVER_PUBKEY_FILE CLIENT_PRIVKEY_FILE
+                            [--token T] [--mode ok|replay-on-other-stream]
+
+URL is `noise+ws://HOST:PORT`; the client connects a WebSocket to `ws://HOST:PORT/v1/link`.
+
+Output, one event per line on stdout:
+    --mode ok (default):
+        INITIALIZE_RESULT {json}     the `initialize` result, compact JSON on one line
+        OUTPUT <text>                each stdout chunk of `echo interop-ok`, decoded
+        EXITED <exitCode>            on `process/exited`
+      exit status 0.
+    --mode replay-on-other-stream:
+        REPLAY_RESULT <type>         the frame type the server answered to a replayed
+                                     handshake message 1 on a second stream (5 = RESET)
+        INITIALIZE_RESULT {json}     the first stream still works afterwards
+      exit status 0 if the replay was reset, 1 if it was accepted.
+    On any failure (RESET on our stream, handshake failure, protocol violation, 20 s
+    timeout): `ERROR <reason>` and exit status 2.
+"""
+
+import argparse
+import base64
+import json
+import os
+import struct
+import sys
+import time
+
+try:
+    from noise.connection import Keypair, NoiseConnection
+    from noise.exceptions import NoiseInvalidMessage
+    import websockets.sync.client
+    from websockets.exceptions import ConnectionClosed
+except ImportError as e:  # pragma: no cover - reported, not handled
+    print(
+        f"ERROR missing Python package ({e}); run "
+        "`python3 -m pip install -r tests/interop/requirements.txt`",
+        flush=True,
+    )
+    sys.exit(2)
+
+# ---------------------------------------------------------------------------------------------
+# Constants from the specification
+# ---------------------------------------------------------------------------------------------
+
+NOISE_PROTOCOL = b"Noise_IK_25519_ChaChaPoly_BLAKE2s"  # secure-transport.md §3
+PROLOGUE_PREFIX = b"execrelay/noise/v1"  # §3
+LINK_PATH = "/v1/link"  # §1: a noise+ws:// listener accepts physical links there
+
+# §5 frame header: version u8, type u8, flags u16, stream id 16 bytes, seq u64, ack u64,
+# ack bits u32, window u32; all big-endian ("!" = network order, no padding) = 44 bytes.
+HEADER = struct.Struct("!BBH16sQQII")
+assert HEADER.size == 44
+FRAME_VERSION = 1
+OPEN, ACCEPT, DATA, ACK, RESET, RESUME = 1, 2, 3, 4, 5, 6
+FRAME_NAMES = {OPEN: "OPEN", ACCEPT: "ACCEPT", DATA: "DATA", ACK: "ACK", RESET: "RESET",
+               RESUME: "RESUME"}
+MAX_FRAME_BYTES = 44 + 65535
+
+# §4 records: one kind byte, then the body. The Noise message limit is 65,535 bytes, of which
+# 16 are the ChaChaPoly tag and 1 the kind byte.
+KIND_STREAM = 0
+KIND_CLOSE = 1
+MAX_RECORD_PLAINTEXT = 65535 - 16 - 1
+
+# How many records past our cumulative ack we accept (§5 `window`); the brief asks for 64.
+WINDOW = 64
+
+TIMEOUT_S = 20.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # protocol.md §1 default
+
+
+class Failure(Exception):
+    """Anything that makes the run fail: printed as `ERROR <reason>`, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys (secure-transport.md §2)
+# ---------------------------------------------------------------------------------------------
+
+
+def _b64_key(text, what):
+    """Decode a base64 X25519 key (standard alphabet; URL-safe and unpadded tolerated)."""
+    text = text.strip()
+    padded = text + "=" * (-len(text) % 4)
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            raw = decode(padded.encode("ascii"))
+        except (ValueError, UnicodeEncodeError):
+            continue
+        if len(raw) == 32:
+            return raw
+    raise Failure(f"{what}: not a base64 32-byte X25519 key")
+
+
+def load_public_key(path):
+    """`NAME.pub` is one line `execrelay-x25519 <base64> <comment>`."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            if fields[0] != "execrelay-x25519" or len(fields) < 2:
+                raise Failure(f"{path}: expected `execrelay-x25519 <base64> <comment>`")
+            return _b64_key(fields[1], path)
+    raise Failure(f"{path}: no public key line")
+
+
+def load_private_key(path):
+    """The private key file holds the base64 of the 32-byte X25519 secret."""
+    with open(path, encoding="utf-8") as f:
+        return _b64_key(f.read(), path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Frames (secure-transport.md §5)
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_frame(ftype, stream_id, payload=b"", seq=0, ack=0, ack_bits=0, window=WINDOW):
+    """One frame = one binary WebSocket message: the 44-byte header, then the payload."""
+    frame = HEADER.pack(FRAME_VERSION, ftype, 0, stream_id, seq, ack, ack_bits, window) + payload
+    assert len(frame) <= MAX_FRAME_BYTES
+    return frame
+
+
+class Frame:
+    __slots__ = ("ftype", "stream_id", "seq", "ack", "ack_bits", "window", "payload")
+
+    def __init__(self, data):
+        if len(data) < HEADER.size:
+            raise Failure(f"frame of {len(data)} bytes is shorter than the 44-byte header")
+        version, self.ftype, flags, self.stream_id, self.seq, self.ack, self.ack_bits, \
+            self.window = HEADER.unpack_from(data)
+        if version != FRAME_VERSION:
+            raise Failure(f"frame version {version}, expected {FRAME_VERSION}")
+        if flags != 0:
+            raise Failure(f"frame flags {flags:#x}, expected 0")
+        self.payload = bytes(data[HEADER.size:])
+
+    @property
+    def name(self):
+        return FRAME_NAMES.get(self.ftype, f"type {self.ftype}")
+
+    def reset_reason(self):
+        return self.payload.decode("utf-8", "replace")
+
+
+class Link:
+    """A physical link: a WebSocket carrying binary frames, many streams multiplexed on it.
+
+    Frames for streams other than the one being waited on are queued for later, so a
+    stream's wait never loses another stream's frame."""
+
+    def __init__(self, url, deadline):
+        self.deadline = deadline
+        ws_url = link_url(url)
+        try:
+            # No Origin header (the listener refuses upgrades that carry one, §1), no proxy from
+            # the environment (the server is local), no compression (payloads are ciphertext),
+            # and room for the largest frame.
+            self.ws = websockets.sync.client.connect(
+                ws_url,
+                origin=None,
+                proxy=None,
+                compression=None,
+                max_size=MAX_FRAME_BYTES,
+                open_timeout=self.remaining(),
+            )
+        except Exception as e:  # noqa: BLE001 - any connect failure is a test failure
+            raise Failure(f"cannot connect to {ws_url}: {e!r}") from e
+        self.queued = {}
+
+    def remaining(self):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Failure(f"timed out after {TIMEOUT_S:.0f} s")
+        return left
+
+    def send(self, frame_bytes):
+        try:
+            self.ws.send(frame_bytes)  # bytes -> a binary message
+        except ConnectionClosed as e:
+            raise Failure(f"link closed while sending: {e}") from e
+
+    def _recv_frame(self):
+        try:
+            data = self.ws.recv(timeout=self.remaining())
+        except TimeoutError as e:
+            raise Failure(f"timed out after {TIMEOUT_S:.0f} s waiting for a frame") from e
+        except ConnectionClosed as e:
+            raise Failure(f"link closed by the server: {e}") from e
+        if isinstance(data, str):
+            raise Failure("server sent a text WebSocket message (frames are binary)")
+        return Frame(data)
+
+    def next_frame(self, stream_id):
+        """The next frame on `stream_id`."""
+        queue = self.queued.get(stream_id)
+        if queue:
+            return queue.pop(0)
+        while True:
+            frame = self._recv_frame()
+            if frame.stream_id == stream_id:
+                return frame
+            self.queued.setdefault(frame.stream_id, []).append(frame)
+
+    def close(self):
+        try:
+            self.ws.close()
+        except Exception:  # noqa: BLE001 - best effort at the end
+            pass
+
+
+def link_url(url):
+    """`noise+ws://HOST:PORT` -> `ws://HOST:PORT/v1/link`."""
+    scheme = "noise+ws://"
+    if not url.startswith(scheme):
+        raise Failure(f"URL must start with {scheme}: {url!r}")
+    authority = url[len(scheme):].rstrip("/")
+    if not authority or "/" in authority:
+        raise Failure(f"URL must be noise+ws://HOST:PORT: {url!r}")
+    return f"ws://{authority}{LINK_PATH}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Handshake (secure-transport.md §3)
+# ---------------------------------------------------------------------------------------------
+
+
+def prologue(environment_id, stream_id):
+    """`execrelay/noise/v1`, then for the environment id (UTF-8, empty for a direct connection)
+    and for the 16-byte stream id: a 2-byte big-endian length and the bytes."""
+    env = environment_id.encode("utf-8")
+    return (PROLOGUE_PREFIX
+            + struct.pack("!H", len(env)) + env
+            + struct.pack("!H", len(stream_id)) + stream_id)
+
+
+def handshake_payload(token):
+    payload = {"version": 1}
+    if token is not None:
+        payload["token"] = token
+    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+
+class Stream:
+    """One virtual stream: its Noise session, record numbering and JSON-RPC reassembly."""
+
+    def __init__(self, link, client_private, server_public, environment_id=""):
+        self.link = link
+        self.stream_id = os.urandom(16)  # random, chosen by the client (§5)
+        self.noise = NoiseConnection.from_name(NOISE_PROTOCOL)
+        self.noise.set_as_initiator()
+        self.noise.set_prologue(prologue(environment_id, self.stream_id))
+        self.noise.set_keypair_from_private_bytes(Keypair.STATIC, client_private)
+        self.noise.set_keypair_from_public_bytes(Keypair.REMOTE_STATIC, server_public)
+        self.noise.start_handshake()
+        self.send_cipher = None
+        self.recv_cipher = None
+        self.next_send = 1  # our record numbers start at 1 (§4, §7)
+        self.recv_ack = 0  # highest record received in order from the server
+        self.recv_pending = {}  # out-of-order records: seq -> plaintext
+        self.stream_bytes = bytearray()  # decrypted stream bytes not yet framed into messages
+        self.messages = []  # decoded JSON-RPC messages not yet consumed
+
+    # -- handshake ----------------------------------------------------------------------------
+
+    def open(self, token):
+        """Send message 1 in an OPEN frame; return the frame's handshake payload (for replay)."""
+        message1 = bytes(self.noise.write_message(handshake_payload(token)))
+        self.link.send(encode_frame(OPEN, self.stream_id, message1))
+        return message1
+
+    def accept(self):
+        """Wait for ACCEPT, verify message 2 and switch to transport mode."""
+        frame = self.link.next_frame(self.stream_id)
+        if frame.ftype == RESET:
+            raise Failure(f"stream reset during the handshake: {frame.reset_reason()!r}")
+        if frame.ftype != ACCEPT:
+            raise Failure(f"expected ACCEPT, got {frame.name}")
+        try:
+            payload = bytes(self.noise.read_message(frame.payload))
+        except Exception as e:  # noqa: BLE001 - the library raises several types
+            raise Failure(f"handshake message 2 does not verify: {e!r}") from e
+        if not self.noise.handshake_finished:
+            raise Failure("handshake not finished after message 2")
+        try:
+            info = json.loads(payload.decode("utf-8"))
+        except ValueError as e:
+            raise Failure(f"message 2 payload is not UTF-8 JSON: {payload!r}") from e
+        if not isinstance(info, dict) or info.get("version") != 1 \
+                or not isinstance(info.get("serverVersion"), str):
+            raise Failure(f"message 2 payload is not {{version: 1, serverVersion}}: {info!r}")
+        proto = self.noise.noise_protocol
+        self.send_cipher = ExplicitNonceCipher(proto.cipher_state_encrypt)
+        self.recv_cipher = ExplicitNonceCipher(proto.cipher_state_decrypt)
+        return info
+
+    # -- records ------------------------------------------------------------------------------
+
+    def ack_fields(self):
+        """Cumulative ack plus selective ack bits (bit i = record ack + 2 + i, §5)."""
+        bits = 0
+        for seq in self.recv_pending:
+            i = seq - self.recv_ack - 2
+            if 0 <= i < 32:
+                bits |= 1 << i
+        return self.recv_ack, bits
+
+    def send_record(self, kind, body):
+        n = self.next_send
+        self.next_send += 1
+        ciphertext = self.send_cipher.encrypt(n, bytes([kind]) + body)
+        ack, bits = self.ack_fields()
+        self.link.send(encode_frame(DATA, self.stream_id, ciphertext, seq=n, ack=ack,
+                                    ack_bits=bits))
+
+    def send_message(self, message):
+        """A JSON-RPC message on the stream: 4-byte big-endian length, then the JSON, cut into
+        records of at most MAX_RECORD_PLAINTEXT bytes (§4)."""
+        body = json.dumps(message, separators=(",", ":")).encode("utf-8")
+        data = struct.pack("!I", len(body)) + body
+        for off in range(0, len(data), MAX_RECORD_PLAINTEXT):
+            self.send_record(KIND_STREAM, data[off:off + MAX_RECORD_PLAINTEXT])
+
+    def close(self, reason="done"):
+        """The authenticated close record (§4): ends the stream on purpose."""
+        self.send_record(KIND_CLOSE, reason.encode("utf-8")[:256])
+
+    def _receive_data(self, frame):
+        seq = frame.seq
+        if seq <= self.recv_ack or seq in self.recv_pending:
+            return  # a retransmission of a record we already have: acknowledge again below
+        if seq > self.recv_ack + WINDOW:
+            raise Failure(f"DATA seq {seq} beyond our window (ack {self.recv_ack} + {WINDOW})")
+        plaintext = self.recv_cipher.decrypt(seq, frame.payload)
+        if not plaintext:
+            raise Failure(f"record {seq} has no kind byte")
+        self.recv_pending[seq] = plaintext
+        # Hand records to the application in order.
+        while self.recv_ack + 1 in self.recv_pending:
+            self.recv_ack += 1
+            record = self.recv_pending.pop(self.recv_ack)
+            kind, body = record[0], record[1:]
+            if kind == KIND_STREAM:
+                self.stream_bytes += body
+                self._split_messages()
+            elif kind == KIND_CLOSE:
+                raise Failure("server closed the stream: "
+                              f"{body.decode('utf-8', 'replace')!r}")
+            else:
+                raise Failure(f"record {self.recv_ack} has unknown kind {kind}")
+
+    def _split_messages(self):
+        """Reassemble length-prefixed JSON-RPC messages across record boundaries."""
+        while len(self.stream_bytes) >= 4:
+            (length,) = struct.unpack_from("!I", self.stream_bytes)
+            if length == 0 or length > MAX_MESSAGE_BYTES:
+                raise Failure(f"server declared a message length of {length}")
+            if len(self.stream_bytes) < 4 + length:
+                return
+            body = bytes(self.stream_bytes[4:4 + length])
+            del self.stream_bytes[:4 + length]
+            try:
+                self.messages.append(json.loads(body.decode("utf-8")))
+            except ValueError as e:
+                raise Failure(f"server sent a message that is not JSON: {body[:200]!r}") from e
+
+    def next_message(self):
+        """The next JSON-RPC message from the server."""
+        while not self.messages:
+            frame = self.link.next_frame(self.stream_id)
+            if frame.ftype == DATA:
+                self._receive_data(frame)
+                # Acknowledge at once, so the server neither retransmits nor stalls on its
+                # window (§7: an ACK is sent alone when owed).
+                ack, bits = self.ack_fields()
+                self.link.send(encode_frame(ACK, self.stream_id, ack=ack, ack_bits=bits))
+            elif frame.ftype == ACK:
+                pass  # we keep no retransmission queue: the link is a single WebSocket
+            elif frame.ftype == RESET:
+                raise Failure(f"stream reset by the server: {frame.reset_reason()!r}")
+            else:
+                raise Failure(f"unexpected {frame.name} frame on an established stream")
+        return self.messages.pop(0)
+
+
+class ExplicitNonceCipher:
+    """Transport encryption with explicit nonces (secure-transport.md §4).
+
+    Record n of a direction is encrypted with Noise nonce n: ChaChaPoly with the 96-bit nonce
+    `4 zero bytes || n as 8 bytes little-endian` and empty associated data, exactly the
+    standard Noise ChaChaPoly encoding, but with n taken from the record number instead of
+    an implicit counter (snow's stateless transport does the same).
+
+    The `noiseprotocol` package has no stateless API, but its CipherState is the one of the
+    Noise specification (§5.1), including SetNonce(): the nonce is set to n before every
+    single encryption or decryption, so the library's own counter never matters and a
+    failed decryption (which leaves the counter alone) cannot shift later nonces."""
+
+    def __init__(self, cipher_state):
+        if not cipher_state.has_key():
+            raise Failure("transport cipher has no key after the handshake")
+        self.cipher_state = cipher_state
+
+    def encrypt(self, n, plaintext):
+        self.cipher_state.set_nonce(n)
+        return bytes(self.cipher_state.encrypt_with_ad(b"", plaintext))
+
+    def decrypt(self, n, ciphertext):
+        self.cipher_state.set_nonce(n)
+        try:
+            return bytes(self.cipher_state.decrypt_with_ad(b"", ciphertext))
+        except Exception as e:  # noqa: BLE001 - cryptography's InvalidTag and friends
+            raise Failure(f"record {n} does not decrypt with nonce {n}: {e!r}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON-RPC over the stream (protocol.md §1, §3)
+# ---------------------------------------------------------------------------------------------
+
+
+class Rpc:
+    def __init__(self, stream):
+        self.stream = stream
+        self.notifications = []
+
+    def call(self, msg_id, method, params):
+        self.stream.send_message({"jsonrpc": "2.0", "id": msg_id, "method": method,
+                                  "params": params})
+        while True:
+            msg = self.stream.next_message()
+            if "method" in msg:
+                self.notifications.append(msg)
+                continue
+            if msg.get("id") != msg_id:
+                raise Failure(f"response to an unknown request: {msg!r}")
+            if "error" in msg:
+                raise Failure(f"{method} failed: {msg['error']!r}")
+            if "result" not in msg:
+                raise Failure(f"{method}: response without result: {msg!r}")
+            return msg["result"]
+
+    def notify(self, method, params):
+        self.stream.send_message({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def next_notification(self):
+        if self.notifications:
+            return self.notifications.pop(0)
+        while True:
+            msg = self.stream.next_message()
+            if "method" in msg:
+                return msg
+            raise Failure(f"unexpected response: {msg!r}")
+
+
+def emit(line):
+    print(line, flush=True)
+
+
+def initialize(rpc):
+    result = rpc.call(1, "initialize", {"clientName": "py-interop"})
+    emit("INITIALIZE_RESULT " + json.dumps(result, separators=(",", ":")))
+    return result
+
+
+def run_echo(rpc):
+    """`initialized`, then `echo interop-ok`: print its output and exit code."""
+    rpc.notify("initialized", {})
+    process_id = "py-interop-echo"
+    started = rpc.call(2, "process/start", {"processId": process_id,
+                                            "argv": ["echo", "interop-ok"]})
+    if started.get("processId") != process_id:
+        raise Failure(f"process/start result: {started!r}")
+    while True:
+        note = rpc.next_notification()
+        params = note.get("params") or {}
+        if params.get("processId") != process_id:
+            continue
+        if note["method"] == "process/outputDelta":
+            text = base64.b64decode(params["chunk"], validate=True).decode("utf-8", "replace")
+            # One event per line: drop the trailing newline `echo` writes, escape any other.
+            if text.endswith("\n"):
+                text = text[:-1]
+            label = "STDERR" if params.get("stream") == "stderr" else "OUTPUT"
+            emit(f"{label} {text.replace(chr(10), chr(92) + 'n')}")
+        elif note["method"] == "process/exited":
+            code = params.get("exitCode")
+            emit(f"EXITED {code}" if code is not None else f"EXITED signal {params.get('signal')}")
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes
+# ---------------------------------------------------------------------------------------------
+
+
+def mode_ok(link, client_private, server_public, token):
+    stream = Stream(link, client_private, server_public)
+    stream.open(token)
+    stream.accept()
+    rpc = Rpc(stream)
+    initialize(rpc)
+    run_echo(rpc)
+    stream.close()
+    return 0
+
+
+def mode_replay(link, client_private, server_public, token):
+    """Replay stream A's handshake message 1 in an OPEN on stream B of the same link.
+
+    The prologue binds message 1 to its stream id (§3), so the server must fail to decrypt it
+    on B and reset B (§8); it must never accept it. Stream A must carry on unaffected."""
+    first = Stream(link, client_private, server_public)
+    message1 = first.open(token)
+    first.accept()  # a genuine handshake is accepted, so a reset below is the replay's doing
+
+    other_id = os.urandom(16)
+    while other_id == first.stream_id:
+        other_id = os.urandom(16)
+    link.send(encode_frame(OPEN, other_id, message1))
+    while True:
+        answer = link.next_frame(other_id)
+        if answer.ftype in (ACCEPT, RESET):
+            break
+        if answer.ftype != ACK:
+            raise Failure(f"unexpected {answer.name} frame on the replayed stream")
+    emit(f"REPLAY_RESULT {answer.ftype}")
+
+    # The established stream is unaffected by the failed handshake next to it (§8).
+    initialize(Rpc(first))
+    first.close()
+    return 0 if answer.ftype == RESET else 1
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("url", help="noise+ws://HOST:PORT")
+    parser.add_argument("server_pubkey_file", help="the server's NAME.pub")
+    parser.add_argument("client_privkey_file", help="the client's private key file")
+    parser.add_argument("--token", default=None)
+    parser.add_argument("--mode", choices=["ok", "replay-on-other-stream"], default="ok")
+    args = parser.parse_args(argv)
+
+    deadline = time.monotonic() + TIMEOUT_S
+    link = None
+    try:
+        server_public = load_public_key(args.server_pubkey_file)
+        client_private = load_private_key(args.client_privkey_file)
+        link = Link(args.url, deadline)
+        if args.mode == "ok":
+            return mode_ok(link, client_private, server_public, args.token)
+        return mode_replay(link, client_private, server_public, args.token)
+    except Failure as e:
+        emit(f"ERROR {e}")
+        return 2
+    except Exception as e:  # noqa: BLE001 - anything unexpected is a failure too
+        emit(f"ERROR unexpected {e!r}")
+        return 2
+    finally:
+        if link is not None:
+            link.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
