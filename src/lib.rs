@@ -20,6 +20,7 @@ pub mod config;
 pub mod connection_processor;
 pub mod delivery;
 pub mod handlers;
+pub mod noise;
 pub mod process;
 pub mod request_scheduler;
 pub mod rpc;

@@ -25,14 +25,16 @@ pub enum ListenAddr {
     Stdio,
     /// Plain WebSocket.
     Ws(SocketAddr),
+    /// Noise-encrypted physical links (`/v1/link`).
+    Noise(SocketAddr),
 }
 
 /// A listen address that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ListenError {
-    /// Not `stdio` nor `ws://HOST:PORT`.
-    #[error("unsupported --listen {0:?}: expected stdio or ws://HOST:PORT")]
+    /// Not `stdio`, `ws://HOST:PORT` nor `noise+ws://HOST:PORT`.
+    #[error("unsupported --listen {0:?}: expected stdio, ws://HOST:PORT or noise+ws://HOST:PORT")]
     Unsupported(String),
     /// Plain text off loopback without the danger flag.
     #[error(
@@ -45,6 +47,15 @@ pub enum ListenError {
 pub fn parse_listen(s: &str, danger_plaintext: bool) -> Result<ListenAddr, ListenError> {
     if s == "stdio" {
         return Ok(ListenAddr::Stdio);
+    }
+    if let Some(rest) = s.strip_prefix("noise+ws://") {
+        let addr: SocketAddr = rest
+            .trim_end_matches('/')
+            .replace("localhost", "127.0.0.1")
+            .parse()
+            .map_err(|_| ListenError::Unsupported(s.to_string()))?;
+        // Encrypted and authenticated: any address is fine.
+        return Ok(ListenAddr::Noise(addr));
     }
     let rest = s
         .strip_prefix("ws://")
@@ -124,6 +135,11 @@ pub async fn run_ws_with_registry(
 /// The URL to print for a bound listener.
 pub fn bound_url(addr: SocketAddr) -> String {
     format!("ws://{addr}")
+}
+
+/// The URL to print for a bound Noise listener.
+pub fn bound_noise_url(addr: SocketAddr) -> String {
+    format!("noise+ws://{addr}")
 }
 
 #[cfg(test)]

@@ -127,12 +127,9 @@ async fn local_stdout_stderr_and_exit_code_are_the_remote_ones() {
     .await;
     assert_eq!(code(&o.status), 3, "stderr: {}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "out\n");
-    // BUG: with `--local`, the spawned `execrelay serve --listen stdio` inherits run's stderr
-    // (client/mod.rs `open_transport`: `.stderr(Stdio::inherit())`) and, with RUST_LOG unset,
-    // logs at `info` (cli/serve.rs `init_logging("info", …)`), so the user's stderr gets
-    // `INFO … initialized session=…` and `INFO … exit notice ready` lines around the
-    // command's own `err`. `run` itself logs at `warn`; the local server should too (or
-    // have its stderr discarded / RUST_LOG-only).
+    // Regression (fixed in 3577aea): the spawned `serve --listen stdio` inherits run's stderr
+    // and used to log at `info` with RUST_LOG unset, putting `INFO … initialized session=…`
+    // lines around the command's own stderr.
     assert_eq!(
         text(&o.stderr),
         "err\n",
@@ -391,8 +388,9 @@ async fn ws_server_shutdown_ends_run_with_the_commands_signal() {
 // Ctrl-C without -t, and the local server going away
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn sigint_is_forwarded() {
+/// Start `run --local` on [`INT_SCRIPT`], SIGINT it as soon as the command's first line
+/// shows, and return its exit status and the rest of its stdout.
+async fn interrupt_after_ready() -> (ExitStatus, String) {
     let mut child = run_cmd(&["--local", "--", "sh", "-c", INT_SCRIPT])
         .spawn()
         .expect("spawn execrelay run");
@@ -405,8 +403,37 @@ async fn sigint_is_forwarded() {
     let status = status
         .expect("run did not exit (hang guard)")
         .expect("wait");
+    (status, out.rest().await)
+}
+
+#[tokio::test]
+async fn sigint_is_forwarded() {
+    let (status, rest) = interrupt_after_ready().await;
     assert_eq!(code(&status), 9);
-    assert_eq!(out.rest().await, "got-int\n");
+    assert_eq!(rest, "got-int\n");
+}
+
+#[tokio::test]
+async fn sigint_right_after_the_first_output_is_forwarded() {
+    // Many at once, so that some `run` is slow to get CPU time: a Ctrl-C must be forwarded
+    // from the moment the command's output shows, not only once `run` has settled.
+    const N: usize = 16;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..N {
+        set.spawn(interrupt_after_ready());
+    }
+    let mut killed = 0;
+    while let Some(r) = set.join_next().await {
+        let (status, rest) = r.expect("join");
+        match status.code() {
+            Some(c) => {
+                assert_eq!(c, 9);
+                assert_eq!(rest, "got-int\n");
+            }
+            None => killed += 1,
+        }
+    }
+    assert_eq!(killed, 0, "of {N} runs, {killed} died of the SIGINT itself");
 }
 
 #[tokio::test]
@@ -424,12 +451,10 @@ async fn terminal_ctrl_c_to_the_foreground_group_is_forwarded() {
     let status = tokio::time::timeout(PROMPT, child.wait()).await;
     reap_group(remote);
     reap_group(group);
-    // BUG: the local server is spawned in run's process group (client/mod.rs
-    // `open_transport` does not give it its own group), so it receives the Ctrl-C too,
-    // treats it as a shutdown request (cli/serve.rs signal handler), SIGTERMs the command
-    // and closes the stdio connection without delivering the exit notice. `run` then never
-    // exits (see `run_exits_when_its_local_server_dies`). Expected: the command gets SIGINT,
-    // prints got-int and `run` exits 9, exactly as with a SIGINT to `run` alone.
+    // Regression (fixed in 3577aea): the local server used to share run's process group, so
+    // it took the Ctrl-C as a shutdown request, SIGTERMed the command and closed the stdio
+    // connection without the exit notice, and `run` hung. Expected: the command gets SIGINT,
+    // prints got-int, and `run` exits 9, as with a SIGINT to `run` alone.
     let status = status
         .expect("run did not exit within 20 s after Ctrl-C (it hangs)")
         .expect("wait");
@@ -471,17 +496,18 @@ async fn run_exits_when_its_local_server_dies() {
     let servers = children_of(run_pid);
     assert_eq!(servers.len(), 1, "run's children: {servers:?}");
     kill(Pid::from_raw(servers[0]), Signal::SIGKILL).expect("SIGKILL the local server");
-    let status = tokio::time::timeout(PROMPT, child.wait()).await;
+    let o = tokio::time::timeout(PROMPT, child.wait_with_output()).await;
     reap_group(remote);
-    // BUG: a `Target::Spawn` connection cannot be resumed, and when it ends nothing closes
-    // the process event streams (client/mod.rs: only `supervise`/`fail`, which run for
-    // reconnectable targets, clear `procs`), so `ProcessHandle::next_event` waits forever
-    // and `execrelay run` hangs instead of reporting the lost server and exiting non-zero
-    // (255, like ssh on a lost connection).
-    let status = status
+    // Regression (fixed in 3577aea): a `Target::Spawn` connection cannot be resumed, and when
+    // it ended nothing closed the process event streams, so `run` waited forever instead of
+    // reporting the lost server and exiting non-zero.
+    let o = o
         .expect("run did not exit within 20 s after its local server died (it hangs)")
         .expect("wait");
-    assert_ne!(code(&status), 0);
+    // No remote status to report: 255, like ssh when the connection is lost.
+    assert_eq!(code(&o.status), 255);
+    let err = text(&o.stderr);
+    assert!(err.contains("execrelay run:"), "stderr: {err}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,6 +23,47 @@ pub enum Command {
     Run(run::RunArgs),
     /// Start a local server and run a demo command through it.
     Demo(run::DemoArgs),
+    /// Generate a static X25519 key pair: NAME (private, mode 0600) and NAME.pub.
+    Keygen(KeygenArgs),
+}
+
+/// Flags of `execrelay keygen`.
+#[derive(Debug, clap::Args)]
+pub struct KeygenArgs {
+    /// Where to write the private key; the public key goes to NAME.pub.
+    #[arg(short = 'o', long = "output", value_name = "NAME")]
+    pub output: std::path::PathBuf,
+    /// Comment on the public key line [default: user@host].
+    #[arg(short = 'c', long)]
+    pub comment: Option<String>,
+}
+
+fn keygen(args: KeygenArgs) -> i32 {
+    let comment = args.comment.unwrap_or_else(|| {
+        let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "host".into());
+        format!("{user}@{host}")
+    });
+    let kp = match crate::noise::keys::Keypair::generate() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("execrelay keygen: {e}");
+            return 1;
+        }
+    };
+    match kp.write(&args.output, &comment) {
+        Ok(()) => {
+            println!("{}", crate::noise::keys::public_line(&kp.public, &comment));
+            0
+        }
+        Err(e) => {
+            eprintln!("execrelay keygen: {e}");
+            1
+        }
+    }
 }
 
 /// Entry point of the binary; returns the process exit code.
@@ -32,6 +73,7 @@ pub fn main() -> i32 {
         Command::Serve(args) => serve::main(args),
         Command::Run(args) => run::main(args),
         Command::Demo(args) => run::demo_main(args),
+        Command::Keygen(args) => keygen(args),
     }
 }
 

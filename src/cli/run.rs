@@ -35,6 +35,15 @@ pub struct RunArgs {
     /// Terminate the command after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
+    /// noise+ws: the server's public key (a `.pub` file or the key line itself).
+    #[arg(long, value_name = "KEY_OR_FILE")]
+    pub server_key: Option<String>,
+    /// noise+ws: this client's private key file.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
+    /// noise+ws: a token to present in the handshake (read from the file).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -68,8 +77,39 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
     match (&args.target, args.local) {
         (None, _) | (_, true) => Target::local().map_err(|e| e.to_string()),
         (Some(t), false) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
+        (Some(t), false) if t.starts_with("noise+ws://") => {
+            use crate::noise::keys::{load_public, Keypair};
+            let server = args.server_key.as_deref().ok_or(
+                "noise+ws:// needs --server-key (the server's public key; no trust on first use)",
+            )?;
+            let server_public = load_public(server).map_err(|e| e.to_string())?;
+            let key = args
+                .key
+                .as_ref()
+                .ok_or("noise+ws:// needs --key (this client's private key)")?;
+            let keys = Keypair::load(key).map_err(|e| e.to_string())?;
+            let token = match &args.token_file {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .map_err(|e| format!("{}: {e}", p.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => None,
+            };
+            Ok(Target::Noise {
+                url: t.clone(),
+                config: std::sync::Arc::new(crate::noise::link_client::NoiseClientConfig {
+                    keys,
+                    server_public,
+                    token,
+                    env_id: String::new(),
+                    max_message_bytes: crate::config::MAX_MESSAGE_BYTES,
+                }),
+            })
+        }
         (Some(t), false) => Err(format!(
-            "unsupported target {t:?}: expected ws://HOST:PORT or --local"
+            "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT or --local"
         )),
     }
 }

@@ -62,6 +62,88 @@ pub struct ServeArgs {
     /// Requests in flight per connection [default: 1024].
     #[arg(long)]
     pub max_pending_requests: Option<usize>,
+    /// noise+ws: the server's private key file (from `execrelay keygen`).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// noise+ws: the authorized-keys file (re-read when it changes).
+    #[arg(long)]
+    pub authorized_keys: Option<PathBuf>,
+    /// noise+ws: also require this token (read from the file) in every handshake.
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// noise+ws: handshakes waiting for authorization per link [default: 32].
+    #[arg(long)]
+    pub max_pending_authorizations: Option<usize>,
+    /// noise+ws: established streams per link [default: 1024].
+    #[arg(long)]
+    pub max_streams_per_link: Option<usize>,
+    /// noise+ws: handshake failures tolerated back to back per link [default: 8].
+    #[arg(long)]
+    pub handshake_failure_burst: Option<u32>,
+    /// noise+ws: one handshake failure forgiven per this many ms [default: 2000].
+    #[arg(long)]
+    pub handshake_failure_refill_ms: Option<u64>,
+    /// noise+ws: WebSocket ping interval, ms [default: 15000].
+    #[arg(long)]
+    pub keepalive_interval_ms: Option<u64>,
+    /// noise+ws: a link silent for this long is dead, ms [default: 30000].
+    #[arg(long)]
+    pub pong_timeout_ms: Option<u64>,
+}
+
+impl ServeArgs {
+    /// The Noise listener's configuration (keys are loaded and checked here, at start).
+    pub fn noise_config(&self) -> anyhow::Result<crate::noise::link_server::NoiseServerConfig> {
+        use crate::noise::authorizer::KeysAuthorizer;
+        use crate::noise::keys::{AuthorizedKeys, Keypair};
+        use crate::noise::link_server::{LinkLimits, NoiseServerConfig};
+        let key = self.key.as_ref().ok_or_else(|| {
+            anyhow::anyhow!("noise+ws needs --key (create one with `execrelay keygen -o FILE`)")
+        })?;
+        let keys = Keypair::load(key)?;
+        let auth = self
+            .authorized_keys
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("noise+ws needs --authorized-keys FILE"))?;
+        let authorized = AuthorizedKeys::load(auth)?;
+        let token = match &self.auth_token_file {
+            Some(p) => {
+                let t = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+                let t = t.trim().to_string();
+                if t.is_empty() {
+                    anyhow::bail!("{}: empty token", p.display());
+                }
+                Some(t)
+            }
+            None => None,
+        };
+        let mut limits = LinkLimits::default();
+        if let Some(v) = self.max_pending_authorizations {
+            limits.max_pending_authorizations = v;
+        }
+        if let Some(v) = self.max_streams_per_link {
+            limits.max_streams_per_link = v;
+        }
+        if let Some(v) = self.handshake_failure_burst {
+            limits.failure_burst = v;
+        }
+        if let Some(v) = self.handshake_failure_refill_ms {
+            limits.failure_refill = std::time::Duration::from_millis(v);
+        }
+        if let Some(v) = self.keepalive_interval_ms {
+            limits.keepalive_interval = std::time::Duration::from_millis(v.max(1));
+        }
+        if let Some(v) = self.pong_timeout_ms {
+            limits.pong_timeout = std::time::Duration::from_millis(v.max(1));
+        }
+        Ok(NoiseServerConfig {
+            keys,
+            authorizer: std::sync::Arc::new(KeysAuthorizer::new(authorized, token)),
+            env_id: String::new(),
+            limits,
+        })
+    }
 }
 
 impl ServeArgs {
@@ -111,6 +193,17 @@ pub fn main(args: ServeArgs) -> i32 {
             return 2;
         }
     };
+    let noise = if matches!(listen, ListenAddr::Noise(_)) {
+        match args.noise_config() {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                eprintln!("execrelay serve: {e}");
+                return 2;
+            }
+        }
+    } else {
+        None
+    };
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -124,6 +217,27 @@ pub fn main(args: ServeArgs) -> i32 {
         match listen {
             ListenAddr::Stdio => {
                 run_stdio(config, shutdown).await;
+                0
+            }
+            ListenAddr::Noise(addr) => {
+                let Some(noise) = noise else { return 2 };
+                let listener = match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("execrelay serve: cannot bind {addr}: {e}");
+                        return 1;
+                    }
+                };
+                let Ok(local) = listener.local_addr() else {
+                    return 1;
+                };
+                let url = crate::server::bound_noise_url(local);
+                let mut out = std::io::stdout();
+                let _ = writeln!(out, "{url}");
+                let _ = out.flush();
+                tracing::info!(%url, "listening (noise)");
+                let registry = crate::session_registry::SessionRegistry::new(config);
+                crate::noise::link_server::serve_noise(listener, noise, registry, shutdown).await;
                 0
             }
             ListenAddr::Ws(addr) => {

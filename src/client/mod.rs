@@ -72,6 +72,9 @@ pub enum ClientError {
     /// The server sent something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The server refused this client (handshake or authorization); not retried.
+    #[error("{0}")]
+    Refused(String),
     /// The session could not be resumed within its TTL.
     #[error("session lost: {0}")]
     SessionLost(String),
@@ -112,6 +115,14 @@ pub enum Target {
     },
     /// A plain WebSocket URL, `ws://HOST:PORT`.
     Ws(String),
+    /// A Noise-encrypted server, `noise+ws://HOST:PORT`: one virtual stream on a physical
+    /// link shared with every other client of this process talking to the same server.
+    Noise {
+        /// `noise+ws://HOST:PORT`.
+        url: String,
+        /// Keys and pinned server key.
+        config: Arc<crate::noise::link_client::NoiseClientConfig>,
+    },
 }
 
 impl Target {
@@ -125,7 +136,7 @@ impl Target {
     }
 
     fn can_reconnect(&self) -> bool {
-        matches!(self, Target::Ws(_))
+        matches!(self, Target::Ws(_) | Target::Noise { .. })
     }
 }
 
@@ -306,6 +317,20 @@ async fn open_transport(target: &Target, max: usize) -> Result<Transport, Client
         Target::Ws(url) => crate::transport::websocket::connect_websocket(url, max)
             .await
             .map_err(|e| ClientError::Connect(e.to_string())),
+        Target::Noise { url, config } => {
+            use crate::noise::link_client::{ClientLink, NoiseError};
+            let link = ClientLink::shared(url, config)
+                .await
+                .map_err(|e| ClientError::Connect(e.to_string()))?;
+            match link.open_stream().await {
+                Ok(t) => Ok(t),
+                // A refusal is final: retrying the same keys will not help.
+                Err(e @ (NoiseError::Refused(_) | NoiseError::ServerKey)) => {
+                    Err(ClientError::Refused(e.to_string()))
+                }
+                Err(e) => Err(ClientError::Connect(e.to_string())),
+            }
+        }
     }
 }
 

@@ -121,7 +121,32 @@ pub async fn serve_websocket<F>(
 ) where
     F: Fn(Transport) + Send + Sync + 'static,
 {
-    let on_connection = Arc::new(on_connection);
+    serve_upgrades(
+        listener,
+        websocket_config(max_message_bytes),
+        None,
+        shutdown,
+        move |ws, peer| on_connection(framed(ws, max_message_bytes, peer.to_string())),
+    )
+    .await
+}
+
+/// A WebSocket accepted by [`serve_upgrades`].
+pub type UpgradedWebSocket = WebSocketStream<Rewind<TcpStream>>;
+
+/// The accept loop shared by plain `ws://` and `noise+ws://` listeners: the HTTP gate
+/// (`/readyz`, `Origin` → 403, 404), then the upgrade with `config`, only on `path` when one is
+/// given. `on_upgrade` receives the raw WebSocket.
+pub async fn serve_upgrades<F>(
+    listener: TcpListener,
+    config: WebSocketConfig,
+    path: Option<&'static str>,
+    shutdown: CancellationToken,
+    on_upgrade: F,
+) where
+    F: Fn(UpgradedWebSocket, SocketAddr) + Send + Sync + 'static,
+{
+    let on_connection = Arc::new(on_upgrade);
     let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
     let handshakes = TaskTracker::new();
     debug!(local = ?listener.local_addr().ok(), "serving plain WebSocket");
@@ -157,12 +182,12 @@ pub async fn serve_websocket<F>(
                         debug!("shutting down before the upgrade completed");
                         None
                     }
-                    transport = establish(stream, peer, max_message_bytes) => transport,
+                    ws = establish(stream, config, path) => ws,
                 };
                 // The handshake slot is free once the connection is handed off or closed.
                 drop(permit);
-                if let Some(transport) = transport {
-                    on_connection(transport);
+                if let Some(ws) = transport {
+                    on_connection(ws, peer);
                 }
             }
             .instrument(span),
@@ -210,12 +235,13 @@ pub async fn connect_websocket(
     Ok(framed(ws, max_message_bytes, peer))
 }
 
-/// Takes one accepted connection from its first byte to either a [`Transport`] or a close.
+/// Takes one accepted connection from its first byte to either an upgraded WebSocket or a
+/// close.
 async fn establish(
     mut stream: TcpStream,
-    peer: SocketAddr,
-    max_message_bytes: usize,
-) -> Option<Transport> {
+    config: WebSocketConfig,
+    path: Option<&'static str>,
+) -> Option<UpgradedWebSocket> {
     if let Err(error) = stream.set_nodelay(true) {
         debug!(%error, "could not disable Nagle's algorithm");
     }
@@ -249,7 +275,13 @@ async fn establish(
             }
         };
 
-    match route(&head) {
+    let route = match (route(&head), path) {
+        (Route::Upgrade, Some(only)) if head.path.split('?').next() != Some(only) => {
+            Route::Reply(Reply::NotFound)
+        }
+        (r, _) => r,
+    };
+    match route {
         Route::Upgrade => {}
         Route::Reply(reply) => {
             debug!(?reply, method = %head.method, "answering plain HTTP request");
@@ -264,12 +296,12 @@ async fn establish(
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(
         Rewind::new(buffered, stream),
         refuse_cross_origin,
-        Some(websocket_config(max_message_bytes)),
+        Some(config),
     );
     match tokio::time::timeout_at(deadline, handshake).await {
         Ok(Ok(ws)) => {
             debug!("upgraded to WebSocket");
-            Some(framed(ws, max_message_bytes, peer.to_string()))
+            Some(ws)
         }
         Ok(Err(error)) => {
             debug!(%error, "WebSocket handshake failed");
@@ -297,7 +329,7 @@ fn refuse_cross_origin(request: &Request, response: Response) -> Result<Response
 }
 
 /// Tungstenite settings shared by both ends.
-fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
+pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
     WebSocketConfig {
         // Both limits sit exactly at the protocol limit. tungstenite checks a frame's declared
         // length before reading its payload, and a fragmented message's running total before
@@ -644,7 +676,7 @@ async fn reply_and_close(mut stream: TcpStream, reply: Reply) {
 ///
 /// The gate reads the request head before tungstenite sees the connection; `Rewind` gives
 /// tungstenite those bytes as if unread.
-struct Rewind<S> {
+pub struct Rewind<S> {
     prefix: Vec<u8>,
     /// How much of `prefix` has been handed out.
     consumed: usize,

@@ -166,14 +166,18 @@ class Link:
         try:
             # No Origin header (the listener refuses upgrades that carry one, §1), no proxy from
             # the environment (the server is local), no compression (payloads are ciphertext),
-            # and room for the largest frame.
+            # and room for the largest frame. The receive queue is unbounded so that frames
+            # left unread at the end (ACKs, retransmissions) never hold up the closing
+            # handshake, which gets a short timeout anyway.
             self.ws = websockets.sync.client.connect(
                 ws_url,
                 origin=None,
                 proxy=None,
                 compression=None,
                 max_size=MAX_FRAME_BYTES,
+                max_queue=None,
                 open_timeout=self.remaining(),
+                close_timeout=2,
             )
         except Exception as e:  # noqa: BLE001 - any connect failure is a test failure
             raise Failure(f"cannot connect to {ws_url}: {e!r}") from e

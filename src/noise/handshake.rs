@@ -1,0 +1,309 @@
+//! The Noise handshake of `secure-transport.md` §3, sans-IO: a handshake state that turns into
+//! a transport state.
+//!
+//! `Noise_IK_25519_ChaChaPoly_BLAKE2s`, the client initiating with the server's static key
+//! pinned. The prologue binds the handshake to its environment and stream id, so a message 1
+//! captured on one stream cannot be spliced onto another. Errors from the cryptography are
+//! deliberately opaque ([`HandshakeError::Rejected`]): they are never explained to the peer.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::keys::{Keypair, KEY_BYTES};
+use execrelay_relay::frame::StreamId;
+
+/// The Noise protocol name.
+pub const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
+/// Prologue prefix.
+pub const PROLOGUE_TAG: &[u8] = b"execrelay/noise/v1";
+/// Largest message-1 payload (JSON), in bytes.
+pub const MAX_HANDSHAKE_PAYLOAD: usize = 4096;
+/// Largest message 1: ephemeral key (32) + encrypted static key (32 + 16) + payload + tag (16).
+/// Checked before any cryptography runs.
+pub const MAX_MSG1_BYTES: usize = 32 + 48 + MAX_HANDSHAKE_PAYLOAD + 16;
+/// Largest message 2 accepted by the client (ephemeral 32 + payload + tag).
+pub const MAX_MSG2_BYTES: usize = 32 + MAX_HANDSHAKE_PAYLOAD + 16;
+/// Protocol version in the handshake payloads.
+pub const HANDSHAKE_VERSION: u32 = 1;
+
+/// A failed handshake step.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// Larger than the protocol allows: rejected before decryption.
+    #[error("handshake message too large")]
+    TooLarge,
+    /// Decryption or authentication failed. Never explained further.
+    #[error("handshake rejected")]
+    Rejected,
+    /// The payload is not the expected JSON.
+    #[error("bad handshake payload: {0}")]
+    Payload(String),
+}
+
+/// Message 1 payload.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Hello {
+    /// Must be 1.
+    pub version: u32,
+    /// Optional bearer token for deployments that require one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// Message 2 payload.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Welcome {
+    /// Must be 1.
+    pub version: u32,
+    /// The server's version.
+    pub server_version: String,
+}
+
+/// The transport keys after a handshake: records with explicit nonces (`snow`'s stateless
+/// transport), shareable between the sending and the receiving half of a stream.
+pub type TransportKeys = Arc<snow::StatelessTransportState>;
+
+/// The prologue for `env_id` (empty for a direct connection) and `stream`.
+pub fn prologue(env_id: &str, stream: &StreamId) -> Vec<u8> {
+    let mut p = Vec::with_capacity(PROLOGUE_TAG.len() + 4 + env_id.len() + stream.len());
+    p.extend_from_slice(PROLOGUE_TAG);
+    for field in [env_id.as_bytes(), &stream[..]] {
+        // Environment ids are bounded far below 65,535 bytes by the relay; clamp anyway.
+        let len = field.len().min(u16::MAX as usize);
+        p.extend_from_slice(&(len as u16).to_be_bytes());
+        p.extend_from_slice(&field[..len]);
+    }
+    p
+}
+
+fn builder<'a>(keys: &'a Keypair, prologue: &'a [u8]) -> Result<snow::Builder<'a>, HandshakeError> {
+    let params = NOISE_PARAMS.parse().map_err(|_| HandshakeError::Rejected)?;
+    snow::Builder::new(params)
+        .local_private_key(&keys.private)
+        .and_then(|b| b.prologue(prologue))
+        .map_err(|_| HandshakeError::Rejected)
+}
+
+/// The client's side, between message 1 and message 2.
+pub struct ClientHandshake {
+    hs: snow::HandshakeState,
+}
+
+impl ClientHandshake {
+    /// Build message 1 for `stream`.
+    pub fn start(
+        keys: &Keypair,
+        server_public: &[u8; KEY_BYTES],
+        env_id: &str,
+        stream: &StreamId,
+        token: Option<&str>,
+    ) -> Result<(ClientHandshake, Vec<u8>), HandshakeError> {
+        let pro = prologue(env_id, stream);
+        let mut hs = builder(keys, &pro)?
+            .remote_public_key(server_public)
+            .and_then(|b| b.build_initiator())
+            .map_err(|_| HandshakeError::Rejected)?;
+        let payload = serde_json::to_vec(&Hello {
+            version: HANDSHAKE_VERSION,
+            token: token.map(str::to_string),
+        })
+        .map_err(|e| HandshakeError::Payload(e.to_string()))?;
+        if payload.len() > MAX_HANDSHAKE_PAYLOAD {
+            return Err(HandshakeError::TooLarge);
+        }
+        let mut msg = vec![0u8; MAX_MSG1_BYTES];
+        let n = hs
+            .write_message(&payload, &mut msg)
+            .map_err(|_| HandshakeError::Rejected)?;
+        msg.truncate(n);
+        Ok((ClientHandshake { hs }, msg))
+    }
+
+    /// Verify message 2 and switch to transport mode.
+    pub fn finish(mut self, msg2: &[u8]) -> Result<(TransportKeys, Welcome), HandshakeError> {
+        if msg2.len() > MAX_MSG2_BYTES {
+            return Err(HandshakeError::TooLarge);
+        }
+        let mut payload = vec![0u8; msg2.len()];
+        let n = self
+            .hs
+            .read_message(msg2, &mut payload)
+            .map_err(|_| HandshakeError::Rejected)?;
+        let welcome: Welcome = serde_json::from_slice(&payload[..n])
+            .map_err(|e| HandshakeError::Payload(e.to_string()))?;
+        if welcome.version != HANDSHAKE_VERSION {
+            return Err(HandshakeError::Payload(format!(
+                "unsupported version {}",
+                welcome.version
+            )));
+        }
+        let t = self
+            .hs
+            .into_stateless_transport_mode()
+            .map_err(|_| HandshakeError::Rejected)?;
+        Ok((Arc::new(t), welcome))
+    }
+}
+
+/// The server's side after a valid message 1, waiting for authorization.
+pub struct PendingHandshake {
+    hs: snow::HandshakeState,
+    /// The client's static key, authenticated by message 1.
+    pub client_key: [u8; KEY_BYTES],
+    /// The decoded payload.
+    pub hello: Hello,
+}
+
+impl std::fmt::Debug for PendingHandshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingHandshake").finish_non_exhaustive()
+    }
+}
+
+/// Read message 1, checking in order: size, decryption (which authenticates the client key),
+/// payload size and shape. Authorization is the caller's next step.
+pub fn read_hello(
+    keys: &Keypair,
+    env_id: &str,
+    stream: &StreamId,
+    msg1: &[u8],
+) -> Result<PendingHandshake, HandshakeError> {
+    if msg1.len() > MAX_MSG1_BYTES {
+        return Err(HandshakeError::TooLarge);
+    }
+    let pro = prologue(env_id, stream);
+    let mut hs = builder(keys, &pro)?
+        .build_responder()
+        .map_err(|_| HandshakeError::Rejected)?;
+    let mut payload = vec![0u8; msg1.len()];
+    let n = hs
+        .read_message(msg1, &mut payload)
+        .map_err(|_| HandshakeError::Rejected)?;
+    if n > MAX_HANDSHAKE_PAYLOAD {
+        return Err(HandshakeError::TooLarge);
+    }
+    let hello: Hello = serde_json::from_slice(&payload[..n])
+        .map_err(|e| HandshakeError::Payload(e.to_string()))?;
+    if hello.version != HANDSHAKE_VERSION {
+        return Err(HandshakeError::Payload(format!(
+            "unsupported version {}",
+            hello.version
+        )));
+    }
+    let mut client_key = [0u8; KEY_BYTES];
+    match hs.get_remote_static() {
+        Some(k) if k.len() == KEY_BYTES => client_key.copy_from_slice(k),
+        _ => return Err(HandshakeError::Rejected),
+    }
+    Ok(PendingHandshake {
+        hs,
+        client_key,
+        hello,
+    })
+}
+
+impl PendingHandshake {
+    /// Authorized: build message 2 and switch to transport mode.
+    pub fn accept(
+        mut self,
+        server_version: &str,
+    ) -> Result<(Vec<u8>, TransportKeys), HandshakeError> {
+        let payload = serde_json::to_vec(&Welcome {
+            version: HANDSHAKE_VERSION,
+            server_version: server_version.to_string(),
+        })
+        .map_err(|e| HandshakeError::Payload(e.to_string()))?;
+        let mut msg = vec![0u8; MAX_MSG2_BYTES];
+        let n = self
+            .hs
+            .write_message(&payload, &mut msg)
+            .map_err(|_| HandshakeError::Rejected)?;
+        msg.truncate(n);
+        let t = self
+            .hs
+            .into_stateless_transport_mode()
+            .map_err(|_| HandshakeError::Rejected)?;
+        Ok((msg, Arc::new(t)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prologue_layout() {
+        let p = prologue("env", &[7u8; 16]);
+        let mut want = b"execrelay/noise/v1".to_vec();
+        want.extend_from_slice(&[0, 3]);
+        want.extend_from_slice(b"env");
+        want.extend_from_slice(&[0, 16]);
+        want.extend_from_slice(&[7u8; 16]);
+        assert_eq!(p, want);
+        assert_eq!(&prologue("", &[0; 16])[18..20], &[0, 0]);
+    }
+
+    fn pair() -> (Keypair, Keypair) {
+        (Keypair::generate().unwrap(), Keypair::generate().unwrap())
+    }
+
+    #[test]
+    fn handshake_round_trip_and_transport() {
+        let (client, server) = pair();
+        let sid = [1u8; 16];
+        let (c, m1) =
+            ClientHandshake::start(&client, &server.public, "", &sid, Some("tok")).unwrap();
+        let pending = read_hello(&server, "", &sid, &m1).unwrap();
+        assert_eq!(pending.client_key, client.public);
+        assert_eq!(pending.hello.token.as_deref(), Some("tok"));
+        let (m2, st) = pending.accept("9.9").unwrap();
+        let (ct, welcome) = c.finish(&m2).unwrap();
+        assert_eq!(welcome.server_version, "9.9");
+        let mut buf = vec![0u8; 64];
+        let n = ct.write_message(1, b"hello", &mut buf).unwrap();
+        let mut out = vec![0u8; 64];
+        let m = st.read_message(1, &buf[..n], &mut out).unwrap();
+        assert_eq!(&out[..m], b"hello");
+    }
+
+    #[test]
+    fn a_message_1_replayed_on_another_stream_fails() {
+        let (client, server) = pair();
+        let (_, m1) = ClientHandshake::start(&client, &server.public, "", &[1; 16], None).unwrap();
+        assert_eq!(
+            read_hello(&server, "", &[2; 16], &m1).unwrap_err(),
+            HandshakeError::Rejected
+        );
+        assert_eq!(
+            read_hello(&server, "other-env", &[1; 16], &m1).unwrap_err(),
+            HandshakeError::Rejected
+        );
+    }
+
+    #[test]
+    fn wrong_server_key_and_tampering_are_rejected() {
+        let (client, server) = pair();
+        let impostor = Keypair::generate().unwrap();
+        let (_, m1) =
+            ClientHandshake::start(&client, &impostor.public, "", &[1; 16], None).unwrap();
+        assert_eq!(
+            read_hello(&server, "", &[1; 16], &m1).unwrap_err(),
+            HandshakeError::Rejected
+        );
+        let (_, mut m1) =
+            ClientHandshake::start(&client, &server.public, "", &[1; 16], None).unwrap();
+        let last = m1.len() - 1;
+        m1[last] ^= 1;
+        assert_eq!(
+            read_hello(&server, "", &[1; 16], &m1).unwrap_err(),
+            HandshakeError::Rejected
+        );
+        assert_eq!(
+            read_hello(&server, "", &[1; 16], &vec![0u8; MAX_MSG1_BYTES + 1]).unwrap_err(),
+            HandshakeError::TooLarge
+        );
+    }
+}

@@ -1,0 +1,399 @@
+//! Static X25519 keys: generation, the on-disk formats of `secure-transport.md` §2, and the
+//! authorized-keys file (re-read when it changes).
+//!
+//! Private key file: the 32-byte key in standard base64 on one line, mode 0600 (a file readable
+//! by group or others is refused). Public key: one line `execrelay-x25519 <base64> <comment>`.
+//! This module never logs key material; [`fingerprint`] is what logs show.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use base64::Engine;
+use sha2::Digest;
+
+use super::handshake::NOISE_PARAMS;
+
+/// Length of an X25519 key.
+pub const KEY_BYTES: usize = 32;
+/// The public key line prefix.
+pub const PUBLIC_KEY_TAG: &str = "execrelay-x25519";
+/// Largest key or authorized-keys file read (a key file is ~50 bytes; an authorized-keys
+/// file of 10,000 keys is ~1 MiB).
+pub const MAX_KEY_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A key that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A private key readable by others.
+    #[error("{0}: private key permissions are too open (mode {1:o}); run `chmod 600 {0}`")]
+    Permissions(PathBuf, u32),
+    /// Not the documented format.
+    #[error("{path}: {why}")]
+    Format {
+        /// The file (or argument).
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// A static key pair.
+#[derive(Clone)]
+pub struct Keypair {
+    /// Private key (never logged).
+    pub private: [u8; KEY_BYTES],
+    /// Public key.
+    pub public: [u8; KEY_BYTES],
+}
+
+impl std::fmt::Debug for Keypair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keypair(public {})", fingerprint(&self.public))
+    }
+}
+
+/// A short, non-secret name for a public key in logs and messages.
+pub fn fingerprint(public: &[u8]) -> String {
+    let d = sha2::Sha256::digest(public);
+    let hex: String = d.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("SHA256:{hex}")
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+impl Keypair {
+    /// Generate a key pair from the OS generator.
+    pub fn generate() -> Result<Keypair, KeyError> {
+        let builder = snow::Builder::new(NOISE_PARAMS.parse().map_err(|_| KeyError::Format {
+            path: "noise params".into(),
+            why: "unsupported".into(),
+        })?);
+        let kp = builder.generate_keypair().map_err(|e| KeyError::Format {
+            path: "keygen".into(),
+            why: e.to_string(),
+        })?;
+        let mut private = [0u8; KEY_BYTES];
+        let mut public = [0u8; KEY_BYTES];
+        private.copy_from_slice(&kp.private);
+        public.copy_from_slice(&kp.public);
+        Ok(Keypair { private, public })
+    }
+
+    /// Derive the public key of a private key.
+    pub fn from_private(private: [u8; KEY_BYTES]) -> Keypair {
+        let public = x25519_public(&private);
+        Keypair { private, public }
+    }
+
+    /// Write `path` (mode 0600) and `path.pub`. Refuses to overwrite.
+    pub fn write(&self, path: &Path, comment: &str) -> Result<(), KeyError> {
+        let io = |source| KeyError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io)?;
+        writeln!(f, "{}", b64().encode(self.private)).map_err(io)?;
+        let pub_path = pub_path(path);
+        let mut p = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&pub_path)
+            .map_err(|source| KeyError::Io {
+                path: pub_path.clone(),
+                source,
+            })?;
+        writeln!(p, "{}", public_line(&self.public, comment)).map_err(|source| KeyError::Io {
+            path: pub_path,
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// Load a private key file, refusing one readable by group or others.
+    pub fn load(path: &Path) -> Result<Keypair, KeyError> {
+        let meta = fs::metadata(path).map_err(|source| KeyError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(KeyError::Permissions(path.to_path_buf(), mode));
+        }
+        let text = read_bounded(path)?;
+        let raw = b64().decode(text.trim()).map_err(|_| KeyError::Format {
+            path: path.display().to_string(),
+            why:
+                "not a private key (expected one line of base64, as written by `execrelay keygen`)"
+                    .into(),
+        })?;
+        let private: [u8; KEY_BYTES] = raw.try_into().map_err(|_| KeyError::Format {
+            path: path.display().to_string(),
+            why: "a private key must be 32 bytes".into(),
+        })?;
+        Ok(Keypair::from_private(private))
+    }
+}
+
+fn x25519_public(private: &[u8; KEY_BYTES]) -> [u8; KEY_BYTES] {
+    // X25519 of the base point, via a throwaway snow handshake is not possible; use the
+    // dalek implementation snow itself depends on through its resolver.
+    use snow::resolvers::{CryptoResolver, DefaultResolver};
+    let mut out = [0u8; KEY_BYTES];
+    if let Some(mut dh) = DefaultResolver.resolve_dh(&snow::params::DHChoice::Curve25519) {
+        dh.set(private);
+        out.copy_from_slice(dh.pubkey());
+    }
+    out
+}
+
+/// `NAME.pub`.
+pub fn pub_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".pub");
+    PathBuf::from(s)
+}
+
+/// The public key line.
+pub fn public_line(public: &[u8; KEY_BYTES], comment: &str) -> String {
+    let comment: String = comment.chars().filter(|c| !c.is_control()).collect();
+    format!("{PUBLIC_KEY_TAG} {} {comment}", b64().encode(public))
+        .trim_end()
+        .to_string()
+}
+
+/// Parse `execrelay-x25519 <base64> [comment]` (or a bare base64 key).
+pub fn parse_public(line: &str) -> Result<[u8; KEY_BYTES], String> {
+    let mut parts = line.split_whitespace();
+    let first = parts.next().ok_or("empty public key")?;
+    let b = if first == PUBLIC_KEY_TAG {
+        parts.next().ok_or("missing key after execrelay-x25519")?
+    } else {
+        first
+    };
+    let raw = b64()
+        .decode(b)
+        .map_err(|_| "public key is not valid base64".to_string())?;
+    raw.try_into()
+        .map_err(|_| "a public key must be 32 bytes".to_string())
+}
+
+/// `--server-key KEY_OR_FILE`: a file holding the public key line, or the line itself.
+pub fn load_public(arg: &str) -> Result<[u8; KEY_BYTES], KeyError> {
+    let path = Path::new(arg);
+    let (text, name) = if path.exists() {
+        (read_bounded(path)?, path.display().to_string())
+    } else {
+        (arg.to_string(), "--server-key".to_string())
+    };
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .unwrap_or("");
+    parse_public(line).map_err(|why| KeyError::Format { path: name, why })
+}
+
+fn read_bounded(path: &Path) -> Result<String, KeyError> {
+    let io = |source| KeyError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = fs::metadata(path).map_err(io)?;
+    if meta.len() > MAX_KEY_FILE_BYTES {
+        return Err(KeyError::Format {
+            path: path.display().to_string(),
+            why: format!("file larger than {MAX_KEY_FILE_BYTES} bytes"),
+        });
+    }
+    fs::read_to_string(path).map_err(io)
+}
+
+/// Parse an authorized-keys file: one public key line per line, `#` comments, blank lines.
+pub fn parse_authorized(text: &str, name: &str) -> Result<HashSet<[u8; KEY_BYTES]>, KeyError> {
+    let mut keys = HashSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = parse_public(line).map_err(|why| KeyError::Format {
+            path: format!("{name}:{}", i + 1),
+            why,
+        })?;
+        keys.insert(key);
+    }
+    Ok(keys)
+}
+
+/// The keys of the last read, or why it failed.
+type KeySet = Result<HashSet<[u8; KEY_BYTES]>, String>;
+
+#[derive(PartialEq, Eq, Clone, Copy)]
+struct Stamp {
+    mtime: i64,
+    mtime_ns: i64,
+    len: u64,
+    ino: u64,
+}
+
+/// The authorized-keys file, re-read whenever it changes (checked on every handshake), so a
+/// key removed from it can no longer open streams. A file that becomes unreadable or
+/// malformed authorizes nobody until it is fixed (fail closed), and says so in the log.
+pub struct AuthorizedKeys {
+    path: PathBuf,
+    state: Mutex<(Option<Stamp>, KeySet)>,
+}
+
+impl AuthorizedKeys {
+    /// Load at start: errors are fatal here, so a typo is caught before serving.
+    pub fn load(path: &Path) -> Result<AuthorizedKeys, KeyError> {
+        let text = read_bounded(path)?;
+        let keys = parse_authorized(&text, &path.display().to_string())?;
+        Ok(AuthorizedKeys {
+            path: path.to_path_buf(),
+            state: Mutex::new((stamp(path), Ok(keys))),
+        })
+    }
+
+    /// Whether `key` is authorized now.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = stamp(&self.path);
+        if now != st.0 || now.is_none() {
+            let reloaded = read_bounded(&self.path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    parse_authorized(&t, &self.path.display().to_string())
+                        .map_err(|e| e.to_string())
+                });
+            match &reloaded {
+                Ok(k) => tracing::info!(keys = k.len(), "authorized keys reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "authorized keys unusable: refusing all clients until fixed")
+                }
+            }
+            *st = (now, reloaded);
+        }
+        match &st.1 {
+            Ok(keys) => keys
+                .iter()
+                .any(|k| bool::from(subtle::ConstantTimeEq::ct_eq(&k[..], key))),
+            Err(_) => false,
+        }
+    }
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let m = fs::metadata(path).ok()?;
+    Some(Stamp {
+        mtime: m.mtime(),
+        mtime_ns: m.mtime_nsec(),
+        len: m.len(),
+        ino: m.ino(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keygen_writes_both_files_and_they_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let kp = Keypair::generate().unwrap();
+        kp.write(&path, "me@host").unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let loaded = Keypair::load(&path).unwrap();
+        assert_eq!(loaded.private, kp.private);
+        assert_eq!(
+            loaded.public, kp.public,
+            "public key derived from the private one"
+        );
+        let line = fs::read_to_string(pub_path(&path)).unwrap();
+        assert!(line.starts_with("execrelay-x25519 "));
+        assert!(line.trim_end().ends_with(" me@host"));
+        assert_eq!(
+            load_public(pub_path(&path).to_str().unwrap()).unwrap(),
+            kp.public
+        );
+        assert!(kp.write(&path, "again").is_err(), "never overwrites a key");
+    }
+
+    #[test]
+    fn open_permissions_and_garbage_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        Keypair::generate().unwrap().write(&path, "").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            Keypair::load(&path),
+            Err(KeyError::Permissions(..))
+        ));
+        let bad = dir.path().join("bad");
+        fs::write(&bad, "not base64 !!\n").unwrap();
+        fs::set_permissions(&bad, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(Keypair::load(&bad), Err(KeyError::Format { .. })));
+        fs::write(&bad, format!("{}\n", b64().encode([1u8; 31]))).unwrap();
+        assert!(matches!(Keypair::load(&bad), Err(KeyError::Format { .. })));
+    }
+
+    #[test]
+    fn authorized_keys_parse_with_comments_and_report_the_bad_line() {
+        let a = Keypair::generate().unwrap();
+        let text = format!("# ops\n\n{}\n", public_line(&a.public, "a"));
+        let keys = parse_authorized(&text, "f").unwrap();
+        assert!(keys.contains(&a.public));
+        let err = parse_authorized("# x\nexecrelay-x25519 nope\n", "f").unwrap_err();
+        assert!(err.to_string().contains("f:2"), "{err}");
+    }
+
+    #[test]
+    fn authorized_keys_follow_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auth");
+        let a = Keypair::generate().unwrap();
+        let b = Keypair::generate().unwrap();
+        fs::write(
+            &path,
+            format!(
+                "{}\n{}\n",
+                public_line(&a.public, "a"),
+                public_line(&b.public, "b")
+            ),
+        )
+        .unwrap();
+        let ak = AuthorizedKeys::load(&path).unwrap();
+        assert!(ak.contains(&a.public) && ak.contains(&b.public));
+        // Revoke b: rewrite the file (a new inode, as editors do).
+        let tmp = dir.path().join("auth.new");
+        fs::write(&tmp, format!("{}\n", public_line(&a.public, "a"))).unwrap();
+        fs::rename(&tmp, &path).unwrap();
+        assert!(ak.contains(&a.public));
+        assert!(!ak.contains(&b.public), "a revoked key is refused");
+        // A broken file fails closed.
+        fs::write(&path, "garbage\n").unwrap();
+        assert!(!ak.contains(&a.public));
+    }
+}

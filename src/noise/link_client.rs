@@ -1,0 +1,359 @@
+//! The client's side of a physical link: many virtual streams over one WebSocket, shared by
+//! every client of the process that talks to the same server with the same keys.
+//!
+//! `open_stream` sends `OPEN` (handshake message 1), waits for `ACCEPT`, verifies message 2
+//! and only then hands out a [`Transport`]: the client sends no application data before the
+//! server is authenticated.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+use super::handshake::ClientHandshake;
+use super::keys::{fingerprint, Keypair, KEY_BYTES};
+use super::record::{Opened, RecordOpener};
+use super::virtual_stream::open_stream;
+use crate::process::managed_process::lock;
+use crate::transport::websocket::websocket_config;
+use crate::transport::{FramingError, Transport};
+use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
+
+/// How long `open_stream` waits for `ACCEPT`.
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
+/// Frames queued for the link writer.
+const SEND_QUEUE: usize = 1024;
+/// Inbound messages queued per stream.
+const INBOUND_QUEUE: usize = 1024;
+
+/// Client-side Noise settings.
+#[derive(Clone)]
+pub struct NoiseClientConfig {
+    /// The client's static key.
+    pub keys: Keypair,
+    /// The pinned server key.
+    pub server_public: [u8; KEY_BYTES],
+    /// Optional token for servers that require one.
+    pub token: Option<String>,
+    /// Environment id (empty for a direct connection).
+    pub env_id: String,
+    /// Largest message accepted.
+    pub max_message_bytes: usize,
+}
+
+impl std::fmt::Debug for NoiseClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NoiseClientConfig")
+            .field("client", &fingerprint(&self.keys.public))
+            .field("server", &fingerprint(&self.server_public))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a stream could not be opened.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoiseError {
+    /// The WebSocket could not be established.
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, String),
+    /// The server refused the handshake; the reason is the server's (unauthenticated) word.
+    #[error("{0}")]
+    Refused(String),
+    /// Message 2 did not verify: this is not the server whose key was pinned.
+    #[error(
+        "the server's handshake did not verify: its key is not the one given with --server-key"
+    )]
+    ServerKey,
+    /// The link died.
+    #[error("the link to the server was lost")]
+    LinkLost,
+    /// No answer in time.
+    #[error("no answer to the handshake within {0:?}")]
+    Timeout(Duration),
+}
+
+fn explain_reset(reason: &str) -> String {
+    match reason {
+        "handshake_failed" => "the server refused the handshake: check --server-key (it must be the server's public key) and --key".into(),
+        "unauthorized" => "the server refused this client: its key is not authorized (or a required token is missing or wrong)".into(),
+        "busy" | "too_many_streams" => format!("the server is busy ({reason}); try again"),
+        other => format!("the server reset the stream: {other}"),
+    }
+}
+
+enum Entry {
+    Opening {
+        hs: Box<ClientHandshake>,
+        reply: oneshot::Sender<Result<Transport, NoiseError>>,
+    },
+    Open {
+        inbound: mpsc::Sender<Result<Vec<u8>, FramingError>>,
+        opener: RecordOpener,
+    },
+}
+
+/// One physical link to a server.
+pub struct ClientLink {
+    cfg: NoiseClientConfig,
+    url: String,
+    ctrl: mpsc::Sender<Vec<u8>>,
+    data: mpsc::Sender<Vec<u8>>,
+    streams: Mutex<HashMap<StreamId, Entry>>,
+    dead: CancellationToken,
+}
+
+type LinkKey = (String, [u8; KEY_BYTES], [u8; KEY_BYTES]);
+
+fn links() -> &'static Mutex<HashMap<LinkKey, Weak<ClientLink>>> {
+    static LINKS: OnceLock<Mutex<HashMap<LinkKey, Weak<ClientLink>>>> = OnceLock::new();
+    LINKS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// `noise+ws://HOST:PORT` → `ws://HOST:PORT/v1/link`.
+pub fn link_url(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("noise+ws://")?;
+    let hostport = rest.trim_end_matches('/');
+    Some(format!("ws://{hostport}{}", super::link_server::LINK_PATH))
+}
+
+impl ClientLink {
+    /// The live link of this process to `url` with these keys, or a new one.
+    pub async fn shared(url: &str, cfg: &NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
+        let key = (url.to_string(), cfg.keys.public, cfg.server_public);
+        if let Some(l) = lock(links()).get(&key).and_then(Weak::upgrade) {
+            if !l.dead.is_cancelled() {
+                return Ok(l);
+            }
+        }
+        let link = ClientLink::connect(url, cfg.clone()).await?;
+        lock(links()).insert(key, Arc::downgrade(&link));
+        Ok(link)
+    }
+
+    /// A new link of its own.
+    pub async fn connect(url: &str, cfg: NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
+        let ws_url = link_url(url).ok_or_else(|| {
+            NoiseError::Connect(url.into(), "expected noise+ws://HOST:PORT".into())
+        })?;
+        let connect = tokio_tungstenite::connect_async_with_config(
+            ws_url.as_str(),
+            Some(websocket_config(MAX_FRAME_BYTES)),
+            true,
+        );
+        let (ws, _) = tokio::time::timeout(OPEN_TIMEOUT, connect)
+            .await
+            .map_err(|_| NoiseError::Timeout(OPEN_TIMEOUT))?
+            .map_err(|e| NoiseError::Connect(url.into(), e.to_string()))?;
+        let (mut sink, mut stream) = ws.split();
+        let (ctrl_tx, mut ctrl_rx) = mpsc::channel::<Vec<u8>>(SEND_QUEUE);
+        let (data_tx, mut data_rx) = mpsc::channel::<Vec<u8>>(SEND_QUEUE);
+        let link = Arc::new(ClientLink {
+            cfg,
+            url: url.to_string(),
+            ctrl: ctrl_tx,
+            data: data_tx,
+            streams: Mutex::new(HashMap::new()),
+            dead: CancellationToken::new(),
+        });
+
+        // Writer: never tied to the reader.
+        let dead = link.dead.clone();
+        tokio::spawn(async move {
+            loop {
+                let m = tokio::select! {
+                    biased;
+                    _ = dead.cancelled() => break,
+                    m = ctrl_rx.recv() => m,
+                    m = data_rx.recv() => m,
+                };
+                let Some(m) = m else { break };
+                if sink.feed(Message::Binary(m)).await.is_err() {
+                    break;
+                }
+                let mut ok = true;
+                while let Ok(m) = ctrl_rx.try_recv().or_else(|_| data_rx.try_recv()) {
+                    if sink.feed(Message::Binary(m)).await.is_err() {
+                        ok = false;
+                        break;
+                    }
+                }
+                if !ok || sink.flush().await.is_err() {
+                    break;
+                }
+            }
+            let _ = sink.close().await;
+            dead.cancel();
+        });
+
+        // Reader.
+        let weak = Arc::downgrade(&link);
+        let dead = link.dead.clone();
+        tokio::spawn(async move {
+            loop {
+                let m = tokio::select! {
+                    _ = dead.cancelled() => break,
+                    m = stream.next() => m,
+                };
+                let bytes = match m {
+                    Some(Ok(Message::Binary(b))) => b,
+                    Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => continue,
+                    _ => break,
+                };
+                let Some(link) = weak.upgrade() else { break };
+                let Ok(frame) = Frame::decode(&bytes) else {
+                    continue;
+                };
+                link.on_frame(frame).await;
+            }
+            dead.cancel();
+            if let Some(link) = weak.upgrade() {
+                // Ending every stream: their transports report the loss.
+                let entries: Vec<Entry> = lock(&link.streams).drain().map(|(_, e)| e).collect();
+                for e in entries {
+                    if let Entry::Opening { reply, .. } = e {
+                        let _ = reply.send(Err(NoiseError::LinkLost));
+                    }
+                }
+            }
+        });
+        tracing::debug!(%url, "noise link connected");
+        Ok(link)
+    }
+
+    async fn on_frame(&self, frame: Frame) {
+        let sid = frame.stream;
+        match frame.ftype {
+            FrameType::Accept => {
+                let entry = lock(&self.streams).remove(&sid);
+                let Some(Entry::Opening { hs, reply }) = entry else {
+                    return;
+                };
+                match hs.finish(&frame.payload) {
+                    Ok((keys, _welcome)) => {
+                        let parts = open_stream(
+                            sid,
+                            keys,
+                            self.cfg.max_message_bytes,
+                            self.data.clone(),
+                            INBOUND_QUEUE,
+                            self.url.clone(),
+                        );
+                        lock(&self.streams).insert(
+                            sid,
+                            Entry::Open {
+                                inbound: parts.inbound,
+                                opener: parts.opener,
+                            },
+                        );
+                        let _ = reply.send(Ok(parts.transport));
+                    }
+                    Err(_) => {
+                        let _ = reply.send(Err(NoiseError::ServerKey));
+                        if let Ok(r) = Frame::reset(sid, "handshake_failed").encode() {
+                            let _ = self.ctrl.try_send(r);
+                        }
+                    }
+                }
+            }
+            FrameType::Data => {
+                let delivery = {
+                    let mut streams = lock(&self.streams);
+                    match streams.get_mut(&sid) {
+                        Some(Entry::Open { inbound, opener }) => {
+                            match opener.open(frame.seq, &frame.payload) {
+                                Ok(Opened::Messages(m)) => Some((inbound.clone(), m)),
+                                Ok(Opened::Close(_)) | Err(_) => {
+                                    // Closed on purpose, or garbage: the stream is over.
+                                    streams.remove(&sid);
+                                    None
+                                }
+                            }
+                        }
+                        _ => None,
+                    }
+                };
+                if let Some((tx, msgs)) = delivery {
+                    for m in msgs {
+                        if tx.send(Ok(m)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            FrameType::Reset => {
+                let entry = lock(&self.streams).remove(&sid);
+                if let Some(Entry::Opening { reply, .. }) = entry {
+                    let _ = reply.send(Err(NoiseError::Refused(explain_reset(
+                        &frame.reset_reason(),
+                    ))));
+                }
+                // An open stream's inbound sender is dropped: its transport ends.
+            }
+            _ => {}
+        }
+    }
+
+    /// Open a new virtual stream: handshake, then a transport.
+    pub async fn open_stream(self: &Arc<Self>) -> Result<Transport, NoiseError> {
+        if self.dead.is_cancelled() {
+            return Err(NoiseError::LinkLost);
+        }
+        let mut sid = [0u8; 16];
+        getrandom::getrandom(&mut sid)
+            .map_err(|e| NoiseError::Connect(self.url.clone(), e.to_string()))?;
+        let (hs, msg1) = ClientHandshake::start(
+            &self.cfg.keys,
+            &self.cfg.server_public,
+            &self.cfg.env_id,
+            &sid,
+            self.cfg.token.as_deref(),
+        )
+        .map_err(|e| NoiseError::Refused(e.to_string()))?;
+        let (tx, rx) = oneshot::channel();
+        lock(&self.streams).insert(
+            sid,
+            Entry::Opening {
+                hs: Box::new(hs),
+                reply: tx,
+            },
+        );
+        let open = Frame::new(FrameType::Open, sid, 0, bytes::Bytes::from(msg1))
+            .encode()
+            .map_err(|e| NoiseError::Refused(e.to_string()))?;
+        if self.ctrl.send(open).await.is_err() {
+            return Err(NoiseError::LinkLost);
+        }
+        match tokio::time::timeout(OPEN_TIMEOUT, rx).await {
+            Ok(Ok(Ok(mut t))) => {
+                // The link lives as long as any of its streams.
+                let keep = self.clone();
+                t.incoming = Box::pin(t.incoming.map(move |m| {
+                    let _ = &keep;
+                    m
+                }));
+                Ok(t)
+            }
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(NoiseError::LinkLost),
+            Err(_) => {
+                lock(&self.streams).remove(&sid);
+                Err(NoiseError::Timeout(OPEN_TIMEOUT))
+            }
+        }
+    }
+
+    /// Whether the link is gone.
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_cancelled()
+    }
+
+    /// Drop the physical link (tests: a network failure).
+    pub fn kill(&self) {
+        self.dead.cancel();
+    }
+}

@@ -1,0 +1,490 @@
+//! The exec server's side of a physical link (`noise+ws://`, path `/v1/link`): frames in,
+//! handshakes, authorization, one `ConnectionProcessor` per virtual stream, budgets.
+//!
+//! Two tasks per link: the reader (this module's loop) and the writer. The reader never waits
+//! on the writer or on a stream's consumer: control frames and inbound messages are queued
+//! with `try_send`, and a stream whose inbound queue is full is reset alone. Authorization runs
+//! in its own task per stream. A stream's `ConnectionProcessor` shares the server's
+//! `SessionRegistry`; its session is bound to the client's static key.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::authorizer::{AuthRequest, Authorizer};
+use super::budget::{FailureBudget, FAILURE_BURST, FAILURE_REFILL};
+use super::handshake::{read_hello, PendingHandshake};
+use super::keys::{fingerprint, Keypair};
+use super::record::{Opened, RecordSealer};
+use super::virtual_stream::{data_frame, open_stream};
+use crate::config::SHUTDOWN_DELIVERY_GRACE_MS;
+use crate::connection_processor::{ConnectionOptions, ConnectionProcessor};
+use crate::process::managed_process::lock;
+use crate::session_registry::SessionRegistry;
+use crate::transport::websocket::{serve_upgrades, websocket_config, UpgradedWebSocket};
+use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
+
+/// The path physical links connect to.
+pub const LINK_PATH: &str = "/v1/link";
+/// Handshakes waiting for authorization per link; more are reset unprocessed.
+pub const MAX_PENDING_AUTHORIZATIONS: usize = 32;
+/// Established streams per link.
+pub const MAX_STREAMS_PER_LINK: usize = 1024;
+/// Whole inbound messages queued per stream before its processor takes them; a stream that
+/// overflows it is reset (its peer ignored its own flow of replies).
+pub const STREAM_INBOUND_QUEUE: usize = 1024;
+/// Frames queued for the link writer from all streams.
+pub const LINK_SEND_QUEUE: usize = 1024;
+/// Control frames (ACCEPT, RESET) queued for the writer; a link that lets it fill is closed.
+pub const LINK_CONTROL_QUEUE: usize = 256;
+/// Interval of WebSocket pings on a link (`KEEPALIVE_INTERVAL`).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+/// A link without any inbound traffic (pongs included) for this long is dead (`PONG_TIMEOUT`).
+pub const PONG_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Limits of the Noise listener, each with a `serve` flag.
+#[derive(Debug, Clone)]
+pub struct LinkLimits {
+    /// See [`MAX_PENDING_AUTHORIZATIONS`].
+    pub max_pending_authorizations: usize,
+    /// See [`MAX_STREAMS_PER_LINK`].
+    pub max_streams_per_link: usize,
+    /// Failure budget burst ([`FAILURE_BURST`]).
+    pub failure_burst: u32,
+    /// One failure forgiven per this interval ([`FAILURE_REFILL`]).
+    pub failure_refill: Duration,
+    /// See [`KEEPALIVE_INTERVAL`].
+    pub keepalive_interval: Duration,
+    /// See [`PONG_TIMEOUT`].
+    pub pong_timeout: Duration,
+}
+
+impl Default for LinkLimits {
+    fn default() -> Self {
+        LinkLimits {
+            max_pending_authorizations: MAX_PENDING_AUTHORIZATIONS,
+            max_streams_per_link: MAX_STREAMS_PER_LINK,
+            failure_burst: FAILURE_BURST,
+            failure_refill: FAILURE_REFILL,
+            keepalive_interval: KEEPALIVE_INTERVAL,
+            pong_timeout: PONG_TIMEOUT,
+        }
+    }
+}
+
+/// What a Noise listener needs.
+pub struct NoiseServerConfig {
+    /// The server's static key.
+    pub keys: Keypair,
+    /// Who may open streams.
+    pub authorizer: Arc<dyn Authorizer>,
+    /// Environment id bound into the prologue (empty for a direct listener).
+    pub env_id: String,
+    /// Budgets.
+    pub limits: LinkLimits,
+}
+
+/// Serve physical links on `listener` until `shutdown`, then terminate every process, let exit
+/// notices out (bounded) and return.
+pub async fn serve_noise(
+    listener: TcpListener,
+    cfg: Arc<NoiseServerConfig>,
+    registry: Arc<SessionRegistry>,
+    shutdown: CancellationToken,
+) {
+    let links = TaskTracker::new();
+    let conn_shutdown = CancellationToken::new();
+    let t = links.clone();
+    let reg = registry.clone();
+    let cs = conn_shutdown.clone();
+    serve_upgrades(
+        listener,
+        websocket_config(MAX_FRAME_BYTES),
+        Some(LINK_PATH),
+        shutdown,
+        move |ws, peer| {
+            let span = tracing::info_span!("link", %peer);
+            t.spawn(
+                run_link(ws, peer, cfg.clone(), reg.clone(), cs.clone(), t.clone())
+                    .instrument(span),
+            );
+        },
+    )
+    .await;
+    registry
+        .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
+        .await;
+    conn_shutdown.cancel();
+    links.close();
+    links.wait().await;
+}
+
+enum Entry {
+    /// Authorization under way.
+    Pending,
+    /// Established.
+    Open {
+        inbound: Option<mpsc::Sender<Result<Vec<u8>, crate::transport::FramingError>>>,
+        opener: super::record::RecordOpener,
+        sealer: Arc<Mutex<RecordSealer>>,
+    },
+}
+
+struct Link {
+    cfg: Arc<NoiseServerConfig>,
+    registry: Arc<SessionRegistry>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    peer: SocketAddr,
+    ctrl: mpsc::Sender<Vec<u8>>,
+    data: mpsc::Sender<Vec<u8>>,
+    streams: HashMap<StreamId, Entry>,
+    pending: usize,
+    budget: FailureBudget,
+    auth_tx: mpsc::Sender<(StreamId, Result<PendingHandshake, String>)>,
+    ended_tx: mpsc::UnboundedSender<StreamId>,
+}
+
+fn short(sid: &StreamId) -> String {
+    sid.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Why the reader closes a link.
+#[derive(Debug)]
+enum Close {
+    Budget,
+    Protocol(&'static str),
+    ControlQueueFull,
+}
+
+impl Close {
+    fn describe(&self) -> &'static str {
+        match self {
+            Close::Budget => "handshake failure budget exhausted",
+            Close::Protocol(why) => why,
+            Close::ControlQueueFull => "peer does not read its control frames",
+        }
+    }
+}
+
+async fn run_link(
+    ws: UpgradedWebSocket,
+    peer: SocketAddr,
+    cfg: Arc<NoiseServerConfig>,
+    registry: Arc<SessionRegistry>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let (mut sink, mut stream) = ws.split();
+    let (ctrl_tx, mut ctrl_rx) = mpsc::channel::<Vec<u8>>(LINK_CONTROL_QUEUE);
+    let (data_tx, mut data_rx) = mpsc::channel::<Vec<u8>>(LINK_SEND_QUEUE);
+    let dead = CancellationToken::new();
+    let keepalive = cfg.limits.keepalive_interval;
+
+    // Writer: control frames first, then data; pings on the keepalive interval.
+    let d = dead.clone();
+    let writer = tokio::spawn(
+        async move {
+            let mut ping = tokio::time::interval(keepalive);
+            ping.tick().await;
+            loop {
+                let msg = tokio::select! {
+                    biased;
+                    _ = d.cancelled() => break,
+                    m = ctrl_rx.recv() => m.map(Message::Binary),
+                    m = data_rx.recv() => m.map(Message::Binary),
+                    _ = ping.tick() => Some(Message::Ping(Vec::new())),
+                };
+                let Some(msg) = msg else { break };
+                if sink.feed(msg).await.is_err() {
+                    break;
+                }
+                while let Ok(m) = ctrl_rx.try_recv().or_else(|_| data_rx.try_recv()) {
+                    if sink.feed(Message::Binary(m)).await.is_err() {
+                        d.cancel();
+                        return;
+                    }
+                }
+                if sink.flush().await.is_err() {
+                    break;
+                }
+            }
+            let _ = sink.close().await;
+            d.cancel();
+        }
+        .in_current_span(),
+    );
+
+    let (auth_tx, mut auth_rx) = mpsc::channel(cfg.limits.max_pending_authorizations + 1);
+    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
+    let mut link = Link {
+        budget: FailureBudget::new(
+            cfg.limits.failure_burst,
+            cfg.limits.failure_refill,
+            Instant::now(),
+        ),
+        cfg,
+        registry,
+        shutdown,
+        tasks,
+        peer,
+        ctrl: ctrl_tx,
+        data: data_tx,
+        streams: HashMap::new(),
+        pending: 0,
+        auth_tx,
+        ended_tx,
+    };
+    tracing::info!("link open");
+    let pong_timeout = link.cfg.limits.pong_timeout;
+    let mut last_heard = tokio::time::Instant::now();
+    let close = loop {
+        let silence = tokio::time::sleep_until(last_heard + pong_timeout);
+        let r = tokio::select! {
+            _ = link.shutdown.cancelled() => break None,
+            _ = dead.cancelled() => break None,
+            _ = silence => break Some(Close::Protocol("no traffic or pong within the timeout")),
+            m = stream.next() => {
+                last_heard = tokio::time::Instant::now();
+                match m {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break None,
+                    Some(Ok(Message::Binary(b))) => link.on_frame(&b),
+                    Some(Ok(Message::Text(_))) => Err(Close::Protocol("text message on a link")),
+                    Some(Ok(_)) => Ok(()),
+                }
+            }
+            Some((sid, res)) = auth_rx.recv() => link.on_auth(sid, res),
+            Some(sid) = ended_rx.recv() => { link.on_ended(sid); Ok(()) }
+        };
+        if let Err(c) = r {
+            break Some(c);
+        }
+    };
+    if let Some(c) = &close {
+        tracing::warn!(reason = c.describe(), "closing link");
+    } else {
+        tracing::info!("link closed");
+    }
+    // Dropping the streams' inbound senders ends their processors; sessions detach.
+    link.streams.clear();
+    dead.cancel();
+    let _ = writer.await;
+}
+
+impl Link {
+    fn send_ctrl(&self, frame: Frame) -> Result<(), Close> {
+        let bytes = frame
+            .encode()
+            .map_err(|_| Close::Protocol("frame encode"))?;
+        self.ctrl
+            .try_send(bytes)
+            .map_err(|_| Close::ControlQueueFull)
+    }
+
+    fn reset(&mut self, sid: StreamId, reason: &str) -> Result<(), Close> {
+        tracing::debug!(stream = %short(&sid), reason, "reset stream");
+        self.streams.remove(&sid);
+        self.send_ctrl(Frame::reset(sid, reason))
+    }
+
+    /// Charge the failure budget; an empty bucket closes a direct link.
+    fn charge(&mut self) -> Result<(), Close> {
+        if self.budget.charge(Instant::now()) {
+            Ok(())
+        } else {
+            Err(Close::Budget)
+        }
+    }
+
+    fn on_frame(&mut self, bytes: &[u8]) -> Result<(), Close> {
+        let frame = match Frame::decode(bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(error = %e, "malformed frame");
+                return self.charge();
+            }
+        };
+        let sid = frame.stream;
+        match frame.ftype {
+            FrameType::Open => self.on_open(sid, &frame.payload),
+            FrameType::Data => match self.streams.get_mut(&sid) {
+                None => {
+                    // Not charged: data in flight when we reset a stream lands here.
+                    self.send_ctrl(Frame::reset(sid, "unknown_stream"))
+                }
+                Some(Entry::Pending) => {
+                    self.reset(sid, "data_before_accept")?;
+                    self.charge()
+                }
+                Some(Entry::Open {
+                    inbound, opener, ..
+                }) => match opener.open(frame.seq, &frame.payload) {
+                    Ok(Opened::Messages(msgs)) => {
+                        let Some(tx) = inbound.as_ref() else {
+                            return Ok(());
+                        };
+                        for m in msgs {
+                            if tx.try_send(Ok(m)).is_err() {
+                                return self.reset(sid, "inbound_overflow");
+                            }
+                        }
+                        Ok(())
+                    }
+                    Ok(Opened::Close(_)) => {
+                        // The client closed on purpose: end its processor (the session detaches).
+                        *inbound = None;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // Garbage on an established stream resets that stream alone.
+                        tracing::debug!(stream = %short(&sid), error = %e, "bad record");
+                        self.reset(sid, "bad_record")
+                    }
+                },
+            },
+            FrameType::Reset => {
+                if let Some(Entry::Open { inbound, .. }) = self.streams.get_mut(&sid) {
+                    *inbound = None;
+                } else {
+                    self.streams.remove(&sid);
+                }
+                Ok(())
+            }
+            // The reliability layer (acks, resume) is not implemented yet: ignored.
+            FrameType::Ack | FrameType::Resume => Ok(()),
+            FrameType::Accept => self.charge(),
+        }
+    }
+
+    fn on_open(&mut self, sid: StreamId, payload: &[u8]) -> Result<(), Close> {
+        if self.streams.contains_key(&sid) {
+            // A second OPEN on a pending or open stream.
+            self.reset(sid, "duplicate_open")?;
+            return self.charge();
+        }
+        if self.pending >= self.cfg.limits.max_pending_authorizations {
+            return self.send_ctrl(Frame::reset(sid, "busy"));
+        }
+        if self.streams.len() >= self.cfg.limits.max_streams_per_link {
+            return self.send_ctrl(Frame::reset(sid, "too_many_streams"));
+        }
+        let pending = match read_hello(&self.cfg.keys, &self.cfg.env_id, &sid, payload) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::info!(stream = %short(&sid), error = %e, "handshake failed");
+                self.send_ctrl(Frame::reset(sid, "handshake_failed"))?;
+                return self.charge();
+            }
+        };
+        let req = AuthRequest {
+            client_key: pending.client_key,
+            token: pending.hello.token.clone(),
+            env_id: self.cfg.env_id.clone(),
+        };
+        tracing::debug!(stream = %short(&sid), client = %fingerprint(&req.client_key), "authorizing");
+        self.streams.insert(sid, Entry::Pending);
+        self.pending += 1;
+        let authorizer = self.cfg.authorizer.clone();
+        let tx = self.auth_tx.clone();
+        self.tasks.spawn(
+            async move {
+                let res = authorizer.authorize(req).await.map_err(|e| e.0);
+                let _ = tx.send((sid, res.map(|()| pending))).await;
+            }
+            .in_current_span(),
+        );
+        Ok(())
+    }
+
+    fn on_auth(
+        &mut self,
+        sid: StreamId,
+        res: Result<PendingHandshake, String>,
+    ) -> Result<(), Close> {
+        self.pending = self.pending.saturating_sub(1);
+        if !matches!(self.streams.get(&sid), Some(Entry::Pending)) {
+            return Ok(()); // reset while waiting
+        }
+        let pending = match res {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::info!(stream = %short(&sid), %why, "authorization refused");
+                self.reset(sid, "unauthorized")?;
+                return self.charge();
+            }
+        };
+        let client_key = pending.client_key;
+        let (msg2, keys) = match pending.accept(env!("CARGO_PKG_VERSION")) {
+            Ok(x) => x,
+            Err(_) => return self.reset(sid, "handshake_failed"),
+        };
+        let accept = Frame::new(FrameType::Accept, sid, 0, bytes::Bytes::from(msg2));
+        self.send_ctrl(accept)?;
+        let max = self.registry.config().max_message_bytes;
+        let peer = format!("{}/{}", self.peer, short(&sid));
+        let parts = open_stream(
+            sid,
+            keys,
+            max,
+            self.data.clone(),
+            STREAM_INBOUND_QUEUE,
+            peer,
+        );
+        self.streams.insert(
+            sid,
+            Entry::Open {
+                inbound: Some(parts.inbound),
+                opener: parts.opener,
+                sealer: parts.sealer,
+            },
+        );
+        tracing::info!(stream = %short(&sid), client = %fingerprint(&client_key), "stream open");
+        let registry = self.registry.clone();
+        let shutdown = self.shutdown.clone();
+        let ended = self.ended_tx.clone();
+        self.tasks.spawn(
+            async move {
+                ConnectionProcessor::run(
+                    parts.transport,
+                    registry,
+                    ConnectionOptions {
+                        close_session_on_end: false,
+                        peer_key: Some(client_key.to_vec()),
+                    },
+                    shutdown,
+                )
+                .await;
+                let _ = ended.send(sid);
+            }
+            .in_current_span(),
+        );
+        Ok(())
+    }
+
+    /// The stream's processor ended: authenticated close, then RESET, so the client always
+    /// learns its stream is gone.
+    fn on_ended(&mut self, sid: StreamId) {
+        let Some(Entry::Open { sealer, .. }) = self.streams.remove(&sid) else {
+            return;
+        };
+        let close = lock(&sealer).seal_close("closed");
+        let data = self.data.clone();
+        self.tasks.spawn(async move {
+            if let Ok((n, ct)) = close {
+                let _ = data.send(data_frame(sid, n, ct)).await;
+            }
+            if let Ok(reset) = Frame::reset(sid, "closed").encode() {
+                let _ = data.send(reset).await;
+            }
+        });
+    }
+}

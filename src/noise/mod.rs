@@ -1,0 +1,26 @@
+//! Noise-encrypted, multiplexed virtual streams (`secure-transport.md` §2–§5, §8).
+//!
+//! # Layout
+//!
+//! - [`keys`]: X25519 key files, public key lines, the authorized-keys file.
+//! - [`handshake`]: sans-IO `Noise_IK_25519_ChaChaPoly_BLAKE2s` with the stream-binding
+//!   prologue; a handshake state that turns into transport keys.
+//! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
+//!   close, and length-prefixed messages cut into records.
+//! - [`budget`]: sans-IO token bucket for handshake failures.
+//! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
+//! - [`virtual_stream`]: a stream as a [`Transport`](crate::transport::Transport).
+//! - [`link_server`]: the exec server's link driver (`noise+ws://`, `/v1/link`).
+//! - [`link_client`]: the client's link, shared by the streams of one process.
+//!
+//! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_relay::frame`), so
+//! that the relay routes exactly the frames these modules produce.
+
+pub mod authorizer;
+pub mod budget;
+pub mod handshake;
+pub mod keys;
+pub mod link_client;
+pub mod link_server;
+pub mod record;
+pub mod virtual_stream;

@@ -1,0 +1,349 @@
+//! Records and the message stream inside a Noise channel (`secure-transport.md` §4), sans-IO.
+//!
+//! A record is one Noise transport message encrypted with an explicit nonce: record `n` of a
+//! direction uses nonce `n`, from 1. Its plaintext is a kind byte and a body: kind 0 carries
+//! stream bytes, kind 1 is the authenticated close with a reason. The stream bytes carry
+//! JSON-RPC messages, each behind a 4-byte big-endian length, cut into records at any point.
+//! This module never logs plaintext.
+
+use bytes::{Buf, BytesMut};
+
+use super::handshake::TransportKeys;
+
+/// Noise tag length.
+pub const TAG_BYTES: usize = 16;
+/// Largest record plaintext: 65,535 − 16 (tag) − 1 (kind) bytes of body.
+pub const MAX_RECORD_BODY: usize = 65_535 - TAG_BYTES - 1;
+/// Longest authenticated-close reason, in bytes.
+pub const MAX_CLOSE_REASON: usize = 256;
+/// Records below the highest seen by more than this are refused as too old; within it, each
+/// nonce is accepted once. Records arrive in order on one link; the window allows for the
+/// retransmissions of the reliability layer.
+pub const REPLAY_WINDOW: u64 = 128;
+/// Kind byte of stream bytes.
+pub const KIND_STREAM: u8 = 0;
+/// Kind byte of the authenticated close.
+pub const KIND_CLOSE: u8 = 1;
+
+/// A record that cannot be accepted. Only the stream it arrived on is affected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// Failed authentication (tampered, or not ours).
+    #[error("record failed to decrypt")]
+    Decrypt,
+    /// A nonce seen before, or older than the window.
+    #[error("replayed or stale record {0}")]
+    Replay(u64),
+    /// Nonce 0 is never used.
+    #[error("record number 0 is invalid")]
+    ZeroNonce,
+    /// Unknown kind byte, or an empty plaintext.
+    #[error("bad record kind")]
+    BadKind,
+    /// A message length prefix of 0 or over the limit.
+    #[error("message length {0} out of range")]
+    BadLength(u64),
+    /// The record would be too large, or the nonce space is exhausted.
+    #[error("record cannot be sealed")]
+    Seal,
+}
+
+/// What a record carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// Stream bytes.
+    Stream(Vec<u8>),
+    /// Authenticated close with its reason.
+    Close(String),
+}
+
+/// The sending half: numbers and encrypts records.
+pub struct RecordSealer {
+    keys: TransportKeys,
+    next: u64,
+}
+
+impl RecordSealer {
+    /// A sealer whose first record is number 1.
+    pub fn new(keys: TransportKeys) -> Self {
+        RecordSealer { keys, next: 1 }
+    }
+
+    /// Encrypt one record; returns its number and ciphertext.
+    pub fn seal(&mut self, kind: u8, body: &[u8]) -> Result<(u64, Vec<u8>), RecordError> {
+        if body.len() > MAX_RECORD_BODY {
+            return Err(RecordError::Seal);
+        }
+        let n = self.next;
+        if n == u64::MAX {
+            return Err(RecordError::Seal);
+        }
+        let mut plain = Vec::with_capacity(1 + body.len());
+        plain.push(kind);
+        plain.extend_from_slice(body);
+        let mut out = vec![0u8; plain.len() + TAG_BYTES];
+        let len = self
+            .keys
+            .write_message(n, &plain, &mut out)
+            .map_err(|_| RecordError::Seal)?;
+        out.truncate(len);
+        self.next += 1;
+        Ok((n, out))
+    }
+
+    /// Seal one JSON-RPC message: length-prefixed, cut into as many records as needed.
+    pub fn seal_message(&mut self, msg: &[u8]) -> Result<Vec<(u64, Vec<u8>)>, RecordError> {
+        let mut stream = Vec::with_capacity(4 + msg.len());
+        stream.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        stream.extend_from_slice(msg);
+        stream
+            .chunks(MAX_RECORD_BODY)
+            .map(|c| self.seal(KIND_STREAM, c))
+            .collect()
+    }
+
+    /// Seal the authenticated close.
+    pub fn seal_close(&mut self, reason: &str) -> Result<(u64, Vec<u8>), RecordError> {
+        let mut end = reason.len().min(MAX_CLOSE_REASON);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.seal(KIND_CLOSE, &reason.as_bytes()[..end])
+    }
+}
+
+/// Accepts each nonce once, within a window below the highest seen.
+#[derive(Debug, Default, Clone)]
+pub struct ReplayWindow {
+    highest: u64,
+    /// Bit i: nonce `highest - i` was seen.
+    seen: u128,
+}
+
+impl ReplayWindow {
+    /// Whether `n` may be accepted (does not record it).
+    pub fn check(&self, n: u64) -> Result<(), RecordError> {
+        if n == 0 {
+            return Err(RecordError::ZeroNonce);
+        }
+        if n > self.highest {
+            return Ok(());
+        }
+        let age = self.highest - n;
+        if age >= REPLAY_WINDOW || self.seen & (1u128 << age) != 0 {
+            return Err(RecordError::Replay(n));
+        }
+        Ok(())
+    }
+
+    /// Record `n` as seen. Call only after it authenticated, so forgeries cannot poison it.
+    pub fn mark(&mut self, n: u64) {
+        if n > self.highest {
+            let shift = n - self.highest;
+            self.seen = if shift >= REPLAY_WINDOW {
+                0
+            } else {
+                self.seen << shift
+            };
+            self.highest = n;
+            self.seen |= 1;
+        } else {
+            let age = self.highest - n;
+            if age < REPLAY_WINDOW {
+                self.seen |= 1u128 << age;
+            }
+        }
+    }
+
+    /// Highest nonce accepted.
+    pub fn highest(&self) -> u64 {
+        self.highest
+    }
+}
+
+/// The receiving half: decrypts records, refuses replays, reassembles messages.
+pub struct RecordOpener {
+    keys: TransportKeys,
+    window: ReplayWindow,
+    deframer: MessageDeframer,
+}
+
+impl RecordOpener {
+    /// An opener refusing messages over `max_message_bytes`.
+    pub fn new(keys: TransportKeys, max_message_bytes: usize) -> Self {
+        RecordOpener {
+            keys,
+            window: ReplayWindow::default(),
+            deframer: MessageDeframer::new(max_message_bytes),
+        }
+    }
+
+    /// Decrypt record `n` and return what it completes: whole messages, or a close.
+    pub fn open(&mut self, n: u64, ciphertext: &[u8]) -> Result<Opened, RecordError> {
+        self.window.check(n)?;
+        if ciphertext.len() < TAG_BYTES + 1 {
+            return Err(RecordError::Decrypt);
+        }
+        let mut plain = vec![0u8; ciphertext.len()];
+        let len = self
+            .keys
+            .read_message(n, ciphertext, &mut plain)
+            .map_err(|_| RecordError::Decrypt)?;
+        self.window.mark(n);
+        plain.truncate(len);
+        match plain.first() {
+            Some(&KIND_STREAM) => Ok(Opened::Messages(self.deframer.push(&plain[1..])?)),
+            Some(&KIND_CLOSE) => Ok(Opened::Close(
+                String::from_utf8_lossy(&plain[1..plain.len().min(1 + MAX_CLOSE_REASON)])
+                    .into_owned(),
+            )),
+            _ => Err(RecordError::BadKind),
+        }
+    }
+
+    /// Highest record number accepted (the cumulative ack of the reliability layer).
+    pub fn highest(&self) -> u64 {
+        self.window.highest()
+    }
+}
+
+/// What an opened record completed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// Zero or more whole JSON-RPC messages.
+    Messages(Vec<Vec<u8>>),
+    /// The peer closed the stream on purpose.
+    Close(String),
+}
+
+/// Reassembles length-prefixed messages from stream bytes. A length of 0 or over the limit is
+/// refused as soon as its prefix is read, before any of the message is buffered.
+#[derive(Debug)]
+pub struct MessageDeframer {
+    buf: BytesMut,
+    max: usize,
+}
+
+impl MessageDeframer {
+    /// A deframer refusing messages over `max` bytes.
+    pub fn new(max: usize) -> Self {
+        MessageDeframer {
+            buf: BytesMut::new(),
+            max,
+        }
+    }
+
+    /// Add stream bytes; returns the messages they complete.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, RecordError> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        loop {
+            if self.buf.len() < 4 {
+                return Ok(out);
+            }
+            let len =
+                u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as u64;
+            if len == 0 || len > self.max as u64 {
+                return Err(RecordError::BadLength(len));
+            }
+            let len = len as usize;
+            if self.buf.len() < 4 + len {
+                return Ok(out);
+            }
+            self.buf.advance(4);
+            out.push(self.buf.split_to(len).to_vec());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::handshake::{read_hello, ClientHandshake};
+    use crate::noise::keys::Keypair;
+
+    fn channel() -> (RecordSealer, RecordOpener, RecordSealer, RecordOpener) {
+        let client = Keypair::generate().unwrap();
+        let server = Keypair::generate().unwrap();
+        let sid = [3u8; 16];
+        let (c, m1) = ClientHandshake::start(&client, &server.public, "", &sid, None).unwrap();
+        let (m2, sk) = read_hello(&server, "", &sid, &m1)
+            .unwrap()
+            .accept("t")
+            .unwrap();
+        let (ck, _) = c.finish(&m2).unwrap();
+        (
+            RecordSealer::new(ck.clone()),
+            RecordOpener::new(ck, 1 << 20),
+            RecordSealer::new(sk.clone()),
+            RecordOpener::new(sk, 1 << 20),
+        )
+    }
+
+    #[test]
+    fn messages_cross_record_boundaries() {
+        let (mut cs, _, _, mut so) = channel();
+        let big = vec![b'x'; 300 * 1024];
+        let records = cs.seal_message(&big).unwrap();
+        assert_eq!(records.len(), 5, "300 KiB + 4 bytes in 65,518-byte records");
+        assert_eq!(records[0].0, 1, "numbering starts at 1");
+        let mut got = Vec::new();
+        for (n, ct) in &records {
+            assert!(ct.len() <= 65_535);
+            if let Opened::Messages(m) = so.open(*n, ct).unwrap() {
+                got.extend(m);
+            }
+        }
+        assert_eq!(got, vec![big]);
+    }
+
+    #[test]
+    fn replays_tampering_and_zero_are_refused() {
+        let (mut cs, _, _, mut so) = channel();
+        let (n, ct) = cs.seal_message(b"{}").unwrap().remove(0);
+        assert!(so.open(n, &ct).is_ok());
+        assert_eq!(so.open(n, &ct), Err(RecordError::Replay(1)));
+        let (n2, mut ct2) = cs.seal_message(b"{}").unwrap().remove(0);
+        ct2[0] ^= 0x80;
+        assert_eq!(so.open(n2, &ct2), Err(RecordError::Decrypt));
+        assert_eq!(so.open(0, &ct), Err(RecordError::ZeroNonce));
+        // A record under another nonce does not decrypt.
+        let (_, ct3) = cs.seal_message(b"{}").unwrap().remove(0);
+        assert_eq!(so.open(99, &ct3), Err(RecordError::Decrypt));
+    }
+
+    #[test]
+    fn close_record_carries_its_reason() {
+        let (_, mut co, mut ss, _) = channel();
+        let (n, ct) = ss.seal_close("bye").unwrap();
+        assert_eq!(co.open(n, &ct).unwrap(), Opened::Close("bye".into()));
+    }
+
+    #[test]
+    fn window_accepts_out_of_order_once() {
+        let mut w = ReplayWindow::default();
+        for n in [3, 1, 2] {
+            w.check(n).unwrap();
+            w.mark(n);
+        }
+        assert!(w.check(2).is_err());
+        w.mark(200);
+        assert!(w.check(72).is_err(), "older than the window");
+        assert!(w.check(73).is_ok());
+    }
+
+    #[test]
+    fn deframer_rejects_bad_lengths_at_the_prefix() {
+        let mut d = MessageDeframer::new(10);
+        assert_eq!(d.push(&[0, 0, 0, 0]), Err(RecordError::BadLength(0)));
+        let mut d = MessageDeframer::new(10);
+        assert_eq!(d.push(&[0, 0, 0, 11]), Err(RecordError::BadLength(11)));
+        let mut d = MessageDeframer::new(10);
+        assert_eq!(d.push(&[0, 0, 0, 2, b'a']), Ok(vec![]));
+        assert_eq!(
+            d.push(&[b'b', 0, 0, 0, 1, b'c']),
+            Ok(vec![b"ab".to_vec(), b"c".to_vec()])
+        );
+    }
+}

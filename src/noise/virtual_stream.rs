@@ -1,0 +1,148 @@
+//! One virtual stream as a [`Transport`]: inbound messages arrive through a bounded channel fed
+//! by the link reader; outbound messages are sealed into records and `DATA` frames and queued
+//! on the link's send queue.
+//!
+//! The sink seals in the writer's task, so encryption cost lands on the connection that
+//! produces the data, not on the shared link reader.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::Sink;
+use tokio::sync::mpsc;
+use tokio_util::sync::PollSender;
+
+use super::handshake::TransportKeys;
+use super::record::{RecordOpener, RecordSealer};
+use crate::process::managed_process::lock;
+use crate::transport::{FramingError, Transport};
+use execrelay_relay::frame::{Frame, FrameType, StreamId};
+
+/// Frames a stream may have sealed but not yet queued on the link: one large message's worth
+/// of records, so the sink's own buffer stays bounded.
+const MAX_SINK_BACKLOG: usize = 300;
+
+/// The parts of a stream the link driver keeps, beside the [`Transport`] it hands out.
+pub struct StreamParts {
+    /// For the connection (server) or the client library.
+    pub transport: Transport,
+    /// Where the link reader delivers whole inbound messages.
+    pub inbound: mpsc::Sender<Result<Vec<u8>, FramingError>>,
+    /// Decrypts this stream's inbound records.
+    pub opener: RecordOpener,
+    /// Shared with the sink: the authenticated close uses the same record numbering.
+    pub sealer: Arc<Mutex<RecordSealer>>,
+}
+
+/// Build a stream over the link's send queue `out`.
+pub fn open_stream(
+    stream: StreamId,
+    keys: TransportKeys,
+    max_message_bytes: usize,
+    out: mpsc::Sender<Vec<u8>>,
+    inbound_capacity: usize,
+    peer: String,
+) -> StreamParts {
+    let (tx, mut rx) = mpsc::channel(inbound_capacity);
+    let sealer = Arc::new(Mutex::new(RecordSealer::new(keys.clone())));
+    let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let sink = StreamSink {
+        stream,
+        sealer: sealer.clone(),
+        out: PollSender::new(out),
+        backlog: VecDeque::new(),
+    };
+    StreamParts {
+        transport: Transport {
+            incoming: Box::pin(incoming),
+            outgoing: Box::pin(sink),
+            peer,
+        },
+        inbound: tx,
+        opener: RecordOpener::new(keys, max_message_bytes),
+        sealer,
+    }
+}
+
+/// Encode a `DATA` frame for record `n`.
+pub fn data_frame(stream: StreamId, n: u64, ciphertext: Vec<u8>) -> Vec<u8> {
+    Frame::new(FrameType::Data, stream, n, Bytes::from(ciphertext))
+        .encode()
+        // A record is at most 65,535 bytes: it always fits a frame.
+        .unwrap_or_default()
+}
+
+struct StreamSink {
+    stream: StreamId,
+    sealer: Arc<Mutex<RecordSealer>>,
+    out: PollSender<Vec<u8>>,
+    backlog: VecDeque<Vec<u8>>,
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the link is gone")
+}
+
+impl StreamSink {
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some(front) = self.backlog.pop_front() {
+            match self.out.poll_reserve(cx) {
+                Poll::Ready(Ok(())) => {
+                    if self.out.send_item(front).is_err() {
+                        return Poll::Ready(Err(gone()));
+                    }
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(Err(gone())),
+                Poll::Pending => {
+                    self.backlog.push_front(front);
+                    return Poll::Pending;
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Sink<String> for StreamSink {
+    type Error = io::Error;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        if me.backlog.len() < MAX_SINK_BACKLOG {
+            // Keep pushing, but accept the next message while the backlog is small.
+            let _ = me.poll_drain(cx)?;
+            if me.backlog.len() < MAX_SINK_BACKLOG {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        me.poll_drain(cx)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: String) -> io::Result<()> {
+        let me = self.get_mut();
+        let records = lock(&me.sealer)
+            .seal_message(item.as_bytes())
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        for (n, ct) in records {
+            me.backlog.push_back(data_frame(me.stream, n, ct));
+        }
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_drain(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        let r = me.poll_drain(cx);
+        if r.is_ready() {
+            me.out.close();
+        }
+        r
+    }
+}

@@ -1,0 +1,267 @@
+//! Interoperability of the `noise+ws://` listener with an independent Noise client
+//! (`tests/interop/noise_client.py`, written from `secure-transport.md` on top of the Python
+//! `noiseprotocol` package, not from our code): keys made by `execrelay keygen`, the IK
+//! handshake bound to its stream by the prologue, explicit-nonce records, the frame header,
+//! and JSON-RPC over the stream (`initialize`, `process/start` of `echo`, its output and exit).
+//! Also that a handshake message replayed on another stream of the same link is reset.
+//!
+//! Needs `python3` with `tests/interop/requirements.txt` installed (`.ci/run` installs it).
+//! Without them these tests FAIL, with a message saying what to install: they never skip.
+//! `EXECRELAY_INTEROP_PYTHON` names another interpreter (a virtualenv's, say).
+
+mod common;
+use common::*;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+const CLIENT_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/noise_client.py");
+const REQUIREMENTS: &str = "tests/interop/requirements.txt";
+
+fn python() -> String {
+    std::env::var("EXECRELAY_INTEROP_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Fail (never skip) when the interpreter or the client's packages are missing.
+async fn require_python() {
+    let py = python();
+    let out = Command::new(&py)
+        .args([
+            "-c",
+            "import noise.connection, websockets.sync.client, cryptography",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the Noise interop test needs `{py}` ({e}); install Python 3 and then \
+                 `{py} -m pip install -r {REQUIREMENTS}`"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "the Noise interop test needs its Python packages: run \
+         `{py} -m pip install -r {REQUIREMENTS}`\n{}",
+        text(&out.stderr)
+    );
+}
+
+/// `execrelay keygen -o DIR/NAME`: returns the private key path (`NAME.pub` beside it).
+async fn keygen(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let out = Command::new(bin())
+        .arg("keygen")
+        .arg("-o")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("spawn execrelay keygen");
+    assert!(
+        out.status.success(),
+        "execrelay keygen -o {}: {:?}\n{}",
+        path.display(),
+        out.status,
+        text(&out.stderr)
+    );
+    let mode = std::fs::metadata(&path)
+        .expect("keygen wrote no private key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "private key mode {mode:o}");
+    let public = std::fs::read_to_string(pub_path(&path)).expect("keygen wrote no NAME.pub");
+    assert!(
+        public.starts_with("execrelay-x25519 "),
+        "NAME.pub line: {public:?}"
+    );
+    path
+}
+
+fn pub_path(private: &Path) -> PathBuf {
+    let mut p = private.as_os_str().to_owned();
+    p.push(".pub");
+    PathBuf::from(p)
+}
+
+/// A `serve --listen noise+ws://127.0.0.1:0` server with fresh keys, authorizing one client.
+struct Fixture {
+    dir: tempfile::TempDir,
+    server: Child,
+    /// Kept open so that the server never writes to a closed pipe.
+    _stdout: Lines<BufReader<ChildStdout>>,
+    url: String,
+    server_key: PathBuf,
+    client_key: PathBuf,
+}
+
+impl Fixture {
+    async fn start() -> Fixture {
+        require_python().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server_key = keygen(dir.path(), "server").await;
+        let client_key = keygen(dir.path(), "client").await;
+        let client_pub = std::fs::read_to_string(pub_path(&client_key)).expect("read client key");
+        let authorized = dir.path().join("authorized_keys");
+        std::fs::write(
+            &authorized,
+            format!("# the interop test's client\n{}\n", client_pub.trim_end()),
+        )
+        .expect("write authorized keys");
+
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("server log");
+        let mut server = Command::new(bin())
+            .arg("serve")
+            .args(["--listen", "noise+ws://127.0.0.1:0"])
+            .arg("--key")
+            .arg(&server_key)
+            .arg("--authorized-keys")
+            .arg(&authorized)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn execrelay serve");
+        let mut stdout = BufReader::new(server.stdout.take().expect("piped stdout")).lines();
+        let first = tokio::time::timeout(GUARD, stdout.next_line())
+            .await
+            .expect("server printed no URL (hang guard)")
+            .expect("read server stdout");
+        let mut fixture = Fixture {
+            dir,
+            server,
+            _stdout: stdout,
+            url: String::new(),
+            server_key,
+            client_key,
+        };
+        match first {
+            Some(url) if url.starts_with("noise+ws://127.0.0.1:") => fixture.url = url,
+            other => panic!(
+                "expected the bound URL noise+ws://127.0.0.1:PORT, got {other:?}\n{}",
+                fixture.server_log()
+            ),
+        }
+        fixture
+    }
+
+    fn server_log(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+        format!("--- server stderr ---\n{log}")
+    }
+
+    /// Run the Python client with `extra` arguments, within [`GUARD`] (it gives up by itself
+    /// after 20 s).
+    async fn client(&self, extra: &[&str]) -> Output {
+        let child = Command::new(python())
+            .arg(CLIENT_SCRIPT)
+            .arg(&self.url)
+            .arg(pub_path(&self.server_key))
+            .arg(&self.client_key)
+            .args(extra)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the Python client");
+        tokio::time::timeout(GUARD, child.wait_with_output())
+            .await
+            .expect("the Python client did not exit (hang guard)")
+            .expect("wait for the Python client")
+    }
+
+    /// Everything worth showing when an assertion fails.
+    fn report(&self, out: &Output) -> String {
+        format!(
+            "client exit: {:?}\n--- client stdout ---\n{}--- client stderr ---\n{}{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr),
+            self.server_log()
+        )
+    }
+
+    async fn stop(mut self) {
+        self.server.start_kill().expect("kill the server");
+        tokio::time::timeout(GUARD, self.server.wait())
+            .await
+            .expect("server did not exit after SIGKILL (hang guard)")
+            .expect("wait for the server");
+    }
+}
+
+/// The lines of `out`'s stdout.
+fn lines(out: &Output) -> Vec<String> {
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// The JSON after `INITIALIZE_RESULT `, checked for protocol version 1 and a session id.
+fn check_initialize(lines: &[String], report: &str) {
+    let line = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("INITIALIZE_RESULT "))
+        .unwrap_or_else(|| panic!("no INITIALIZE_RESULT line\n{report}"));
+    let result: Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("INITIALIZE_RESULT is not JSON ({e})\n{report}"));
+    assert_eq!(result["protocolVersion"], 1, "{report}");
+    let session = result["sessionId"].as_str().unwrap_or_default();
+    assert!(!session.is_empty(), "no sessionId\n{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_noise_client_initializes_and_runs_a_command() {
+    let fx = Fixture::start().await;
+    let out = fx.client(&[]).await;
+    let report = fx.report(&out);
+    let lines = lines(&out);
+    assert!(
+        !lines.iter().any(|l| l.starts_with("ERROR")),
+        "client failed\n{report}"
+    );
+    check_initialize(&lines, &report);
+    assert!(
+        lines.iter().any(|l| l == "OUTPUT interop-ok"),
+        "no `OUTPUT interop-ok`\n{report}"
+    );
+    let exited: Vec<_> = lines.iter().filter(|l| l.starts_with("EXITED")).collect();
+    assert_eq!(exited, ["EXITED 0"], "{report}");
+    // The output comes before the exit notice (protocol.md §5).
+    let output_at = lines.iter().position(|l| l == "OUTPUT interop-ok");
+    let exited_at = lines.iter().position(|l| l == "EXITED 0");
+    assert!(output_at < exited_at, "{report}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_replayed_on_another_stream_is_reset() {
+    let fx = Fixture::start().await;
+    let out = fx.client(&["--mode", "replay-on-other-stream"]).await;
+    let report = fx.report(&out);
+    let lines = lines(&out);
+    let result = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("REPLAY_RESULT "))
+        .unwrap_or_else(|| panic!("no REPLAY_RESULT line\n{report}"));
+    assert_eq!(
+        result, "5",
+        "the replayed OPEN must be answered with RESET (5), never ACCEPT (2)\n{report}"
+    );
+    // The genuine stream on the same link carries on (secure-transport.md §8).
+    check_initialize(&lines, &report);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    fx.stop().await;
+}
