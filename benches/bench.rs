@@ -83,6 +83,83 @@ async fn start_ws_server() -> ServerProc {
     ServerProc { child, url }
 }
 
+/// Keys for a Noise server and its client, in a temporary directory.
+struct NoiseKeys {
+    dir: std::path::PathBuf,
+    config: std::sync::Arc<execrelay::noise::link_client::NoiseClientConfig>,
+}
+
+fn noise_keys() -> NoiseKeys {
+    use execrelay::noise::keys::{public_line, Keypair};
+    let dir = std::env::temp_dir().join(format!("execrelay-bench-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("key dir");
+    let server = Keypair::generate().expect("keygen");
+    let client = Keypair::generate().expect("keygen");
+    server
+        .write(&dir.join("server"), "bench")
+        .expect("write key");
+    std::fs::write(
+        dir.join("authorized"),
+        format!("{}\n", public_line(&client.public, "bench")),
+    )
+    .expect("authorized keys");
+    NoiseKeys {
+        config: std::sync::Arc::new(execrelay::noise::link_client::NoiseClientConfig {
+            keys: client,
+            server_public: server.public,
+            token: None,
+            env_id: String::new(),
+            max_message_bytes: execrelay::config::MAX_MESSAGE_BYTES,
+        }),
+        dir,
+    }
+}
+
+async fn start_noise_server(keys: &NoiseKeys) -> ServerProc {
+    let mut child = tokio::process::Command::new(server_bin())
+        .args(["serve", "--listen", "noise+ws://127.0.0.1:0", "--key"])
+        .arg(keys.dir.join("server"))
+        .arg("--authorized-keys")
+        .arg(keys.dir.join("authorized"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start server");
+    let out = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    let url = lines.next_line().await.expect("url").expect("url line");
+    ServerProc { child, url }
+}
+
+/// New connection each time: link, handshake, `initialize`, start `true`, exit notice.
+async fn connect_latency(keys: &NoiseKeys, runs: u64) -> (f64, f64) {
+    let s = start_noise_server(keys).await;
+    let mut samples = Vec::new();
+    for i in 0..(runs + 5) {
+        let t0 = Instant::now();
+        // A private link per run (not the process-wide shared one): a fresh connection.
+        let link =
+            execrelay::noise::link_client::ClientLink::connect(&s.url, (*keys.config).clone())
+                .await
+                .expect("link");
+        let transport = link.open_stream().await.expect("stream");
+        let client = Client::connect_transport(transport, ClientOptions::default())
+            .await
+            .expect("initialize");
+        let _ = drain(&client, "c", vec!["true".into()]).await;
+        let took = t0.elapsed();
+        client.close();
+        link.kill();
+        if i >= 5 {
+            samples.push(took.as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
 async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) {
     let t0 = Instant::now();
     let mut p = client
@@ -116,7 +193,7 @@ struct Throughput {
     server_rss_kib: u64,
 }
 
-async fn throughput(kind: &str, n: u64) -> Throughput {
+async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
     let argv = vec![
         "head".to_string(),
         "-c".to_string(),
@@ -136,6 +213,20 @@ async fn throughput(kind: &str, n: u64) -> Throughput {
             .expect("connect stdio");
             let info = c.server_info().await.expect("info");
             (c, info["pid"].as_u64().unwrap_or(0) as u32, None)
+        }
+        "noise" => {
+            let s = start_noise_server(keys).await;
+            let c = Client::connect(
+                Target::Noise {
+                    url: s.url.clone(),
+                    config: keys.config.clone(),
+                },
+                ClientOptions::default(),
+            )
+            .await
+            .expect("connect noise");
+            let pid = s.child.id().unwrap_or(0);
+            (c, pid, Some(s))
         }
         _ => {
             let s = start_ws_server().await;
@@ -317,11 +408,12 @@ async fn main() {
     let base = read_baseline();
     eprintln!("[bench] server binary: {}", server_bin().display());
 
-    let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws".into());
+    let keys = noise_keys();
+    let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise".into());
     for kind in kinds.split(',') {
         let mut results = Vec::new();
         for r in 0..repeats {
-            let t = throughput(kind, n).await;
+            let t = throughput(kind, n, &keys).await;
             eprintln!(
                 "[bench] {kind} run {r}: {:.1} MB/s, {:.2} CPU-s/GB, server peak RSS {} KiB",
                 t.mbps, t.cpu_per_gb, t.server_rss_kib
@@ -349,6 +441,14 @@ async fn main() {
     let (rss, term_ms) = slow_consumer(env_u64("SLOW_CONSUMER_SECONDS", 10)).await;
     println!("slow_consumer_server_peak_rss_KiB {rss}");
     println!("slow_consumer_terminate_latency_ms {term_ms:.2}");
+
+    let (c50, c99) = connect_latency(&keys, env_u64("CONNECT_LATENCY_RUNS", 200)).await;
+    println!("noise_connect_latency_p50_ms {c50:.3}");
+    println!("noise_connect_latency_p99_ms {c99:.3}");
+    if let Some(ssh) = base.get("ssh_fresh_p50_ms") {
+        println!("noise_connect_ssh_fresh_speedup {:.1}", ssh / c50);
+    }
+    let _ = std::fs::remove_dir_all(&keys.dir);
 
     let (p50, p99) = exec_latency(runs).await;
     println!("exec_latency_p50_ms {p50:.3}");

@@ -408,6 +408,8 @@ async fn interrupt_after_ready() -> (ExitStatus, String) {
 
 #[tokio::test]
 async fn sigint_is_forwarded() {
+    // Regression (fixed; was intermittent under load): see `sigint_right_after_the_first_output_is_forwarded`;
+    // `run` may still be at SIGINT's default disposition when `ready` shows, and die of it.
     let (status, rest) = interrupt_after_ready().await;
     assert_eq!(code(&status), 9);
     assert_eq!(rest, "got-int\n");
@@ -415,25 +417,42 @@ async fn sigint_is_forwarded() {
 
 #[tokio::test]
 async fn sigint_right_after_the_first_output_is_forwarded() {
-    // Many at once, so that some `run` is slow to get CPU time: a Ctrl-C must be forwarded
-    // from the moment the command's output shows, not only once `run` has settled.
-    const N: usize = 16;
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..N {
-        set.spawn(interrupt_after_ready());
-    }
-    let mut killed = 0;
-    while let Some(r) = set.join_next().await {
-        let (status, rest) = r.expect("join");
-        match status.code() {
-            Some(c) => {
-                assert_eq!(c, 9);
-                assert_eq!(rest, "got-int\n");
-            }
-            None => killed += 1,
+    // Rounds of many at once, so that some `run` is slow to get CPU time: a Ctrl-C must be
+    // forwarded from the moment the command's output shows, not only once `run` settled.
+    //
+    // Regression (fixed): `run` (cli/run.rs) registers its SIGINT/SIGWINCH handlers inside a
+    // `tokio::spawn`ed task, which may not have been polled yet when the main task already
+    // forwards the command's first output. A Ctrl-C in that window finds SIGINT at its
+    // default disposition and kills `run` itself (status: signal 2) instead of being
+    // forwarded; with a ws:// target the command is left running on the server, detached,
+    // until the session TTL expires.
+    // Creating the `signal(…)` streams before `client.start` (or at least before the output
+    // loop) and moving them into the task fixes it. Probabilistic: a round of 32 usually
+    // loses one or more runs; four rounds make a pass with the bug unlikely. (Also makes
+    // `sigint_is_forwarded` and `terminal_ctrl_c_…` fail now and then under load.)
+    const ROUNDS: usize = 4;
+    const N: usize = 32;
+    for round in 0..ROUNDS {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..N {
+            set.spawn(interrupt_after_ready());
         }
+        let mut killed = 0;
+        while let Some(r) = set.join_next().await {
+            let (status, rest) = r.expect("join");
+            match status.code() {
+                Some(c) => {
+                    assert_eq!(c, 9);
+                    assert_eq!(rest, "got-int\n");
+                }
+                None => killed += 1,
+            }
+        }
+        assert_eq!(
+            killed, 0,
+            "round {round}: of {N} runs, {killed} died of the SIGINT they should have forwarded"
+        );
     }
-    assert_eq!(killed, 0, "of {N} runs, {killed} died of the SIGINT itself");
 }
 
 #[tokio::test]

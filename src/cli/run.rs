@@ -197,6 +197,19 @@ async fn run(args: RunArgs) -> i32 {
         start.params.tty = true;
         start.params.size = Some(local_size().unwrap_or_default());
     }
+    // Install the signal handlers before anything can print: a Ctrl-C that arrived before
+    // they existed would kill `run` instead of reaching the command.
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut sigint, mut sigwinch) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::window_change()),
+    ) {
+        (Ok(i), Ok(w)) => (i, w),
+        _ => {
+            eprintln!("execrelay run: cannot install signal handlers");
+            return 255;
+        }
+    };
     let client = match Client::connect(target, ClientOptions::default()).await {
         Ok(c) => c,
         Err(e) => {
@@ -238,17 +251,10 @@ async fn run(args: RunArgs) -> i32 {
     let ctl = proc.controller();
     let tty = args.tty;
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut winch)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::window_change()),
-        ) else {
-            return;
-        };
         loop {
             tokio::select! {
-                _ = int.recv() => { let _ = ctl.signal("SIGINT").await; }
-                _ = winch.recv() => {
+                _ = sigint.recv() => { let _ = ctl.signal("SIGINT").await; }
+                _ = sigwinch.recv() => {
                     if tty {
                         if let Some(size) = local_size() {
                             let _ = ctl.resize(size).await;

@@ -368,6 +368,29 @@ impl Client {
         Ok(client)
     }
 
+    /// A client over an already-open transport (no reconnection: the caller owns the
+    /// transport's origin). Used by benchmarks and tests that build transports themselves.
+    pub async fn connect_transport(
+        transport: Transport,
+        mut opts: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        opts.reconnect = false;
+        let shared = Arc::new(Shared {
+            target: Target::Ws(transport.peer.clone()),
+            opts,
+            conn: Mutex::new(None),
+            session: Mutex::new(None),
+            procs: Mutex::new(HashMap::new()),
+            reconnected: Notify::new(),
+            shutdown: CancellationToken::new(),
+            lost: Mutex::new(None),
+            connects: std::sync::atomic::AtomicU64::new(0),
+        });
+        let client = Client { shared };
+        client.establish_over(transport, None).await?;
+        Ok(client)
+    }
+
     /// The session id.
     pub fn session_id(&self) -> Option<String> {
         lock(&self.shared.session).as_ref().map(|s| s.0.clone())
@@ -402,6 +425,14 @@ impl Client {
     async fn establish(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
         let transport =
             open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
+        self.establish_over(transport, resume).await
+    }
+
+    async fn establish_over(
+        &self,
+        transport: Transport,
+        resume: Option<(String, String)>,
+    ) -> Result<(), ClientError> {
         let (ntx, nrx) = mpsc::channel::<Notification>(NOTIFICATION_QUEUE);
         let conn = RpcConnection::start(transport, ntx);
         let mut params = json!({

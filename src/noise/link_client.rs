@@ -25,6 +25,11 @@ use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
 
 /// How long `open_stream` waits for `ACCEPT`.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
+/// Handshakes a client keeps in flight on one link, below the server's default
+/// `MAX_PENDING_AUTHORIZATIONS` (32) so that a burst of streams is not turned away as busy.
+pub const MAX_OPENING_STREAMS: usize = 16;
+/// Attempts of an OPEN the server answered `busy`, with doubling backoff from 50 ms.
+const BUSY_RETRIES: u32 = 6;
 /// Frames queued for the link writer.
 const SEND_QUEUE: usize = 1024;
 /// Inbound messages queued per stream.
@@ -72,6 +77,9 @@ pub enum NoiseError {
     /// The link died.
     #[error("the link to the server was lost")]
     LinkLost,
+    /// The server had too many handshakes pending (retried by `open_stream`).
+    #[error("the server is busy; try again")]
+    Busy,
     /// No answer in time.
     #[error("no answer to the handshake within {0:?}")]
     Timeout(Duration),
@@ -105,6 +113,7 @@ pub struct ClientLink {
     data: mpsc::Sender<Vec<u8>>,
     streams: Mutex<HashMap<StreamId, Entry>>,
     dead: CancellationToken,
+    opening: tokio::sync::Semaphore,
 }
 
 type LinkKey = (String, [u8; KEY_BYTES], [u8; KEY_BYTES]);
@@ -124,11 +133,24 @@ pub fn link_url(url: &str) -> Option<String> {
 impl ClientLink {
     /// The live link of this process to `url` with these keys, or a new one.
     pub async fn shared(url: &str, cfg: &NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
+        static CONNECTING: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
         let key = (url.to_string(), cfg.keys.public, cfg.server_public);
-        if let Some(l) = lock(links()).get(&key).and_then(Weak::upgrade) {
-            if !l.dead.is_cancelled() {
-                return Ok(l);
-            }
+        let live = |key: &LinkKey| {
+            lock(links())
+                .get(key)
+                .and_then(Weak::upgrade)
+                .filter(|l| !l.dead.is_cancelled())
+        };
+        if let Some(l) = live(&key) {
+            return Ok(l);
+        }
+        // One connect at a time, so that concurrent clients end up on one link.
+        let _guard = CONNECTING
+            .get_or_init(|| tokio::sync::Mutex::new(()))
+            .lock()
+            .await;
+        if let Some(l) = live(&key) {
+            return Ok(l);
         }
         let link = ClientLink::connect(url, cfg.clone()).await?;
         lock(links()).insert(key, Arc::downgrade(&link));
@@ -159,6 +181,7 @@ impl ClientLink {
             data: data_tx,
             streams: Mutex::new(HashMap::new()),
             dead: CancellationToken::new(),
+            opening: tokio::sync::Semaphore::new(MAX_OPENING_STREAMS),
         });
 
         // Writer: never tied to the reader.
@@ -288,9 +311,13 @@ impl ClientLink {
             FrameType::Reset => {
                 let entry = lock(&self.streams).remove(&sid);
                 if let Some(Entry::Opening { reply, .. }) = entry {
-                    let _ = reply.send(Err(NoiseError::Refused(explain_reset(
-                        &frame.reset_reason(),
-                    ))));
+                    let reason = frame.reset_reason();
+                    let err = if reason == "busy" {
+                        NoiseError::Busy
+                    } else {
+                        NoiseError::Refused(explain_reset(&reason))
+                    };
+                    let _ = reply.send(Err(err));
                 }
                 // An open stream's inbound sender is dropped: its transport ends.
             }
@@ -298,8 +325,30 @@ impl ClientLink {
         }
     }
 
-    /// Open a new virtual stream: handshake, then a transport.
+    /// Open a new virtual stream: handshake, then a transport. At most
+    /// [`MAX_OPENING_STREAMS`] handshakes are in flight per link; an OPEN the server turns
+    /// away as busy is retried with backoff.
     pub async fn open_stream(self: &Arc<Self>) -> Result<Transport, NoiseError> {
+        let _slot = self
+            .opening
+            .acquire()
+            .await
+            .map_err(|_| NoiseError::LinkLost)?;
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 0;
+        loop {
+            match self.open_stream_once().await {
+                Err(NoiseError::Busy) if attempt < BUSY_RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn open_stream_once(self: &Arc<Self>) -> Result<Transport, NoiseError> {
         if self.dead.is_cancelled() {
             return Err(NoiseError::LinkLost);
         }

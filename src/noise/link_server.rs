@@ -152,6 +152,8 @@ struct Link {
     budget: FailureBudget,
     auth_tx: mpsc::Sender<(StreamId, Result<PendingHandshake, String>)>,
     ended_tx: mpsc::UnboundedSender<StreamId>,
+    /// Cancelled when the link ends: pending authorizations are abandoned.
+    closed: CancellationToken,
 }
 
 fn short(sid: &StreamId) -> String {
@@ -243,6 +245,7 @@ async fn run_link(
         pending: 0,
         auth_tx,
         ended_tx,
+        closed: dead.clone(),
     };
     tracing::info!("link open");
     let pong_timeout = link.cfg.limits.pong_timeout;
@@ -395,9 +398,15 @@ impl Link {
         self.pending += 1;
         let authorizer = self.cfg.authorizer.clone();
         let tx = self.auth_tx.clone();
+        let closed = self.closed.clone();
         self.tasks.spawn(
             async move {
-                let res = authorizer.authorize(req).await.map_err(|e| e.0);
+                // An authorizer that never answers must not outlive its link (nor hold up
+                // shutdown, which waits for these tasks).
+                let res = tokio::select! {
+                    r = authorizer.authorize(req) => r.map_err(|e| e.0),
+                    _ = closed.cancelled() => return,
+                };
                 let _ = tx.send((sid, res.map(|()| pending))).await;
             }
             .in_current_span(),
