@@ -401,6 +401,7 @@ fn read_baseline() -> HashMap<String, f64> {
 
 #[tokio::main]
 async fn main() {
+    execrelay::cli::tune_allocator();
     // `cargo bench` passes `--bench`; nothing else to parse.
     let n = env_u64("BENCH_BYTES", 1 << 30);
     let repeats = env_u64("BENCH_REPEATS", 3).max(1);

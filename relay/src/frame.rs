@@ -127,8 +127,43 @@ impl Frame {
         )
     }
 
+    /// Decode one frame from an owned message without copying its payload.
+    pub fn decode_owned(msg: Vec<u8>) -> Result<Frame, FrameError> {
+        let mut f = Frame::decode_header(&msg)?;
+        f.payload = Bytes::from(msg).slice(HEADER_BYTES..);
+        Ok(f)
+    }
+
     /// Decode one frame (one whole WebSocket message).
     pub fn decode(msg: &[u8]) -> Result<Frame, FrameError> {
+        let mut f = Frame::decode_header(msg)?;
+        f.payload = Bytes::copy_from_slice(&msg[HEADER_BYTES..]);
+        Ok(f)
+    }
+
+    /// Write the 44-byte header of a frame with `payload_len` bytes of payload into `out`.
+    pub fn write_header(
+        out: &mut [u8; HEADER_BYTES],
+        ftype: FrameType,
+        stream: &StreamId,
+        seq: u64,
+        ack: u64,
+        ack_bits: u32,
+        window: u32,
+    ) {
+        out[0] = FRAME_VERSION;
+        out[1] = ftype as u8;
+        out[2] = 0;
+        out[3] = 0;
+        out[4..20].copy_from_slice(stream);
+        out[20..28].copy_from_slice(&seq.to_be_bytes());
+        out[28..36].copy_from_slice(&ack.to_be_bytes());
+        out[36..40].copy_from_slice(&ack_bits.to_be_bytes());
+        out[40..44].copy_from_slice(&window.to_be_bytes());
+    }
+
+    /// Everything but the payload (left empty), validated.
+    fn decode_header(msg: &[u8]) -> Result<Frame, FrameError> {
         if msg.len() > MAX_FRAME_BYTES {
             return Err(FrameError::TooLarge(msg.len()));
         }
@@ -166,7 +201,7 @@ impl Frame {
             ack: be64(28),
             ack_bits: be32(36),
             window: be32(40),
-            payload: Bytes::copy_from_slice(payload),
+            payload: Bytes::new(),
         })
     }
 
@@ -217,6 +252,12 @@ mod tests {
         let bytes = f.encode().unwrap();
         assert_eq!(bytes.len(), HEADER_BYTES + 10);
         assert_eq!(Frame::decode(&bytes).unwrap(), f);
+        assert_eq!(Frame::decode_owned(bytes.clone()).unwrap(), f);
+        let mut h = [0u8; HEADER_BYTES];
+        Frame::write_header(
+            &mut h, f.ftype, &f.stream, f.seq, f.ack, f.ack_bits, f.window,
+        );
+        assert_eq!(&bytes[..HEADER_BYTES], &h[..]);
     }
 
     #[test]

@@ -434,7 +434,14 @@ impl Client {
         resume: Option<(String, String)>,
     ) -> Result<(), ClientError> {
         let (ntx, nrx) = mpsc::channel::<Notification>(NOTIFICATION_QUEUE);
-        let conn = RpcConnection::start(transport, ntx);
+        let shared = Arc::downgrade(&self.shared);
+        let fast: rpc_connection::FastPath = Arc::new(move |n| {
+            let Some(shared) = shared.upgrade() else {
+                return Some(n);
+            };
+            Client::fast_deliver(&shared, n)
+        });
+        let conn = RpcConnection::start(transport, ntx, Some(fast));
         let mut params = json!({
             "clientName": self.shared.opts.client_name,
             "clientVersion": env!("CARGO_PKG_VERSION"),
@@ -526,6 +533,35 @@ impl Client {
             slot.notify.notify_waiters();
         }
         self.shared.reconnected.notify_waiters();
+    }
+
+    /// In-order output (and replays) handled on the connection's reader; anything else (a gap
+    /// to fill, an exit notice) goes to the router task.
+    fn fast_deliver(shared: &Shared, n: Notification) -> Option<Notification> {
+        let Notification::Output {
+            process_id,
+            seq,
+            stream,
+            data,
+        } = n
+        else {
+            return Some(n);
+        };
+        let mut procs = lock(&shared.procs);
+        match procs.get_mut(&process_id) {
+            Some(slot) if !slot.done && seq == slot.received + 1 => {
+                Self::push(slot, seq, ProcessEvent::Output { stream, data });
+                None
+            }
+            Some(slot) if slot.done || seq <= slot.received => None,
+            None => None,
+            Some(_) => Some(Notification::Output {
+                process_id,
+                seq,
+                stream,
+                data,
+            }),
+        }
     }
 
     /// Route notifications of one connection to process streams, deduplicated by seq.

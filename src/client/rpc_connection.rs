@@ -55,6 +55,10 @@ pub enum Notification {
 /// backpressure on the transport).
 pub type NotificationSink = mpsc::Sender<Notification>;
 
+/// Called on the reader task for each notification before it is queued: returns `None` when
+/// it handled it (the common case of in-order output, saving a task hop per message).
+pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
+
 #[derive(serde::Deserialize)]
 struct FastDelta<'a> {
     #[serde(borrow)]
@@ -109,7 +113,11 @@ pub struct RpcConnection {
 
 impl RpcConnection {
     /// Start the reader and writer tasks over `transport`.
-    pub fn start(transport: Transport, notifications: NotificationSink) -> RpcConnection {
+    pub fn start(
+        transport: Transport,
+        notifications: NotificationSink,
+        fast: Option<FastPath>,
+    ) -> RpcConnection {
         let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let closed = CancellationToken::new();
@@ -159,6 +167,13 @@ impl RpcConnection {
                 // anything else takes the general path.
                 if bytes.starts_with(b"{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\"") {
                     if let Some(n) = fast_output(&bytes) {
+                        let n = match &fast {
+                            Some(f) => match f(n) {
+                                Some(n) => n,
+                                None => continue,
+                            },
+                            None => n,
+                        };
                         tokio::select! {
                             _ = c.cancelled() => break,
                             r = notifications.send(n) => if r.is_err() { break },

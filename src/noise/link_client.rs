@@ -228,7 +228,7 @@ impl ClientLink {
                     _ => break,
                 };
                 let Some(link) = weak.upgrade() else { break };
-                let Ok(frame) = Frame::decode(&bytes) else {
+                let Ok(frame) = Frame::decode_owned(bytes) else {
                     continue;
                 };
                 link.on_frame(frame).await;

@@ -260,7 +260,7 @@ async fn run_link(
                 last_heard = tokio::time::Instant::now();
                 match m {
                     None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break None,
-                    Some(Ok(Message::Binary(b))) => link.on_frame(&b),
+                    Some(Ok(Message::Binary(b))) => link.on_frame(b),
                     Some(Ok(Message::Text(_))) => Err(Close::Protocol("text message on a link")),
                     Some(Ok(_)) => Ok(()),
                 }
@@ -308,8 +308,8 @@ impl Link {
         }
     }
 
-    fn on_frame(&mut self, bytes: &[u8]) -> Result<(), Close> {
-        let frame = match Frame::decode(bytes) {
+    fn on_frame(&mut self, bytes: Vec<u8>) -> Result<(), Close> {
+        let frame = match Frame::decode_owned(bytes) {
             Ok(f) => f,
             Err(e) => {
                 tracing::debug!(error = %e, "malformed frame");

@@ -124,12 +124,10 @@ impl Sink<String> for StreamSink {
 
     fn start_send(self: Pin<&mut Self>, item: String) -> io::Result<()> {
         let me = self.get_mut();
-        let records = lock(&me.sealer)
-            .seal_message(item.as_bytes())
+        let frames = lock(&me.sealer)
+            .seal_message_frames(&me.stream, item.as_bytes())
             .map_err(|e| io::Error::other(e.to_string()))?;
-        for (n, ct) in records {
-            me.backlog.push_back(data_frame(me.stream, n, ct));
-        }
+        me.backlog.extend(frames);
         Ok(())
     }
 
