@@ -13,6 +13,9 @@
 //! - [`process`]: spawning, output pumps, drain deadlines and the event log.
 //! - [`server`]: listeners and shutdown; [`client`]: the Rust client; [`cli`]: the binary.
 #![warn(missing_docs)]
+// No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cli;
 pub mod client;
