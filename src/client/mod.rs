@@ -1,11 +1,14 @@
 //! The Rust client: connect to an exec server, start processes, stream their events, and
 //! survive transport failures by resuming the session.
 //!
-//! Layout: [`rpc_connection`] is one JSON-RPC connection; this module adds the session
-//! (`initialize`, resume with backoff inside the server's TTL), per-process event streams
-//! that hand out every event exactly once and in order (deduplicated by `seq`, gaps filled
-//! with `process/read`), and acks. It must never show a byte twice or skip one silently: a
-//! range the server no longer retains is surfaced as [`ProcessEvent::Lost`].
+//! Layout: [`rpc_connection`] is one JSON-RPC connection; this module owns the session
+//! (`initialize`, resume with backoff inside the server's TTL), its options, errors and
+//! targets, and starting processes. `event_stream.rs` holds the per-process event streams that
+//! hand out every event exactly once and in order (deduplicated by `seq`, gaps filled with
+//! `process/read`) and the acks; `process_handle.rs` holds [`ProcessHandle`] and
+//! [`ProcessController`], the application's grip on one process. It must never show a byte
+//! twice or skip one silently: a range the server no longer retains is surfaced as
+//! [`ProcessEvent::Lost`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), execrelay::client::ClientError> {
@@ -18,32 +21,33 @@
 //! # Ok(()) }
 //! ```
 
+mod event_stream;
+mod process_handle;
 pub mod rpc_connection;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
-use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::MAX_MESSAGE_BYTES;
-use crate::process::event_log::StreamName;
 use crate::process::managed_process::lock;
-use crate::rpc::messages::{ExitInfo, InitializeResult, StartParams, StartResult, TermSize};
+use crate::rpc::messages::{InitializeResult, StartParams, StartResult};
 use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
+use event_stream::ProcSlot;
 use rpc_connection::{Notification, RpcConnection};
+
+pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
+pub use process_handle::{ProcessController, ProcessHandle};
 
 /// Notifications queued between a connection's reader and its router task.
 pub const NOTIFICATION_QUEUE: usize = 64;
-/// Output bytes consumed by the application before an ack is sent.
-pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
@@ -201,58 +205,6 @@ impl StartOptions {
     }
 }
 
-/// An event of one process, handed out exactly once, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProcessEvent {
-    /// Output bytes.
-    Output {
-        /// Which stream.
-        stream: StreamName,
-        /// The bytes.
-        data: Bytes,
-    },
-    /// The server no longer had events `from..=to` (only possible without acks).
-    Lost {
-        /// First missing seq.
-        from: u64,
-        /// Last missing seq.
-        to: u64,
-    },
-    /// The exit notice; the last event.
-    Exited(ExitInfo),
-}
-
-/// Client-side state of one process: events received but not yet consumed.
-///
-/// The connection's reader never waits for the application (so responses keep flowing while
-/// output piles up); the buffer is bounded by the server instead: with acks, the server stops
-/// reading the child once `retainedOutputBytes` are unacknowledged, and this client
-/// acknowledges only what the application consumed.
-struct ProcSlot {
-    buf: VecDeque<(u64, ProcessEvent)>,
-    /// Highest seq received (deduplication of replays).
-    received: u64,
-    /// Highest seq handed to the application.
-    consumed: u64,
-    unacked_bytes: u64,
-    /// The exit notice was received.
-    done: bool,
-    notify: Arc<Notify>,
-}
-
-impl ProcSlot {
-    fn new() -> Self {
-        ProcSlot {
-            buf: VecDeque::new(),
-            received: 0,
-            consumed: 0,
-            unacked_bytes: 0,
-            done: false,
-            notify: Arc::new(Notify::new()),
-        }
-    }
-}
-
 struct Shared {
     target: Target,
     opts: ClientOptions,
@@ -269,16 +221,6 @@ struct Shared {
 #[derive(Clone)]
 pub struct Client {
     shared: Arc<Shared>,
-}
-
-/// A started process.
-pub struct ProcessHandle {
-    /// Its id.
-    pub id: String,
-    /// Its pid on the server.
-    pub pid: u32,
-    client: Client,
-    write_seq: u64,
 }
 
 async fn open_transport(target: &Target, max: usize) -> Result<Transport, ClientError> {
@@ -335,8 +277,9 @@ async fn open_transport(target: &Target, max: usize) -> Result<Transport, Client
 }
 
 impl Client {
-    /// Connect and `initialize` a new session.
-    pub async fn connect(target: Target, opts: ClientOptions) -> Result<Client, ClientError> {
+    /// A client with no connection and no session yet: the state both `connect*` functions
+    /// start from before `initialize`.
+    fn unconnected(target: Target, opts: ClientOptions) -> Client {
         let shared = Arc::new(Shared {
             target,
             opts,
@@ -348,7 +291,12 @@ impl Client {
             lost: Mutex::new(None),
             connects: std::sync::atomic::AtomicU64::new(0),
         });
-        let client = Client { shared };
+        Client { shared }
+    }
+
+    /// Connect and `initialize` a new session.
+    pub async fn connect(target: Target, opts: ClientOptions) -> Result<Client, ClientError> {
+        let client = Client::unconnected(target, opts);
         client.establish(None).await?;
         let c = client.clone();
         if client.shared.opts.reconnect && client.shared.target.can_reconnect() {
@@ -375,18 +323,7 @@ impl Client {
         mut opts: ClientOptions,
     ) -> Result<Client, ClientError> {
         opts.reconnect = false;
-        let shared = Arc::new(Shared {
-            target: Target::Ws(transport.peer.clone()),
-            opts,
-            conn: Mutex::new(None),
-            session: Mutex::new(None),
-            procs: Mutex::new(HashMap::new()),
-            reconnected: Notify::new(),
-            shutdown: CancellationToken::new(),
-            lost: Mutex::new(None),
-            connects: std::sync::atomic::AtomicU64::new(0),
-        });
-        let client = Client { shared };
+        let client = Client::unconnected(Target::Ws(transport.peer.clone()), opts);
         client.establish_over(transport, None).await?;
         Ok(client)
     }
@@ -535,247 +472,6 @@ impl Client {
         self.shared.reconnected.notify_waiters();
     }
 
-    /// In-order output (and replays) handled on the connection's reader; anything else (a gap
-    /// to fill, an exit notice) goes to the router task.
-    fn fast_deliver(shared: &Shared, n: Notification) -> Option<Notification> {
-        let Notification::Output {
-            process_id,
-            seq,
-            stream,
-            data,
-        } = n
-        else {
-            return Some(n);
-        };
-        let mut procs = lock(&shared.procs);
-        match procs.get_mut(&process_id) {
-            Some(slot) if !slot.done && seq == slot.received + 1 => {
-                Self::push(slot, seq, ProcessEvent::Output { stream, data });
-                None
-            }
-            Some(slot) if slot.done || seq <= slot.received => None,
-            None => None,
-            Some(_) => Some(Notification::Output {
-                process_id,
-                seq,
-                stream,
-                data,
-            }),
-        }
-    }
-
-    /// Route notifications of one connection to process streams, deduplicated by seq.
-    async fn route(&self, conn: RpcConnection, mut rx: mpsc::Receiver<Notification>) {
-        while let Some(n) = rx.recv().await {
-            match n {
-                Notification::Output {
-                    process_id,
-                    seq,
-                    stream,
-                    data,
-                } => {
-                    let ev = ProcessEvent::Output { stream, data };
-                    self.deliver(&conn, &process_id, seq, ev).await;
-                }
-                Notification::Other { method, params } => {
-                    let Some(pid) = params.get("processId").and_then(Value::as_str) else {
-                        continue;
-                    };
-                    let Some(seq) = params.get("seq").and_then(Value::as_u64) else {
-                        continue;
-                    };
-                    let ev = match method.as_str() {
-                        "process/outputDelta" => match decode_output(&params) {
-                            Some(ev) => ev,
-                            None => continue,
-                        },
-                        "process/exited" => {
-                            match serde_json::from_value::<ExitInfo>(params.clone()) {
-                                Ok(info) => ProcessEvent::Exited(info),
-                                Err(_) => continue,
-                            }
-                        }
-                        _ => continue,
-                    };
-                    self.deliver(&conn, pid, seq, ev).await;
-                }
-            }
-        }
-    }
-
-    async fn deliver(&self, conn: &RpcConnection, pid: &str, seq: u64, ev: ProcessEvent) {
-        let gap_from = {
-            let mut procs = lock(&self.shared.procs);
-            let Some(slot) = procs.get_mut(pid) else {
-                return;
-            };
-            if seq <= slot.received || slot.done {
-                return; // a replay after resume
-            }
-            if seq == slot.received + 1 {
-                Self::push(slot, seq, ev);
-                return;
-            }
-            slot.received
-        };
-        // A gap: fetch what is missing before going on.
-        self.fill_gap(conn, pid, gap_from, seq).await;
-        let mut procs = lock(&self.shared.procs);
-        if let Some(slot) = procs.get_mut(pid) {
-            if seq == slot.received + 1 && !slot.done {
-                Self::push(slot, seq, ev);
-            }
-        }
-    }
-
-    fn push(slot: &mut ProcSlot, seq: u64, ev: ProcessEvent) {
-        if matches!(ev, ProcessEvent::Exited(_)) {
-            slot.done = true;
-        }
-        slot.received = seq;
-        slot.buf.push_back((seq, ev));
-        slot.notify.notify_waiters();
-    }
-
-    async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) {
-        let mut after = after;
-        while after + 1 < upto {
-            let r = conn
-                .call(
-                    "process/read",
-                    json!({"processId": pid, "afterSeq": after, "maxBytes": 1 << 20}),
-                )
-                .await;
-            let events = match r {
-                Ok(v) => v,
-                Err(ClientError::Rpc {
-                    code: -32005, data, ..
-                }) => {
-                    let to = data
-                        .as_ref()
-                        .and_then(|d| d.get("toSeq"))
-                        .and_then(Value::as_u64)
-                        .unwrap_or(upto - 1);
-                    let mut procs = lock(&self.shared.procs);
-                    if let Some(slot) = procs.get_mut(pid) {
-                        if slot.received == after {
-                            // Not a real event: it does not take a seq of its own.
-                            slot.buf.push_back((
-                                to,
-                                ProcessEvent::Lost {
-                                    from: after + 1,
-                                    to,
-                                },
-                            ));
-                            slot.received = to;
-                            slot.notify.notify_waiters();
-                        }
-                    }
-                    after = to;
-                    continue;
-                }
-                Err(_) => return,
-            };
-            let list = events["events"].as_array().cloned().unwrap_or_default();
-            if list.is_empty() {
-                return;
-            }
-            for e in list {
-                let Some(seq) = e.get("seq").and_then(Value::as_u64) else {
-                    return;
-                };
-                if seq >= upto {
-                    return;
-                }
-                let ev = if e["type"] == "exited" {
-                    match serde_json::from_value::<ExitInfo>(e.clone()) {
-                        Ok(i) => ProcessEvent::Exited(i),
-                        Err(_) => return,
-                    }
-                } else {
-                    match decode_output(&e) {
-                        Some(ev) => ev,
-                        None => return,
-                    }
-                };
-                let mut procs = lock(&self.shared.procs);
-                if let Some(slot) = procs.get_mut(pid) {
-                    if seq == slot.received + 1 {
-                        Self::push(slot, seq, ev);
-                    }
-                }
-                after = seq;
-            }
-        }
-    }
-
-    /// The application took events up to `seq` of `pid`: acknowledge now and then, so the
-    /// server releases them (and keeps the child going).
-    fn consumed(&self, pid: &str, seq: u64, bytes: u64, exited: bool) {
-        let ack = {
-            let mut procs = lock(&self.shared.procs);
-            let Some(slot) = procs.get_mut(pid) else {
-                return;
-            };
-            slot.consumed = seq;
-            slot.unacked_bytes += bytes;
-            if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
-                slot.unacked_bytes = 0;
-                true
-            } else {
-                false
-            }
-        };
-        if ack {
-            if let Some(conn) = lock(&self.shared.conn).clone() {
-                let pid = pid.to_string();
-                // Fire and forget: a lost ack only means a longer replay after a resume.
-                tokio::spawn(async move {
-                    let _ = conn
-                        .notify("process/ack", json!({"processId": pid, "seq": seq}))
-                        .await;
-                });
-            }
-        }
-    }
-
-    async fn next_event_of(&self, pid: &str) -> Option<ProcessEvent> {
-        loop {
-            let notify = {
-                let mut procs = lock(&self.shared.procs);
-                let slot = procs.get_mut(pid)?;
-                if let Some((seq, ev)) = slot.buf.pop_front() {
-                    let bytes = match &ev {
-                        ProcessEvent::Output { data, .. } => data.len() as u64,
-                        _ => 0,
-                    };
-                    let exited = matches!(ev, ProcessEvent::Exited(_));
-                    drop(procs);
-                    self.consumed(pid, seq, bytes, exited);
-                    if exited {
-                        lock(&self.shared.procs).remove(pid);
-                    }
-                    return Some(ev);
-                }
-                if lock(&self.shared.lost).is_some() {
-                    return None;
-                }
-                slot.notify.clone()
-            };
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // Re-check after registering, so a push in between is not missed.
-            let ready = {
-                let procs = lock(&self.shared.procs);
-                procs.get(pid).is_none_or(|s| !s.buf.is_empty())
-            };
-            if !ready && lock(&self.shared.lost).is_none() {
-                notified.await;
-            }
-        }
-    }
-
     /// Current connection, waiting for a reconnect if one is under way.
     async fn connection(&self) -> Result<RpcConnection, ClientError> {
         loop {
@@ -850,178 +546,11 @@ impl Client {
         };
         let r: StartResult =
             serde_json::from_value(result).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        Ok(ProcessHandle {
-            id,
-            pid: r.pid,
-            client: self.clone(),
-            write_seq: 0,
-        })
+        Ok(ProcessHandle::new(id, r.pid, self.clone()))
     }
 
     /// `server/info`.
     pub async fn server_info(&self) -> Result<Value, ClientError> {
         self.call("server/info", json!({})).await
-    }
-}
-
-fn decode_output(params: &Value) -> Option<ProcessEvent> {
-    let stream = match params.get("stream")?.as_str()? {
-        "stdout" => StreamName::Stdout,
-        "stderr" => StreamName::Stderr,
-        "pty" => StreamName::Pty,
-        _ => return None,
-    };
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(params.get("chunk")?.as_str()?)
-        .ok()?;
-    Some(ProcessEvent::Output {
-        stream,
-        data: Bytes::from(data),
-    })
-}
-
-impl ProcessHandle {
-    /// The next event; `None` after the exit notice, or if the session was lost (see
-    /// [`Client::lost_reason`]).
-    pub async fn next_event(&mut self) -> Option<ProcessEvent> {
-        self.client.next_event_of(&self.id).await
-    }
-
-    /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`).
-    pub async fn write(&mut self, data: &[u8]) -> Result<String, ClientError> {
-        self.write_seq += 1;
-        let v = self
-            .client
-            .call(
-                "process/write",
-                json!({
-                    "processId": self.id,
-                    "chunk": base64::engine::general_purpose::STANDARD.encode(data),
-                    "writeId": format!("w-{}", self.write_seq),
-                }),
-            )
-            .await?;
-        Ok(v["status"].as_str().unwrap_or("").to_string())
-    }
-
-    /// Close stdin.
-    pub async fn close_stdin(&self) -> Result<(), ClientError> {
-        self.client
-            .call("process/closeStdin", json!({"processId": self.id}))
-            .await
-            .map(|_| ())
-    }
-
-    /// Send a signal by name.
-    pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
-        self.client
-            .call(
-                "process/signal",
-                json!({"processId": self.id, "signal": name}),
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// Resize the PTY.
-    pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
-        self.client
-            .call(
-                "process/resize",
-                json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// Terminate (SIGTERM, then SIGKILL after `grace`).
-    pub async fn terminate(&self, grace: Option<Duration>) -> Result<bool, ClientError> {
-        let mut p = json!({"processId": self.id});
-        if let Some(g) = grace {
-            p["graceMs"] = json!(g.as_millis() as u64);
-        }
-        let v = self.client.call("process/terminate", p).await?;
-        Ok(v["running"].as_bool().unwrap_or(false))
-    }
-
-    /// A cloneable controller for this process (signals, writes) usable while another task
-    /// consumes events.
-    pub fn controller(&self) -> ProcessController {
-        ProcessController {
-            id: self.id.clone(),
-            client: self.client.clone(),
-        }
-    }
-}
-
-impl Drop for ProcessHandle {
-    /// Stop buffering this process's events. Its output is no longer acknowledged, so with
-    /// acks the server eventually holds the child back: terminate it if it should not run on.
-    fn drop(&mut self) {
-        lock(&self.client.shared.procs).remove(&self.id);
-    }
-}
-
-/// Controls a process without owning its event stream.
-#[derive(Clone)]
-pub struct ProcessController {
-    id: String,
-    client: Client,
-}
-
-impl ProcessController {
-    /// Send a signal by name.
-    pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
-        self.client
-            .call(
-                "process/signal",
-                json!({"processId": self.id, "signal": name}),
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// Resize the PTY.
-    pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
-        self.client
-            .call(
-                "process/resize",
-                json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// Write with an explicit idempotency key.
-    pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
-        let v = self
-            .client
-            .call(
-                "process/write",
-                json!({
-                    "processId": self.id,
-                    "chunk": base64::engine::general_purpose::STANDARD.encode(data),
-                    "writeId": write_id,
-                }),
-            )
-            .await?;
-        Ok(v["status"].as_str().unwrap_or("").to_string())
-    }
-
-    /// Close stdin.
-    pub async fn close_stdin(&self) -> Result<(), ClientError> {
-        self.client
-            .call("process/closeStdin", json!({"processId": self.id}))
-            .await
-            .map(|_| ())
-    }
-
-    /// Terminate.
-    pub async fn terminate(&self) -> Result<bool, ClientError> {
-        let v = self
-            .client
-            .call("process/terminate", json!({"processId": self.id}))
-            .await?;
-        Ok(v["running"].as_bool().unwrap_or(false))
     }
 }

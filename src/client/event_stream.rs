@@ -1,0 +1,348 @@
+//! Per-process event streams: what the client received for each process and has not yet
+//! handed to the application, and how it gets there.
+//!
+//! # What this module owns
+//!
+//! - [`ProcSlot`], one process's buffer, and the routing of a connection's notifications into
+//!   it: in-order output on the connection's reader ([`Client::fast_deliver`]), everything else
+//!   on the router task ([`Client::route`]).
+//! - Deduplication by `seq` (a resume replays what was not acknowledged) and gap filling with
+//!   `process/read`; a range the server no longer retains becomes [`ProcessEvent::Lost`].
+//! - Handing events to the application one at a time ([`Client::next_event_of`]) and
+//!   acknowledging what it consumed (`process/ack`, every [`ACK_EVERY_BYTES`] and at exit).
+//!
+//! # What it must never do
+//!
+//! - Show a byte twice or skip one silently.
+//! - Make the connection's reader wait for the application: the buffer is bounded by the
+//!   server's retention (see [`ProcSlot`]), not by blocking here.
+//! - Acknowledge an event the application has not consumed: the ack is what lets the server
+//!   release it and keep reading the child.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Notify};
+
+use super::rpc_connection::{Notification, RpcConnection};
+use super::{Client, ClientError, Shared};
+use crate::process::event_log::StreamName;
+use crate::process::managed_process::lock;
+use crate::rpc::messages::ExitInfo;
+
+/// Output bytes consumed by the application before an ack is sent.
+pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
+
+/// An event of one process, handed out exactly once, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProcessEvent {
+    /// Output bytes.
+    Output {
+        /// Which stream.
+        stream: StreamName,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// The server no longer had events `from..=to` (only possible without acks).
+    Lost {
+        /// First missing seq.
+        from: u64,
+        /// Last missing seq.
+        to: u64,
+    },
+    /// The exit notice; the last event.
+    Exited(ExitInfo),
+}
+
+/// Client-side state of one process: events received but not yet consumed.
+///
+/// The connection's reader never waits for the application (so responses keep flowing while
+/// output piles up); the buffer is bounded by the server instead: with acks, the server stops
+/// reading the child once `retainedOutputBytes` are unacknowledged, and this client
+/// acknowledges only what the application consumed.
+pub(super) struct ProcSlot {
+    buf: VecDeque<(u64, ProcessEvent)>,
+    /// Highest seq received (deduplication of replays).
+    received: u64,
+    /// Highest seq handed to the application.
+    consumed: u64,
+    unacked_bytes: u64,
+    /// The exit notice was received.
+    done: bool,
+    pub(super) notify: Arc<Notify>,
+}
+
+impl ProcSlot {
+    pub(super) fn new() -> Self {
+        ProcSlot {
+            buf: VecDeque::new(),
+            received: 0,
+            consumed: 0,
+            unacked_bytes: 0,
+            done: false,
+            notify: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl Client {
+    /// In-order output (and replays) handled on the connection's reader; anything else (a gap
+    /// to fill, an exit notice) goes to the router task.
+    pub(super) fn fast_deliver(shared: &Shared, n: Notification) -> Option<Notification> {
+        let Notification::Output {
+            process_id,
+            seq,
+            stream,
+            data,
+        } = n
+        else {
+            return Some(n);
+        };
+        let mut procs = lock(&shared.procs);
+        match procs.get_mut(&process_id) {
+            Some(slot) if !slot.done && seq == slot.received + 1 => {
+                Self::push(slot, seq, ProcessEvent::Output { stream, data });
+                None
+            }
+            Some(slot) if slot.done || seq <= slot.received => None,
+            None => None,
+            Some(_) => Some(Notification::Output {
+                process_id,
+                seq,
+                stream,
+                data,
+            }),
+        }
+    }
+
+    /// Route notifications of one connection to process streams, deduplicated by seq.
+    pub(super) async fn route(&self, conn: RpcConnection, mut rx: mpsc::Receiver<Notification>) {
+        while let Some(n) = rx.recv().await {
+            match n {
+                Notification::Output {
+                    process_id,
+                    seq,
+                    stream,
+                    data,
+                } => {
+                    let ev = ProcessEvent::Output { stream, data };
+                    self.deliver(&conn, &process_id, seq, ev).await;
+                }
+                Notification::Other { method, params } => {
+                    let Some(pid) = params.get("processId").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    let Some(seq) = params.get("seq").and_then(Value::as_u64) else {
+                        continue;
+                    };
+                    let ev = match method.as_str() {
+                        "process/outputDelta" => match decode_output(&params) {
+                            Some(ev) => ev,
+                            None => continue,
+                        },
+                        "process/exited" => {
+                            match serde_json::from_value::<ExitInfo>(params.clone()) {
+                                Ok(info) => ProcessEvent::Exited(info),
+                                Err(_) => continue,
+                            }
+                        }
+                        _ => continue,
+                    };
+                    self.deliver(&conn, pid, seq, ev).await;
+                }
+            }
+        }
+    }
+
+    async fn deliver(&self, conn: &RpcConnection, pid: &str, seq: u64, ev: ProcessEvent) {
+        let gap_from = {
+            let mut procs = lock(&self.shared.procs);
+            let Some(slot) = procs.get_mut(pid) else {
+                return;
+            };
+            if seq <= slot.received || slot.done {
+                return; // a replay after resume
+            }
+            if seq == slot.received + 1 {
+                Self::push(slot, seq, ev);
+                return;
+            }
+            slot.received
+        };
+        // A gap: fetch what is missing before going on.
+        self.fill_gap(conn, pid, gap_from, seq).await;
+        let mut procs = lock(&self.shared.procs);
+        if let Some(slot) = procs.get_mut(pid) {
+            if seq == slot.received + 1 && !slot.done {
+                Self::push(slot, seq, ev);
+            }
+        }
+    }
+
+    fn push(slot: &mut ProcSlot, seq: u64, ev: ProcessEvent) {
+        if matches!(ev, ProcessEvent::Exited(_)) {
+            slot.done = true;
+        }
+        slot.received = seq;
+        slot.buf.push_back((seq, ev));
+        slot.notify.notify_waiters();
+    }
+
+    async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) {
+        let mut after = after;
+        while after + 1 < upto {
+            let r = conn
+                .call(
+                    "process/read",
+                    json!({"processId": pid, "afterSeq": after, "maxBytes": 1 << 20}),
+                )
+                .await;
+            let events = match r {
+                Ok(v) => v,
+                Err(ClientError::Rpc {
+                    code: -32005, data, ..
+                }) => {
+                    let to = data
+                        .as_ref()
+                        .and_then(|d| d.get("toSeq"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(upto - 1);
+                    let mut procs = lock(&self.shared.procs);
+                    if let Some(slot) = procs.get_mut(pid) {
+                        if slot.received == after {
+                            // Not a real event: it does not take a seq of its own.
+                            slot.buf.push_back((
+                                to,
+                                ProcessEvent::Lost {
+                                    from: after + 1,
+                                    to,
+                                },
+                            ));
+                            slot.received = to;
+                            slot.notify.notify_waiters();
+                        }
+                    }
+                    after = to;
+                    continue;
+                }
+                Err(_) => return,
+            };
+            let list = events["events"].as_array().cloned().unwrap_or_default();
+            if list.is_empty() {
+                return;
+            }
+            for e in list {
+                let Some(seq) = e.get("seq").and_then(Value::as_u64) else {
+                    return;
+                };
+                if seq >= upto {
+                    return;
+                }
+                let ev = if e["type"] == "exited" {
+                    match serde_json::from_value::<ExitInfo>(e.clone()) {
+                        Ok(i) => ProcessEvent::Exited(i),
+                        Err(_) => return,
+                    }
+                } else {
+                    match decode_output(&e) {
+                        Some(ev) => ev,
+                        None => return,
+                    }
+                };
+                let mut procs = lock(&self.shared.procs);
+                if let Some(slot) = procs.get_mut(pid) {
+                    if seq == slot.received + 1 {
+                        Self::push(slot, seq, ev);
+                    }
+                }
+                after = seq;
+            }
+        }
+    }
+
+    /// The application took events up to `seq` of `pid`: acknowledge now and then, so the
+    /// server releases them (and keeps the child going).
+    fn consumed(&self, pid: &str, seq: u64, bytes: u64, exited: bool) {
+        let ack = {
+            let mut procs = lock(&self.shared.procs);
+            let Some(slot) = procs.get_mut(pid) else {
+                return;
+            };
+            slot.consumed = seq;
+            slot.unacked_bytes += bytes;
+            if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
+                slot.unacked_bytes = 0;
+                true
+            } else {
+                false
+            }
+        };
+        if ack {
+            if let Some(conn) = lock(&self.shared.conn).clone() {
+                let pid = pid.to_string();
+                // Fire and forget: a lost ack only means a longer replay after a resume.
+                tokio::spawn(async move {
+                    let _ = conn
+                        .notify("process/ack", json!({"processId": pid, "seq": seq}))
+                        .await;
+                });
+            }
+        }
+    }
+
+    pub(super) async fn next_event_of(&self, pid: &str) -> Option<ProcessEvent> {
+        loop {
+            let notify = {
+                let mut procs = lock(&self.shared.procs);
+                let slot = procs.get_mut(pid)?;
+                if let Some((seq, ev)) = slot.buf.pop_front() {
+                    let bytes = match &ev {
+                        ProcessEvent::Output { data, .. } => data.len() as u64,
+                        _ => 0,
+                    };
+                    let exited = matches!(ev, ProcessEvent::Exited(_));
+                    drop(procs);
+                    self.consumed(pid, seq, bytes, exited);
+                    if exited {
+                        lock(&self.shared.procs).remove(pid);
+                    }
+                    return Some(ev);
+                }
+                if lock(&self.shared.lost).is_some() {
+                    return None;
+                }
+                slot.notify.clone()
+            };
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Re-check after registering, so a push in between is not missed.
+            let ready = {
+                let procs = lock(&self.shared.procs);
+                procs.get(pid).is_none_or(|s| !s.buf.is_empty())
+            };
+            if !ready && lock(&self.shared.lost).is_none() {
+                notified.await;
+            }
+        }
+    }
+}
+
+fn decode_output(params: &Value) -> Option<ProcessEvent> {
+    let stream = match params.get("stream")?.as_str()? {
+        "stdout" => StreamName::Stdout,
+        "stderr" => StreamName::Stderr,
+        "pty" => StreamName::Pty,
+        _ => return None,
+    };
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(params.get("chunk")?.as_str()?)
+        .ok()?;
+    Some(ProcessEvent::Output {
+        stream,
+        data: Bytes::from(data),
+    })
+}
