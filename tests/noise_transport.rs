@@ -292,8 +292,10 @@ impl RawLink {
 
     /// The next frame off the wire; `None` once the link has ended.
     async fn read_frame(&mut self) -> Option<Frame> {
+        // One deadline for the whole wait: the server's keepalive pings must not re-arm it.
+        let deadline = tokio::time::Instant::now() + GUARD;
         loop {
-            let m = tokio::time::timeout(GUARD, self.ws.next())
+            let m = tokio::time::timeout_at(deadline, self.ws.next())
                 .await
                 .expect("no frame and no close within the hang guard");
             match m {
