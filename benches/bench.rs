@@ -411,7 +411,7 @@ async fn main() {
 
     let keys = noise_keys();
     let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise".into());
-    for kind in kinds.split(',') {
+    for kind in kinds.split(',').filter(|k| !k.is_empty()) {
         let mut results = Vec::new();
         for r in 0..repeats {
             let t = throughput(kind, n, &keys).await;

@@ -135,7 +135,7 @@ pub async fn run_writer(
                 break WriterEnd::TransportFailed;
             }
             if let Some(seq) = last {
-                if p.mark_written(seq) {
+                if p.mark_written_by(&ready, seq) {
                     ready.push(p);
                 }
             }

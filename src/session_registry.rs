@@ -282,8 +282,7 @@ impl Session {
         st.current = Some(conn.clone());
         st.generation += 1;
         for p in self.processes() {
-            p.rewind_delivery();
-            p.set_delivery(Some(conn.ready.clone()));
+            p.attach_delivery(Some(conn.ready.clone()), true);
         }
     }
 

@@ -453,3 +453,31 @@ async fn the_client_survives_killed_links_without_loss_or_duplicates() {
     client.close();
     stop.cancel();
 }
+
+/// Regression: a writer of the previous connection that finished a write after a resume moved
+/// the new connection's delivery cursor past events it never sent (the client then saw a gap
+/// and, filling it, deadlocked). The cursor now belongs to the current attachment only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_writer_cannot_move_the_cursor_of_a_resumed_session() {
+    let reg = shared(cfg());
+    let a = conn(&reg);
+    let (session, token) = reg.create(true, &a).unwrap();
+    let params = serde_json::from_value(json!({"processId": "p", "argv": ["echo", "hi"]})).unwrap();
+    let p = session.start(params, a.conn_id).unwrap();
+    session.enable_delivery(&p, a.conn_id);
+    p.wait_finished().await;
+    let last = p.stats().next_seq - 1;
+    assert_eq!(last, 2, "one output event and the exit notice");
+    assert!(!p.mark_written_by(&a.ready, last));
+    assert_eq!(p.stats().written_through, last);
+
+    let b = conn(&reg);
+    reg.resume(&session.id, &token, &b).unwrap();
+    assert_eq!(p.stats().written_through, 0, "rewound to the last ack");
+    // The old connection's writer completes a write now: it must change nothing.
+    assert!(!p.mark_written_by(&a.ready, last));
+    assert_eq!(p.stats().written_through, 0);
+    // The new connection's writer moves it.
+    assert!(p.mark_written_by(&b.ready, 1));
+    assert_eq!(p.stats().written_through, 1);
+}

@@ -119,7 +119,11 @@ impl Client {
     }
 
     /// Route notifications of one connection to process streams, deduplicated by seq.
-    pub(super) async fn route(&self, conn: RpcConnection, mut rx: mpsc::Receiver<Notification>) {
+    pub(super) async fn route(
+        &self,
+        conn: RpcConnection,
+        mut rx: mpsc::UnboundedReceiver<Notification>,
+    ) {
         while let Some(n) = rx.recv().await {
             match n {
                 Notification::Output {

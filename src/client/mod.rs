@@ -46,8 +46,6 @@ use rpc_connection::{Notification, RpcConnection};
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use process_handle::{ProcessController, ProcessHandle};
 
-/// Notifications queued between a connection's reader and its router task.
-pub const NOTIFICATION_QUEUE: usize = 64;
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
@@ -370,7 +368,7 @@ impl Client {
         transport: Transport,
         resume: Option<(String, String)>,
     ) -> Result<(), ClientError> {
-        let (ntx, nrx) = mpsc::channel::<Notification>(NOTIFICATION_QUEUE);
+        let (ntx, nrx) = mpsc::unbounded_channel::<Notification>();
         let shared = Arc::downgrade(&self.shared);
         let fast: rpc_connection::FastPath = Arc::new(move |n| {
             let Some(shared) = shared.upgrade() else {

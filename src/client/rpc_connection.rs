@@ -51,9 +51,11 @@ pub enum Notification {
     },
 }
 
-/// Receives every notification, in wire order, on the reader task. It may wait (that is
-/// backpressure on the transport).
-pub type NotificationSink = mpsc::Sender<Notification>;
+/// Receives every notification, in wire order, from the reader task, which never waits for
+/// it: the router may itself be waiting for a response (filling a gap with `process/read`)
+/// that only the reader can deliver. The queue is bounded by the server instead: with acks it
+/// sends at most `retainedOutputBytes` per process beyond what this client acknowledged.
+pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 
 /// Called on the reader task for each notification before it is queued: returns `None` when
 /// it handled it (the common case of in-order output, saving a task hop per message).
@@ -174,9 +176,8 @@ impl RpcConnection {
                             },
                             None => n,
                         };
-                        tokio::select! {
-                            _ = c.cancelled() => break,
-                            r = notifications.send(n) => if r.is_err() { break },
+                        if notifications.send(n).is_err() {
+                            break;
                         }
                         continue;
                     }
@@ -190,9 +191,11 @@ impl RpcConnection {
                         }
                     }
                     Ok(Inbound::Notification { method, params }) => {
-                        tokio::select! {
-                            _ = c.cancelled() => break,
-                            r = notifications.send(Notification::Other { method, params }) => if r.is_err() { break },
+                        if notifications
+                            .send(Notification::Other { method, params })
+                            .is_err()
+                        {
+                            break;
                         }
                     }
                     Ok(Inbound::Request { .. }) => {}

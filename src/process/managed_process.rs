@@ -228,8 +228,22 @@ impl ManagedProcess {
     /// Route future events to `ready` (a connection's writer), or nowhere (`None`: detached).
     /// Marks the process ready at once so that retained unwritten events flow.
     pub fn set_delivery(self: &Arc<Self>, ready: Option<Arc<ReadySet>>) {
-        let has_unwritten = self.inner().log.has_unwritten();
+        self.attach_delivery(ready, false);
+    }
+
+    /// Point delivery at `ready` and, with `rewind`, re-deliver from after the last
+    /// acknowledged event (on resume). The delivery lock is held across both, and
+    /// [`mark_written_by`](Self::mark_written_by) takes it too, so a writer of the previous
+    /// connection that finishes a write afterwards cannot move the new connection's cursor.
+    pub fn attach_delivery(self: &Arc<Self>, ready: Option<Arc<ReadySet>>, rewind: bool) {
         let mut d = lock(&self.delivery);
+        let has_unwritten = {
+            let mut inner = self.inner();
+            if rewind {
+                inner.log.rewind_delivery();
+            }
+            inner.log.has_unwritten()
+        };
         *d = ready;
         if let Some(r) = d.as_ref() {
             if has_unwritten {
@@ -261,6 +275,23 @@ impl ManagedProcess {
     /// The writer handed events up to `seq` to the transport.
     pub fn mark_written(&self, seq: u64) -> bool {
         let more = {
+            let mut inner = self.inner();
+            inner.log.mark_written(seq);
+            inner.log.has_unwritten()
+        };
+        self.changed.notify_waiters();
+        more
+    }
+
+    /// The writer of `ready` handed events up to `seq` to its transport. Ignored unless
+    /// `ready` is still the delivery target: after a detach or a resume the cursor belongs to
+    /// the new attachment. Returns whether more events wait for `ready`.
+    pub fn mark_written_by(&self, ready: &Arc<ReadySet>, seq: u64) -> bool {
+        let more = {
+            let d = lock(&self.delivery);
+            if !d.as_ref().is_some_and(|r| Arc::ptr_eq(r, ready)) {
+                return false;
+            }
             let mut inner = self.inner();
             inner.log.mark_written(seq);
             inner.log.has_unwritten()
