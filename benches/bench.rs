@@ -150,7 +150,7 @@ async fn connect_latency(keys: &NoiseKeys, runs: u64) -> (f64, f64) {
             .expect("initialize");
         let _ = drain(&client, "c", vec!["true".into()]).await;
         let took = t0.elapsed();
-        client.close();
+        client.shutdown().await;
         link.kill();
         if i >= 5 {
             samples.push(took.as_secs_f64() * 1000.0);

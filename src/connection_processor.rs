@@ -249,7 +249,8 @@ impl ConnectionProcessor {
         };
 
         let class = match method.as_str() {
-            "process/signal" | "process/terminate" | "server/info" | "process/list" => None,
+            "process/signal" | "process/terminate" | "server/info" | "process/list"
+            | "session/close" => None,
             "process/start" | "process/write" | "process/closeStdin" | "process/resize" => {
                 Some(Class::Exclusive)
             }

@@ -96,6 +96,13 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             Ok(json!({ "processes": procs }).into())
         }
         "server/info" => Ok(server_info(&ctx.registry).into()),
+        // Extension (not in protocol.md): a client that is done ends its session at once
+        // instead of leaving it detached for detachedSessionTtlMs (it would count against
+        // maxSessions meanwhile). Its processes are terminated.
+        "session/close" => {
+            ctx.session.close();
+            Ok(json!({}).into())
+        }
         other => Err(RpcError::method_not_found(other)),
     }
 }

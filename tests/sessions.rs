@@ -481,3 +481,28 @@ async fn a_stale_writer_cannot_move_the_cursor_of_a_resumed_session() {
     assert!(p.mark_written_by(&b.ready, 1));
     assert_eq!(p.stats().written_through, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_close_ends_the_session_and_its_processes_at_once() {
+    let reg = shared(cfg());
+    let mut a = connect(&reg);
+    let init = a.client.handshake().await;
+    let sid = init["sessionId"].as_str().unwrap().to_string();
+    let token = init["resumeToken"].as_str().unwrap().to_string();
+    let start = a
+        .client
+        .call(
+            "process/start",
+            json!({"processId": "s", "argv": ["sleep", "100"]}),
+        )
+        .await;
+    let pgid = start["pid"].as_i64().unwrap() as i32;
+    assert_eq!(a.client.call("session/close", json!({})).await, json!({}));
+    assert!(reg.session(&sid).is_none(), "gone at once, not detached");
+    eventually("process group terminated", || !group_alive(pgid)).await;
+    drop(a.client);
+    a.end.await.unwrap();
+    let mut b = connect(&reg);
+    let r = resume(&mut b.client, &sid, &token).await;
+    assert_eq!(r["error"]["code"], -32003);
+}

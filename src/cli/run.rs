@@ -307,7 +307,8 @@ async fn run(args: RunArgs) -> i32 {
     if let Some(why) = client.lost_reason() {
         eprintln!("execrelay run: {why}");
     }
-    client.close();
+    // The command is over: end the session rather than leave it detached on the server.
+    client.shutdown().await;
     code
 }
 
@@ -410,7 +411,7 @@ async fn demo(args: DemoArgs) -> i32 {
             }
         }
     }
-    client.close();
+    client.shutdown().await;
     if let Some(pid) = server.id() {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),

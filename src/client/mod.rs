@@ -350,6 +350,20 @@ impl Client {
         }
     }
 
+    /// End the session on the server (`session/close`: its processes are terminated), then
+    /// close. For a client that is done; [`close`](Self::close) leaves the session resumable.
+    pub async fn shutdown(&self) {
+        let conn = lock(&self.shared.conn).clone();
+        if let Some(conn) = conn {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                conn.call("session/close", json!({})),
+            )
+            .await;
+        }
+        self.close();
+    }
+
     /// Close the client: the server detaches the session (it expires after its TTL).
     pub fn close(&self) {
         self.shared.shutdown.cancel();
