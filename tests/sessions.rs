@@ -429,7 +429,10 @@ async fn the_client_survives_killed_links_without_loss_or_duplicates() {
     let mut got = Vec::with_capacity(TOTAL);
     let mut killed = 0;
     let exit = loop {
-        match p.next_event().await.expect("stream ended early") {
+        let ev = tokio::time::timeout(GUARD, p.next_event())
+            .await
+            .expect("no event within the hang guard: output stalled after a reconnect");
+        match ev.expect("stream ended early") {
             ProcessEvent::Output { data, .. } => {
                 got.extend_from_slice(&data);
                 while killed < kills.len() && got.len() >= kills[killed] {
