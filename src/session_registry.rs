@@ -289,6 +289,9 @@ impl Session {
     /// The connection `conn_id` ended. If it still held the session, detach and arm the
     /// expiry timer.
     pub fn detach(self: &Arc<Self>, conn_id: u64) {
+        if self.closed.is_cancelled() {
+            return; // closed on purpose (`session/close`): nothing to keep
+        }
         let generation = {
             let mut st = lock(&self.attach);
             match &st.current {

@@ -340,7 +340,12 @@ async fn demo(args: DemoArgs) -> i32 {
             return 1;
         }
     };
-    let mut server = match tokio::process::Command::new(exe)
+    let mut cmd = tokio::process::Command::new(exe);
+    if std::env::var_os("RUST_LOG").is_none() {
+        // Keep the demo's own output readable; RUST_LOG=info shows the server's logs.
+        cmd.env("RUST_LOG", "warn");
+    }
+    let mut server = match cmd
         .args(["serve", "--listen", "ws://127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
