@@ -209,7 +209,8 @@ impl ClientLink {
                     break;
                 }
             }
-            let _ = sink.close().await;
+            let _ =
+                tokio::time::timeout(super::link_server::LINK_CLOSE_TIMEOUT, sink.close()).await;
             dead.cancel();
         });
 

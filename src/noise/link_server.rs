@@ -46,6 +46,8 @@ pub const STREAM_INBOUND_QUEUE: usize = 1024;
 pub const LINK_SEND_QUEUE: usize = 1024;
 /// Control frames (ACCEPT, RESET) queued for the writer; a link that lets it fill is closed.
 pub const LINK_CONTROL_QUEUE: usize = 256;
+/// How long a closing link waits for its close frame to go out before the socket is dropped.
+pub const LINK_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Interval of WebSocket pings on a link (`KEEPALIVE_INTERVAL`).
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// A link without any inbound traffic (pongs included) for this long is dead (`PONG_TIMEOUT`).
@@ -220,7 +222,8 @@ async fn run_link(
                     break;
                 }
             }
-            let _ = sink.close().await;
+            // A peer that does not read must not keep a closing link alive.
+            let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, sink.close()).await;
             d.cancel();
         }
         .in_current_span(),
@@ -280,7 +283,15 @@ async fn run_link(
     // Dropping the streams' inbound senders ends their processors; sessions detach.
     link.streams.clear();
     dead.cancel();
-    let _ = writer.await;
+    // The writer may be stuck writing to a peer that stopped reading: bound the wait, then
+    // drop both halves so the socket closes whatever the peer does.
+    let mut writer = writer;
+    if tokio::time::timeout(LINK_CLOSE_TIMEOUT * 2, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
 }
 
 impl Link {
