@@ -69,9 +69,15 @@ struct ServerProc {
     url: String,
 }
 
-async fn start_ws_server() -> ServerProc {
+/// Start `execrelay serve ARGS…` and read the bound URL from its first line of stdout.
+async fn start_server<I, S>(args: I) -> ServerProc
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let mut child = tokio::process::Command::new(server_bin())
-        .args(["serve", "--listen", "ws://127.0.0.1:0"])
+        .arg("serve")
+        .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -81,6 +87,10 @@ async fn start_ws_server() -> ServerProc {
     let mut lines = tokio::io::BufReader::new(out).lines();
     let url = lines.next_line().await.expect("url").expect("url line");
     ServerProc { child, url }
+}
+
+async fn start_ws_server() -> ServerProc {
+    start_server(["--listen", "ws://127.0.0.1:0"]).await
 }
 
 /// Keys for a Noise server and its client, in a temporary directory.
@@ -117,20 +127,16 @@ fn noise_keys() -> NoiseKeys {
 }
 
 async fn start_noise_server(keys: &NoiseKeys) -> ServerProc {
-    let mut child = tokio::process::Command::new(server_bin())
-        .args(["serve", "--listen", "noise+ws://127.0.0.1:0", "--key"])
-        .arg(keys.dir.join("server"))
-        .arg("--authorized-keys")
-        .arg(keys.dir.join("authorized"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start server");
-    let out = child.stdout.take().expect("stdout");
-    let mut lines = tokio::io::BufReader::new(out).lines();
-    let url = lines.next_line().await.expect("url").expect("url line");
-    ServerProc { child, url }
+    let (key, auth) = (keys.dir.join("server"), keys.dir.join("authorized"));
+    start_server([
+        std::ffi::OsStr::new("--listen"),
+        std::ffi::OsStr::new("noise+ws://127.0.0.1:0"),
+        std::ffi::OsStr::new("--key"),
+        key.as_os_str(),
+        std::ffi::OsStr::new("--authorized-keys"),
+        auth.as_os_str(),
+    ])
+    .await
 }
 
 /// New connection each time: link, handshake, `initialize`, start `true`, exit notice.

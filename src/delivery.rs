@@ -50,16 +50,6 @@ impl ReadySet {
         inner.queued.remove(&(Arc::as_ptr(&p) as usize));
         Some(p)
     }
-
-    /// How many processes wait (for metrics and tests).
-    pub fn len(&self) -> usize {
-        lock(&self.inner).queue.len()
-    }
-
-    /// Whether no process waits.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// A message for the control lane: a response or error, with an optional action to run once

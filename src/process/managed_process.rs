@@ -7,6 +7,7 @@
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
 use std::collections::{HashSet, VecDeque};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -272,17 +273,6 @@ impl ManagedProcess {
         self.inner().log.peek_unwritten(max_bytes)
     }
 
-    /// The writer handed events up to `seq` to the transport.
-    pub fn mark_written(&self, seq: u64) -> bool {
-        let more = {
-            let mut inner = self.inner();
-            inner.log.mark_written(seq);
-            inner.log.has_unwritten()
-        };
-        self.changed.notify_waiters();
-        more
-    }
-
     /// The writer of `ready` handed events up to `seq` to its transport. Ignored unless
     /// `ready` is still the delivery target: after a detach or a resume the cursor belongs to
     /// the new attachment. Returns whether more events wait for `ready`.
@@ -298,11 +288,6 @@ impl ManagedProcess {
         };
         self.changed.notify_waiters();
         more
-    }
-
-    /// Re-deliver from after the last acknowledged event (on resume).
-    pub fn rewind_delivery(&self) {
-        self.inner().log.rewind_delivery();
     }
 
     /// `process/ack`.
@@ -564,8 +549,8 @@ pub fn encode_notification(id_json: &str, ev: &Event) -> String {
                 "{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\",\"params\":{\"processId\":",
             );
             s.push_str(id_json);
-            s.push_str(",\"seq\":");
-            s.push_str(itoa_u64(ev.seq).as_str());
+            // Writing into a String cannot fail.
+            let _ = write!(s, ",\"seq\":{}", ev.seq);
             s.push_str(",\"stream\":\"");
             s.push_str(stream.as_str());
             s.push_str("\",\"chunk\":\"");
@@ -583,12 +568,8 @@ pub fn encode_notification(id_json: &str, ev: &Event) -> String {
     }
 }
 
-fn itoa_u64(n: u64) -> String {
-    n.to_string()
-}
-
-/// Whether the `timeoutMs` of this process fired.
 impl ManagedProcess {
+    /// Record that `timeoutMs` fired (reported as `timedOut` in the exit notice).
     pub(crate) fn mark_timed_out(&self) {
         self.timed_out.store(true, Ordering::SeqCst);
     }

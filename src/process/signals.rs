@@ -40,11 +40,11 @@ pub fn signal_group(pgid: u32, sig: Signal) -> std::io::Result<bool> {
 
 /// Whether any member of the process group is alive (signal 0).
 pub fn group_alive(pgid: u32) -> bool {
-    matches!(killpg(Pid::from_raw(pgid as i32), None), Ok(()))
-        || matches!(
-            killpg(Pid::from_raw(pgid as i32), None),
-            Err(nix::errno::Errno::EPERM)
-        )
+    // EPERM: members exist but belong to someone else; still alive.
+    matches!(
+        killpg(Pid::from_raw(pgid as i32), None),
+        Ok(()) | Err(nix::errno::Errno::EPERM)
+    )
 }
 
 #[cfg(test)]

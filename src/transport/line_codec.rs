@@ -2,7 +2,7 @@
 //! trailing `\r` tolerated, blank lines skipped, and a size limit enforced while scanning so
 //! that no more than the limit plus one read is ever buffered.
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio_util::codec::{Decoder, Encoder};
 
 use super::FramingError;
@@ -73,7 +73,6 @@ impl Decoder for LineCodec {
                 if v.last() == Some(&b'\r') {
                     v.pop();
                 }
-                buf.advance(0);
                 Ok(Some(v))
             }
         }
