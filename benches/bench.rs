@@ -440,30 +440,42 @@ async fn main() {
         }
     }
 
-    let (r50, rmax, lost) = resume_bench(env_u64("RESUME_KILLS", 10) as usize).await;
-    println!("resume_p50_ms {r50:.2}");
-    println!("resume_max_ms {rmax:.2}");
-    println!("resume_bytes_lost {lost}");
+    // Each part below can be skipped by setting its count to 0 (for profiling one path).
+    let kills = env_u64("RESUME_KILLS", 10) as usize;
+    if kills > 0 {
+        let (r50, rmax, lost) = resume_bench(kills).await;
+        println!("resume_p50_ms {r50:.2}");
+        println!("resume_max_ms {rmax:.2}");
+        println!("resume_bytes_lost {lost}");
+    }
 
-    let (rss, term_ms) = slow_consumer(env_u64("SLOW_CONSUMER_SECONDS", 10)).await;
-    println!("slow_consumer_server_peak_rss_KiB {rss}");
-    println!("slow_consumer_terminate_latency_ms {term_ms:.2}");
+    let slow_secs = env_u64("SLOW_CONSUMER_SECONDS", 10);
+    if slow_secs > 0 {
+        let (rss, term_ms) = slow_consumer(slow_secs).await;
+        println!("slow_consumer_server_peak_rss_KiB {rss}");
+        println!("slow_consumer_terminate_latency_ms {term_ms:.2}");
+    }
 
-    let (c50, c99) = connect_latency(&keys, env_u64("CONNECT_LATENCY_RUNS", 200)).await;
-    println!("noise_connect_latency_p50_ms {c50:.3}");
-    println!("noise_connect_latency_p99_ms {c99:.3}");
-    if let Some(ssh) = base.get("ssh_fresh_p50_ms") {
-        println!("noise_connect_ssh_fresh_speedup {:.1}", ssh / c50);
+    let connects = env_u64("CONNECT_LATENCY_RUNS", 200);
+    if connects > 0 {
+        let (c50, c99) = connect_latency(&keys, connects).await;
+        println!("noise_connect_latency_p50_ms {c50:.3}");
+        println!("noise_connect_latency_p99_ms {c99:.3}");
+        if let Some(ssh) = base.get("ssh_fresh_p50_ms") {
+            println!("noise_connect_ssh_fresh_speedup {:.1}", ssh / c50);
+        }
     }
     let _ = std::fs::remove_dir_all(&keys.dir);
 
-    let (p50, p99) = exec_latency(runs).await;
-    println!("exec_latency_p50_ms {p50:.3}");
-    println!("exec_latency_p99_ms {p99:.3}");
-    if let Some(ssh) = base.get("ssh_controlmaster_p50_ms") {
-        println!(
-            "exec_latency_p50_vs_ssh_controlmaster_ratio {:.3}",
-            p50 / ssh
-        );
+    if runs > 0 {
+        let (p50, p99) = exec_latency(runs).await;
+        println!("exec_latency_p50_ms {p50:.3}");
+        println!("exec_latency_p99_ms {p99:.3}");
+        if let Some(ssh) = base.get("ssh_controlmaster_p50_ms") {
+            println!(
+                "exec_latency_p50_vs_ssh_controlmaster_ratio {:.3}",
+                p50 / ssh
+            );
+        }
     }
 }

@@ -62,9 +62,21 @@ pub struct Welcome {
     pub server_version: String,
 }
 
-/// The transport keys after a handshake: records with explicit nonces (`snow`'s stateless
-/// transport), shareable between the sending and the receiving half of a stream.
-pub type TransportKeys = Arc<snow::StatelessTransportState>;
+/// The transport keys after a handshake, shareable between the sending and the receiving half
+/// of a stream. Records use them with explicit nonces ([`super::cipher`]).
+pub type TransportKeys = Arc<super::cipher::TransportKeys>;
+
+/// `Split()` of a finished handshake into the directional record keys.
+fn split(hs: &mut snow::HandshakeState) -> Result<TransportKeys, HandshakeError> {
+    if !hs.is_handshake_finished() {
+        return Err(HandshakeError::Rejected);
+    }
+    let initiator = hs.is_initiator();
+    let (c1, c2) = hs.dangerously_get_raw_split();
+    super::cipher::TransportKeys::from_split(initiator, c1, c2)
+        .map(Arc::new)
+        .map_err(|_| HandshakeError::Rejected)
+}
 
 /// The prologue for `env_id` (empty for a direct connection) and `stream`.
 pub fn prologue(env_id: &str, stream: &StreamId) -> Vec<u8> {
@@ -140,11 +152,8 @@ impl ClientHandshake {
                 welcome.version
             )));
         }
-        let t = self
-            .hs
-            .into_stateless_transport_mode()
-            .map_err(|_| HandshakeError::Rejected)?;
-        Ok((Arc::new(t), welcome))
+        let t = split(&mut self.hs)?;
+        Ok((t, welcome))
     }
 }
 
@@ -222,11 +231,8 @@ impl PendingHandshake {
             .write_message(&payload, &mut msg)
             .map_err(|_| HandshakeError::Rejected)?;
         msg.truncate(n);
-        let t = self
-            .hs
-            .into_stateless_transport_mode()
-            .map_err(|_| HandshakeError::Rejected)?;
-        Ok((msg, Arc::new(t)))
+        let t = split(&mut self.hs)?;
+        Ok((msg, t))
     }
 }
 
@@ -262,11 +268,10 @@ mod tests {
         let (m2, st) = pending.accept("9.9").unwrap();
         let (ct, welcome) = c.finish(&m2).unwrap();
         assert_eq!(welcome.server_version, "9.9");
-        let mut buf = vec![0u8; 64];
-        let n = ct.write_message(1, b"hello", &mut buf).unwrap();
-        let mut out = vec![0u8; 64];
-        let m = st.read_message(1, &buf[..n], &mut out).unwrap();
-        assert_eq!(&out[..m], b"hello");
+        let mut rec = b"hello".to_vec();
+        let tag = ct.seal_in_place(1, &mut rec).unwrap();
+        rec.extend_from_slice(tag.as_ref());
+        assert_eq!(st.open_in_place(1, &mut rec).unwrap(), b"hello");
     }
 
     #[test]

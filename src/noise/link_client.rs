@@ -289,7 +289,7 @@ impl ClientLink {
                     let mut streams = lock(&self.streams);
                     match streams.get_mut(&sid) {
                         Some(Entry::Open { inbound, opener }) => {
-                            match opener.open(frame.seq, &frame.payload) {
+                            match opener.open_owned(frame.seq, frame.payload) {
                                 Ok(Opened::Messages(m)) => Some((inbound.clone(), m)),
                                 Ok(Opened::Close(_)) | Err(_) => {
                                     // Closed on purpose, or garbage: the stream is over.

@@ -341,7 +341,7 @@ impl Link {
                 }
                 Some(Entry::Open {
                     inbound, opener, ..
-                }) => match opener.open(frame.seq, &frame.payload) {
+                }) => match opener.open_owned(frame.seq, frame.payload) {
                     Ok(Opened::Messages(msgs)) => {
                         let Some(tx) = inbound.as_ref() else {
                             return Ok(());

@@ -5,6 +5,8 @@
 //! - [`keys`]: X25519 key files, public key lines, the authorized-keys file.
 //! - [`handshake`]: sans-IO `Noise_IK_25519_ChaChaPoly_BLAKE2s` with the stream-binding
 //!   prologue; a handshake state that turns into transport keys.
+//! - [`cipher`]: the directional record keys from the handshake's split, and the in-place
+//!   ChaCha20-Poly1305 on records (the hot path of every encrypted byte).
 //! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
 //!   close, and length-prefixed messages cut into records.
 //! - [`budget`]: sans-IO token bucket for handshake failures.
@@ -18,6 +20,7 @@
 
 pub mod authorizer;
 pub mod budget;
+pub mod cipher;
 pub mod handshake;
 pub mod keys;
 pub mod link_client;

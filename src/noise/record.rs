@@ -6,8 +6,6 @@
 //! JSON-RPC messages, each behind a 4-byte big-endian length, cut into records at any point.
 //! This module never logs plaintext.
 
-use bytes::{Buf, BytesMut};
-
 use super::handshake::TransportKeys;
 
 /// Noise tag length.
@@ -70,30 +68,35 @@ impl RecordSealer {
         RecordSealer { keys, next: 1 }
     }
 
+    /// The next record number, checked against exhaustion.
+    fn number(&self) -> Result<u64, RecordError> {
+        match self.next {
+            u64::MAX => Err(RecordError::Seal),
+            n => Ok(n),
+        }
+    }
+
     /// Encrypt one record; returns its number and ciphertext.
     pub fn seal(&mut self, kind: u8, body: &[u8]) -> Result<(u64, Vec<u8>), RecordError> {
         if body.len() > MAX_RECORD_BODY {
             return Err(RecordError::Seal);
         }
-        let n = self.next;
-        if n == u64::MAX {
-            return Err(RecordError::Seal);
-        }
-        let mut plain = Vec::with_capacity(1 + body.len());
-        plain.push(kind);
-        plain.extend_from_slice(body);
-        let mut out = vec![0u8; plain.len() + TAG_BYTES];
-        let len = self
+        let n = self.number()?;
+        let mut out = Vec::with_capacity(1 + body.len() + TAG_BYTES);
+        out.push(kind);
+        out.extend_from_slice(body);
+        let tag = self
             .keys
-            .write_message(n, &plain, &mut out)
+            .seal_in_place(n, &mut out)
             .map_err(|_| RecordError::Seal)?;
-        out.truncate(len);
+        out.extend_from_slice(tag.as_ref());
         self.next += 1;
         Ok((n, out))
     }
 
     /// Seal one JSON-RPC message straight into `DATA` frames for `stream` (header, then
-    /// ciphertext), without intermediate copies: the hot path of every encrypted byte.
+    /// ciphertext): each plaintext byte is copied once, into the frame that carries it, and
+    /// encrypted there. The hot path of every encrypted byte.
     pub fn seal_message_frames(
         &mut self,
         stream: &execrelay_relay::frame::StreamId,
@@ -103,30 +106,27 @@ impl RecordSealer {
         let prefix = (msg.len() as u32).to_be_bytes();
         let total = 4 + msg.len();
         let mut frames = Vec::with_capacity(total / MAX_RECORD_BODY + 1);
-        let mut plain = Vec::with_capacity(1 + MAX_RECORD_BODY.min(total));
         let mut off = 0usize; // offset in the virtual stream prefix ++ msg
         while off < total {
-            let n = self.next;
-            if n == u64::MAX {
-                return Err(RecordError::Seal);
-            }
+            let n = self.number()?;
             let take = (total - off).min(MAX_RECORD_BODY);
-            plain.clear();
-            plain.push(KIND_STREAM);
             let end = off + take;
+            let mut frame = Vec::with_capacity(HEADER_BYTES + 1 + take + TAG_BYTES);
+            let mut head = [0u8; HEADER_BYTES];
+            Frame::write_header(&mut head, FrameType::Data, stream, n, 0, 0, 0);
+            frame.extend_from_slice(&head);
+            frame.push(KIND_STREAM);
             if off < 4 {
-                plain.extend_from_slice(&prefix[off..end.min(4)]);
+                frame.extend_from_slice(&prefix[off..end.min(4)]);
             }
             if end > 4 {
-                plain.extend_from_slice(&msg[off.max(4) - 4..end - 4]);
+                frame.extend_from_slice(&msg[off.max(4) - 4..end - 4]);
             }
-            let mut frame = vec![0u8; HEADER_BYTES + plain.len() + TAG_BYTES];
-            let (head, body) = frame.split_at_mut(HEADER_BYTES);
-            let head: &mut [u8; HEADER_BYTES] = head.try_into().map_err(|_| RecordError::Seal)?;
-            Frame::write_header(head, FrameType::Data, stream, n, 0, 0, 0);
-            self.keys
-                .write_message(n, &plain, body)
+            let tag = self
+                .keys
+                .seal_in_place(n, &mut frame[HEADER_BYTES..])
                 .map_err(|_| RecordError::Seal)?;
+            frame.extend_from_slice(tag.as_ref());
             self.next += 1;
             frames.push(frame);
             off = end;
@@ -209,6 +209,8 @@ pub struct RecordOpener {
     keys: TransportKeys,
     window: ReplayWindow,
     deframer: MessageDeframer,
+    /// Reused for records that arrive in a shared buffer and must be copied to be decrypted.
+    scratch: Vec<u8>,
 }
 
 impl RecordOpener {
@@ -218,22 +220,40 @@ impl RecordOpener {
             keys,
             window: ReplayWindow::default(),
             deframer: MessageDeframer::new(max_message_bytes),
+            scratch: Vec::new(),
         }
     }
 
     /// Decrypt record `n` and return what it completes: whole messages, or a close.
     pub fn open(&mut self, n: u64, ciphertext: &[u8]) -> Result<Opened, RecordError> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        buf.extend_from_slice(ciphertext);
+        let r = self.open_in_place(n, &mut buf);
+        self.scratch = buf;
+        r
+    }
+
+    /// Like [`open`](Self::open), decrypting in the frame's own buffer when nothing else
+    /// holds it (the usual case: the link reader owns each frame it decoded).
+    pub fn open_owned(&mut self, n: u64, payload: bytes::Bytes) -> Result<Opened, RecordError> {
+        match payload.try_into_mut() {
+            Ok(mut owned) => self.open_in_place(n, &mut owned),
+            Err(shared) => self.open(n, &shared),
+        }
+    }
+
+    /// Decrypt record `n` in `buf` (ciphertext ‖ tag); the plaintext is consumed at once.
+    pub fn open_in_place(&mut self, n: u64, buf: &mut [u8]) -> Result<Opened, RecordError> {
         self.window.check(n)?;
-        if ciphertext.len() < TAG_BYTES + 1 {
+        if buf.len() < TAG_BYTES + 1 {
             return Err(RecordError::Decrypt);
         }
-        let mut plain = vec![0u8; ciphertext.len()];
-        let len = self
+        let plain = self
             .keys
-            .read_message(n, ciphertext, &mut plain)
+            .open_in_place(n, buf)
             .map_err(|_| RecordError::Decrypt)?;
         self.window.mark(n);
-        plain.truncate(len);
         match plain.first() {
             Some(&KIND_STREAM) => Ok(Opened::Messages(self.deframer.push(&plain[1..])?)),
             Some(&KIND_CLOSE) => Ok(Opened::Close(
@@ -259,43 +279,68 @@ pub enum Opened {
     Close(String),
 }
 
+/// Most bytes reserved for a message when its length prefix arrives; a larger message grows
+/// as its bytes arrive, so a declared length alone never commits memory.
+pub const MAX_MESSAGE_RESERVE: usize = 1 << 20;
+
 /// Reassembles length-prefixed messages from stream bytes. A length of 0 or over the limit is
-/// refused as soon as its prefix is read, before any of the message is buffered.
+/// refused as soon as its prefix is read, before any of the message is buffered. Each byte is
+/// copied once, into the message it belongs to.
 #[derive(Debug)]
 pub struct MessageDeframer {
-    buf: BytesMut,
     max: usize,
+    prefix: [u8; 4],
+    prefix_len: usize,
+    /// The message being assembled and its declared length.
+    partial: Option<(Vec<u8>, usize)>,
 }
 
 impl MessageDeframer {
     /// A deframer refusing messages over `max` bytes.
     pub fn new(max: usize) -> Self {
         MessageDeframer {
-            buf: BytesMut::new(),
             max,
+            prefix: [0; 4],
+            prefix_len: 0,
+            partial: None,
         }
     }
 
     /// Add stream bytes; returns the messages they complete.
-    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, RecordError> {
-        self.buf.extend_from_slice(bytes);
+    pub fn push(&mut self, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, RecordError> {
         let mut out = Vec::new();
-        loop {
-            if self.buf.len() < 4 {
-                return Ok(out);
+        while !bytes.is_empty() {
+            match self.partial.take() {
+                Some((mut msg, want)) => {
+                    let take = (want - msg.len()).min(bytes.len());
+                    msg.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if msg.len() == want {
+                        out.push(msg);
+                    } else {
+                        self.partial = Some((msg, want));
+                    }
+                }
+                None => {
+                    let take = (4 - self.prefix_len).min(bytes.len());
+                    self.prefix[self.prefix_len..self.prefix_len + take]
+                        .copy_from_slice(&bytes[..take]);
+                    self.prefix_len += take;
+                    bytes = &bytes[take..];
+                    if self.prefix_len == 4 {
+                        self.prefix_len = 0;
+                        let len = u32::from_be_bytes(self.prefix) as u64;
+                        if len == 0 || len > self.max as u64 {
+                            return Err(RecordError::BadLength(len));
+                        }
+                        let len = len as usize;
+                        self.partial =
+                            Some((Vec::with_capacity(len.min(MAX_MESSAGE_RESERVE)), len));
+                    }
+                }
             }
-            let len =
-                u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as u64;
-            if len == 0 || len > self.max as u64 {
-                return Err(RecordError::BadLength(len));
-            }
-            let len = len as usize;
-            if self.buf.len() < 4 + len {
-                return Ok(out);
-            }
-            self.buf.advance(4);
-            out.push(self.buf.split_to(len).to_vec());
         }
+        Ok(out)
     }
 }
 
@@ -367,8 +412,18 @@ mod tests {
             let f = Frame::decode_owned(f).unwrap();
             assert_eq!(f.seq, i as u64 + 1);
             assert_eq!(f.stream, [9; 16]);
-            if let Opened::Messages(m) = so.open(f.seq, &f.payload).unwrap() {
+            // Alternate the in-place path (sole owner) and the copying one (shared buffer).
+            let keep = (i % 2 == 1).then(|| (f.payload.clone(), f.payload.to_vec()));
+            if let Opened::Messages(m) = so.open_owned(f.seq, f.payload).unwrap() {
                 got.extend(m);
+            }
+            if let Some((shared, before)) = keep {
+                assert_eq!(
+                    &shared[..],
+                    &before[..],
+                    "a shared buffer is never decrypted in place"
+                );
+                assert_eq!(so.open(f.seq, &shared), Err(RecordError::Replay(f.seq)));
             }
         }
         assert_eq!(got, vec![big]);
@@ -399,6 +454,38 @@ mod tests {
         w.mark(200);
         assert!(w.check(72).is_err(), "older than the window");
         assert!(w.check(73).is_ok());
+    }
+
+    #[test]
+    fn deframer_reassembles_at_every_cut() {
+        let mut stream = Vec::new();
+        for m in [&b"first"[..], b"x", &[7u8; 300][..]] {
+            stream.extend_from_slice(&(m.len() as u32).to_be_bytes());
+            stream.extend_from_slice(m);
+        }
+        for cut in 0..=stream.len() {
+            let mut d = MessageDeframer::new(1000);
+            let mut got = d.push(&stream[..cut]).unwrap();
+            got.extend(d.push(&stream[cut..]).unwrap());
+            assert_eq!(got.len(), 3, "cut at {cut}");
+            assert_eq!((&got[0][..], &got[1][..]), (&b"first"[..], &b"x"[..]));
+            assert_eq!(got[2], vec![7u8; 300]);
+        }
+        // One byte at a time.
+        let mut d = MessageDeframer::new(1000);
+        let got: Vec<Vec<u8>> = stream.iter().flat_map(|b| d.push(&[*b]).unwrap()).collect();
+        assert_eq!(got.len(), 3);
+    }
+
+    #[test]
+    fn a_declared_length_reserves_at_most_the_cap() {
+        let big = MAX_MESSAGE_RESERVE * 4;
+        let mut d = MessageDeframer::new(big);
+        assert_eq!(d.push(&(big as u32).to_be_bytes()), Ok(vec![]));
+        let cap = d.partial.as_ref().map(|(v, _)| v.capacity()).unwrap_or(0);
+        assert!(cap <= MAX_MESSAGE_RESERVE, "reserved {cap}");
+        let body = vec![1u8; big];
+        assert_eq!(d.push(&body), Ok(vec![body]));
     }
 
     #[test]
