@@ -405,6 +405,51 @@ fn read_baseline() -> HashMap<String, f64> {
     m
 }
 
+/// CPU seconds per GB of child output spent in the Noise record layer alone: sealing the
+/// `process/outputDelta` messages of `n` bytes (64 KiB chunks, base64 in JSON) into `DATA`
+/// frames and opening them again, on one thread, with no I/O. Both ends of a real link pay it
+/// on top of everything the plain WebSocket path pays.
+fn record_layer_cpu_per_gb(n: u64) -> f64 {
+    use base64::Engine;
+    use execrelay::noise::handshake::{read_hello, ClientHandshake};
+    use execrelay::noise::keys::Keypair;
+    use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
+    use execrelay_relay::frame::Frame;
+    let (c, s) = (
+        Keypair::generate().expect("key"),
+        Keypair::generate().expect("key"),
+    );
+    let sid = [5u8; 16];
+    let (hs, m1) = ClientHandshake::start(&c, &s.public, "", &sid, None).expect("m1");
+    let (m2, server_keys) = read_hello(&s, "", &sid, &m1)
+        .expect("hello")
+        .accept("bench")
+        .expect("m2");
+    let (client_keys, _) = hs.finish(&m2).expect("finish");
+    let mut sealer = RecordSealer::new(server_keys);
+    let mut opener = RecordOpener::new(client_keys, execrelay::config::MAX_MESSAGE_BYTES);
+    let chunk = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 64 * 1024]);
+    let msg = format!(
+        r#"{{"jsonrpc":"2.0","method":"process/outputDelta","params":{{"processId":"tp","seq":1,"stream":"stdout","chunk":"{chunk}"}}}}"#
+    );
+    let chunks = n.div_ceil(64 * 1024);
+    let cpu0 = self_cpu_secs();
+    let mut got = 0u64;
+    for _ in 0..chunks {
+        for f in sealer
+            .seal_message_frames(&sid, msg.as_bytes())
+            .expect("seal")
+        {
+            let f = Frame::decode_owned(f).expect("frame");
+            if let Ok(Opened::Messages(m)) = opener.open_owned(f.seq, f.payload) {
+                got += m.len() as u64;
+            }
+        }
+    }
+    assert_eq!(got, chunks, "every message opened");
+    (self_cpu_secs() - cpu0) / (n as f64 / 1e9)
+}
+
 #[tokio::main]
 async fn main() {
     execrelay::cli::tune_allocator();
@@ -417,6 +462,7 @@ async fn main() {
 
     let keys = noise_keys();
     let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise".into());
+    let mut cpu_per_gb = HashMap::new();
     for kind in kinds.split(',').filter(|k| !k.is_empty()) {
         let mut results = Vec::new();
         for r in 0..repeats {
@@ -432,11 +478,28 @@ async fn main() {
         println!("{kind}_MBps {:.1}", med.mbps);
         println!("{kind}_cpu_s_per_GB {:.2}", med.cpu_per_gb);
         println!("{kind}_server_peak_rss_KiB {}", med.server_rss_kib);
+        cpu_per_gb.insert(kind.to_string(), med.cpu_per_gb);
         if let Some(ssh) = base.get("ssh_chacha_MBps") {
             println!("{kind}_vs_ssh_chacha_ratio {:.2}", med.mbps / ssh);
         }
         if let Some(raw) = base.get("raw_pipe_MBps") {
             println!("{kind}_vs_raw_pipe_ratio {:.2}", med.mbps / raw);
+        }
+    }
+
+    // The record layer's own cost, and what it implies: the Noise path does all the work of
+    // the plain WebSocket path plus this, so with every core busy and perfect overlap it cannot
+    // exceed cores / (ws CPU-s/GB + record CPU-s/GB).
+    if kinds.split(',').any(|k| k == "noise") {
+        let rec = record_layer_cpu_per_gb(n.min(1 << 30));
+        println!("noise_record_layer_cpu_s_per_GB {rec:.2}");
+        if let Some(ws) = cpu_per_gb.get("ws") {
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+            let ceiling = cores / (ws + rec) * 1e3;
+            println!("noise_ceiling_MBps {ceiling:.0}");
+            if let Some(ssh) = base.get("ssh_chacha_MBps") {
+                println!("noise_ceiling_vs_ssh_chacha_ratio {:.2}", ceiling / ssh);
+            }
         }
     }
 
