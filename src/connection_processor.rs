@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::delivery::{run_writer, ControlMessage, ReadySet};
 use crate::handlers::{self, Ctx, Reply};
+use crate::metrics::GaugeGuard;
 use crate::request_scheduler::{Class, Scheduler};
 use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
 use crate::rpc::messages::{
@@ -96,6 +97,7 @@ impl ConnectionProcessor {
         shutdown: CancellationToken,
     ) -> ConnectionEnd {
         let conn_id = registry.next_conn_id();
+        let _live = GaugeGuard::new(&registry.metrics().connections);
         let span = tracing::info_span!("connection", id = conn_id, peer = %transport.peer);
         async move {
             let cfg = registry.config().clone();
@@ -168,7 +170,7 @@ impl ConnectionProcessor {
                     let e = RpcError::invalid_request(format!(
                         "message exceeds the limit of {limit} bytes"
                     ));
-                    self.send(encode_error(&Value::Null, &e)).await;
+                    self.send(self.error(&Value::Null, &e)).await;
                     return ConnectionEnd::FramingError(e.message);
                 }
                 Some(Err(e)) => return ConnectionEnd::FramingError(e.to_string()),
@@ -189,7 +191,7 @@ impl ConnectionProcessor {
         let inbound = match parse_inbound(bytes) {
             Ok(i) => i,
             Err(r) => {
-                self.send(encode_error(&r.id, &r.error)).await;
+                self.send(self.error(&r.id, &r.error)).await;
                 return None;
             }
         };
@@ -225,24 +227,24 @@ impl ConnectionProcessor {
                 let reply = self.initialize(params);
                 let text = match reply {
                     Ok(v) => encode_response(&id, &v),
-                    Err(e) => encode_error(&id, &e),
+                    Err(e) => self.error(&id, &e),
                 };
                 self.send(text).await;
                 return;
             }
             (State::AwaitInitialize, _) => {
                 let e = RpcError::invalid_request("client must send initialize first");
-                self.send(encode_error(&id, &e)).await;
+                self.send(self.error(&id, &e)).await;
                 return;
             }
             (_, "initialize") => {
                 let e = RpcError::invalid_request("initialize may succeed only once");
-                self.send(encode_error(&id, &e)).await;
+                self.send(self.error(&id, &e)).await;
                 return;
             }
             (State::AwaitInitialized(_), _) => {
                 let e = RpcError::invalid_request("client must send initialized first");
-                self.send(encode_error(&id, &e)).await;
+                self.send(self.error(&id, &e)).await;
                 return;
             }
             (State::Ready(s), _) => s.clone(),
@@ -262,7 +264,7 @@ impl ConnectionProcessor {
                 return;
             }
             _ => {
-                self.send(encode_error(&id, &RpcError::method_not_found(&method)))
+                self.send(self.error(&id, &RpcError::method_not_found(&method)))
                     .await;
                 return;
             }
@@ -285,7 +287,7 @@ impl ConnectionProcessor {
                 )
             };
             let e = RpcError::limit_reached(name, value);
-            self.send(encode_error(&id, &e)).await;
+            self.send(self.error(&id, &e)).await;
             return;
         };
 
@@ -299,12 +301,18 @@ impl ConnectionProcessor {
                         Err(e) => e,
                         Ok(_) => RpcError::invalid_params("invalid params: processId"),
                     };
-                    self.send(encode_error(&id, &e)).await;
+                    self.send(self.error(&id, &e)).await;
                     return;
                 }
             },
         };
         self.spawn_request(id, method, params, session, slot, permit);
+    }
+
+    /// Encode an error response, counting it by code.
+    fn error(&self, id: &Value, e: &RpcError) -> String {
+        self.registry.metrics().rpc_error(e.code.code());
+        encode_error(id, e)
     }
 
     fn spawn_request(
@@ -352,7 +360,10 @@ impl ConnectionProcessor {
                         text: encode_response(&id, &result),
                         after_write,
                     },
-                    Err(e) => ControlMessage::new(encode_error(&id, &e)),
+                    Err(e) => {
+                        ctx.registry.metrics().rpc_error(e.code.code());
+                        ControlMessage::new(encode_error(&id, &e))
+                    }
                 };
                 let _ = control.send(msg).await;
                 drop(slot);

@@ -23,6 +23,7 @@ pub mod config;
 pub mod connection_processor;
 pub mod delivery;
 pub mod handlers;
+pub mod metrics;
 pub mod noise;
 pub mod process;
 pub mod request_scheduler;

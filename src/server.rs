@@ -73,7 +73,15 @@ pub fn parse_listen(s: &str, danger_plaintext: bool) -> Result<ListenAddr, Liste
 
 /// Serve one connection on stdin/stdout; when it ends, terminate every process and return.
 pub async fn run_stdio(config: Arc<ServerConfig>, shutdown: CancellationToken) -> ConnectionEnd {
-    let registry = SessionRegistry::new(config.clone());
+    run_stdio_with_registry(SessionRegistry::new(config), shutdown).await
+}
+
+/// [`run_stdio`] with a caller-supplied registry (the metrics endpoint reads it too).
+pub async fn run_stdio_with_registry(
+    registry: Arc<SessionRegistry>,
+    shutdown: CancellationToken,
+) -> ConnectionEnd {
+    let config = registry.config().clone();
     let transport = stdio_transport(config.max_message_bytes);
     let end = ConnectionProcessor::run(
         transport,
@@ -100,7 +108,7 @@ pub async fn run_ws(
     run_ws_with_registry(listener, registry, shutdown).await
 }
 
-/// [`run_ws`] with a caller-supplied registry (tests inspect it).
+/// [`run_ws`] with a caller-supplied registry (tests and the metrics endpoint read it).
 pub async fn run_ws_with_registry(
     listener: TcpListener,
     registry: Arc<SessionRegistry>,

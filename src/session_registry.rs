@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS};
 use crate::delivery::ReadySet;
+use crate::metrics::Metrics;
 use crate::process::event_log::LogLimits;
 use crate::process::managed_process::lock;
 use crate::process::output_pump::start_process;
@@ -98,6 +99,22 @@ pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     started: Instant,
     next_conn: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+/// What the registry holds right now (read by the metrics endpoint at scrape time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    /// Sessions held by a connection.
+    pub sessions_attached: usize,
+    /// Sessions waiting for a resume.
+    pub sessions_detached: usize,
+    /// Processes whose exit notice is not yet in their log.
+    pub processes_running: usize,
+    /// Processes that exited and are retained for their client.
+    pub processes_exited: usize,
+    /// Output held for clients, with per-event overhead, summed over processes.
+    pub retained_output_bytes: usize,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -117,7 +134,36 @@ impl SessionRegistry {
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
+            metrics: Arc::new(Metrics::new()),
         })
+    }
+
+    /// This server's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Count what the registry holds now.
+    pub fn stats(&self) -> RegistryStats {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let mut st = RegistryStats::default();
+        for s in sessions {
+            if s.is_attached() {
+                st.sessions_attached += 1;
+            } else {
+                st.sessions_detached += 1;
+            }
+            for p in s.processes() {
+                let ps = p.stats();
+                if ps.exited {
+                    st.processes_exited += 1;
+                } else {
+                    st.processes_running += 1;
+                }
+                st.retained_output_bytes += ps.retained_bytes;
+            }
+        }
+        st
     }
 
     /// The configuration in force.
@@ -385,6 +431,11 @@ impl Session {
     ) -> Result<Arc<ManagedProcess>, SessionError> {
         let id = params.process_id.clone();
         validate_start(&params)?;
+        // The registry outlives its sessions except while the server shuts down.
+        let metrics = match self.registry.upgrade() {
+            Some(r) => r.metrics.clone(),
+            None => return Err(SessionError::UnknownSession),
+        };
         {
             let mut procs = lock(&self.processes);
             if procs.contains_key(&id) {
@@ -418,7 +469,7 @@ impl Session {
             retained_bytes: self.config.retained_output_bytes,
             delivery_queue_bytes: self.config.delivery_queue_bytes,
         };
-        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks) {
+        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics) {
             Ok(p) => p,
             Err(e) => {
                 lock(&self.processes).remove(&id);

@@ -8,7 +8,10 @@ use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
-use crate::server::{bound_url, parse_listen, run_stdio, run_ws, ListenAddr};
+use crate::server::{
+    bound_url, parse_listen, run_stdio_with_registry, run_ws_with_registry, ListenAddr,
+};
+use crate::session_registry::SessionRegistry;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -29,6 +32,10 @@ pub struct ServeArgs {
     /// Allow plain `ws://` on a non-loopback address (traffic is unencrypted).
     #[arg(long)]
     pub danger_plaintext: bool,
+    /// Serve Prometheus metrics on `HOST:PORT` (`GET /metrics`; port 0 picks one, and the URL
+    /// is printed to stderr as `execrelay metrics: http://HOST:PORT/metrics`). Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
     /// TOML file with the same settings as the flags below (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -204,6 +211,14 @@ pub fn main(args: ServeArgs) -> i32 {
     } else {
         None
     };
+    let metrics_addr = match args.metrics_listen.as_deref().map(parse_metrics_listen) {
+        None => None,
+        Some(Ok(a)) => Some(a),
+        Some(Err(e)) => {
+            eprintln!("execrelay serve: {e}");
+            return 2;
+        }
+    };
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -214,9 +229,31 @@ pub fn main(args: ServeArgs) -> i32 {
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
+        let registry = SessionRegistry::new(config);
+        if let Some(addr) = metrics_addr {
+            let listener = match crate::metrics::bind(addr).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("execrelay serve: cannot bind --metrics-listen {addr}: {e}");
+                    return 1;
+                }
+            };
+            if let Ok(local) = listener.local_addr() {
+                // Not through the log filter: scripts and tests read it, like the bound URL.
+                eprintln!(
+                    "execrelay metrics: http://{local}{}",
+                    crate::metrics::METRICS_PATH
+                );
+            }
+            tokio::spawn(crate::metrics::serve(
+                listener,
+                registry.clone(),
+                shutdown.clone(),
+            ));
+        }
         match listen {
             ListenAddr::Stdio => {
-                run_stdio(config, shutdown).await;
+                run_stdio_with_registry(registry, shutdown).await;
                 0
             }
             ListenAddr::Noise(addr) => {
@@ -236,7 +273,6 @@ pub fn main(args: ServeArgs) -> i32 {
                 let _ = writeln!(out, "{url}");
                 let _ = out.flush();
                 tracing::info!(%url, "listening (noise)");
-                let registry = crate::session_registry::SessionRegistry::new(config);
                 crate::noise::link_server::serve_noise(listener, noise, registry, shutdown).await;
                 0
             }
@@ -259,7 +295,7 @@ pub fn main(args: ServeArgs) -> i32 {
                 let _ = writeln!(out, "{}", bound_url(local));
                 let _ = out.flush();
                 tracing::info!(url = %bound_url(local), "listening");
-                match run_ws(listener, config, shutdown).await {
+                match run_ws_with_registry(listener, registry, shutdown).await {
                     Ok(()) => 0,
                     Err(e) => {
                         eprintln!("execrelay serve: {e}");
@@ -268,6 +304,13 @@ pub fn main(args: ServeArgs) -> i32 {
                 }
             }
         }
+    })
+}
+
+/// Parse `--metrics-listen HOST:PORT` (`localhost` means 127.0.0.1).
+fn parse_metrics_listen(s: &str) -> anyhow::Result<std::net::SocketAddr> {
+    s.replace("localhost", "127.0.0.1").parse().map_err(|_| {
+        anyhow::anyhow!("bad --metrics-listen {s:?}: expected HOST:PORT, e.g. 127.0.0.1:9464")
     })
 }
 

@@ -28,6 +28,7 @@ use super::record::{Opened, RecordSealer};
 use super::virtual_stream::{data_frame, open_stream};
 use crate::config::SHUTDOWN_DELIVERY_GRACE_MS;
 use crate::connection_processor::{ConnectionOptions, ConnectionProcessor};
+use crate::metrics::GaugeGuard;
 use crate::process::managed_process::lock;
 use crate::session_registry::SessionRegistry;
 use crate::transport::websocket::{serve_upgrades, websocket_config, UpgradedWebSocket};
@@ -138,6 +139,8 @@ enum Entry {
         inbound: Option<mpsc::Sender<Result<Vec<u8>, crate::transport::FramingError>>>,
         opener: super::record::RecordOpener,
         sealer: Arc<Mutex<RecordSealer>>,
+        /// Keeps the open-streams gauge raised while the entry exists.
+        _live: GaugeGuard,
     },
 }
 
@@ -178,6 +181,16 @@ impl Close {
             Close::ControlQueueFull => "peer does not read its control frames",
         }
     }
+
+    /// The metrics label of a link closed for this reason (budget closes are counted where
+    /// the budget runs out).
+    fn reason(&self) -> Option<&'static str> {
+        match self {
+            Close::Budget => None,
+            Close::Protocol(_) => Some("link_protocol"),
+            Close::ControlQueueFull => Some("link_control_queue_full"),
+        }
+    }
 }
 
 async fn run_link(
@@ -188,6 +201,7 @@ async fn run_link(
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
+    let _live = GaugeGuard::new(&registry.metrics().noise_links);
     let (mut sink, mut stream) = ws.split();
     let (ctrl_tx, mut ctrl_rx) = mpsc::channel::<Vec<u8>>(LINK_CONTROL_QUEUE);
     let (data_tx, mut data_rx) = mpsc::channel::<Vec<u8>>(LINK_SEND_QUEUE);
@@ -277,6 +291,9 @@ async fn run_link(
     };
     if let Some(c) = &close {
         tracing::warn!(reason = c.describe(), "closing link");
+        if let Some(r) = c.reason() {
+            link.registry.metrics().noise_failure(r);
+        }
     } else {
         tracing::info!("link closed");
     }
@@ -304,9 +321,16 @@ impl Link {
             .map_err(|_| Close::ControlQueueFull)
     }
 
-    fn reset(&mut self, sid: StreamId, reason: &str) -> Result<(), Close> {
+    /// Reset a stream for a failure, counted by `reason`.
+    fn reset(&mut self, sid: StreamId, reason: &'static str) -> Result<(), Close> {
         tracing::debug!(stream = %short(&sid), reason, "reset stream");
         self.streams.remove(&sid);
+        self.refuse(sid, reason)
+    }
+
+    /// Refuse a frame for a stream we hold nothing for, counted by `reason`.
+    fn refuse(&self, sid: StreamId, reason: &'static str) -> Result<(), Close> {
+        self.registry.metrics().noise_failure(reason);
         self.send_ctrl(Frame::reset(sid, reason))
     }
 
@@ -315,6 +339,7 @@ impl Link {
         if self.budget.charge(Instant::now()) {
             Ok(())
         } else {
+            self.registry.metrics().noise_failure("budget_exhausted");
             Err(Close::Budget)
         }
     }
@@ -324,6 +349,7 @@ impl Link {
             Ok(f) => f,
             Err(e) => {
                 tracing::debug!(error = %e, "malformed frame");
+                self.registry.metrics().noise_failure("malformed_frame");
                 return self.charge();
             }
         };
@@ -333,7 +359,7 @@ impl Link {
             FrameType::Data => match self.streams.get_mut(&sid) {
                 None => {
                     // Not charged: data in flight when we reset a stream lands here.
-                    self.send_ctrl(Frame::reset(sid, "unknown_stream"))
+                    self.refuse(sid, "unknown_stream")
                 }
                 Some(Entry::Pending) => {
                     self.reset(sid, "data_before_accept")?;
@@ -375,7 +401,10 @@ impl Link {
             }
             // The reliability layer (acks, resume) is not implemented yet: ignored.
             FrameType::Ack | FrameType::Resume => Ok(()),
-            FrameType::Accept => self.charge(),
+            FrameType::Accept => {
+                self.registry.metrics().noise_failure("unexpected_accept");
+                self.charge()
+            }
         }
     }
 
@@ -386,16 +415,16 @@ impl Link {
             return self.charge();
         }
         if self.pending >= self.cfg.limits.max_pending_authorizations {
-            return self.send_ctrl(Frame::reset(sid, "busy"));
+            return self.refuse(sid, "busy");
         }
         if self.streams.len() >= self.cfg.limits.max_streams_per_link {
-            return self.send_ctrl(Frame::reset(sid, "too_many_streams"));
+            return self.refuse(sid, "too_many_streams");
         }
         let pending = match read_hello(&self.cfg.keys, &self.cfg.env_id, &sid, payload) {
             Ok(p) => p,
             Err(e) => {
                 tracing::info!(stream = %short(&sid), error = %e, "handshake failed");
-                self.send_ctrl(Frame::reset(sid, "handshake_failed"))?;
+                self.refuse(sid, "handshake_failed")?;
                 return self.charge();
             }
         };
@@ -465,6 +494,7 @@ impl Link {
                 inbound: Some(parts.inbound),
                 opener: parts.opener,
                 sealer: parts.sealer,
+                _live: GaugeGuard::new(&self.registry.metrics().noise_streams),
             },
         );
         tracing::info!(stream = %short(&sid), client = %fingerprint(&client_key), "stream open");

@@ -26,6 +26,7 @@ use super::signals;
 use super::spawn::{InputWriter, PtyControl};
 use crate::config::RETAINED_WRITE_IDS;
 use crate::delivery::ReadySet;
+use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
 use crate::rpc::RpcError;
 
@@ -144,6 +145,8 @@ pub struct ManagedProcess {
     stdin: tokio::sync::Mutex<StdinState>,
     pty: Option<PtyControl>,
     delivery: Mutex<Option<Arc<ReadySet>>>,
+    /// The server's counters (bytes in and out, blocked delivery time).
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// Lock a std mutex, recovering from poisoning: the data behind our locks stays consistent
@@ -165,6 +168,7 @@ impl ManagedProcess {
         streams: usize,
         stdin: Option<InputWriter>,
         pty: Option<PtyControl>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let drain = OutputDrain::new(opts.drain_timeout, streams);
         ManagedProcess {
@@ -196,6 +200,7 @@ impl ManagedProcess {
             }),
             pty,
             delivery: Mutex::new(None),
+            metrics,
         }
     }
 
@@ -384,6 +389,7 @@ impl ManagedProcess {
         };
         match res {
             Ok(()) => {
+                self.metrics.stdin_bytes.inc_by(data.len() as u64);
                 if let Some(id) = write_id {
                     st.remember(id);
                 }

@@ -21,6 +21,7 @@ use super::output_drain::StreamEnd;
 use super::signals::signal_name;
 use super::spawn::{spawn, OutputReader, SpawnSpec};
 use crate::config::MAX_CHUNK_BYTES;
+use crate::metrics::Metrics;
 use crate::rpc::messages::ExitInfo;
 
 /// Spawn a child and start its pumps and supervisor.
@@ -30,6 +31,7 @@ pub fn start_process(
     opts: ProcessOptions,
     limits: LogLimits,
     acks: bool,
+    metrics: Arc<Metrics>,
 ) -> std::io::Result<Arc<ManagedProcess>> {
     let spawned = spawn(spec)?;
     let streams = spawned.outputs.len();
@@ -44,6 +46,7 @@ pub fn start_process(
         streams,
         spawned.stdin,
         spawned.pty,
+        metrics,
     ));
     let span = tracing::info_span!("process", id = %proc.id, pid = proc.pid);
     let pumps: Vec<JoinHandle<(usize, StreamEnd)>> = spawned
@@ -68,7 +71,7 @@ pub fn start_process(
 /// Wait until the log has room, recording blocked time with the drain clock. Returns false
 /// when the process was abandoned.
 async fn wait_for_room(p: &ManagedProcess) -> bool {
-    let mut blocked = false;
+    let mut blocked: Option<Instant> = None;
     loop {
         let notified = p.changed.notified();
         tokio::pin!(notified);
@@ -76,17 +79,22 @@ async fn wait_for_room(p: &ManagedProcess) -> bool {
         {
             let mut inner = p.inner();
             if inner.log.has_room() {
-                if blocked {
-                    inner.drain.block_end(Instant::now().into_std());
+                if let Some(since) = blocked {
+                    let now = Instant::now();
+                    inner.drain.block_end(now.into_std());
+                    p.metrics
+                        .delivery_blocked_seconds
+                        .inc_by((now - since).as_secs_f64());
                     drop(inner);
                     // The deadline moved: wake the other pump so it re-reads it.
                     p.changed.notify_waiters();
                 }
                 return true;
             }
-            if !blocked {
-                inner.drain.block_begin(Instant::now().into_std());
-                blocked = true;
+            if blocked.is_none() {
+                let now = Instant::now();
+                inner.drain.block_begin(now.into_std());
+                blocked = Some(now);
             }
         }
         tokio::select! {
@@ -126,6 +134,7 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputRead
             r = reader.read(&mut buf) => match r {
                 Ok(0) => return StreamEnd::Eof,
                 Ok(n) => {
+                    p.metrics.output_bytes.inc_by(n as u64);
                     let chunk = Bytes::copy_from_slice(&buf[..n]);
                     {
                         let mut inner = p.inner();

@@ -73,7 +73,7 @@ const READYZ_PATH: &str = "/readyz";
 
 /// Why no usable request head was read.
 #[derive(Debug)]
-pub(super) enum HeadError {
+pub(crate) enum HeadError {
     /// Over [`MAX_REQUEST_HEAD_BYTES`], [`MAX_REQUEST_HEADERS`] or [`MAX_HEAD_PARSES`].
     TooLarge,
     /// Not HTTP/1.x.
@@ -92,10 +92,10 @@ impl From<io::Error> for HeadError {
 
 /// What the gate needs to know about a request, copied out of the read buffer.
 #[derive(Debug)]
-pub(super) struct RequestHead {
-    pub(super) method: String,
+pub(crate) struct RequestHead {
+    pub(crate) method: String,
     /// The request target, query included.
-    pub(super) path: String,
+    pub(crate) path: String,
     /// An `Origin` header is present (with any value, even empty).
     has_origin: bool,
     /// The request asks for a protocol switch of any kind (`Upgrade` or `Sec-WebSocket-Key`).
@@ -106,7 +106,7 @@ pub(super) struct RequestHead {
 
 /// Reads from `stream` until it holds a complete request head. Returns everything read (the
 /// head and whatever the client sent after it) with the parsed head.
-pub(super) async fn read_request_head<S>(
+pub(crate) async fn read_request_head<S>(
     stream: &mut S,
 ) -> Result<(Vec<u8>, RequestHead), HeadError>
 where
@@ -217,7 +217,7 @@ const FORBIDDEN_BODY: &str = "cross-origin WebSocket requests are refused\n";
 
 /// A plain HTTP reply, always followed by closing the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reply {
+pub(crate) enum Reply {
     /// `GET /readyz`.
     Ready,
     BadRequest,
@@ -246,18 +246,31 @@ impl Reply {
                 "request head too large\n",
             ),
         };
-        format!(
-            "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n\
-             Content-Length: {}\r\nConnection: close\r\n{extra_headers}\r\n{body}",
-            body.len()
+        response(
+            status,
+            &format!("Content-Type: text/plain; charset=utf-8\r\n{extra_headers}"),
+            body,
         )
     }
 }
 
+/// A complete `Connection: close` response; `headers` are whole lines, each ending in CRLF.
+pub(crate) fn response(status: &str, headers: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Writes `reply`, then closes without resetting: see [`CLOSE_GRACE`].
-pub(super) async fn reply_and_close(mut stream: TcpStream, reply: Reply) {
+pub(crate) async fn reply_and_close(stream: TcpStream, reply: Reply) {
+    send_and_close(stream, reply.to_http().as_bytes()).await
+}
+
+/// Writes a whole response, then closes without resetting: see [`CLOSE_GRACE`].
+pub(crate) async fn send_and_close(mut stream: TcpStream, response: &[u8]) {
     let exchange = async {
-        stream.write_all(reply.to_http().as_bytes()).await?;
+        stream.write_all(response).await?;
         // Our FIN tells the peer the reply is complete even while we keep draining.
         stream.shutdown().await?;
         let mut scratch = [0u8; 4096];

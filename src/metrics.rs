@@ -1,0 +1,383 @@
+//! Operators' metrics: the counters and gauges of one exec server, and the Prometheus text
+//! endpoint that serves them (`--metrics-listen ADDR`, `GET /metrics`).
+//!
+//! # What this module owns
+//!
+//! - [`Metrics`]: counters updated where things happen (bytes read from children, bytes written
+//!   to their stdin, time a pump spent blocked on a slow client, handshake failures by reason,
+//!   JSON-RPC errors by code, connections, Noise links and streams). One per
+//!   [`SessionRegistry`], so servers in one process (tests) never mix their figures.
+//! - Gauges that are *read* rather than counted (sessions attached and detached, processes
+//!   running and exited, output bytes retained for clients): taken from the registry at scrape
+//!   time, so they can never drift from the truth.
+//! - The endpoint: a plain HTTP/1.1 listener that answers `GET /metrics` and closes, under the
+//!   same request-head limits as the WebSocket gate, a deadline per request, and a cap on
+//!   concurrent scrapes.
+//!
+//! # What it must never do
+//!
+//! - Carry a label a peer chooses (process ids, session ids, paths, keys): label values are
+//!   fixed strings from this code, so a client cannot grow the series set or smuggle text into
+//!   an operator's dashboards.
+//! - Block or slow the data path: updates are relaxed atomic adds; nothing here takes a lock
+//!   the data path holds, except at scrape time.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::session_registry::SessionRegistry;
+use crate::transport::http_gate::{self, HeadError, Reply};
+
+/// The scrape path.
+pub const METRICS_PATH: &str = "/metrics";
+/// Scrapes served at once; more connections are closed at once. A Prometheus server scrapes
+/// one at a time; a few spare slots let an operator's `curl` in beside it.
+pub const MAX_METRICS_CONNECTIONS: usize = 8;
+/// A scrape's request head must arrive within this time, and its response be written within
+/// it again: a client that connects and says nothing does not hold a slot.
+pub const METRICS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The content type of the OpenMetrics text format, which Prometheus negotiates.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A label with one value from a fixed set (a state, a reason, a code).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// The state.
+    pub state: &'static str,
+}
+
+/// Why a Noise handshake or stream failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// A fixed reason string, as in the `RESET` frame.
+    pub reason: &'static str,
+}
+
+/// A JSON-RPC error code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The code (`-32600`, …).
+    pub code: i64,
+}
+
+/// Every metric of one server.
+pub struct Metrics {
+    registry: Registry,
+    /// Live JSON-RPC connections (one per WebSocket or virtual stream, or stdio).
+    pub connections: Gauge,
+    /// Bytes read from children's stdout, stderr and PTYs.
+    pub output_bytes: Counter,
+    /// Bytes written to children's stdin.
+    pub stdin_bytes: Counter,
+    /// Seconds output pumps spent waiting for a client to take output (all processes).
+    pub delivery_blocked_seconds: Counter<f64, AtomicU64>,
+    /// JSON-RPC error responses sent, by code.
+    pub rpc_errors: Family<CodeLabel, Counter>,
+    /// Noise handshake and stream failures, by reason.
+    pub noise_failures: Family<ReasonLabel, Counter>,
+    /// Live Noise physical links.
+    pub noise_links: Gauge,
+    /// Live Noise virtual streams (authorized and open).
+    pub noise_streams: Gauge,
+    sessions: Family<StateLabel, Gauge>,
+    processes: Family<StateLabel, Gauge>,
+    retained_output_bytes: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Fresh metrics, all zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("execrelay");
+        let m = Metrics {
+            registry: Registry::default(),
+            connections: Gauge::default(),
+            output_bytes: Counter::default(),
+            stdin_bytes: Counter::default(),
+            delivery_blocked_seconds: Counter::default(),
+            rpc_errors: Family::default(),
+            noise_failures: Family::default(),
+            noise_links: Gauge::default(),
+            noise_streams: Gauge::default(),
+            sessions: Family::default(),
+            processes: Family::default(),
+            retained_output_bytes: Gauge::default(),
+        };
+        registry.register(
+            "connections",
+            "Live JSON-RPC connections",
+            m.connections.clone(),
+        );
+        registry.register(
+            "sessions",
+            "Sessions by state (attached to a connection, or detached awaiting resume)",
+            m.sessions.clone(),
+        );
+        registry.register(
+            "processes",
+            "Processes by state (running, or exited and retained for their client)",
+            m.processes.clone(),
+        );
+        registry.register(
+            "retained_output_bytes",
+            "Output bytes held for clients (the per-process delivery queues, summed)",
+            m.retained_output_bytes.clone(),
+        );
+        registry.register(
+            "output_bytes",
+            "Bytes read from children's stdout, stderr and PTYs",
+            m.output_bytes.clone(),
+        );
+        registry.register(
+            "stdin_bytes",
+            "Bytes written to children's stdin",
+            m.stdin_bytes.clone(),
+        );
+        registry.register(
+            "delivery_blocked_seconds",
+            "Seconds output pumps waited for slow clients",
+            m.delivery_blocked_seconds.clone(),
+        );
+        registry.register(
+            "rpc_errors",
+            "JSON-RPC error responses sent, by code",
+            m.rpc_errors.clone(),
+        );
+        registry.register(
+            "noise_failures",
+            "Noise handshake and stream failures, by reason",
+            m.noise_failures.clone(),
+        );
+        registry.register(
+            "noise_links",
+            "Live Noise physical links",
+            m.noise_links.clone(),
+        );
+        registry.register(
+            "noise_streams",
+            "Live Noise virtual streams",
+            m.noise_streams.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Count a JSON-RPC error response.
+    pub fn rpc_error(&self, code: i64) {
+        self.rpc_errors.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    /// Count a Noise failure; `reason` is one of the fixed `RESET` reasons.
+    pub fn noise_failure(&self, reason: &'static str) {
+        self.noise_failures
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// The OpenMetrics text of everything, with the read gauges taken from `registry` now.
+    pub fn render(&self, registry: &SessionRegistry) -> String {
+        let s = registry.stats();
+        let set = |f: &Family<StateLabel, Gauge>, state, v: usize| {
+            f.get_or_create(&StateLabel { state }).set(v as i64);
+        };
+        set(&self.sessions, "attached", s.sessions_attached);
+        set(&self.sessions, "detached", s.sessions_detached);
+        set(&self.processes, "running", s.processes_running);
+        set(&self.processes, "exited", s.processes_exited);
+        self.retained_output_bytes
+            .set(i64::try_from(s.retained_output_bytes).unwrap_or(i64::MAX));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Keeps [`Metrics::connections`] (or any gauge) raised while it lives.
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    /// Raise `gauge` until the guard drops.
+    pub fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        GaugeGuard(gauge.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Bind the metrics listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serve `GET /metrics` on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<SessionRegistry>,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_METRICS_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors and the like: do not spin.
+                tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "metrics: too many scrapes at once, closing");
+            continue;
+        };
+        let reg = registry.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            scrape(stream, &reg).await;
+        });
+    }
+}
+
+/// What a request to the metrics listener gets.
+fn route(method: &str, path: &str) -> Option<Reply> {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    match (path == METRICS_PATH, method == "GET") {
+        (true, true) => None,
+        (true, false) => Some(Reply::MethodNotAllowed),
+        (false, _) => Some(Reply::NotFound),
+    }
+}
+
+async fn scrape(mut stream: TcpStream, registry: &SessionRegistry) {
+    let head = tokio::time::timeout(
+        METRICS_REQUEST_TIMEOUT,
+        http_gate::read_request_head(&mut stream),
+    )
+    .await;
+    let reply = match head {
+        Err(_) | Ok(Err(HeadError::Closed)) | Ok(Err(HeadError::Io(_))) => return,
+        Ok(Err(HeadError::TooLarge)) => Some(Reply::HeadTooLarge),
+        Ok(Err(HeadError::Malformed(_))) => Some(Reply::BadRequest),
+        Ok(Ok((_, head))) => route(&head.method, &head.path),
+    };
+    match reply {
+        Some(r) => http_gate::reply_and_close(stream, r).await,
+        None => {
+            let body = registry.metrics().render(registry);
+            let response = http_gate::response(
+                "200 OK",
+                &format!("Content-Type: {CONTENT_TYPE}\r\n"),
+                &body,
+            );
+            let _ = tokio::time::timeout(
+                METRICS_REQUEST_TIMEOUT,
+                http_gate::send_and_close(stream, response.as_bytes()),
+            )
+            .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(route("GET", "/metrics"), None);
+        assert_eq!(route("GET", "/metrics?x=1"), None);
+        assert_eq!(route("POST", "/metrics"), Some(Reply::MethodNotAllowed));
+        assert_eq!(route("GET", "/"), Some(Reply::NotFound));
+        assert_eq!(route("GET", "/metricsx"), Some(Reply::NotFound));
+    }
+
+    /// A client that connects and says nothing loses its slot after the request timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_scraper_frees_its_slot_at_the_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let registry = SessionRegistry::new(Arc::new(crate::config::ServerConfig::default()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, registry, stop.clone()));
+        let t0 = tokio::time::Instant::now();
+        let mut held = Vec::new();
+        for _ in 0..MAX_METRICS_CONNECTIONS {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        for s in &mut held {
+            let mut buf = Vec::new();
+            assert_eq!(
+                s.read_to_end(&mut buf).await.unwrap(),
+                0,
+                "closed, no reply"
+            );
+        }
+        assert!(t0.elapsed() >= METRICS_REQUEST_TIMEOUT);
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        stop.cancel();
+    }
+
+    #[test]
+    fn labels_and_counters_render_in_openmetrics_text() {
+        let m = Metrics::new();
+        m.output_bytes.inc_by(42);
+        m.rpc_error(-32601);
+        m.rpc_error(-32601);
+        m.noise_failure("unauthorized");
+        m.delivery_blocked_seconds.inc_by(1.5);
+        let _g = GaugeGuard::new(&m.connections);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+        for line in [
+            "# TYPE execrelay_output_bytes counter",
+            "execrelay_output_bytes_total 42",
+            "execrelay_rpc_errors_total{code=\"-32601\"} 2",
+            "execrelay_noise_failures_total{reason=\"unauthorized\"} 1",
+            "execrelay_delivery_blocked_seconds_total 1.5",
+            "execrelay_connections 1",
+            "# EOF",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
+        drop(_g);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+        assert!(out.lines().any(|l| l == "execrelay_connections 0"));
+    }
+}
