@@ -348,3 +348,52 @@ fn rand_u64() -> u64 {
     getrandom::getrandom(&mut b).expect("random");
     u64::from_le_bytes(b)
 }
+
+#[tokio::test]
+async fn time_blocked_on_a_slow_client_is_counted() {
+    // A small retention so that a client that does not consume (and so does not ack) stops
+    // the pump quickly.
+    let server = start("ws://127.0.0.1:0", &["--retained-output-bytes", "1048576"]).await;
+    let client = Client::connect(Target::Ws(server.url.clone()), ClientOptions::default())
+        .await
+        .expect("connect");
+    let mut p = client
+        .start(StartOptions::new(
+            "slow",
+            ["head", "-c", "4194304", "/dev/zero"],
+        ))
+        .await
+        .expect("start");
+    // Wait (bounded) until the server holds a full retention for us: the pump is now blocked.
+    let full = async {
+        loop {
+            let m = scrape(&server.metrics).await;
+            if get(&m, "execrelay_retained_output_bytes") >= 1_048_576.0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(GUARD, full)
+        .await
+        .expect("retention fills");
+    let m = scrape(&server.metrics).await;
+    assert_eq!(get(&m, "execrelay_processes{state=\"running\"}"), 1.0);
+    // Consume everything: acks release the retention and the pump goes on to the end.
+    let mut n = 0;
+    while let Some(ev) = tokio::time::timeout(GUARD, p.next_event())
+        .await
+        .expect("event")
+    {
+        match ev {
+            ProcessEvent::Output { data, .. } => n += data.len(),
+            ProcessEvent::Exited(_) => break,
+            ProcessEvent::Lost { .. } => panic!("lost output"),
+        }
+    }
+    assert_eq!(n, 4_194_304);
+    let m = scrape(&server.metrics).await;
+    assert!(get(&m, "execrelay_delivery_blocked_seconds_total") > 0.0);
+    assert_eq!(get(&m, "execrelay_output_bytes_total"), 4_194_304.0);
+    client.shutdown().await;
+}
