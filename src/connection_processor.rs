@@ -49,7 +49,16 @@ pub struct ConnectionOptions {
     pub close_session_on_end: bool,
     /// The client's static key on a Noise channel.
     pub peer_key: Option<Vec<u8>>,
+    /// The end of the peer's input is a half-close (stdio): requests already read are run and
+    /// answered (long polls end at once), for at most [`HALF_CLOSE_DRAIN_TIMEOUT`], before the
+    /// connection ends. On a WebSocket the peer is gone and nothing would reach it.
+    pub answer_after_eof: bool,
 }
+
+/// After a half-close (see [`ConnectionOptions::answer_after_eof`]): how long requests already
+/// read may take to finish and be answered before they are abandoned like those of a dead
+/// connection. Bounds a write stuck on a child that never reads its stdin.
+pub const HALF_CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +89,8 @@ pub struct ConnectionProcessor {
     ready: Arc<ReadySet>,
     evict: CancellationToken,
     cancel: CancellationToken,
+    /// Ends long polls; a child of `cancel`, fired alone on a half-close.
+    closing: CancellationToken,
     control: mpsc::Sender<ControlMessage>,
     scheduler: Scheduler,
     pending: Arc<Semaphore>,
@@ -106,6 +117,7 @@ impl ConnectionProcessor {
             );
             let ready = Arc::new(ReadySet::default());
             let writer_cancel = CancellationToken::new();
+            let cancel = CancellationToken::new();
             let writer = tokio::spawn(
                 run_writer(
                     transport.outgoing,
@@ -121,7 +133,8 @@ impl ConnectionProcessor {
                 conn_id,
                 ready,
                 evict: CancellationToken::new(),
-                cancel: CancellationToken::new(),
+                cancel: cancel.clone(),
+                closing: cancel.child_token(),
                 control,
                 scheduler: Scheduler::default(),
                 pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
@@ -130,6 +143,9 @@ impl ConnectionProcessor {
             };
             tracing::debug!("connection open");
             let end = cp.read_loop(transport.incoming, &shutdown).await;
+            if end == ConnectionEnd::PeerClosed && cp.opts.answer_after_eof {
+                cp.finish_read_requests(&shutdown).await;
+            }
             tracing::info!(?end, "connection closing");
             cp.teardown(&end);
             let ConnectionProcessor { control, .. } = cp;
@@ -328,7 +344,7 @@ impl ConnectionProcessor {
             session,
             registry: self.registry.clone(),
             conn_id: self.conn_id,
-            cancel: self.cancel.clone(),
+            cancel: self.closing.clone(),
         };
         let control = self.control.clone();
         let cancel = self.cancel.clone();
@@ -409,6 +425,30 @@ impl ConnectionProcessor {
         };
         self.state = State::AwaitInitialized(session);
         serde_json::to_value(result).map_err(|e| RpcError::internal(e.to_string()))
+    }
+
+    /// Let every request already read run and send its answer: long polls end now, queued
+    /// requests are not skipped. Bounded by [`HALF_CLOSE_DRAIN_TIMEOUT`] and by shutdown.
+    async fn finish_read_requests(&self, shutdown: &CancellationToken) {
+        self.closing.cancel();
+        let all = |pool: &Arc<Semaphore>, n: usize| {
+            let pool = pool.clone();
+            async move {
+                let n = u32::try_from(n).unwrap_or(u32::MAX);
+                let _ = pool.acquire_many_owned(n).await;
+            }
+        };
+        let done = async {
+            all(&self.pending, self.registry.config().max_pending_requests).await;
+            all(&self.control_pending, CONTROL_REQUEST_SLOTS).await;
+        };
+        tokio::select! {
+            _ = done => {}
+            _ = tokio::time::sleep(HALF_CLOSE_DRAIN_TIMEOUT) => {
+                tracing::warn!("requests still running after the peer's end of input: abandoned");
+            }
+            _ = shutdown.cancelled() => {}
+        }
     }
 
     fn teardown(&mut self, end: &ConnectionEnd) {

@@ -89,6 +89,7 @@ pub async fn run_stdio_with_registry(
         ConnectionOptions {
             close_session_on_end: true,
             peer_key: None,
+            answer_after_eof: true,
         },
         shutdown,
     )

@@ -509,6 +509,7 @@ impl Link {
                     ConnectionOptions {
                         close_session_on_end: false,
                         peer_key: Some(client_key.to_vec()),
+                        ..ConnectionOptions::default()
                     },
                     shutdown,
                 )

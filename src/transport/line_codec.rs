@@ -28,7 +28,7 @@ impl Decoder for LineCodec {
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<u8>>, FramingError> {
         loop {
-            let found = buf[self.scanned..].iter().position(|b| *b == b'\n');
+            let found = memchr::memchr(b'\n', &buf[self.scanned..]);
             match found {
                 Some(off) => {
                     let end = self.scanned + off;
