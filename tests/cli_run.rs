@@ -10,11 +10,12 @@
 //! Children run with `RUST_LOG` removed, as a user would run them.
 
 mod common;
+use common::binary::{output_of, serve_cmd};
+use common::pty::*;
 use common::*;
 
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -23,11 +24,6 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
-
-/// Bound for a process that should exit at once (its command ended, its server went away).
-/// Only a hang guard, shorter than [`GUARD`] so that a test exposing a hang fails in
-/// reasonable time; a correct run takes milliseconds.
-const PROMPT: Duration = Duration::from_secs(20);
 
 /// `execrelay run ARGS…` with null stdin, piped stdout/stderr, `RUST_LOG` unset, killed if
 /// the test gives up on it.
@@ -43,24 +39,11 @@ fn run_cmd(args: &[&str]) -> Command {
     c
 }
 
-/// Run to completion within [`GUARD`].
-async fn output_of(mut cmd: Command) -> Output {
-    let child = cmd.spawn().expect("spawn execrelay");
-    tokio::time::timeout(GUARD, child.wait_with_output())
-        .await
-        .expect("execrelay run did not exit (hang guard)")
-        .expect("wait for execrelay run")
-}
-
 /// The exit code; panics (with the signal) if the process died by a signal.
 fn code(status: &ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| panic!("execrelay run died by signal {:?}", status.signal()))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Lines of a child's stdout, each read within [`GUARD`].
@@ -117,7 +100,7 @@ const INT_SCRIPT: &str =
 
 #[tokio::test]
 async fn local_stdout_stderr_and_exit_code_are_the_remote_ones() {
-    let o = output_of(run_cmd(&[
+    let o = output_of(&mut run_cmd(&[
         "--local",
         "--",
         "sh",
@@ -139,14 +122,28 @@ async fn local_stdout_stderr_and_exit_code_are_the_remote_ones() {
 
 #[tokio::test]
 async fn death_by_signal_maps_to_128_plus_n() {
-    let o = output_of(run_cmd(&["--local", "--", "sh", "-c", "kill -TERM $$"])).await;
+    let o = output_of(&mut run_cmd(&[
+        "--local",
+        "--",
+        "sh",
+        "-c",
+        "kill -TERM $$",
+    ]))
+    .await;
     assert_eq!(code(&o.status), 128 + 15, "stderr: {}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "");
 }
 
 #[tokio::test]
 async fn large_output_is_byte_exact() {
-    let o = output_of(run_cmd(&["--local", "--", "sh", "-c", "seq 1 2000000"])).await;
+    let o = output_of(&mut run_cmd(&[
+        "--local",
+        "--",
+        "sh",
+        "-c",
+        "seq 1 2000000",
+    ]))
+    .await;
     assert_eq!(code(&o.status), 0, "stderr: {}", text(&o.stderr));
     let expected = std::process::Command::new("seq")
         .args(["1", "2000000"])
@@ -216,7 +213,7 @@ async fn stdin_round_trips_byte_exact() {
 
 #[tokio::test]
 async fn empty_stdin_is_end_of_file() {
-    let o = output_of(run_cmd(&["--local", "--", "wc", "-c"])).await;
+    let o = output_of(&mut run_cmd(&["--local", "--", "wc", "-c"])).await;
     assert_eq!(code(&o.status), 0, "stderr: {}", text(&o.stderr));
     assert_eq!(text(&o.stdout).trim(), "0");
 }
@@ -227,7 +224,7 @@ async fn empty_stdin_is_end_of_file() {
 
 #[tokio::test]
 async fn env_flag_sets_a_variable() {
-    let o = output_of(run_cmd(&[
+    let o = output_of(&mut run_cmd(&[
         "--local",
         "-e",
         "FOO=bar",
@@ -245,7 +242,7 @@ async fn env_flag_sets_a_variable() {
 
 #[tokio::test]
 async fn cwd_flag_sets_the_directory() {
-    let o = output_of(run_cmd(&["--local", "-C", "/tmp", "--", "pwd"])).await;
+    let o = output_of(&mut run_cmd(&["--local", "-C", "/tmp", "--", "pwd"])).await;
     assert_eq!(code(&o.status), 0, "stderr: {}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "/tmp\n");
 }
@@ -253,7 +250,7 @@ async fn cwd_flag_sets_the_directory() {
 #[tokio::test]
 async fn timeout_flag_terminates_the_command() {
     let t0 = Instant::now();
-    let o = output_of(run_cmd(&[
+    let o = output_of(&mut run_cmd(&[
         "--local",
         "--timeout",
         "0.5",
@@ -279,7 +276,7 @@ async fn timeout_flag_terminates_the_command() {
 
 #[tokio::test]
 async fn unsupported_target_is_rejected() {
-    let o = output_of(run_cmd(&["ftp://x", "--", "true"])).await;
+    let o = output_of(&mut run_cmd(&["ftp://x", "--", "true"])).await;
     assert_eq!(code(&o.status), 255);
     assert_eq!(text(&o.stdout), "");
     let err = text(&o.stderr);
@@ -291,7 +288,7 @@ async fn unsupported_target_is_rejected() {
 
 #[tokio::test]
 async fn env_without_equals_is_rejected() {
-    let o = output_of(run_cmd(&["--local", "-e", "NOEQUALS", "--", "true"])).await;
+    let o = output_of(&mut run_cmd(&["--local", "-e", "NOEQUALS", "--", "true"])).await;
     assert_eq!(code(&o.status), 255);
     assert_eq!(text(&o.stdout), "");
     let err = text(&o.stderr);
@@ -309,7 +306,7 @@ async fn unreachable_server_is_reported() {
         .expect("bind")
         .port();
     let url = format!("ws://127.0.0.1:{port}");
-    let o = output_of(run_cmd(&[&url, "--", "true"])).await;
+    let o = output_of(&mut run_cmd(&[&url, "--", "true"])).await;
     assert_eq!(code(&o.status), 255);
     assert_eq!(text(&o.stdout), "");
     let err = text(&o.stderr);
@@ -322,13 +319,8 @@ async fn unreachable_server_is_reported() {
 
 /// `execrelay serve --listen ws://127.0.0.1:0` and the URL it printed.
 async fn ws_server() -> (Child, String, LineReader) {
-    let mut server = Command::new(bin())
-        .args(["serve", "--listen", "ws://127.0.0.1:0"])
+    let mut server = serve_cmd("ws://127.0.0.1:0", Stdio::null())
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn execrelay serve");
     let mut lines = LineReader::new(&mut server);
@@ -351,7 +343,7 @@ async fn stop_server(mut server: Child) {
 #[tokio::test]
 async fn ws_target_runs_remotely() {
     let (server, url, _lines) = ws_server().await;
-    let o = output_of(run_cmd(&[
+    let o = output_of(&mut run_cmd(&[
         &url,
         "--",
         "sh",
@@ -533,159 +525,11 @@ async fn run_exits_when_its_local_server_dies() {
 // -t: a terminal of the local size, raw mode, resize, restore
 // ---------------------------------------------------------------------------------------------
 
-/// A pseudo-terminal opened by the test: every descriptor close-on-exec, so only the child
-/// it is handed to holds the slave (the test binary runs tests on several threads).
-struct Pty {
-    master: OwnedFd,
-    slave: OwnedFd,
-    slave_path: String,
-}
-
-fn set_size(fd: &OwnedFd, rows: u16, cols: u16) {
-    let ws = libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads a winsize struct that lives across the call.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-    assert_eq!(r, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
-}
-
-fn open_slave(path: &str) -> OwnedFd {
-    // std opens with O_CLOEXEC.
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOCTTY)
-        .open(path)
-        .expect("open pty slave")
-        .into()
-}
-
-fn open_pty(rows: u16, cols: u16) -> Pty {
-    use nix::fcntl::OFlag;
-    let m = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
-        .expect("posix_openpt");
-    nix::pty::grantpt(&m).expect("grantpt");
-    nix::pty::unlockpt(&m).expect("unlockpt");
-    let slave_path = nix::pty::ptsname_r(&m).expect("ptsname_r");
-    let master = m.as_fd().try_clone_to_owned().expect("dup master");
-    let slave = open_slave(&slave_path);
-    set_size(&master, rows, cols);
-    Pty {
-        master,
-        slave,
-        slave_path,
-    }
-}
-
-/// What the terminal shows: the master read on a blocking thread until EOF/EIO (every slave
-/// descriptor closed).
-struct Screen {
-    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
-    seen: Vec<u8>,
-}
-
-impl Screen {
-    fn new(master: &OwnedFd) -> Screen {
-        let mut f = std::fs::File::from(master.try_clone().expect("dup master"));
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            loop {
-                match f.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if tx.send(buf[..n].to_vec()).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break, // EIO: the last slave descriptor was closed
-                }
-            }
-        });
-        Screen {
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    fn shows(&self, needle: &str) -> bool {
-        text(&self.seen).contains(needle)
-    }
-
-    /// Wait up to `limit` for `needle`; false if it did not show.
-    async fn wait_for_within(&mut self, needle: &str, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !self.shows(needle) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(chunk)) => self.seen.extend_from_slice(&chunk),
-                Ok(None) => panic!(
-                    "terminal closed before {needle:?} showed; screen: {:?}",
-                    text(&self.seen)
-                ),
-                Err(_) => return false,
-            }
-        }
-        true
-    }
-
-    async fn wait_for(&mut self, needle: &str) {
-        assert!(
-            self.wait_for_within(needle, GUARD).await,
-            "{needle:?} never showed (hang guard); screen: {:?}",
-            text(&self.seen)
-        );
-    }
-
-    /// Everything until every slave descriptor is closed.
-    async fn read_to_end(&mut self) -> String {
-        loop {
-            match tokio::time::timeout(GUARD, self.rx.recv()).await {
-                Ok(Some(chunk)) => self.seen.extend_from_slice(&chunk),
-                Ok(None) => return text(&self.seen),
-                Err(_) => panic!(
-                    "terminal never closed (hang guard); screen: {:?}",
-                    text(&self.seen)
-                ),
-            }
-        }
-    }
-}
-
-/// `execrelay run ARGS…` with the slave as stdin, stdout and stderr. Consumes the slave: the
-/// test keeps no descriptor of it, so the master sees EIO once `run` (and its local server)
-/// exit.
-fn spawn_on_pty(slave: OwnedFd, args: &[&str]) -> Child {
-    let fd = || Stdio::from(slave.try_clone().expect("dup slave"));
-    let mut cmd = Command::new(bin());
-    cmd.arg("run")
-        .args(args)
-        .env_remove("RUST_LOG")
-        .stdin(fd())
-        .stdout(fd())
-        .stderr(fd())
-        .kill_on_drop(true);
-    cmd.spawn().expect("spawn execrelay run")
-    // `cmd` and `slave` drop here, closing the test's copies.
-}
-
-async fn wait_status(child: &mut Child) -> ExitStatus {
-    tokio::time::timeout(GUARD, child.wait())
-        .await
-        .expect("execrelay run did not exit (hang guard)")
-        .expect("wait")
-}
-
 #[tokio::test]
 async fn tty_flag_gives_a_terminal_of_the_local_size() {
-    let pty = open_pty(33, 101);
-    let mut screen = Screen::new(&pty.master);
-    let mut child = spawn_on_pty(
-        pty.slave,
+    let (status, shown) = run_on_pty(
+        33,
+        101,
         &[
             "--local",
             "-t",
@@ -694,9 +538,8 @@ async fn tty_flag_gives_a_terminal_of_the_local_size() {
             "-c",
             "test -t 0 && echo IS_TTY; stty size",
         ],
-    );
-    let shown = screen.read_to_end().await;
-    let status = wait_status(&mut child).await;
+    )
+    .await;
     assert_eq!(code(&status), 0, "screen: {shown:?}");
     assert!(shown.contains("IS_TTY"), "screen: {shown:?}");
     assert!(shown.contains("33 101"), "screen: {shown:?}");
@@ -704,14 +547,12 @@ async fn tty_flag_gives_a_terminal_of_the_local_size() {
 
 #[tokio::test]
 async fn without_tty_flag_the_command_has_no_terminal() {
-    let pty = open_pty(33, 101);
-    let mut screen = Screen::new(&pty.master);
-    let mut child = spawn_on_pty(
-        pty.slave,
+    let (status, shown) = run_on_pty(
+        33,
+        101,
         &["--local", "--", "sh", "-c", "test -t 0 || echo NOT_TTY"],
-    );
-    let shown = screen.read_to_end().await;
-    let status = wait_status(&mut child).await;
+    )
+    .await;
     assert_eq!(code(&status), 0, "screen: {shown:?}");
     assert!(shown.contains("NOT_TTY"), "screen: {shown:?}");
 }

@@ -10,6 +10,7 @@
 //! `EXECRELAY_INTEROP_PYTHON` names another interpreter (a virtualenv's, say).
 
 mod common;
+use common::binary::{first_line, output_of, serve_cmd};
 use common::*;
 
 use std::os::unix::fs::PermissionsExt;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::io::{BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 const CLIENT_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/noise_client.py");
@@ -25,10 +26,6 @@ const REQUIREMENTS: &str = "tests/interop/requirements.txt";
 
 fn python() -> String {
     std::env::var("EXECRELAY_INTEROP_PYTHON").unwrap_or_else(|_| "python3".to_string())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Fail (never skip) when the interpreter or the client's packages are missing.
@@ -119,24 +116,14 @@ impl Fixture {
         .expect("write authorized keys");
 
         let log = std::fs::File::create(dir.path().join("server.log")).expect("server log");
-        let mut server = Command::new(bin())
-            .arg("serve")
-            .args(["--listen", "noise+ws://127.0.0.1:0"])
+        let mut server = serve_cmd("noise+ws://127.0.0.1:0", log)
             .arg("--key")
             .arg(&server_key)
             .arg("--authorized-keys")
             .arg(&authorized)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn execrelay serve");
-        let mut stdout = BufReader::new(server.stdout.take().expect("piped stdout")).lines();
-        let first = tokio::time::timeout(GUARD, stdout.next_line())
-            .await
-            .expect("server printed no URL (hang guard)")
-            .expect("read server stdout");
+        let (first, stdout) = first_line(&mut server, GUARD).await;
         let mut fixture = Fixture {
             dir,
             server,
@@ -163,24 +150,17 @@ impl Fixture {
     /// Run the Python client with `extra` arguments, within [`GUARD`] (it gives up by itself
     /// after 20 s).
     async fn client(&self, extra: &[&str]) -> Output {
-        let child = Command::new(python())
-            .arg(CLIENT_SCRIPT)
-            .arg(&self.url)
-            .arg(pub_path(&self.server_key))
-            .arg(&self.client_key)
-            .args(extra)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the Python client");
-        tokio::time::timeout(GUARD, child.wait_with_output())
-            .await
-            .expect("the Python client did not exit (hang guard)")
-            .expect("wait for the Python client")
+        output_of(
+            Command::new(python())
+                .arg(CLIENT_SCRIPT)
+                .arg(&self.url)
+                .arg(pub_path(&self.server_key))
+                .arg(&self.client_key)
+                .args(extra)
+                .env("PYTHONDONTWRITEBYTECODE", "1")
+                .env("PYTHONUNBUFFERED", "1"),
+        )
+        .await
     }
 
     /// Everything worth showing when an assertion fails.

@@ -2,11 +2,11 @@
 //! drain deadlines extended by time spent blocked on a slow client.
 
 mod common;
+use common::process::wchan;
 use common::*;
 
 use execrelay::config::ServerConfig;
 use serde_json::json;
-use std::io::Write;
 
 /// Small queues everywhere, so that they are truly full in these tests.
 fn small_queues() -> ServerConfig {
@@ -17,13 +17,11 @@ fn small_queues() -> ServerConfig {
     }
 }
 
+/// A file of `len` non-repeating bytes, and the bytes.
 fn random_file(len: usize) -> (tempfile::NamedTempFile, Vec<u8>) {
     let mut data = vec![0u8; len];
     getrandom_fill(&mut data);
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(&data).unwrap();
-    f.flush().unwrap();
-    (f, data)
+    (file_with(&data), data)
 }
 
 fn getrandom_fill(buf: &mut [u8]) {
@@ -35,10 +33,6 @@ fn getrandom_fill(buf: &mut [u8]) {
         x ^= x << 17;
         *b = x as u8;
     }
-}
-
-fn wchan(pid: u64) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,10 +150,7 @@ async fn slow_reader_longer_than_the_drain_deadline_loses_nothing() {
     let mut s = in_process(small_queues(), 16 * 1024);
     s.client.handshake().await;
     s.client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["cat", file.path()], "drainTimeoutMs": 100}),
-        )
+        .start(json!({"processId": "p", "argv": ["cat", file.path()], "drainTimeoutMs": 100}))
         .await;
     let mut stdout = Vec::new();
     let started = std::time::Instant::now();
@@ -169,13 +160,7 @@ async fn slow_reader_longer_than_the_drain_deadline_loses_nothing() {
         if n["method"] == "process/exited" {
             break p.clone();
         }
-        stdout.extend(
-            base64::Engine::decode(
-                &base64::engine::general_purpose::STANDARD,
-                p["chunk"].as_str().unwrap(),
-            )
-            .unwrap(),
-        );
+        stdout.extend(unb64(p["chunk"].as_str().unwrap()));
         // The slowness under test: a client that takes its time with every chunk.
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     };
@@ -193,14 +178,11 @@ async fn slow_reader_longer_than_the_drain_deadline_loses_nothing() {
 async fn events_are_numbered_without_gaps_and_exit_is_last() {
     let mut s = in_process(cfg(), 1 << 20);
     s.client.handshake().await;
-    s.client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["sh", "-c",
-                "for i in $(seq 1 200); do echo out$i; echo err$i >&2; done"]}),
-        )
+    let c = s
+        .client
+        .run(json!({"processId": "p", "argv": ["sh", "-c",
+                "for i in $(seq 1 200); do echo out$i; echo err$i >&2; done"]}))
         .await;
-    let c = s.client.collect("p").await;
     c.assert_seqs_contiguous();
     let expected_out: String = (1..=200).map(|i| format!("out{i}\n")).collect();
     let expected_err: String = (1..=200).map(|i| format!("err{i}\n")).collect();
@@ -233,10 +215,7 @@ async fn read_long_polls_until_output_and_respects_after_seq() {
     let mut s = in_process(cfg(), 1 << 20);
     s.client.handshake().await;
     s.client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["cat"], "pipeStdin": true}),
-        )
+        .start(json!({"processId": "p", "argv": ["cat"], "pipeStdin": true}))
         .await;
     let read = s
         .client
@@ -245,12 +224,7 @@ async fn read_long_polls_until_output_and_respects_after_seq() {
             json!({"processId": "p", "afterSeq": 0, "waitMs": 30000}),
         )
         .await;
-    s.client
-        .call(
-            "process/write",
-            json!({"processId": "p", "chunk": b64(b"ping")}),
-        )
-        .await;
+    s.client.write("p", b"ping").await;
     let r = s.client.response(read).await;
     let ev = &r["result"]["events"][0];
     assert_eq!(ev["seq"], 1);
@@ -264,9 +238,7 @@ async fn read_long_polls_until_output_and_respects_after_seq() {
         .await;
     assert_eq!(r["events"], json!([]));
     assert_eq!(r["nextSeq"], 2);
-    s.client
-        .call("process/closeStdin", json!({"processId": "p"}))
-        .await;
+    s.client.close_stdin("p").await;
     let c = s.client.collect("p").await;
     assert_eq!(c.exit["exitCode"], 0);
 }

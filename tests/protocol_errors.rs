@@ -1,162 +1,19 @@
 //! Protocol errors (`protocol.md` §1–§3): every error code of the table, the exact id it is
 //! answered to, and whether the connection survives it, over the real `ConnectionProcessor`
-//! and over the built binary (stdio and WebSocket).
+//! and over the built binary (stdio and WebSocket). (Limits at their edges, framing errors
+//! among them, are in `protocol_limits.rs`.)
 
 mod common;
+use common::binary::{first_line, http_exchange, serve_cmd, ws_client};
 use common::*;
 
-use std::collections::HashMap;
-use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use base64::Engine;
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio_util::sync::CancellationToken;
 
-use execrelay::config::ServerConfig;
-use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
+use execrelay::connection_processor::ConnectionEnd;
 use execrelay::session_registry::SessionRegistry;
-use execrelay::transport::stdio::line_transport;
-use execrelay::transport::Transport;
-
-/// A connection that completed `initialize` + `initialized`.
-async fn ready_with(cfg: ServerConfig) -> InProcess {
-    let mut t = in_process(cfg, 1 << 20);
-    t.client.handshake().await;
-    t
-}
-
-/// Like `in_process`, but the client ignores write errors: when the server closes the
-/// connection on a framing error it may do so while the client is still writing the line.
-fn in_process_lenient(cfg: ServerConfig) -> InProcess {
-    let registry = SessionRegistry::new(Arc::new(cfg));
-    let (client_end, server_end) = tokio::io::duplex(1 << 20);
-    let (sr, sw) = tokio::io::split(server_end);
-    let (cr, cw) = tokio::io::split(client_end);
-    let max = registry.config().max_message_bytes;
-    let transport = line_transport(sr, sw, max, "test");
-    let shutdown = CancellationToken::new();
-    let end = tokio::spawn(ConnectionProcessor::run(
-        transport,
-        registry.clone(),
-        ConnectionOptions::default(),
-        shutdown.clone(),
-    ));
-    InProcess {
-        client: RawClient::new(cr, Lenient(cw)),
-        registry,
-        end,
-        shutdown,
-    }
-}
-
-/// A writer that reports success after its peer went away.
-struct Lenient<W>(W);
-
-impl<W: AsyncWrite + Unpin> AsyncWrite for Lenient<W> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match Pin::new(&mut self.0).poll_write(cx, buf) {
-            Poll::Ready(Err(_)) => Poll::Ready(Ok(buf.len())),
-            other => other,
-        }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match Pin::new(&mut self.0).poll_flush(cx) {
-            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
-            other => other,
-        }
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match Pin::new(&mut self.0).poll_shutdown(cx) {
-            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
-            other => other,
-        }
-    }
-}
-
-/// The `error` member of a response (panics on a success).
-fn error_of(r: &Value) -> &Value {
-    r.get("error")
-        .unwrap_or_else(|| panic!("expected an error response, got {r}"))
-}
-
-/// SIGKILL to a process group we started (hygiene: never leave children behind).
-fn kill_group(pid: &Value) {
-    let pid = pid.as_i64().expect("pid") as i32;
-    assert!(pid > 1);
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
-}
-
-/// A request of exactly `total` bytes (without the line terminator): `method` with params
-/// `{"pad": "aaaa…"}`.
-fn padded_request(id: u64, method: &str, total: usize) -> Vec<u8> {
-    let head = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{"pad":""#);
-    let tail = r#""}}"#;
-    let pad = total - head.len() - tail.len();
-    let mut v = head.into_bytes();
-    v.resize(v.len() + pad, b'a');
-    v.extend_from_slice(tail.as_bytes());
-    assert_eq!(v.len(), total);
-    v
-}
-
-/// Collect the notifications of several processes until each has exited (`RawClient::collect`
-/// handles one process and keeps the others' notifications to itself).
-async fn collect_all(c: &mut RawClient, ids: &[&str]) -> HashMap<String, Collected> {
-    let mut out: HashMap<String, Collected> = HashMap::new();
-    let mut exited = 0;
-    while exited < ids.len() {
-        let n = c
-            .next_notification()
-            .await
-            .expect("connection closed before every process exited");
-        let p = &n["params"];
-        let id = p["processId"].as_str().expect("processId");
-        assert!(ids.contains(&id), "unexpected notification {n}");
-        let col = out.entry(id.to_string()).or_default();
-        assert!(col.exit.is_null(), "event after the exit notice: {n}");
-        col.seqs.push(p["seq"].as_u64().expect("seq"));
-        match n["method"].as_str().expect("method") {
-            "process/outputDelta" => {
-                let data = base64::engine::general_purpose::STANDARD
-                    .decode(p["chunk"].as_str().expect("chunk"))
-                    .expect("base64");
-                match p["stream"].as_str().expect("stream") {
-                    "stdout" => col.stdout.extend_from_slice(&data),
-                    "stderr" => col.stderr.extend_from_slice(&data),
-                    "pty" => col.pty.extend_from_slice(&data),
-                    s => panic!("unknown stream {s}"),
-                }
-            }
-            "process/exited" => {
-                col.exit = p.clone();
-                exited += 1;
-            }
-            m => panic!("unexpected notification {m}"),
-        }
-    }
-    out
-}
-
-/// `max_message_bytes` of 128 KiB: small, but valid (`validate()` wants one base64 chunk).
-fn small_limit_cfg() -> ServerConfig {
-    let c = ServerConfig {
-        max_message_bytes: 128 * 1024,
-        ..cfg()
-    };
-    c.validate().expect("a realistic configuration");
-    c
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_json_is_a_parse_error_with_null_id_and_the_connection_stays_open() {
@@ -370,78 +227,6 @@ async fn missing_and_mistyped_params_are_invalid_params_naming_the_member() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_over_the_limit_is_a_framing_error_that_closes_the_connection() {
-    let InProcess {
-        mut client, end, ..
-    } = in_process_lenient(small_limit_cfg());
-    client.handshake().await;
-    let line = padded_request(1, "server/info", 200 * 1024);
-    client.send_raw(&line).await;
-    let m = client.read_message().await.expect("the framing error");
-    assert_eq!(m["id"], Value::Null, "{m}");
-    assert_eq!(error_of(&m)["code"], -32600, "{m}");
-    assert!(
-        client.read_message().await.is_none(),
-        "connection must close"
-    );
-    let end = tokio::time::timeout(GUARD, end)
-        .await
-        .expect("connection ends")
-        .expect("join");
-    assert!(matches!(end, ConnectionEnd::FramingError(_)), "{end:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_of_exactly_the_limit_is_accepted() {
-    let max = small_limit_cfg().max_message_bytes;
-    let mut t = ready_with(small_limit_cfg()).await;
-    let c = &mut t.client;
-
-    c.send_raw(&padded_request(1, "server/info", max)).await;
-    let m = c.read_message().await.expect("a response");
-    assert_eq!(m["id"], 1);
-    assert_eq!(m["result"]["protocolVersion"], 1, "{m}");
-
-    c.send_raw(&padded_request(2, "no/such", max)).await;
-    let m = c.read_message().await.expect("a response");
-    assert_eq!(m["id"], 2);
-    assert_eq!(error_of(&m)["code"], -32601, "{m}");
-
-    // A trailing `\r` is framing, not message: max bytes + "\r\n" is still exactly the limit.
-    let mut crlf = padded_request(3, "server/info", max);
-    crlf.push(b'\r');
-    c.send_raw(&crlf).await;
-    let m = c.read_message().await.expect("a response");
-    assert_eq!(m["id"], 3);
-    assert_eq!(m["result"]["protocolVersion"], 1, "{m}");
-    assert!(!t.end.is_finished());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_of_the_limit_plus_one_is_rejected() {
-    let max = small_limit_cfg().max_message_bytes;
-    let InProcess {
-        mut client, end, ..
-    } = in_process_lenient(small_limit_cfg());
-    client.handshake().await;
-    client
-        .send_raw(&padded_request(1, "server/info", max + 1))
-        .await;
-    let m = client.read_message().await.expect("the framing error");
-    assert_eq!(m["id"], Value::Null, "{m}");
-    assert_eq!(error_of(&m)["code"], -32600, "{m}");
-    assert!(
-        client.read_message().await.is_none(),
-        "connection must close"
-    );
-    let end = tokio::time::timeout(GUARD, end)
-        .await
-        .expect("connection ends")
-        .expect("join");
-    assert!(matches!(end, ConnectionEnd::FramingError(_)), "{end:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_before_the_handshake_are_rejected_in_wire_order() {
     let mut t = in_process(cfg(), 1 << 20);
     let c = &mut t.client;
@@ -540,17 +325,14 @@ async fn initialize_succeeds_once_and_a_failed_one_may_be_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_failures_are_indistinguishable() {
     let registry = SessionRegistry::new(Arc::new(cfg()));
-    let mut a = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    let init = a.client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
-    let token = init["resumeToken"].as_str().unwrap().to_string();
+    let (mut a, sid, token) = open_session(&registry).await;
 
     // The same token with one character changed: still valid base64 of the same length.
     let mut wrong = token.clone().into_bytes();
     wrong[0] = if wrong[0] == b'A' { b'B' } else { b'A' };
     let wrong = String::from_utf8(wrong).unwrap();
 
-    let mut b = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
+    let mut b = connect_to(&registry);
     let mut errors = Vec::new();
     for (session_id, resume_token) in [
         (sid.as_str(), wrong.as_str()),
@@ -635,215 +417,28 @@ async fn a_response_from_the_client_closes_the_connection() {
             client.read_message().await.is_none(),
             "connection must close"
         );
-        let end = tokio::time::timeout(GUARD, end)
-            .await
-            .expect("connection ends")
-            .expect("join");
-        assert_eq!(end, ConnectionEnd::UnexpectedResponse, "{msg}");
+        assert_eq!(
+            connection_end(end).await,
+            ConnectionEnd::UnexpectedResponse,
+            "{msg}"
+        );
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn process_id_length_is_checked_at_both_edges() {
-    let mut t = ready_with(cfg()).await;
-    let c = &mut t.client;
-    for bad in [String::new(), "x".repeat(257)] {
-        let e = c
-            .call_err("process/start", json!({"processId": bad, "argv": ["true"]}))
-            .await;
-        assert_eq!(e["code"], -32602, "{e}");
-    }
-    // 256 bytes is allowed (and counted in bytes: 128 two-byte characters).
-    for good in ["y".repeat(256), "é".repeat(128)] {
-        let r = c
-            .call(
-                "process/start",
-                json!({"processId": good, "argv": ["true"]}),
-            )
-            .await;
-        assert_eq!(r["processId"], good.as_str());
-        let done = c.collect(&good).await;
-        assert_eq!(done.exit["exitCode"], 0);
-    }
-    let e = c
-        .call_err(
-            "process/start",
-            json!({"processId": "é".repeat(129), "argv": ["true"]}),
-        )
-        .await;
-    assert_eq!(e["code"], -32602, "258 bytes: {e}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn max_processes_at_its_edge() {
-    let mut t = ready_with(ServerConfig {
-        max_processes: 2,
-        ..cfg()
-    })
-    .await;
-    let c = &mut t.client;
-    let mut pids = Vec::new();
-    for id in ["a", "b"] {
-        let r = c
-            .call(
-                "process/start",
-                json!({"processId": id, "argv": ["sleep", "100"]}),
-            )
-            .await;
-        pids.push(r["pid"].clone());
-    }
-    let e = c
-        .call_err(
-            "process/start",
-            json!({"processId": "c", "argv": ["sleep", "100"]}),
-        )
-        .await;
-    assert_eq!(e["code"], -32004, "{e}");
-    assert_eq!(e["data"]["limit"], "maxProcesses", "{e}");
-    assert_eq!(e["data"]["value"], 2, "{e}");
-
-    for id in ["a", "b"] {
-        let r = c.call("process/terminate", json!({"processId": id})).await;
-        assert_eq!(r["running"], true);
-    }
-    for (id, done) in collect_all(c, &["a", "b"]).await {
-        assert_eq!(done.exit["signal"], "SIGTERM", "{id}");
-    }
-    for pid in &pids {
-        kill_group(pid);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn max_pending_requests_at_its_edge() {
-    let mut t = ready_with(ServerConfig {
-        max_pending_requests: 2,
-        ..cfg()
-    })
-    .await;
-    let c = &mut t.client;
-    let r = c
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["sleep", "100"]}),
-        )
-        .await;
-    let pid = r["pid"].clone();
-
-    let poll = json!({"processId": "p", "waitMs": 30000});
-    let r1 = c.request("process/read", poll.clone()).await;
-    let r2 = c.request("process/read", poll.clone()).await;
-    let r3 = c.request("process/read", poll.clone()).await;
-    // The two polls are pending, so the very next message is the third one's refusal.
-    let m = c.read_message().await.expect("the limit error");
-    assert_eq!(m["id"], r3, "{m}");
-    let e = error_of(&m);
-    assert_eq!(e["code"], -32004, "{m}");
-    assert_eq!(e["data"]["limit"], "maxPendingRequests", "{m}");
-    assert_eq!(e["data"]["value"], 2, "{m}");
-
-    // End the polls from outside the protocol (every slot is taken, including a
-    // terminate's), then check both return the exit and the slots come back.
-    kill_group(&pid);
-    for id in [r1, r2] {
-        let m = c.response(id).await;
-        let res = &m["result"];
-        assert_eq!(res["exited"], true, "{m}");
-        let events = res["events"].as_array().unwrap();
-        assert_eq!(events.last().unwrap()["type"], "exited", "{m}");
-        assert_eq!(events.last().unwrap()["signal"], "SIGKILL", "{m}");
-    }
-    let done = c.collect("p").await;
-    assert_eq!(done.exit["signal"], "SIGKILL");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn max_sessions_at_its_edge() {
-    let registry = SessionRegistry::new(Arc::new(ServerConfig {
-        max_sessions: 1,
-        ..cfg()
-    }));
-    let mut a = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    a.client.handshake().await;
-    let mut b = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    let e = b
-        .client
-        .call_err("initialize", json!({"clientName": "b"}))
-        .await;
-    assert_eq!(e["code"], -32004, "{e}");
-    assert_eq!(e["data"]["limit"], "maxSessions", "{e}");
-    assert_eq!(e["data"]["value"], 1, "{e}");
-    assert_eq!(registry.session_count(), 1);
-    // B stays open and may retry; A is untouched.
-    let e = b.client.call_err("server/info", json!({})).await;
-    assert_eq!(e["code"], -32600, "{e}");
-    assert_eq!(a.client.call("server/info", json!({})).await["sessions"], 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reading_released_output_reports_the_exact_missing_range() {
-    let mut t = ready_with(ServerConfig {
-        retained_output_bytes: 4096,
-        delivery_queue_bytes: 4096,
-        ..cfg()
-    })
-    .await;
-    let c = &mut t.client;
-    c.call(
-        "process/start",
-        json!({"processId": "z", "argv": ["head", "-c", "1000000", "/dev/zero"]}),
-    )
-    .await;
-    let done = c.collect("z").await;
-    done.assert_seqs_contiguous();
-    assert_eq!(done.stdout.len(), 1_000_000);
-    assert!(done.stdout.iter().all(|b| *b == 0));
-    assert_eq!(done.exit["exitCode"], 0);
-    let exit_seq = done.exit["seq"].as_u64().unwrap();
-
-    let first = c
-        .call_err("process/read", json!({"processId": "z", "afterSeq": 0}))
-        .await;
-    assert_eq!(first["code"], -32005, "{first}");
-    assert_eq!(first["data"]["fromSeq"], 1, "{first}");
-    let to = first["data"]["toSeq"].as_u64().expect("toSeq");
-    assert!(
-        (1..exit_seq).contains(&to),
-        "toSeq {to} must name released output below the exit notice {exit_seq}"
-    );
-
-    // Exact: `to` is gone, `to + 1` is the first retained event.
-    let r = c
-        .call(
-            "process/read",
-            json!({"processId": "z", "afterSeq": to, "maxBytes": 16 << 20}),
-        )
-        .await;
-    let events = r["events"].as_array().unwrap();
-    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    let expected: Vec<u64> = (to + 1..=exit_seq).collect();
-    assert_eq!(seqs, expected);
-    assert_eq!(events.last().unwrap()["type"], "exited");
-    assert_eq!(r["nextSeq"], exit_seq + 1);
-    assert_eq!(r["exited"], true);
-    if to >= 2 {
-        let e = c
-            .call_err(
-                "process/read",
-                json!({"processId": "z", "afterSeq": to - 1}),
-            )
-            .await;
-        assert_eq!(e["code"], -32005, "{e}");
-        assert_eq!(e["data"], json!({"fromSeq": to, "toSeq": to}), "{e}");
-    }
-    // The error did not change anything: the same read answers the same range again.
-    let again = c
-        .call_err("process/read", json!({"processId": "z", "afterSeq": 0}))
-        .await;
-    assert_eq!(again, first);
 }
 
 // --- The built binary -----------------------------------------------------------------------
+
+/// `initialize` + `initialized`, then `echo hi` as process "e": its output and exit 0 arrive
+/// with contiguous seqs. Returns what was collected.
+async fn handshake_and_echo_hi(c: &mut RawClient) -> Collected {
+    c.handshake().await;
+    let done = c
+        .run(json!({"processId": "e", "argv": ["echo", "hi"]}))
+        .await;
+    done.assert_seqs_contiguous();
+    assert_eq!(done.stdout, b"hi\n");
+    assert_eq!(done.exit["exitCode"], 0);
+    done
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_over_stdio_serves_one_connection_and_exits_cleanly() {
@@ -859,16 +454,7 @@ async fn binary_over_stdio_serves_one_connection_and_exits_cleanly() {
     let stdin = child.stdin.take().unwrap();
     let mut c = RawClient::new(stdout, stdin);
 
-    c.handshake().await;
-    c.call(
-        "process/start",
-        json!({"processId": "e", "argv": ["echo", "hi"]}),
-    )
-    .await;
-    let done = c.collect("e").await;
-    done.assert_seqs_contiguous();
-    assert_eq!(done.stdout, b"hi\n");
-    assert_eq!(done.exit["exitCode"], 0);
+    let done = handshake_and_echo_hi(&mut c).await;
     assert_eq!(done.exit["signal"], Value::Null);
 
     c.send_raw(b"this is not json").await;
@@ -878,10 +464,7 @@ async fn binary_over_stdio_serves_one_connection_and_exits_cleanly() {
 
     // A process still running when stdin closes is terminated with the server.
     let r = c
-        .call(
-            "process/start",
-            json!({"processId": "s", "argv": ["sleep", "100"]}),
-        )
+        .start(json!({"processId": "s", "argv": ["sleep", "100"]}))
         .await;
     let sleeper = r["pid"].as_i64().unwrap() as i32;
 
@@ -929,65 +512,14 @@ fn binary_refuses_plaintext_off_loopback_without_the_danger_flag() {
     );
 }
 
-/// A `RawClient` over a WebSocket transport: a pair of tasks turn messages into lines.
-fn ws_client(t: Transport) -> RawClient {
-    let (near, far) = tokio::io::duplex(1 << 20);
-    let (far_r, mut far_w) = tokio::io::split(far);
-    let Transport {
-        mut incoming,
-        mut outgoing,
-        ..
-    } = t;
-    tokio::spawn(async move {
-        while let Some(Ok(m)) = incoming.next().await {
-            if far_w.write_all(&m).await.is_err() || far_w.write_all(b"\n").await.is_err() {
-                break;
-            }
-        }
-        let _ = far_w.shutdown().await;
-    });
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(far_r).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if outgoing.send(line).await.is_err() {
-                break;
-            }
-        }
-        let _ = outgoing.close().await;
-    });
-    let (r, w) = tokio::io::split(near);
-    RawClient::new(r, w)
-}
-
-async fn http_exchange(addr: &str, request: &str) -> String {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    tcp.write_all(request.as_bytes()).await.expect("write");
-    let mut response = Vec::new();
-    tokio::time::timeout(GUARD, tcp.read_to_end(&mut response))
-        .await
-        .expect("the server answers and closes")
-        .expect("read");
-    String::from_utf8_lossy(&response).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_over_websocket() {
-    let mut child = tokio::process::Command::new(bin())
-        .args(["serve", "--listen", "ws://127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
+    let mut child = serve_cmd("ws://127.0.0.1:0", Stdio::null())
         .spawn()
         .expect("spawn execrelay serve");
     let server_pid = child.id().expect("pid") as i32;
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut url = String::new();
-    tokio::time::timeout(GUARD, stdout.read_line(&mut url))
-        .await
-        .expect("the URL is printed")
-        .expect("read");
-    let url = url.trim_end().to_string();
+    let (url, _stdout) = first_line(&mut child, GUARD).await;
+    let url = url.expect("the URL is printed");
     let addr = url
         .strip_prefix("ws://127.0.0.1:")
         .map(|port| format!("127.0.0.1:{port}"))
@@ -1011,16 +543,7 @@ async fn binary_over_websocket() {
         .await
         .expect("WebSocket connect");
     let mut c = ws_client(transport);
-    c.handshake().await;
-    c.call(
-        "process/start",
-        json!({"processId": "e", "argv": ["echo", "hi"]}),
-    )
-    .await;
-    let done = c.collect("e").await;
-    done.assert_seqs_contiguous();
-    assert_eq!(done.stdout, b"hi\n");
-    assert_eq!(done.exit["exitCode"], 0);
+    handshake_and_echo_hi(&mut c).await;
     c.send_raw(b"{not json").await;
     let m = c.read_message().await.expect("a parse error");
     assert_eq!(error_of(&m)["code"], -32700);
@@ -1028,10 +551,7 @@ async fn binary_over_websocket() {
     // Shutdown with a process running: it is terminated, its exit notice reaches the attached
     // client, then the server exits 0.
     let r = c
-        .call(
-            "process/start",
-            json!({"processId": "s", "argv": ["sleep", "100"]}),
-        )
+        .start(json!({"processId": "s", "argv": ["sleep", "100"]}))
         .await;
     let sleeper = r["pid"].clone();
     unsafe { libc::kill(server_pid, libc::SIGTERM) };

@@ -7,75 +7,22 @@
 //! deadlines are hang guards only.
 
 mod common;
+use common::fifo::{held_cat, make_fifo, release};
+use common::process::stdin_pipe_fill;
 use common::*;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use base64::Engine;
 use serde_json::{json, Value};
 
-use execrelay::config::ServerConfig;
-use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions};
+use execrelay::connection_processor::ConnectionEnd;
 use execrelay::session_registry::SessionRegistry;
 
-/// A connection that completed `initialize` + `initialized`.
-async fn ready_with(cfg: ServerConfig) -> InProcess {
-    let mut t = in_process(cfg, 1 << 20);
-    t.client.handshake().await;
-    t
-}
-
-/// SIGKILL to a process group we started (hygiene: never leave children behind).
-fn kill_group(pid: &Value) {
-    let pid = pid.as_i64().expect("pid") as i32;
-    assert!(pid > 1);
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
-}
-
+/// The bytes of a base64 `chunk` member.
 fn decode(chunk: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD
-        .decode(chunk.as_str().expect("chunk"))
-        .expect("base64")
-}
-
-/// Collect the notifications of several processes until each has exited, checking that no
-/// event follows an exit notice. `RawClient::collect` handles one process and keeps the
-/// others' notifications to itself.
-async fn collect_all(c: &mut RawClient, ids: &[&str]) -> HashMap<String, Collected> {
-    let mut out: HashMap<String, Collected> = HashMap::new();
-    let mut exited = 0;
-    while exited < ids.len() {
-        let n = c
-            .next_notification()
-            .await
-            .expect("connection closed before every process exited");
-        let p = &n["params"];
-        let id = p["processId"].as_str().expect("processId");
-        assert!(ids.contains(&id), "unexpected notification {n}");
-        let col = out.entry(id.to_string()).or_default();
-        assert!(col.exit.is_null(), "event after the exit notice: {n}");
-        col.seqs.push(p["seq"].as_u64().expect("seq"));
-        match n["method"].as_str().expect("method") {
-            "process/outputDelta" => {
-                let data = decode(&p["chunk"]);
-                assert!(data.len() <= 64 * 1024, "chunk over MAX_CHUNK_BYTES");
-                match p["stream"].as_str().expect("stream") {
-                    "stdout" => col.stdout.extend_from_slice(&data),
-                    "stderr" => col.stderr.extend_from_slice(&data),
-                    "pty" => col.pty.extend_from_slice(&data),
-                    s => panic!("unknown stream {s}"),
-                }
-            }
-            "process/exited" => {
-                col.exit = p.clone();
-                exited += 1;
-            }
-            m => panic!("unexpected notification {m}"),
-        }
-    }
-    out
+    unb64(chunk.as_str().expect("chunk"))
 }
 
 /// Whether a response to `id` is already waiting in the backlog.
@@ -85,58 +32,47 @@ fn answered(c: &RawClient, id: u64) -> bool {
         .any(|m| m["id"] == id && m.get("method").is_none())
 }
 
-/// A named pipe the child blocks on until the test releases it: lets a test hold a child
-/// back without the child reading its stdin, and without any sleep.
-fn make_fifo(dir: &Path) -> PathBuf {
-    let path = dir.join("go");
-    let c = std::ffi::CString::new(path.to_str().expect("utf-8 path")).expect("no NUL");
-    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-    assert_eq!(r, 0, "mkfifo: {}", std::io::Error::last_os_error());
-    path
+/// A session whose process "p" reads nothing until [`Held::release_and_resume`] (then copies
+/// stdin to stdout, `held_cat`): a 4 MiB write to it cannot complete meanwhile.
+struct Held {
+    _dir: tempfile::TempDir,
+    fifo: PathBuf,
+    registry: Arc<SessionRegistry>,
+    sid: String,
+    token: String,
+    /// The process's pid (also its process group).
+    pid: Value,
 }
 
-/// Let the child blocked in `read -r _ < FIFO` go on.
-async fn release(fifo: &Path) {
-    let fifo = fifo.to_path_buf();
-    let open = tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        // Blocks until the child has the FIFO open for reading.
-        let mut f = std::fs::OpenOptions::new().write(true).open(&fifo)?;
-        f.write_all(b"go\n")
-    });
-    tokio::time::timeout(GUARD, open)
-        .await
-        .expect("the child opens the FIFO")
-        .expect("join")
-        .expect("write to the FIFO");
+/// A [`Held`] session and its (first) connection.
+async fn held_session() -> (Held, InProcess) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = make_fifo(dir.path());
+    let registry = SessionRegistry::new(Arc::new(cfg()));
+    let (mut conn, sid, token) = open_session(&registry).await;
+    let r = conn
+        .client
+        .start(json!({"processId": "p", "argv": held_cat(&fifo), "pipeStdin": true}))
+        .await;
+    let held = Held {
+        _dir: dir,
+        fifo,
+        registry,
+        sid,
+        token,
+        pid: r["pid"].clone(),
+    };
+    (held, conn)
 }
 
-/// argv of a child that waits for [`release`], then copies stdin to stdout.
-fn held_cat(fifo: &Path) -> Value {
-    json!([
-        "sh",
-        "-c",
-        r#"read -r _ < "$0"; exec cat"#,
-        fifo.to_str().unwrap()
-    ])
-}
-
-/// Bytes waiting in the pipe that is `pid`'s stdin (opened through `/proc`, never read).
-fn stdin_pipe_fill(pid: i32) -> usize {
-    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/0")).unwrap();
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK);
-        if fd < 0 {
-            return 0;
-        }
-        let mut n: libc::c_int = 0;
-        let r = libc::ioctl(fd, libc::FIONREAD, &mut n);
-        libc::close(fd);
-        if r < 0 {
-            0
-        } else {
-            n as usize
-        }
+impl Held {
+    /// Let the child go on, then resume the session on a new connection; also the
+    /// `initialize` result.
+    async fn release_and_resume(&self) -> (InProcess, Value) {
+        release(&self.fifo).await;
+        let mut b = connect_to(&self.registry);
+        let r = b.client.resume(&self.sid, &self.token).await;
+        (b, r)
     }
 }
 
@@ -162,7 +98,7 @@ async fn concurrent_starts_with_the_same_id_exactly_one_wins() {
     assert_eq!(list["processes"].as_array().unwrap().len(), 1, "{list}");
     assert_eq!(list["processes"][0]["pid"], pid);
 
-    c.call("process/terminate", json!({"processId": "x"})).await;
+    c.terminate("x", None).await;
     assert_eq!(c.collect("x").await.exit["signal"], "SIGTERM");
     kill_group(&pid);
 }
@@ -172,10 +108,7 @@ async fn a_long_poll_does_not_block_other_requests() {
     let mut t = ready_with(cfg()).await;
     let c = &mut t.client;
     let r = c
-        .call(
-            "process/start",
-            json!({"processId": "slow", "argv": ["sleep", "100"]}),
-        )
+        .start(json!({"processId": "slow", "argv": ["sleep", "100"]}))
         .await;
     let pid = r["pid"].clone();
 
@@ -194,10 +127,7 @@ async fn a_long_poll_does_not_block_other_requests() {
 
     // Another process starts, runs and exits entirely while the poll waits.
     let r = c
-        .call(
-            "process/start",
-            json!({"processId": "other", "argv": ["echo", "x"]}),
-        )
+        .start(json!({"processId": "other", "argv": ["echo", "x"]}))
         .await;
     assert_eq!(r["processId"], "other");
     let other = c.collect("other").await;
@@ -208,10 +138,7 @@ async fn a_long_poll_does_not_block_other_requests() {
     assert!(!answered(c, read), "the poll cannot have ended yet");
 
     // Ending the polled process ends the poll with its exit.
-    let r = c
-        .call("process/terminate", json!({"processId": "slow"}))
-        .await;
-    assert_eq!(r["running"], true);
+    assert_eq!(c.terminate("slow", None).await["running"], true);
     let m = c.response(read).await;
     let res = &m["result"];
     assert_eq!(res["exited"], true, "{m}");
@@ -242,13 +169,7 @@ async fn writes_are_applied_and_answered_in_request_order() {
     for i in 0..100 {
         let chunk = format!("{i}\n");
         expected.extend_from_slice(chunk.as_bytes());
-        ids.push(
-            c.request(
-                "process/write",
-                json!({"processId": "cat", "chunk": b64(chunk.as_bytes())}),
-            )
-            .await,
-        );
+        ids.push(c.request_write("cat", chunk.as_bytes()).await);
     }
     ids.push(
         c.request("process/closeStdin", json!({"processId": "cat"}))
@@ -300,7 +221,7 @@ async fn each_process_keeps_seq_order_on_the_wire_while_interleaving() {
             .await,
         );
     }
-    let all = collect_all(c, &ids).await;
+    let all = c.collect_all(&ids).await;
     for id in starts {
         assert!(c.response(id).await.get("result").is_some());
     }
@@ -398,11 +319,8 @@ async fn control_requests_are_not_queued_behind_a_blocked_write() {
     // The whole group ignores SIGTERM and never reads stdin, so nothing but SIGKILL from the
     // test ends the write below: the order of the answers does not depend on timing.
     let r = c
-        .call(
-            "process/start",
-            json!({"processId": "t", "pipeStdin": true,
-                   "argv": ["sh", "-c", r#"trap "" TERM; echo ready; exec sleep 100"#]}),
-        )
+        .start(json!({"processId": "t", "pipeStdin": true,
+                   "argv": ["sh", "-c", r#"trap "" TERM; echo ready; exec sleep 100"#]}))
         .await;
     let pid = r["pid"].clone();
     let mut out = Vec::new();
@@ -414,19 +332,9 @@ async fn control_requests_are_not_queued_behind_a_blocked_write() {
 
     // 4 MiB cannot fit in the pipe: this write blocks.
     let big = vec![b'w'; 4 << 20];
-    let write = c
-        .request(
-            "process/write",
-            json!({"processId": "t", "chunk": b64(&big)}),
-        )
-        .await;
+    let write = c.request_write("t", &big).await;
     // A write queued behind it, for the same process.
-    let write2 = c
-        .request(
-            "process/write",
-            json!({"processId": "t", "chunk": b64(b"x")}),
-        )
-        .await;
+    let write2 = c.request_write("t", b"x").await;
 
     let signal = c
         .request(
@@ -462,71 +370,30 @@ async fn control_requests_are_not_queued_behind_a_blocked_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_requests_are_skipped_when_the_connection_closes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fifo = make_fifo(dir.path());
-    let registry = SessionRegistry::new(Arc::new(cfg()));
-    let InProcess {
-        mut client, end, ..
-    } = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    let init = client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
-    let token = init["resumeToken"].as_str().unwrap().to_string();
-
     // A child that reads nothing until released: a 4 MiB write to it cannot complete, and a
     // write sent after it waits in the process's FIFO queue.
-    let r = client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": held_cat(&fifo), "pipeStdin": true}),
-        )
-        .await;
-    let pid = r["pid"].clone();
+    let (h, mut conn) = held_session().await;
+    let client = &mut conn.client;
     let big = vec![b'a'; 4 << 20];
-    let w1 = client
-        .request(
-            "process/write",
-            json!({"processId": "p", "chunk": b64(&big)}),
-        )
-        .await;
-    let w2 = client
-        .request(
-            "process/write",
-            json!({"processId": "p", "chunk": b64(b"MARKER")}),
-        )
-        .await;
+    let w1 = client.request_write("p", &big).await;
+    let w2 = client.request_write("p", b"MARKER").await;
     // The reader takes requests in wire order: once this is answered both writes are queued.
     client.call("server/info", json!({})).await;
-    assert!(!answered(&client, w1) && !answered(&client, w2));
+    assert!(!answered(client, w1) && !answered(client, w2));
 
-    drop(client);
-    let end = tokio::time::timeout(GUARD, end)
-        .await
-        .expect("connection ends")
-        .expect("join");
-    assert_eq!(end, ConnectionEnd::PeerClosed);
+    assert_eq!(conn.hang_up().await, ConnectionEnd::PeerClosed);
 
     // The session is detached, not closed: its process keeps running.
-    let session = registry.session(&sid).expect("the session survives");
+    let session = h.registry.session(&h.sid).expect("the session survives");
     assert!(!session.is_attached());
     let proc = session.get("p").expect("the process is still known");
     assert!(proc.is_running());
-    assert!(group_alive(pid.as_i64().unwrap() as i32));
+    assert!(group_alive(h.pid.as_i64().unwrap() as i32));
 
     // Let the child copy its stdin, resume, close stdin, and look at everything it got.
-    release(&fifo).await;
-    let mut b = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    let r = b
-        .client
-        .call(
-            "initialize",
-            json!({"resume": {"sessionId": sid, "resumeToken": token}}),
-        )
-        .await;
+    let (mut b, r) = h.release_and_resume().await;
     assert_eq!(r["resumed"], true);
-    b.client.notify("initialized", json!({})).await;
-    b.client
-        .call("process/closeStdin", json!({"processId": "p"}))
-        .await;
+    b.client.close_stdin("p").await;
     let done = b.client.collect("p").await;
     done.assert_seqs_contiguous();
     assert_eq!(done.exit["exitCode"], 0);
@@ -536,7 +403,7 @@ async fn queued_requests_are_skipped_when_the_connection_closes() {
     );
     assert!(done.stdout.len() <= big.len());
     assert!(done.stdout.iter().all(|b| *b == b'a'));
-    kill_group(&pid);
+    kill_group(&h.pid);
 }
 
 // Regression guard: a long poll must not hold back a later exclusive request of the same
@@ -548,21 +415,13 @@ async fn a_long_poll_does_not_hold_back_a_later_write_to_the_same_process() {
     let mut t = ready_with(cfg()).await;
     let c = &mut t.client;
     let r = c
-        .call(
-            "process/start",
-            json!({"processId": "c", "argv": ["cat"], "pipeStdin": true}),
-        )
+        .start(json!({"processId": "c", "argv": ["cat"], "pipeStdin": true}))
         .await;
     let pid = r["pid"].clone();
     let read = c
         .request("process/read", json!({"processId": "c", "waitMs": 30000}))
         .await;
-    let write = c
-        .request(
-            "process/write",
-            json!({"processId": "c", "chunk": b64(b"hello\n")}),
-        )
-        .await;
+    let write = c.request_write("c", b"hello\n").await;
     let m = c.response(read).await;
     let events = m["result"]["events"].as_array().expect("events").clone();
     let w = c.response(write).await;
@@ -587,56 +446,26 @@ async fn a_long_poll_does_not_hold_back_a_later_write_to_the_same_process() {
 // or its id is remembered with the progress made, so the retry completes it exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_cut_by_a_closed_connection_is_not_duplicated_by_its_retry() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fifo = make_fifo(dir.path());
-    let registry = SessionRegistry::new(Arc::new(cfg()));
-    let InProcess {
-        mut client, end, ..
-    } = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    let init = client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
-    let token = init["resumeToken"].as_str().unwrap().to_string();
-    let r = client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": held_cat(&fifo), "pipeStdin": true}),
-        )
-        .await;
-    let pid = r["pid"].clone();
+    let (h, mut conn) = held_session().await;
     let big = vec![b'a'; 4 << 20];
     let write = json!({"processId": "p", "chunk": b64(&big), "writeId": "w-1"});
-    client.request("process/write", write.clone()).await;
+    conn.client.request("process/write", write.clone()).await;
     // The write has started: part of it sits in the child's stdin pipe.
-    let os_pid = pid.as_i64().unwrap() as i32;
+    let os_pid = h.pid.as_i64().unwrap() as i32;
     eventually("the write fills the stdin pipe", || {
-        stdin_pipe_fill(os_pid) > 0
+        stdin_pipe_fill(os_pid).is_some_and(|(queued, _)| queued > 0)
     })
     .await;
 
-    drop(client);
-    let end = tokio::time::timeout(GUARD, end)
-        .await
-        .expect("connection ends")
-        .expect("join");
-    assert_eq!(end, ConnectionEnd::PeerClosed);
+    assert_eq!(conn.hang_up().await, ConnectionEnd::PeerClosed);
 
     // The client resumes and retries the unanswered write with the same writeId.
-    release(&fifo).await;
-    let mut b = in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default());
-    b.client
-        .call(
-            "initialize",
-            json!({"resume": {"sessionId": sid, "resumeToken": token}}),
-        )
-        .await;
-    b.client.notify("initialized", json!({})).await;
+    let (mut b, _) = h.release_and_resume().await;
     let r = b.client.call("process/write", write).await;
     assert_eq!(r["status"], "accepted");
-    b.client
-        .call("process/closeStdin", json!({"processId": "p"}))
-        .await;
+    b.client.close_stdin("p").await;
     let done = b.client.collect("p").await;
-    kill_group(&pid);
+    kill_group(&h.pid);
     assert_eq!(done.exit["exitCode"], 0);
     assert_eq!(
         done.stdout.len(),

@@ -2,6 +2,7 @@
 //! and the client library's reconnection.
 
 mod common;
+use common::process::wchan;
 use common::*;
 
 use std::sync::Arc;
@@ -9,20 +10,26 @@ use std::time::Duration;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions};
+use execrelay::connection_processor::ConnectionEnd;
 use execrelay::delivery::ReadySet;
 use execrelay::session_registry::{ConnHandle, SessionRegistry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+/// A registry with `cfg`, shared by the connections of a test.
 fn shared(cfg: ServerConfig) -> Arc<SessionRegistry> {
     SessionRegistry::new(Arc::new(cfg))
 }
 
-fn connect(registry: &Arc<SessionRegistry>) -> InProcess {
-    in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default())
+/// A registry whose detached sessions expire after `ms`.
+fn with_ttl(ms: u64) -> Arc<SessionRegistry> {
+    shared(ServerConfig {
+        detached_session_ttl_ms: ms,
+        ..cfg()
+    })
 }
 
+/// `initialize` resuming `sid` with `token`, acks on; the whole response (it may be an error).
 async fn resume(c: &mut RawClient, sid: &str, token: &str) -> serde_json::Value {
     let id = c
         .request(
@@ -31,6 +38,20 @@ async fn resume(c: &mut RawClient, sid: &str, token: &str) -> serde_json::Value 
         )
         .await;
     c.response(id).await
+}
+
+/// A new connection on `reg` that resumed `sid` (asserting `resumed`) and sent `initialized`;
+/// also the `initialize` response.
+async fn resumed(
+    reg: &Arc<SessionRegistry>,
+    sid: &str,
+    token: &str,
+) -> (InProcess, serde_json::Value) {
+    let mut b = connect_to(reg);
+    let r = resume(&mut b.client, sid, token).await;
+    assert_eq!(r["result"]["resumed"], true);
+    b.client.notify("initialized", json!({})).await;
+    (b, r)
 }
 
 fn pseudo_random(len: usize) -> Vec<u8> {
@@ -45,61 +66,35 @@ fn pseudo_random(len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn file_with(data: &[u8]) -> tempfile::NamedTempFile {
-    use std::io::Write;
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(data).unwrap();
-    f.flush().unwrap();
-    f
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_with_the_right_token_keeps_the_session_and_its_processes() {
     let reg = shared(cfg());
-    let mut a = connect(&reg);
-    let init = a.client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
-    let token = init["resumeToken"].as_str().unwrap().to_string();
+    let (mut a, sid, token) = open_session(&reg).await;
     assert!(token.len() >= 22, "at least 128 bits of token");
     let start = a
         .client
-        .call(
-            "process/start",
-            json!({"processId": "sleeper", "argv": ["sleep", "100"]}),
-        )
+        .start(json!({"processId": "sleeper", "argv": ["sleep", "100"]}))
         .await;
     let pid = start["pid"].as_i64().unwrap() as i32;
-    drop(a.client);
-    assert_eq!(a.end.await.unwrap(), ConnectionEnd::PeerClosed);
+    assert_eq!(a.hang_up().await, ConnectionEnd::PeerClosed);
 
-    let mut b = connect(&reg);
-    let r = resume(&mut b.client, &sid, &token).await;
+    let (mut b, r) = resumed(&reg, &sid, &token).await;
     assert_eq!(r["result"]["sessionId"], sid.as_str());
-    assert_eq!(r["result"]["resumed"], true);
-    b.client.notify("initialized", json!({})).await;
     let list = b.client.call("process/list", json!({})).await;
     assert_eq!(list["processes"][0]["processId"], "sleeper");
     assert_eq!(list["processes"][0]["state"], "running");
     assert!(group_alive(pid));
-    b.client
-        .call("process/terminate", json!({"processId": "sleeper"}))
-        .await;
+    b.client.terminate("sleeper", None).await;
     let c = b.client.collect("sleeper").await;
     assert_eq!(c.exit["signal"], "SIGTERM");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
-    let reg = shared(ServerConfig {
-        detached_session_ttl_ms: 200,
-        ..cfg()
-    });
-    let mut a = connect(&reg);
-    let init = a.client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
-    let token = init["resumeToken"].as_str().unwrap().to_string();
+    let reg = with_ttl(200);
+    let (mut a, sid, token) = open_session(&reg).await;
 
-    let mut b = connect(&reg);
+    let mut b = connect_to(&reg);
     let wrong = resume(
         &mut b.client,
         &sid,
@@ -113,8 +108,7 @@ async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
     // A failed resume left `a` attached and untouched.
     assert!(a.client.call("server/info", json!({})).await["sessions"] == 1);
 
-    drop(a.client);
-    a.end.await.unwrap();
+    a.hang_up().await;
     eventually("detached session expires", || reg.session(&sid).is_none()).await;
     let expired = resume(&mut b.client, &sid, &token).await;
     assert_eq!(expired["error"]["code"], -32003);
@@ -124,17 +118,9 @@ async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_on_a_dead_connection_does_not_hold_the_session() {
     let reg = shared(cfg());
-    let mut a = connect(&reg);
-    let init = a.client.handshake().await;
-    let (sid, token) = (
-        init["sessionId"].as_str().unwrap().to_string(),
-        init["resumeToken"].as_str().unwrap().to_string(),
-    );
+    let (mut a, sid, token) = open_session(&reg).await;
     a.client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["sleep", "100"]}),
-        )
+        .start(json!({"processId": "p", "argv": ["sleep", "100"]}))
         .await;
     let _poll = a
         .client
@@ -143,19 +129,11 @@ async fn a_long_poll_on_a_dead_connection_does_not_hold_the_session() {
             json!({"processId": "p", "afterSeq": 0, "waitMs": 30000}),
         )
         .await;
-    drop(a.client);
     // The old processor ends although its long poll had 30 s to go.
-    let end = tokio::time::timeout(GUARD, a.end).await.unwrap().unwrap();
-    assert_eq!(end, ConnectionEnd::PeerClosed);
+    assert_eq!(a.hang_up().await, ConnectionEnd::PeerClosed);
 
-    let mut b = connect(&reg);
-    let r = resume(&mut b.client, &sid, &token).await;
-    assert_eq!(r["result"]["resumed"], true);
-    b.client.notify("initialized", json!({})).await;
-    let t = b
-        .client
-        .call("process/terminate", json!({"processId": "p"}))
-        .await;
+    let (mut b, _) = resumed(&reg, &sid, &token).await;
+    let t = b.client.terminate("p", None).await;
     assert_eq!(t["running"], true);
     let c = b.client.collect("p").await;
     assert_eq!(c.exit["signal"], "SIGTERM");
@@ -164,34 +142,15 @@ async fn a_long_poll_on_a_dead_connection_does_not_hold_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_evicts_a_half_open_connection_and_takes_over_its_events() {
     let reg = shared(cfg());
-    let mut a = connect(&reg);
-    let init = a.client.handshake().await;
-    let (sid, token) = (
-        init["sessionId"].as_str().unwrap().to_string(),
-        init["resumeToken"].as_str().unwrap().to_string(),
-    );
+    let (mut a, sid, token) = open_session(&reg).await;
     a.client
-        .call(
-            "process/start",
-            json!({"processId": "cat", "argv": ["cat"], "pipeStdin": true}),
-        )
+        .start(json!({"processId": "cat", "argv": ["cat"], "pipeStdin": true}))
         .await;
-    a.client
-        .call(
-            "process/write",
-            json!({"processId": "cat", "chunk": b64(b"one\n")}),
-        )
-        .await;
+    a.client.write("cat", b"one\n").await;
 
     // `a` is still open (half-open from the server's point of view) when `b` resumes.
-    let mut b = connect(&reg);
-    let r = resume(&mut b.client, &sid, &token).await;
-    assert_eq!(r["result"]["resumed"], true);
-    b.client.notify("initialized", json!({})).await;
-    assert_eq!(
-        tokio::time::timeout(GUARD, a.end).await.unwrap().unwrap(),
-        ConnectionEnd::Evicted
-    );
+    let (mut b, _) = resumed(&reg, &sid, &token).await;
+    assert_eq!(connection_end(a.end).await, ConnectionEnd::Evicted);
     // The evicted connection is closed: whatever it had buffered, it ends without answering
     // a new request.
     let late = json!({"jsonrpc": "2.0", "id": "late", "method": "server/info"});
@@ -205,15 +164,8 @@ async fn resume_evicts_a_half_open_connection_and_takes_over_its_events() {
         );
     }
 
-    b.client
-        .call(
-            "process/write",
-            json!({"processId": "cat", "chunk": b64(b"two\n")}),
-        )
-        .await;
-    b.client
-        .call("process/closeStdin", json!({"processId": "cat"}))
-        .await;
+    b.client.write("cat", b"two\n").await;
+    b.client.close_stdin("cat").await;
     // Retained events are replayed first (seq 1 = "one"), then live ones, in seq order.
     let c = b.client.collect("cat").await;
     assert_eq!(c.stdout, b"one\ntwo\n");
@@ -230,33 +182,24 @@ async fn output_produced_while_detached_is_held_not_lost() {
         delivery_queue_bytes: 64 * 1024,
         ..cfg()
     });
-    let mut a = connect(&reg);
+    let mut a = connect_to(&reg);
     let id = a
         .client
         .request("initialize", json!({"capabilities": {"acks": true}}))
         .await;
     let init = a.client.response(id).await["result"].clone();
     a.client.notify("initialized", json!({})).await;
-    let (sid, token) = (
-        init["sessionId"].as_str().unwrap().to_string(),
-        init["resumeToken"].as_str().unwrap().to_string(),
-    );
+    let (sid, token) = credentials(&init);
     let start = a
         .client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["cat", file.path()], "drainTimeoutMs": 100}),
-        )
+        .start(json!({"processId": "p", "argv": ["cat", file.path()], "drainTimeoutMs": 100}))
         .await;
     let pid = start["pid"].as_u64().unwrap();
-    drop(a.client);
-    a.end.await.unwrap();
+    a.hang_up().await;
     // Detached: the log fills to its retention and the child is held in write().
     let proc = reg.session(&sid).unwrap().get("p").unwrap();
     eventually("child blocked while detached", || {
-        std::fs::read_to_string(format!("/proc/{pid}/wchan"))
-            .unwrap_or_default()
-            .ends_with("pipe_write")
+        wchan(pid).ends_with("pipe_write")
     })
     .await;
     // Held back at the delivery queue (64 KiB), well inside the retention.
@@ -267,10 +210,7 @@ async fn output_produced_while_detached_is_held_not_lost() {
         "nothing released while detached"
     );
 
-    let mut b = connect(&reg);
-    let r = resume(&mut b.client, &sid, &token).await;
-    assert_eq!(r["result"]["resumed"], true);
-    b.client.notify("initialized", json!({})).await;
+    let (mut b, _) = resumed(&reg, &sid, &token).await;
     // Read everything, acknowledging as we go (the log only shrinks on acks).
     let mut got = Vec::new();
     let mut expected_seq = 1;
@@ -286,13 +226,7 @@ async fn output_produced_while_detached_is_held_not_lost() {
         if n["method"] == "process/exited" {
             break p;
         }
-        got.extend(
-            base64::Engine::decode(
-                &base64::engine::general_purpose::STANDARD,
-                p["chunk"].as_str().unwrap(),
-            )
-            .unwrap(),
-        );
+        got.extend(unb64(p["chunk"].as_str().unwrap()));
     };
     assert_eq!(got.len(), data.len());
     assert_eq!(sha256(&got), sha256(&data));
@@ -302,24 +236,15 @@ async fn output_produced_while_detached_is_held_not_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_takes_its_process_groups_with_it() {
-    let reg = shared(ServerConfig {
-        detached_session_ttl_ms: 300,
-        ..cfg()
-    });
-    let mut a = connect(&reg);
-    let init = a.client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
+    let reg = with_ttl(300);
+    let (mut a, sid, _) = open_session(&reg).await;
     let start = a
         .client
-        .call(
-            "process/start",
-            json!({"processId": "p", "argv": ["sh", "-c", "sleep 100 & sleep 100"]}),
-        )
+        .start(json!({"processId": "p", "argv": ["sh", "-c", "sleep 100 & sleep 100"]}))
         .await;
     let pgid = start["pid"].as_i64().unwrap() as i32;
     assert!(group_alive(pgid));
-    drop(a.client);
-    a.end.await.unwrap();
+    a.hang_up().await;
     eventually("session expired", || reg.session(&sid).is_none()).await;
     eventually("process group gone", || !group_alive(pgid)).await;
     assert_eq!(reg.process_count(), 0);
@@ -343,10 +268,7 @@ async fn settle() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_expiry_timer_never_closes_a_resumed_session() {
-    let reg = shared(ServerConfig {
-        detached_session_ttl_ms: 500,
-        ..cfg()
-    });
+    let reg = with_ttl(500);
     let c1 = conn(&reg);
     let (session, token) = reg.create(false, &c1).unwrap();
     let sid = session.id.clone();
@@ -368,10 +290,7 @@ async fn a_stale_expiry_timer_never_closes_a_resumed_session() {
 
 #[tokio::test(start_paused = true)]
 async fn a_session_resumed_in_time_is_not_expired_at_all() {
-    let reg = shared(ServerConfig {
-        detached_session_ttl_ms: 500,
-        ..cfg()
-    });
+    let reg = with_ttl(500);
     let c1 = conn(&reg);
     let (session, token) = reg.create(false, &c1).unwrap();
     session.detach(c1.conn_id);
@@ -488,24 +407,17 @@ async fn a_stale_writer_cannot_move_the_cursor_of_a_resumed_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_close_ends_the_session_and_its_processes_at_once() {
     let reg = shared(cfg());
-    let mut a = connect(&reg);
-    let init = a.client.handshake().await;
-    let sid = init["sessionId"].as_str().unwrap().to_string();
-    let token = init["resumeToken"].as_str().unwrap().to_string();
+    let (mut a, sid, token) = open_session(&reg).await;
     let start = a
         .client
-        .call(
-            "process/start",
-            json!({"processId": "s", "argv": ["sleep", "100"]}),
-        )
+        .start(json!({"processId": "s", "argv": ["sleep", "100"]}))
         .await;
     let pgid = start["pid"].as_i64().unwrap() as i32;
     assert_eq!(a.client.call("session/close", json!({})).await, json!({}));
     assert!(reg.session(&sid).is_none(), "gone at once, not detached");
     eventually("process group terminated", || !group_alive(pgid)).await;
-    drop(a.client);
-    a.end.await.unwrap();
-    let mut b = connect(&reg);
+    a.hang_up().await;
+    let mut b = connect_to(&reg);
     let r = resume(&mut b.client, &sid, &token).await;
     assert_eq!(r["error"]["code"], -32003);
 }

@@ -1,14 +1,30 @@
 //! Test harness: a real `ConnectionProcessor` (in process, over an in-memory pipe, or the
 //! built binary) driven by a raw JSON-RPC client that records every message in wire order.
+//!
+//! Submodules, each for the test binaries that need it: `binary` (running the built binary),
+//! `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
+//! and what `/proc` says about it), `noise` and `noise_bin` (Noise servers, raw links, key
+//! files), `pty` (a terminal for `run -t`). Every test binary compiles all of them, hence
+//! `dead_code` is allowed for the whole module.
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
+pub mod binary;
+pub mod fifo;
+pub mod noise;
+pub mod noise_bin;
+pub mod process;
+pub mod pty;
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use execrelay::config::ServerConfig;
@@ -20,6 +36,11 @@ use execrelay::transport::stdio::line_transport;
 /// the messages themselves).
 pub const GUARD: Duration = Duration::from_secs(60);
 
+/// Hang guard for things that should happen at once (a refused handshake, a process exit).
+/// Shorter than [`GUARD`] so a hang fails in reasonable time; a correct run takes
+/// milliseconds.
+pub const PROMPT: Duration = Duration::from_secs(20);
+
 /// A raw client speaking newline-framed JSON-RPC.
 pub struct RawClient {
     reader: Box<dyn tokio::io::AsyncBufRead + Unpin + Send>,
@@ -30,6 +51,7 @@ pub struct RawClient {
 }
 
 impl RawClient {
+    /// A client reading from `reader` and writing to `writer`.
     pub fn new(
         reader: impl tokio::io::AsyncRead + Unpin + Send + 'static,
         writer: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -49,6 +71,7 @@ impl RawClient {
         self.writer.flush().await.expect("flush");
     }
 
+    /// Send one message.
     pub async fn send(&mut self, v: &Value) {
         self.send_raw(v.to_string().as_bytes()).await
     }
@@ -62,6 +85,7 @@ impl RawClient {
         id
     }
 
+    /// Send a notification.
     pub async fn notify(&mut self, method: &str, params: Value) {
         self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
             .await;
@@ -156,32 +180,103 @@ impl RawClient {
                 .next_notification()
                 .await
                 .unwrap_or_else(|| panic!("connection closed before {pid} exited"));
-            let p = &n["params"];
-            if p["processId"] != pid {
+            if n["params"]["processId"] != pid {
                 c.other.push(n.clone());
                 continue;
             }
-            c.seqs.push(p["seq"].as_u64().unwrap());
-            match n["method"].as_str().unwrap() {
-                "process/outputDelta" => {
-                    let data = base64::engine::general_purpose::STANDARD
-                        .decode(p["chunk"].as_str().unwrap())
-                        .unwrap();
-                    assert!(data.len() <= 64 * 1024, "chunk over MAX_CHUNK_BYTES");
-                    match p["stream"].as_str().unwrap() {
-                        "stdout" => c.stdout.extend_from_slice(&data),
-                        "stderr" => c.stderr.extend_from_slice(&data),
-                        "pty" => c.pty.extend_from_slice(&data),
-                        s => panic!("unknown stream {s}"),
-                    }
-                }
-                "process/exited" => {
-                    c.exit = p.clone();
-                    return c;
-                }
-                m => panic!("unexpected notification {m}"),
+            if c.absorb(&n) {
+                return c;
             }
         }
+    }
+
+    /// Collect the notifications of several processes until each has exited, checking that
+    /// no event follows an exit notice (`collect` handles one process and keeps the others'
+    /// notifications to itself).
+    pub async fn collect_all(&mut self, ids: &[&str]) -> HashMap<String, Collected> {
+        let mut out: HashMap<String, Collected> = HashMap::new();
+        let mut exited = 0;
+        while exited < ids.len() {
+            let n = self
+                .next_notification()
+                .await
+                .expect("connection closed before every process exited");
+            let id = n["params"]["processId"].as_str().expect("processId");
+            assert!(ids.contains(&id), "unexpected notification {n}");
+            let col = out.entry(id.to_string()).or_default();
+            assert!(col.exit.is_null(), "event after the exit notice: {n}");
+            if col.absorb(&n) {
+                exited += 1;
+            }
+        }
+        out
+    }
+
+    /// `process/start` with `params`, then everything of that process through its exit
+    /// notice (`collect`).
+    pub async fn run(&mut self, params: Value) -> Collected {
+        let id = params["processId"].as_str().expect("processId").to_string();
+        self.start(params).await;
+        self.collect(&id).await
+    }
+
+    /// `process/start` with `params` (must succeed); its result.
+    pub async fn start(&mut self, params: Value) -> Value {
+        self.call("process/start", params).await
+    }
+
+    /// `process/write` of `data` to `pid`'s stdin; its result.
+    pub async fn write(&mut self, pid: &str, data: &[u8]) -> Value {
+        self.call(
+            "process/write",
+            json!({"processId": pid, "chunk": b64(data)}),
+        )
+        .await
+    }
+
+    /// Send a `process/write` of `data` to `pid` without waiting; its request id.
+    pub async fn request_write(&mut self, pid: &str, data: &[u8]) -> u64 {
+        self.request(
+            "process/write",
+            json!({"processId": pid, "chunk": b64(data)}),
+        )
+        .await
+    }
+
+    /// `process/closeStdin` of `pid`; its result.
+    pub async fn close_stdin(&mut self, pid: &str) -> Value {
+        self.call("process/closeStdin", json!({"processId": pid}))
+            .await
+    }
+
+    /// `process/terminate` of `pid`, with `graceMs` when given; its result.
+    pub async fn terminate(&mut self, pid: &str, grace_ms: Option<u64>) -> Value {
+        let params = match grace_ms {
+            Some(g) => json!({"processId": pid, "graceMs": g}),
+            None => json!({"processId": pid}),
+        };
+        self.call("process/terminate", params).await
+    }
+
+    /// `process/signal` of `signal` to `pid`; its result.
+    pub async fn signal(&mut self, pid: &str, signal: &str) -> Value {
+        self.call(
+            "process/signal",
+            json!({"processId": pid, "signal": signal}),
+        )
+        .await
+    }
+
+    /// `initialize` resuming `sid` with `token` (must succeed) + `initialized`; the result.
+    pub async fn resume(&mut self, sid: &str, token: &str) -> Value {
+        let r = self
+            .call(
+                "initialize",
+                json!({"resume": {"sessionId": sid, "resumeToken": token}}),
+            )
+            .await;
+        self.notify("initialized", json!({})).await;
+        r
     }
 }
 
@@ -196,6 +291,31 @@ pub struct Collected {
 }
 
 impl Collected {
+    /// Record one notification of this process: its seq, and its bytes (an output delta) or
+    /// its exit params (returns true for the exit notice).
+    pub fn absorb(&mut self, n: &Value) -> bool {
+        let p = &n["params"];
+        self.seqs.push(p["seq"].as_u64().expect("seq"));
+        match n["method"].as_str().expect("method") {
+            "process/outputDelta" => {
+                let data = unb64(p["chunk"].as_str().expect("chunk"));
+                assert!(data.len() <= 64 * 1024, "chunk over MAX_CHUNK_BYTES");
+                match p["stream"].as_str().expect("stream") {
+                    "stdout" => self.stdout.extend_from_slice(&data),
+                    "stderr" => self.stderr.extend_from_slice(&data),
+                    "pty" => self.pty.extend_from_slice(&data),
+                    s => panic!("unknown stream {s}"),
+                }
+                false
+            }
+            "process/exited" => {
+                self.exit = p.clone();
+                true
+            }
+            m => panic!("unexpected notification {m}"),
+        }
+    }
+
     /// Seqs are 1, 2, 3, … and the exit notice has the highest.
     pub fn assert_seqs_contiguous(&self) {
         let expected: Vec<u64> = (1..=self.seqs.len() as u64).collect();
@@ -219,10 +339,28 @@ pub fn in_process(cfg: ServerConfig, pipe_bytes: usize) -> InProcess {
     in_process_with(registry, pipe_bytes, ConnectionOptions::default())
 }
 
+/// Start a connection on `registry` over a duplex of `pipe_bytes` (with `opts`).
 pub fn in_process_with(
     registry: Arc<SessionRegistry>,
     pipe_bytes: usize,
     opts: ConnectionOptions,
+) -> InProcess {
+    in_process_wrapped(registry, pipe_bytes, opts, |w| w)
+}
+
+/// Like [`in_process`], but the client ignores write errors: when the server closes the
+/// connection on a framing error it may do so while the client is still writing the line.
+pub fn in_process_lenient(cfg: ServerConfig) -> InProcess {
+    let registry = SessionRegistry::new(Arc::new(cfg));
+    in_process_wrapped(registry, 1 << 20, ConnectionOptions::default(), Lenient)
+}
+
+/// The connection of [`in_process_with`], the client's writer wrapped by `wrap`.
+fn in_process_wrapped<W: AsyncWrite + Unpin + Send + 'static>(
+    registry: Arc<SessionRegistry>,
+    pipe_bytes: usize,
+    opts: ConnectionOptions,
+    wrap: impl FnOnce(tokio::io::WriteHalf<tokio::io::DuplexStream>) -> W,
 ) -> InProcess {
     let (client_end, server_end) = tokio::io::duplex(pipe_bytes);
     let (sr, sw) = tokio::io::split(server_end);
@@ -237,11 +375,92 @@ pub fn in_process_with(
         shutdown.clone(),
     ));
     InProcess {
-        client: RawClient::new(cr, cw),
+        client: RawClient::new(cr, wrap(cw)),
         registry,
         end,
         shutdown,
     }
+}
+
+/// A connection on `registry` with the defaults (1 MiB pipe, default options).
+pub fn connect_to(registry: &Arc<SessionRegistry>) -> InProcess {
+    in_process_with(registry.clone(), 1 << 20, ConnectionOptions::default())
+}
+
+/// A connection that completed `initialize` + `initialized`.
+pub async fn ready_with(cfg: ServerConfig) -> InProcess {
+    let mut t = in_process(cfg, 1 << 20);
+    t.client.handshake().await;
+    t
+}
+
+/// A new session on `registry`: a connection after `initialize` + `initialized`, with the
+/// session id and resume token.
+pub async fn open_session(registry: &Arc<SessionRegistry>) -> (InProcess, String, String) {
+    let mut t = connect_to(registry);
+    let init = t.client.handshake().await;
+    let (sid, token) = credentials(&init);
+    (t, sid, token)
+}
+
+/// `sessionId` and `resumeToken` of an `initialize` result.
+pub fn credentials(init: &Value) -> (String, String) {
+    (
+        init["sessionId"].as_str().unwrap().to_string(),
+        init["resumeToken"].as_str().unwrap().to_string(),
+    )
+}
+
+/// How a connection ended, within [`GUARD`].
+pub async fn connection_end(end: JoinHandle<ConnectionEnd>) -> ConnectionEnd {
+    tokio::time::timeout(GUARD, end)
+        .await
+        .expect("connection ends")
+        .expect("join")
+}
+
+impl InProcess {
+    /// Close the client's side and wait (within [`GUARD`]) for the connection to end.
+    pub async fn hang_up(self) -> ConnectionEnd {
+        drop(self.client);
+        connection_end(self.end).await
+    }
+}
+
+/// A writer that reports success after its peer went away.
+pub struct Lenient<W>(pub W);
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Lenient<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.0).poll_write(cx, buf) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(buf.len())),
+            other => other,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_flush(cx) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_shutdown(cx) {
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+}
+
+/// The `error` member of a response (panics on a success).
+pub fn error_of(r: &Value) -> &Value {
+    r.get("error")
+        .unwrap_or_else(|| panic!("expected an error response, got {r}"))
 }
 
 /// A default configuration.
@@ -249,20 +468,50 @@ pub fn cfg() -> ServerConfig {
     ServerConfig::default()
 }
 
+/// Standard base64 of `data`.
 pub fn b64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
+/// Bytes of standard base64 `s` (panics on invalid base64).
+pub fn unb64(s: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .expect("base64")
+}
+
+/// Bytes as text, invalid UTF-8 replaced.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Hex SHA-256 of `data`.
 pub fn sha256(data: &[u8]) -> String {
     use sha2::Digest;
     let d = sha2::Sha256::digest(data);
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A temporary file holding `data`.
+pub fn file_with(data: &[u8]) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(data).unwrap();
+    f.flush().unwrap();
+    f
+}
+
 /// Whether a process (group) exists.
 pub fn group_alive(pgid: i32) -> bool {
     let r = unsafe { libc::kill(-pgid, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// SIGKILL to a process group we started (hygiene: never leave children behind).
+pub fn kill_group(pid: &Value) {
+    let pid = pid.as_i64().expect("pid") as i32;
+    assert!(pid > 1);
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
 }
 
 /// Wait (bounded) until `f` holds, polling: for conditions that live outside the protocol,

@@ -1,0 +1,330 @@
+//! The `noise+ws://` handshake and its authorization (`secure-transport.md` §2–§5, §8;
+//! `protocol.md` §3), against an in-process server with a scripted authorizer and a raw link
+//! client: the prologue binds message 1 to its stream, a pending authorization blocks nothing
+//! else (not even shutdown), an oversized or malformed message 1 is reset before
+//! authorization, violations on pending streams are charged to the link's failure budget, the
+//! pending authorizations of a link are capped, and sessions are bound to the client's static
+//! key.
+//!
+//! Every wait is on a frame or a message, never on a sleep; every wait is bounded by a hang
+//! guard.
+
+mod common;
+use common::noise::*;
+use common::*;
+
+use serde_json::json;
+
+use execrelay::noise::handshake::{ClientHandshake, MAX_MSG1_BYTES};
+use execrelay::noise::keys::Keypair;
+use execrelay::noise::link_server::LinkLimits;
+use execrelay_relay::frame::FrameType;
+
+// =============================================================================================
+// 4. The prologue binds message 1 to its stream.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_1_replayed_on_another_stream_is_reset() {
+    let (a, auth, srv) = serve_one(LinkLimits::default()).await;
+    let mut link = RawLink::connect(srv.port).await;
+
+    let sid1 = random_sid();
+    let (hs, m1) = ClientHandshake::start(&a, &srv.keys.public, "", &sid1, None).unwrap();
+    link.send_open(sid1, m1.clone()).await;
+    let accept = link.frame_for(&sid1).await;
+    assert_eq!(accept.ftype, FrameType::Accept, "{}", accept.reset_reason());
+    hs.finish(&accept.payload).unwrap();
+
+    // The captured message 1, spliced onto another stream id of the same link.
+    let sid2 = random_sid();
+    link.send_open(sid2, m1.clone()).await;
+    link.expect_reset(&sid2, "handshake_failed").await;
+    // And onto another link, other stream id.
+    let mut link2 = RawLink::connect(srv.port).await;
+    let sid3 = random_sid();
+    link2.send_open(sid3, m1).await;
+    link2.expect_reset(&sid3, "handshake_failed").await;
+    assert_eq!(
+        auth.calls_for(&a),
+        1,
+        "only the genuine handshake was authorized"
+    );
+    assert!(
+        link.backlog
+            .iter()
+            .chain(link2.backlog.iter())
+            .all(|f| f.ftype != FrameType::Accept),
+        "never ACCEPT"
+    );
+    srv.stop().await;
+}
+
+// =============================================================================================
+// 6. A pending authorization blocks nothing else.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_authorization_blocks_nothing_else() {
+    let (a, b, auth, mut entered) = block_a_allow_b();
+    let srv = start_server(auth.clone(), LinkLimits::default()).await;
+    let mut link = RawLink::connect(srv.port).await;
+    let mut established = link.open_ready(&b, &srv.keys.public).await;
+
+    // A's handshake: message 1 is valid, authorization never answers.
+    let (sid_a, _) = link.send_hello(&a, &srv.keys.public).await;
+    wait_entered(&mut entered, &a).await;
+
+    // Meanwhile: B's handshake on the same link, and on another link, completes.
+    let mut same = link.open_ready(&b, &srv.keys.public).await;
+    let mut link2 = RawLink::connect(srv.port).await;
+    let mut other = link2.open_ready(&b, &srv.keys.public).await;
+    // The established stream carries a request and its response.
+    link.assert_alive(&mut established).await;
+    link.assert_alive(&mut same).await;
+    link2.assert_alive(&mut other).await;
+    // A got no answer at all.
+    assert!(
+        link.backlog.iter().all(|f| f.stream != sid_a),
+        "A's stream is still pending: {:?}",
+        link.backlog
+    );
+    assert_eq!(auth.calls_for(&a), 1);
+    srv.shutdown.cancel();
+}
+
+// Regression (fixed): `serve_noise` spawns each authorization on the link's `TaskTracker` and, at shutdown,
+// waits for every tracked task (`links.wait()`); an authorization that never answers keeps
+// it waiting forever, so the server cannot shut down (its doc says it returns after
+// terminating the processes; `execrelay serve` would ignore SIGTERM with such an
+// authorizer). The authorization task should be cancelled when its link ends.
+// Reproduce: an `Authorizer` whose future is `pending()`, one OPEN with that key, then
+// cancel the shutdown token: `serve_noise` never returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_held_up_by_a_pending_authorization() {
+    let a = Keypair::generate().unwrap();
+    let (auth, mut entered) = TestAuth::new(&[(&a, Verdict::Block)]);
+    let srv = start_server(auth, LinkLimits::default()).await;
+    let mut link = RawLink::connect(srv.port).await;
+    link.send_hello(&a, &srv.keys.public).await;
+    wait_entered(&mut entered, &a).await;
+    srv.stop().await;
+    // The link ends with the server.
+    link.until_closed().await;
+}
+
+// =============================================================================================
+// 7. Oversized or malformed message 1: reset before authorization.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_or_malformed_hello_is_reset_without_authorization() {
+    let (a, auth, srv) = serve_one(LinkLimits::default()).await;
+    let mut link = RawLink::connect(srv.port).await;
+    let server = srv.keys.public;
+
+    // A genuine message 1 (A is authorized) whose payload is 5000 bytes of valid JSON.
+    let sid = random_sid();
+    let big = json!({"version": 1, "token": "t".repeat(5000)}).to_string();
+    let m1 = raw_msg1(&a, &server, &sid, big.as_bytes());
+    assert!(m1.len() > MAX_MSG1_BYTES);
+    link.send_open(sid, m1).await;
+    link.expect_reset(&sid, "handshake_failed").await;
+
+    // 5000 bytes of junk as message 1.
+    let sid = random_sid();
+    link.send_open(sid, vec![0x5a; 5000]).await;
+    link.expect_reset(&sid, "handshake_failed").await;
+
+    // Small, decrypting, but not the expected payload: not JSON, then version 2.
+    for payload in [&b"hello"[..], br#"{"version": 2}"#, b"[]"] {
+        let sid = random_sid();
+        link.send_open(sid, raw_msg1(&a, &server, &sid, payload))
+            .await;
+        link.expect_reset(&sid, "handshake_failed").await;
+    }
+    assert_eq!(auth.total_calls(), 0, "the authorizer is never called");
+
+    // Exactly at the limit of the payload (4096 bytes) it is accepted and authorized.
+    let sid = random_sid();
+    let pad = 4096 - json!({"version": 1, "token": ""}).to_string().len();
+    let payload = json!({"version": 1, "token": "p".repeat(pad)}).to_string();
+    assert_eq!(payload.len(), 4096);
+    let m1 = raw_msg1(&a, &server, &sid, payload.as_bytes());
+    assert_eq!(m1.len(), MAX_MSG1_BYTES);
+    link.send_open(sid, m1).await;
+    let f = link.frame_for(&sid).await;
+    assert_eq!(f.ftype, FrameType::Accept, "{}", f.reset_reason());
+    assert_eq!(auth.total_calls(), 1);
+    srv.stop().await;
+}
+
+// =============================================================================================
+// 8. Violations on a pending stream are reset and charged; an empty budget closes the link.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn violations_on_pending_streams_are_charged_and_close_the_link() {
+    let (a, b, auth, mut entered) = block_a_allow_b();
+    // Burst 2: the first charged failure leaves the link open, the second closes it.
+    let srv = start_server(auth, quick_budget(2)).await;
+    let server = srv.keys.public;
+
+    // Another link's established stream, running a process across all of this.
+    let mut bystander = RawLink::connect(srv.port).await;
+    let mut est = bystander.open_ready(&b, &server).await;
+    bystander
+        .call(
+            &mut est,
+            "process/start",
+            json!({"processId": "cat", "argv": ["cat"], "pipeStdin": true}),
+        )
+        .await;
+
+    // Early DATA on a pending stream: RESET, charged.
+    let mut x = RawLink::connect(srv.port).await;
+    let (sid, _) = x.send_hello(&a, &server).await;
+    wait_entered(&mut entered, &a).await;
+    x.send_data(sid, 1, vec![0u8; 40]).await;
+    x.expect_reset(&sid, "data_before_accept").await;
+    // One failure: the link still works.
+    x.open_ready(&b, &server).await;
+    // A second early DATA empties the bucket: the link is closed.
+    let (sid, _) = x.send_hello(&a, &server).await;
+    wait_entered(&mut entered, &a).await;
+    x.send_data(sid, 1, vec![0u8; 40]).await;
+    x.expect_closed_after_resets("only resets before the close")
+        .await;
+
+    // A second OPEN on a pending stream: RESET, charged.
+    let mut y = RawLink::connect(srv.port).await;
+    let (sid, m1) = y.send_hello(&a, &server).await;
+    wait_entered(&mut entered, &a).await;
+    y.send_open(sid, m1).await;
+    y.expect_reset(&sid, "duplicate_open").await;
+    y.open_ready(&b, &server).await;
+    let (sid, m1) = y.send_hello(&a, &server).await;
+    wait_entered(&mut entered, &a).await;
+    y.send_open(sid, m1).await;
+    y.expect_closed_after_resets("only resets before the close")
+        .await;
+
+    // Failed handshakes are charged too: one refused key, then a garbage OPEN closes.
+    let stranger = Keypair::generate().unwrap();
+    let mut z = RawLink::connect(srv.port).await;
+    let (sid, _) = z.send_hello(&stranger, &server).await;
+    z.expect_reset(&sid, "unauthorized").await;
+    let sid = random_sid();
+    z.send_open(sid, b"garbage".to_vec()).await;
+    z.until_closed().await;
+
+    // The bystander's stream and its process carry on.
+    let w = bystander
+        .call(
+            &mut est,
+            "process/write",
+            json!({"processId": "cat", "chunk": b64(b"still here\n")}),
+        )
+        .await;
+    assert_eq!(w["status"], "accepted");
+    // The echo may overtake the write's response (events and responses travel on separate
+    // lanes): `request` parks such messages in `other`.
+    let mut got = Vec::new();
+    for m in est.other.drain(..) {
+        if m["method"] == "process/outputDelta" {
+            got.extend(unb64(m["params"]["chunk"].as_str().unwrap()));
+        }
+    }
+    while got.len() < 11 {
+        match bystander.next_ev(&mut est).await {
+            Ev::Msg(m) if m["method"] == "process/outputDelta" => {
+                got.extend(unb64(m["params"]["chunk"].as_str().unwrap()))
+            }
+            Ev::Msg(_) => {}
+            ev => panic!("the bystander's stream ended: {ev:?}"),
+        }
+    }
+    assert_eq!(text(&got), "still here\n");
+    srv.shutdown.cancel();
+}
+
+/// `MAX_PENDING_AUTHORIZATIONS`: more handshakes waiting on one link are reset ("busy")
+/// without reaching the authorizer; other links are not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_authorizations_per_link_are_capped() {
+    let (a, b, auth, mut entered) = block_a_allow_b();
+    let limits = LinkLimits {
+        max_pending_authorizations: 4,
+        ..Default::default()
+    };
+    let srv = start_server(auth.clone(), limits).await;
+    let server = srv.keys.public;
+    let mut link = RawLink::connect(srv.port).await;
+    for _ in 0..4 {
+        link.send_hello(&a, &server).await;
+        wait_entered(&mut entered, &a).await;
+    }
+    let (sid, _) = link.send_hello(&b, &server).await;
+    link.expect_reset(&sid, "busy").await;
+    assert_eq!(auth.calls_for(&b), 0, "reset without being processed");
+    let mut other = RawLink::connect(srv.port).await;
+    other.open_ready(&b, &server).await;
+    assert_eq!(auth.calls_for(&a), 4);
+    srv.shutdown.cancel();
+}
+
+// =============================================================================================
+// 13. Sessions are bound to the client's static key.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cannot_be_resumed_from_another_key() {
+    let a = Keypair::generate().unwrap();
+    let b = Keypair::generate().unwrap();
+    let (_auth, srv) = serve_allowing(&[&a, &b], LinkLimits::default()).await;
+    let server = srv.keys.public;
+
+    let mut la = RawLink::connect(srv.port).await;
+    let mut sa = la.open(&a, &server).await;
+    let init = la.init(&mut sa).await;
+    let session = init["sessionId"].as_str().unwrap().to_string();
+    let token = init["resumeToken"].as_str().unwrap().to_string();
+    assert_eq!(init["resumed"], false);
+    la.call(
+        &mut sa,
+        "process/start",
+        json!({"processId": "p", "argv": ["true"]}),
+    )
+    .await;
+
+    // B, with the right session id and token.
+    let mut lb = RawLink::connect(srv.port).await;
+    let mut sb = lb.open(&b, &server).await;
+    let r = lb
+        .request(
+            &mut sb,
+            "initialize",
+            json!({"clientName": "b", "resume": {"sessionId": session, "resumeToken": token}}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32003, "{r}");
+    // B's attempt did not evict A.
+    la.assert_alive(&mut sa).await;
+
+    // A itself, on a new stream, resumes it.
+    let mut sa2 = la.open(&a, &server).await;
+    let r = la
+        .call(
+            &mut sa2,
+            "initialize",
+            json!({"clientName": "a2", "resume": {"sessionId": session, "resumeToken": token}}),
+        )
+        .await;
+    assert_eq!(r["resumed"], true);
+    assert_eq!(r["sessionId"], session.as_str());
+    // The evicted stream learns that it is gone: close record, then RESET.
+    loop {
+        match la.next_ev(&mut sa).await {
+            Ev::Msg(_) => continue,
+            Ev::Close(..) => break,
+            Ev::Reset(r) => panic!("RESET {r:?} before the close record"),
+        }
+    }
+    assert!(matches!(la.next_ev(&mut sa).await, Ev::Reset(_)));
+    srv.stop().await;
+}
