@@ -112,6 +112,26 @@ async fn scrape(addr: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// Scrape until `ready` holds (within [`GUARD`]). For figures that follow events the test cannot
+/// observe directly, like the server noticing a disconnect.
+async fn scrape_until(
+    addr: &str,
+    ready: impl Fn(&HashMap<String, f64>) -> bool,
+) -> HashMap<String, f64> {
+    let poll = async {
+        loop {
+            let m = scrape(addr).await;
+            if ready(&m) {
+                return m;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(GUARD, poll)
+        .await
+        .expect("figure reached")
+}
+
 fn get(m: &HashMap<String, f64>, key: &str) -> f64 {
     *m.get(key).unwrap_or_else(|| panic!("no {key} in {m:#?}"))
 }
@@ -183,16 +203,7 @@ async fn figures_follow_sessions_processes_bytes_and_errors() {
     // The client goes away without closing its session: the session is detached, not gone.
     // The server learns of the disconnect on its own schedule, so poll the figure (bounded).
     client.close();
-    let detached = async {
-        loop {
-            let m = scrape(&server.metrics).await;
-            if get(&m, "execrelay_connections") == 0.0 {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let m = tokio::time::timeout(GUARD, detached).await.expect("detach");
+    let m = scrape_until(&server.metrics, |m| get(m, "execrelay_connections") == 0.0).await;
     assert_eq!(get(&m, "execrelay_sessions{state=\"attached\"}"), 0.0);
     assert_eq!(get(&m, "execrelay_sessions{state=\"detached\"}"), 1.0);
 }
@@ -365,18 +376,10 @@ async fn time_blocked_on_a_slow_client_is_counted() {
         .await
         .expect("start");
     // Wait (bounded) until the server holds a full retention for us: the pump is now blocked.
-    let full = async {
-        loop {
-            let m = scrape(&server.metrics).await;
-            if get(&m, "execrelay_retained_output_bytes") >= 1_048_576.0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(GUARD, full)
-        .await
-        .expect("retention fills");
+    scrape_until(&server.metrics, |m| {
+        get(m, "execrelay_retained_output_bytes") >= 1_048_576.0
+    })
+    .await;
     let m = scrape(&server.metrics).await;
     assert_eq!(get(&m, "execrelay_processes{state=\"running\"}"), 1.0);
     // Consume everything: acks release the retention and the pump goes on to the end.
