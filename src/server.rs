@@ -77,13 +77,18 @@ pub async fn run_stdio(config: Arc<ServerConfig>, shutdown: CancellationToken) -
 }
 
 /// [`run_stdio`] with a caller-supplied registry (the metrics endpoint reads it too).
+///
+/// On `shutdown` (SIGTERM, SIGINT) the processes are terminated first and their exit notices
+/// written to stdout (bounded, as for WebSocket connections); only then does the connection
+/// end.
 pub async fn run_stdio_with_registry(
     registry: Arc<SessionRegistry>,
     shutdown: CancellationToken,
 ) -> ConnectionEnd {
     let config = registry.config().clone();
     let transport = stdio_transport(config.max_message_bytes);
-    let end = ConnectionProcessor::run(
+    let conn_stop = CancellationToken::new();
+    let mut conn = tokio::spawn(ConnectionProcessor::run(
         transport,
         registry.clone(),
         ConnectionOptions {
@@ -91,11 +96,22 @@ pub async fn run_stdio_with_registry(
             peer_key: None,
             answer_after_eof: true,
         },
-        shutdown,
-    )
-    .await;
+        conn_stop.clone(),
+    ));
+    let joined = tokio::select! {
+        end = &mut conn => end,
+        _ = shutdown.cancelled() => {
+            tracing::info!("shutting down: terminating processes");
+            registry
+                .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
+                .await;
+            conn_stop.cancel();
+            conn.await
+        }
+    };
     registry.close_all();
-    end
+    // The processor does not panic on peer input; a panic elsewhere still ends the connection.
+    joined.unwrap_or(ConnectionEnd::Shutdown)
 }
 
 /// Serve plain WebSocket connections on `listener` until `shutdown` fires, then terminate

@@ -380,7 +380,12 @@ async fn time_blocked_on_a_slow_client_is_counted() {
         get(m, "execrelay_retained_output_bytes") >= 1_048_576.0
     })
     .await;
-    let m = scrape(&server.metrics).await;
+    // The blocked time shows while the pump is still stuck (counted every
+    // BLOCKED_METRIC_INTERVAL), not only once the client lets go.
+    let m = scrape_until(&server.metrics, |m| {
+        get(m, "execrelay_delivery_blocked_seconds_total") > 0.0
+    })
+    .await;
     assert_eq!(get(&m, "execrelay_processes{state=\"running\"}"), 1.0);
     // Consume everything: acks release the retention and the pump goes on to the end.
     let mut n = 0;

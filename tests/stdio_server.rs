@@ -157,3 +157,101 @@ async fn a_request_stuck_after_end_of_input_is_abandoned_at_the_drain_timeout() 
         "gave up after {waited:?}, before the drain timeout"
     );
 }
+
+/// SIGTERM to a stdio server: its processes are terminated and their exit notices still reach
+/// the client before the server exits.
+#[test]
+fn sigterm_delivers_exit_notices_before_exiting() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_execrelay"))
+        .args(["serve", "--listen", "stdio"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let requests = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"clientName":"t"}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"initialized","params":{}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","id":2,"method":"process/start","params":{"processId":"p","argv":["sleep","30"]}}"#,
+        "\n",
+    );
+    stdin.write_all(requests.as_bytes()).expect("write");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).expect("read") > 0,
+            "server ended early"
+        );
+        if line.contains(r#""id":2"#) {
+            assert!(line.contains(r#""result""#), "{line}");
+            break;
+        }
+    }
+    // Input stays open: the signal alone ends the server.
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("kill");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read rest");
+    let exited: Vec<Value> = rest
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["method"] == "process/exited")
+        .collect();
+    assert_eq!(exited.len(), 1, "one exit notice, got:\n{rest}");
+    assert_eq!(exited[0]["params"]["processId"], "p");
+    assert_eq!(exited[0]["params"]["signal"], "SIGTERM", "{}", exited[0]);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+    drop(stdin);
+}
+
+/// Registering a pipe with the reactor sets O_NONBLOCK on the pipe's shared description; the
+/// server puts the flags back, so a process that shares the pipe after it is not surprised.
+#[test]
+fn pipe_flags_are_restored_on_exit() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+    let nonblocking = |fd: &std::os::fd::OwnedFd| {
+        let bits = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).expect("F_GETFL");
+        OFlag::from_bits_truncate(bits).contains(OFlag::O_NONBLOCK)
+    };
+    // Close-on-exec, so that the server inherits only the ends it is given.
+    let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe");
+    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe");
+    // Our own references to the very descriptions the server gets as stdin and stdout.
+    let shared_in = in_r.try_clone().expect("dup");
+    let shared_out = out_w.try_clone().expect("dup");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_execrelay"))
+        .args(["serve", "--listen", "stdio"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::from(in_r))
+        .stdout(Stdio::from(out_w))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut input = std::fs::File::from(in_w);
+    input.write_all(REQUESTS.as_bytes()).expect("write");
+    drop(input);
+    // Answers are a few KiB: they fit in the pipe, so reading can wait for the exit.
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+    assert!(!nonblocking(&shared_in), "stdin's pipe left non-blocking");
+    assert!(!nonblocking(&shared_out), "stdout's pipe left non-blocking");
+    // The server did answer through them.
+    drop(shared_out);
+    let mut out = Vec::new();
+    std::fs::File::from(out_r)
+        .read_to_end(&mut out)
+        .expect("read");
+    check(&out);
+}

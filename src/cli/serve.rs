@@ -226,7 +226,7 @@ pub fn main(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
         let registry = SessionRegistry::new(config);
@@ -304,12 +304,24 @@ pub fn main(args: ServeArgs) -> i32 {
                 }
             }
         }
-    })
+    });
+    // Do not wait for blocking helper threads: one may be parked in a read of a terminal
+    // stdin that never ends, which would keep a signalled server alive forever.
+    rt.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    code
 }
 
-/// Parse `--metrics-listen HOST:PORT` (`localhost` means 127.0.0.1).
+/// After the server has finished (exit notices written), how long remaining runtime threads
+/// get before the process exits anyway.
+const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Parse `--metrics-listen HOST:PORT` (`localhost:PORT` means 127.0.0.1:PORT).
 fn parse_metrics_listen(s: &str) -> anyhow::Result<std::net::SocketAddr> {
-    s.replace("localhost", "127.0.0.1").parse().map_err(|_| {
+    let s = match s.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => s.to_string(),
+    };
+    s.parse().map_err(|_| {
         anyhow::anyhow!("bad --metrics-listen {s:?}: expected HOST:PORT, e.g. 127.0.0.1:9464")
     })
 }

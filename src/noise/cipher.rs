@@ -10,7 +10,9 @@
 //! per record on each end.
 //!
 //! This module holds key material: it never logs, formats or exposes it (no `Debug` output of
-//! the keys), and it zeroes the raw split keys once `ring` has them.
+//! the keys). Wiping is best effort: the raw split keys handed to us are zeroed once `ring`
+//! holds them, but `snow` does not wipe its own copies of the chaining key and split output,
+//! and `ring` does not wipe its key schedule on drop.
 
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, CHACHA20_POLY1305};
 use zeroize::Zeroize;
@@ -49,7 +51,7 @@ fn key(raw: &[u8; KEY_LEN]) -> Result<LessSafeKey, AeadError> {
 
 impl TransportKeys {
     /// Keys from the raw `Split()` output: `c1` protects initiator → responder, `c2` the
-    /// reverse. Both arrays are wiped.
+    /// reverse. Both arrays are wiped (this copy only; see the module docs).
     pub fn from_split(
         initiator: bool,
         mut c1: [u8; KEY_LEN],
@@ -90,9 +92,8 @@ impl TransportKeys {
 mod tests {
     use super::*;
 
-    /// RFC 8439 §2.8.2 test vector, with the nonce rebuilt from Noise's layout: the RFC's nonce
-    /// `07000000 4041424344454647` is not Noise-shaped, so check instead that our layout is
-    /// "4 zero bytes ‖ n little-endian" by sealing with ring directly.
+    /// Our nonce is "4 zero bytes ‖ n little-endian" (Noise's ChaChaPoly). The byte-for-byte
+    /// comparison with `snow`'s own transport is in `handshake.rs`'s tests.
     #[test]
     fn nonce_layout_is_noise_chachapoly() {
         let raw = [0x42u8; KEY_LEN];

@@ -359,7 +359,7 @@ impl Link {
             FrameType::Data => match self.streams.get_mut(&sid) {
                 None => {
                     // Not charged: data in flight when we reset a stream lands here.
-                    self.refuse(sid, "unknown_stream")
+                    self.send_ctrl(Frame::reset(sid, "unknown_stream"))
                 }
                 Some(Entry::Pending) => {
                     self.reset(sid, "data_before_accept")?;

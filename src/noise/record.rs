@@ -313,6 +313,11 @@ impl MessageDeframer {
             match self.partial.take() {
                 Some((mut msg, want)) => {
                     let take = (want - msg.len()).min(bytes.len());
+                    if msg.capacity() - msg.len() < take {
+                        // Grow by doubling, but never past the declared length.
+                        let target = (msg.len() * 2).max(msg.len() + take).min(want);
+                        msg.reserve_exact(target - msg.len());
+                    }
                     msg.extend_from_slice(&bytes[..take]);
                     bytes = &bytes[take..];
                     if msg.len() == want {
@@ -485,7 +490,10 @@ mod tests {
         let cap = d.partial.as_ref().map(|(v, _)| v.capacity()).unwrap_or(0);
         assert!(cap <= MAX_MESSAGE_RESERVE, "reserved {cap}");
         let body = vec![1u8; big];
-        assert_eq!(d.push(&body), Ok(vec![body]));
+        assert_eq!(d.push(&body[..big - 1]), Ok(vec![]));
+        let cap = d.partial.as_ref().map(|(v, _)| v.capacity()).unwrap_or(0);
+        assert!(cap <= big, "grew to {cap}, past the declared {big}");
+        assert_eq!(d.push(&body[big - 1..]), Ok(vec![body]));
     }
 
     #[test]

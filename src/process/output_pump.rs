@@ -9,6 +9,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::AsyncReadExt;
@@ -68,10 +69,24 @@ pub fn start_process(
     Ok(proc)
 }
 
-/// Wait until the log has room, recording blocked time with the drain clock. Returns false
-/// when the process was abandoned.
+/// While a pump is blocked, its blocked time is added to the metrics at least this often, so a
+/// client that never acknowledges shows up in `execrelay_delivery_blocked_seconds_total`
+/// before it lets go.
+pub const BLOCKED_METRIC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Wait until the log has room, recording blocked time with the drain clock (and in the
+/// metrics). Returns false when the process was abandoned.
 async fn wait_for_room(p: &ManagedProcess) -> bool {
+    // While blocked: up to when the blocked time is already counted in the metrics.
     let mut blocked: Option<Instant> = None;
+    let count = |counted: &mut Instant| {
+        let now = Instant::now();
+        p.metrics
+            .delivery_blocked_seconds
+            .inc_by((now - *counted).as_secs_f64());
+        *counted = now;
+        now
+    };
     loop {
         let notified = p.changed.notified();
         tokio::pin!(notified);
@@ -79,12 +94,9 @@ async fn wait_for_room(p: &ManagedProcess) -> bool {
         {
             let mut inner = p.inner();
             if inner.log.has_room() {
-                if let Some(since) = blocked {
-                    let now = Instant::now();
+                if let Some(mut counted) = blocked {
+                    let now = count(&mut counted);
                     inner.drain.block_end(now.into_std());
-                    p.metrics
-                        .delivery_blocked_seconds
-                        .inc_by((now - since).as_secs_f64());
                     drop(inner);
                     // The deadline moved: wake the other pump so it re-reads it.
                     p.changed.notify_waiters();
@@ -99,7 +111,17 @@ async fn wait_for_room(p: &ManagedProcess) -> bool {
         }
         tokio::select! {
             _ = &mut notified => {}
-            _ = p.abandoned.cancelled() => return false,
+            _ = tokio::time::sleep(BLOCKED_METRIC_INTERVAL) => {
+                if let Some(counted) = blocked.as_mut() {
+                    count(counted);
+                }
+            }
+            _ = p.abandoned.cancelled() => {
+                if let Some(counted) = blocked.as_mut() {
+                    count(counted);
+                }
+                return false;
+            }
         }
     }
 }

@@ -2,7 +2,10 @@
 //! (the client spawning `execrelay serve --listen stdio`), or an in-memory duplex in tests.
 
 use futures_util::StreamExt;
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::line_codec::LineCodec;
@@ -28,29 +31,105 @@ where
 /// The server's own stdin and stdout.
 ///
 /// When they are pipes (a client spawned us, the usual case), they are driven by the reactor
-/// like sockets: a duplicate of each descriptor is set non-blocking and registered with epoll.
-/// tokio's `stdin()`/`stdout()` would instead hand every read and write to a blocking-pool
-/// thread, a copy and a thread hop per message, which halved stdio throughput. Anything else
-/// (a terminal, a file) keeps tokio's blocking adapters: O_NONBLOCK on a terminal would leak to
-/// the shell that shares it.
+/// like sockets: a duplicate of each descriptor is registered with epoll. tokio's
+/// `stdin()`/`stdout()` would instead hand every read and write to a blocking-pool thread, a
+/// copy and a thread hop per message, which cost a third of stdio throughput. Registering a
+/// pipe sets O_NONBLOCK on its open file description, which is shared with every process that
+/// holds the same pipe (a shell pipeline may hand it on to the next command): the original
+/// flags are put back when the transport is dropped. Anything else (a terminal, a file) keeps
+/// tokio's blocking adapters.
 pub fn stdio_transport(max_message_bytes: usize) -> Transport {
     use std::os::fd::AsFd;
     use tokio::net::unix::pipe;
-    let reader: Box<dyn AsyncRead + Send + Unpin> = match std::io::stdin()
-        .as_fd()
-        .try_clone_to_owned()
-        .and_then(pipe::Receiver::from_owned_fd)
-    {
-        Ok(r) => Box::new(r),
-        Err(_) => Box::new(tokio::io::stdin()),
+    let reader: Box<dyn AsyncRead + Send + Unpin> = {
+        let flags = RestoreFlags::save(std::io::stdin().as_fd());
+        match std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(pipe::Receiver::from_owned_fd)
+        {
+            Ok(r) => Box::new(Restoring {
+                inner: r,
+                _flags: flags,
+            }),
+            Err(_) => Box::new(tokio::io::stdin()),
+        }
     };
-    let writer: Box<dyn AsyncWrite + Send + Unpin> = match std::io::stdout()
-        .as_fd()
-        .try_clone_to_owned()
-        .and_then(pipe::Sender::from_owned_fd)
-    {
-        Ok(w) => Box::new(w),
-        Err(_) => Box::new(tokio::io::stdout()),
+    let writer: Box<dyn AsyncWrite + Send + Unpin> = {
+        let flags = RestoreFlags::save(std::io::stdout().as_fd());
+        match std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(pipe::Sender::from_owned_fd)
+        {
+            Ok(w) => Box::new(Restoring {
+                inner: w,
+                _flags: flags,
+            }),
+            Err(_) => Box::new(tokio::io::stdout()),
+        }
     };
     line_transport(reader, writer, max_message_bytes, "stdio")
+}
+
+/// A descriptor's file status flags as they were, put back on drop.
+struct RestoreFlags {
+    fd: std::os::fd::OwnedFd,
+    flags: nix::fcntl::OFlag,
+}
+
+impl RestoreFlags {
+    fn save(fd: std::os::fd::BorrowedFd<'_>) -> Option<Self> {
+        use std::os::fd::AsRawFd;
+        let bits = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL).ok()?;
+        Some(RestoreFlags {
+            // Our own reference to the description, valid however long we live.
+            fd: fd.try_clone_to_owned().ok()?,
+            flags: nix::fcntl::OFlag::from_bits_truncate(bits),
+        })
+    }
+}
+
+impl Drop for RestoreFlags {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        let _ = nix::fcntl::fcntl(
+            self.fd.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFL(self.flags),
+        );
+    }
+}
+
+/// An async pipe end that restores the pipe's flags when dropped.
+struct Restoring<T> {
+    inner: T,
+    _flags: Option<RestoreFlags>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Restoring<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Restoring<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
