@@ -127,16 +127,73 @@ fn noise_keys() -> NoiseKeys {
 }
 
 async fn start_noise_server(keys: &NoiseKeys) -> ServerProc {
+    start_noise_server_with(keys, &[]).await
+}
+
+async fn start_noise_server_with(keys: &NoiseKeys, extra: &[&str]) -> ServerProc {
     let (key, auth) = (keys.dir.join("server"), keys.dir.join("authorized"));
-    start_server([
-        std::ffi::OsStr::new("--listen"),
-        std::ffi::OsStr::new("noise+ws://127.0.0.1:0"),
-        std::ffi::OsStr::new("--key"),
-        key.as_os_str(),
-        std::ffi::OsStr::new("--authorized-keys"),
-        auth.as_os_str(),
-    ])
-    .await
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "--listen".into(),
+        "noise+ws://127.0.0.1:0".into(),
+        "--key".into(),
+        key.into_os_string(),
+        "--authorized-keys".into(),
+        auth.into_os_string(),
+    ];
+    args.extend(extra.iter().map(Into::into));
+    start_server(args).await
+}
+
+/// Fan-in: `procs` clients, each a virtual stream with its own session on one shared Noise
+/// link, each running one process that writes `per` bytes, all at once. Returns aggregate
+/// MB/s, the server's peak RSS and its CPU seconds per GB.
+async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64) {
+    let limit = (procs + 16).to_string();
+    let s = start_noise_server_with(keys, &["--max-sessions", &limit]).await;
+    let server_pid = s.child.id().unwrap_or(0);
+    let opts = ClientOptions {
+        reconnect: false,
+        ..ClientOptions::default()
+    };
+    let mut clients = Vec::with_capacity(procs);
+    for _ in 0..procs {
+        let target = Target::Noise {
+            url: s.url.clone(),
+            config: keys.config.clone(),
+        };
+        clients.push(
+            Client::connect(target, opts.clone())
+                .await
+                .expect("connect"),
+        );
+    }
+    let rss_idle = peak_rss_kib(server_pid);
+    let cpu0 = proc_cpu_secs(server_pid);
+    let t0 = Instant::now();
+    let runs = clients.iter().enumerate().map(|(i, c)| {
+        let argv = vec![
+            "head".to_string(),
+            "-c".to_string(),
+            per.to_string(),
+            "/dev/zero".to_string(),
+        ];
+        async move { drain(c, &format!("f{i}"), argv).await.0 }
+    });
+    let total: u64 = futures_util::future::join_all(runs).await.into_iter().sum();
+    let took = t0.elapsed();
+    let cpu = proc_cpu_secs(server_pid) - cpu0;
+    assert_eq!(
+        total,
+        per * procs as u64,
+        "every byte of every process arrives"
+    );
+    let rss = peak_rss_kib(server_pid);
+    eprintln!("[bench] fan-in: server RSS {rss_idle} KiB with {procs} idle sessions");
+    for c in &clients {
+        c.shutdown().await;
+    }
+    let bytes = per as f64 * procs as f64;
+    (bytes / 1e6 / took.as_secs_f64(), rss, cpu / (bytes / 1e9))
 }
 
 /// New connection each time: link, handshake, `initialize`, start `true`, exit notice.
@@ -517,6 +574,16 @@ async fn main() {
         let (rss, term_ms) = slow_consumer(slow_secs).await;
         println!("slow_consumer_server_peak_rss_KiB {rss}");
         println!("slow_consumer_terminate_latency_ms {term_ms:.2}");
+    }
+
+    let fan = env_u64("FANIN_PROCS", 1000) as usize;
+    if fan > 0 && kinds.split(',').any(|k| k == "noise") {
+        let per = env_u64("FANIN_BYTES", 1 << 20);
+        let (mbps, rss, cpu) = fan_in(&keys, fan, per).await;
+        println!("fanin_procs {fan}");
+        println!("fanin_MBps {mbps:.1}");
+        println!("fanin_server_cpu_s_per_GB {cpu:.2}");
+        println!("fanin_server_peak_rss_KiB {rss}");
     }
 
     let connects = env_u64("CONNECT_LATENCY_RUNS", 200);

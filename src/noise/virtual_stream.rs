@@ -22,10 +22,6 @@ use crate::process::managed_process::lock;
 use crate::transport::{FramingError, Transport};
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
 
-/// Frames a stream may have sealed but not yet queued on the link: one large message's worth
-/// of records, so the sink's own buffer stays bounded.
-const MAX_SINK_BACKLOG: usize = 300;
-
 /// The parts of a stream the link driver keeps, beside the [`Transport`] it hands out.
 pub struct StreamParts {
     /// For the connection (server) or the client library.
@@ -110,16 +106,12 @@ impl StreamSink {
 impl Sink<String> for StreamSink {
     type Error = io::Error;
 
+    /// Ready only once every frame of the previous message is on the link's queue: the
+    /// backlog holds at most one message (≤ `maxMessageBytes` of records), and a stream whose
+    /// link is busy pushes back on its connection's writer, so output waits, unwritten, in the
+    /// process's bounded log (and the child is held back) rather than piling up here sealed.
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        if me.backlog.len() < MAX_SINK_BACKLOG {
-            // Keep pushing, but accept the next message while the backlog is small.
-            let _ = me.poll_drain(cx)?;
-            if me.backlog.len() < MAX_SINK_BACKLOG {
-                return Poll::Ready(Ok(()));
-            }
-        }
-        me.poll_drain(cx)
+        self.get_mut().poll_drain(cx)
     }
 
     fn start_send(self: Pin<&mut Self>, item: String) -> io::Result<()> {
@@ -142,5 +134,41 @@ impl Sink<String> for StreamSink {
             me.out.close();
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::cipher;
+
+    fn poll_ready(t: &mut Transport) -> Poll<io::Result<()>> {
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        t.outgoing.as_mut().poll_ready(&mut cx)
+    }
+
+    /// A stream whose link queue is full takes no second message: its connection's writer
+    /// waits (and output stays unwritten in the process's bounded log) instead of sealed
+    /// frames piling up in the sink.
+    #[tokio::test]
+    async fn a_busy_link_pushes_back_after_one_message() {
+        let keys = Arc::new(cipher::TransportKeys::from_split(false, [1; 32], [2; 32]).unwrap());
+        let (out, mut link) = mpsc::channel(1);
+        let mut parts = open_stream([7; 16], keys, 1 << 20, out, 8, "t".into());
+        let t = &mut parts.transport;
+        assert!(matches!(poll_ready(t), Poll::Ready(Ok(()))));
+        // 200 KB: four records, of which the link queue takes one.
+        t.outgoing.as_mut().start_send("x".repeat(200_000)).unwrap();
+        assert!(
+            poll_ready(t).is_pending(),
+            "a second message while three frames wait"
+        );
+        let mut frames = 0;
+        while frames < 4 {
+            assert!(link.recv().await.is_some());
+            frames += 1;
+            let _ = poll_ready(t); // moves the next frame onto the queue
+        }
+        assert!(matches!(poll_ready(t), Poll::Ready(Ok(()))));
     }
 }
