@@ -376,6 +376,51 @@ async fn the_client_survives_killed_links_without_loss_or_duplicates() {
     stop.cancel();
 }
 
+/// Regression: an ack lost with its connection was never repeated. After the resume the server
+/// replayed only events the client had already consumed (dropped as duplicates, so they never
+/// counted towards a new ack) and, its retention full of them, waited for an ack forever
+/// (the resume benchmark hung about one run in six).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_lost_with_a_connection_are_repeated_after_the_resume() {
+    let (url, reg, stop) = ws_server(cfg()).await;
+    let client = Client::connect(Target::Ws(url), ClientOptions::default())
+        .await
+        .unwrap();
+    // 400,000 bytes: the client acks once, past 256 KiB (that chunk ends by 320 KiB), and
+    // consumes the rest unacknowledged (the next ack is due at 512 KiB). The child then stays
+    // alive, so no exit ack follows either.
+    let mut p = client
+        .start(StartOptions::new(
+            "a",
+            ["sh", "-c", "head -c 400000 /dev/zero; exec sleep 30"],
+        ))
+        .await
+        .unwrap();
+    let mut got = 0;
+    while got < 400_000 {
+        match tokio::time::timeout(GUARD, p.next_event()).await.unwrap() {
+            Some(ProcessEvent::Output { data, .. }) => got += data.len(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let session = reg.session(&client.session_id().unwrap()).unwrap();
+    let proc = session.get("a").unwrap();
+    let last = proc.stats().next_seq - 1;
+    assert!(
+        proc.stats().acked_through < last,
+        "the tail is not acknowledged yet"
+    );
+    // The link dies: what the client consumed since its last ack must be acknowledged again
+    // over the new connection, or nothing would ever release it.
+    client.break_connection();
+    eventually("the resumed client acknowledges all it consumed", || {
+        proc.stats().acked_through == last
+    })
+    .await;
+    client.shutdown().await;
+    stop.cancel();
+}
+
 /// Regression: a writer of the previous connection that finished a write after a resume moved
 /// the new connection's delivery cursor past events it never sent (the client then saw a gap
 /// and, filling it, deadlocked). The cursor now belongs to the current attachment only.

@@ -267,6 +267,15 @@ impl Client {
         }
     }
 
+    /// For each process, the highest seq the application consumed (if any).
+    pub(super) fn consumed_positions(&self) -> Vec<(String, u64)> {
+        lock(&self.shared.procs)
+            .iter()
+            .filter(|(_, slot)| slot.consumed > 0)
+            .map(|(pid, slot)| (pid.clone(), slot.consumed))
+            .collect()
+    }
+
     /// The application took events up to `seq` of `pid`: acknowledge now and then, so the
     /// server releases them (and keeps the child going).
     fn consumed(&self, pid: &str, seq: u64, bytes: u64, exited: bool) {
@@ -287,7 +296,8 @@ impl Client {
         if ack {
             if let Some(conn) = lock(&self.shared.conn).clone() {
                 let pid = pid.to_string();
-                // Fire and forget: a lost ack only means a longer replay after a resume.
+                // Fire and forget: an ack lost with its connection is repeated after the
+                // resume (`establish_over`).
                 tokio::spawn(async move {
                     let _ = conn
                         .notify("process/ack", json!({"processId": pid, "seq": seq}))

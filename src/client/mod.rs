@@ -409,6 +409,18 @@ impl Client {
             init.limits.detached_session_ttl_ms,
         ));
         *lock(&self.shared.conn) = Some(conn.clone());
+        if resume.is_some() && self.shared.opts.acks {
+            // An ack sent on the dead connection may be lost. Were it not repeated, the server
+            // would replay only events this client already consumed (and drops as duplicates,
+            // so they never count towards a new ack): with its retention full of them, it would
+            // wait for an ack forever. Taken after the new connection is installed, so every
+            // later ack goes to it.
+            let consumed = self.consumed_positions();
+            for (pid, seq) in consumed {
+                conn.notify("process/ack", json!({"processId": pid, "seq": seq}))
+                    .await?;
+            }
+        }
         self.shared
             .connects
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -192,6 +192,11 @@ impl EventLog {
         self.written_through
     }
 
+    /// Highest seq acknowledged by the client (acks only).
+    pub fn acked_through(&self) -> u64 {
+        self.acked_through
+    }
+
     /// Highest seq released so far.
     pub fn released_through(&self) -> u64 {
         self.released_through
@@ -238,7 +243,15 @@ impl EventLog {
         let seq = seq.min(self.next_seq - 1);
         if seq > self.acked_through {
             self.acked_through = seq;
-            self.release();
+            if seq > self.written_through {
+                // The client has these events although the cursor is behind them (a resume
+                // rewound it to the previous ack, and the client then acknowledged what it got
+                // over the old connection): they are written. Otherwise they would be released
+                // while still counted as unwritten, and the pump would wait for room forever.
+                self.mark_written(seq);
+            } else {
+                self.release();
+            }
         }
     }
 
@@ -349,6 +362,38 @@ mod tests {
         let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 2, 3]);
         assert!(matches!(evs[2].body, EventBody::Exited(_)));
+    }
+
+    /// Regression: after a resume rewound the cursor, an ack for events the client got over
+    /// the old connection released them while they still counted as unwritten, so the log
+    /// never had room again.
+    #[test]
+    fn an_ack_past_a_rewound_cursor_moves_the_cursor() {
+        let mut log = EventLog::new(limits(1 << 20, 250), true);
+        for _ in 0..5 {
+            log.append_output(StreamName::Stdout, chunk(50));
+        }
+        log.mark_written(5);
+        log.ack(2);
+        log.rewind_delivery();
+        assert_eq!(log.written_through(), 2);
+        assert!(
+            !log.has_room(),
+            "three events unwritten again fill the queue"
+        );
+        log.ack(4);
+        assert_eq!(log.written_through(), 4);
+        assert_eq!(log.released_through(), 4);
+        let left: Vec<u64> = log
+            .peek_unwritten(usize::MAX)
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(left, vec![5]);
+        assert!(log.has_room(), "one unwritten event left");
+        log.mark_written(5);
+        assert_eq!(log.unwritten_cost(), 0);
+        assert!(!log.has_unwritten());
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct ProcessStats {
     pub released_through: u64,
     /// Highest seq written to a transport.
     pub written_through: u64,
+    /// Highest seq acknowledged by the client (acks only).
+    pub acked_through: u64,
     /// The exit notice is in the log.
     pub exited: bool,
 }
@@ -213,6 +215,7 @@ impl ManagedProcess {
             next_seq: inner.log.next_seq(),
             released_through: inner.log.released_through(),
             written_through: inner.log.written_through(),
+            acked_through: inner.log.acked_through(),
             exited: inner.exit.is_some(),
         }
     }
