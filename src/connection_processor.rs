@@ -327,8 +327,7 @@ impl ConnectionProcessor {
 
     /// Encode an error response, counting it by code.
     fn error(&self, id: &Value, e: &RpcError) -> String {
-        self.registry.metrics().rpc_error(e.code.code());
-        encode_error(id, e)
+        counted_error(&self.registry, id, e)
     }
 
     fn spawn_request(
@@ -376,10 +375,7 @@ impl ConnectionProcessor {
                         text: encode_response(&id, &result),
                         after_write,
                     },
-                    Err(e) => {
-                        ctx.registry.metrics().rpc_error(e.code.code());
-                        ControlMessage::new(encode_error(&id, &e))
-                    }
+                    Err(e) => ControlMessage::new(counted_error(&ctx.registry, &id, &e)),
                 };
                 let _ = control.send(msg).await;
                 drop(slot);
@@ -465,4 +461,10 @@ impl ConnectionProcessor {
             }
         }
     }
+}
+
+/// Every error response of a connection is encoded here, so each is counted once by code.
+fn counted_error(registry: &SessionRegistry, id: &Value, e: &RpcError) -> String {
+    registry.metrics().rpc_error(e.code.code());
+    encode_error(id, e)
 }

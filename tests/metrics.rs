@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use execrelay::client::{Client, ClientOptions, ProcessEvent, ProcessHandle, StartOptions, Target};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
@@ -143,6 +143,11 @@ async fn run(client: &Client, opts: StartOptions, stdin: Option<&[u8]>) -> usize
         p.write(data).await.expect("write");
         p.close_stdin().await.expect("close stdin");
     }
+    drain_to_exit(&mut p).await
+}
+
+/// Consume a process's events up to its exit notice; returns the output bytes received.
+async fn drain_to_exit(p: &mut ProcessHandle) -> usize {
     let mut n = 0;
     while let Some(ev) = tokio::time::timeout(GUARD, p.next_event())
         .await
@@ -388,17 +393,7 @@ async fn time_blocked_on_a_slow_client_is_counted() {
     .await;
     assert_eq!(get(&m, "execrelay_processes{state=\"running\"}"), 1.0);
     // Consume everything: acks release the retention and the pump goes on to the end.
-    let mut n = 0;
-    while let Some(ev) = tokio::time::timeout(GUARD, p.next_event())
-        .await
-        .expect("event")
-    {
-        match ev {
-            ProcessEvent::Output { data, .. } => n += data.len(),
-            ProcessEvent::Exited(_) => break,
-            ProcessEvent::Lost { .. } => panic!("lost output"),
-        }
-    }
+    let n = drain_to_exit(&mut p).await;
     assert_eq!(n, 4_194_304);
     let m = scrape(&server.metrics).await;
     assert!(get(&m, "execrelay_delivery_blocked_seconds_total") > 0.0);

@@ -53,17 +53,22 @@ fn check(out: &[u8]) {
     assert_eq!(by_id(5)["error"]["message"], "connection closed");
 }
 
+/// `execrelay serve --listen stdio` on the given standard streams, logs quiet.
+fn spawn_server(stdin: Stdio, stdout: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_execrelay"))
+        .args(["serve", "--listen", "stdio"])
+        .env("RUST_LOG", "warn")
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn")
+}
+
 #[test]
 fn stdio_on_pipes() {
     use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_execrelay"))
-        .args(["serve", "--listen", "stdio"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_server(Stdio::piped(), Stdio::piped());
     let mut stdin = child.stdin.take().expect("stdin");
     stdin.write_all(REQUESTS.as_bytes()).expect("write");
     drop(stdin); // end of input: the server answers what it read, then exits
@@ -79,14 +84,14 @@ fn stdio_on_regular_files() {
     let input = dir.join("in");
     let output = dir.join("out");
     std::fs::write(&input, REQUESTS).expect("write input");
-    let status = Command::new(env!("CARGO_BIN_EXE_execrelay"))
-        .args(["serve", "--listen", "stdio"])
-        .env("RUST_LOG", "warn")
-        .stdin(std::fs::File::open(&input).expect("open input"))
-        .stdout(std::fs::File::create(&output).expect("create output"))
-        .stderr(Stdio::null())
-        .status()
-        .expect("run");
+    let status = spawn_server(
+        std::fs::File::open(&input).expect("open input").into(),
+        std::fs::File::create(&output)
+            .expect("create output")
+            .into(),
+    )
+    .wait()
+    .expect("run");
     assert!(status.success(), "{status:?}");
     check(&std::fs::read(&output).expect("read output"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -163,14 +168,7 @@ async fn a_request_stuck_after_end_of_input_is_abandoned_at_the_drain_timeout() 
 #[test]
 fn sigterm_delivers_exit_notices_before_exiting() {
     use std::io::{BufRead, BufReader, Write};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_execrelay"))
-        .args(["serve", "--listen", "stdio"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_server(Stdio::piped(), Stdio::piped());
     let mut stdin = child.stdin.take().expect("stdin");
     let requests = concat!(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"clientName":"t"}}"#,
@@ -231,14 +229,7 @@ fn pipe_flags_are_restored_on_exit() {
     // Our own references to the very descriptions the server gets as stdin and stdout.
     let shared_in = in_r.try_clone().expect("dup");
     let shared_out = out_w.try_clone().expect("dup");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_execrelay"))
-        .args(["serve", "--listen", "stdio"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::from(in_r))
-        .stdout(Stdio::from(out_w))
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_server(Stdio::from(in_r), Stdio::from(out_w));
     let mut input = std::fs::File::from(in_w);
     input.write_all(REQUESTS.as_bytes()).expect("write");
     drop(input);
