@@ -11,6 +11,7 @@
 pub mod bucket;
 pub mod closed_set;
 pub mod config;
+pub mod driver;
 pub mod endpoint;
 pub mod flow;
 pub mod frame;

@@ -81,9 +81,8 @@ impl Endpoint {
             return;
         }
         self.closed_streams.remove(&id);
-        let refusal = if self.opens_refused_until.is_some_and(|t| now < t) {
-            Some(Reason::Busy)
-        } else if self.pending_opens >= self.cfg.max_pending_opens {
+        let cooling_down = self.opens_refused_until.is_some_and(|t| now < t);
+        let refusal = if cooling_down || self.pending_opens >= self.cfg.max_pending_opens {
             Some(Reason::Busy)
         } else if self.streams.len() >= self.cfg.max_streams {
             Some(Reason::TooManyStreams)
