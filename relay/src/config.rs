@@ -123,6 +123,13 @@ pub const MAX_QUEUED_BYTES: usize = 256 << 20;
 /// share past this is refused `busy`. Sixteen full-size frames.
 pub const CONTROL_RESERVE_BYTES: usize = 16 * MAX_FRAME_BYTES;
 
+/// The largest receive window (records) a relay honours. A receiver advertising more is held
+/// to this many records past its `ack`, so that a hostile receiver that never reads cannot
+/// make the relay queue more than 64 records (4 MiB) of one stream. Four times the default
+/// window: room for endpoints tuned to larger windows; an endpoint behind a relay must not
+/// advertise more, or its peer's records past this are reset `window_exceeded`.
+pub const MAX_RELAY_WINDOW_RECORDS: u32 = 64;
+
 /// A token bucket's shape: `burst` tokens, one more every `refill` (never above `burst`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketConfig {
@@ -242,6 +249,8 @@ pub struct RelayConfig {
     pub max_queued_bytes: usize,
     /// See [`CONTROL_RESERVE_BYTES`].
     pub control_reserve_bytes: usize,
+    /// See [`MAX_RELAY_WINDOW_RECORDS`].
+    pub max_window_records: u32,
     /// See [`MALFORMED_FRAME_BURST`].
     pub malformed_frames: BucketConfig,
     /// See [`UNKNOWN_STREAM_BURST`].
@@ -263,6 +272,7 @@ impl Default for RelayConfig {
             opens_per_second: OPENS_PER_SECOND,
             max_queued_bytes: MAX_QUEUED_BYTES,
             control_reserve_bytes: CONTROL_RESERVE_BYTES,
+            max_window_records: MAX_RELAY_WINDOW_RECORDS,
             malformed_frames: e.malformed_frames,
             unknown_stream_frames: e.unknown_stream_frames,
             closed_streams_remembered: CLOSED_STREAMS_REMEMBERED,
@@ -347,6 +357,7 @@ impl RelayConfig {
             "client links per address",
         )?;
         nonzero(self.opens_per_second.into(), "opens per second")?;
+        nonzero(self.max_window_records.into(), "relay window")?;
         nonzero(self.malformed_frames.burst.into(), "malformed frame burst")?;
         nonzero(
             self.unknown_stream_frames.burst.into(),

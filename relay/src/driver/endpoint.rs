@@ -397,6 +397,9 @@ impl EndpointLink {
     pub fn open(&self, stream: StreamId, msg1: Bytes) -> Result<Opening, StreamError> {
         let (tx, rx) = oneshot::channel();
         Shared::with(&self.shared, |i| {
+            if let Some(reason) = i.ep.is_closed() {
+                return Err(StreamError::LinkClosed(reason));
+            }
             i.ep.open(stream, msg1)?;
             i.openings.insert(stream, tx);
             Ok::<_, StreamError>(())

@@ -5,9 +5,7 @@
 
 use std::time::Instant;
 
-use super::{
-    Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable, MAX_RELAY_WINDOW_RECORDS,
-};
+use super::{Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable};
 use crate::flow::{FlowError, RelayFlow};
 use crate::frame::{Frame, FrameType, StreamId};
 use crate::reason::{CloseReason, DropReason, Reason};
@@ -149,7 +147,7 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         let mut to_client = RelayFlow::new();
-        to_client.on_report(0, f.window.min(MAX_RELAY_WINDOW_RECORDS));
+        to_client.on_report(0, f.window.min(self.cfg.max_window_records));
         let route = Route {
             client: link,
             env_link,
@@ -187,7 +185,7 @@ impl<T: RoutingTable> Router<T> {
         }
         r.accepted = true;
         r.to_env
-            .on_report(0, f.window.min(MAX_RELAY_WINDOW_RECORDS));
+            .on_report(0, f.window.min(self.cfg.max_window_records));
         let client = r.client;
         self.enqueue(client, f, Lane::Control);
     }
@@ -228,7 +226,7 @@ impl<T: RoutingTable> Router<T> {
             return;
         };
         // The frame's report is about the other direction, whose receiver is its sender.
-        let window = f.window.min(MAX_RELAY_WINDOW_RECORDS);
+        let window = f.window.min(self.cfg.max_window_records);
         let (reverse, dest) = if from_client {
             (&mut r.to_client, r.env_link)
         } else {

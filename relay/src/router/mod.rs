@@ -17,8 +17,8 @@
 //! - **The reader never waits on a destination**: `handle_frame` only queues; a frame that
 //!   cannot be queued within its rules resets its stream (or is refused), never blocks.
 //! - **A stream's queue on a link never holds more than one window**: `DATA` is admitted only
-//!   in order and inside the receiver's last report (clipped to
-//!   [`MAX_RELAY_WINDOW_RECORDS`]); past it the stream is reset (`window_exceeded`) on both
+//!   in order and inside the receiver's last report (its window clipped to
+//!   [`RelayConfig::max_window_records`]); past it the stream is reset (`window_exceeded`) on both
 //!   links and nothing else is touched.
 //! - **Control frames are never stuck behind data**: each link serves control, then
 //!   coalesced `ACK`s, then `DATA` round robin; `OPEN` is refused `busy` rather than let the
@@ -46,12 +46,6 @@ use crate::keepalive::Keepalive;
 use crate::reason::{CloseReason, Counters, Reason};
 use crate::transmit::Transmit;
 use queue::OutQueue;
-
-/// The largest receive window (records) the relay honours. A receiver advertising more is
-/// held to this many records past its `ack`, so that a hostile receiver that never reads
-/// cannot make the relay queue more than 64 records (4 MiB) of a stream. Four times the
-/// default window, room for endpoints tuned to larger windows.
-pub const MAX_RELAY_WINDOW_RECORDS: u32 = 64;
 
 /// Which side of the relay a link is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

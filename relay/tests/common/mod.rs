@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use execrelay_relay::config::{EndpointConfig, KeepaliveConfig, RelayConfig};
-use execrelay_relay::endpoint::{Endpoint, Event, Side};
+use execrelay_relay::endpoint::{Endpoint, Event, ResetCause, Side};
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
 use execrelay_relay::router::{LinkId, Router, RouterEvent};
 use execrelay_relay::transmit::Transmit;
@@ -260,4 +260,60 @@ impl Net {
     pub fn env(&mut self, i: usize) -> &mut Endpoint {
         &mut self.envs[i].0
     }
+}
+
+pub fn peer_reset(stream: u8, why: &str) -> Event {
+    Event::Reset {
+        stream: sid(stream),
+        cause: ResetCause::Peer(why.into()),
+    }
+}
+
+/// Open `stream` from client `c` and accept it on environment link `e`.
+pub fn establish_via(net: &mut Net, now: Instant, c: usize, e: usize, stream: u8) {
+    net.client(c)
+        .open(sid(stream), Bytes::from_static(b"msg1"))
+        .unwrap();
+    net.pump(now);
+    assert_eq!(
+        events(net.env(e)),
+        vec![Event::OpenRequested {
+            stream: sid(stream),
+            payload: Bytes::from_static(b"msg1")
+        }]
+    );
+    net.env(e)
+        .accept(sid(stream), Bytes::from_static(b"msg2"))
+        .unwrap();
+    net.pump(now);
+    assert_eq!(
+        events(net.client(c)),
+        vec![Event::Accepted {
+            stream: sid(stream),
+            payload: Bytes::from_static(b"msg2")
+        }]
+    );
+}
+
+/// Hand everything `ep` wants to write to the router on `link` (not the other way).
+pub fn push_up(router: &mut Router, ep: &mut Endpoint, link: LinkId, now: Instant) {
+    while let Some(t) = ep.poll_transmit(now) {
+        if let Transmit::Frame(f) = t {
+            router.handle_frame(now, link, f.encode().unwrap());
+        }
+    }
+}
+
+/// The frames the router has for `link`, drained.
+pub fn drain(
+    router: &mut Router,
+    link: LinkId,
+    now: Instant,
+) -> Vec<execrelay_relay::frame::Frame> {
+    std::iter::from_fn(|| router.poll_transmit(now, link))
+        .filter_map(|t| match t {
+            Transmit::Frame(f) => Some(f),
+            Transmit::Ping(_) => None,
+        })
+        .collect()
 }
