@@ -32,8 +32,8 @@
 //!
 //! Tokio (the only module that imports it):
 //!
-//! - [`driver`]: [`driver::EndpointLink`] (exec server and client, with per-stream handles)
-//!   and [`driver::RelayHub`] (the relay's links around one router), over any
+//! - [`driver`]: the link drivers, [`driver::EndpointLink`] (exec server and client, with
+//!   per-stream handles) and [`driver::RelayHub`] (the relay's links around one router), over any
 //!   `WebSocketStream`.
 //!
 //! See `relay/README.md` for the design: state machines, who owns which queue, invariants.
