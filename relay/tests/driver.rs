@@ -347,3 +347,42 @@ async fn through_a_relay_hub_an_environment_link_death_resets_client_streams() {
         "the client link itself lives on"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_hub_shutdown_closes_every_link() {
+    let hub = RelayHub::new(relay_cfg()).unwrap();
+    let (env_ws, relay_env_ws) = ws_pair().await;
+    let (client_ws, relay_client_ws) = ws_pair().await;
+    let h = hub.clone();
+    let env_task = tokio::spawn(async move { h.serve_environment(relay_env_ws, "env1").await });
+    let h = hub.clone();
+    let client_task =
+        tokio::spawn(async move { h.serve_client(relay_client_ws, "env1", ADDR).await });
+    let (env, _incoming) = EndpointLink::spawn_server(env_ws, cfg()).unwrap();
+    let client = EndpointLink::spawn_client(client_ws, cfg()).unwrap();
+    for _ in 0..100 {
+        if hub.snapshot().links == 2 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(hub.snapshot().links, 2);
+    hub.shutdown();
+    let served = timeout(GUARD, async { (env_task.await, client_task.await) })
+        .await
+        .unwrap();
+    assert!(matches!(
+        served,
+        (Ok(Ok(CloseReason::Local)), Ok(Ok(CloseReason::Local)))
+    ));
+    // The endpoints see their socket end.
+    assert_eq!(
+        timeout(GUARD, env.closed()).await.unwrap(),
+        CloseReason::Transport
+    );
+    assert_eq!(
+        timeout(GUARD, client.closed()).await.unwrap(),
+        CloseReason::Transport
+    );
+    assert_eq!(hub.snapshot().links, 0);
+}

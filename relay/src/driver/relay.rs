@@ -174,6 +174,15 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
         self.shared.with(|r| r.remove_environment(env));
     }
 
+    /// Close every link (graceful shutdown): each link's tasks send a close frame (bounded by
+    /// `LINK_CLOSE_TIMEOUT`) and their `serve_*` calls return `CloseReason::Local`.
+    pub fn shutdown(&self) {
+        let inner = lock(&self.shared.inner);
+        for s in inner.links.values() {
+            s.close(CloseReason::Local);
+        }
+    }
+
     /// Figures for metrics.
     pub fn snapshot(&self) -> RelaySnapshot {
         let inner = lock(&self.shared.inner);
