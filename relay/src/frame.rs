@@ -24,6 +24,10 @@ pub const STREAM_ID_BYTES: usize = 16;
 /// A stream id: 16 random bytes chosen by the client.
 pub type StreamId = [u8; STREAM_ID_BYTES];
 
+/// Stream id 0 (all zero bytes): the link's own, used only by the environment link's
+/// handshake (§6.2) before the link carries streams; never a virtual stream, never routed.
+pub const LINK_STREAM: StreamId = [0; STREAM_ID_BYTES];
+
 /// Frame types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -78,6 +82,33 @@ pub enum FrameError {
     /// A `RESET` reason over 256 bytes.
     #[error("reset reason too long")]
     ReasonTooLong,
+}
+
+/// A frame that decodes but breaks a rule of §5–§7 about its fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// `ack bits` must be 0 (§5).
+    #[error("nonzero ack bits")]
+    AckBits,
+    /// `RESUME` (type 6) is reserved (§5).
+    #[error("RESUME is reserved")]
+    Resume,
+    /// `seq` is the record number of `DATA` and 0 on every other frame.
+    #[error("seq on a frame other than DATA")]
+    SeqOutsideData,
+    /// `DATA` records are numbered from 1.
+    #[error("DATA with seq 0")]
+    ZeroSeq,
+    /// `OPEN` and `ACCEPT` carry the initial window, which is never 0 (§7).
+    #[error("zero initial window")]
+    ZeroInitialWindow,
+    /// `OPEN` and `ACCEPT` come before any record, so they acknowledge none.
+    #[error("nonzero ack on OPEN or ACCEPT")]
+    InitialAck,
+    /// Stream id 0 is the link's own.
+    #[error("stream id 0 outside the link handshake")]
+    LinkStream,
 }
 
 /// One frame.
@@ -224,6 +255,38 @@ impl Frame {
         Ok(b.to_vec())
     }
 
+    /// Check the field rules of a virtual stream's frame (§5, §7): what a relay or an
+    /// endpoint enforces beyond the layout [`decode`](Self::decode) checks.
+    pub fn check_rules(&self) -> Result<(), RuleError> {
+        if self.stream == LINK_STREAM {
+            return Err(RuleError::LinkStream);
+        }
+        if self.ack_bits != 0 {
+            return Err(RuleError::AckBits);
+        }
+        match self.ftype {
+            FrameType::Resume => return Err(RuleError::Resume),
+            FrameType::Data if self.seq == 0 => return Err(RuleError::ZeroSeq),
+            FrameType::Data => {}
+            _ if self.seq != 0 => return Err(RuleError::SeqOutsideData),
+            _ => {}
+        }
+        if matches!(self.ftype, FrameType::Open | FrameType::Accept) {
+            if self.window == 0 {
+                return Err(RuleError::ZeroInitialWindow);
+            }
+            if self.ack != 0 {
+                return Err(RuleError::InitialAck);
+            }
+        }
+        Ok(())
+    }
+
+    /// The size of this frame on the link.
+    pub fn wire_len(&self) -> usize {
+        HEADER_BYTES + self.payload.len()
+    }
+
     /// The reason of a `RESET`, lossily decoded.
     pub fn reset_reason(&self) -> String {
         String::from_utf8_lossy(&self.payload).into_owned()
@@ -314,6 +377,35 @@ mod tests {
             Bytes::from(vec![0u8; MAX_PAYLOAD_BYTES + 1]),
         );
         assert!(f.encode().is_err());
+    }
+
+    #[test]
+    fn field_rules() {
+        let ok = |f: Frame| f.check_rules();
+        let mut open = Frame::new(FrameType::Open, [1; 16], 0, Bytes::new());
+        open.window = 16;
+        assert_eq!(ok(open.clone()), Ok(()));
+        assert_eq!(ok(sample()), Err(RuleError::AckBits));
+        let mut f = sample();
+        f.ack_bits = 0;
+        assert_eq!(ok(f.clone()), Ok(()));
+        f.seq = 0;
+        assert_eq!(ok(f), Err(RuleError::ZeroSeq));
+        let mut o = open.clone();
+        o.window = 0;
+        assert_eq!(ok(o), Err(RuleError::ZeroInitialWindow));
+        let mut o = open.clone();
+        o.ack = 1;
+        assert_eq!(ok(o), Err(RuleError::InitialAck));
+        let mut o = open.clone();
+        o.seq = 1;
+        assert_eq!(ok(o), Err(RuleError::SeqOutsideData));
+        let mut o = open.clone();
+        o.stream = LINK_STREAM;
+        assert_eq!(ok(o), Err(RuleError::LinkStream));
+        let r = Frame::new(FrameType::Resume, [1; 16], 0, Bytes::new());
+        assert_eq!(ok(r), Err(RuleError::Resume));
+        assert_eq!(ok(Frame::reset([1; 16], "x")), Ok(()));
     }
 
     #[test]

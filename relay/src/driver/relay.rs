@@ -1,0 +1,253 @@
+//! The relay's links: one [`Router`] shared by every link of the relay, each link driven by
+//! the common I/O loop. The reader of a link hands frames to the router, which queues them on
+//! their destination links and says whose writer to wake; it never waits for a destination.
+//!
+//! ```text
+//! let hub = RelayHub::new(cfg)?;
+//! // after the HTTP upgrade of /v1/env/ID and the handshake on stream id 0 (§6.2):
+//! tokio::spawn(async move { hub.serve_environment(ws, &id).await });
+//! // after the upgrade of /v1/connect/ID:
+//! tokio::spawn(async move { hub.serve_client(ws, &id, peer_ip).await });
+//! // environments file changed and ID is gone:
+//! hub.remove_environment(&id);
+//! ```
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::WebSocketStream;
+
+use super::{now, run_io, seed, LinkCore, LinkSignals};
+use crate::config::{ConfigError, RelayConfig};
+use crate::reason::{CloseReason, Counters};
+use crate::router::{AddLinkError, LinkId, MemoryTable, Router, RouterEvent, RoutingTable};
+use crate::transmit::Transmit;
+
+struct HubInner<T: RoutingTable> {
+    router: Router<T>,
+    links: HashMap<LinkId, Arc<LinkSignals>>,
+}
+
+struct HubShared<T: RoutingTable> {
+    inner: Mutex<HubInner<T>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<T: RoutingTable> HubShared<T> {
+    /// Run `f` on the router, then wake the writers it names and close the links it closed.
+    fn with<R>(&self, f: impl FnOnce(&mut Router<T>) -> R) -> R {
+        let mut inner = lock(&self.inner);
+        let r = f(&mut inner.router);
+        while let Some(ev) = inner.router.poll_event() {
+            match ev {
+                RouterEvent::Wake { link } => {
+                    if let Some(s) = inner.links.get(&link) {
+                        s.writer.notify_one();
+                    }
+                }
+                RouterEvent::Close { link, reason } => {
+                    if let Some(s) = inner.links.get(&link) {
+                        s.close(reason);
+                    }
+                }
+            }
+        }
+        r
+    }
+}
+
+/// Figures of a relay at one instant, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelaySnapshot {
+    /// Live links (client and environment).
+    pub links: usize,
+    /// Environments with a link.
+    pub environments: usize,
+    /// Routed streams.
+    pub streams: usize,
+    /// Bytes queued on every link together.
+    pub queued_bytes: usize,
+    /// Resets, drops, closes and frames so far.
+    pub counters: Counters,
+}
+
+/// A relay: the routing core and the driver of each of its links. Cloning shares it.
+pub struct RelayHub<T: RoutingTable + 'static = MemoryTable> {
+    shared: Arc<HubShared<T>>,
+}
+
+impl<T: RoutingTable + 'static> Clone for RelayHub<T> {
+    fn clone(&self) -> Self {
+        RelayHub {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl RelayHub<MemoryTable> {
+    /// A relay with an in-memory routing table.
+    pub fn new(cfg: RelayConfig) -> Result<Self, ConfigError> {
+        RelayHub::with_table(cfg, MemoryTable::default())
+    }
+}
+
+impl<T: RoutingTable + 'static> RelayHub<T> {
+    /// A relay over `table`.
+    pub fn with_table(cfg: RelayConfig, table: T) -> Result<Self, ConfigError> {
+        Ok(RelayHub {
+            shared: Arc::new(HubShared {
+                inner: Mutex::new(HubInner {
+                    router: Router::with_table(cfg, table)?,
+                    links: HashMap::new(),
+                }),
+            }),
+        })
+    }
+
+    /// Serve an environment link whose handshake on stream id 0 succeeded, until it ends
+    /// (replacing the environment's previous link). Returns why it ended.
+    pub async fn serve_environment<S>(
+        &self,
+        ws: WebSocketStream<S>,
+        env: &str,
+    ) -> Result<CloseReason, AddLinkError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let seed = seed();
+        let id = self
+            .shared
+            .with(|r| r.add_environment_link(now(), env, seed))?;
+        Ok(self.serve(ws, id).await)
+    }
+
+    /// Serve a client link for environment `env` from `addr`, until it ends.
+    pub async fn serve_client<S>(
+        &self,
+        ws: WebSocketStream<S>,
+        env: &str,
+        addr: IpAddr,
+    ) -> Result<CloseReason, AddLinkError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let seed = seed();
+        let id = self
+            .shared
+            .with(|r| r.add_client_link(now(), env, addr, seed))?;
+        Ok(self.serve(ws, id).await)
+    }
+
+    async fn serve<S>(&self, ws: WebSocketStream<S>, id: LinkId) -> CloseReason
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let signals = Arc::new(LinkSignals::new());
+        let write_timeout = {
+            let mut inner = lock(&self.shared.inner);
+            inner.links.insert(id, signals.clone());
+            // Closed between registration and now (replaced at once): say so.
+            if !inner.router.is_live(id) {
+                signals.close(CloseReason::Replaced);
+            }
+            inner.router.config().keepalive.write_timeout
+        };
+        let link = Arc::new(HubLink {
+            hub: self.shared.clone(),
+            id,
+            signals,
+            write_timeout,
+        });
+        let reason = run_io(ws, link).await;
+        lock(&self.shared.inner).links.remove(&id);
+        reason
+    }
+
+    /// The environment is no longer listed: its link closes at once, its streams reset.
+    pub fn remove_environment(&self, env: &str) {
+        self.shared.with(|r| r.remove_environment(env));
+    }
+
+    /// Close every link (graceful shutdown): each link's tasks send a close frame (bounded by
+    /// `LINK_CLOSE_TIMEOUT`) and their `serve_*` calls return `CloseReason::Local`.
+    pub fn shutdown(&self) {
+        let inner = lock(&self.shared.inner);
+        for s in inner.links.values() {
+            s.close(CloseReason::Local);
+        }
+    }
+
+    /// Figures for metrics.
+    pub fn snapshot(&self) -> RelaySnapshot {
+        let inner = lock(&self.shared.inner);
+        let r = &inner.router;
+        RelaySnapshot {
+            links: r.link_count(),
+            environments: r.environment_count(),
+            streams: r.route_count(),
+            queued_bytes: r.queued_bytes(),
+            counters: r.counters().clone(),
+        }
+    }
+}
+
+/// One link of the hub, as the I/O loop sees it.
+struct HubLink<T: RoutingTable> {
+    hub: Arc<HubShared<T>>,
+    id: LinkId,
+    signals: Arc<LinkSignals>,
+    write_timeout: Duration,
+}
+
+impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
+    fn signals(this: &Arc<Self>) -> &LinkSignals {
+        &this.signals
+    }
+
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>) {
+        this.hub.with(|r| r.handle_frame(now, this.id, msg));
+    }
+
+    fn on_pong(this: &Arc<Self>, _now: Instant, payload: &[u8]) {
+        this.hub.with(|r| r.handle_pong(this.id, payload));
+    }
+
+    fn on_timer(this: &Arc<Self>, now: Instant) {
+        this.hub.with(|r| r.handle_timeout(now, this.id));
+    }
+
+    fn next_timer(this: &Arc<Self>) -> Option<Instant> {
+        lock(&this.hub.inner).router.poll_timeout(this.id)
+    }
+
+    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Vec<Transmit>, max_bytes: usize) {
+        this.hub.with(|r| {
+            let mut bytes = 0;
+            while bytes < max_bytes {
+                let Some(t) = r.poll_transmit(now, this.id) else {
+                    break;
+                };
+                bytes += match &t {
+                    Transmit::Frame(f) => f.wire_len(),
+                    Transmit::Ping(p) => p.len(),
+                };
+                out.push(t);
+            }
+        });
+    }
+
+    fn on_closed(this: &Arc<Self>, reason: CloseReason) {
+        this.hub.with(|r| r.link_closed(this.id, reason));
+        this.signals.close(reason);
+    }
+
+    fn write_timeout(this: &Arc<Self>) -> Duration {
+        this.write_timeout
+    }
+}

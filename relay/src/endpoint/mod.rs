@@ -1,0 +1,547 @@
+//! The endpoint role of a link (exec server and client), sans-IO: the stream table, flow
+//! control, budgets and keepalive of one physical link, driven quinn-proto style.
+//!
+//! - In: [`Endpoint::handle_frame`] (one binary WebSocket message), [`Endpoint::handle_pong`],
+//!   [`Endpoint::handle_timeout`], and the application's calls (`open`, `accept`, `send`,
+//!   `consumed`, `reset`, …).
+//! - Out: [`Endpoint::poll_transmit`] (frames and pings for the writer, control first),
+//!   [`Endpoint::poll_timeout`] (the next deadline), [`Endpoint::poll_event`] (what the
+//!   application must know).
+//!
+//! It owns no socket, no clock and no task, and never looks inside a payload: handshake
+//! messages and records are opaque bytes, so the same engine runs under the exec server,
+//! the client and (through [`crate::router`]) beside the relay, which holds no keys.
+//!
+//! # Stream states
+//!
+//! ```text
+//! client:  open() ──OPEN──▶ Opening ──ACCEPT──▶ Open ──finish()──▶ Finishing ──last DATA──▶ closed
+//! server:  OPEN ──▶ Pending (Event::OpenRequested) ──accept()──▶ Open ──…
+//! any state ──RESET in / reset() / a broken rule──▶ closed (id remembered in the closed set)
+//! ```
+//!
+//! # Invariants
+//!
+//! - A record is never sent past the peer's `ack + window`, and a record past ours resets
+//!   that stream alone (`window_exceeded`).
+//! - Every outgoing frame of a live stream carries its current `ack` and `window`; a bare
+//!   `ACK` goes out once half a window was consumed since the last report.
+//! - Control frames (`OPEN`, `ACCEPT`, `RESET`, then `ACK`s) leave before any `DATA`; `DATA` is
+//!   served round robin between streams.
+//! - Established streams never pay for another stream's misbehaviour: budgets close the whole
+//!   link or refuse new `OPEN`s, and never reset a stream that broke no rule.
+
+mod event;
+mod inbound;
+mod stream;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+pub use event::{Event, ResetCause, SendError, UseError};
+use stream::Stream;
+pub use stream::StreamState;
+
+use crate::bucket::TokenBucket;
+use crate::closed_set::ClosedSet;
+use crate::config::{ConfigError, EndpointConfig};
+use crate::frame::{Frame, FrameType, StreamId, HEADER_BYTES, LINK_STREAM, MAX_PAYLOAD_BYTES};
+use crate::keepalive::Keepalive;
+use crate::reason::{CloseReason, Counters, Reason};
+use crate::transmit::Transmit;
+
+/// Which end of the link this is: the client opens streams, the server accepts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Sends `OPEN`, receives `ACCEPT`.
+    Client,
+    /// Receives `OPEN`, sends `ACCEPT`.
+    Server,
+}
+
+/// One endpoint of a physical link.
+#[derive(Debug)]
+pub struct Endpoint {
+    side: Side,
+    cfg: EndpointConfig,
+    streams: HashMap<StreamId, Stream>,
+    closed_streams: ClosedSet,
+    /// `OPEN`, `ACCEPT`, `RESET`, oldest first.
+    control: VecDeque<Frame>,
+    /// Streams owing a bare `ACK`.
+    acks: VecDeque<StreamId>,
+    /// Streams with queued records, round robin.
+    ready: VecDeque<StreamId>,
+    /// Streams that were refused `send_ready` for want of send-queue room.
+    link_waiters: VecDeque<StreamId>,
+    queued_data_bytes: usize,
+    pending_opens: usize,
+    events: VecDeque<Event>,
+    handshake_failures: TokenBucket,
+    opens_refused_until: Option<Instant>,
+    malformed: TokenBucket,
+    unknown: TokenBucket,
+    keepalive: Keepalive,
+    counters: Counters,
+    closed: Option<CloseReason>,
+}
+
+impl Endpoint {
+    /// A new link at `now`. `seed` drives the keepalive jitter (any value; a random one in
+    /// production, a fixed one in tests).
+    pub fn new(
+        side: Side,
+        cfg: EndpointConfig,
+        now: Instant,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Endpoint {
+            side,
+            streams: HashMap::new(),
+            closed_streams: ClosedSet::new(cfg.closed_streams_remembered),
+            control: VecDeque::new(),
+            acks: VecDeque::new(),
+            ready: VecDeque::new(),
+            link_waiters: VecDeque::new(),
+            queued_data_bytes: 0,
+            pending_opens: 0,
+            events: VecDeque::new(),
+            handshake_failures: TokenBucket::new(cfg.handshake_failures, now),
+            opens_refused_until: None,
+            malformed: TokenBucket::new(cfg.malformed_frames, now),
+            unknown: TokenBucket::new(cfg.unknown_stream_frames, now),
+            keepalive: Keepalive::new(cfg.keepalive, now, seed),
+            counters: Counters::default(),
+            closed: None,
+            cfg,
+        })
+    }
+
+    /// This end's side.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// Settings.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// Why the link closed, once it has.
+    pub fn is_closed(&self) -> Option<CloseReason> {
+        self.closed
+    }
+
+    /// Counters of resets, drops and frames.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Streams held (any state).
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// A stream's state, if held.
+    pub fn stream_state(&self, stream: &StreamId) -> Option<StreamState> {
+        self.streams.get(stream).map(|s| s.state)
+    }
+
+    /// Records `stream` may send now (window credit only).
+    pub fn credit(&self, stream: &StreamId) -> u64 {
+        self.streams.get(stream).map_or(0, |s| s.send.credit())
+    }
+
+    /// `DATA` bytes queued for the writer.
+    pub fn queued_data_bytes(&self) -> usize {
+        self.queued_data_bytes
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ---- the application's calls ------------------------------------------------------
+
+    /// Client: open `stream` (16 random bytes, not 0) with handshake message 1 as payload.
+    pub fn open(&mut self, stream: StreamId, payload: Bytes) -> Result<(), UseError> {
+        self.usable()?;
+        if self.side != Side::Client {
+            return Err(UseError::WrongSide);
+        }
+        if stream == LINK_STREAM {
+            return Err(UseError::LinkStream);
+        }
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(UseError::TooLarge);
+        }
+        if self.streams.contains_key(&stream) {
+            return Err(UseError::Exists);
+        }
+        if self.streams.len() >= self.cfg.max_streams {
+            return Err(UseError::TooManyStreams);
+        }
+        self.closed_streams.remove(&stream);
+        self.streams
+            .insert(stream, Stream::new(StreamState::Opening, self.cfg.window));
+        let mut open = Frame::new(FrameType::Open, stream, 0, payload);
+        open.window = self.cfg.window;
+        self.push_control(open);
+        Ok(())
+    }
+
+    /// Server: accept a pending stream with handshake message 2 as payload.
+    pub fn accept(&mut self, stream: StreamId, payload: Bytes) -> Result<(), UseError> {
+        self.usable()?;
+        if self.side != Side::Server {
+            return Err(UseError::WrongSide);
+        }
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(UseError::TooLarge);
+        }
+        let s = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(UseError::UnknownStream)?;
+        if s.state != StreamState::Pending {
+            return Err(UseError::WrongState);
+        }
+        s.state = StreamState::Open;
+        self.pending_opens = self.pending_opens.saturating_sub(1);
+        let mut accept = Frame::new(FrameType::Accept, stream, 0, payload);
+        accept.window = self.cfg.window;
+        self.push_control(accept);
+        Ok(())
+    }
+
+    /// Server: refuse a pending stream (busy, limits): `RESET` with `reason`, not charged.
+    pub fn refuse(&mut self, stream: StreamId, reason: Reason) -> Result<(), UseError> {
+        self.pending_only(&stream)?;
+        self.remove_and_reset(stream, reason);
+        Ok(())
+    }
+
+    /// Server: the handshake of a pending stream failed (bad message 1, refused
+    /// authorization): `RESET` with `reason`, charged to the handshake-failure bucket (§8).
+    pub fn handshake_failed(
+        &mut self,
+        now: Instant,
+        stream: StreamId,
+        reason: Reason,
+    ) -> Result<(), UseError> {
+        self.pending_only(&stream)?;
+        self.remove_and_reset(stream, reason);
+        self.charge_handshake(now);
+        Ok(())
+    }
+
+    /// Whether `stream` may send now; if not, [`Event::Writable`] follows once it may.
+    /// Returns the `seq` the next record gets, so a caller can seal it with that nonce before
+    /// [`send`](Self::send). This is the admission check for the link's send queue.
+    pub fn send_ready(&mut self, stream: &StreamId) -> Result<u64, SendError> {
+        if self.closed.is_some() {
+            return Err(SendError::LinkClosed);
+        }
+        let over = self.queued_data_bytes >= self.cfg.send_queue_bytes;
+        let s = self.streams.get_mut(stream).ok_or(SendError::NotOpen)?;
+        if s.state != StreamState::Open {
+            return Err(SendError::NotOpen);
+        }
+        if s.send.credit() == 0 || over {
+            s.wants_writable = true;
+            if over && !s.in_link_waiters {
+                s.in_link_waiters = true;
+                self.link_waiters.push_back(*stream);
+            }
+            return Err(SendError::Blocked);
+        }
+        Ok(s.send.next_seq())
+    }
+
+    /// Queue one record on `stream`; returns its `seq`. Checks the window only, so a record
+    /// prepared after [`send_ready`](Self::send_ready) said yes is always taken (the send
+    /// queue may overshoot its limit by one record per stream).
+    pub fn send(&mut self, stream: &StreamId, payload: Bytes) -> Result<u64, SendError> {
+        if self.closed.is_some() {
+            return Err(SendError::LinkClosed);
+        }
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(SendError::TooLarge);
+        }
+        let s = self.streams.get_mut(stream).ok_or(SendError::NotOpen)?;
+        if s.state != StreamState::Open {
+            return Err(SendError::NotOpen);
+        }
+        let Some(seq) = s.send.take() else {
+            s.wants_writable = true;
+            return Err(SendError::Blocked);
+        };
+        self.queued_data_bytes += HEADER_BYTES + payload.len();
+        s.out.push_back((seq, payload));
+        if !s.in_ready {
+            s.in_ready = true;
+            self.ready.push_back(*stream);
+        }
+        Ok(seq)
+    }
+
+    /// The application has every record of `stream` up to `seq` (cumulative). A bare `ACK`
+    /// is queued once half a window was consumed since the last report.
+    pub fn consumed(&mut self, stream: &StreamId, seq: u64) -> Result<(), UseError> {
+        self.usable()?;
+        let s = self
+            .streams
+            .get_mut(stream)
+            .ok_or(UseError::UnknownStream)?;
+        let due = s.recv.consume(seq).ok_or(UseError::NotReceived)?;
+        if due && !s.in_acks {
+            s.in_acks = true;
+            self.acks.push_back(*stream);
+        }
+        Ok(())
+    }
+
+    /// Reset `stream` now: its queued records are dropped and `RESET` with `reason` goes out.
+    pub fn reset(&mut self, stream: StreamId, reason: Reason) -> Result<(), UseError> {
+        self.usable()?;
+        if !self.streams.contains_key(&stream) {
+            return Err(UseError::UnknownStream);
+        }
+        self.remove_and_reset(stream, reason);
+        Ok(())
+    }
+
+    /// Finish `stream`: its queued records go out, then `RESET` with `reason` (how the exec
+    /// server follows an authenticated close record). Inbound records are dropped from now on.
+    pub fn finish(&mut self, stream: StreamId, reason: Reason) -> Result<(), UseError> {
+        self.usable()?;
+        let s = self
+            .streams
+            .get_mut(&stream)
+            .ok_or(UseError::UnknownStream)?;
+        if s.out.is_empty() {
+            self.remove_and_reset(stream, reason);
+        } else {
+            s.state = StreamState::Finishing(reason);
+        }
+        Ok(())
+    }
+
+    /// End the link (the application's wish, or its driver saw the socket end).
+    pub fn close(&mut self, reason: CloseReason) {
+        self.close_link(reason);
+    }
+
+    // ---- timers and keepalive ----------------------------------------------------------
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed.is_some() {
+            return None;
+        }
+        self.keepalive.poll_timeout()
+    }
+
+    /// Advance timers to `now`: a ping may become due, or the link dead.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.keepalive.handle_timeout(now);
+        if self.keepalive.is_dead() {
+            self.close_link(CloseReason::KeepaliveTimeout);
+        }
+    }
+
+    /// A WebSocket pong arrived with `payload`.
+    pub fn handle_pong(&mut self, _now: Instant, payload: &[u8]) {
+        self.keepalive.on_pong(payload);
+    }
+
+    /// How long a write may take before the driver kills the link.
+    pub fn write_timeout(&self) -> std::time::Duration {
+        self.cfg.keepalive.write_timeout
+    }
+
+    // ---- the writer's side -------------------------------------------------------------
+
+    /// Whether [`poll_transmit`](Self::poll_transmit) has something (a cheap check for
+    /// drivers deciding whether to wake their writer).
+    pub fn has_transmit(&self) -> bool {
+        self.closed.is_none()
+            && (self.keepalive.wants_ping()
+                || !self.control.is_empty()
+                || !self.acks.is_empty()
+                || !self.ready.is_empty())
+    }
+
+    /// The next thing to write: a due ping, control frames, bare `ACK`s, then `DATA` round
+    /// robin between streams. Every frame of a live stream carries its current report.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if self.closed.is_some() {
+            return None;
+        }
+        if let Some(p) = self.keepalive.poll_ping(now) {
+            return Some(Transmit::Ping(p));
+        }
+        if let Some(f) = self.control.pop_front() {
+            return Some(self.sent(f));
+        }
+        while let Some(id) = self.acks.pop_front() {
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            s.in_acks = false;
+            if !s.recv.unreported() {
+                continue; // a DATA frame carried it already
+            }
+            let (ack, window) = s.recv.report();
+            let mut f = Frame::new(FrameType::Ack, id, 0, Bytes::new());
+            (f.ack, f.window) = (ack, window);
+            return Some(self.sent(f));
+        }
+        while let Some(id) = self.ready.pop_front() {
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            s.in_ready = false;
+            let Some((seq, payload)) = s.out.pop_front() else {
+                continue;
+            };
+            let mut f = Frame::new(FrameType::Data, id, seq, payload);
+            (f.ack, f.window) = s.recv.report();
+            if !s.out.is_empty() {
+                s.in_ready = true;
+                self.ready.push_back(id);
+            } else if let StreamState::Finishing(reason) = s.state {
+                self.remove_and_reset(id, reason);
+            }
+            self.queued_data_bytes -= f.wire_len();
+            self.counters.data_bytes_out += f.payload.len() as u64;
+            self.wake_link_waiters();
+            return Some(self.sent(f));
+        }
+        None
+    }
+
+    fn sent(&mut self, f: Frame) -> Transmit {
+        self.counters.frames_out[f.ftype as usize] += 1;
+        Transmit::Frame(f)
+    }
+
+    // ---- internals ---------------------------------------------------------------------
+
+    fn usable(&self) -> Result<(), UseError> {
+        match self.closed {
+            Some(_) => Err(UseError::LinkClosed),
+            None => Ok(()),
+        }
+    }
+
+    fn pending_only(&self, stream: &StreamId) -> Result<(), UseError> {
+        self.usable()?;
+        if self.side != Side::Server {
+            return Err(UseError::WrongSide);
+        }
+        match self.streams.get(stream) {
+            None => Err(UseError::UnknownStream),
+            Some(s) if s.state != StreamState::Pending => Err(UseError::WrongState),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn push_control(&mut self, f: Frame) {
+        if self.control.len() >= self.cfg.control_queue_frames {
+            self.close_link(CloseReason::ControlQueueFull);
+            return;
+        }
+        self.control.push_back(f);
+    }
+
+    /// Send `RESET` for a stream we hold nothing for (or no longer), counted.
+    fn send_reset(&mut self, stream: StreamId, reason: Reason) {
+        self.counters.reset(reason);
+        self.closed_streams.insert(stream);
+        self.push_control(Frame::reset(stream, reason.as_str()));
+    }
+
+    /// Drop a stream and everything it queued; `RESET` goes out. No event.
+    fn remove_and_reset(&mut self, stream: StreamId, reason: Reason) {
+        if let Some(s) = self.streams.remove(&stream) {
+            if s.state == StreamState::Pending {
+                self.pending_opens = self.pending_opens.saturating_sub(1);
+            }
+            self.queued_data_bytes -= s.queued_bytes();
+            self.wake_link_waiters();
+        }
+        self.send_reset(stream, reason);
+    }
+
+    /// The peer broke a rule on `stream`: reset it alone and tell the application.
+    fn local_reset(&mut self, stream: StreamId, reason: Reason) {
+        self.remove_and_reset(stream, reason);
+        self.events.push_back(Event::Reset {
+            stream,
+            cause: ResetCause::Local(reason),
+        });
+    }
+
+    /// Charge the handshake-failure bucket (§8); an empty bucket refuses new `OPEN`s for a
+    /// cool-down or closes the link, as configured.
+    fn charge_handshake(&mut self, now: Instant) {
+        self.handshake_failures.take(now);
+        if self.handshake_failures.remaining(now) > 0 {
+            return;
+        }
+        match self.cfg.on_handshake_budget_empty {
+            crate::config::HandshakeBudgetPolicy::RefuseOpens { cooldown } => {
+                self.opens_refused_until = Some(now + cooldown);
+            }
+            crate::config::HandshakeBudgetPolicy::CloseLink => {
+                self.close_link(CloseReason::HandshakeBudget);
+            }
+        }
+    }
+
+    /// Report `Writable` for `stream` if it wants it and now may send.
+    fn maybe_writable(&mut self, stream: &StreamId) {
+        let room = self.queued_data_bytes < self.cfg.send_queue_bytes;
+        if let Some(s) = self.streams.get_mut(stream) {
+            if s.wants_writable && s.state == StreamState::Open && s.send.credit() > 0 && room {
+                s.wants_writable = false;
+                self.events.push_back(Event::Writable { stream: *stream });
+            }
+        }
+    }
+
+    fn wake_link_waiters(&mut self) {
+        while self.queued_data_bytes < self.cfg.send_queue_bytes {
+            let Some(id) = self.link_waiters.pop_front() else {
+                break;
+            };
+            if let Some(s) = self.streams.get_mut(&id) {
+                s.in_link_waiters = false;
+            }
+            self.maybe_writable(&id);
+        }
+    }
+
+    fn close_link(&mut self, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason);
+        self.counters.closed(reason);
+        self.streams.clear();
+        self.control.clear();
+        self.acks.clear();
+        self.ready.clear();
+        self.link_waiters.clear();
+        self.queued_data_bytes = 0;
+        self.events.push_back(Event::Closed { reason });
+    }
+}

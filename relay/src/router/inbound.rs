@@ -1,0 +1,288 @@
+//! Frames in on one relay link: header checks, `OPEN` admission, `ACCEPT`, the window check
+//! of `DATA`, `ACK` and `RESET` forwarding. Every path ends in exactly one of: a frame queued
+//! for the other side, a refusal or reset (counted), a quiet drop (counted), a charge to a
+//! budget, or the link closing.
+
+use std::time::Instant;
+
+use super::{Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable};
+use crate::flow::{FlowError, RelayFlow};
+use crate::frame::{Frame, FrameType, StreamId};
+use crate::reason::{CloseReason, DropReason, Reason};
+
+impl<T: RoutingTable> Router<T> {
+    /// One binary WebSocket message arrived on `link` at `now`.
+    pub fn handle_frame(&mut self, now: Instant, link: LinkId, msg: Vec<u8>) {
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        let (kind, env) = (l.kind, l.env.clone());
+        let f = match Frame::decode_owned(msg) {
+            Ok(f) => f,
+            Err(_) => {
+                self.counters.frames_in[0] += 1;
+                self.malformed(now, link, None);
+                return;
+            }
+        };
+        self.counters.frames_in[f.ftype as usize] += 1;
+        if f.ftype == FrameType::Data {
+            self.counters.data_bytes_in += f.payload.len() as u64;
+        }
+        if f.check_rules().is_err() {
+            self.malformed(now, link, Some(f.stream));
+            return;
+        }
+        let key = RouteKey {
+            env,
+            stream: f.stream,
+        };
+        match (kind, f.ftype) {
+            (LinkKind::Client, FrameType::Open) => self.on_open(now, link, key, f),
+            (LinkKind::Environment, FrameType::Accept) => self.on_accept(now, link, key, f),
+            (_, FrameType::Data | FrameType::Ack | FrameType::Reset) => {
+                self.on_stream_frame(now, link, kind, key, f)
+            }
+            // OPEN from an environment, ACCEPT from a client.
+            _ => self.malformed(now, link, Some(f.stream)),
+        }
+    }
+
+    /// Whether `key` is routed and `link` is one of its two ends (as `kind`).
+    fn owns(&mut self, link: LinkId, kind: LinkKind, key: &RouteKey) -> bool {
+        self.table.get_mut(key).is_some_and(|r| match kind {
+            LinkKind::Client => r.client == link,
+            LinkKind::Environment => r.env_link == link,
+        })
+    }
+
+    /// Charged to the malformed budget (past it the link closes); the stream it names is
+    /// reset if this link is one of its ends.
+    fn malformed(&mut self, now: Instant, link: LinkId, stream: Option<StreamId>) {
+        self.counters.dropped(DropReason::Malformed);
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        let kind = l.kind;
+        if let Some(s) = stream {
+            let key = RouteKey {
+                env: l.env.clone(),
+                stream: s,
+            };
+            if self.owns(link, kind, &key) {
+                self.reset_route(&key, Reason::MalformedFrame);
+            }
+        }
+        if let Some(l) = self.links.get_mut(&link) {
+            if !l.malformed.take(now) {
+                self.close_link(link, CloseReason::MalformedBudget);
+            }
+        }
+    }
+
+    /// A frame for a stream this link is not an end of: free if the stream closed recently
+    /// on this link, else charged to the unknown-stream budget. Never answered (a relay
+    /// resets only streams it routes).
+    fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if l.closed_streams.contains(stream) {
+            self.counters.dropped(DropReason::ClosedStream);
+            return;
+        }
+        self.counters.dropped(DropReason::UnknownStream);
+        if !l.unknown.take(now) {
+            self.close_link(link, CloseReason::UnknownStreamBudget);
+        }
+    }
+
+    /// Refuse a client's `OPEN` with `reason`, touching nothing else.
+    fn refuse(&mut self, link: LinkId, stream: StreamId, reason: Reason) {
+        self.counters.dropped(DropReason::RefusedOpen);
+        self.counters.reset(reason);
+        if let Some(l) = self.links.get_mut(&link) {
+            l.closed_streams.insert(stream);
+        }
+        self.enqueue(link, Frame::reset(stream, reason.as_str()), Lane::Control);
+    }
+
+    fn on_open(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
+        let s = key.stream;
+        if let Some(r) = self.table.get_mut(&key) {
+            if r.client == link {
+                // The opener's own id again: its stream is broken, as on a direct link.
+                self.reset_route(&key, Reason::DuplicateOpen);
+            } else {
+                // Another client holds the id: refuse this one, never disturb the holder.
+                self.refuse(link, s, Reason::Busy);
+            }
+            return;
+        }
+        let max_client = self.cfg.max_streams_per_client_link;
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        l.closed_streams.remove(&s);
+        let rate_ok = l.opens.as_mut().is_none_or(|b| b.take(now));
+        if !rate_ok || l.streams.len() >= max_client {
+            self.refuse(link, s, Reason::Busy);
+            return;
+        }
+        let Some(env_link) = self.envs.get(&key.env).and_then(|e| e.link) else {
+            self.refuse(link, s, Reason::EnvironmentOffline);
+            return;
+        };
+        let env_full = self
+            .envs
+            .get(&key.env)
+            .is_some_and(|e| e.streams.len() >= self.cfg.max_streams_per_environment);
+        let queue_full = self.queued_bytes >= self.cfg.max_queued_bytes;
+        let reserve_full = self
+            .links
+            .get(&env_link)
+            .is_some_and(|e| e.out.control_bytes() + f.wire_len() > self.cfg.control_reserve_bytes);
+        if env_full || queue_full || reserve_full {
+            self.refuse(link, s, Reason::Busy);
+            return;
+        }
+        let mut to_client = RelayFlow::new();
+        to_client.on_report(0, f.window.min(self.cfg.max_window_records));
+        let route = Route {
+            client: link,
+            env_link,
+            accepted: false,
+            to_env: RelayFlow::new(),
+            to_client,
+        };
+        if self.table.insert(key.clone(), route).is_err() {
+            self.refuse(link, s, Reason::Busy);
+            return;
+        }
+        if let Some(l) = self.links.get_mut(&link) {
+            l.streams.insert(s);
+        }
+        if let Some(e) = self.envs.get_mut(&key.env) {
+            e.streams.insert(s);
+        }
+        if let Some(e) = self.links.get_mut(&env_link) {
+            e.closed_streams.remove(&s);
+        }
+        self.enqueue(env_link, f, Lane::Control);
+    }
+
+    fn on_accept(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
+        if !self.owns(link, LinkKind::Environment, &key) {
+            self.unknown(now, link, &key.stream);
+            return;
+        }
+        let Some(r) = self.table.get_mut(&key) else {
+            return;
+        };
+        if r.accepted {
+            self.reset_route(&key, Reason::MalformedFrame);
+            return;
+        }
+        r.accepted = true;
+        r.to_env
+            .on_report(0, f.window.min(self.cfg.max_window_records));
+        let client = r.client;
+        self.enqueue(client, f, Lane::Control);
+    }
+
+    fn on_stream_frame(
+        &mut self,
+        now: Instant,
+        link: LinkId,
+        kind: LinkKind,
+        key: RouteKey,
+        f: Frame,
+    ) {
+        if !self.owns(link, kind, &key) {
+            self.unknown(now, link, &key.stream);
+            return;
+        }
+        let from_client = kind == LinkKind::Client;
+        if f.ftype == FrameType::Reset {
+            let Some(route) = self.remove_route(&key) else {
+                return;
+            };
+            self.counters.peer_resets += 1;
+            if let Some(l) = self.links.get_mut(&link) {
+                l.closed_streams.insert(key.stream);
+            }
+            let dest = if from_client {
+                route.env_link
+            } else {
+                route.client
+            };
+            if let Some(l) = self.links.get_mut(&dest) {
+                l.closed_streams.insert(key.stream);
+            }
+            self.enqueue(dest, f, Lane::AfterData);
+            return;
+        }
+        let Some(r) = self.table.get_mut(&key) else {
+            return;
+        };
+        // The frame's report is about the other direction, whose receiver is its sender.
+        let window = f.window.min(self.cfg.max_window_records);
+        let (reverse, dest) = if from_client {
+            (&mut r.to_client, r.env_link)
+        } else {
+            (&mut r.to_env, r.client)
+        };
+        reverse.on_report(f.ack, window);
+        if f.ftype == FrameType::Ack {
+            self.enqueue(dest, f, Lane::Ack);
+            return;
+        }
+        if !from_client && !r.accepted {
+            // The environment sends nothing before its ACCEPT, and the link is ordered.
+            self.reset_route(&key, Reason::MalformedFrame);
+            return;
+        }
+        let flow = if from_client {
+            &mut r.to_env
+        } else {
+            &mut r.to_client
+        };
+        match flow.on_data(f.seq) {
+            Ok(()) => self.enqueue(dest, f, Lane::Data),
+            Err(FlowError::WindowExceeded { .. }) => self.reset_route(&key, Reason::WindowExceeded),
+            Err(_) => self.reset_route(&key, Reason::MalformedFrame),
+        }
+    }
+
+    /// Remove a route and its bookkeeping on both links; their queues keep its frames.
+    fn remove_route(&mut self, key: &RouteKey) -> Option<Route> {
+        let route = self.table.remove(key)?;
+        if let Some(l) = self.links.get_mut(&route.client) {
+            l.streams.remove(&key.stream);
+        }
+        if let Some(e) = self.envs.get_mut(&key.env) {
+            e.streams.remove(&key.stream);
+        }
+        Some(route)
+    }
+
+    /// The relay resets a routed stream on both of its links (its queued frames dropped),
+    /// counted once by `reason`. Nothing else is touched.
+    fn reset_route(&mut self, key: &RouteKey, reason: Reason) {
+        let Some(route) = self.remove_route(key) else {
+            return;
+        };
+        self.counters.reset(reason);
+        for link in [route.client, route.env_link] {
+            if let Some(l) = self.links.get_mut(&link) {
+                self.queued_bytes -= l.out.drop_stream(&key.stream);
+                l.closed_streams.insert(key.stream);
+            }
+            self.enqueue(
+                link,
+                Frame::reset(key.stream, reason.as_str()),
+                Lane::Control,
+            );
+        }
+    }
+}

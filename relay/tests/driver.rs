@@ -1,0 +1,388 @@
+//! The tokio driver over in-memory WebSockets (`tokio::io::duplex` +
+//! `WebSocketStream::from_raw_socket`) with paused time: stalls stay per stream, keepalive and
+//! write deadlines kill links, and a relay hub routes between real endpoint links.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{cfg, relay_cfg, sid, ADDR};
+use execrelay_relay::config::EndpointConfig;
+use execrelay_relay::driver::{
+    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, RelayHub, StreamError,
+    StreamHandle,
+};
+use execrelay_relay::frame::{Frame, FrameType, MAX_PAYLOAD_BYTES};
+use execrelay_relay::reason::CloseReason;
+use tokio::io::DuplexStream;
+use tokio::time::{timeout, Instant};
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
+
+/// Hang guard on every wait (paused time: it only fires if the test would hang).
+const GUARD: Duration = Duration::from_secs(600);
+
+type Ws = WebSocketStream<DuplexStream>;
+
+/// A connected pair: (client role, server role).
+async fn ws_pair() -> (Ws, Ws) {
+    let (a, b) = tokio::io::duplex(64 << 10);
+    let c = Some(link_websocket_config());
+    (
+        WebSocketStream::from_raw_socket(a, Role::Client, c).await,
+        WebSocketStream::from_raw_socket(b, Role::Server, c).await,
+    )
+}
+
+fn record(stream: u8, n: u64) -> Bytes {
+    Bytes::from(format!("stream {stream} record {n} ").repeat(50))
+}
+
+/// Accept `n` streams on `incoming`, in order.
+fn acceptor(
+    mut incoming: Incoming,
+    n: usize,
+) -> tokio::task::JoinHandle<(Vec<StreamHandle>, Incoming)> {
+    tokio::spawn(async move {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let req = incoming.next().await.expect("an OPEN");
+            assert_eq!(&req.payload()[..], b"msg1");
+            v.push(req.accept(Bytes::from_static(b"msg2")).expect("accepted"));
+        }
+        (v, incoming)
+    })
+}
+
+/// Send `count` records on a stream, publishing how many were taken.
+fn sender(
+    mut s: execrelay_relay::driver::StreamSender,
+    id: u8,
+    count: u64,
+    sent: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for n in 1..=count {
+            let seq = s.send(record(id, n)).await.expect("send");
+            assert_eq!(seq, n);
+            sent.store(n, Ordering::SeqCst);
+        }
+        // Keep the stream open until the test ends.
+        std::future::pending::<()>().await;
+    })
+}
+
+async fn expect_records(
+    rx: &mut execrelay_relay::driver::StreamReceiver,
+    id: u8,
+    range: std::ops::RangeInclusive<u64>,
+) {
+    for n in range {
+        let (seq, p) = timeout(GUARD, rx.recv())
+            .await
+            .expect("hang")
+            .expect("record");
+        assert_eq!(seq, n, "stream {id}: in order, nothing lost or repeated");
+        assert_eq!(p, record(id, n), "stream {id}: exact bytes");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_stalled_stream_does_not_stall_another() {
+    let (cws, sws) = ws_pair().await;
+    let (_server, incoming) = EndpointLink::spawn_server(sws, cfg()).unwrap();
+    let client = EndpointLink::spawn_client(cws, cfg()).unwrap();
+    let acc = acceptor(incoming, 2);
+    let a = client
+        .open(sid(1), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let b = client
+        .open(sid(2), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(&a.payload[..], b"msg2");
+    let (mut streams, _incoming) = acc.await.unwrap();
+    let (_, b_tx) = streams.pop().unwrap().split();
+    let (_, a_tx) = streams.pop().unwrap().split();
+
+    let (sent_a, sent_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let _ta = sender(a_tx, 1, 64, sent_a.clone());
+    let _tb = sender(b_tx, 2, 300, sent_b.clone());
+    // The client reads B to the end while nobody reads A.
+    let (mut b_rx, _b_tx) = b.stream.split();
+    expect_records(&mut b_rx, 2, 1..=300).await;
+    assert_eq!(sent_b.load(Ordering::SeqCst), 300);
+    assert_eq!(
+        sent_a.load(Ordering::SeqCst),
+        16,
+        "A is held at exactly its window"
+    );
+    // A reads now: every record arrives, and its sender is released.
+    let (mut a_rx, _a_tx) = a.stream.split();
+    expect_records(&mut a_rx, 1, 1..=64).await;
+    assert_eq!(sent_a.load(Ordering::SeqCst), 64);
+    assert_eq!(client.close_reason(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_sends_but_never_answers_pings_is_dead_at_the_pong_timeout() {
+    let (mut raw, sws) = ws_pair().await;
+    let scfg = EndpointConfig {
+        window: 64,
+        ..cfg()
+    };
+    let (server, mut incoming) = EndpointLink::spawn_server(sws, scfg).unwrap();
+    let t0 = Instant::now();
+    // A hand-driven client: OPEN, read the ACCEPT, then only write, never read again (so its
+    // WebSocket layer never sees, let alone answers, a ping).
+    let mut open = Frame::new(FrameType::Open, sid(1), 0, Bytes::from_static(b"msg1"));
+    open.window = 16;
+    send_frame(&mut raw, &open, GUARD).await.unwrap();
+    let req = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    let mut stream = req.accept(Bytes::from_static(b"msg2")).unwrap();
+    let accept = recv_frame(&mut raw, GUARD).await.unwrap();
+    assert_eq!(accept.ftype, FrameType::Accept);
+    let received = Arc::new(AtomicU64::new(0));
+    let r = received.clone();
+    tokio::spawn(async move {
+        while let Ok((seq, _)) = stream.receiver.recv().await {
+            r.store(seq, Ordering::SeqCst);
+        }
+    });
+    let writer = tokio::spawn(async move {
+        for seq in 1..=60u64 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let f = Frame::new(FrameType::Data, sid(1), seq, Bytes::from_static(b"tick"));
+            if send_frame(&mut raw, &f, GUARD).await.is_err() {
+                break;
+            }
+        }
+        raw
+    });
+    let reason = timeout(GUARD, server.closed()).await.unwrap();
+    let elapsed = t0.elapsed();
+    assert_eq!(reason, CloseReason::KeepaliveTimeout);
+    // First ping at 15 s, unanswered: dead at 45 s.
+    assert!(
+        elapsed >= Duration::from_secs(45) && elapsed < Duration::from_secs(46),
+        "{elapsed:?}"
+    );
+    assert!(
+        received.load(Ordering::SeqCst) >= 44,
+        "data flowed until the end"
+    );
+    drop(writer);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_link_whose_peer_answers_pings_lives_on() {
+    let (cws, sws) = ws_pair().await;
+    let (server, incoming) = EndpointLink::spawn_server(sws, cfg()).unwrap();
+    let client = EndpointLink::spawn_client(cws, cfg()).unwrap();
+    let acc = acceptor(incoming, 1);
+    let a = client
+        .open(sid(1), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut s, _incoming) = acc.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4 * 15 + 5)).await;
+    assert_eq!((client.close_reason(), server.close_reason()), (None, None));
+    let (mut rx, _tx) = a.stream.split();
+    s[0].sender.send(record(1, 1)).await.unwrap();
+    expect_records(&mut rx, 1, 1..=1).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_blocked_past_the_deadline_kills_the_link() {
+    let (mut raw, sws) = ws_pair().await;
+    let (server, mut incoming) = EndpointLink::spawn_server(sws, cfg()).unwrap();
+    let t0 = Instant::now();
+    let mut open = Frame::new(FrameType::Open, sid(1), 0, Bytes::from_static(b"msg1"));
+    open.window = 16;
+    send_frame(&mut raw, &open, GUARD).await.unwrap();
+    let req = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    let stream = req.accept(Bytes::from_static(b"msg2")).unwrap();
+    assert_eq!(
+        recv_frame(&mut raw, GUARD).await.unwrap().ftype,
+        FrameType::Accept
+    );
+    // The peer stops reading; a window of full records (1 MiB) cannot fit the pipe.
+    let (_rx, mut tx) = stream.split();
+    let big = Bytes::from(vec![5u8; MAX_PAYLOAD_BYTES]);
+    for _ in 0..16 {
+        tx.send(big.clone()).await.unwrap();
+    }
+    let reason = timeout(GUARD, server.closed()).await.unwrap();
+    let elapsed = t0.elapsed();
+    assert_eq!(reason, CloseReason::WriteTimeout);
+    assert!(
+        elapsed >= Duration::from_secs(30) && elapsed < Duration::from_secs(31),
+        "{elapsed:?}"
+    );
+    assert!(matches!(
+        tx.send(big).await,
+        Err(StreamError::LinkClosed(CloseReason::WriteTimeout))
+    ));
+    drop(raw);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_both_halves_finishes_the_stream_after_its_records() {
+    let (cws, sws) = ws_pair().await;
+    let (_server, incoming) = EndpointLink::spawn_server(sws, cfg()).unwrap();
+    let client = EndpointLink::spawn_client(cws, cfg()).unwrap();
+    let acc = acceptor(incoming, 1);
+    let mut a = client
+        .open(sid(1), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut s, _incoming) = acc.await.unwrap();
+    a.stream.sender.send(record(1, 1)).await.unwrap();
+    drop(a);
+    let rx = &mut s[0].receiver;
+    expect_records(rx, 1, 1..=1).await;
+    let end = timeout(GUARD, rx.recv()).await.unwrap();
+    assert_eq!(end, Err(StreamError::PeerReset("closed".into())));
+    assert_eq!(client.stream_count(), 0);
+}
+
+/// A relay hub with one environment link and one client link, over in-memory WebSockets.
+async fn relay_net() -> (RelayHub, EndpointLink, Incoming, EndpointLink) {
+    let hub = RelayHub::new(relay_cfg()).unwrap();
+    let (env_ws, relay_env_ws) = ws_pair().await;
+    let (client_ws, relay_client_ws) = ws_pair().await;
+    let h = hub.clone();
+    tokio::spawn(async move { h.serve_environment(relay_env_ws, "env1").await });
+    let (env, incoming) = EndpointLink::spawn_server(env_ws, cfg()).unwrap();
+    for _ in 0..100 {
+        if hub.snapshot().environments == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(hub.snapshot().environments, 1);
+    let h = hub.clone();
+    tokio::spawn(async move { h.serve_client(relay_client_ws, "env1", ADDR).await });
+    let client = EndpointLink::spawn_client(client_ws, cfg()).unwrap();
+    (hub, env, incoming, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn through_a_relay_hub_a_stalled_stream_holds_back_only_its_sender() {
+    let (hub, _env, incoming, client) = relay_net().await;
+    let acc = acceptor(incoming, 2);
+    let a = client
+        .open(sid(1), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let b = client
+        .open(sid(2), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut streams, _incoming) = acc.await.unwrap();
+    let (mut b_env_rx, b_tx) = streams.pop().unwrap().split();
+    let (_, a_tx) = streams.pop().unwrap().split();
+    let (sent_a, sent_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let _ta = sender(a_tx, 1, 40, sent_a.clone());
+    let _tb = sender(b_tx, 2, 200, sent_b.clone());
+    let (mut b_rx, mut b_up) = b.stream.split();
+    expect_records(&mut b_rx, 2, 1..=200).await;
+    assert_eq!(
+        sent_a.load(Ordering::SeqCst),
+        16,
+        "A is held at its window, end to end"
+    );
+    assert!(hub.snapshot().queued_bytes <= 16 * (44 + record(1, 1).len()));
+    // Upstream through the relay too.
+    b_up.send(Bytes::from_static(b"stdin")).await.unwrap();
+    let (seq, p) = timeout(GUARD, b_env_rx.recv()).await.unwrap().unwrap();
+    assert_eq!((seq, &p[..]), (1, &b"stdin"[..]));
+    let (mut a_rx, _a_up) = a.stream.split();
+    expect_records(&mut a_rx, 1, 1..=40).await;
+    let snap = hub.snapshot();
+    assert_eq!((snap.links, snap.streams), (2, 2));
+    assert_eq!(
+        snap.counters
+            .resets(execrelay_relay::reason::Reason::WindowExceeded),
+        0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn through_a_relay_hub_an_environment_link_death_resets_client_streams() {
+    let (hub, env, incoming, client) = relay_net().await;
+    let acc = acceptor(incoming, 1);
+    let a = client
+        .open(sid(1), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let _streams = acc.await.unwrap();
+    env.close();
+    let (mut rx, _tx) = a.stream.split();
+    let end = timeout(GUARD, rx.recv()).await.unwrap();
+    assert_eq!(end, Err(StreamError::PeerReset("environment_gone".into())));
+    let refused = client
+        .open(sid(2), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await;
+    assert_eq!(
+        refused.err(),
+        Some(StreamError::PeerReset("environment_offline".into()))
+    );
+    assert_eq!(hub.snapshot().environments, 0);
+    assert_eq!(
+        client.close_reason(),
+        None,
+        "the client link itself lives on"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_hub_shutdown_closes_every_link() {
+    let hub = RelayHub::new(relay_cfg()).unwrap();
+    let (env_ws, relay_env_ws) = ws_pair().await;
+    let (client_ws, relay_client_ws) = ws_pair().await;
+    let h = hub.clone();
+    let env_task = tokio::spawn(async move { h.serve_environment(relay_env_ws, "env1").await });
+    let h = hub.clone();
+    let client_task =
+        tokio::spawn(async move { h.serve_client(relay_client_ws, "env1", ADDR).await });
+    let (env, _incoming) = EndpointLink::spawn_server(env_ws, cfg()).unwrap();
+    let client = EndpointLink::spawn_client(client_ws, cfg()).unwrap();
+    for _ in 0..100 {
+        if hub.snapshot().links == 2 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(hub.snapshot().links, 2);
+    hub.shutdown();
+    let served = timeout(GUARD, async { (env_task.await, client_task.await) })
+        .await
+        .unwrap();
+    assert!(matches!(
+        served,
+        (Ok(Ok(CloseReason::Local)), Ok(Ok(CloseReason::Local)))
+    ));
+    // The endpoints see their socket end.
+    assert_eq!(
+        timeout(GUARD, env.closed()).await.unwrap(),
+        CloseReason::Transport
+    );
+    assert_eq!(
+        timeout(GUARD, client.closed()).await.unwrap(),
+        CloseReason::Transport
+    );
+    assert_eq!(hub.snapshot().links, 0);
+}
