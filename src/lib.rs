@@ -7,10 +7,11 @@
 //!
 //! - [`rpc`]: the JSON-RPC envelope, error codes (mapped in one place) and typed messages.
 //! - [`transport`]: framing over stdio and WebSocket.
-//! - [`connection_processor`]: one connection's state machine and request ordering
-//!   ([`request_scheduler`]), its writer ([`delivery`]) and method [`handlers`].
-//! - [`session_registry`]: sessions shared by all connections of a server.
+//! - [`connection`]: one connection's state machine and request ordering, its writer and
+//!   method handlers.
+//! - [`session`]: sessions shared by all connections of a server.
 //! - [`process`]: spawning, output pumps, drain deadlines and the event log.
+//! - [`noise`]: Noise crypto; [`link`]: the Noise link drivers.
 //! - [`server`]: listeners and shutdown; [`client`]: the Rust client; [`cli`]: the binary.
 #![warn(missing_docs)]
 // No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
@@ -20,14 +21,14 @@
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod connection_processor;
-pub mod delivery;
-pub mod handlers;
+pub mod connection;
+pub mod link;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod noise;
 pub mod process;
-pub mod request_scheduler;
 pub mod rpc;
 pub mod server;
-pub mod session_registry;
+pub mod session;
+pub(crate) mod sync;
 pub mod transport;

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
-use crate::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
-use crate::session_registry::SessionRegistry;
+use crate::connection::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
+use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::serve_websocket;
 

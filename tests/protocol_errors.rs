@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::ConnectionEnd;
+use execrelay::session::SessionRegistry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_json_is_a_parse_error_with_null_id_and_the_connection_stays_open() {

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::ConnectionEnd;
+use execrelay::session::SessionRegistry;
 
 /// A request of exactly `total` bytes (without the line terminator): `method` with params
 /// `{"pad": "aaaa…"}`.

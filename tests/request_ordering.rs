@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::ConnectionEnd;
+use execrelay::session::SessionRegistry;
 
 /// The bytes of a base64 `chunk` member.
 fn decode(chunk: &Value) -> Vec<u8> {

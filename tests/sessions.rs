@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::delivery::ReadySet;
-use execrelay::session_registry::{ConnHandle, SessionRegistry};
+use execrelay::connection::ConnectionEnd;
+use execrelay::process::ReadySet;
+use execrelay::session::{ConnHandle, SessionRegistry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

@@ -105,10 +105,10 @@ async fn a_request_stuck_after_end_of_input_is_abandoned_at_the_drain_timeout() 
 
     use base64::Engine;
     use execrelay::config::ServerConfig;
-    use execrelay::connection_processor::{
+    use execrelay::connection::{
         ConnectionEnd, ConnectionOptions, ConnectionProcessor, HALF_CLOSE_DRAIN_TIMEOUT,
     };
-    use execrelay::session_registry::SessionRegistry;
+    use execrelay::session::SessionRegistry;
     use execrelay::transport::stdio::line_transport;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio_util::sync::CancellationToken;

@@ -99,7 +99,7 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
             };
             Ok(Target::Noise {
                 url: t.clone(),
-                config: std::sync::Arc::new(crate::noise::link_client::NoiseClientConfig {
+                config: std::sync::Arc::new(crate::link::client::NoiseClientConfig {
                     keys,
                     server_public,
                     token,

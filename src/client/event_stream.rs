@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, Notify};
 use super::rpc_connection::{Notification, RpcConnection};
 use super::{Client, ClientError, Shared};
 use crate::process::event_log::StreamName;
-use crate::process::managed_process::lock;
 use crate::rpc::messages::ExitInfo;
+use crate::sync::lock;
 
 /// Output bytes consumed by the application before an ack is sent.
 pub const ACK_EVERY_BYTES: u64 = 256 * 1024;

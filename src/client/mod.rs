@@ -36,8 +36,8 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::MAX_MESSAGE_BYTES;
-use crate::process::managed_process::lock;
 use crate::rpc::messages::{InitializeResult, StartParams, StartResult};
+use crate::sync::lock;
 use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
 use event_stream::ProcSlot;
@@ -123,7 +123,7 @@ pub enum Target {
         /// `noise+ws://HOST:PORT`.
         url: String,
         /// Keys and pinned server key.
-        config: Arc<crate::noise::link_client::NoiseClientConfig>,
+        config: Arc<crate::link::client::NoiseClientConfig>,
     },
 }
 
@@ -258,7 +258,7 @@ async fn open_transport(target: &Target, max: usize) -> Result<Transport, Client
             .await
             .map_err(|e| ClientError::Connect(e.to_string())),
         Target::Noise { url, config } => {
-            use crate::noise::link_client::{ClientLink, NoiseError};
+            use crate::link::client::{ClientLink, NoiseError};
             let link = ClientLink::shared(url, config)
                 .await
                 .map_err(|e| ClientError::Connect(e.to_string()))?;

@@ -22,8 +22,8 @@ use base64::Engine;
 use serde_json::json;
 
 use super::{Client, ClientError, ProcessEvent};
-use crate::process::managed_process::lock;
 use crate::rpc::messages::TermSize;
+use crate::sync::lock;
 
 /// A started process.
 pub struct ProcessHandle {

@@ -17,8 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientError;
-use crate::process::managed_process::lock;
 use crate::rpc::jsonrpc::{encode_notification, encode_request, parse_inbound, Inbound};
+use crate::sync::lock;
 use crate::transport::Transport;
 
 /// Outbound messages queued for the writer task. Bounded so a dead peer cannot make the

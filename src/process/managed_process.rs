@@ -10,6 +10,8 @@ use std::collections::{HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::sync::lock;
 use std::time::Duration;
 
 use base64::Engine;
@@ -22,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::event_log::{Event, EventBody, EventLog, LogLimits};
 use super::output_drain::OutputDrain;
+use super::ready_set::ReadySet;
 use super::signals;
 use super::spawn::{InputWriter, PtyControl};
 use crate::config::RETAINED_WRITE_IDS;
-use crate::delivery::ReadySet;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
 use crate::rpc::RpcError;
@@ -149,12 +151,6 @@ pub struct ManagedProcess {
     delivery: Mutex<Option<Arc<ReadySet>>>,
     /// The server's counters (bytes in and out, blocked delivery time).
     pub(crate) metrics: Arc<Metrics>,
-}
-
-/// Lock a std mutex, recovering from poisoning: the data behind our locks stays consistent
-/// across a panic in another holder because every critical section is a few field updates.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ManagedProcess {

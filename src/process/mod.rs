@@ -8,7 +8,9 @@ pub mod event_log;
 pub mod managed_process;
 pub mod output_drain;
 pub mod output_pump;
+pub mod ready_set;
 pub mod signals;
 pub mod spawn;
 
 pub use managed_process::{ManagedProcess, ProcessOptions, WriteStatus};
+pub use ready_set::ReadySet;

@@ -152,9 +152,9 @@ impl RpcError {
     }
 }
 
-impl From<crate::session_registry::SessionError> for RpcError {
-    fn from(e: crate::session_registry::SessionError) -> Self {
-        use crate::session_registry::SessionError as E;
+impl From<crate::session::SessionError> for RpcError {
+    fn from(e: crate::session::SessionError) -> Self {
+        use crate::session::SessionError as E;
         match e {
             E::UnknownSession => RpcError::unknown_session(),
             E::TooManySessions(n) => RpcError::limit_reached("maxSessions", n as u64),

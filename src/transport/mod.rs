@@ -1,4 +1,4 @@
-//! Transports: how JSON-RPC messages reach a [`ConnectionProcessor`](crate::connection_processor).
+//! Transports: how JSON-RPC messages reach a [`ConnectionProcessor`](crate::connection::processor).
 //!
 //! A transport turns a byte pipe (stdio, a WebSocket, later a Noise virtual stream) into a
 //! [`Transport`]: a stream of whole inbound messages and a sink of outbound messages. It owns

@@ -28,8 +28,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
+use execrelay::session::SessionRegistry;
 use execrelay::transport::stdio::line_transport;
 
 /// Hang guard for waits that should complete (not a synchronisation device: tests wait on

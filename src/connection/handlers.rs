@@ -19,7 +19,7 @@ use crate::rpc::messages::{
     TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
 };
 use crate::rpc::RpcError;
-use crate::session_registry::{Session, SessionRegistry};
+use crate::session::{Session, SessionRegistry};
 
 /// What a request handler needs.
 pub struct Ctx {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::process::managed_process::lock;
+use crate::sync::lock;
 
 /// How a request is ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

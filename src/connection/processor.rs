@@ -16,16 +16,17 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::delivery::{run_writer, ControlMessage, ReadySet};
-use crate::handlers::{self, Ctx, Reply};
+use super::delivery::{run_writer, ControlMessage};
+use super::handlers::{self, Ctx, Reply};
+use super::scheduler::{Class, Scheduler};
 use crate::metrics::GaugeGuard;
-use crate::request_scheduler::{Class, Scheduler};
+use crate::process::ReadySet;
 use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
 use crate::rpc::messages::{
     AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION,
 };
 use crate::rpc::RpcError;
-use crate::session_registry::{ConnHandle, Session, SessionRegistry};
+use crate::session::{ConnHandle, Session, SessionRegistry};
 use crate::transport::{FramingError, Transport};
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
@@ -336,7 +337,7 @@ impl ConnectionProcessor {
         method: String,
         params: Value,
         session: Arc<Session>,
-        slot: Option<crate::request_scheduler::Slot>,
+        slot: Option<super::scheduler::Slot>,
         permit: OwnedSemaphorePermit,
     ) {
         let ctx = Ctx {

@@ -18,14 +18,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS};
-use crate::delivery::ReadySet;
 use crate::metrics::Metrics;
 use crate::process::event_log::LogLimits;
-use crate::process::managed_process::lock;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
+use crate::process::ReadySet;
 use crate::process::{ManagedProcess, ProcessOptions};
 use crate::rpc::messages::StartParams;
+use crate::sync::lock;
 
 /// Failures of session and process bookkeeping; mapped to JSON-RPC codes in `rpc::error`.
 #[derive(Debug, thiserror::Error)]
