@@ -5,11 +5,14 @@
 //!
 //! - [`Metrics`]: counters updated where things happen (bytes read from children, bytes written
 //!   to their stdin, time a pump spent blocked on a slow client, handshake failures by reason,
-//!   JSON-RPC errors by code, connections, Noise links and streams). One per
-//!   [`SessionRegistry`], so servers in one process (tests) never mix their figures.
+//!   JSON-RPC errors by code, connections, Noise links and streams). One per server, built by
+//!   the caller and passed in (`SessionRegistry::new(config, metrics)`), so servers in one
+//!   process (tests) never mix their figures.
 //! - Gauges that are *read* rather than counted (sessions attached and detached, processes
-//!   running and exited, output bytes retained for clients): taken from the registry at scrape
-//!   time, so they can never drift from the truth.
+//!   running and exited, output bytes retained for clients): set from a [`StateSnapshot`] the
+//!   caller takes from the registry at scrape time, so they can never drift from the truth.
+//!
+//! A leaf (layer 1): it imports nothing of the crate, never builds or reads a registry itself.
 //!
 //! # What it must never do
 //!
@@ -18,7 +21,7 @@
 //!   an operator's dashboards.
 //! - Block or slow the data path: counter updates there are relaxed atomic adds (labelled
 //!   families take a read lock, only on error and handshake paths); the registry's locks are
-//!   taken only at scrape time.
+//!   taken only at scrape time, by the caller that builds the snapshot.
 
 use std::sync::atomic::AtomicU64;
 
@@ -27,8 +30,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-
-use crate::session::SessionRegistry;
 
 /// A label with one value from a fixed set (a state, a reason, a code).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +50,21 @@ pub struct ReasonLabel {
 pub struct CodeLabel {
     /// The code (`-32600`, …).
     pub code: i64,
+}
+
+/// What the registry holds at one moment: the read gauges, given to [`Metrics::render`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateSnapshot {
+    /// Sessions held by a connection.
+    pub sessions_attached: usize,
+    /// Sessions waiting for a resume.
+    pub sessions_detached: usize,
+    /// Processes whose exit notice is not yet in their log.
+    pub processes_running: usize,
+    /// Processes that exited and are retained for their client.
+    pub processes_exited: usize,
+    /// Output held for clients, with per-event overhead, summed over processes.
+    pub retained_output_bytes: usize,
 }
 
 /// Every metric of one server.
@@ -175,9 +191,9 @@ impl Metrics {
             .inc();
     }
 
-    /// The OpenMetrics text of everything, with the read gauges taken from `registry` now.
-    pub fn render(&self, registry: &SessionRegistry) -> String {
-        let s = registry.stats();
+    /// The OpenMetrics text of everything, with the read gauges set from `s` (taken by the
+    /// caller just before).
+    pub fn render(&self, s: &StateSnapshot) -> String {
         let set = |f: &Family<StateLabel, Gauge>, state, v: usize| {
             f.get_or_create(&StateLabel { state }).set(v as i64);
         };

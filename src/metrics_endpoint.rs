@@ -93,7 +93,7 @@ async fn scrape(mut stream: TcpStream, registry: &SessionRegistry) {
     match reply {
         Some(r) => http_gate::reply_and_close(stream, r).await,
         None => {
-            let body = registry.metrics().render(registry);
+            let body = registry.metrics().render(&registry.stats());
             let response = http_gate::response(
                 "200 OK",
                 &format!("Content-Type: {CONTENT_TYPE}\r\n"),
@@ -122,7 +122,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_scraper_frees_its_slot_at_the_timeout() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let registry = SessionRegistry::new(Arc::new(crate::config::ServerConfig::default()));
+        let registry = SessionRegistry::new(
+            Arc::new(crate::config::ServerConfig::default()),
+            Arc::new(crate::metrics::Metrics::new()),
+        );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();

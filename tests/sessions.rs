@@ -11,6 +11,7 @@ use std::time::Duration;
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
 use execrelay::config::ServerConfig;
 use execrelay::connection::ConnectionEnd;
+use execrelay::metrics::Metrics;
 use execrelay::process::ReadySet;
 use execrelay::session::{ConnHandle, SessionRegistry};
 use serde_json::json;
@@ -18,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 /// A registry with `cfg`, shared by the connections of a test.
 fn shared(cfg: ServerConfig) -> Arc<SessionRegistry> {
-    SessionRegistry::new(Arc::new(cfg))
+    SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()))
 }
 
 /// A registry whose detached sessions expire after `ms`.

@@ -229,7 +229,7 @@ pub fn main(args: ServeArgs) -> i32 {
     let code = rt.block_on(async move {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
-        let registry = SessionRegistry::new(config);
+        let registry = SessionRegistry::new(config, Arc::new(crate::metrics::Metrics::new()));
         if let Some(addr) = metrics_addr {
             let listener = match crate::metrics_endpoint::bind(addr).await {
                 Ok(l) => l,

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StateSnapshot};
 use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
@@ -102,21 +102,6 @@ pub struct SessionRegistry {
     metrics: Arc<Metrics>,
 }
 
-/// What the registry holds right now (read by the metrics endpoint at scrape time).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RegistryStats {
-    /// Sessions held by a connection.
-    pub sessions_attached: usize,
-    /// Sessions waiting for a resume.
-    pub sessions_detached: usize,
-    /// Processes whose exit notice is not yet in their log.
-    pub processes_running: usize,
-    /// Processes that exited and are retained for their client.
-    pub processes_exited: usize,
-    /// Output held for clients, with per-event overhead, summed over processes.
-    pub retained_output_bytes: usize,
-}
-
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     // The OS generator failing is not recoverable for a server that must issue secrets.
@@ -127,14 +112,15 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 }
 
 impl SessionRegistry {
-    /// A fresh registry.
-    pub fn new(config: Arc<ServerConfig>) -> Arc<Self> {
+    /// A fresh registry counting into `metrics` (one per server: the caller builds it, the
+    /// metrics endpoint renders it).
+    pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(SessionRegistry {
             config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
         })
     }
 
@@ -143,10 +129,10 @@ impl SessionRegistry {
         &self.metrics
     }
 
-    /// Count what the registry holds now.
-    pub fn stats(&self) -> RegistryStats {
+    /// Count what the registry holds now (the read gauges of the metrics).
+    pub fn stats(&self) -> StateSnapshot {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        let mut st = RegistryStats::default();
+        let mut st = StateSnapshot::default();
         for s in sessions {
             if s.is_attached() {
                 st.sessions_attached += 1;
