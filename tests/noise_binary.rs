@@ -23,7 +23,7 @@ use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Targe
 use execrelay::config::MAX_MESSAGE_BYTES;
 use execrelay::link::client::NoiseClientConfig;
 use execrelay::noise::keys::{load_public, Keypair};
-use execrelay::process::event_log::StreamName;
+use execrelay::rpc::messages::StreamName;
 
 // =============================================================================================
 // 1. The binary, end to end.

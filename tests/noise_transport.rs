@@ -23,7 +23,7 @@ use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions};
 use execrelay::link::client::ClientLink;
 use execrelay::link::server::LinkLimits;
 use execrelay::noise::record::MAX_RECORD_BODY;
-use execrelay::process::event_log::StreamName;
+use execrelay::rpc::messages::StreamName;
 use execrelay::transport::Transport;
 use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
 

@@ -12,7 +12,7 @@ use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
-use crate::process::event_log::StreamName;
+use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
 
 /// Flags of `execrelay run`.

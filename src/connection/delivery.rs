@@ -14,8 +14,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EVENT_BATCH_BYTES;
-use crate::process::managed_process::encode_notification;
+use crate::process::event_log::EventBody;
 use crate::process::ReadySet;
+use crate::rpc::notification::{encode_exit_notice, encode_output_delta};
 use crate::transport::MessageSink;
 
 /// A message for the control lane: a response or error, with an optional action to run once
@@ -76,7 +77,12 @@ pub async fn run_writer(
             let mut last = None;
             let mut failed = false;
             for ev in &events {
-                let text = encode_notification(&p.id_json, ev);
+                let text = match &ev.body {
+                    EventBody::Output { stream, chunk } => {
+                        encode_output_delta(&p.id_json, ev.seq, *stream, chunk)
+                    }
+                    EventBody::Exited(info) => encode_exit_notice(&p.id, ev.seq, info),
+                };
                 if sink.feed(text).await.is_err() {
                     failed = true;
                     break;

@@ -18,7 +18,7 @@ use crate::rpc::messages::{
     AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
     TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
 };
-use crate::rpc::RpcError;
+use crate::rpc::{Method, RpcError};
 use crate::session::{Session, SessionRegistry};
 
 /// What a request handler needs.
@@ -51,17 +51,17 @@ impl From<Value> for Reply {
 }
 
 /// Route one request (the connection processor already checked state and class).
-pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, RpcError> {
+pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply, RpcError> {
     match method {
-        "process/start" => start(ctx, decode_params(params)?),
-        "process/read" => read(ctx, decode_params(params)?).await.map(Reply::from),
-        "process/write" => write(ctx, decode_params(params)?).await.map(Reply::from),
-        "process/closeStdin" => {
+        Method::ProcessStart => start(ctx, decode_params(params)?),
+        Method::ProcessRead => read(ctx, decode_params(params)?).await.map(Reply::from),
+        Method::ProcessWrite => write(ctx, decode_params(params)?).await.map(Reply::from),
+        Method::ProcessCloseStdin => {
             let p: ProcessRef = decode_params(params)?;
             ctx.session.get(&p.process_id)?.close_stdin().await;
             Ok(json!({}).into())
         }
-        "process/resize" => {
+        Method::ProcessResize => {
             let p: ResizeParams = decode_params(params)?;
             ctx.session.get(&p.process_id)?.resize(TermSize {
                 rows: p.rows,
@@ -69,7 +69,7 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             })?;
             Ok(json!({}).into())
         }
-        "process/signal" => {
+        Method::ProcessSignal => {
             let p: SignalParams = decode_params(params)?;
             let sig = parse_signal(&p.signal).ok_or_else(|| {
                 RpcError::invalid_params(format!("unknown signal {:?}", p.signal))
@@ -77,7 +77,7 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             ctx.session.get(&p.process_id)?.signal(sig)?;
             Ok(json!({}).into())
         }
-        "process/terminate" => {
+        Method::ProcessTerminate => {
             let p: TerminateParams = decode_params(params)?;
             let running = match ctx.session.get(&p.process_id) {
                 Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)),
@@ -85,7 +85,7 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             };
             Ok(json!({ "running": running }).into())
         }
-        "process/list" => {
+        Method::ProcessList => {
             let mut procs: Vec<Value> = ctx
                 .session
                 .processes()
@@ -95,15 +95,16 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             procs.sort_by(|a, b| a["processId"].as_str().cmp(&b["processId"].as_str()));
             Ok(json!({ "processes": procs }).into())
         }
-        "server/info" => Ok(server_info(&ctx.registry).into()),
+        Method::ServerInfo => Ok(server_info(&ctx.registry).into()),
         // Extension (not in protocol.md): a client that is done ends its session at once
         // instead of leaving it detached for detachedSessionTtlMs (it would count against
         // maxSessions meanwhile). Its processes are terminated.
-        "session/close" => {
+        Method::SessionClose => {
             ctx.session.close();
             Ok(json!({}).into())
         }
-        other => Err(RpcError::method_not_found(other)),
+        // The processor routes only requests a client may call here.
+        other => Err(RpcError::method_not_found(other.as_str())),
     }
 }
 

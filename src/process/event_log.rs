@@ -12,33 +12,11 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::rpc::messages::ExitInfo;
+use crate::rpc::messages::{ExitInfo, StreamName};
 
 /// Bookkeeping cost charged per event on top of its bytes, so that a log of tiny events is
 /// bounded too (an event's allocation, seq and stream tag).
 pub const EVENT_OVERHEAD_BYTES: usize = 64;
-
-/// Which output stream a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamName {
-    /// Standard output of a pipe process.
-    Stdout,
-    /// Standard error of a pipe process.
-    Stderr,
-    /// The merged terminal stream of a PTY process.
-    Pty,
-}
-
-impl StreamName {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamName::Stdout => "stdout",
-            StreamName::Stderr => "stderr",
-            StreamName::Pty => "pty",
-        }
-    }
-}
 
 /// What an event says.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,14 +7,12 @@
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
 use std::collections::{HashSet, VecDeque};
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::sync::lock;
 use std::time::Duration;
 
-use base64::Engine;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -30,6 +28,7 @@ use super::spawn::{InputWriter, PtyControl};
 use crate::config::RETAINED_WRITE_IDS;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
+use crate::rpc::notification::{exit_event_json, json_string, output_event_json};
 use crate::rpc::RpcError;
 
 /// How long a failed stdin write waits to learn whether the child is exiting (a child's
@@ -170,7 +169,7 @@ impl ManagedProcess {
     ) -> Self {
         let drain = OutputDrain::new(opts.drain_timeout, streams);
         ManagedProcess {
-            id_json: Value::String(id.clone()).to_string(),
+            id_json: json_string(&id),
             id,
             pid,
             argv,
@@ -475,7 +474,15 @@ impl ManagedProcess {
                 let done = inner.exit.is_some();
                 if !events.is_empty() || done || Instant::now() >= deadline {
                     let next = events.last().map(|e| e.seq + 1).unwrap_or(after_seq + 1);
-                    let events: Vec<Value> = events.iter().map(event_json).collect();
+                    let events: Vec<Value> = events
+                        .iter()
+                        .map(|ev| match &ev.body {
+                            EventBody::Output { stream, chunk } => {
+                                output_event_json(ev.seq, *stream, chunk)
+                            }
+                            EventBody::Exited(info) => exit_event_json(ev.seq, info),
+                        })
+                        .collect();
                     return Ok(json!({
                         "events": events,
                         "nextSeq": next,
@@ -521,54 +528,6 @@ pub(crate) fn terminate_group(pgid: u32, grace: Duration) {
         }
         Err(_) => {
             let _ = signals::signal_group(pgid, Signal::SIGKILL);
-        }
-    }
-}
-
-/// The JSON form of an event in a `process/read` result.
-pub fn event_json(ev: &Event) -> Value {
-    match &ev.body {
-        EventBody::Output { stream, chunk } => json!({
-            "seq": ev.seq,
-            "type": "output",
-            "stream": stream.as_str(),
-            "chunk": base64::engine::general_purpose::STANDARD.encode(chunk),
-        }),
-        EventBody::Exited(info) => {
-            let mut v = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
-            v["seq"] = json!(ev.seq);
-            v["type"] = json!("exited");
-            v
-        }
-    }
-}
-
-/// Encode an event as its notification, by hand for output: this is the hot path of every
-/// byte a child writes.
-pub fn encode_notification(id_json: &str, ev: &Event) -> String {
-    match &ev.body {
-        EventBody::Output { stream, chunk } => {
-            let b64_len = chunk.len().div_ceil(3) * 4;
-            let mut s = String::with_capacity(b64_len + id_json.len() + 112);
-            s.push_str(
-                "{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\",\"params\":{\"processId\":",
-            );
-            s.push_str(id_json);
-            // Writing into a String cannot fail.
-            let _ = write!(s, ",\"seq\":{}", ev.seq);
-            s.push_str(",\"stream\":\"");
-            s.push_str(stream.as_str());
-            s.push_str("\",\"chunk\":\"");
-            // SIMD base64: this is the largest CPU cost per output byte.
-            base64_simd::STANDARD.encode_append(chunk.as_ref(), &mut s);
-            s.push_str("\"}}");
-            s
-        }
-        EventBody::Exited(info) => {
-            let mut params = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
-            params["seq"] = json!(ev.seq);
-            params["processId"] = serde_json::from_str(id_json).unwrap_or(Value::Null);
-            json!({"jsonrpc": "2.0", "method": "process/exited", "params": params}).to_string()
         }
     }
 }

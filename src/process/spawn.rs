@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 
-use super::event_log::StreamName;
+use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
 
 /// What to start.
