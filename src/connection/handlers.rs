@@ -11,15 +11,21 @@ use base64::Engine;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DEFAULT_READ_MAX_BYTES;
+use crate::config::{
+    DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES, MAX_PROCESS_ID_BYTES,
+};
+use crate::process::event_log::EventBody;
 use crate::process::signals::parse_signal;
+use crate::process::spawn::SpawnSpec;
+use crate::process::{ProcessInfo, ProcessOptions};
 use crate::rpc::jsonrpc::decode_params;
 use crate::rpc::messages::{
     AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
     TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
 };
+use crate::rpc::notification::{exit_event_json, output_event_json};
 use crate::rpc::{Method, RpcError};
-use crate::session::{Session, SessionRegistry};
+use crate::session::{Session, SessionRegistry, StartSpec};
 
 /// What a request handler needs.
 pub struct Ctx {
@@ -90,7 +96,7 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
                 .session
                 .processes()
                 .iter()
-                .map(|p| p.list_entry())
+                .map(|p| list_entry(&p.info()))
                 .collect();
             procs.sort_by(|a, b| a["processId"].as_str().cmp(&b["processId"].as_str()));
             Ok(json!({ "processes": procs }).into())
@@ -109,7 +115,7 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
 }
 
 fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
-    let proc = ctx.session.start(p, ctx.conn_id)?;
+    let proc = ctx.session.start(start_spec(p)?, ctx.conn_id)?;
     let result = serde_json::to_value(StartResult {
         process_id: proc.id.clone(),
         pid: proc.pid,
@@ -123,14 +129,71 @@ fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
     })
 }
 
+/// Validate `process/start` params and apply the defaults: the session takes only this
+/// (the messages of the `-32602` errors are part of the protocol).
+pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
+    let n = p.process_id.len();
+    if n == 0 || n > MAX_PROCESS_ID_BYTES {
+        return Err(RpcError::invalid_params(format!(
+            "processId must be 1 to {MAX_PROCESS_ID_BYTES} bytes"
+        )));
+    }
+    if p.argv.is_empty() {
+        return Err(RpcError::invalid_params("argv must not be empty"));
+    }
+    if let Some(cwd) = &p.cwd {
+        if !cwd.starts_with('/') {
+            return Err(RpcError::invalid_params("cwd must be an absolute path"));
+        }
+    }
+    if p.argv.iter().any(|a| a.contains('\0')) {
+        return Err(RpcError::invalid_params("argv must not contain NUL"));
+    }
+    Ok(StartSpec {
+        spawn: SpawnSpec {
+            argv: p.argv,
+            cwd: p.cwd,
+            env: p.env.into_iter().collect(),
+            inherit_env: p.inherit_env,
+            tty: p.tty.then(|| p.size.unwrap_or_default()),
+            pipe_stdin: p.pipe_stdin,
+        },
+        options: ProcessOptions {
+            timeout: p.timeout_ms.map(Duration::from_millis),
+            output_cap: p.output_bytes_cap,
+            drain_timeout: Duration::from_millis(
+                p.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
+            ),
+            kill_grace: Duration::from_millis(p.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS)),
+            kill_group_on_exit: p.kill_process_group_on_exit,
+        },
+        process_id: p.process_id,
+    })
+}
+
 async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
     let proc = ctx.session.get(&p.process_id)?;
     let max_wait = ctx.registry.config().max_read_wait_ms;
     let wait = Duration::from_millis(p.wait_ms.min(max_wait));
     let max_bytes = p.max_bytes.unwrap_or(DEFAULT_READ_MAX_BYTES);
     let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-    proc.read(p.after_seq, max_bytes, wait, ctx.session.acks, &ctx.cancel)
-        .await
+    let r = proc
+        .read(p.after_seq, max_bytes, wait, ctx.session.acks, &ctx.cancel)
+        .await?;
+    let events: Vec<Value> = r
+        .events
+        .iter()
+        .map(|ev| match &ev.body {
+            EventBody::Output { stream, chunk } => output_event_json(ev.seq, *stream, chunk),
+            EventBody::Exited(info) => exit_event_json(ev.seq, info),
+        })
+        .collect();
+    Ok(json!({
+        "events": events,
+        "nextSeq": r.next_seq,
+        "running": r.running,
+        "exited": r.exited,
+    }))
 }
 
 async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
@@ -140,6 +203,24 @@ async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
         .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
     let status = proc.write(&data, p.write_id).await;
     Ok(json!({ "status": status.as_str() }))
+}
+
+/// A `process/list` entry.
+fn list_entry(p: &ProcessInfo) -> Value {
+    let (code, signal) = match &p.exit {
+        Some(e) => (json!(e.exit_code), json!(e.signal)),
+        None => (Value::Null, Value::Null),
+    };
+    json!({
+        "processId": p.process_id,
+        "pid": p.pid,
+        "argv": p.argv,
+        "tty": p.tty,
+        "state": if p.exit.is_some() { "exited" } else { "running" },
+        "nextSeq": p.next_seq,
+        "exitCode": code,
+        "signal": signal,
+    })
 }
 
 /// `process/ack` (a notification): ignored without the acks capability or for an unknown

@@ -12,6 +12,7 @@
 //! process.
 
 pub mod delivery;
+pub mod error_map;
 pub mod handlers;
 pub mod processor;
 pub mod scheduler;

@@ -266,7 +266,8 @@ impl EventLog {
 
     fn copy_after(&self, after_seq: u64, max_bytes: usize) -> Vec<Event> {
         let first = self.released_through + 1;
-        let skip = after_seq.saturating_sub(first - 1) as usize;
+        // Saturating: `after_seq` is the client's number, up to u64::MAX.
+        let skip = usize::try_from(after_seq.saturating_sub(first - 1)).unwrap_or(usize::MAX);
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for ev in self.events.iter().skip(skip) {
@@ -393,6 +394,19 @@ mod tests {
             })
         );
         assert_eq!(log.read(4, usize::MAX).unwrap()[0].seq, 5);
+    }
+
+    /// `afterSeq` is the client's: the largest one reads nothing (no overflow, no panic),
+    /// and acknowledging it acknowledges only what exists.
+    #[test]
+    fn a_read_after_the_largest_seq_is_empty() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        log.append_output(StreamName::Stdout, chunk(5));
+        assert_eq!(log.read(u64::MAX, usize::MAX), Ok(Vec::new()));
+        assert_eq!(log.read(u64::MAX - 1, 0), Ok(Vec::new()));
+        log.ack(u64::MAX);
+        assert_eq!(log.acked_through(), 1);
+        assert_eq!(log.read(u64::MAX, usize::MAX), Ok(Vec::new()));
     }
 
     #[test]

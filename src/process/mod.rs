@@ -4,6 +4,7 @@
 //! the drain state machine are sans-IO; the pump and supervisor are thin tokio tasks over
 //! them.
 
+pub mod error;
 pub mod event_log;
 pub mod managed_process;
 pub mod output_drain;
@@ -12,5 +13,6 @@ pub mod ready_set;
 pub mod signals;
 pub mod spawn;
 
-pub use managed_process::{ManagedProcess, ProcessOptions, WriteStatus};
+pub use error::ProcessError;
+pub use managed_process::{ManagedProcess, ProcessInfo, ProcessOptions, ReadOutcome, WriteStatus};
 pub use ready_set::ReadySet;

@@ -10,4 +10,4 @@
 
 pub mod session_registry;
 
-pub use session_registry::{ConnHandle, Session, SessionError, SessionRegistry};
+pub use session_registry::{ConnHandle, Session, SessionError, SessionRegistry, StartSpec};

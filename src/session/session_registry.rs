@@ -17,17 +17,17 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS};
+use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
 use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
 use crate::process::ReadySet;
 use crate::process::{ManagedProcess, ProcessOptions};
-use crate::rpc::messages::StartParams;
 use crate::sync::lock;
 
-/// Failures of session and process bookkeeping; mapped to JSON-RPC codes in `rpc::error`.
+/// Failures of session and process bookkeeping; mapped to JSON-RPC codes in
+/// `connection/error_map.rs`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionError {
@@ -49,9 +49,18 @@ pub enum SessionError {
     /// The OS refused to start the child.
     #[error("spawn failed: {0}")]
     Spawn(std::io::Error),
-    /// Params that decode but make no sense.
-    #[error("{0}")]
-    InvalidParams(String),
+}
+
+/// A validated `process/start`: what to spawn and how to run it. The connection's handler
+/// decodes and validates the params and applies the defaults; the session never sees JSON.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// The client-chosen id (1 to `MAX_PROCESS_ID_BYTES` bytes).
+    pub process_id: String,
+    /// What to spawn.
+    pub spawn: SpawnSpec,
+    /// How to run it (timeouts, caps, grace).
+    pub options: ProcessOptions,
 }
 
 /// What a connection brings when it attaches a session.
@@ -412,11 +421,14 @@ impl Session {
     /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
     pub fn start(
         self: &Arc<Self>,
-        params: StartParams,
+        start: StartSpec,
         conn_id: u64,
     ) -> Result<Arc<ManagedProcess>, SessionError> {
-        let id = params.process_id.clone();
-        validate_start(&params)?;
+        let StartSpec {
+            process_id: id,
+            spawn: spec,
+            options: opts,
+        } = start;
         // The registry outlives its sessions except while the server shuts down.
         let metrics = match self.registry.upgrade() {
             Some(r) => r.metrics.clone(),
@@ -432,25 +444,6 @@ impl Session {
             }
             procs.insert(id.clone(), Slot::Starting);
         }
-        let spec = SpawnSpec {
-            argv: params.argv.clone(),
-            cwd: params.cwd.clone(),
-            env: params.env.clone().into_iter().collect(),
-            inherit_env: params.inherit_env,
-            tty: params.tty.then(|| params.size.unwrap_or_default()),
-            pipe_stdin: params.pipe_stdin,
-        };
-        let opts = ProcessOptions {
-            timeout: params.timeout_ms.map(Duration::from_millis),
-            output_cap: params.output_bytes_cap,
-            drain_timeout: Duration::from_millis(
-                params.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
-            ),
-            kill_grace: Duration::from_millis(
-                params.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS),
-            ),
-            kill_group_on_exit: params.kill_process_group_on_exit,
-        };
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
             delivery_queue_bytes: self.config.delivery_queue_bytes,
@@ -523,30 +516,4 @@ impl Session {
             }
         });
     }
-}
-
-fn validate_start(p: &StartParams) -> Result<(), SessionError> {
-    let n = p.process_id.len();
-    if n == 0 || n > crate::config::MAX_PROCESS_ID_BYTES {
-        return Err(SessionError::InvalidParams(format!(
-            "processId must be 1 to {} bytes",
-            crate::config::MAX_PROCESS_ID_BYTES
-        )));
-    }
-    if p.argv.is_empty() {
-        return Err(SessionError::InvalidParams("argv must not be empty".into()));
-    }
-    if let Some(cwd) = &p.cwd {
-        if !cwd.starts_with('/') {
-            return Err(SessionError::InvalidParams(
-                "cwd must be an absolute path".into(),
-            ));
-        }
-    }
-    if p.argv.iter().any(|a| a.contains('\0')) {
-        return Err(SessionError::InvalidParams(
-            "argv must not contain NUL".into(),
-        ));
-    }
-    Ok(())
 }
