@@ -1,4 +1,6 @@
-//! Method handlers: decode params, call the session or process, shape the result.
+//! Method handlers: decode and validate params, call the session or process, shape the
+//! result. Typed errors of the layers below become JSON-RPC errors through `?` and the
+//! conversions of [`error_map`](super::error_map).
 //!
 //! Handlers run in their own tasks, already ordered by the scheduler. They never touch the
 //! transport; a handler that needs something to happen after its reply is written (opening a

@@ -6,7 +6,9 @@
 //!   classes and limits, and teardown.
 //! - [`scheduler`]: FIFO per `processId` for exclusive requests, shared reads.
 //! - [`delivery`]: the connection writer (control lane before event lane).
-//! - [`handlers`]: decode params, call the session or process, shape results.
+//! - [`handlers`]: decode and validate params, call the session or process, shape results.
+//! - [`error_map`]: the one place where `ProcessError` and `SessionError` become JSON-RPC
+//!   errors.
 //!
 //! It must never block its reader on a request, and never reorder the requests of one
 //! process.

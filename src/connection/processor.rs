@@ -5,7 +5,8 @@
 //! [`Scheduler`]), the per-connection request limit, and the connection's writer task. When the
 //! connection ends, queued requests are skipped, in-flight ones (long polls included) end at
 //! once, and the session is detached (or closed, for stdio). It must never block its reader on
-//! a request: every request runs in its own task.
+//! a request: every request runs in its own task. Method names are parsed here, once, into a
+//! [`Method`]; everything after routes on the enum.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! became ready.
 //!
 //! Owned by `process/` because the pumps and the supervisor push into it (through
-//! [`ManagedProcess::notify_delivery`]) and a process remembers which set it delivers to; the
+//! `ManagedProcess::notify_delivery`) and a process remembers which set it delivers to; the
 //! connection's writer only creates one per connection and pops from it. It holds no events
 //! (they stay in each process's log) and must never block: a push is a short lock and a wake.
 
