@@ -96,7 +96,7 @@ async fn start_ws_server() -> ServerProc {
 /// Keys for a Noise server and its client, in a temporary directory.
 struct NoiseKeys {
     dir: std::path::PathBuf,
-    config: std::sync::Arc<execrelay::noise::link_client::NoiseClientConfig>,
+    config: std::sync::Arc<execrelay::link::client::NoiseClientConfig>,
 }
 
 fn noise_keys() -> NoiseKeys {
@@ -115,7 +115,7 @@ fn noise_keys() -> NoiseKeys {
     )
     .expect("authorized keys");
     NoiseKeys {
-        config: std::sync::Arc::new(execrelay::noise::link_client::NoiseClientConfig {
+        config: std::sync::Arc::new(execrelay::link::client::NoiseClientConfig {
             keys: client,
             server_public: server.public,
             token: None,
@@ -203,10 +203,9 @@ async fn connect_latency(keys: &NoiseKeys, runs: u64) -> (f64, f64) {
     for i in 0..(runs + 5) {
         let t0 = Instant::now();
         // A private link per run (not the process-wide shared one): a fresh connection.
-        let link =
-            execrelay::noise::link_client::ClientLink::connect(&s.url, (*keys.config).clone())
-                .await
-                .expect("link");
+        let link = execrelay::link::client::ClientLink::connect(&s.url, (*keys.config).clone())
+            .await
+            .expect("link");
         let transport = link.open_stream().await.expect("stream");
         let client = Client::connect_transport(transport, ClientOptions::default())
             .await

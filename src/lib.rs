@@ -5,13 +5,21 @@
 //!
 //! # Layout
 //!
-//! - [`rpc`]: the JSON-RPC envelope, error codes (mapped in one place) and typed messages.
-//! - [`transport`]: framing over stdio and WebSocket.
-//! - [`connection_processor`]: one connection's state machine and request ordering
-//!   ([`request_scheduler`]), its writer ([`delivery`]) and method [`handlers`].
-//! - [`session_registry`]: sessions shared by all connections of a server.
-//! - [`process`]: spawning, output pumps, drain deadlines and the event log.
-//! - [`server`]: listeners and shutdown; [`client`]: the Rust client; [`cli`]: the binary.
+//! Modules are in layers; a module uses only modules of strictly lower layers (checked by
+//! `tests/layers.rs`; the rule is in `ARCHITECTURE.md`).
+//!
+//! 0. `sync` (the poison-tolerant lock), [`config`] (every limit).
+//! 1. [`metrics`] (counters, a leaf passed in); [`rpc`] (wire types, error codes, both
+//!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
+//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only).
+//! 2. [`process`]: spawning, output pumps, drain deadlines, the event log, the ready queue.
+//! 3. [`session`]: sessions shared by all connections of a server.
+//! 4. [`connection`]: one connection's state machine, request ordering, writer, handlers,
+//!    and the one mapping of typed errors to JSON-RPC.
+//! 5. [`link`]: the Noise physical-link drivers and virtual streams.
+//! 6. [`server`]: listeners and shutdown; [`metrics_endpoint`]: `GET /metrics`;
+//!    [`client`]: the Rust client.
+//! 7. [`cli`]: the binary.
 #![warn(missing_docs)]
 // No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
@@ -20,14 +28,14 @@
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod connection_processor;
-pub mod delivery;
-pub mod handlers;
+pub mod connection;
+pub mod link;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod noise;
 pub mod process;
-pub mod request_scheduler;
 pub mod rpc;
 pub mod server;
-pub mod session_registry;
+pub mod session;
+pub(crate) mod sync;
 pub mod transport;

@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
-use crate::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
-use crate::session_registry::SessionRegistry;
+use crate::connection::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
+use crate::metrics::Metrics;
+use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::serve_websocket;
 
@@ -73,7 +74,8 @@ pub fn parse_listen(s: &str, danger_plaintext: bool) -> Result<ListenAddr, Liste
 
 /// Serve one connection on stdin/stdout; when it ends, terminate every process and return.
 pub async fn run_stdio(config: Arc<ServerConfig>, shutdown: CancellationToken) -> ConnectionEnd {
-    run_stdio_with_registry(SessionRegistry::new(config), shutdown).await
+    let registry = SessionRegistry::new(config, Arc::new(Metrics::new()));
+    run_stdio_with_registry(registry, shutdown).await
 }
 
 /// [`run_stdio`] with a caller-supplied registry (the metrics endpoint reads it too).
@@ -121,7 +123,7 @@ pub async fn run_ws(
     config: Arc<ServerConfig>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let registry = SessionRegistry::new(config.clone());
+    let registry = SessionRegistry::new(config.clone(), Arc::new(Metrics::new()));
     run_ws_with_registry(listener, registry, shutdown).await
 }
 

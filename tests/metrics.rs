@@ -240,7 +240,7 @@ async fn concurrent_scrapes_are_capped() {
     // Fill every slot with a connection that has not sent its request yet. The server accepts
     // in order and takes a slot before accepting the next connection.
     let mut held = Vec::new();
-    for _ in 0..execrelay::metrics::MAX_METRICS_CONNECTIONS {
+    for _ in 0..execrelay::metrics_endpoint::MAX_METRICS_CONNECTIONS {
         held.push(TcpStream::connect(addr).await.expect("connect"));
     }
     // One more is closed without an answer (a FIN, or a reset since its request is unread).
@@ -273,8 +273,8 @@ async fn concurrent_scrapes_are_capped() {
 
 #[tokio::test]
 async fn noise_links_streams_and_refusals_are_counted() {
+    use execrelay::link::client::NoiseClientConfig;
     use execrelay::noise::keys::{public_line, Keypair};
-    use execrelay::noise::link_client::NoiseClientConfig;
     let dir = tempdir();
     let server_key = Keypair::generate().expect("key");
     let good = Keypair::generate().expect("key");

@@ -21,9 +21,9 @@ use tokio::process::Command;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
 use execrelay::config::MAX_MESSAGE_BYTES;
+use execrelay::link::client::NoiseClientConfig;
 use execrelay::noise::keys::{load_public, Keypair};
-use execrelay::noise::link_client::NoiseClientConfig;
-use execrelay::process::event_log::StreamName;
+use execrelay::rpc::messages::StreamName;
 
 // =============================================================================================
 // 1. The binary, end to end.

@@ -15,9 +15,9 @@ use common::*;
 
 use serde_json::json;
 
+use execrelay::link::server::LinkLimits;
 use execrelay::noise::handshake::{ClientHandshake, MAX_MSG1_BYTES};
 use execrelay::noise::keys::Keypair;
-use execrelay::noise::link_server::LinkLimits;
 use execrelay_relay::frame::FrameType;
 
 // =============================================================================================

@@ -20,10 +20,10 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions};
-use execrelay::noise::link_client::ClientLink;
-use execrelay::noise::link_server::LinkLimits;
+use execrelay::link::client::ClientLink;
+use execrelay::link::server::LinkLimits;
 use execrelay::noise::record::MAX_RECORD_BODY;
-use execrelay::process::event_log::StreamName;
+use execrelay::rpc::messages::StreamName;
 use execrelay::transport::Transport;
 use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
 

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::ConnectionEnd;
+use execrelay::metrics::Metrics;
+use execrelay::session::SessionRegistry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_json_is_a_parse_error_with_null_id_and_the_connection_stays_open() {
@@ -324,7 +325,7 @@ async fn initialize_succeeds_once_and_a_failed_one_may_be_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_failures_are_indistinguishable() {
-    let registry = SessionRegistry::new(Arc::new(cfg()));
+    let registry = SessionRegistry::new(Arc::new(cfg()), Arc::new(Metrics::new()));
     let (mut a, sid, token) = open_session(&registry).await;
 
     // The same token with one character changed: still valid base64 of the same length.

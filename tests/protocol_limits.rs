@@ -1,9 +1,9 @@
 //! Limits at their edges (`protocol.md` §1–§4, `processes.md` §6): the message size limit
 //! (exactly the limit is accepted, one byte more is a framing error that closes the
 //! connection), the length of a process id, `maxProcesses`, `maxPendingRequests`,
-//! `maxSessions`, and the exact range reported for output released from retention, over the
-//! real `ConnectionProcessor`. (The other error codes of the table are in
-//! `protocol_errors.rs`.)
+//! `maxSessions`, the exact range reported for output released from retention, and `afterSeq`
+//! at its largest, over the real `ConnectionProcessor`. (The other error codes of the table
+//! are in `protocol_errors.rs`.)
 
 mod common;
 use common::*;
@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::ConnectionEnd;
+use execrelay::metrics::Metrics;
+use execrelay::session::SessionRegistry;
 
 /// A request of exactly `total` bytes (without the line terminator): `method` with params
 /// `{"pad": "aaaa…"}`.
@@ -208,10 +209,13 @@ async fn max_pending_requests_at_its_edge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_sessions_at_its_edge() {
-    let registry = SessionRegistry::new(Arc::new(ServerConfig {
-        max_sessions: 1,
-        ..cfg()
-    }));
+    let registry = SessionRegistry::new(
+        Arc::new(ServerConfig {
+            max_sessions: 1,
+            ..cfg()
+        }),
+        Arc::new(Metrics::new()),
+    );
     let mut a = connect_to(&registry);
     a.client.handshake().await;
     let mut b = connect_to(&registry);
@@ -287,4 +291,63 @@ async fn reading_released_output_reports_the_exact_missing_range() {
         .call_err("process/read", json!({"processId": "z", "afterSeq": 0}))
         .await;
     assert_eq!(again, first);
+}
+
+/// `afterSeq` is the client's number: at its largest (2^64−1, which no event can follow) a
+/// read answers no events and `nextSeq` 2^64−1 (saturated), for a running process (a long
+/// poll that times out) and an exited one, without or with acks. It used to add one
+/// unchecked: `nextSeq` 0 in a release build, a panic holding the process lock in a debug one
+/// (no answer at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_the_largest_seq_answers_without_overflow() {
+    for acks in [false, true] {
+        let mut t = in_process(cfg(), 1 << 20);
+        let c = &mut t.client;
+        c.call(
+            "initialize",
+            json!({"clientName": "t", "capabilities": {"acks": acks}}),
+        )
+        .await;
+        c.notify("initialized", json!({})).await;
+        c.start(json!({"processId": "s", "argv": ["sleep", "30"]}))
+            .await;
+        let r = c
+            .call(
+                "process/read",
+                json!({"processId": "s", "afterSeq": u64::MAX, "waitMs": 20}),
+            )
+            .await;
+        assert_eq!(r["events"], json!([]), "{r}");
+        assert_eq!(r["nextSeq"], u64::MAX, "{r}");
+        assert_eq!(r["running"], true, "{r}");
+        c.terminate("s", Some(0)).await;
+
+        let done = c
+            .run(json!({"processId": "e", "argv": ["echo", "hi"]}))
+            .await;
+        assert_eq!(done.exit["exitCode"], 0);
+        let next = done.exit["seq"].as_u64().unwrap() + 1;
+        let r = c
+            .call(
+                "process/read",
+                json!({"processId": "e", "afterSeq": u64::MAX}),
+            )
+            .await;
+        assert_eq!(r["events"], json!([]), "{r}");
+        assert_eq!(r["nextSeq"], u64::MAX, "{r}");
+        assert_eq!(r["exited"], true, "{r}");
+        // The connection is still served and (without acks, where the read released
+        // nothing) the process's log is undisturbed. With acks the read acknowledged the
+        // exit notice, so the process may already be gone.
+        c.call("server/info", json!({})).await;
+        if acks {
+            continue;
+        }
+        let list = c.call("process/list", json!({})).await;
+        let e = list["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["processId"] == "e"))
+            .cloned();
+        assert_eq!(e.map(|e| e["nextSeq"].clone()), Some(json!(next)), "{list}");
+    }
 }

@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::ConnectionEnd;
+use execrelay::metrics::Metrics;
+use execrelay::session::SessionRegistry;
 
 /// The bytes of a base64 `chunk` member.
 fn decode(chunk: &Value) -> Vec<u8> {
@@ -48,7 +49,7 @@ struct Held {
 async fn held_session() -> (Held, InProcess) {
     let dir = tempfile::tempdir().expect("tempdir");
     let fifo = make_fifo(dir.path());
-    let registry = SessionRegistry::new(Arc::new(cfg()));
+    let registry = SessionRegistry::new(Arc::new(cfg()), Arc::new(Metrics::new()));
     let (mut conn, sid, token) = open_session(&registry).await;
     let r = conn
         .client
@@ -437,7 +438,7 @@ async fn a_long_poll_does_not_hold_back_a_later_write_to_the_same_process() {
 
 // Regression (fixed): a write in progress when the connection closes is cut off mid-way, and its retry with
 // the same `writeId` is written again in full, so the child receives the cut-off prefix twice.
-// ConnectionProcessor::spawn_request (src/connection_processor.rs) races every request against
+// ConnectionProcessor::spawn_request (src/connection/processor.rs) races every request against
 // the connection's cancel token, so a running `process/write` is dropped inside
 // `ManagedProcess::write` after part of the chunk went into the pipe, and the `writeId` is
 // only remembered after a complete write. The client never got an answer, so it must retry

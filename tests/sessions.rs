@@ -10,15 +10,17 @@ use std::time::Duration;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::ConnectionEnd;
-use execrelay::delivery::ReadySet;
-use execrelay::session_registry::{ConnHandle, SessionRegistry};
+use execrelay::connection::handlers::start_spec;
+use execrelay::connection::ConnectionEnd;
+use execrelay::metrics::Metrics;
+use execrelay::process::ReadySet;
+use execrelay::session::{ConnHandle, SessionRegistry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// A registry with `cfg`, shared by the connections of a test.
 fn shared(cfg: ServerConfig) -> Arc<SessionRegistry> {
-    SessionRegistry::new(Arc::new(cfg))
+    SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()))
 }
 
 /// A registry whose detached sessions expire after `ms`.
@@ -430,7 +432,9 @@ async fn a_stale_writer_cannot_move_the_cursor_of_a_resumed_session() {
     let a = conn(&reg);
     let (session, token) = reg.create(true, &a).unwrap();
     let params = serde_json::from_value(json!({"processId": "p", "argv": ["echo", "hi"]})).unwrap();
-    let p = session.start(params, a.conn_id).unwrap();
+    let p = session
+        .start(start_spec(params).unwrap(), a.conn_id)
+        .unwrap();
     session.enable_delivery(&p, a.conn_id);
     p.wait_finished().await;
     let last = p.stats().next_seq - 1;

@@ -105,15 +105,17 @@ async fn a_request_stuck_after_end_of_input_is_abandoned_at_the_drain_timeout() 
 
     use base64::Engine;
     use execrelay::config::ServerConfig;
-    use execrelay::connection_processor::{
+    use execrelay::connection::{
         ConnectionEnd, ConnectionOptions, ConnectionProcessor, HALF_CLOSE_DRAIN_TIMEOUT,
     };
-    use execrelay::session_registry::SessionRegistry;
+    use execrelay::metrics::Metrics;
+    use execrelay::session::SessionRegistry;
     use execrelay::transport::stdio::line_transport;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio_util::sync::CancellationToken;
 
-    let registry = SessionRegistry::new(Arc::new(ServerConfig::default()));
+    let registry =
+        SessionRegistry::new(Arc::new(ServerConfig::default()), Arc::new(Metrics::new()));
     let (client, server) = tokio::io::duplex(8 << 20);
     let (sr, sw) = tokio::io::split(server);
     let transport = line_transport(sr, sw, ServerConfig::default().max_message_bytes, "test");

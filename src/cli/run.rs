@@ -12,7 +12,7 @@ use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
-use crate::process::event_log::StreamName;
+use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
 
 /// Flags of `execrelay run`.
@@ -99,7 +99,7 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
             };
             Ok(Target::Noise {
                 url: t.clone(),
-                config: std::sync::Arc::new(crate::noise::link_client::NoiseClientConfig {
+                config: std::sync::Arc::new(crate::link::client::NoiseClientConfig {
                     keys,
                     server_public,
                     token,

@@ -11,7 +11,7 @@ use crate::config::ServerConfig;
 use crate::server::{
     bound_url, parse_listen, run_stdio_with_registry, run_ws_with_registry, ListenAddr,
 };
-use crate::session_registry::SessionRegistry;
+use crate::session::SessionRegistry;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -100,10 +100,10 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// The Noise listener's configuration (keys are loaded and checked here, at start).
-    pub fn noise_config(&self) -> anyhow::Result<crate::noise::link_server::NoiseServerConfig> {
+    pub fn noise_config(&self) -> anyhow::Result<crate::link::server::NoiseServerConfig> {
+        use crate::link::server::{LinkLimits, NoiseServerConfig};
         use crate::noise::authorizer::KeysAuthorizer;
         use crate::noise::keys::{AuthorizedKeys, Keypair};
-        use crate::noise::link_server::{LinkLimits, NoiseServerConfig};
         let key = self.key.as_ref().ok_or_else(|| {
             anyhow::anyhow!("noise+ws needs --key (create one with `execrelay keygen -o FILE`)")
         })?;
@@ -229,9 +229,9 @@ pub fn main(args: ServeArgs) -> i32 {
     let code = rt.block_on(async move {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
-        let registry = SessionRegistry::new(config);
+        let registry = SessionRegistry::new(config, Arc::new(crate::metrics::Metrics::new()));
         if let Some(addr) = metrics_addr {
-            let listener = match crate::metrics::bind(addr).await {
+            let listener = match crate::metrics_endpoint::bind(addr).await {
                 Ok(l) => l,
                 Err(e) => {
                     eprintln!("execrelay serve: cannot bind --metrics-listen {addr}: {e}");
@@ -242,10 +242,10 @@ pub fn main(args: ServeArgs) -> i32 {
                 // Not through the log filter: scripts and tests read it, like the bound URL.
                 eprintln!(
                     "execrelay metrics: http://{local}{}",
-                    crate::metrics::METRICS_PATH
+                    crate::metrics_endpoint::METRICS_PATH
                 );
             }
-            tokio::spawn(crate::metrics::serve(
+            tokio::spawn(crate::metrics_endpoint::serve(
                 listener,
                 registry.clone(),
                 shutdown.clone(),
@@ -273,7 +273,7 @@ pub fn main(args: ServeArgs) -> i32 {
                 let _ = writeln!(out, "{url}");
                 let _ = out.flush();
                 tracing::info!(%url, "listening (noise)");
-                crate::noise::link_server::serve_noise(listener, noise, registry, shutdown).await;
+                crate::link::server::serve_noise(listener, noise, registry, shutdown).await;
                 0
             }
             ListenAddr::Ws(addr) => {

@@ -22,16 +22,19 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 
 use super::rpc_connection::{Notification, RpcConnection};
 use super::{Client, ClientError, Shared};
-use crate::process::event_log::StreamName;
-use crate::process::managed_process::lock;
 use crate::rpc::messages::ExitInfo;
+use crate::rpc::messages::StreamName;
+use crate::rpc::notification::{
+    decode_exit_info, decode_output_params, decode_read_event, ReadEvent,
+};
+use crate::rpc::Method;
+use crate::sync::lock;
 
 /// Output bytes consumed by the application before an ack is sent.
 pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
@@ -142,17 +145,15 @@ impl Client {
                     let Some(seq) = params.get("seq").and_then(Value::as_u64) else {
                         continue;
                     };
-                    let ev = match method.as_str() {
-                        "process/outputDelta" => match decode_output(&params) {
-                            Some(ev) => ev,
+                    let ev = match Method::parse(&method) {
+                        Some(Method::ProcessOutputDelta) => match decode_output_params(&params) {
+                            Some((stream, data)) => ProcessEvent::Output { stream, data },
                             None => continue,
                         },
-                        "process/exited" => {
-                            match serde_json::from_value::<ExitInfo>(params.clone()) {
-                                Ok(info) => ProcessEvent::Exited(info),
-                                Err(_) => continue,
-                            }
-                        }
+                        Some(Method::ProcessExited) => match decode_exit_info(&params) {
+                            Some(info) => ProcessEvent::Exited(info),
+                            None => continue,
+                        },
                         _ => continue,
                     };
                     self.deliver(&conn, pid, seq, ev).await;
@@ -200,7 +201,7 @@ impl Client {
         while after + 1 < upto {
             let r = conn
                 .call(
-                    "process/read",
+                    Method::ProcessRead.as_str(),
                     json!({"processId": pid, "afterSeq": after, "maxBytes": 1 << 20}),
                 )
                 .await;
@@ -239,22 +240,15 @@ impl Client {
                 return;
             }
             for e in list {
-                let Some(seq) = e.get("seq").and_then(Value::as_u64) else {
+                let Some((seq, ev)) = decode_read_event(&e) else {
                     return;
                 };
                 if seq >= upto {
                     return;
                 }
-                let ev = if e["type"] == "exited" {
-                    match serde_json::from_value::<ExitInfo>(e.clone()) {
-                        Ok(i) => ProcessEvent::Exited(i),
-                        Err(_) => return,
-                    }
-                } else {
-                    match decode_output(&e) {
-                        Some(ev) => ev,
-                        None => return,
-                    }
+                let ev = match ev {
+                    ReadEvent::Output { stream, data } => ProcessEvent::Output { stream, data },
+                    ReadEvent::Exited(info) => ProcessEvent::Exited(info),
                 };
                 let mut procs = lock(&self.shared.procs);
                 if let Some(slot) = procs.get_mut(pid) {
@@ -300,7 +294,10 @@ impl Client {
                 // resume (`establish_over`).
                 tokio::spawn(async move {
                     let _ = conn
-                        .notify("process/ack", json!({"processId": pid, "seq": seq}))
+                        .notify(
+                            Method::ProcessAck.as_str(),
+                            json!({"processId": pid, "seq": seq}),
+                        )
                         .await;
                 });
             }
@@ -343,20 +340,4 @@ impl Client {
             }
         }
     }
-}
-
-fn decode_output(params: &Value) -> Option<ProcessEvent> {
-    let stream = match params.get("stream")?.as_str()? {
-        "stdout" => StreamName::Stdout,
-        "stderr" => StreamName::Stderr,
-        "pty" => StreamName::Pty,
-        _ => return None,
-    };
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(params.get("chunk")?.as_str()?)
-        .ok()?;
-    Some(ProcessEvent::Output {
-        stream,
-        data: Bytes::from(data),
-    })
 }

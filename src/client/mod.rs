@@ -36,8 +36,9 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::MAX_MESSAGE_BYTES;
-use crate::process::managed_process::lock;
 use crate::rpc::messages::{InitializeResult, StartParams, StartResult};
+use crate::rpc::Method;
+use crate::sync::lock;
 use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
 use event_stream::ProcSlot;
@@ -123,7 +124,7 @@ pub enum Target {
         /// `noise+ws://HOST:PORT`.
         url: String,
         /// Keys and pinned server key.
-        config: Arc<crate::noise::link_client::NoiseClientConfig>,
+        config: Arc<crate::link::client::NoiseClientConfig>,
     },
 }
 
@@ -258,7 +259,7 @@ async fn open_transport(target: &Target, max: usize) -> Result<Transport, Client
             .await
             .map_err(|e| ClientError::Connect(e.to_string())),
         Target::Noise { url, config } => {
-            use crate::noise::link_client::{ClientLink, NoiseError};
+            use crate::link::client::{ClientLink, NoiseError};
             let link = ClientLink::shared(url, config)
                 .await
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
@@ -357,7 +358,7 @@ impl Client {
         if let Some(conn) = conn {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
-                conn.call("session/close", json!({})),
+                conn.call(Method::SessionClose.as_str(), json!({})),
             )
             .await;
         }
@@ -399,10 +400,10 @@ impl Client {
         if let Some((sid, tok)) = &resume {
             params["resume"] = json!({"sessionId": sid, "resumeToken": tok});
         }
-        let result = conn.call("initialize", params).await?;
+        let result = conn.call(Method::Initialize.as_str(), params).await?;
         let init: InitializeResult = serde_json::from_value(result)
             .map_err(|e| ClientError::Protocol(format!("bad initialize result: {e}")))?;
-        conn.notify("initialized", json!({})).await?;
+        conn.notify(Method::Initialized.as_str(), json!({})).await?;
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,
@@ -417,8 +418,11 @@ impl Client {
             // later ack goes to it.
             let consumed = self.consumed_positions();
             for (pid, seq) in consumed {
-                conn.notify("process/ack", json!({"processId": pid, "seq": seq}))
-                    .await?;
+                conn.notify(
+                    Method::ProcessAck.as_str(),
+                    json!({"processId": pid, "seq": seq}),
+                )
+                .await?;
             }
         }
         self.shared
@@ -546,7 +550,10 @@ impl Client {
                     return Err(e);
                 }
             };
-            match conn.call("process/start", params.clone()).await {
+            match conn
+                .call(Method::ProcessStart.as_str(), params.clone())
+                .await
+            {
                 Ok(v) => break v,
                 Err(ClientError::ConnectionLost) if self.shared.target.can_reconnect() => {
                     retried = true;
@@ -554,7 +561,7 @@ impl Client {
                 }
                 // The first attempt started it before the link died: find its pid.
                 Err(ClientError::Rpc { code: -32002, .. }) if retried => {
-                    let list = self.call("process/list", json!({})).await?;
+                    let list = self.call(Method::ProcessList.as_str(), json!({})).await?;
                     let pid = list["processes"]
                         .as_array()
                         .and_then(|ps| ps.iter().find(|p| p["processId"] == id.as_str()))
@@ -575,6 +582,6 @@ impl Client {
 
     /// `server/info`.
     pub async fn server_info(&self) -> Result<Value, ClientError> {
-        self.call("server/info", json!({})).await
+        self.call(Method::ServerInfo.as_str(), json!({})).await
     }
 }

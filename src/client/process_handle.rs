@@ -22,8 +22,9 @@ use base64::Engine;
 use serde_json::json;
 
 use super::{Client, ClientError, ProcessEvent};
-use crate::process::managed_process::lock;
 use crate::rpc::messages::TermSize;
+use crate::rpc::Method;
+use crate::sync::lock;
 
 /// A started process.
 pub struct ProcessHandle {
@@ -111,7 +112,7 @@ impl ProcessController {
     pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
         self.client
             .call(
-                "process/signal",
+                Method::ProcessSignal.as_str(),
                 json!({"processId": self.id, "signal": name}),
             )
             .await
@@ -122,7 +123,7 @@ impl ProcessController {
     pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
         self.client
             .call(
-                "process/resize",
+                Method::ProcessResize.as_str(),
                 json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
             )
             .await
@@ -134,7 +135,7 @@ impl ProcessController {
         let v = self
             .client
             .call(
-                "process/write",
+                Method::ProcessWrite.as_str(),
                 json!({
                     "processId": self.id,
                     "chunk": base64::engine::general_purpose::STANDARD.encode(data),
@@ -148,7 +149,10 @@ impl ProcessController {
     /// Close stdin.
     pub async fn close_stdin(&self) -> Result<(), ClientError> {
         self.client
-            .call("process/closeStdin", json!({"processId": self.id}))
+            .call(
+                Method::ProcessCloseStdin.as_str(),
+                json!({"processId": self.id}),
+            )
             .await
             .map(|_| ())
     }
@@ -165,7 +169,10 @@ impl ProcessController {
         if let Some(g) = grace {
             p["graceMs"] = json!(g.as_millis() as u64);
         }
-        let v = self.client.call("process/terminate", p).await?;
+        let v = self
+            .client
+            .call(Method::ProcessTerminate.as_str(), p)
+            .await?;
         Ok(v["running"].as_bool().unwrap_or(false))
     }
 }

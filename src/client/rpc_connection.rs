@@ -17,8 +17,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientError;
-use crate::process::managed_process::lock;
 use crate::rpc::jsonrpc::{encode_notification, encode_request, parse_inbound, Inbound};
+use crate::rpc::messages::StreamName;
+use crate::rpc::notification::{decode_output_delta, OutputDelta};
+use crate::sync::lock;
 use crate::transport::Transport;
 
 /// Outbound messages queued for the writer task. Bounded so a dead peer cannot make the
@@ -38,7 +40,7 @@ pub enum Notification {
         /// Its seq.
         seq: u64,
         /// `stdout`, `stderr` or `pty`.
-        stream: crate::process::event_log::StreamName,
+        stream: StreamName,
         /// Raw bytes.
         data: bytes::Bytes,
     },
@@ -51,6 +53,17 @@ pub enum Notification {
     },
 }
 
+impl From<OutputDelta> for Notification {
+    fn from(d: OutputDelta) -> Self {
+        Notification::Output {
+            process_id: d.process_id,
+            seq: d.seq,
+            stream: d.stream,
+            data: d.data,
+        }
+    }
+}
+
 /// Receives every notification, in wire order, from the reader task, which never waits for
 /// it: the router may itself be waiting for a response (filling a gap with `process/read`)
 /// that only the reader can deliver. The queue is bounded by the server instead: with acks it
@@ -60,49 +73,6 @@ pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 /// Called on the reader task for each notification before it is queued: returns `None` when
 /// it handled it (the common case of in-order output, saving a task hop per message).
 pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
-
-#[derive(serde::Deserialize)]
-struct FastDelta<'a> {
-    #[serde(borrow)]
-    method: &'a str,
-    #[serde(borrow)]
-    params: FastParams<'a>,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct FastParams<'a> {
-    process_id: String,
-    seq: u64,
-    #[serde(borrow)]
-    stream: &'a str,
-    #[serde(borrow)]
-    chunk: &'a str,
-}
-
-/// Decode an output delta without a JSON tree; `None` for anything else.
-fn fast_output(bytes: &[u8]) -> Option<Notification> {
-    let d: FastDelta<'_> = serde_json::from_slice(bytes).ok()?;
-    if d.method != "process/outputDelta" {
-        return None;
-    }
-    use crate::process::event_log::StreamName;
-    let stream = match d.params.stream {
-        "stdout" => StreamName::Stdout,
-        "stderr" => StreamName::Stderr,
-        "pty" => StreamName::Pty,
-        _ => return None,
-    };
-    let data = base64_simd::STANDARD
-        .decode_to_vec(d.params.chunk.as_bytes())
-        .ok()?;
-    Some(Notification::Output {
-        process_id: d.params.process_id,
-        seq: d.params.seq,
-        stream,
-        data: bytes::Bytes::from(data),
-    })
-}
 
 /// A live connection.
 #[derive(Clone)]
@@ -165,22 +135,21 @@ impl RpcConnection {
                     m = incoming.next() => m,
                 };
                 let Some(Ok(bytes)) = item else { break };
-                // Output deltas start with this exact prefix when they come from execrelay;
-                // anything else takes the general path.
-                if bytes.starts_with(b"{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\"") {
-                    if let Some(n) = fast_output(&bytes) {
-                        let n = match &fast {
-                            Some(f) => match f(n) {
-                                Some(n) => n,
-                                None => continue,
-                            },
-                            None => n,
-                        };
-                        if notifications.send(n).is_err() {
-                            break;
-                        }
-                        continue;
+                // Output deltas as execrelay writes them take the fast path (no JSON tree);
+                // anything else, the general one.
+                if let Some(d) = decode_output_delta(&bytes) {
+                    let n = Notification::from(d);
+                    let n = match &fast {
+                        Some(f) => match f(n) {
+                            Some(n) => n,
+                            None => continue,
+                        },
+                        None => n,
+                    };
+                    if notifications.send(n).is_err() {
+                        break;
                     }
+                    continue;
                 }
                 match parse_inbound(&bytes) {
                     Ok(Inbound::Response { id, outcome }) => {

@@ -1,4 +1,5 @@
-//! Noise-encrypted, multiplexed virtual streams (`secure-transport.md` §2–§5, §8).
+//! Noise for virtual streams (`secure-transport.md` §2–§5, §8): crypto and sans-IO cores only
+//! (layer 1). The link drivers that use them are in [`crate::link`].
 //!
 //! # Layout
 //!
@@ -11,9 +12,6 @@
 //!   close, and length-prefixed messages cut into records.
 //! - [`budget`]: sans-IO token bucket for handshake failures.
 //! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
-//! - [`virtual_stream`]: a stream as a [`Transport`](crate::transport::Transport).
-//! - [`link_server`]: the exec server's link driver (`noise+ws://`, `/v1/link`).
-//! - [`link_client`]: the client's link, shared by the streams of one process.
 //!
 //! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_relay::frame`), so
 //! that the relay routes exactly the frames these modules produce.
@@ -23,7 +21,4 @@ pub mod budget;
 pub mod cipher;
 pub mod handshake;
 pub mod keys;
-pub mod link_client;
-pub mod link_server;
 pub mod record;
-pub mod virtual_stream;

@@ -12,33 +12,11 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::rpc::messages::ExitInfo;
+use crate::rpc::messages::{ExitInfo, StreamName};
 
 /// Bookkeeping cost charged per event on top of its bytes, so that a log of tiny events is
 /// bounded too (an event's allocation, seq and stream tag).
 pub const EVENT_OVERHEAD_BYTES: usize = 64;
-
-/// Which output stream a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamName {
-    /// Standard output of a pipe process.
-    Stdout,
-    /// Standard error of a pipe process.
-    Stderr,
-    /// The merged terminal stream of a PTY process.
-    Pty,
-}
-
-impl StreamName {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamName::Stdout => "stdout",
-            StreamName::Stderr => "stderr",
-            StreamName::Pty => "pty",
-        }
-    }
-}
 
 /// What an event says.
 #[derive(Debug, Clone, PartialEq)]
@@ -288,7 +266,8 @@ impl EventLog {
 
     fn copy_after(&self, after_seq: u64, max_bytes: usize) -> Vec<Event> {
         let first = self.released_through + 1;
-        let skip = after_seq.saturating_sub(first - 1) as usize;
+        // Saturating: `after_seq` is the client's number, up to u64::MAX.
+        let skip = usize::try_from(after_seq.saturating_sub(first - 1)).unwrap_or(usize::MAX);
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for ev in self.events.iter().skip(skip) {
@@ -415,6 +394,19 @@ mod tests {
             })
         );
         assert_eq!(log.read(4, usize::MAX).unwrap()[0].seq, 5);
+    }
+
+    /// `afterSeq` is the client's: the largest one reads nothing (no overflow, no panic),
+    /// and acknowledging it acknowledges only what exists.
+    #[test]
+    fn a_read_after_the_largest_seq_is_empty() {
+        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        log.append_output(StreamName::Stdout, chunk(5));
+        assert_eq!(log.read(u64::MAX, usize::MAX), Ok(Vec::new()));
+        assert_eq!(log.read(u64::MAX - 1, 0), Ok(Vec::new()));
+        log.ack(u64::MAX);
+        assert_eq!(log.acked_through(), 1);
+        assert_eq!(log.read(u64::MAX, usize::MAX), Ok(Vec::new()));
     }
 
     #[test]

@@ -7,28 +7,27 @@
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
 use std::collections::{HashSet, VecDeque};
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use base64::Engine;
 use nix::sys::signal::Signal;
-use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::event_log::{Event, EventBody, EventLog, LogLimits};
+use super::error::ProcessError;
+use super::event_log::{Event, EventLog, LogLimits};
 use super::output_drain::OutputDrain;
+use super::ready_set::ReadySet;
 use super::signals;
 use super::spawn::{InputWriter, PtyControl};
 use crate::config::RETAINED_WRITE_IDS;
-use crate::delivery::ReadySet;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
-use crate::rpc::RpcError;
+use crate::rpc::notification::json_string;
+use crate::sync::lock;
 
 /// How long a failed stdin write waits to learn whether the child is exiting (a child's
 /// descriptors close before it can be reaped), to answer `exited` rather than `stdinClosed`.
@@ -66,6 +65,43 @@ pub struct ProcessStats {
     pub acked_through: u64,
     /// The exit notice is in the log.
     pub exited: bool,
+}
+
+/// What `process/list` shows of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Client-chosen id.
+    pub process_id: String,
+    /// OS pid (also the process group id).
+    pub pid: u32,
+    /// What was started.
+    pub argv: Vec<String>,
+    /// Runs on a PTY.
+    pub tty: bool,
+    /// Next seq to assign.
+    pub next_seq: u64,
+    /// The exit notice, once the process exited.
+    pub exit: Option<ExitInfo>,
+}
+
+/// The answer to `process/read`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadOutcome {
+    /// Events after `afterSeq`, oldest first.
+    pub events: Vec<Event>,
+    /// The `afterSeq` to pass to continue after these events.
+    pub next_seq: u64,
+    /// The direct child is still running.
+    pub running: bool,
+    /// The exit notice is in the log.
+    pub exited: bool,
+}
+
+/// The `nextSeq` of a read after `after_seq` that returned `events`: one past the last event,
+/// or one past `after_seq` when there was none. Saturates: `afterSeq` is the client's number,
+/// and `u64::MAX` (which no event can follow) must neither wrap to 0 nor panic.
+pub fn next_seq_after(after_seq: u64, events: &[Event]) -> u64 {
+    events.last().map_or(after_seq, |e| e.seq).saturating_add(1)
 }
 
 /// Outcome of `process/write`.
@@ -151,12 +187,6 @@ pub struct ManagedProcess {
     pub(crate) metrics: Arc<Metrics>,
 }
 
-/// Lock a std mutex, recovering from poisoning: the data behind our locks stays consistent
-/// across a panic in another holder because every critical section is a few field updates.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl ManagedProcess {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -174,7 +204,7 @@ impl ManagedProcess {
     ) -> Self {
         let drain = OutputDrain::new(opts.drain_timeout, streams);
         ManagedProcess {
-            id_json: Value::String(id.clone()).to_string(),
+            id_json: json_string(&id),
             id,
             pid,
             argv,
@@ -328,13 +358,13 @@ impl ManagedProcess {
     }
 
     /// `process/signal`: to the process group; nothing once the child exited.
-    pub fn signal(&self, sig: Signal) -> Result<(), RpcError> {
+    pub fn signal(&self, sig: Signal) -> Result<(), ProcessError> {
         if !self.is_running() {
             return Ok(());
         }
         signals::signal_group(self.pid, sig)
             .map(|_| ())
-            .map_err(|e| RpcError::internal(format!("signal failed: {e}")))
+            .map_err(ProcessError::Signal)
     }
 
     /// `process/terminate`: SIGTERM to the group now, SIGKILL after `grace` if any member is
@@ -347,18 +377,14 @@ impl ManagedProcess {
     }
 
     /// `process/resize`.
-    pub fn resize(&self, size: TermSize) -> Result<(), RpcError> {
+    pub fn resize(&self, size: TermSize) -> Result<(), ProcessError> {
         let Some(pty) = &self.pty else {
-            return Err(RpcError::invalid_params(format!(
-                "process {} is not a tty process",
-                self.id_json
-            )));
+            return Err(ProcessError::NotTty(self.id.clone()));
         };
         if size.rows == 0 || size.cols == 0 {
-            return Err(RpcError::invalid_params("rows and cols must be positive"));
+            return Err(ProcessError::ZeroSize);
         }
-        pty.resize(size)
-            .map_err(|e| RpcError::internal(format!("resize failed: {e}")))?;
+        pty.resize(size).map_err(ProcessError::Resize)?;
         if self.is_running() {
             let _ = signals::signal_group(self.pid, Signal::SIGWINCH);
         }
@@ -436,23 +462,17 @@ impl ManagedProcess {
         }
     }
 
-    /// `process/list` entry.
-    pub fn list_entry(&self) -> Value {
+    /// What `process/list` shows of this process.
+    pub fn info(&self) -> ProcessInfo {
         let inner = self.inner();
-        let (code, signal) = match &inner.exit {
-            Some(e) => (json!(e.exit_code), json!(e.signal)),
-            None => (Value::Null, Value::Null),
-        };
-        json!({
-            "processId": self.id,
-            "pid": self.pid,
-            "argv": self.argv,
-            "tty": self.tty,
-            "state": if inner.exit.is_some() { "exited" } else { "running" },
-            "nextSeq": inner.log.next_seq(),
-            "exitCode": code,
-            "signal": signal,
-        })
+        ProcessInfo {
+            process_id: self.id.clone(),
+            pid: self.pid,
+            argv: self.argv.clone(),
+            tty: self.tty,
+            next_seq: inner.log.next_seq(),
+            exit: inner.exit.clone(),
+        }
     }
 
     /// `process/read`: events after `after_seq`, long-polling up to `wait`. Ends at once
@@ -464,7 +484,7 @@ impl ManagedProcess {
         wait: Duration,
         acks: bool,
         cancel: &CancellationToken,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<ReadOutcome, ProcessError> {
         let deadline = Instant::now() + wait;
         loop {
             let notified = self.changed.notified();
@@ -478,20 +498,18 @@ impl ManagedProcess {
                 let events = inner.log.read(after_seq, max_bytes)?;
                 let done = inner.exit.is_some();
                 if !events.is_empty() || done || Instant::now() >= deadline {
-                    let next = events.last().map(|e| e.seq + 1).unwrap_or(after_seq + 1);
-                    let events: Vec<Value> = events.iter().map(event_json).collect();
-                    return Ok(json!({
-                        "events": events,
-                        "nextSeq": next,
-                        "running": self.is_running(),
-                        "exited": done,
-                    }));
+                    return Ok(ReadOutcome {
+                        next_seq: next_seq_after(after_seq, &events),
+                        events,
+                        running: self.is_running(),
+                        exited: done,
+                    });
                 }
             }
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => {}
-                _ = cancel.cancelled() => return Err(RpcError::invalid_request("connection closed")),
+                _ = cancel.cancelled() => return Err(ProcessError::ReadCancelled),
             }
         }
     }
@@ -529,57 +547,41 @@ pub(crate) fn terminate_group(pgid: u32, grace: Duration) {
     }
 }
 
-/// The JSON form of an event in a `process/read` result.
-pub fn event_json(ev: &Event) -> Value {
-    match &ev.body {
-        EventBody::Output { stream, chunk } => json!({
-            "seq": ev.seq,
-            "type": "output",
-            "stream": stream.as_str(),
-            "chunk": base64::engine::general_purpose::STANDARD.encode(chunk),
-        }),
-        EventBody::Exited(info) => {
-            let mut v = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
-            v["seq"] = json!(ev.seq);
-            v["type"] = json!("exited");
-            v
-        }
-    }
-}
-
-/// Encode an event as its notification, by hand for output: this is the hot path of every
-/// byte a child writes.
-pub fn encode_notification(id_json: &str, ev: &Event) -> String {
-    match &ev.body {
-        EventBody::Output { stream, chunk } => {
-            let b64_len = chunk.len().div_ceil(3) * 4;
-            let mut s = String::with_capacity(b64_len + id_json.len() + 112);
-            s.push_str(
-                "{\"jsonrpc\":\"2.0\",\"method\":\"process/outputDelta\",\"params\":{\"processId\":",
-            );
-            s.push_str(id_json);
-            // Writing into a String cannot fail.
-            let _ = write!(s, ",\"seq\":{}", ev.seq);
-            s.push_str(",\"stream\":\"");
-            s.push_str(stream.as_str());
-            s.push_str("\",\"chunk\":\"");
-            // SIMD base64: this is the largest CPU cost per output byte.
-            base64_simd::STANDARD.encode_append(chunk.as_ref(), &mut s);
-            s.push_str("\"}}");
-            s
-        }
-        EventBody::Exited(info) => {
-            let mut params = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
-            params["seq"] = json!(ev.seq);
-            params["processId"] = serde_json::from_str(id_json).unwrap_or(Value::Null);
-            json!({"jsonrpc": "2.0", "method": "process/exited", "params": params}).to_string()
-        }
-    }
-}
-
 impl ManagedProcess {
     /// Record that `timeoutMs` fired (reported as `timedOut` in the exit notice).
     pub(crate) fn mark_timed_out(&self) {
         self.timed_out.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::event_log::EventBody;
+    use crate::rpc::messages::StreamName;
+
+    fn output(seq: u64) -> Event {
+        Event {
+            seq,
+            body: EventBody::Output {
+                stream: StreamName::Stdout,
+                chunk: bytes::Bytes::from_static(b"x"),
+            },
+        }
+    }
+
+    #[test]
+    fn next_seq_follows_the_last_event_or_after_seq() {
+        assert_eq!(next_seq_after(0, &[]), 1);
+        assert_eq!(next_seq_after(4, &[output(5), output(6)]), 7);
+        assert_eq!(next_seq_after(9, &[]), 10);
+    }
+
+    /// `afterSeq` 2^64−1 saturates instead of wrapping to 0 (or panicking in a debug build).
+    #[test]
+    fn next_seq_saturates_at_the_largest_after_seq() {
+        assert_eq!(next_seq_after(u64::MAX, &[]), u64::MAX);
+        assert_eq!(next_seq_after(u64::MAX - 1, &[]), u64::MAX);
+        assert_eq!(next_seq_after(0, &[output(u64::MAX)]), u64::MAX);
     }
 }

@@ -1,14 +1,30 @@
-//! Processes: spawning, output pumps, drain, the event log, and control operations.
+//! Processes (layer 2): spawning, output pumps, drain, the event log, control operations,
+//! and the ready queue a connection's writer pulls from.
 //!
-//! Only this module spawns children (`spawn.rs` holds every `unsafe` line). The event log and
-//! the drain state machine are sans-IO; the pump and supervisor are thin tokio tasks over
-//! them.
+//! # Layout
+//!
+//! - [`spawn`]: `setsid`, parent-death signal, pipes or PTY; every `unsafe` line.
+//! - [`event_log`]: sans-IO seq numbering, retention, delivery cursor, acks.
+//! - [`output_drain`]: sans-IO drain deadline.
+//! - [`output_pump`]: the pump and supervisor tasks.
+//! - [`managed_process`]: one process's state and control operations.
+//! - [`ready_set`]: the queue of processes with unwritten events, one per connection.
+//! - [`signals`]: signal names and process-group signalling.
+//! - [`error`]: the typed [`ProcessError`].
+//!
+//! Only this module spawns children. It returns typed values and errors: it must never build
+//! a JSON-RPC error or shape a JSON result (the connection layer does), nor write to a
+//! transport.
 
+pub mod error;
 pub mod event_log;
 pub mod managed_process;
 pub mod output_drain;
 pub mod output_pump;
+pub mod ready_set;
 pub mod signals;
 pub mod spawn;
 
-pub use managed_process::{ManagedProcess, ProcessOptions, WriteStatus};
+pub use error::ProcessError;
+pub use managed_process::{ManagedProcess, ProcessInfo, ProcessOptions, ReadOutcome, WriteStatus};
+pub use ready_set::ReadySet;

@@ -16,14 +16,14 @@ use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::event_log::{LogLimits, StreamName};
+use super::event_log::LogLimits;
 use super::managed_process::{terminate_group, ManagedProcess, ProcessOptions};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
 use super::spawn::{spawn, OutputReader, SpawnSpec};
 use crate::config::MAX_CHUNK_BYTES;
 use crate::metrics::Metrics;
-use crate::rpc::messages::ExitInfo;
+use crate::rpc::messages::{ExitInfo, StreamName};
 
 /// Spawn a child and start its pumps and supervisor.
 pub fn start_process(

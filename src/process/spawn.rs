@@ -17,8 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 
-use super::event_log::StreamName;
-use crate::rpc::messages::TermSize;
+use crate::rpc::messages::{StreamName, TermSize};
 
 /// What to start.
 #[derive(Debug, Clone)]

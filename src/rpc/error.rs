@@ -1,8 +1,9 @@
-//! JSON-RPC error codes, mapped in one place.
+//! JSON-RPC error codes and the [`RpcError`] sent to a peer.
 //!
-//! Every error the server can send a peer is an [`RpcError`] built here. Other layers return
-//! their own typed errors and convert through the `From` impls below, so the code a client sees
-//! for a given failure is decided in exactly one file.
+//! Every error the server can send a peer is an [`RpcError`] built with the constructors here.
+//! The layers below the connection return their own typed errors; `connection/error_map.rs`
+//! is the one place they become an `RpcError`, so the code a client sees for a given failure
+//! is decided in exactly one file. This module imports nothing above `rpc`.
 
 use serde_json::{json, Value};
 
@@ -149,31 +150,6 @@ impl RpcError {
             v["data"] = data.clone();
         }
         v
-    }
-}
-
-impl From<crate::session_registry::SessionError> for RpcError {
-    fn from(e: crate::session_registry::SessionError) -> Self {
-        use crate::session_registry::SessionError as E;
-        match e {
-            E::UnknownSession => RpcError::unknown_session(),
-            E::TooManySessions(n) => RpcError::limit_reached("maxSessions", n as u64),
-            E::TooManyProcesses(n) => RpcError::limit_reached("maxProcesses", n as u64),
-            E::ProcessExists(id) => RpcError::process_exists(&id),
-            E::UnknownProcess(id) => RpcError::unknown_process(&id),
-            E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
-            E::InvalidParams(m) => RpcError::invalid_params(m),
-        }
-    }
-}
-
-impl From<crate::process::event_log::ReadError> for RpcError {
-    fn from(e: crate::process::event_log::ReadError) -> Self {
-        match e {
-            crate::process::event_log::ReadError::Released { from_seq, to_seq } => {
-                RpcError::output_not_retained(from_seq, to_seq)
-            }
-        }
     }
 }
 

@@ -79,6 +79,38 @@ pub struct InitializeResult {
     pub limits: AdvertisedLimits,
 }
 
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamName {
+    /// Standard output of a pipe process.
+    Stdout,
+    /// Standard error of a pipe process.
+    Stderr,
+    /// The merged terminal stream of a PTY process.
+    Pty,
+}
+
+impl StreamName {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+            StreamName::Pty => "pty",
+        }
+    }
+
+    /// Parse a wire name; `None` for anything else.
+    pub fn from_wire(name: &str) -> Option<StreamName> {
+        match name {
+            "stdout" => Some(StreamName::Stdout),
+            "stderr" => Some(StreamName::Stderr),
+            "pty" => Some(StreamName::Pty),
+            _ => None,
+        }
+    }
+}
+
 /// Terminal size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TermSize {

@@ -1,7 +1,24 @@
-//! The JSON-RPC layer: envelope, error codes and the typed messages of `protocol.md`.
+//! The JSON-RPC layer (layer 1): the protocol on the wire, for server and client alike.
+//!
+//! # Layout
+//!
+//! - [`jsonrpc`]: the envelope: classify inbound bytes, encode responses, requests and
+//!   notifications.
+//! - [`error`]: every error code and the [`RpcError`] sent to a peer.
+//! - [`messages`]: typed params and results of `protocol.md` §4, and the wire types
+//!   ([`StreamName`](messages::StreamName), [`ExitInfo`](messages::ExitInfo),
+//!   [`TermSize`](messages::TermSize)).
+//! - [`method`]: the [`Method`] enum, parsed once from one table, with each method's class.
+//! - [`notification`]: both directions of the event codecs (output delta, exit notice,
+//!   `process/read` events), the server's encoder and the client's fast decoder side by side.
+//!
+//! It must never import a layer above it: it knows no process, session or connection.
 
 pub mod error;
 pub mod jsonrpc;
 pub mod messages;
+pub mod method;
+pub mod notification;
 
 pub use error::{ErrorCode, RpcError};
+pub use method::{Method, MethodClass};

@@ -1,4 +1,5 @@
-//! Transports: how JSON-RPC messages reach a [`ConnectionProcessor`](crate::connection_processor).
+//! Transports (layer 1): how JSON-RPC messages reach a connection
+//! (`connection::ConnectionProcessor`, a higher layer this module never imports).
 //!
 //! A transport turns a byte pipe (stdio, a WebSocket, later a Noise virtual stream) into a
 //! [`Transport`]: a stream of whole inbound messages and a sink of outbound messages. It owns

@@ -28,8 +28,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use execrelay::config::ServerConfig;
-use execrelay::connection_processor::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
-use execrelay::session_registry::SessionRegistry;
+use execrelay::connection::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
+use execrelay::metrics::Metrics;
+use execrelay::session::SessionRegistry;
 use execrelay::transport::stdio::line_transport;
 
 /// Hang guard for waits that should complete (not a synchronisation device: tests wait on
@@ -335,7 +336,7 @@ pub struct InProcess {
 /// Start a connection over a duplex with `cfg`; `pipe_bytes` is the in-memory transport's
 /// buffer (small values make the transport itself fill up).
 pub fn in_process(cfg: ServerConfig, pipe_bytes: usize) -> InProcess {
-    let registry = SessionRegistry::new(Arc::new(cfg));
+    let registry = SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()));
     in_process_with(registry, pipe_bytes, ConnectionOptions::default())
 }
 
@@ -351,7 +352,7 @@ pub fn in_process_with(
 /// Like [`in_process`], but the client ignores write errors: when the server closes the
 /// connection on a framing error it may do so while the client is still writing the line.
 pub fn in_process_lenient(cfg: ServerConfig) -> InProcess {
-    let registry = SessionRegistry::new(Arc::new(cfg));
+    let registry = SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()));
     in_process_wrapped(registry, 1 << 20, ConnectionOptions::default(), Lenient)
 }
 

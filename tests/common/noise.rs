@@ -20,13 +20,14 @@ use tokio_util::sync::CancellationToken;
 
 use execrelay::client::Target;
 use execrelay::config::{ServerConfig, MAX_MESSAGE_BYTES};
+use execrelay::link::client::NoiseClientConfig;
+use execrelay::link::server::{serve_noise, LinkLimits, NoiseServerConfig};
+use execrelay::metrics::Metrics;
 use execrelay::noise::authorizer::{AuthDenied, AuthRequest, Authorizer};
 use execrelay::noise::handshake::{prologue, ClientHandshake, NOISE_PARAMS};
 use execrelay::noise::keys::{Keypair, KEY_BYTES};
-use execrelay::noise::link_client::NoiseClientConfig;
-use execrelay::noise::link_server::{serve_noise, LinkLimits, NoiseServerConfig};
 use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
-use execrelay::session_registry::SessionRegistry;
+use execrelay::session::SessionRegistry;
 use execrelay::transport::Transport;
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
 
@@ -140,7 +141,8 @@ pub async fn start_server(auth: Arc<dyn Authorizer>, limits: LinkLimits) -> Test
         env_id: String::new(),
         limits,
     });
-    let registry = SessionRegistry::new(Arc::new(ServerConfig::default()));
+    let registry =
+        SessionRegistry::new(Arc::new(ServerConfig::default()), Arc::new(Metrics::new()));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(serve_noise(listener, cfg, registry, shutdown.clone()));
     TestServer {

@@ -14,11 +14,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use super::handshake::ClientHandshake;
-use super::keys::{fingerprint, Keypair, KEY_BYTES};
-use super::record::{Opened, RecordOpener};
 use super::virtual_stream::open_stream;
-use crate::process::managed_process::lock;
+use crate::noise::handshake::ClientHandshake;
+use crate::noise::keys::{fingerprint, Keypair, KEY_BYTES};
+use crate::noise::record::{Opened, RecordOpener};
+use crate::sync::lock;
 use crate::transport::websocket::websocket_config;
 use crate::transport::{FramingError, Transport};
 use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
@@ -127,7 +127,7 @@ fn links() -> &'static Mutex<HashMap<LinkKey, Weak<ClientLink>>> {
 pub fn link_url(url: &str) -> Option<String> {
     let rest = url.strip_prefix("noise+ws://")?;
     let hostport = rest.trim_end_matches('/');
-    Some(format!("ws://{hostport}{}", super::link_server::LINK_PATH))
+    Some(format!("ws://{hostport}{}", super::server::LINK_PATH))
 }
 
 impl ClientLink {
@@ -209,8 +209,7 @@ impl ClientLink {
                     break;
                 }
             }
-            let _ =
-                tokio::time::timeout(super::link_server::LINK_CLOSE_TIMEOUT, sink.close()).await;
+            let _ = tokio::time::timeout(super::server::LINK_CLOSE_TIMEOUT, sink.close()).await;
             dead.cancel();
         });
 

@@ -20,17 +20,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::authorizer::{AuthRequest, Authorizer};
-use super::budget::{FailureBudget, FAILURE_BURST, FAILURE_REFILL};
-use super::handshake::{read_hello, PendingHandshake};
-use super::keys::{fingerprint, Keypair};
-use super::record::{Opened, RecordSealer};
 use super::virtual_stream::{data_frame, open_stream};
 use crate::config::SHUTDOWN_DELIVERY_GRACE_MS;
-use crate::connection_processor::{ConnectionOptions, ConnectionProcessor};
+use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
-use crate::process::managed_process::lock;
-use crate::session_registry::SessionRegistry;
+use crate::noise::authorizer::{AuthRequest, Authorizer};
+use crate::noise::budget::{FailureBudget, FAILURE_BURST, FAILURE_REFILL};
+use crate::noise::handshake::{read_hello, PendingHandshake};
+use crate::noise::keys::{fingerprint, Keypair};
+use crate::noise::record::{Opened, RecordSealer};
+use crate::session::SessionRegistry;
+use crate::sync::lock;
 use crate::transport::websocket::{serve_upgrades, websocket_config, UpgradedWebSocket};
 use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
 
@@ -137,7 +137,7 @@ enum Entry {
     /// Established.
     Open {
         inbound: Option<mpsc::Sender<Result<Vec<u8>, crate::transport::FramingError>>>,
-        opener: super::record::RecordOpener,
+        opener: crate::noise::record::RecordOpener,
         sealer: Arc<Mutex<RecordSealer>>,
         /// Keeps the open-streams gauge raised while the entry exists.
         _live: GaugeGuard,

@@ -16,9 +16,9 @@ use futures_util::Sink;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
-use super::handshake::TransportKeys;
-use super::record::{RecordOpener, RecordSealer};
-use crate::process::managed_process::lock;
+use crate::noise::handshake::TransportKeys;
+use crate::noise::record::{RecordOpener, RecordSealer};
+use crate::sync::lock;
 use crate::transport::{FramingError, Transport};
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
 

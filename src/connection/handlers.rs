@@ -1,4 +1,6 @@
-//! Method handlers: decode params, call the session or process, shape the result.
+//! Method handlers: decode and validate params, call the session or process, shape the
+//! result. Typed errors of the layers below become JSON-RPC errors through `?` and the
+//! conversions of [`error_map`](super::error_map).
 //!
 //! Handlers run in their own tasks, already ordered by the scheduler. They never touch the
 //! transport; a handler that needs something to happen after its reply is written (opening a
@@ -11,15 +13,21 @@ use base64::Engine;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DEFAULT_READ_MAX_BYTES;
+use crate::config::{
+    DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES, MAX_PROCESS_ID_BYTES,
+};
+use crate::process::event_log::EventBody;
 use crate::process::signals::parse_signal;
+use crate::process::spawn::SpawnSpec;
+use crate::process::{ProcessInfo, ProcessOptions};
 use crate::rpc::jsonrpc::decode_params;
 use crate::rpc::messages::{
     AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
     TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
 };
-use crate::rpc::RpcError;
-use crate::session_registry::{Session, SessionRegistry};
+use crate::rpc::notification::{exit_event_json, output_event_json};
+use crate::rpc::{Method, RpcError};
+use crate::session::{Session, SessionRegistry, StartSpec};
 
 /// What a request handler needs.
 pub struct Ctx {
@@ -51,17 +59,17 @@ impl From<Value> for Reply {
 }
 
 /// Route one request (the connection processor already checked state and class).
-pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, RpcError> {
+pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply, RpcError> {
     match method {
-        "process/start" => start(ctx, decode_params(params)?),
-        "process/read" => read(ctx, decode_params(params)?).await.map(Reply::from),
-        "process/write" => write(ctx, decode_params(params)?).await.map(Reply::from),
-        "process/closeStdin" => {
+        Method::ProcessStart => start(ctx, decode_params(params)?),
+        Method::ProcessRead => read(ctx, decode_params(params)?).await.map(Reply::from),
+        Method::ProcessWrite => write(ctx, decode_params(params)?).await.map(Reply::from),
+        Method::ProcessCloseStdin => {
             let p: ProcessRef = decode_params(params)?;
             ctx.session.get(&p.process_id)?.close_stdin().await;
             Ok(json!({}).into())
         }
-        "process/resize" => {
+        Method::ProcessResize => {
             let p: ResizeParams = decode_params(params)?;
             ctx.session.get(&p.process_id)?.resize(TermSize {
                 rows: p.rows,
@@ -69,7 +77,7 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             })?;
             Ok(json!({}).into())
         }
-        "process/signal" => {
+        Method::ProcessSignal => {
             let p: SignalParams = decode_params(params)?;
             let sig = parse_signal(&p.signal).ok_or_else(|| {
                 RpcError::invalid_params(format!("unknown signal {:?}", p.signal))
@@ -77,7 +85,7 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             ctx.session.get(&p.process_id)?.signal(sig)?;
             Ok(json!({}).into())
         }
-        "process/terminate" => {
+        Method::ProcessTerminate => {
             let p: TerminateParams = decode_params(params)?;
             let running = match ctx.session.get(&p.process_id) {
                 Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)),
@@ -85,30 +93,31 @@ pub async fn dispatch(ctx: &Ctx, method: &str, params: Value) -> Result<Reply, R
             };
             Ok(json!({ "running": running }).into())
         }
-        "process/list" => {
+        Method::ProcessList => {
             let mut procs: Vec<Value> = ctx
                 .session
                 .processes()
                 .iter()
-                .map(|p| p.list_entry())
+                .map(|p| list_entry(&p.info()))
                 .collect();
             procs.sort_by(|a, b| a["processId"].as_str().cmp(&b["processId"].as_str()));
             Ok(json!({ "processes": procs }).into())
         }
-        "server/info" => Ok(server_info(&ctx.registry).into()),
+        Method::ServerInfo => Ok(server_info(&ctx.registry).into()),
         // Extension (not in protocol.md): a client that is done ends its session at once
         // instead of leaving it detached for detachedSessionTtlMs (it would count against
         // maxSessions meanwhile). Its processes are terminated.
-        "session/close" => {
+        Method::SessionClose => {
             ctx.session.close();
             Ok(json!({}).into())
         }
-        other => Err(RpcError::method_not_found(other)),
+        // The processor routes only requests a client may call here.
+        other => Err(RpcError::method_not_found(other.as_str())),
     }
 }
 
 fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
-    let proc = ctx.session.start(p, ctx.conn_id)?;
+    let proc = ctx.session.start(start_spec(p)?, ctx.conn_id)?;
     let result = serde_json::to_value(StartResult {
         process_id: proc.id.clone(),
         pid: proc.pid,
@@ -122,14 +131,71 @@ fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
     })
 }
 
+/// Validate `process/start` params and apply the defaults: the session takes only this
+/// (the messages of the `-32602` errors are part of the protocol).
+pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
+    let n = p.process_id.len();
+    if n == 0 || n > MAX_PROCESS_ID_BYTES {
+        return Err(RpcError::invalid_params(format!(
+            "processId must be 1 to {MAX_PROCESS_ID_BYTES} bytes"
+        )));
+    }
+    if p.argv.is_empty() {
+        return Err(RpcError::invalid_params("argv must not be empty"));
+    }
+    if let Some(cwd) = &p.cwd {
+        if !cwd.starts_with('/') {
+            return Err(RpcError::invalid_params("cwd must be an absolute path"));
+        }
+    }
+    if p.argv.iter().any(|a| a.contains('\0')) {
+        return Err(RpcError::invalid_params("argv must not contain NUL"));
+    }
+    Ok(StartSpec {
+        spawn: SpawnSpec {
+            argv: p.argv,
+            cwd: p.cwd,
+            env: p.env.into_iter().collect(),
+            inherit_env: p.inherit_env,
+            tty: p.tty.then(|| p.size.unwrap_or_default()),
+            pipe_stdin: p.pipe_stdin,
+        },
+        options: ProcessOptions {
+            timeout: p.timeout_ms.map(Duration::from_millis),
+            output_cap: p.output_bytes_cap,
+            drain_timeout: Duration::from_millis(
+                p.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
+            ),
+            kill_grace: Duration::from_millis(p.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS)),
+            kill_group_on_exit: p.kill_process_group_on_exit,
+        },
+        process_id: p.process_id,
+    })
+}
+
 async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
     let proc = ctx.session.get(&p.process_id)?;
     let max_wait = ctx.registry.config().max_read_wait_ms;
     let wait = Duration::from_millis(p.wait_ms.min(max_wait));
     let max_bytes = p.max_bytes.unwrap_or(DEFAULT_READ_MAX_BYTES);
     let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-    proc.read(p.after_seq, max_bytes, wait, ctx.session.acks, &ctx.cancel)
-        .await
+    let r = proc
+        .read(p.after_seq, max_bytes, wait, ctx.session.acks, &ctx.cancel)
+        .await?;
+    let events: Vec<Value> = r
+        .events
+        .iter()
+        .map(|ev| match &ev.body {
+            EventBody::Output { stream, chunk } => output_event_json(ev.seq, *stream, chunk),
+            EventBody::Exited(info) => exit_event_json(ev.seq, info),
+        })
+        .collect();
+    Ok(json!({
+        "events": events,
+        "nextSeq": r.next_seq,
+        "running": r.running,
+        "exited": r.exited,
+    }))
 }
 
 async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
@@ -139,6 +205,24 @@ async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
         .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
     let status = proc.write(&data, p.write_id).await;
     Ok(json!({ "status": status.as_str() }))
+}
+
+/// A `process/list` entry.
+fn list_entry(p: &ProcessInfo) -> Value {
+    let (code, signal) = match &p.exit {
+        Some(e) => (json!(e.exit_code), json!(e.signal)),
+        None => (Value::Null, Value::Null),
+    };
+    json!({
+        "processId": p.process_id,
+        "pid": p.pid,
+        "argv": p.argv,
+        "tty": p.tty,
+        "state": if p.exit.is_some() { "exited" } else { "running" },
+        "nextSeq": p.next_seq,
+        "exitCode": code,
+        "signal": signal,
+    })
 }
 
 /// `process/ack` (a notification): ignored without the acks capability or for an unknown

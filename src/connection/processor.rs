@@ -5,7 +5,8 @@
 //! [`Scheduler`]), the per-connection request limit, and the connection's writer task. When the
 //! connection ends, queued requests are skipped, in-flight ones (long polls included) end at
 //! once, and the session is detached (or closed, for stdio). It must never block its reader on
-//! a request: every request runs in its own task.
+//! a request: every request runs in its own task. Method names are parsed here, once, into a
+//! [`Method`]; everything after routes on the enum.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,16 +17,17 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::delivery::{run_writer, ControlMessage, ReadySet};
-use crate::handlers::{self, Ctx, Reply};
+use super::delivery::{run_writer, ControlMessage};
+use super::handlers::{self, Ctx, Reply};
+use super::scheduler::{Class, Scheduler};
 use crate::metrics::GaugeGuard;
-use crate::request_scheduler::{Class, Scheduler};
+use crate::process::ReadySet;
 use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
 use crate::rpc::messages::{
     AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION,
 };
-use crate::rpc::RpcError;
-use crate::session_registry::{ConnHandle, Session, SessionRegistry};
+use crate::rpc::{Method, MethodClass, RpcError};
+use crate::session::{ConnHandle, Session, SessionRegistry};
 use crate::transport::{FramingError, Transport};
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
@@ -228,18 +230,20 @@ impl ConnectionProcessor {
     }
 
     fn handle_notification(&mut self, method: &str, params: Value) {
-        match (&self.state, method) {
-            (State::AwaitInitialized(s), "initialized") => {
+        match (&self.state, Method::parse(method)) {
+            (State::AwaitInitialized(s), Some(Method::Initialized)) => {
                 self.state = State::Ready(s.clone());
             }
-            (State::Ready(s), "process/ack") => handlers::ack(s, params),
-            (_, other) => tracing::debug!(method = other, "notification ignored"),
+            (State::Ready(s), Some(Method::ProcessAck)) => handlers::ack(s, params),
+            _ => tracing::debug!(method, "notification ignored"),
         }
     }
 
-    async fn handle_request(&mut self, id: Value, method: String, params: Value) {
-        let session = match (&self.state, method.as_str()) {
-            (State::AwaitInitialize, "initialize") => {
+    async fn handle_request(&mut self, id: Value, name: String, params: Value) {
+        // The one place a method name is parsed.
+        let method = Method::parse(&name);
+        let session = match (&self.state, method) {
+            (State::AwaitInitialize, Some(Method::Initialize)) => {
                 let reply = self.initialize(params);
                 let text = match reply {
                     Ok(v) => encode_response(&id, &v),
@@ -253,7 +257,7 @@ impl ConnectionProcessor {
                 self.send(self.error(&id, &e)).await;
                 return;
             }
-            (_, "initialize") => {
+            (_, Some(Method::Initialize)) => {
                 let e = RpcError::invalid_request("initialize may succeed only once");
                 self.send(self.error(&id, &e)).await;
                 return;
@@ -266,21 +270,20 @@ impl ConnectionProcessor {
             (State::Ready(s), _) => s.clone(),
         };
 
-        let class = match method.as_str() {
-            "process/signal" | "process/terminate" | "server/info" | "process/list"
-            | "session/close" => None,
-            "process/start" | "process/write" | "process/closeStdin" | "process/resize" => {
-                Some(Class::Exclusive)
-            }
-            "process/read" => Some(Class::Shared),
-            "process/ack" => {
+        let (method, class) = match method.map(|m| (m, m.class())) {
+            Some((m, MethodClass::Control)) => (m, None),
+            Some((m, MethodClass::Exclusive)) => (m, Some(Class::Exclusive)),
+            Some((m, MethodClass::Shared)) => (m, Some(Class::Shared)),
+            Some((_, MethodClass::Ack)) => {
                 handlers::ack(&session, params);
                 self.send(encode_response(&id, &serde_json::json!({})))
                     .await;
                 return;
             }
-            _ => {
-                self.send(self.error(&id, &RpcError::method_not_found(&method)))
+            // Unknown, or not something a client may call (`initialized` as a request, a
+            // server notification).
+            Some((_, MethodClass::Setup | MethodClass::ServerToClient)) | None => {
+                self.send(self.error(&id, &RpcError::method_not_found(&name)))
                     .await;
                 return;
             }
@@ -333,10 +336,10 @@ impl ConnectionProcessor {
     fn spawn_request(
         &self,
         id: Value,
-        method: String,
+        method: Method,
         params: Value,
         session: Arc<Session>,
-        slot: Option<crate::request_scheduler::Slot>,
+        slot: Option<super::scheduler::Slot>,
         permit: OwnedSemaphorePermit,
     ) {
         let ctx = Ctx {
@@ -366,7 +369,7 @@ impl ConnectionProcessor {
                 // A request that has started runs to its end even if the connection closes
                 // meanwhile: a write cut half-way could not be retried exactly once. Long
                 // polls watch the connection's token themselves and end at once.
-                let reply = handlers::dispatch(&ctx, &method, params).await;
+                let reply = handlers::dispatch(&ctx, method, params).await;
                 let msg = match reply {
                     Ok(Reply {
                         result,

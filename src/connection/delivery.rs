@@ -1,5 +1,5 @@
-//! Delivery to one connection: the ready set of processes with unwritten events, and the
-//! connection writer that serves the control lane before the event lane.
+//! Delivery to one connection: the connection writer that serves the control lane before the
+//! event lane, pulling events of the processes in the connection's [`ReadySet`].
 //!
 //! The event lane is *pulled*, not pushed: events stay in each process's log (bounded by its
 //! limits) and the writer takes them when the transport can accept more. So events are never
@@ -7,50 +7,17 @@
 //! connection queue is the control lane, bounded by the connection's request limit.
 //! The writer must never block on anything but the transport.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures_util::SinkExt;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EVENT_BATCH_BYTES;
-use crate::process::managed_process::{encode_notification, lock};
-use crate::process::ManagedProcess;
+use crate::process::event_log::EventBody;
+use crate::process::ReadySet;
+use crate::rpc::notification::{encode_exit_notice, encode_output_delta};
 use crate::transport::MessageSink;
-
-/// Processes of one connection that have unwritten events, in the order they became ready.
-#[derive(Default)]
-pub struct ReadySet {
-    inner: Mutex<ReadyInner>,
-    notify: Notify,
-}
-
-#[derive(Default)]
-struct ReadyInner {
-    queue: VecDeque<Arc<ManagedProcess>>,
-    queued: HashSet<usize>,
-}
-
-impl ReadySet {
-    /// Queue `p` once (repeated pushes before the writer takes it are merged).
-    pub fn push(&self, p: Arc<ManagedProcess>) {
-        let key = Arc::as_ptr(&p) as usize;
-        let mut inner = lock(&self.inner);
-        if inner.queued.insert(key) {
-            inner.queue.push_back(p);
-            drop(inner);
-            self.notify.notify_one();
-        }
-    }
-
-    fn pop(&self) -> Option<Arc<ManagedProcess>> {
-        let mut inner = lock(&self.inner);
-        let p = inner.queue.pop_front()?;
-        inner.queued.remove(&(Arc::as_ptr(&p) as usize));
-        Some(p)
-    }
-}
 
 /// A message for the control lane: a response or error, with an optional action to run once
 /// it was handed to the transport (used to open a new process's event delivery only after its
@@ -110,7 +77,12 @@ pub async fn run_writer(
             let mut last = None;
             let mut failed = false;
             for ev in &events {
-                let text = encode_notification(&p.id_json, ev);
+                let text = match &ev.body {
+                    EventBody::Output { stream, chunk } => {
+                        encode_output_delta(&p.id_json, ev.seq, *stream, chunk)
+                    }
+                    EventBody::Exited(info) => encode_exit_notice(&p.id, ev.seq, info),
+                };
                 if sink.feed(text).await.is_err() {
                     failed = true;
                     break;
@@ -135,7 +107,7 @@ pub async fn run_writer(
         if sink.flush().await.is_err() {
             break WriterEnd::TransportFailed;
         }
-        let notified = ready.notify.notified();
+        let notified = ready.notified();
         tokio::select! {
             biased;
             _ = cancel.cancelled() => break WriterEnd::Cancelled,

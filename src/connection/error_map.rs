@@ -1,0 +1,117 @@
+//! The one place where the typed errors of the layers below ([`SessionError`],
+//! [`ProcessError`]) become JSON-RPC errors: which code, which message, which data.
+//!
+//! Handlers propagate those errors with `?`; the conversions below decide what the client
+//! sees. The wire messages are part of the protocol's contract (tests check them): change one
+//! here or nowhere.
+
+use serde_json::json;
+
+use crate::process::ProcessError;
+use crate::rpc::RpcError;
+use crate::session::SessionError;
+
+impl From<SessionError> for RpcError {
+    fn from(e: SessionError) -> Self {
+        use SessionError as E;
+        match e {
+            E::UnknownSession => RpcError::unknown_session(),
+            E::TooManySessions(n) => RpcError::limit_reached("maxSessions", n as u64),
+            E::TooManyProcesses(n) => RpcError::limit_reached("maxProcesses", n as u64),
+            E::ProcessExists(id) => RpcError::process_exists(&id),
+            E::UnknownProcess(id) => RpcError::unknown_process(&id),
+            E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
+        }
+    }
+}
+
+impl From<ProcessError> for RpcError {
+    fn from(e: ProcessError) -> Self {
+        use ProcessError as E;
+        match e {
+            E::Signal(e) => RpcError::internal(format!("signal failed: {e}")),
+            E::NotTty(id) => {
+                RpcError::invalid_params(format!("process {} is not a tty process", json!(id)))
+            }
+            E::ZeroSize => RpcError::invalid_params("rows and cols must be positive"),
+            E::Resize(e) => RpcError::internal(format!("resize failed: {e}")),
+            E::NotRetained { from_seq, to_seq } => RpcError::output_not_retained(from_seq, to_seq),
+            E::ReadCancelled => RpcError::invalid_request("connection closed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::ErrorCode;
+
+    fn wire(e: impl Into<RpcError>) -> (i64, String) {
+        let e: RpcError = e.into();
+        (e.code.code(), e.message)
+    }
+
+    /// Codes and messages as clients have always seen them.
+    #[test]
+    fn session_errors_keep_their_codes_and_messages() {
+        assert_eq!(
+            wire(SessionError::UnknownSession),
+            (
+                -32003,
+                "unknown or expired session, or wrong resume token".into()
+            )
+        );
+        assert_eq!(
+            wire(SessionError::TooManySessions(64)),
+            (-32004, "limit reached: maxSessions (64)".into())
+        );
+        assert_eq!(
+            wire(SessionError::TooManyProcesses(3)),
+            (-32004, "limit reached: maxProcesses (3)".into())
+        );
+        assert_eq!(
+            wire(SessionError::ProcessExists("a\"b".into())),
+            (-32002, "process id \"a\\\"b\" already exists".into())
+        );
+        assert_eq!(
+            wire(SessionError::UnknownProcess("x".into())),
+            (-32001, "unknown process id \"x\"".into())
+        );
+        let (code, msg) = wire(SessionError::Spawn(std::io::Error::from_raw_os_error(2)));
+        assert_eq!(code, -32603);
+        assert!(
+            msg.starts_with("spawn failed: No such file or directory"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn process_errors_keep_their_codes_and_messages() {
+        assert_eq!(
+            wire(ProcessError::NotTty("p\"1".into())),
+            (-32602, "process \"p\\\"1\" is not a tty process".into())
+        );
+        assert_eq!(
+            wire(ProcessError::ZeroSize),
+            (-32602, "rows and cols must be positive".into())
+        );
+        assert_eq!(
+            wire(ProcessError::ReadCancelled),
+            (-32600, "connection closed".into())
+        );
+        let (code, msg) = wire(ProcessError::Signal(std::io::Error::from_raw_os_error(1)));
+        assert_eq!(code, -32603);
+        assert!(msg.starts_with("signal failed: "), "{msg}");
+        let (code, msg) = wire(ProcessError::Resize(std::io::Error::from_raw_os_error(25)));
+        assert_eq!(code, -32603);
+        assert!(msg.starts_with("resize failed: "), "{msg}");
+        let e: RpcError = ProcessError::NotRetained {
+            from_seq: 3,
+            to_seq: 9,
+        }
+        .into();
+        assert_eq!(e.code, ErrorCode::OutputNotRetained);
+        assert_eq!(e.message, "output no longer retained: seq 3..=9");
+        assert_eq!(e.data, Some(json!({"fromSeq": 3, "toSeq": 9})));
+    }
+}

@@ -1,0 +1,45 @@
+//! Sessions (layer 3): processes and their retained output, outliving connections.
+//!
+//! # Layout
+//!
+//! - [`session_registry`]: the [`SessionRegistry`] every connection of a server shares:
+//!   create, resume, `maxSessions`, shutdown.
+//! - [`session`]: one [`Session`]: attach, detach and expiry, close, starting processes from a
+//!   typed [`StartSpec`], reaping exited ones.
+//!
+//! It takes already-decoded, validated options and returns typed [`SessionError`]s (the
+//! connection maps them to JSON-RPC). It must never decode JSON nor write to a transport:
+//! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
+
+// `session::session` is the one session, beside the registry of them all.
+#[allow(clippy::module_inception)]
+pub mod session;
+pub mod session_registry;
+
+pub use session::{ConnHandle, Session, StartSpec};
+pub use session_registry::SessionRegistry;
+
+/// Failures of session and process bookkeeping; mapped to JSON-RPC codes in
+/// `connection/error_map.rs`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// Unknown or expired session, or a wrong token (deliberately one variant).
+    #[error("unknown or expired session, or wrong resume token")]
+    UnknownSession,
+    /// `maxSessions` reached.
+    #[error("too many sessions ({0})")]
+    TooManySessions(usize),
+    /// `maxProcesses` reached for this session.
+    #[error("too many processes ({0})")]
+    TooManyProcesses(usize),
+    /// The process id is taken.
+    #[error("process id {0:?} already exists")]
+    ProcessExists(String),
+    /// No such process.
+    #[error("unknown process id {0:?}")]
+    UnknownProcess(String),
+    /// The OS refused to start the child.
+    #[error("spawn failed: {0}")]
+    Spawn(std::io::Error),
+}

@@ -1,0 +1,296 @@
+//! One session: processes and their retained output, outliving connections, and which
+//! connection (if any) it is attached to.
+//!
+//! It owns a session's part of the lifecycle of `processes.md` §5: attach (evicting the
+//! previous holder), detach and arm the expiry timer, close (terminating every process
+//! group), starting processes from a validated [`StartSpec`], and reaping exited ones. It
+//! never decodes JSON (the connection's handler hands it typed options) and never writes to a
+//! transport: delivery goes through the attached connection's [`ReadySet`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::session_registry::SessionRegistry;
+use super::SessionError;
+use crate::config::ServerConfig;
+use crate::process::event_log::LogLimits;
+use crate::process::output_pump::start_process;
+use crate::process::spawn::SpawnSpec;
+use crate::process::{ManagedProcess, ProcessOptions, ReadySet};
+use crate::sync::lock;
+
+/// A validated `process/start`: what to spawn and how to run it. The connection's handler
+/// decodes and validates the params and applies the defaults; the session never sees JSON.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// The client-chosen id (1 to `MAX_PROCESS_ID_BYTES` bytes).
+    pub process_id: String,
+    /// What to spawn.
+    pub spawn: SpawnSpec,
+    /// How to run it (timeouts, caps, grace).
+    pub options: ProcessOptions,
+}
+
+/// What a connection brings when it attaches a session.
+#[derive(Clone)]
+pub struct ConnHandle {
+    /// Unique per server.
+    pub conn_id: u64,
+    /// Where the session's events go while attached.
+    pub ready: Arc<ReadySet>,
+    /// Cancelled when another connection takes the session over.
+    pub evict: CancellationToken,
+    /// The client's static public key on a Noise channel (sessions are bound to it).
+    pub peer_key: Option<Vec<u8>>,
+}
+
+pub(super) enum Slot {
+    Starting,
+    Ready(Arc<ManagedProcess>),
+}
+
+pub(super) struct AttachState {
+    pub(super) current: Option<ConnHandle>,
+    /// Bumped on every attach and detach, so an old expiry timer can tell it is stale.
+    pub(super) generation: u64,
+}
+
+/// A session: processes and their retained output, outliving connections.
+pub struct Session {
+    /// Public id.
+    pub id: String,
+    pub(super) token: Vec<u8>,
+    /// The client acknowledges events.
+    pub acks: bool,
+    pub(super) peer_key: Option<Vec<u8>>,
+    pub(super) config: Arc<ServerConfig>,
+    pub(super) processes: Mutex<HashMap<String, Slot>>,
+    pub(super) attach: Mutex<AttachState>,
+    pub(super) registry: Weak<SessionRegistry>,
+    pub(super) closed: CancellationToken,
+}
+
+impl Session {
+    /// Whether a connection holds the session.
+    pub fn is_attached(&self) -> bool {
+        lock(&self.attach).current.is_some()
+    }
+
+    /// Whether `conn_id` holds the session.
+    pub fn is_attached_to(&self, conn_id: u64) -> bool {
+        lock(&self.attach)
+            .current
+            .as_ref()
+            .is_some_and(|c| c.conn_id == conn_id)
+    }
+
+    /// Attach to `conn`: evict the previous holder, re-deliver every unacknowledged retained
+    /// event, then live ones.
+    pub(super) fn attach(&self, conn: &ConnHandle) {
+        let mut st = lock(&self.attach);
+        if let Some(old) = st.current.take() {
+            if old.conn_id != conn.conn_id {
+                old.evict.cancel();
+            }
+        }
+        st.current = Some(conn.clone());
+        st.generation += 1;
+        for p in self.processes() {
+            p.attach_delivery(Some(conn.ready.clone()), true);
+        }
+    }
+
+    /// The connection `conn_id` ended. If it still held the session, detach and arm the
+    /// expiry timer.
+    pub fn detach(self: &Arc<Self>, conn_id: u64) {
+        if self.closed.is_cancelled() {
+            return; // closed on purpose (`session/close`): nothing to keep
+        }
+        let generation = {
+            let mut st = lock(&self.attach);
+            match &st.current {
+                Some(c) if c.conn_id == conn_id => {}
+                _ => return,
+            }
+            st.current = None;
+            st.generation += 1;
+            for p in self.processes() {
+                p.set_delivery(None);
+            }
+            st.generation
+        };
+        let ttl = self.config.detached_ttl();
+        // The deadline is fixed now, not when the timer task first runs.
+        let deadline = Instant::now() + ttl;
+        let me = Arc::downgrade(self);
+        tracing::info!(session = %self.id, ttl_ms = ttl.as_millis() as u64, "session detached");
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let Some(s) = me.upgrade() else { return };
+            let stale = {
+                let st = lock(&s.attach);
+                st.generation != generation || st.current.is_some()
+            };
+            if !stale {
+                tracing::info!(session = %s.id, "detached session expired");
+                s.close();
+            }
+        });
+    }
+
+    /// Close: terminate every process group, free the session.
+    pub fn close(&self) {
+        self.closed.cancel();
+        if let Some(r) = self.registry.upgrade() {
+            r.remove(&self.id);
+        }
+        let procs: Vec<Arc<ManagedProcess>> = lock(&self.processes)
+            .drain()
+            .filter_map(|(_, s)| match s {
+                Slot::Ready(p) => Some(p),
+                Slot::Starting => None,
+            })
+            .collect();
+        for p in procs {
+            p.abandon();
+        }
+    }
+
+    /// Whether the session was closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Resolves when the session is closed.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await
+    }
+
+    /// Processes currently known.
+    pub fn processes(&self) -> Vec<Arc<ManagedProcess>> {
+        lock(&self.processes)
+            .values()
+            .filter_map(|s| match s {
+                Slot::Ready(p) => Some(p.clone()),
+                Slot::Starting => None,
+            })
+            .collect()
+    }
+
+    /// How many process ids are taken.
+    pub fn process_count(&self) -> usize {
+        lock(&self.processes).len()
+    }
+
+    /// Find a process.
+    pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, SessionError> {
+        match lock(&self.processes).get(id) {
+            Some(Slot::Ready(p)) => Ok(p.clone()),
+            _ => Err(SessionError::UnknownProcess(id.to_string())),
+        }
+    }
+
+    /// Start a process for connection `conn_id`. Its events are not delivered until
+    /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
+    pub fn start(
+        self: &Arc<Self>,
+        start: StartSpec,
+        conn_id: u64,
+    ) -> Result<Arc<ManagedProcess>, SessionError> {
+        let StartSpec {
+            process_id: id,
+            spawn: spec,
+            options: opts,
+        } = start;
+        // The registry outlives its sessions except while the server shuts down.
+        let metrics = match self.registry.upgrade() {
+            Some(r) => r.metrics().clone(),
+            None => return Err(SessionError::UnknownSession),
+        };
+        {
+            let mut procs = lock(&self.processes);
+            if procs.contains_key(&id) {
+                return Err(SessionError::ProcessExists(id));
+            }
+            if procs.len() >= self.config.max_processes {
+                return Err(SessionError::TooManyProcesses(self.config.max_processes));
+            }
+            procs.insert(id.clone(), Slot::Starting);
+        }
+        let limits = LogLimits {
+            retained_bytes: self.config.retained_output_bytes,
+            delivery_queue_bytes: self.config.delivery_queue_bytes,
+        };
+        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics) {
+            Ok(p) => p,
+            Err(e) => {
+                lock(&self.processes).remove(&id);
+                return Err(SessionError::Spawn(e));
+            }
+        };
+        {
+            let st = lock(&self.attach);
+            let mut procs = lock(&self.processes);
+            if self.closed.is_cancelled() {
+                drop(procs);
+                drop(st);
+                proc.abandon();
+                return Err(SessionError::UnknownSession);
+            }
+            procs.insert(id.clone(), Slot::Ready(proc.clone()));
+            // If the session moved to another connection while we spawned, the start result
+            // will never reach that client's stream in order anyway: deliver there now.
+            if let Some(cur) = &st.current {
+                if cur.conn_id != conn_id {
+                    proc.set_delivery(Some(cur.ready.clone()));
+                }
+            }
+        }
+        self.spawn_reaper(proc.clone());
+        Ok(proc)
+    }
+
+    /// Open event delivery of `p` to connection `conn_id`, if it still holds the session.
+    pub fn enable_delivery(&self, p: &Arc<ManagedProcess>, conn_id: u64) {
+        let st = lock(&self.attach);
+        if let Some(cur) = &st.current {
+            if cur.conn_id == conn_id {
+                p.set_delivery(Some(cur.ready.clone()));
+            }
+        }
+    }
+
+    /// Remove an exited process once its exit notice was acknowledged (acks) or
+    /// `exitedRetentionMs` after it was written (no acks).
+    fn spawn_reaper(self: &Arc<Self>, p: Arc<ManagedProcess>) {
+        let me = Arc::downgrade(self);
+        let acks = self.acks;
+        let retention = Duration::from_millis(self.config.exited_retention_ms);
+        let closed = self.closed.clone();
+        tokio::spawn(async move {
+            let wait = async {
+                p.wait_finished().await;
+                p.wait_exit_delivered(acks).await;
+                if !acks {
+                    tokio::time::sleep(retention).await;
+                }
+            };
+            tokio::select! {
+                _ = wait => {}
+                _ = closed.cancelled() => return,
+            }
+            if let Some(s) = me.upgrade() {
+                let mut procs = lock(&s.processes);
+                if let Some(Slot::Ready(cur)) = procs.get(&p.id) {
+                    if Arc::ptr_eq(cur, &p) {
+                        procs.remove(&p.id);
+                    }
+                }
+            }
+        });
+    }
+}

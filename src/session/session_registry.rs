@@ -1,0 +1,217 @@
+//! The registry every connection of a server shares: sessions by id, their creation (with a
+//! fresh resume token) and resumption (token and client key checked in constant time), the
+//! `maxSessions` limit, the read gauges of the metrics, and shutdown.
+//!
+//! It never builds its own [`Metrics`]: the caller passes them in. It must never write to a
+//! transport.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use subtle::ConstantTimeEq;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::session::{AttachState, ConnHandle, Session};
+use super::SessionError;
+use crate::config::ServerConfig;
+use crate::metrics::{Metrics, StateSnapshot};
+use crate::sync::lock;
+
+/// All sessions of one server.
+pub struct SessionRegistry {
+    config: Arc<ServerConfig>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    started: Instant,
+    next_conn: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    // The OS generator failing is not recoverable for a server that must issue secrets.
+    if let Err(e) = getrandom::getrandom(&mut b) {
+        panic!("OS random generator failed: {e}");
+    }
+    b
+}
+
+impl SessionRegistry {
+    /// A fresh registry counting into `metrics` (one per server: the caller builds it, the
+    /// metrics endpoint renders it).
+    pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(SessionRegistry {
+            config,
+            sessions: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            next_conn: AtomicU64::new(1),
+            metrics,
+        })
+    }
+
+    /// This server's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Count what the registry holds now (the read gauges of the metrics).
+    pub fn stats(&self) -> StateSnapshot {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let mut st = StateSnapshot::default();
+        for s in sessions {
+            if s.is_attached() {
+                st.sessions_attached += 1;
+            } else {
+                st.sessions_detached += 1;
+            }
+            for p in s.processes() {
+                let ps = p.stats();
+                if ps.exited {
+                    st.processes_exited += 1;
+                } else {
+                    st.processes_running += 1;
+                }
+                st.retained_output_bytes += ps.retained_bytes;
+            }
+        }
+        st
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Arc<ServerConfig> {
+        &self.config
+    }
+
+    /// A new connection id.
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Time since the registry was created.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Look a session up by id (operators' tools and tests; clients resume instead).
+    pub fn session(&self, id: &str) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(id).cloned()
+    }
+
+    /// Number of sessions.
+    pub fn session_count(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Number of processes known across sessions.
+    pub fn process_count(&self) -> usize {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        sessions.iter().map(|s| s.process_count()).sum()
+    }
+
+    /// Create a session attached to `conn`. Returns it and its resume token (the only time
+    /// the token leaves the server).
+    pub fn create(
+        self: &Arc<Self>,
+        acks: bool,
+        conn: &ConnHandle,
+    ) -> Result<(Arc<Session>, String), SessionError> {
+        let token = random_bytes::<32>();
+        let id = format!("s-{}", hex(&random_bytes::<16>()));
+        let session = Arc::new(Session {
+            id: id.clone(),
+            token: token.to_vec(),
+            acks,
+            peer_key: conn.peer_key.clone(),
+            config: self.config.clone(),
+            processes: Mutex::new(HashMap::new()),
+            attach: Mutex::new(AttachState {
+                current: Some(conn.clone()),
+                generation: 1,
+            }),
+            registry: Arc::downgrade(self),
+            closed: CancellationToken::new(),
+        });
+        {
+            let mut sessions = lock(&self.sessions);
+            if sessions.len() >= self.config.max_sessions {
+                return Err(SessionError::TooManySessions(self.config.max_sessions));
+            }
+            sessions.insert(id, session.clone());
+        }
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
+        Ok((session, token))
+    }
+
+    /// Re-attach a session to `conn`, evicting the connection that holds it, if any.
+    pub fn resume(
+        &self,
+        session_id: &str,
+        token: &str,
+        conn: &ConnHandle,
+    ) -> Result<Arc<Session>, SessionError> {
+        let session = lock(&self.sessions).get(session_id).cloned();
+        // Decode failures and unknown ids take the same path as a wrong token.
+        let given = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .unwrap_or_default();
+        let Some(session) = session else {
+            return Err(SessionError::UnknownSession);
+        };
+        let token_ok: bool = session.token.as_slice().ct_eq(given.as_slice()).into();
+        let key_ok = match (&session.peer_key, &conn.peer_key) {
+            (None, None) => true,
+            (Some(a), Some(b)) => bool::from(a.as_slice().ct_eq(b.as_slice())),
+            _ => false,
+        };
+        if !token_ok || !key_ok || session.closed.is_cancelled() {
+            return Err(SessionError::UnknownSession);
+        }
+        session.attach(conn);
+        Ok(session)
+    }
+
+    pub(super) fn remove(&self, id: &str) {
+        lock(&self.sessions).remove(id);
+    }
+
+    /// Close every session (stdio end, server shutdown): every process group is terminated.
+    pub fn close_all(&self) {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.close();
+        }
+    }
+
+    /// Graceful shutdown: terminate every process with its grace period, wait (bounded) for
+    /// exit notices to reach attached clients, then close everything.
+    pub async fn shutdown(&self, delivery_grace: Duration) {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let mut waits = Vec::new();
+        let mut longest = Duration::ZERO;
+        for s in &sessions {
+            for p in s.processes() {
+                p.terminate(None);
+                longest = longest.max(p.opts.kill_grace + p.opts.drain_timeout);
+                let attached = s.is_attached();
+                waits.push(async move {
+                    p.wait_finished().await;
+                    if attached {
+                        // Written to the transport is enough here: the server is going away,
+                        // so an ack could not release anything anyway.
+                        p.wait_exit_delivered(false).await;
+                    }
+                });
+            }
+        }
+        let all = futures_util::future::join_all(waits);
+        let _ = tokio::time::timeout(longest + delivery_grace, all).await;
+        self.close_all();
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
