@@ -23,6 +23,7 @@ pub mod config;
 pub mod connection_processor;
 pub mod delivery;
 pub mod handlers;
+pub mod http;
 pub mod metrics;
 pub mod noise;
 pub mod process;

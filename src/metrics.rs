@@ -1,5 +1,5 @@
-//! Operators' metrics: the counters and gauges of one exec server, and the Prometheus text
-//! endpoint that serves them (`--metrics-listen ADDR`, `GET /metrics`).
+//! Operators' metrics: the counters and gauges of one exec server, and their Prometheus text
+//! (served at `GET /metrics` by the HTTP front on `--metrics-listen ADDR`).
 //!
 //! # What this module owns
 //!
@@ -10,9 +10,8 @@
 //! - Gauges that are *read* rather than counted (sessions attached and detached, processes
 //!   running and exited, output bytes retained for clients): taken from the registry at scrape
 //!   time, so they can never drift from the truth.
-//! - The endpoint: a plain HTTP/1.1 listener that answers `GET /metrics` and closes, under the
-//!   same request-head limits as the WebSocket gate, a deadline per request, and a cap on
-//!   concurrent scrapes.
+//! - [`Metrics::render`], the OpenMetrics text; the endpoint that serves it is the HTTP front
+//!   (`crate::http`), wired by the composition root (`server.rs`).
 //!
 //! # What it must never do
 //!
@@ -23,34 +22,15 @@
 //!   families take a read lock, only on error and handshake paths); the registry's locks are
 //!   taken only at scrape time.
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 use crate::session_registry::SessionRegistry;
-use crate::transport::http_gate::{self, HeadError, Reply};
-
-/// The scrape path.
-pub const METRICS_PATH: &str = "/metrics";
-/// Scrapes served at once; more connections are closed at once. A Prometheus server scrapes
-/// one at a time; a few spare slots let an operator's `curl` in beside it.
-pub const MAX_METRICS_CONNECTIONS: usize = 8;
-/// A scrape's request head must arrive within this time: a client that connects and says
-/// nothing does not hold a slot. Writing the response and closing are bounded by the HTTP
-/// gate's close grace (1 s), as for every plain HTTP reply.
-pub const METRICS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// The content type of the OpenMetrics text format, which Prometheus negotiates.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A label with one value from a fixed set (a state, a reason, a code).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -233,124 +213,9 @@ impl Drop for GaugeGuard {
     }
 }
 
-/// Bind the metrics listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
-/// Serve `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    registry: Arc<SessionRegistry>,
-    shutdown: CancellationToken,
-) {
-    let slots = Arc::new(Semaphore::new(MAX_METRICS_CONNECTIONS));
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of descriptors and the like: do not spin.
-                tracing::warn!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "metrics: too many scrapes at once, closing");
-            continue;
-        };
-        let reg = registry.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            scrape(stream, &reg).await;
-        });
-    }
-}
-
-/// What a request to the metrics listener gets.
-fn route(method: &str, path: &str) -> Option<Reply> {
-    let path = path.split_once('?').map_or(path, |(p, _)| p);
-    match (path == METRICS_PATH, method == "GET") {
-        (true, true) => None,
-        (true, false) => Some(Reply::MethodNotAllowed),
-        (false, _) => Some(Reply::NotFound),
-    }
-}
-
-async fn scrape(mut stream: TcpStream, registry: &SessionRegistry) {
-    let head = tokio::time::timeout(
-        METRICS_REQUEST_TIMEOUT,
-        http_gate::read_request_head(&mut stream),
-    )
-    .await;
-    let reply = match head {
-        Err(_) | Ok(Err(HeadError::Closed)) | Ok(Err(HeadError::Io(_))) => return,
-        Ok(Err(HeadError::TooLarge)) => Some(Reply::HeadTooLarge),
-        Ok(Err(HeadError::Malformed(_))) => Some(Reply::BadRequest),
-        Ok(Ok((_, head))) => route(&head.method, &head.path),
-    };
-    match reply {
-        Some(r) => http_gate::reply_and_close(stream, r).await,
-        None => {
-            let body = registry.metrics().render(registry);
-            let response = http_gate::response(
-                "200 OK",
-                &format!("Content-Type: {CONTENT_TYPE}\r\n"),
-                &body,
-            );
-            // Bounded by the gate's close grace, like every plain HTTP reply.
-            http_gate::send_and_close(stream, response.as_bytes()).await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routes() {
-        assert_eq!(route("GET", "/metrics"), None);
-        assert_eq!(route("GET", "/metrics?x=1"), None);
-        assert_eq!(route("POST", "/metrics"), Some(Reply::MethodNotAllowed));
-        assert_eq!(route("GET", "/"), Some(Reply::NotFound));
-        assert_eq!(route("GET", "/metricsx"), Some(Reply::NotFound));
-    }
-
-    /// A client that connects and says nothing loses its slot after the request timeout.
-    #[tokio::test(start_paused = true)]
-    async fn a_silent_scraper_frees_its_slot_at_the_timeout() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let registry = SessionRegistry::new(Arc::new(crate::config::ServerConfig::default()));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        tokio::spawn(serve(listener, registry, stop.clone()));
-        let t0 = tokio::time::Instant::now();
-        let mut held = Vec::new();
-        for _ in 0..MAX_METRICS_CONNECTIONS {
-            held.push(TcpStream::connect(addr).await.unwrap());
-        }
-        for s in &mut held {
-            let mut buf = Vec::new();
-            assert_eq!(
-                s.read_to_end(&mut buf).await.unwrap(),
-                0,
-                "closed, no reply"
-            );
-        }
-        assert!(t0.elapsed() >= METRICS_REQUEST_TIMEOUT);
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await.unwrap();
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.unwrap();
-        assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n"));
-        stop.cancel();
-    }
 
     #[test]
     fn labels_and_counters_render_in_openmetrics_text() {
