@@ -382,7 +382,10 @@ impl ServerConfig {
                 "max_pending_handshakes_per_address",
                 self.max_pending_handshakes_per_address,
             ),
-            ("max_pending_authorizations", self.max_pending_authorizations),
+            (
+                "max_pending_authorizations",
+                self.max_pending_authorizations,
+            ),
             ("max_streams_per_link", self.max_streams_per_link),
         ] {
             if v == 0 {
@@ -392,7 +395,10 @@ impl ServerConfig {
         // Zero would make a timer fire at once (or, for the refill, never forgive).
         for (name, v) in [
             ("request_head_timeout_ms", self.request_head_timeout_ms),
-            ("handshake_failure_refill_ms", self.handshake_failure_refill_ms),
+            (
+                "handshake_failure_refill_ms",
+                self.handshake_failure_refill_ms,
+            ),
             ("keepalive_interval_ms", self.keepalive_interval_ms),
             ("pong_timeout_ms", self.pong_timeout_ms),
         ] {

@@ -177,12 +177,14 @@ where
     debug!("HTTP listener stopped");
 }
 
-/// hyper's settings for one connection: one request, bounded head, no timer of its own (the
+/// hyper's settings for one connection: bounded head, no timer of its own (the
 /// deadlines are ours, so paused-time tests drive them).
 fn http1_builder() -> http1::Builder {
     let mut builder = http1::Builder::new();
+    // Keep-alive stays on in hyper: with it off, hyper appends `close` to the `Connection`
+    // header of the 101 and clients refuse the upgrade. Every plain reply says
+    // `Connection: close` instead, so each connection still serves one request.
     builder
-        .keep_alive(false)
         // A client may send its request and shut its side down (`nc -N`): still answer.
         .half_close(true)
         // `Content-Type`, `Allow`: what every existing client and test reads.
@@ -199,7 +201,11 @@ fn http1_builder() -> http1::Builder {
 type Decided<R> = Option<(Accepted<R>, hyper::upgrade::OnUpgrade)>;
 
 /// One connection from accept to an upgrade (returned) or a closed socket (`None`).
-async fn exchange<R>(stream: TcpStream, peer: SocketAddr, front: &Arc<Front<R>>) -> Option<Upgrade<R>>
+async fn exchange<R>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    front: &Arc<Front<R>>,
+) -> Option<Upgrade<R>>
 where
     R: Clone + Send + Sync + 'static,
 {
@@ -291,8 +297,8 @@ where
                 return None;
             }
             let stream = parts.io.into_inner().into_stream()?;
-            let ws = WebSocketStream::from_raw_socket(stream, Role::Server, Some(front.websocket))
-                .await;
+            let ws =
+                WebSocketStream::from_raw_socket(stream, Role::Server, Some(front.websocket)).await;
             debug!("upgraded to WebSocket");
             Some(Upgrade {
                 ws,
@@ -396,4 +402,3 @@ impl AsyncWrite for Returning {
         }
     }
 }
-

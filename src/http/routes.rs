@@ -162,6 +162,8 @@ impl Reply {
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        // One request per connection: hyper closes after a reply that says so.
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         if let Some((name, value)) = extra {
             headers.insert(name, HeaderValue::from_static(value));
         }
@@ -225,8 +227,7 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
         else {
             return Decision::Reply(Reply::NotFound);
         };
-        let accept = match check_websocket_handshake(request.method(), request.version(), headers)
-        {
+        let accept = match check_websocket_handshake(request.method(), request.version(), headers) {
             Ok(accept) => accept,
             Err(reply) => return Decision::Reply(reply),
         };
@@ -380,9 +381,15 @@ mod tests {
         assert_eq!((a.route, a.id), (Tag::Link, None));
         // RFC 6455 §1.3's example key and accept value.
         assert_eq!(a.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-        let a = upgrade_of(decide(&routes, &upgrade("/v1/env/e-1.x_y~z").body(()).unwrap()));
+        let a = upgrade_of(decide(
+            &routes,
+            &upgrade("/v1/env/e-1.x_y~z").body(()).unwrap(),
+        ));
         assert_eq!((a.route, a.id.as_deref()), (Tag::Env, Some("e-1.x_y~z")));
-        let a = upgrade_of(decide(&routes, &upgrade("/v1/connect/c9?x=1").body(()).unwrap()));
+        let a = upgrade_of(decide(
+            &routes,
+            &upgrade("/v1/connect/c9?x=1").body(()).unwrap(),
+        ));
         assert_eq!((a.route, a.id.as_deref()), (Tag::Connect, Some("c9")));
         for path in [
             "/",
@@ -396,9 +403,11 @@ mod tests {
             assert_eq!(reply_of(d), Reply::NotFound, "{path}");
         }
         let at_cap = format!("/v1/env/{}", "i".repeat(MAX_ROUTE_ID_BYTES));
-        assert!(upgrade_of(decide(&routes, &upgrade(&at_cap).body(()).unwrap()))
-            .id
-            .is_some());
+        assert!(
+            upgrade_of(decide(&routes, &upgrade(&at_cap).body(()).unwrap()))
+                .id
+                .is_some()
+        );
         let over = format!("/v1/env/{}", "i".repeat(MAX_ROUTE_ID_BYTES + 1));
         let d = decide(&routes, &upgrade(&over).body(()).unwrap());
         assert_eq!(reply_of(d), Reply::NotFound);
@@ -407,7 +416,10 @@ mod tests {
     #[test]
     fn any_upgrade_with_an_origin_is_forbidden_first() {
         let routes = relay_routes(None);
-        let r = upgrade("/v1/link").header("Origin", "null").body(()).unwrap();
+        let r = upgrade("/v1/link")
+            .header("Origin", "null")
+            .body(())
+            .unwrap();
         assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
         // Even on a path that would be 404, and with only the key (no Upgrade field).
         let r = Request::get("/nowhere")
@@ -437,7 +449,10 @@ mod tests {
         assert_eq!(reply_of(decide(&routes, &get("/readyz"))), Reply::Ready);
         let post = Request::post("/readyz").body(()).unwrap();
         assert_eq!(reply_of(decide(&routes, &post)), Reply::MethodNotAllowed);
-        assert_eq!(reply_of(decide(&routes, &get("/readyz/x"))), Reply::NotFound);
+        assert_eq!(
+            reply_of(decide(&routes, &get("/readyz/x"))),
+            Reply::NotFound
+        );
         assert_eq!(reply_of(decide(&routes, &get("/metrics"))), Reply::NotFound);
         // An upgrade to something else than WebSocket is a plain request.
         let h2c = Request::get("/readyz")
@@ -536,6 +551,7 @@ mod tests {
         assert_eq!(r.headers()[header::ALLOW], "GET");
         let r = Reply::UpgradeRequired.into_response();
         assert_eq!(r.headers()[header::SEC_WEBSOCKET_VERSION], "13");
+        assert_eq!(r.headers()[header::CONNECTION], "close");
         let r = Reply::Busy.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         let r = Reply::Metrics(String::new()).into_response();

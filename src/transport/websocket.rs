@@ -438,5 +438,4 @@ mod tests {
         assert!(step(client.incoming.next()).await.is_none());
         server.stop();
     }
-
 }
