@@ -317,7 +317,7 @@ async fn handshake_slots_are_capped_and_freed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_tricklers_from_one_address_do_not_lock_others_out() {
     const TRICKLERS: usize = 300;
-    assert!(MAX_PENDING_HANDSHAKES < TRICKLERS);
+    const { assert!(MAX_PENDING_HANDSHAKES < TRICKLERS) };
     for capped in [true, false] {
         let limits = FrontLimits {
             pending_per_address: if capped {
