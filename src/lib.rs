@@ -11,7 +11,10 @@
 //!   ([`request_scheduler`]), its writer ([`delivery`]) and method [`handlers`].
 //! - [`session_registry`]: sessions shared by all connections of a server.
 //! - [`process`]: spawning, output pumps, drain deadlines and the event log.
-//! - [`server`]: listeners and shutdown; [`client`]: the Rust client; [`cli`]: the binary.
+//! - [`http`]: the HTTP front of every TCP listener (`/readyz`, `/metrics`, upgrades).
+//! - [`config`]: every limit, declared once as field, flag and TOML key.
+//! - [`server`]: the composition root (listeners and the one shutdown sequence);
+//!   [`client`]: the Rust client; [`cli`]: the binary.
 #![warn(missing_docs)]
 // No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]

@@ -30,7 +30,10 @@ const CONSTANTS: &[(&str, u64)] = &[
         "max_pending_handshakes_per_address",
         MAX_PENDING_HANDSHAKES_PER_ADDRESS as u64,
     ),
-    ("max_pending_authorizations", MAX_PENDING_AUTHORIZATIONS as u64),
+    (
+        "max_pending_authorizations",
+        MAX_PENDING_AUTHORIZATIONS as u64,
+    ),
     ("max_streams_per_link", MAX_STREAMS_PER_LINK as u64),
     ("handshake_failure_burst", HANDSHAKE_FAILURE_BURST as u64),
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
@@ -99,7 +102,11 @@ fn every_setting_has_a_flag_and_a_toml_key_and_flags_win() {
         let c = serve_config(&[&flag, &from_flag.to_string()]);
         assert_eq!(c.value_of(s.name), Some(from_flag), "flag {flag}");
         let c = serve_config(&["--config", path, &flag, &from_flag.to_string()]);
-        assert_eq!(c.value_of(s.name), Some(from_flag), "{flag} wins over the file");
+        assert_eq!(
+            c.value_of(s.name),
+            Some(from_flag),
+            "{flag} wins over the file"
+        );
     }
 }
 

@@ -91,13 +91,13 @@ async fn a_blocked_authorization_blocks_nothing_else() {
     srv.shutdown.cancel();
 }
 
-// Regression (fixed): `serve_noise` spawns each authorization on the link's `TaskTracker` and, at shutdown,
+// Regression (fixed): the Noise listener spawned each authorization on the link's `TaskTracker` and, at shutdown,
 // waits for every tracked task (`links.wait()`); an authorization that never answers keeps
 // it waiting forever, so the server cannot shut down (its doc says it returns after
 // terminating the processes; `execrelay serve` would ignore SIGTERM with such an
 // authorizer). The authorization task should be cancelled when its link ends.
 // Reproduce: an `Authorizer` whose future is `pending()`, one OPEN with that key, then
-// cancel the shutdown token: `serve_noise` never returns.
+// cancel the shutdown token: the server never returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_not_held_up_by_a_pending_authorization() {
     let a = Keypair::generate().unwrap();

@@ -6,7 +6,7 @@
 //!
 //! Peers: the library client (`ClientLink`, `Client` with `Target::Noise`) and a raw link
 //! client (`common::noise`) that crafts every frame byte itself so that it can misbehave,
-//! against an in-process `serve_noise`. Every wait is on a frame, a message or a process exit,
+//! against an in-process Noise server (`Server::run`). Every wait is on a frame, a message or a process exit,
 //! never on a sleep; every wait is bounded by a hang guard.
 
 mod common;

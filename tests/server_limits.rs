@@ -82,7 +82,9 @@ async fn max_connections_refuses_one_more_and_a_freed_slot_lets_the_next_in() {
         stop.clone(),
     ));
     let max = execrelay::config::MAX_MESSAGE_BYTES;
-    let first = guard("first", connect_websocket(&url, max)).await.expect("first");
+    let first = guard("first", connect_websocket(&url, max))
+        .await
+        .expect("first");
     let _second = guard("second", connect_websocket(&url, max))
         .await
         .expect("second, at the cap");
@@ -117,10 +119,7 @@ async fn max_links_refuses_one_more_and_a_freed_slot_lets_the_next_in() {
         ..ServerConfig::default()
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!(
-        "ws://{}{LINK_PATH}",
-        listener.local_addr().expect("addr")
-    );
+    let url = format!("ws://{}{LINK_PATH}", listener.local_addr().expect("addr"));
     let noise = Arc::new(NoiseServerConfig {
         keys: Keypair::generate().expect("key"),
         authorizer: Arc::new(NoOne),
@@ -152,8 +151,8 @@ async fn one_shutdown_stops_every_listener() {
     let ws = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let noise = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addrs = [ws.local_addr(), noise.local_addr(), metrics.local_addr()]
-        .map(|a| a.expect("addr"));
+    let addrs =
+        [ws.local_addr(), noise.local_addr(), metrics.local_addr()].map(|a| a.expect("addr"));
     let noise_cfg = Arc::new(NoiseServerConfig {
         keys: Keypair::generate().expect("key"),
         authorizer: Arc::new(NoOne),
@@ -169,9 +168,12 @@ async fn one_shutdown_stops_every_listener() {
         Arc::new(ServerConfig::default()),
         stop.clone(),
     ));
-    let client = guard("connect", connect_websocket(&format!("ws://{}", addrs[0]), 1 << 20))
-        .await
-        .expect("ws connects");
+    let client = guard(
+        "connect",
+        connect_websocket(&format!("ws://{}", addrs[0]), 1 << 20),
+    )
+    .await
+    .expect("ws connects");
     stop.cancel();
     guard("server stops with a client connected", task)
         .await
