@@ -308,11 +308,17 @@ where
                 permit: accepted.permit,
             })
         }
-        _ => {
+        other => {
+            // Nothing may still hold the stream (a pending upgrade would), or it never comes
+            // back; the deadline bounds the wait whatever happens.
+            drop(other);
             drop(conn);
-            if let Ok(stream) = back_rx.await {
-                let _ = tokio::time::timeout_at(reply_deadline, close_gracefully(stream)).await;
-            }
+            let _ = tokio::time::timeout_at(reply_deadline, async {
+                if let Ok(stream) = back_rx.await {
+                    close_gracefully(stream).await;
+                }
+            })
+            .await;
             None
         }
     }
