@@ -52,45 +52,301 @@ pub const DEFAULT_READ_MAX_BYTES: u64 = 1024 * 1024;
 /// How long shutdown waits for exit notices to reach attached clients after terminating.
 pub const SHUTDOWN_DELIVERY_GRACE_MS: u64 = 5_000;
 
-/// Limits and timings of one exec server. Every field has a flag of `execrelay serve` and
-/// a key (the same name in snake_case) in the `--config` TOML file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServerConfig {
-    /// See [`MAX_MESSAGE_BYTES`].
-    pub max_message_bytes: usize,
-    /// See [`MAX_PROCESSES`].
-    pub max_processes: usize,
-    /// See [`MAX_SESSIONS`].
-    pub max_sessions: usize,
-    /// See [`RETAINED_OUTPUT_BYTES`].
-    pub retained_output_bytes: usize,
-    /// See [`DELIVERY_QUEUE_BYTES`].
-    pub delivery_queue_bytes: usize,
-    /// See [`DETACHED_SESSION_TTL_MS`].
-    pub detached_session_ttl_ms: u64,
-    /// See [`MAX_READ_WAIT_MS`].
-    pub max_read_wait_ms: u64,
-    /// See [`EXITED_RETENTION_MS`].
-    pub exited_retention_ms: u64,
-    /// See [`MAX_PENDING_REQUESTS`].
-    pub max_pending_requests: usize,
+/// Largest `killGraceMs` a client may ask for. Expiry and shutdown wait this long at most for a
+/// process that ignores SIGTERM, so a client cannot hold them up with a huge grace.
+pub const MAX_KILL_GRACE_MS: u64 = 10_000;
+/// Largest `drainTimeoutMs` a client may ask for: bounds how long output is still read after
+/// an exit, on the paths the client does not control (expiry, shutdown).
+pub const MAX_DRAIN_TIMEOUT_MS: u64 = 10_000;
+/// Largest `timeoutMs` a client may ask for: one day.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+/// Established JSON-RPC connections over `ws://` at once. One more is refused before the
+/// upgrade with `503`; a connection that ends frees its slot. Each connection holds tasks, a
+/// control lane and up to `max_message_bytes` of one inbound message, so the cap bounds what
+/// connections can take together.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Noise physical links (`noise+ws://`) at once. One more is refused before the upgrade with
+/// `503`. A link carries up to `max_streams_per_link` streams, so few links serve many clients
+/// (every client in one process shares one link per server).
+pub const MAX_LINKS: usize = 256;
+/// A new TCP connection must deliver its whole HTTP request head (and, for an upgrade, finish
+/// it) within this time, however slowly it sends: the deadline is fixed at accept and never
+/// extended, so a client trickling bytes is cut at it. Real clients take milliseconds.
+pub const REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
+/// Connections accepted but not yet upgraded or answered, per listener. Each holds at most
+/// [`MAX_REQUEST_HEAD_BYTES`] for at most [`REQUEST_HEAD_TIMEOUT_MS`]; beyond the cap a new
+/// connection is closed at once (256 × 16 KiB = 4 MiB at most).
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Connections not yet upgraded or answered from one peer address (an IPv4 address, or the
+/// /64 prefix of an IPv6 address, which one host usually owns whole), per listener. Well below
+/// [`MAX_PENDING_HANDSHAKES`], so one address trickling request heads cannot take every slot:
+/// it takes at most 32 of 256, and connections over its cap are closed at once.
+pub const MAX_PENDING_HANDSHAKES_PER_ADDRESS: usize = 32;
+
+/// Handshakes waiting for authorization per Noise link; more are reset (`busy`) unprocessed.
+pub const MAX_PENDING_AUTHORIZATIONS: usize = 32;
+/// Established streams per Noise link; more are reset (`too_many_streams`).
+pub const MAX_STREAMS_PER_LINK: usize = 1024;
+/// Handshake failures tolerated back to back on one link (the token bucket's size); an empty
+/// bucket closes the link.
+pub const HANDSHAKE_FAILURE_BURST: u32 = 8;
+/// One handshake failure is forgiven per this many milliseconds (the bucket's refill).
+pub const HANDSHAKE_FAILURE_REFILL_MS: u64 = 2_000;
+/// Interval of WebSocket pings on a Noise link.
+pub const KEEPALIVE_INTERVAL_MS: u64 = 15_000;
+/// A Noise link without any inbound traffic (pongs included) for this long is dead.
+pub const PONG_TIMEOUT_MS: u64 = 30_000;
+
+/// Largest HTTP request head (request line and header fields) read before an upgrade or a
+/// plain reply: 16 KiB. HTTP sets no maximum; a WebSocket handshake is well under 1 KiB and
+/// 16 KiB is what common servers allow. A longer head is answered `431` and closed.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
+/// Most header fields in a request head: 64 (a WebSocket handshake needs about six). More is
+/// answered `431`.
+pub const MAX_REQUEST_HEADERS: usize = 64;
+/// Scrapes of the metrics endpoint served at once; more connections are closed at once. A
+/// Prometheus server scrapes one at a time; a few spare slots let an operator's `curl` in.
+pub const MAX_METRICS_SCRAPES: usize = 8;
+/// After its request head: how long an HTTP reply (or the `101` of an upgrade) may take to be
+/// written, plus the graceful close after a plain reply, 1 s. A peer that does not read its
+/// reply does not hold a slot longer.
+pub const REPLY_TIMEOUT_MS: u64 = 1_000;
+/// Most bytes a refused peer may still send that are read and discarded before closing, 64 KiB:
+/// closing a socket with unread input makes the kernel send a reset that can destroy the reply
+/// (a `431` sent while the peer is still sending its head); this bounds that courtesy.
+pub const CLOSE_DRAIN_BYTES: usize = 64 * 1024;
+/// Longest id captured from a routed path (`/v1/env/ID`, `/v1/connect/ID`), in bytes.
+pub const MAX_ROUTE_ID_BYTES: usize = 128;
+
+/// How a setting's value reads, for `--help`, the README table and error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// A number of things.
+    Count,
+    /// Bytes.
+    Bytes,
+    /// Milliseconds.
+    Millis,
 }
 
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            max_message_bytes: MAX_MESSAGE_BYTES,
-            max_processes: MAX_PROCESSES,
-            max_sessions: MAX_SESSIONS,
-            retained_output_bytes: RETAINED_OUTPUT_BYTES,
-            delivery_queue_bytes: DELIVERY_QUEUE_BYTES,
-            detached_session_ttl_ms: DETACHED_SESSION_TTL_MS,
-            max_read_wait_ms: MAX_READ_WAIT_MS,
-            exited_retention_ms: EXITED_RETENTION_MS,
-            max_pending_requests: MAX_PENDING_REQUESTS,
+impl Unit {
+    /// The flag's value name in `--help`.
+    pub const fn value_name(self) -> &'static str {
+        match self {
+            Unit::Count => "N",
+            Unit::Bytes => "BYTES",
+            Unit::Millis => "MS",
         }
     }
+
+    /// A value of this unit for people: `16 MiB`, `60 000 ms`, `256`.
+    pub fn display(self, value: u64) -> String {
+        const KIB: u64 = 1024;
+        const MIB: u64 = 1024 * 1024;
+        match self {
+            Unit::Bytes if value >= MIB && value % MIB == 0 => format!("{} MiB", value / MIB),
+            Unit::Bytes if value >= KIB && value % KIB == 0 => format!("{} KiB", value / KIB),
+            Unit::Bytes => format!("{value} bytes"),
+            Unit::Millis => format!("{} ms", group_thousands(value)),
+            Unit::Count => group_thousands(value),
+        }
+    }
+}
+
+/// `86400000` → `86 400 000` (a thin grouping that reads the same in every locale).
+fn group_thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One setting of [`ServerConfig`], as the flag, the TOML key, `--help` and the README show it.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The field and TOML key (`snake_case`); the flag is the same in `kebab-case`.
+    pub name: &'static str,
+    /// Its default: the named constant.
+    pub default: u64,
+    /// How the value reads.
+    pub unit: Unit,
+    /// What it bounds, in one line (the flag's help, the README's table).
+    pub bounds: &'static str,
+}
+
+impl Setting {
+    /// The flag, without the leading dashes.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// The flag's help line: what it bounds, and the real default.
+    pub fn help(&self) -> String {
+        format!(
+            "{} [default: {}]",
+            self.bounds,
+            self.unit.display(self.default)
+        )
+    }
+
+    /// The setting's row of the README's configuration table.
+    pub fn readme_row(&self) -> String {
+        format!(
+            "| `{}` | {} | {} |",
+            self.name,
+            self.unit.display(self.default),
+            self.bounds
+        )
+    }
+}
+
+/// Declares every setting once: the [`ServerConfig`] field (and so its TOML key), its default
+/// (the named constant), its `execrelay serve` flag in [`ConfigFlags`], and its row in
+/// [`SETTINGS`]. Nothing else lists the settings, so a default cannot drift from its constant
+/// and no setting can lack a flag or a key.
+macro_rules! settings {
+    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*) => {
+        /// Limits and timings of one exec server. Every field has a flag of `execrelay serve`
+        /// (the same name in kebab-case) and a key (the same name) in the `--config` TOML file;
+        /// flags win over the file. Each field's default is the named constant in its doc.
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct ServerConfig {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl Default for ServerConfig {
+            fn default() -> Self {
+                ServerConfig { $( $name: $default, )* }
+            }
+        }
+
+        /// Every setting, in the order of `--help` and the README's table.
+        pub const SETTINGS: &[Setting] = &[
+            $( Setting {
+                name: stringify!($name),
+                default: $default as u64,
+                unit: Unit::$unit,
+                bounds: $bounds,
+            }, )*
+        ];
+
+        /// The flags of `execrelay serve` that set [`ServerConfig`] fields: one per field,
+        /// each `None` unless given (a given flag wins over the TOML file). Help lines come
+        /// from [`SETTINGS`], with the real default.
+        #[derive(Debug, Clone, Default, clap::Args)]
+        #[allow(missing_docs)] // Each field is documented on `ServerConfig`.
+        pub struct ConfigFlags {
+            $(
+                #[arg(
+                    long,
+                    value_name = Unit::$unit.value_name(),
+                    help = Setting {
+                        name: stringify!($name),
+                        default: $default as u64,
+                        unit: Unit::$unit,
+                        bounds: $bounds,
+                    }.help(),
+                )]
+                pub $name: Option<$ty>,
+            )*
+        }
+
+        impl ConfigFlags {
+            /// Write every given flag into `config`.
+            pub fn apply(&self, config: &mut ServerConfig) {
+                $( if let Some(value) = self.$name { config.$name = value; } )*
+            }
+        }
+
+        impl ServerConfig {
+            /// A setting's value by name (as in [`SETTINGS`]), for tests and diagnostics.
+            pub fn value_of(&self, name: &str) -> Option<u64> {
+                match name {
+                    $( stringify!($name) => Some(self.$name as u64), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    /// See [`MAX_MESSAGE_BYTES`].
+    max_message_bytes: usize = MAX_MESSAGE_BYTES, Bytes,
+        "one JSON-RPC message; a larger one is a framing error (`-32600`, then close), detected before more than the limit is buffered";
+    /// See [`MAX_PROCESSES`].
+    max_processes: usize = MAX_PROCESSES, Count,
+        "processes per session (exited ones count until released) → `-32004`";
+    /// See [`MAX_SESSIONS`].
+    max_sessions: usize = MAX_SESSIONS, Count,
+        "sessions per server, attached or detached → `-32004`";
+    /// See [`RETAINED_OUTPUT_BYTES`].
+    retained_output_bytes: usize = RETAINED_OUTPUT_BYTES, Bytes,
+        "event log per process; beyond it written (or acked) events are released, oldest first";
+    /// See [`DELIVERY_QUEUE_BYTES`].
+    delivery_queue_bytes: usize = DELIVERY_QUEUE_BYTES, Bytes,
+        "unwritten output per process before its pump stops reading (the child then blocks)";
+    /// See [`DETACHED_SESSION_TTL_MS`].
+    detached_session_ttl_ms: u64 = DETACHED_SESSION_TTL_MS, Millis,
+        "how long a detached session survives";
+    /// See [`MAX_READ_WAIT_MS`].
+    max_read_wait_ms: u64 = MAX_READ_WAIT_MS, Millis,
+        "longest `process/read` long poll";
+    /// See [`EXITED_RETENTION_MS`].
+    exited_retention_ms: u64 = EXITED_RETENTION_MS, Millis,
+        "how long an exited process stays known after its exit notice was written (without acks)";
+    /// See [`MAX_PENDING_REQUESTS`].
+    max_pending_requests: usize = MAX_PENDING_REQUESTS, Count,
+        "requests in flight per connection → `-32004`";
+    /// See [`MAX_KILL_GRACE_MS`].
+    max_kill_grace_ms: u64 = MAX_KILL_GRACE_MS, Millis,
+        "largest `killGraceMs` a client may ask for (bounds expiry and shutdown)";
+    /// See [`MAX_DRAIN_TIMEOUT_MS`].
+    max_drain_timeout_ms: u64 = MAX_DRAIN_TIMEOUT_MS, Millis,
+        "largest `drainTimeoutMs` a client may ask for (bounds expiry and shutdown)";
+    /// See [`MAX_TIMEOUT_MS`].
+    max_timeout_ms: u64 = MAX_TIMEOUT_MS, Millis,
+        "largest `timeoutMs` a client may ask for";
+    /// See [`MAX_CONNECTIONS`].
+    max_connections: usize = MAX_CONNECTIONS, Count,
+        "established JSON-RPC connections over `ws://`; one more is refused with `503` before the upgrade";
+    /// See [`MAX_LINKS`].
+    max_links: usize = MAX_LINKS, Count,
+        "Noise links over `noise+ws://`; one more is refused with `503` before the upgrade";
+    /// See [`REQUEST_HEAD_TIMEOUT_MS`].
+    request_head_timeout_ms: u64 = REQUEST_HEAD_TIMEOUT_MS, Millis,
+        "total time a new connection has to send its whole HTTP request head and finish its upgrade, however slowly it trickles";
+    /// See [`MAX_PENDING_HANDSHAKES`].
+    max_pending_handshakes: usize = MAX_PENDING_HANDSHAKES, Count,
+        "connections per listener not yet upgraded or answered; more are closed at once";
+    /// See [`MAX_PENDING_HANDSHAKES_PER_ADDRESS`].
+    max_pending_handshakes_per_address: usize = MAX_PENDING_HANDSHAKES_PER_ADDRESS, Count,
+        "the same, from one peer address (IPv4 address or IPv6 /64); more are closed at once";
+    /// See [`MAX_PENDING_AUTHORIZATIONS`].
+    max_pending_authorizations: usize = MAX_PENDING_AUTHORIZATIONS, Count,
+        "Noise handshakes waiting for authorization per link; more are reset (`busy`)";
+    /// See [`MAX_STREAMS_PER_LINK`].
+    max_streams_per_link: usize = MAX_STREAMS_PER_LINK, Count,
+        "established Noise streams per link; more are reset (`too_many_streams`)";
+    /// See [`HANDSHAKE_FAILURE_BURST`].
+    handshake_failure_burst: u32 = HANDSHAKE_FAILURE_BURST, Count,
+        "Noise handshake failures tolerated back to back per link; an empty budget closes the link";
+    /// See [`HANDSHAKE_FAILURE_REFILL_MS`].
+    handshake_failure_refill_ms: u64 = HANDSHAKE_FAILURE_REFILL_MS, Millis,
+        "one Noise handshake failure forgiven per this interval";
+    /// See [`KEEPALIVE_INTERVAL_MS`].
+    keepalive_interval_ms: u64 = KEEPALIVE_INTERVAL_MS, Millis,
+        "WebSocket ping interval on a Noise link";
+    /// See [`PONG_TIMEOUT_MS`].
+    pong_timeout_ms: u64 = PONG_TIMEOUT_MS, Millis,
+        "a Noise link silent (no traffic, no pong) this long is closed";
 }
 
 /// A configuration that cannot work.
@@ -119,12 +375,43 @@ impl ServerConfig {
             ("retained_output_bytes", self.retained_output_bytes),
             ("delivery_queue_bytes", self.delivery_queue_bytes),
             ("max_pending_requests", self.max_pending_requests),
+            ("max_connections", self.max_connections),
+            ("max_links", self.max_links),
+            ("max_pending_handshakes", self.max_pending_handshakes),
+            (
+                "max_pending_handshakes_per_address",
+                self.max_pending_handshakes_per_address,
+            ),
+            (
+                "max_pending_authorizations",
+                self.max_pending_authorizations,
+            ),
+            ("max_streams_per_link", self.max_streams_per_link),
+        ] {
+            if v == 0 {
+                return Err(ConfigError(format!("{name} must be greater than 0")));
+            }
+        }
+        // Zero would make a timer fire at once (or, for the refill, never forgive).
+        for (name, v) in [
+            ("request_head_timeout_ms", self.request_head_timeout_ms),
+            (
+                "handshake_failure_refill_ms",
+                self.handshake_failure_refill_ms,
+            ),
+            ("keepalive_interval_ms", self.keepalive_interval_ms),
+            ("pong_timeout_ms", self.pong_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
             }
         }
         Ok(())
+    }
+
+    /// [`Self::request_head_timeout_ms`] as a duration.
+    pub fn request_head_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_head_timeout_ms)
     }
 
     /// `detachedSessionTtlMs` as a duration.
@@ -160,5 +447,33 @@ mod tests {
         assert!(ServerConfig::from_toml("max_procs = 3\n").is_err());
         assert!(ServerConfig::from_toml("max_sessions = 0\n").is_err());
         assert!(ServerConfig::from_toml("max_message_bytes = 100\n").is_err());
+        assert!(ServerConfig::from_toml("max_connections = 0\n").is_err());
+        assert!(ServerConfig::from_toml("pong_timeout_ms = 0\n").is_err());
+        let c = ServerConfig::from_toml("max_pending_handshakes_per_address = 1\n").unwrap();
+        assert_eq!(c.max_pending_handshakes_per_address, 1);
+    }
+
+    #[test]
+    fn values_read_for_people() {
+        assert_eq!(Unit::Bytes.display(16 * 1024 * 1024), "16 MiB");
+        assert_eq!(Unit::Bytes.display(16 * 1024), "16 KiB");
+        assert_eq!(Unit::Bytes.display(1000), "1000 bytes");
+        assert_eq!(Unit::Millis.display(86_400_000), "86 400 000 ms");
+        assert_eq!(Unit::Millis.display(500), "500 ms");
+        assert_eq!(Unit::Count.display(1024), "1 024");
+        assert_eq!(Unit::Count.display(64), "64");
+    }
+
+    #[test]
+    fn every_setting_is_listed_once_and_readable_by_name() {
+        let c = ServerConfig::default();
+        let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        for s in SETTINGS {
+            assert_eq!(c.value_of(s.name), Some(s.default), "{}", s.name);
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SETTINGS.len());
+        assert_eq!(c.value_of("no_such_setting"), None);
     }
 }

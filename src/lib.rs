@@ -8,18 +8,21 @@
 //! Modules are in layers; a module uses only modules of strictly lower layers (checked by
 //! `tests/layers.rs`; the rule is in `ARCHITECTURE.md`).
 //!
-//! 0. `sync` (the poison-tolerant lock), [`config`] (every limit).
+//! 0. `sync` (the poison-tolerant lock), [`config`] (every limit, declared once as field,
+//!    flag and TOML key).
 //! 1. [`metrics`] (counters, a leaf passed in); [`rpc`] (wire types, error codes, both
 //!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
-//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only).
+//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only); [`http`]
+//!    (the HTTP front of every TCP listener: `/readyz`, `/metrics`, the Origin refusal,
+//!    WebSocket upgrades; routes injected by the caller).
 //! 2. [`process`]: spawning, output pumps, drain deadlines, the event log, the ready queue.
 //! 3. [`session`]: sessions shared by all connections of a server.
 //! 4. [`connection`]: one connection's state machine, request ordering, writer, handlers,
 //!    and the one mapping of typed errors to JSON-RPC.
 //! 5. [`link`]: the Noise physical-link drivers and virtual streams.
-//! 6. [`server`]: listeners and shutdown; [`metrics_endpoint`]: `GET /metrics`;
-//!    [`client`]: the Rust client.
-//! 7. [`cli`]: the binary.
+//! 6. [`server`]: the composition root (every listener, the metrics endpoint's renderer and
+//!    the one shutdown sequence); [`client`]: the Rust client.
+//! 7. [`cli`]: the binary (thin).
 #![warn(missing_docs)]
 // No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
@@ -29,9 +32,9 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod connection;
+pub mod http;
 pub mod link;
 pub mod metrics;
-pub mod metrics_endpoint;
 pub mod noise;
 pub mod process;
 pub mod rpc;

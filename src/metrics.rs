@@ -1,5 +1,5 @@
-//! Operators' metrics: the counters and gauges of one exec server, rendered as Prometheus
-//! text. The endpoint that serves them is [`crate::metrics_endpoint`].
+//! Operators' metrics: the counters and gauges of one exec server, and their Prometheus text
+//! (served at `GET /metrics` by the HTTP front on `--metrics-listen ADDR`).
 //!
 //! # What this module owns
 //!
@@ -11,6 +11,9 @@
 //! - Gauges that are *read* rather than counted (sessions attached and detached, processes
 //!   running and exited, output bytes retained for clients): set from a [`StateSnapshot`] the
 //!   caller takes from the registry at scrape time, so they can never drift from the truth.
+//! - [`Metrics::render`], the OpenMetrics text; the endpoint that serves it is the HTTP front
+//!   (`crate::http`), wired by the composition root (`server.rs`), whose renderer renders
+//!   `metrics.render(&registry.stats())`.
 //!
 //! A leaf (layer 1): it imports nothing of the crate, never builds or reads a registry itself.
 //!

@@ -1,23 +1,46 @@
-//! Listeners and server lifecycle: `stdio` (one connection, then exit) and `ws://` (one
-//! connection per WebSocket), with graceful shutdown.
+//! The composition root: [`Server::run`] (and [`run`]) owns every listener of one exec server,
+//! its [`SessionRegistry`], and the one shutdown sequence.
 //!
-//! Thin: parses the listen address, owns the [`SessionRegistry`], and hands every framed
-//! connection to a [`ConnectionProcessor`]. Prints the bound URL as the first line of stdout.
+//! # What this module owns
+//!
+//! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
+//!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
+//!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`) and
+//!   the metrics endpoint; every TCP listener is an HTTP front (`crate::http`) whose routes
+//!   and upgrade hand-off are wired here. A new kind (the relay's dial-out) is one more
+//!   [`Listener`] variant and one more arm in [`Server::run`].
+//! - **The shutdown sequence**, once for all listeners: stop accepting (abandon handshakes),
+//!   terminate every process and let exit notices reach attached clients (bounded), end every
+//!   connection and link and wait for their tasks, close every session.
+//! - Parsing `--listen` and the URLs printed for bound listeners.
+//!
+//! # What it must never do
+//!
+//! - Hold protocol logic: connections, links, sessions and HTTP are their modules' business.
+//! - Print: binding and printing the bound URL belong to the binary (`cli/serve.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use execrelay_relay::frame::MAX_FRAME_BYTES;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
-use crate::connection::{ConnectionEnd, ConnectionOptions, ConnectionProcessor};
+use crate::connection::{ConnectionOptions, ConnectionProcessor};
+use crate::http::{
+    self, Front, FrontLimits, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    UpgradeRoute,
+};
+use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
-use crate::transport::websocket::serve_websocket;
+use crate::transport::websocket::{framed, websocket_config};
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,91 +95,199 @@ pub fn parse_listen(s: &str, danger_plaintext: bool) -> Result<ListenAddr, Liste
     Ok(ListenAddr::Ws(addr))
 }
 
-/// Serve one connection on stdin/stdout; when it ends, terminate every process and return.
-pub async fn run_stdio(config: Arc<ServerConfig>, shutdown: CancellationToken) -> ConnectionEnd {
-    let registry = SessionRegistry::new(config, Arc::new(Metrics::new()));
-    run_stdio_with_registry(registry, shutdown).await
+/// One listener of a server, bound by the caller.
+pub enum Listener {
+    /// The server's own stdin/stdout: one connection; when it ends, the server shuts down.
+    Stdio,
+    /// Plain WebSocket (`ws://`): one JSON-RPC connection per WebSocket, on any path.
+    Ws(TcpListener),
+    /// Noise physical links (`noise+ws://`, path `/v1/link`).
+    Noise(TcpListener, Arc<NoiseServerConfig>),
+    /// The Prometheus endpoint (`GET /metrics`).
+    Metrics(TcpListener),
 }
 
-/// [`run_stdio`] with a caller-supplied registry (the metrics endpoint reads it too).
-///
-/// On `shutdown` (SIGTERM, SIGINT) the processes are terminated first and their exit notices
-/// written to stdout (bounded, as for WebSocket connections); only then does the connection
-/// end.
-pub async fn run_stdio_with_registry(
+/// What the server's HTTP fronts upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// A JSON-RPC connection over plain WebSocket.
+    JsonRpc,
+    /// A Noise physical link.
+    Link,
+}
+
+/// One exec server: its registry, before and while it runs.
+pub struct Server {
     registry: Arc<SessionRegistry>,
-    shutdown: CancellationToken,
-) -> ConnectionEnd {
-    let config = registry.config().clone();
-    let transport = stdio_transport(config.max_message_bytes);
-    let conn_stop = CancellationToken::new();
-    let mut conn = tokio::spawn(ConnectionProcessor::run(
-        transport,
-        registry.clone(),
-        ConnectionOptions {
-            close_session_on_end: true,
-            peer_key: None,
-            answer_after_eof: true,
-        },
-        conn_stop.clone(),
-    ));
-    let joined = tokio::select! {
-        end = &mut conn => end,
-        _ = shutdown.cancelled() => {
-            tracing::info!("shutting down: terminating processes");
-            registry
-                .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
-                .await;
-            conn_stop.cancel();
-            conn.await
+}
+
+/// Serve `listeners` with `config` until `shutdown` fires (or the stdio connection ends), then
+/// run the shutdown sequence and return. See [`Server::run`].
+pub async fn run(listeners: Vec<Listener>, config: Arc<ServerConfig>, shutdown: CancellationToken) {
+    Server::new(config).run(listeners, shutdown).await
+}
+
+impl Server {
+    /// A server with a fresh registry and its own [`Metrics`] (built here, the composition
+    /// root, and passed in: the registry never builds them).
+    pub fn new(config: Arc<ServerConfig>) -> Server {
+        Server {
+            registry: SessionRegistry::new(config, Arc::new(Metrics::new())),
         }
-    };
-    registry.close_all();
-    // The processor does not panic on peer input; a panic elsewhere still ends the connection.
-    joined.unwrap_or(ConnectionEnd::Shutdown)
-}
+    }
 
-/// Serve plain WebSocket connections on `listener` until `shutdown` fires, then terminate
-/// every process, let exit notices reach attached clients (bounded), and return.
-pub async fn run_ws(
-    listener: TcpListener,
-    config: Arc<ServerConfig>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let registry = SessionRegistry::new(config.clone(), Arc::new(Metrics::new()));
-    run_ws_with_registry(listener, registry, shutdown).await
-}
+    /// The registry (tests and embedders read its sessions and metrics).
+    pub fn registry(&self) -> &Arc<SessionRegistry> {
+        &self.registry
+    }
 
-/// [`run_ws`] with a caller-supplied registry (tests and the metrics endpoint read it).
-pub async fn run_ws_with_registry(
-    listener: TcpListener,
-    registry: Arc<SessionRegistry>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let conn_shutdown = CancellationToken::new();
-    let accept_stop = shutdown.clone();
-    let reg = registry.clone();
-    let cs = conn_shutdown.clone();
-    let max = registry.config().max_message_bytes;
-    let tracker = TaskTracker::new();
-    let t = tracker.clone();
-    serve_websocket(listener, max, accept_stop, move |transport| {
-        let reg = reg.clone();
-        let cs = cs.clone();
-        t.spawn(async move {
-            ConnectionProcessor::run(transport, reg, ConnectionOptions::default(), cs).await;
-        });
-    })
-    .await;
-    tracing::info!("shutting down: terminating processes");
-    registry
-        .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
-        .await;
-    // Exit notices are written; let every connection flush and close before returning.
-    conn_shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
-    Ok(())
+    /// Serve every listener until `shutdown` fires or the stdio connection (if any) ends;
+    /// then, once for all of them:
+    ///
+    /// 1. stop accepting and abandon connections not yet upgraded;
+    /// 2. terminate every process and wait, bounded, until exit notices have reached attached
+    ///    clients ([`SessionRegistry::shutdown`], [`SHUTDOWN_DELIVERY_GRACE_MS`]);
+    /// 3. end every connection and link, and wait for their tasks;
+    /// 4. close every session.
+    pub async fn run(self, listeners: Vec<Listener>, shutdown: CancellationToken) {
+        let registry = self.registry;
+        let config = registry.config().clone();
+        // Fronts stop accepting on it.
+        let stop_accepting = CancellationToken::new();
+        // Connections and links end on it, after the exit notices are out.
+        let conn_shutdown = CancellationToken::new();
+        // Set when the stdio connection ends on its own.
+        let stdio_ended = CancellationToken::new();
+        let fronts = TaskTracker::new();
+        let tasks = TaskTracker::new();
+        let connections = Arc::new(Semaphore::new(config.max_connections));
+        let links = Arc::new(Semaphore::new(config.max_links));
+        for listener in listeners {
+            match listener {
+                Listener::Stdio => {
+                    let transport = stdio_transport(config.max_message_bytes);
+                    let options = ConnectionOptions {
+                        close_session_on_end: true,
+                        peer_key: None,
+                        answer_after_eof: true,
+                    };
+                    let (registry, stop, ended) =
+                        (registry.clone(), conn_shutdown.clone(), stdio_ended.clone());
+                    tasks.spawn(async move {
+                        ConnectionProcessor::run(transport, registry, options, stop).await;
+                        ended.cancel();
+                    });
+                }
+                Listener::Ws(listener) => {
+                    let routes = Routes {
+                        readyz: true,
+                        metrics: None,
+                        upgrades: vec![UpgradeRoute {
+                            path: PathPattern::Any,
+                            route: Route::JsonRpc,
+                            capacity: Some(connections.clone()),
+                        }],
+                    };
+                    let (registry, stop, spawner) =
+                        (registry.clone(), conn_shutdown.clone(), tasks.clone());
+                    let max = config.max_message_bytes;
+                    let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
+                        let transport = framed(up.ws, max, up.peer.to_string());
+                        let (registry, stop, permit) = (registry.clone(), stop.clone(), up.permit);
+                        spawner.spawn(async move {
+                            let options = ConnectionOptions::default();
+                            ConnectionProcessor::run(transport, registry, options, stop).await;
+                            // The slot of `max_connections` is free once the connection ends.
+                            drop(permit);
+                        });
+                    });
+                    let front = Front {
+                        routes,
+                        limits: FrontLimits::websocket(&config),
+                        websocket: websocket_config(max),
+                        on_upgrade,
+                    };
+                    fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+                Listener::Noise(listener, noise) => {
+                    let routes = Routes {
+                        readyz: true,
+                        metrics: None,
+                        upgrades: vec![UpgradeRoute {
+                            path: PathPattern::Exact(LINK_PATH),
+                            route: Route::Link,
+                            capacity: Some(links.clone()),
+                        }],
+                    };
+                    let (registry, stop, spawner) =
+                        (registry.clone(), conn_shutdown.clone(), tasks.clone());
+                    let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
+                        let span = tracing::info_span!("link", peer = %up.peer);
+                        let link = run_link(
+                            up.ws,
+                            up.peer,
+                            noise.clone(),
+                            registry.clone(),
+                            stop.clone(),
+                            spawner.clone(),
+                        );
+                        let permit = up.permit;
+                        spawner.spawn(
+                            async move {
+                                link.await;
+                                // The slot of `max_links` is free once the link ends.
+                                drop(permit);
+                            }
+                            .instrument(span),
+                        );
+                    });
+                    let front = Front {
+                        routes,
+                        limits: FrontLimits::websocket(&config),
+                        websocket: websocket_config(MAX_FRAME_BYTES),
+                        on_upgrade,
+                    };
+                    fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+                Listener::Metrics(listener) => {
+                    let reg = registry.clone();
+                    let render: MetricsRenderer =
+                        Arc::new(move || reg.metrics().render(&reg.stats()));
+                    let front: Front<Route> = Front {
+                        routes: Routes {
+                            readyz: false,
+                            metrics: Some(render),
+                            upgrades: Vec::new(),
+                        },
+                        limits: FrontLimits::metrics(&config),
+                        websocket: websocket_config(config.max_message_bytes),
+                        on_upgrade: Arc::new(|_| {}),
+                    };
+                    fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+            }
+        }
+
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = stdio_ended.cancelled() => {}
+        }
+        // 1. No new connections; handshakes in progress are abandoned.
+        stop_accepting.cancel();
+        fronts.close();
+        fronts.wait().await;
+        // 2. Terminate every process; exit notices reach attached clients (bounded).
+        tracing::info!("shutting down: terminating processes");
+        registry
+            .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
+            .await;
+        // 3. End every connection and link once their notices are written; wait for them.
+        conn_shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        // 4. Whatever is left (detached sessions) is closed: its process groups terminated.
+        registry.close_all();
+    }
 }
 
 /// The URL to print for a bound listener.

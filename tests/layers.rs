@@ -27,7 +27,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("link", 5),
     ("client", 6),
     ("server", 6),
-    ("metrics_endpoint", 6),
     ("cli", 7),
 ];
 

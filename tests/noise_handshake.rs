@@ -15,7 +15,7 @@ use common::*;
 
 use serde_json::json;
 
-use execrelay::link::server::LinkLimits;
+use execrelay::config::ServerConfig;
 use execrelay::noise::handshake::{ClientHandshake, MAX_MSG1_BYTES};
 use execrelay::noise::keys::Keypair;
 use execrelay_relay::frame::FrameType;
@@ -25,7 +25,7 @@ use execrelay_relay::frame::FrameType;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn message_1_replayed_on_another_stream_is_reset() {
-    let (a, auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, auth, srv) = serve_one(ServerConfig::default()).await;
     let mut link = RawLink::connect(srv.port).await;
 
     let sid1 = random_sid();
@@ -65,7 +65,7 @@ async fn message_1_replayed_on_another_stream_is_reset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_authorization_blocks_nothing_else() {
     let (a, b, auth, mut entered) = block_a_allow_b();
-    let srv = start_server(auth.clone(), LinkLimits::default()).await;
+    let srv = start_server(auth.clone(), ServerConfig::default()).await;
     let mut link = RawLink::connect(srv.port).await;
     let mut established = link.open_ready(&b, &srv.keys.public).await;
 
@@ -91,18 +91,18 @@ async fn a_blocked_authorization_blocks_nothing_else() {
     srv.shutdown.cancel();
 }
 
-// Regression (fixed): `serve_noise` spawns each authorization on the link's `TaskTracker` and, at shutdown,
+// Regression (fixed): the Noise listener spawned each authorization on the link's `TaskTracker` and, at shutdown,
 // waits for every tracked task (`links.wait()`); an authorization that never answers keeps
 // it waiting forever, so the server cannot shut down (its doc says it returns after
 // terminating the processes; `execrelay serve` would ignore SIGTERM with such an
 // authorizer). The authorization task should be cancelled when its link ends.
 // Reproduce: an `Authorizer` whose future is `pending()`, one OPEN with that key, then
-// cancel the shutdown token: `serve_noise` never returns.
+// cancel the shutdown token: the server never returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_not_held_up_by_a_pending_authorization() {
     let a = Keypair::generate().unwrap();
     let (auth, mut entered) = TestAuth::new(&[(&a, Verdict::Block)]);
-    let srv = start_server(auth, LinkLimits::default()).await;
+    let srv = start_server(auth, ServerConfig::default()).await;
     let mut link = RawLink::connect(srv.port).await;
     link.send_hello(&a, &srv.keys.public).await;
     wait_entered(&mut entered, &a).await;
@@ -116,7 +116,7 @@ async fn shutdown_is_not_held_up_by_a_pending_authorization() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_or_malformed_hello_is_reset_without_authorization() {
-    let (a, auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, auth, srv) = serve_one(ServerConfig::default()).await;
     let mut link = RawLink::connect(srv.port).await;
     let server = srv.keys.public;
 
@@ -249,7 +249,7 @@ async fn violations_on_pending_streams_are_charged_and_close_the_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_authorizations_per_link_are_capped() {
     let (a, b, auth, mut entered) = block_a_allow_b();
-    let limits = LinkLimits {
+    let limits = ServerConfig {
         max_pending_authorizations: 4,
         ..Default::default()
     };
@@ -276,7 +276,7 @@ async fn pending_authorizations_per_link_are_capped() {
 async fn a_session_cannot_be_resumed_from_another_key() {
     let a = Keypair::generate().unwrap();
     let b = Keypair::generate().unwrap();
-    let (_auth, srv) = serve_allowing(&[&a, &b], LinkLimits::default()).await;
+    let (_auth, srv) = serve_allowing(&[&a, &b], ServerConfig::default()).await;
     let server = srv.keys.public;
 
     let mut la = RawLink::connect(srv.port).await;

@@ -6,7 +6,7 @@
 //!
 //! Peers: the library client (`ClientLink`, `Client` with `Target::Noise`) and a raw link
 //! client (`common::noise`) that crafts every frame byte itself so that it can misbehave,
-//! against an in-process `serve_noise`. Every wait is on a frame, a message or a process exit,
+//! against an in-process Noise server (`Server::run`). Every wait is on a frame, a message or a process exit,
 //! never on a sleep; every wait is bounded by a hang guard.
 
 mod common;
@@ -20,8 +20,8 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions};
+use execrelay::config::ServerConfig;
 use execrelay::link::client::ClientLink;
-use execrelay::link::server::LinkLimits;
 use execrelay::noise::record::MAX_RECORD_BODY;
 use execrelay::rpc::messages::StreamName;
 use execrelay::transport::Transport;
@@ -32,7 +32,7 @@ use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_or_replayed_records_reset_only_their_stream() {
-    let (a, _auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
     let mut link = RawLink::connect(srv.port).await;
     let mut s1 = link.open(&a, &srv.keys.public).await;
     let mut s2 = link.open(&a, &srv.keys.public).await;
@@ -166,7 +166,7 @@ async fn malformed_frames_are_handled_and_the_server_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_larger_than_a_record_cross_intact() {
-    let (a, _auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
     // Without acks, the whole output stays retained for `process/read`.
     let opts = ClientOptions {
         acks: false,
@@ -270,7 +270,7 @@ async fn run_numbered(t: Transport, n: u32) {
 /// one after another, then all running a process at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_concurrent_streams_on_one_link() {
-    let (a, auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, auth, srv) = serve_one(ServerConfig::default()).await;
     let (front, links) = counting_proxy(srv.port).await;
     let url = format!("noise+ws://127.0.0.1:{front}");
     let link = ClientLink::connect(&url, srv.client_config(&a))
@@ -300,7 +300,7 @@ async fn sixty_four_concurrent_streams_on_one_link() {
 /// `Target::Noise` clients of one process, connected one after another, share one link.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_of_one_process_share_one_link() {
-    let (a, _auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
     let (front, links) = counting_proxy(srv.port).await;
     let target = srv.target_at(front, &a);
     let mut clients = Vec::new();
@@ -358,7 +358,7 @@ async fn echo_through(c: &Client, n: usize) -> String {
 // counting TCP forwarder; it counts 64 links instead of 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_clients_connecting_at_once_share_one_link() {
-    let (a, _auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
     let (front, links) = counting_proxy(srv.port).await;
     let target = srv.target_at(front, &a);
     let tasks: Vec<_> = (0..64usize)
@@ -400,7 +400,7 @@ async fn sixty_four_clients_connecting_at_once_share_one_link() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_processor_sends_close_record_then_reset() {
-    let (a, _auth, srv) = serve_one(LinkLimits::default()).await;
+    let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
     let mut link = RawLink::connect(srv.port).await;
     let mut st = link.open(&a, &srv.keys.public).await;
     let mut keep = link.open(&a, &srv.keys.public).await;

@@ -307,13 +307,13 @@ async fn a_session_resumed_in_time_is_not_expired_at_all() {
 
 /// A WebSocket server in this process, for the client library.
 async fn ws_server(cfg: ServerConfig) -> (String, Arc<SessionRegistry>, CancellationToken) {
-    let reg = shared(cfg);
+    let server = execrelay::server::Server::new(Arc::new(cfg));
+    let reg = server.registry().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("ws://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(execrelay::server::run_ws_with_registry(
-        listener,
-        reg.clone(),
+    tokio::spawn(server.run(
+        vec![execrelay::server::Listener::Ws(listener)],
         stop.clone(),
     ));
     (url, reg, stop)

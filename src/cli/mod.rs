@@ -18,7 +18,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run an exec server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a command on a server, like `ssh host cmd`.
     Run(run::RunArgs),
     /// Start a local server and run a demo command through it.
@@ -83,7 +83,7 @@ pub fn main() -> i32 {
     tune_allocator();
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => serve::main(args),
+        Command::Serve(args) => serve::main(*args),
         Command::Run(args) => run::main(args),
         Command::Demo(args) => run::demo_main(args),
         Command::Keygen(args) => keygen(args),

@@ -1,17 +1,20 @@
-//! `execrelay serve`: flags (one per limit, plus `--config FILE`), logging, signals.
+//! `execrelay serve`: parse the flags (one per setting, from `config.rs`, plus `--config
+//! FILE`), bind the listeners, print the bound URL as the first line of stdout, and hand
+//! everything to the composition root ([`crate::server::run`]). Nothing else lives here.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ServerConfig;
-use crate::server::{
-    bound_url, parse_listen, run_stdio_with_registry, run_ws_with_registry, ListenAddr,
-};
-use crate::session::SessionRegistry;
+use crate::config::{ConfigFlags, ServerConfig};
+use crate::http::METRICS_PATH;
+use crate::link::server::NoiseServerConfig;
+use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -26,7 +29,8 @@ pub enum LogFormat {
 /// Flags of `execrelay serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// `stdio` or `ws://HOST:PORT` (port 0 picks one; the bound URL is printed first).
+    /// `stdio`, `ws://HOST:PORT` or `noise+ws://HOST:PORT` (port 0 picks one; the bound URL is
+    /// printed first).
     #[arg(long, default_value = "stdio")]
     pub listen: String,
     /// Allow plain `ws://` on a non-loopback address (traffic is unencrypted).
@@ -36,39 +40,13 @@ pub struct ServeArgs {
     /// is printed to stderr as `execrelay metrics: http://HOST:PORT/metrics`). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
-    /// TOML file with the same settings as the flags below (flags win).
+    /// TOML file with the same settings as the flags below, by the same names in snake_case
+    /// (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
-    /// Largest JSON-RPC message, bytes [default: 16777216].
-    #[arg(long)]
-    pub max_message_bytes: Option<usize>,
-    /// Processes per session [default: 256].
-    #[arg(long)]
-    pub max_processes: Option<usize>,
-    /// Sessions per server [default: 64].
-    #[arg(long)]
-    pub max_sessions: Option<usize>,
-    /// Retained output per process, bytes [default: 8388608].
-    #[arg(long)]
-    pub retained_output_bytes: Option<usize>,
-    /// Unwritten output per process before the child is held back, bytes [default: 1048576].
-    #[arg(long)]
-    pub delivery_queue_bytes: Option<usize>,
-    /// How long a detached session survives, ms [default: 60000].
-    #[arg(long)]
-    pub detached_session_ttl_ms: Option<u64>,
-    /// Longest `process/read` long poll, ms [default: 60000].
-    #[arg(long)]
-    pub max_read_wait_ms: Option<u64>,
-    /// How long an exited process stays known without acks, ms [default: 300000].
-    #[arg(long)]
-    pub exited_retention_ms: Option<u64>,
-    /// Requests in flight per connection [default: 1024].
-    #[arg(long)]
-    pub max_pending_requests: Option<usize>,
     /// noise+ws: the server's private key file (from `execrelay keygen`).
     #[arg(long)]
     pub key: Option<PathBuf>,
@@ -78,30 +56,14 @@ pub struct ServeArgs {
     /// noise+ws: also require this token (read from the file) in every handshake.
     #[arg(long)]
     pub auth_token_file: Option<PathBuf>,
-    /// noise+ws: handshakes waiting for authorization per link [default: 32].
-    #[arg(long)]
-    pub max_pending_authorizations: Option<usize>,
-    /// noise+ws: established streams per link [default: 1024].
-    #[arg(long)]
-    pub max_streams_per_link: Option<usize>,
-    /// noise+ws: handshake failures tolerated back to back per link [default: 8].
-    #[arg(long)]
-    pub handshake_failure_burst: Option<u32>,
-    /// noise+ws: one handshake failure forgiven per this many ms [default: 2000].
-    #[arg(long)]
-    pub handshake_failure_refill_ms: Option<u64>,
-    /// noise+ws: WebSocket ping interval, ms [default: 15000].
-    #[arg(long)]
-    pub keepalive_interval_ms: Option<u64>,
-    /// noise+ws: a link silent for this long is dead, ms [default: 30000].
-    #[arg(long)]
-    pub pong_timeout_ms: Option<u64>,
+    /// Every limit of `config.rs`.
+    #[command(flatten)]
+    pub settings: ConfigFlags,
 }
 
 impl ServeArgs {
-    /// The Noise listener's configuration (keys are loaded and checked here, at start).
-    pub fn noise_config(&self) -> anyhow::Result<crate::link::server::NoiseServerConfig> {
-        use crate::link::server::{LinkLimits, NoiseServerConfig};
+    /// The Noise listener's keys and authorizer (loaded and checked here, at start).
+    pub fn noise_config(&self) -> anyhow::Result<NoiseServerConfig> {
         use crate::noise::authorizer::KeysAuthorizer;
         use crate::noise::keys::{AuthorizedKeys, Keypair};
         let key = self.key.as_ref().ok_or_else(|| {
@@ -125,35 +87,13 @@ impl ServeArgs {
             }
             None => None,
         };
-        let mut limits = LinkLimits::default();
-        if let Some(v) = self.max_pending_authorizations {
-            limits.max_pending_authorizations = v;
-        }
-        if let Some(v) = self.max_streams_per_link {
-            limits.max_streams_per_link = v;
-        }
-        if let Some(v) = self.handshake_failure_burst {
-            limits.failure_burst = v;
-        }
-        if let Some(v) = self.handshake_failure_refill_ms {
-            limits.failure_refill = std::time::Duration::from_millis(v);
-        }
-        if let Some(v) = self.keepalive_interval_ms {
-            limits.keepalive_interval = std::time::Duration::from_millis(v.max(1));
-        }
-        if let Some(v) = self.pong_timeout_ms {
-            limits.pong_timeout = std::time::Duration::from_millis(v.max(1));
-        }
         Ok(NoiseServerConfig {
             keys,
-            authorizer: std::sync::Arc::new(KeysAuthorizer::new(authorized, token)),
+            authorizer: Arc::new(KeysAuthorizer::new(authorized, token)),
             env_id: String::new(),
-            limits,
         })
     }
-}
 
-impl ServeArgs {
     /// Build the configuration: defaults, then the file, then flags.
     pub fn config(&self) -> anyhow::Result<ServerConfig> {
         let mut c = match &self.config {
@@ -164,20 +104,7 @@ impl ServeArgs {
             }
             None => ServerConfig::default(),
         };
-        macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
-        }
-        set!(
-            max_message_bytes,
-            max_processes,
-            max_sessions,
-            retained_output_bytes,
-            delivery_queue_bytes,
-            detached_session_ttl_ms,
-            max_read_wait_ms,
-            exited_retention_ms,
-            max_pending_requests
-        );
+        self.settings.apply(&mut c);
         c.validate()?;
         Ok(c)
     }
@@ -186,35 +113,23 @@ impl ServeArgs {
 /// Run `serve`; returns the exit code.
 pub fn main(args: ServeArgs) -> i32 {
     crate::cli::init_logging("info", matches!(args.log_format, LogFormat::Json));
-    let config = match args.config() {
-        Ok(c) => Arc::new(c),
+    let prepared = (|| -> anyhow::Result<_> {
+        let config = Arc::new(args.config()?);
+        let listen = parse_listen(&args.listen, args.danger_plaintext)?;
+        let noise = match listen {
+            ListenAddr::Noise(_) => Some(Arc::new(args.noise_config()?)),
+            _ => None,
+        };
+        let metrics = args
+            .metrics_listen
+            .as_deref()
+            .map(parse_metrics_listen)
+            .transpose()?;
+        Ok((config, listen, noise, metrics))
+    })();
+    let (config, listen, noise, metrics) = match prepared {
+        Ok(prepared) => prepared,
         Err(e) => {
-            eprintln!("execrelay serve: {e}");
-            return 2;
-        }
-    };
-    let listen = match parse_listen(&args.listen, args.danger_plaintext) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("execrelay serve: {e}");
-            return 2;
-        }
-    };
-    let noise = if matches!(listen, ListenAddr::Noise(_)) {
-        match args.noise_config() {
-            Ok(c) => Some(Arc::new(c)),
-            Err(e) => {
-                eprintln!("execrelay serve: {e}");
-                return 2;
-            }
-        }
-    } else {
-        None
-    };
-    let metrics_addr = match args.metrics_listen.as_deref().map(parse_metrics_listen) {
-        None => None,
-        Some(Ok(a)) => Some(a),
-        Some(Err(e)) => {
             eprintln!("execrelay serve: {e}");
             return 2;
         }
@@ -227,83 +142,18 @@ pub fn main(args: ServeArgs) -> i32 {
         }
     };
     let code = rt.block_on(async move {
+        // Installed before the URL is printed: a client may signal us as soon as it reads it.
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
-        let registry = SessionRegistry::new(config, Arc::new(crate::metrics::Metrics::new()));
-        if let Some(addr) = metrics_addr {
-            let listener = match crate::metrics_endpoint::bind(addr).await {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("execrelay serve: cannot bind --metrics-listen {addr}: {e}");
-                    return 1;
-                }
-            };
-            if let Ok(local) = listener.local_addr() {
-                // Not through the log filter: scripts and tests read it, like the bound URL.
-                eprintln!(
-                    "execrelay metrics: http://{local}{}",
-                    crate::metrics_endpoint::METRICS_PATH
-                );
+        let listeners = match bind(listen, noise, metrics).await {
+            Ok(listeners) => listeners,
+            Err(e) => {
+                eprintln!("execrelay serve: {e}");
+                return 1;
             }
-            tokio::spawn(crate::metrics_endpoint::serve(
-                listener,
-                registry.clone(),
-                shutdown.clone(),
-            ));
-        }
-        match listen {
-            ListenAddr::Stdio => {
-                run_stdio_with_registry(registry, shutdown).await;
-                0
-            }
-            ListenAddr::Noise(addr) => {
-                let Some(noise) = noise else { return 2 };
-                let listener = match tokio::net::TcpListener::bind(addr).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        eprintln!("execrelay serve: cannot bind {addr}: {e}");
-                        return 1;
-                    }
-                };
-                let Ok(local) = listener.local_addr() else {
-                    return 1;
-                };
-                let url = crate::server::bound_noise_url(local);
-                let mut out = std::io::stdout();
-                let _ = writeln!(out, "{url}");
-                let _ = out.flush();
-                tracing::info!(%url, "listening (noise)");
-                crate::link::server::serve_noise(listener, noise, registry, shutdown).await;
-                0
-            }
-            ListenAddr::Ws(addr) => {
-                let listener = match tokio::net::TcpListener::bind(addr).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        eprintln!("execrelay serve: cannot bind {addr}: {e}");
-                        return 1;
-                    }
-                };
-                let local = match listener.local_addr() {
-                    Ok(a) => a,
-                    Err(e) => {
-                        eprintln!("execrelay serve: {e}");
-                        return 1;
-                    }
-                };
-                let mut out = std::io::stdout();
-                let _ = writeln!(out, "{}", bound_url(local));
-                let _ = out.flush();
-                tracing::info!(url = %bound_url(local), "listening");
-                match run_ws_with_registry(listener, registry, shutdown).await {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        eprintln!("execrelay serve: {e}");
-                        1
-                    }
-                }
-            }
-        }
+        };
+        crate::server::run(listeners, config, shutdown).await;
+        0
     });
     // Do not wait for blocking helper threads: one may be parked in a read of a terminal
     // stdin that never ends, which would keep a signalled server alive forever.
@@ -311,12 +161,59 @@ pub fn main(args: ServeArgs) -> i32 {
     code
 }
 
+/// Bind every listener; print the metrics URL on stderr and the bound URL as the first line
+/// of stdout (scripts and tests read both, so they bypass the log filter).
+async fn bind(
+    listen: ListenAddr,
+    noise: Option<Arc<NoiseServerConfig>>,
+    metrics: Option<SocketAddr>,
+) -> anyhow::Result<Vec<Listener>> {
+    let mut listeners = Vec::new();
+    if let Some(addr) = metrics {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot bind --metrics-listen {addr}: {e}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("execrelay metrics: http://{local}{METRICS_PATH}");
+        listeners.push(Listener::Metrics(listener));
+    }
+    let (listener, url) = match (listen, noise) {
+        (ListenAddr::Stdio, _) => {
+            listeners.push(Listener::Stdio);
+            return Ok(listeners);
+        }
+        (ListenAddr::Ws(addr), _) => {
+            let tcp = bind_tcp(addr).await?;
+            let url = bound_url(tcp.local_addr()?);
+            (Listener::Ws(tcp), url)
+        }
+        (ListenAddr::Noise(addr), Some(noise)) => {
+            let tcp = bind_tcp(addr).await?;
+            let url = bound_noise_url(tcp.local_addr()?);
+            (Listener::Noise(tcp, noise), url)
+        }
+        (ListenAddr::Noise(_), None) => anyhow::bail!("noise+ws needs --key"),
+    };
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{url}");
+    let _ = out.flush();
+    tracing::info!(%url, "listening");
+    listeners.push(listener);
+    Ok(listeners)
+}
+
+async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot bind {addr}: {e}"))
+}
+
 /// After the server has finished (exit notices written), how long remaining runtime threads
 /// get before the process exits anyway.
 const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Parse `--metrics-listen HOST:PORT` (`localhost:PORT` means 127.0.0.1:PORT).
-fn parse_metrics_listen(s: &str) -> anyhow::Result<std::net::SocketAddr> {
+fn parse_metrics_listen(s: &str) -> anyhow::Result<SocketAddr> {
     let s = match s.strip_prefix("localhost:") {
         Some(port) => format!("127.0.0.1:{port}"),
         None => s.to_string(),
@@ -326,15 +223,18 @@ fn parse_metrics_listen(s: &str) -> anyhow::Result<std::net::SocketAddr> {
     })
 }
 
+/// Cancel `shutdown` on SIGTERM or SIGINT. The handlers are registered before this returns
+/// (not in the spawned task), so a signal sent right after is never lost to the default action.
 fn spawn_signal_handler(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers");
+        return;
+    };
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}

@@ -6,6 +6,9 @@
 //! with `try_send`, and a stream whose inbound queue is full is reset alone. Authorization runs
 //! in its own task per stream. A stream's `ConnectionProcessor` shares the server's
 //! `SessionRegistry`; its session is bound to the client's static key.
+//!
+//! Accepting links (the HTTP front, `max_links`) and shutting them down belong to the
+//! composition root (`server.rs`); this module drives one link it is handed.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,33 +16,29 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::virtual_stream::{data_frame, open_stream};
-use crate::config::SHUTDOWN_DELIVERY_GRACE_MS;
+use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
 use crate::noise::authorizer::{AuthRequest, Authorizer};
-use crate::noise::budget::{FailureBudget, FAILURE_BURST, FAILURE_REFILL};
+use crate::noise::budget::FailureBudget;
 use crate::noise::handshake::{read_hello, PendingHandshake};
 use crate::noise::keys::{fingerprint, Keypair};
 use crate::noise::record::{Opened, RecordSealer};
 use crate::session::SessionRegistry;
 use crate::sync::lock;
-use crate::transport::websocket::{serve_upgrades, websocket_config, UpgradedWebSocket};
-use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
+use execrelay_relay::frame::{Frame, FrameType, StreamId};
 
 /// The path physical links connect to.
 pub const LINK_PATH: &str = "/v1/link";
-/// Handshakes waiting for authorization per link; more are reset unprocessed.
-pub const MAX_PENDING_AUTHORIZATIONS: usize = 32;
-/// Established streams per link.
-pub const MAX_STREAMS_PER_LINK: usize = 1024;
 /// Whole inbound messages queued per stream before its processor takes them; a stream that
 /// overflows it is reset (its peer ignored its own flow of replies).
 pub const STREAM_INBOUND_QUEUE: usize = 1024;
@@ -49,42 +48,40 @@ pub const LINK_SEND_QUEUE: usize = 1024;
 pub const LINK_CONTROL_QUEUE: usize = 256;
 /// How long a closing link waits for its close frame to go out before the socket is dropped.
 pub const LINK_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Interval of WebSocket pings on a link (`KEEPALIVE_INTERVAL`).
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
-/// A link without any inbound traffic (pongs included) for this long is dead (`PONG_TIMEOUT`).
-pub const PONG_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Limits of the Noise listener, each with a `serve` flag.
+/// The link settings of [`ServerConfig`] as one link uses them (every one is a config field,
+/// with a flag and a TOML key; see `config.rs` for what each bounds).
 #[derive(Debug, Clone)]
 pub struct LinkLimits {
-    /// See [`MAX_PENDING_AUTHORIZATIONS`].
+    /// `max_pending_authorizations`.
     pub max_pending_authorizations: usize,
-    /// See [`MAX_STREAMS_PER_LINK`].
+    /// `max_streams_per_link`.
     pub max_streams_per_link: usize,
-    /// Failure budget burst ([`FAILURE_BURST`]).
+    /// `handshake_failure_burst`.
     pub failure_burst: u32,
-    /// One failure forgiven per this interval ([`FAILURE_REFILL`]).
+    /// `handshake_failure_refill_ms`.
     pub failure_refill: Duration,
-    /// See [`KEEPALIVE_INTERVAL`].
+    /// `keepalive_interval_ms`.
     pub keepalive_interval: Duration,
-    /// See [`PONG_TIMEOUT`].
+    /// `pong_timeout_ms`.
     pub pong_timeout: Duration,
 }
 
-impl Default for LinkLimits {
-    fn default() -> Self {
+impl LinkLimits {
+    /// The link limits of `config`.
+    pub fn from_config(config: &ServerConfig) -> LinkLimits {
         LinkLimits {
-            max_pending_authorizations: MAX_PENDING_AUTHORIZATIONS,
-            max_streams_per_link: MAX_STREAMS_PER_LINK,
-            failure_burst: FAILURE_BURST,
-            failure_refill: FAILURE_REFILL,
-            keepalive_interval: KEEPALIVE_INTERVAL,
-            pong_timeout: PONG_TIMEOUT,
+            max_pending_authorizations: config.max_pending_authorizations,
+            max_streams_per_link: config.max_streams_per_link,
+            failure_burst: config.handshake_failure_burst,
+            failure_refill: Duration::from_millis(config.handshake_failure_refill_ms),
+            keepalive_interval: Duration::from_millis(config.keepalive_interval_ms.max(1)),
+            pong_timeout: Duration::from_millis(config.pong_timeout_ms.max(1)),
         }
     }
 }
 
-/// What a Noise listener needs.
+/// What a Noise listener needs besides the [`ServerConfig`] (whose link settings it uses).
 pub struct NoiseServerConfig {
     /// The server's static key.
     pub keys: Keypair,
@@ -92,43 +89,6 @@ pub struct NoiseServerConfig {
     pub authorizer: Arc<dyn Authorizer>,
     /// Environment id bound into the prologue (empty for a direct listener).
     pub env_id: String,
-    /// Budgets.
-    pub limits: LinkLimits,
-}
-
-/// Serve physical links on `listener` until `shutdown`, then terminate every process, let exit
-/// notices out (bounded) and return.
-pub async fn serve_noise(
-    listener: TcpListener,
-    cfg: Arc<NoiseServerConfig>,
-    registry: Arc<SessionRegistry>,
-    shutdown: CancellationToken,
-) {
-    let links = TaskTracker::new();
-    let conn_shutdown = CancellationToken::new();
-    let t = links.clone();
-    let reg = registry.clone();
-    let cs = conn_shutdown.clone();
-    serve_upgrades(
-        listener,
-        websocket_config(MAX_FRAME_BYTES),
-        Some(LINK_PATH),
-        shutdown,
-        move |ws, peer| {
-            let span = tracing::info_span!("link", %peer);
-            t.spawn(
-                run_link(ws, peer, cfg.clone(), reg.clone(), cs.clone(), t.clone())
-                    .instrument(span),
-            );
-        },
-    )
-    .await;
-    registry
-        .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
-        .await;
-    conn_shutdown.cancel();
-    links.close();
-    links.wait().await;
 }
 
 enum Entry {
@@ -146,6 +106,7 @@ enum Entry {
 
 struct Link {
     cfg: Arc<NoiseServerConfig>,
+    limits: LinkLimits,
     registry: Arc<SessionRegistry>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -193,8 +154,10 @@ impl Close {
     }
 }
 
-async fn run_link(
-    ws: UpgradedWebSocket,
+/// Drive one physical link until it closes or `shutdown` fires. Every task it starts (stream
+/// processors, authorizations) goes on `tasks`, which the caller waits for at shutdown.
+pub async fn run_link(
+    ws: WebSocketStream<TcpStream>,
     peer: SocketAddr,
     cfg: Arc<NoiseServerConfig>,
     registry: Arc<SessionRegistry>,
@@ -206,7 +169,8 @@ async fn run_link(
     let (ctrl_tx, mut ctrl_rx) = mpsc::channel::<Vec<u8>>(LINK_CONTROL_QUEUE);
     let (data_tx, mut data_rx) = mpsc::channel::<Vec<u8>>(LINK_SEND_QUEUE);
     let dead = CancellationToken::new();
-    let keepalive = cfg.limits.keepalive_interval;
+    let limits = LinkLimits::from_config(registry.config());
+    let keepalive = limits.keepalive_interval;
 
     // Writer: control frames first, then data; pings on the keepalive interval.
     let d = dead.clone();
@@ -243,14 +207,11 @@ async fn run_link(
         .in_current_span(),
     );
 
-    let (auth_tx, mut auth_rx) = mpsc::channel(cfg.limits.max_pending_authorizations + 1);
+    let (auth_tx, mut auth_rx) = mpsc::channel(limits.max_pending_authorizations + 1);
     let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
     let mut link = Link {
-        budget: FailureBudget::new(
-            cfg.limits.failure_burst,
-            cfg.limits.failure_refill,
-            Instant::now(),
-        ),
+        budget: FailureBudget::new(limits.failure_burst, limits.failure_refill, Instant::now()),
+        limits,
         cfg,
         registry,
         shutdown,
@@ -265,7 +226,7 @@ async fn run_link(
         closed: dead.clone(),
     };
     tracing::info!("link open");
-    let pong_timeout = link.cfg.limits.pong_timeout;
+    let pong_timeout = link.limits.pong_timeout;
     let mut last_heard = tokio::time::Instant::now();
     let close = loop {
         let silence = tokio::time::sleep_until(last_heard + pong_timeout);
@@ -414,10 +375,10 @@ impl Link {
             self.reset(sid, "duplicate_open")?;
             return self.charge();
         }
-        if self.pending >= self.cfg.limits.max_pending_authorizations {
+        if self.pending >= self.limits.max_pending_authorizations {
             return self.refuse(sid, "busy");
         }
-        if self.streams.len() >= self.cfg.limits.max_streams_per_link {
+        if self.streams.len() >= self.limits.max_streams_per_link {
             return self.refuse(sid, "too_many_streams");
         }
         let pending = match read_hello(&self.cfg.keys, &self.cfg.env_id, &sid, payload) {

@@ -11,7 +11,6 @@ use std::pin::Pin;
 
 use futures_util::{Sink, Stream};
 
-pub mod http_gate;
 pub mod line_codec;
 pub mod stdio;
 pub mod websocket;

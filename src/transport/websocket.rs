@@ -1,175 +1,40 @@
-//! Plain WebSocket transport (`ws://`): the listener that accepts connections and upgrades
-//! them, and the framing that turns a WebSocket into a [`Transport`].
+//! Plain WebSocket transport (`ws://`): the framing that turns a WebSocket into a
+//! [`Transport`], on both ends.
 //!
 //! # What this module owns
 //!
-//! - **The accept loop** shared by `ws://` and `noise+ws://` listeners: one task per accepted
-//!   connection, at most 256 of them not yet upgraded (`MAX_PENDING_HANDSHAKES`), and one
-//!   deadline (`HANDSHAKE_TIMEOUT`, 10 s) for the request head and the upgrade together. What
-//!   each request gets before the upgrade (`/readyz`, `Origin` → 403, 404) is decided by the
-//!   HTTP gate in [`super::http_gate`]; every WebSocket upgrade it lets through goes to
-//!   tungstenite with the bytes already read replayed.
 //! - **WebSocket framing** (protocol.md §1): one message per text or binary message, the
 //!   `maxMessageBytes` limit enforced by tungstenite before more than the limit of one message
 //!   is buffered, and the mapping of tungstenite's errors onto [`FramingError`].
-//! - The client side of the same framing ([`connect_websocket`]).
+//! - The server side ([`framed`], for a WebSocket the HTTP front upgraded) and the client side
+//!   ([`connect_websocket`]) of the same framing, with the same [`websocket_config`].
 //!
 //! # What it must never do
 //!
 //! - Interpret JSON-RPC: messages are opaque bytes here.
-//! - Upgrade a request the gate has not let through (a request that carries an `Origin`
-//!   header never is: that is how a web page open in a browser on the same host would drive a
-//!   local server).
+//! - Serve HTTP: accepting connections, the request head, `/readyz`, the `Origin` refusal and
+//!   the upgrade belong to the HTTP front (`crate::http`).
 //! - Log message contents (they carry process output and stdin), or panic on anything a peer
 //!   sends.
-//! - Decide who may connect. This transport encrypts nothing; refusing non-loopback addresses
-//!   without `--danger-plaintext` belongs to whoever binds the listener.
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{debug, warn, Instrument};
+use tracing::debug;
 
-use super::http_gate::{
-    read_request_head, refuse_cross_origin, reply_and_close, route, HeadError, Reply, Route,
-};
 use super::{FramingError, Transport};
 
-/// Replays the request head to tungstenite; part of [`UpgradedWebSocket`]. It lives with the
-/// gate that reads the head and is re-exported here, so `websocket::Rewind` keeps working.
-pub use super::http_gate::Rewind;
-
-/// How long a new connection may take to deliver its request head and finish the upgrade:
-/// 10 s. Past it the connection is closed without a reply, so a slow peer cannot hold a
-/// handshake slot for ever.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Connections accepted but not yet upgraded (or answered) at once: 256.
-///
-/// Each holds at most [`MAX_REQUEST_HEAD_BYTES`](super::http_gate::MAX_REQUEST_HEAD_BYTES) for
-/// at most [`HANDSHAKE_TIMEOUT`] (plus [`CLOSE_GRACE`](super::http_gate::CLOSE_GRACE) when
-/// refused). Beyond the cap a new connection is closed at once, which bounds what a flood of
-/// idle connections can take (256 × 16 KiB = 4 MiB). Real clients finish their handshake in
-/// milliseconds, so the cap is reached only under such a flood.
-const MAX_PENDING_HANDSHAKES: usize = 256;
-
-/// Pause after a failed `accept`: 100 ms. Failures such as running out of file descriptors
-/// repeat immediately; without a pause the accept loop would spin a core while they last.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Accepts plain WebSocket connections on `listener` and calls `on_connection` with a framed
-/// [`Transport`] for each upgraded WebSocket, until `shutdown` is cancelled.
-///
-/// Every accepted connection gets its own task that reads the HTTP request head, answers
-/// `GET /readyz` (200), refuses upgrades carrying an `Origin` header (403), answers other plain
-/// requests (404) and upgrades the rest, on any path. `on_connection` is called from that task
-/// and should hand the transport off quickly (typically by spawning the connection processor).
-///
-/// Inbound messages larger than `max_message_bytes` end the connection with
-/// [`FramingError::TooLarge`]. On cancellation the function stops accepting, abandons the
-/// handshakes in progress and returns once their tasks have ended; connections already handed
-/// to `on_connection` are the caller's to shut down.
-pub async fn serve_websocket<F>(
-    listener: TcpListener,
-    max_message_bytes: usize,
-    shutdown: CancellationToken,
-    on_connection: F,
-) where
-    F: Fn(Transport) + Send + Sync + 'static,
-{
-    serve_upgrades(
-        listener,
-        websocket_config(max_message_bytes),
-        None,
-        shutdown,
-        move |ws, peer| on_connection(framed(ws, max_message_bytes, peer.to_string())),
-    )
-    .await
-}
-
-/// A WebSocket accepted by [`serve_upgrades`].
-pub type UpgradedWebSocket = WebSocketStream<Rewind<TcpStream>>;
-
-/// The accept loop shared by plain `ws://` and `noise+ws://` listeners: the HTTP gate
-/// (`/readyz`, `Origin` → 403, 404), then the upgrade with `config`, only on `path` when one is
-/// given. `on_upgrade` receives the raw WebSocket.
-pub async fn serve_upgrades<F>(
-    listener: TcpListener,
-    config: WebSocketConfig,
-    path: Option<&'static str>,
-    shutdown: CancellationToken,
-    on_upgrade: F,
-) where
-    F: Fn(UpgradedWebSocket, SocketAddr) + Send + Sync + 'static,
-{
-    let on_connection = Arc::new(on_upgrade);
-    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
-    let handshakes = TaskTracker::new();
-    debug!(local = ?listener.local_addr().ok(), "serving plain WebSocket");
-
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                warn!(%error, "accepting a WebSocket connection failed; backing off");
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => continue,
-                }
-            }
-        };
-        let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
-            debug!(%peer, "too many pending WebSocket handshakes; closing new connection");
-            continue;
-        };
-        let on_connection = Arc::clone(&on_connection);
-        let shutdown = shutdown.clone();
-        let span = tracing::debug_span!("ws_connection", %peer);
-        handshakes.spawn(
-            async move {
-                debug!("accepted");
-                let transport = tokio::select! {
-                    () = shutdown.cancelled() => {
-                        debug!("shutting down before the upgrade completed");
-                        None
-                    }
-                    ws = establish(stream, config, path) => ws,
-                };
-                // The handshake slot is free once the connection is handed off or closed.
-                drop(permit);
-                if let Some(ws) = transport {
-                    on_connection(ws, peer);
-                }
-            }
-            .instrument(span),
-        );
-    }
-
-    handshakes.close();
-    handshakes.wait().await;
-    debug!("plain WebSocket listener stopped");
-}
+/// How long a client's connect and WebSocket handshake may take together: 10 s.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to `url` (`ws://host:port/path`) and returns the framed [`Transport`].
 ///
@@ -187,7 +52,7 @@ pub async fn connect_websocket(
         // JSON-RPC messages are small and latency-sensitive: do not wait to coalesce them.
         true,
     );
-    let (ws, _response) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
+    let (ws, _response) = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(connected)) => connected,
         Ok(Err(WsError::Io(error))) => return Err(FramingError::Io(error)),
         Ok(Err(error)) => return Err(FramingError::Protocol(error.to_string())),
@@ -207,85 +72,6 @@ pub async fn connect_websocket(
     Ok(framed(ws, max_message_bytes, peer))
 }
 
-/// Takes one accepted connection from its first byte to either an upgraded WebSocket or a
-/// close.
-async fn establish(
-    mut stream: TcpStream,
-    config: WebSocketConfig,
-    path: Option<&'static str>,
-) -> Option<UpgradedWebSocket> {
-    if let Err(error) = stream.set_nodelay(true) {
-        debug!(%error, "could not disable Nagle's algorithm");
-    }
-    // One deadline for the head and the upgrade together, so a peer cannot reset the clock
-    // by trickling bytes.
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    let (buffered, head) =
-        match tokio::time::timeout_at(deadline, read_request_head(&mut stream)).await {
-            Ok(Ok(read)) => read,
-            Ok(Err(HeadError::TooLarge)) => {
-                debug!("request head too large");
-                reply_and_close(stream, Reply::HeadTooLarge).await;
-                return None;
-            }
-            Ok(Err(HeadError::Malformed(error))) => {
-                debug!(%error, "malformed request head");
-                reply_and_close(stream, Reply::BadRequest).await;
-                return None;
-            }
-            Ok(Err(HeadError::Closed)) => {
-                debug!("peer closed before completing its request head");
-                return None;
-            }
-            Ok(Err(HeadError::Io(error))) => {
-                debug!(%error, "reading the request head failed");
-                return None;
-            }
-            Err(_elapsed) => {
-                debug!("no complete request head in time; closing");
-                return None;
-            }
-        };
-
-    let route = match (route(&head), path) {
-        (Route::Upgrade, Some(only)) if head.path.split('?').next() != Some(only) => {
-            Route::Reply(Reply::NotFound)
-        }
-        (r, _) => r,
-    };
-    match route {
-        Route::Upgrade => {}
-        Route::Reply(reply) => {
-            debug!(?reply, method = %head.method, "answering plain HTTP request");
-            reply_and_close(stream, reply).await;
-            return None;
-        }
-    }
-
-    // tungstenite parses the head again from the replayed bytes. It refuses bytes sent after
-    // the head ("junk after client request"): RFC 6455 §4.1 has the client wait for the 101
-    // before it sends frames.
-    let handshake = tokio_tungstenite::accept_hdr_async_with_config(
-        Rewind::new(buffered, stream),
-        refuse_cross_origin,
-        Some(config),
-    );
-    match tokio::time::timeout_at(deadline, handshake).await {
-        Ok(Ok(ws)) => {
-            debug!("upgraded to WebSocket");
-            Some(ws)
-        }
-        Ok(Err(error)) => {
-            debug!(%error, "WebSocket handshake failed");
-            None
-        }
-        Err(_elapsed) => {
-            debug!("WebSocket handshake did not finish in time; closing");
-            None
-        }
-    }
-}
-
 /// Tungstenite settings shared by both ends.
 pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
     WebSocketConfig {
@@ -299,8 +85,10 @@ pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
     }
 }
 
-/// Splits an upgraded WebSocket into the two halves of a [`Transport`].
-fn framed<S>(ws: WebSocketStream<S>, limit: usize, peer: String) -> Transport
+/// Splits an upgraded WebSocket into the two halves of a [`Transport`]. Inbound messages
+/// larger than `limit` end the connection with [`FramingError::TooLarge`]; `peer` names the
+/// peer in logs.
+pub fn framed<S>(ws: WebSocketStream<S>, limit: usize, peer: String) -> Transport
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -429,24 +217,19 @@ fn into_io(error: WsError) -> io::Error {
 #[cfg(test)]
 mod tests {
     use std::future::Future;
+    use std::net::SocketAddr;
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
     use tokio::sync::mpsc;
     use tokio::task::JoinHandle;
-    use tokio_tungstenite::tungstenite::http::{header, StatusCode};
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data as OpData, OpCode};
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 
-    use super::super::http_gate::MAX_REQUEST_HEAD_BYTES;
     use super::*;
 
     /// Upper bound on any single awaited step, so a regression fails instead of hanging. It is
     /// a guard, never a means of synchronisation.
     const STEP_GUARD: Duration = Duration::from_secs(10);
-
-    const UPGRADE_REQUEST: &str = "GET /rpc HTTP/1.1\r\nHost: 127.0.0.1\r\n\
-        Upgrade: websocket\r\nConnection: Upgrade\r\n\
-        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
 
     async fn step<T>(future: impl Future<Output = T>) -> T {
         tokio::time::timeout(STEP_GUARD, future)
@@ -454,10 +237,11 @@ mod tests {
             .expect("test step did not finish in time")
     }
 
+    /// The server end of the framing, on WebSockets accepted by tungstenite itself (the HTTP
+    /// front has its own tests; here only the framing is under test).
     struct TestServer {
         addr: SocketAddr,
         transports: mpsc::UnboundedReceiver<Transport>,
-        shutdown: CancellationToken,
         task: JoinHandle<()>,
     }
 
@@ -466,19 +250,18 @@ mod tests {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("local addr");
             let (sender, transports) = mpsc::unbounded_channel();
-            let shutdown = CancellationToken::new();
-            let task = tokio::spawn(serve_websocket(
-                listener,
-                max_message_bytes,
-                shutdown.clone(),
-                move |transport| {
-                    let _ = sender.send(transport);
-                },
-            ));
+            let task = tokio::spawn(async move {
+                while let Ok((tcp, peer)) = listener.accept().await {
+                    let config = websocket_config(max_message_bytes);
+                    let ws = tokio_tungstenite::accept_async_with_config(tcp, Some(config)).await;
+                    if let Ok(ws) = ws {
+                        let _ = sender.send(framed(ws, max_message_bytes, peer.to_string()));
+                    }
+                }
+            });
             TestServer {
                 addr,
                 transports,
-                shutdown,
                 task,
             }
         }
@@ -489,94 +272,9 @@ mod tests {
                 .expect("server delivered a transport")
         }
 
-        /// Cancels the server and waits for `serve_websocket` to return.
-        async fn stop(self) -> mpsc::UnboundedReceiver<Transport> {
-            self.shutdown.cancel();
-            step(self.task).await.expect("server task panicked");
-            self.transports
+        fn stop(self) {
+            self.task.abort();
         }
-    }
-
-    /// Sends raw bytes and reads until the server closes.
-    async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
-        let mut tcp = step(TcpStream::connect(addr)).await.expect("connect");
-        step(tcp.write_all(request)).await.expect("write request");
-        let mut response = Vec::new();
-        step(tcp.read_to_end(&mut response))
-            .await
-            .expect("read response");
-        String::from_utf8_lossy(&response).into_owned()
-    }
-
-    #[tokio::test]
-    async fn readyz_answers_200_ok_and_closes() {
-        let server = TestServer::start(1024).await;
-        let response = raw_exchange(
-            server.addr,
-            b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-        )
-        .await;
-        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
-        assert!(response.ends_with("\r\n\r\nok\n"), "{response}");
-        assert!(server.stop().await.try_recv().is_err());
-    }
-
-    #[tokio::test]
-    async fn upgrade_with_origin_is_refused_with_403() {
-        let server = TestServer::start(1024).await;
-        let request = format!("{UPGRADE_REQUEST}Origin: http://localhost:8080\r\n\r\n");
-        let response = raw_exchange(server.addr, request.as_bytes()).await;
-        assert!(
-            response.starts_with("HTTP/1.1 403 Forbidden\r\n"),
-            "{response}"
-        );
-        // No WebSocket was handed to the connection processor.
-        assert!(server.stop().await.try_recv().is_err());
-    }
-
-    #[tokio::test]
-    async fn upgrade_with_origin_is_refused_to_a_real_client() {
-        let server = TestServer::start(1024).await;
-        let mut request =
-            tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-                format!("ws://{}/", server.addr),
-            )
-            .expect("request");
-        request.headers_mut().insert(
-            header::ORIGIN,
-            header::HeaderValue::from_static("https://evil.example"),
-        );
-        let result = step(tokio_tungstenite::connect_async(request)).await;
-        match result {
-            Err(WsError::Http(response)) => assert_eq!(response.status(), StatusCode::FORBIDDEN),
-            other => panic!("expected a 403, got {other:?}"),
-        }
-        assert!(server.stop().await.try_recv().is_err());
-    }
-
-    #[tokio::test]
-    async fn plain_request_to_another_path_is_404() {
-        let server = TestServer::start(1024).await;
-        let response = raw_exchange(server.addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
-        assert!(
-            response.starts_with("HTTP/1.1 404 Not Found\r\n"),
-            "{response}"
-        );
-        server.stop().await;
-    }
-
-    #[tokio::test]
-    async fn oversized_request_head_is_431() {
-        let server = TestServer::start(1024).await;
-        let mut request = b"GET / HTTP/1.1\r\nX-Padding: ".to_vec();
-        request.resize(MAX_REQUEST_HEAD_BYTES + 1024, b'a');
-        request.extend_from_slice(b"\r\n\r\n");
-        let response = raw_exchange(server.addr, &request).await;
-        assert!(
-            response.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
-            "{response}"
-        );
-        server.stop().await;
     }
 
     #[tokio::test]
@@ -611,7 +309,7 @@ mod tests {
             reply.expect("a message").expect("framed"),
             br#"{"id":1,"result":{}}"#
         );
-        server.stop().await;
+        server.stop();
     }
 
     #[tokio::test]
@@ -649,7 +347,7 @@ mod tests {
         step(accepted.outgoing.close()).await.expect("close");
         let told = step(client.incoming.next()).await;
         assert_eq!(told.expect("a message").expect("framed"), error.as_bytes());
-        server.stop().await;
+        server.stop();
     }
 
     #[tokio::test]
@@ -673,7 +371,7 @@ mod tests {
             Some(Err(FramingError::TooLarge { limit })) => assert_eq!(limit, LIMIT),
             other => panic!("expected TooLarge, got {other:?}"),
         }
-        server.stop().await;
+        server.stop();
     }
 
     #[tokio::test]
@@ -693,7 +391,7 @@ mod tests {
             .expect("send");
         let received = step(accepted.incoming.next()).await;
         assert_eq!(received.expect("a message").expect("framed"), payload);
-        server.stop().await;
+        server.stop();
     }
 
     #[tokio::test]
@@ -720,7 +418,7 @@ mod tests {
         }
         drop(raw);
         step(reader).await.expect("reader task");
-        server.stop().await;
+        server.stop();
     }
 
     #[tokio::test]
@@ -738,63 +436,6 @@ mod tests {
         // stream ends cleanly too.
         drop(accepted);
         assert!(step(client.incoming.next()).await.is_none());
-        server.stop().await;
-    }
-
-    #[tokio::test]
-    async fn long_handshake_head_is_replayed_in_full() {
-        // Longer than tungstenite's 4 KiB read chunk, so the replay takes several reads.
-        let mut server = TestServer::start(1024).await;
-        let padding = "p".repeat(8 * 1024);
-        let request = format!("{UPGRADE_REQUEST}X-Padding: {padding}\r\n\r\n");
-        let mut tcp = step(TcpStream::connect(server.addr))
-            .await
-            .expect("connect");
-        step(tcp.write_all(request.as_bytes()))
-            .await
-            .expect("write");
-        let mut accepted = server.next_transport().await;
-
-        let mut response = Vec::new();
-        while !response.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            let read = step(tcp.read(&mut byte)).await.expect("read response");
-            assert_eq!(read, 1, "connection closed during the handshake");
-            response.extend_from_slice(&byte);
-        }
-        let response = String::from_utf8_lossy(&response).to_ascii_lowercase();
-        assert!(response.starts_with("http/1.1 101 "), "{response}");
-        // The accept key RFC 6455 §1.3 gives for this request's key.
-        assert!(
-            response.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"),
-            "{response}"
-        );
-
-        // A masked text frame carrying "hi".
-        let mask = [1u8, 2, 3, 4];
-        let mut frame = vec![0x81, 0x80 | 2];
-        frame.extend_from_slice(&mask);
-        frame.extend_from_slice(&[b'h' ^ mask[0], b'i' ^ mask[1]]);
-        step(tcp.write_all(&frame)).await.expect("write frame");
-        let received = step(accepted.incoming.next()).await;
-        assert_eq!(received.expect("a message").expect("framed"), b"hi");
-        server.stop().await;
-    }
-
-    #[tokio::test]
-    async fn shutdown_stops_listening_and_abandons_stalled_handshakes() {
-        let server = TestServer::start(1024).await;
-        let addr = server.addr;
-        // A client that never finishes its head must not hold shutdown for HANDSHAKE_TIMEOUT.
-        let mut stalled = step(TcpStream::connect(addr)).await.expect("connect");
-        step(stalled.write_all(b"GET / HTTP/1.1\r\n"))
-            .await
-            .expect("write");
-        server.stop().await;
-
-        let mut scratch = [0u8; 16];
-        let after = step(stalled.read(&mut scratch)).await;
-        assert!(matches!(after, Ok(0) | Err(_)), "{after:?}");
-        assert!(TcpStream::connect(addr).await.is_err());
+        server.stop();
     }
 }

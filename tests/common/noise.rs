@@ -1,4 +1,4 @@
-//! Noise harness (`secure-transport.md`): an in-process `serve_noise` server with a scripted
+//! Noise harness (`secure-transport.md`): an in-process Noise server (`Server::run`) with a scripted
 //! authorizer, a counting TCP forwarder, a raw link client that crafts every frame byte itself
 //! (so that it can misbehave), and a JSON-RPC speaker over one library virtual stream.
 
@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -21,13 +20,12 @@ use tokio_util::sync::CancellationToken;
 use execrelay::client::Target;
 use execrelay::config::{ServerConfig, MAX_MESSAGE_BYTES};
 use execrelay::link::client::NoiseClientConfig;
-use execrelay::link::server::{serve_noise, LinkLimits, NoiseServerConfig};
-use execrelay::metrics::Metrics;
+use execrelay::link::server::NoiseServerConfig;
 use execrelay::noise::authorizer::{AuthDenied, AuthRequest, Authorizer};
 use execrelay::noise::handshake::{prologue, ClientHandshake, NOISE_PARAMS};
 use execrelay::noise::keys::{Keypair, KEY_BYTES};
 use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
-use execrelay::session::SessionRegistry;
+use execrelay::server::{Listener, Server};
 use execrelay::transport::Transport;
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
 
@@ -121,7 +119,8 @@ pub async fn wait_entered(rx: &mut mpsc::UnboundedReceiver<[u8; KEY_BYTES]>, key
 // ---------------------------------------------------------------------------------------------
 // In-process server.
 
-/// A `serve_noise` server in this process, on a port of its own.
+/// A Noise server (`Server::run` with one `noise+ws://` listener) in this process, on a port
+/// of its own.
 pub struct TestServer {
     pub port: u16,
     pub url: String,
@@ -130,8 +129,8 @@ pub struct TestServer {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Start a server with fresh keys, `auth` and `limits`.
-pub async fn start_server(auth: Arc<dyn Authorizer>, limits: LinkLimits) -> TestServer {
+/// Start a server with fresh keys, `auth` and `config` (its link settings among them).
+pub async fn start_server(auth: Arc<dyn Authorizer>, config: ServerConfig) -> TestServer {
     let keys = Keypair::generate().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -139,12 +138,10 @@ pub async fn start_server(auth: Arc<dyn Authorizer>, limits: LinkLimits) -> Test
         keys: keys.clone(),
         authorizer: auth,
         env_id: String::new(),
-        limits,
     });
-    let registry =
-        SessionRegistry::new(Arc::new(ServerConfig::default()), Arc::new(Metrics::new()));
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(serve_noise(listener, cfg, registry, shutdown.clone()));
+    let server = Server::new(Arc::new(config));
+    let task = tokio::spawn(server.run(vec![Listener::Noise(listener, cfg)], shutdown.clone()));
     TestServer {
         port,
         url: format!("noise+ws://127.0.0.1:{port}"),
@@ -154,19 +151,22 @@ pub async fn start_server(auth: Arc<dyn Authorizer>, limits: LinkLimits) -> Test
     }
 }
 
-/// A server with `limits` whose authorizer allows exactly `keys`.
-pub async fn serve_allowing(keys: &[&Keypair], limits: LinkLimits) -> (Arc<TestAuth>, TestServer) {
+/// A server with `config` whose authorizer allows exactly `keys`.
+pub async fn serve_allowing(
+    keys: &[&Keypair],
+    config: ServerConfig,
+) -> (Arc<TestAuth>, TestServer) {
     let rules: Vec<(&Keypair, Verdict)> = keys.iter().map(|k| (*k, Verdict::Allow)).collect();
     let (auth, _rx) = TestAuth::new(&rules);
-    let srv = start_server(auth.clone(), limits).await;
+    let srv = start_server(auth.clone(), config).await;
     (auth, srv)
 }
 
-/// A server with `limits` that allows one freshly generated client key; the key, the
+/// A server with `config` that allows one freshly generated client key; the key, the
 /// authorizer and the server.
-pub async fn serve_one(limits: LinkLimits) -> (Keypair, Arc<TestAuth>, TestServer) {
+pub async fn serve_one(config: ServerConfig) -> (Keypair, Arc<TestAuth>, TestServer) {
     let key = Keypair::generate().unwrap();
-    let (auth, srv) = serve_allowing(&[&key], limits).await;
+    let (auth, srv) = serve_allowing(&[&key], config).await;
     (key, auth, srv)
 }
 
@@ -218,16 +218,16 @@ impl TestServer {
         self.shutdown.cancel();
         tokio::time::timeout(PROMPT, self.task)
             .await
-            .expect("serve_noise did not return after shutdown (hang guard)")
-            .expect("serve_noise panicked");
+            .expect("the server did not return after shutdown (hang guard)")
+            .expect("the server panicked");
     }
 }
 
-/// Link limits with a failure budget of `burst` that does not refill during a test.
-pub fn quick_budget(burst: u32) -> LinkLimits {
-    LinkLimits {
-        failure_burst: burst,
-        failure_refill: Duration::from_secs(3600),
+/// A configuration with a link failure budget of `burst` that does not refill during a test.
+pub fn quick_budget(burst: u32) -> ServerConfig {
+    ServerConfig {
+        handshake_failure_burst: burst,
+        handshake_failure_refill_ms: 3_600_000,
         ..Default::default()
     }
 }

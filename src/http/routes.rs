@@ -1,0 +1,560 @@
+//! What a request gets, decided from its head alone (sans-IO: no socket, no clock).
+//!
+//! # What this module owns
+//!
+//! - The routing rules of the front (secure-transport.md §1): any request that asks for a
+//!   protocol switch and carries an `Origin` header is refused with `403`, whatever its path
+//!   and whatever it asks to switch to; a WebSocket upgrade goes to the first
+//!   [`UpgradeRoute`] whose [`PathPattern`] matches its path (`404` when none does), is
+//!   checked against RFC 6455 §4.2.1 and takes a slot of the route's capacity (`503` when
+//!   full); `GET /readyz` (where served) is `200`, `GET /metrics` (where served) the metrics
+//!   text, another method on those paths `405`, anything else `404`.
+//! - The plain replies ([`Reply`]) and the `101` of an accepted upgrade.
+//!
+//! # What it must never do
+//!
+//! - Let a request carrying an `Origin` header through to an upgrade: that is how a web page
+//!   open in a browser on the same host would drive a local server.
+//! - Take a label, a log field or a path segment from a peer without bounding it: a captured
+//!   id is at most [`MAX_ROUTE_ID_BYTES`] unreserved characters.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Version};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+
+use crate::config::MAX_ROUTE_ID_BYTES;
+
+/// The readiness probe path (secure-transport.md §1).
+pub const READYZ_PATH: &str = "/readyz";
+/// The metrics scrape path.
+pub const METRICS_PATH: &str = "/metrics";
+/// The content type of the OpenMetrics text format, which Prometheus negotiates.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Body of the `403` refusal of a cross-origin upgrade.
+const FORBIDDEN_BODY: &str = "cross-origin WebSocket requests are refused\n";
+
+/// Renders the metrics text at scrape time.
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Which request paths a route upgrades.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathPattern {
+    /// Every path (a plain `ws://` listener serves one connection per WebSocket on any path).
+    Any,
+    /// Exactly this path (`/v1/link`).
+    Exact(&'static str),
+    /// This prefix (ending in `/`) followed by one id segment: `/v1/env/` matches
+    /// `/v1/env/ID` and captures `ID` (1 to [`MAX_ROUTE_ID_BYTES`] characters of
+    /// `A–Z a–z 0–9 - . _ ~`, so an id never needs decoding and never holds a `/`).
+    WithId(&'static str),
+}
+
+impl PathPattern {
+    /// `None` when `path` does not match; `Some(captured id)` when it does.
+    pub fn matches(&self, path: &str) -> Option<Option<String>> {
+        match self {
+            PathPattern::Any => Some(None),
+            PathPattern::Exact(exact) => (path == *exact).then_some(None),
+            PathPattern::WithId(prefix) => {
+                let id = path.strip_prefix(prefix)?;
+                valid_id(id).then(|| Some(id.to_owned()))
+            }
+        }
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ROUTE_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+}
+
+/// One kind of WebSocket upgrade a listener accepts.
+pub struct UpgradeRoute<R> {
+    /// The paths it serves.
+    pub path: PathPattern,
+    /// The caller's tag for it, handed back with every upgrade.
+    pub route: R,
+    /// Established WebSockets of this route at once, if capped: each upgrade holds a permit
+    /// for as long as the caller keeps it; without one free the request is answered `503`.
+    pub capacity: Option<Arc<Semaphore>>,
+}
+
+/// What one listener serves besides its upgrades.
+pub struct Routes<R> {
+    /// Answer `GET /readyz` with `200` (the WebSocket listeners do; the metrics listener not).
+    pub readyz: bool,
+    /// Serve `GET /metrics` with this renderer's text.
+    pub metrics: Option<MetricsRenderer>,
+    /// The upgrades, tried in order.
+    pub upgrades: Vec<UpgradeRoute<R>>,
+}
+
+/// A plain HTTP reply, always followed by closing the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `GET /readyz`: `200 ok`.
+    Ready,
+    /// `GET /metrics`: `200` with the metrics text.
+    Metrics(String),
+    /// `400`: an upgrade that breaks RFC 6455 §4.2.1 (why, for the body).
+    BadRequest(&'static str),
+    /// `403`: an upgrade with an `Origin` header.
+    Forbidden,
+    /// `404`.
+    NotFound,
+    /// `405` with `Allow: GET`.
+    MethodNotAllowed,
+    /// `426` with `Sec-WebSocket-Version: 13`: a WebSocket version we do not speak.
+    UpgradeRequired,
+    /// `503` with `Retry-After: 1`: the route's capacity is taken.
+    Busy,
+}
+
+impl Reply {
+    /// The status of this reply.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Reply::Ready | Reply::Metrics(_) => StatusCode::OK,
+            Reply::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Reply::Forbidden => StatusCode::FORBIDDEN,
+            Reply::NotFound => StatusCode::NOT_FOUND,
+            Reply::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Reply::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+            Reply::Busy => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The whole response.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let status = self.status();
+        let (content_type, extra, body): (&str, Option<(header::HeaderName, &str)>, Bytes) =
+            match self {
+                Reply::Ready => (TEXT, None, Bytes::from_static(b"ok\n")),
+                Reply::Metrics(text) => (METRICS_CONTENT_TYPE, None, Bytes::from(text)),
+                Reply::BadRequest(why) => (TEXT, None, Bytes::from(format!("{why}\n"))),
+                Reply::Forbidden => (TEXT, None, Bytes::from_static(FORBIDDEN_BODY.as_bytes())),
+                Reply::NotFound => (TEXT, None, Bytes::from_static(b"not found\n")),
+                Reply::MethodNotAllowed => (
+                    TEXT,
+                    Some((header::ALLOW, "GET")),
+                    Bytes::from_static(b"method not allowed\n"),
+                ),
+                Reply::UpgradeRequired => (
+                    TEXT,
+                    Some((header::SEC_WEBSOCKET_VERSION, "13")),
+                    Bytes::from_static(b"only WebSocket version 13 is spoken here\n"),
+                ),
+                Reply::Busy => (
+                    TEXT,
+                    Some((header::RETRY_AFTER, "1")),
+                    Bytes::from_static(b"too many connections; try again later\n"),
+                ),
+            };
+        let mut response = Response::new(Full::new(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        // One request per connection: hyper closes after a reply that says so.
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        if let Some((name, value)) = extra {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        response
+    }
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// What the front does with a request.
+pub enum Decision<R> {
+    /// Answer and close.
+    Reply(Reply),
+    /// Switch to WebSocket: answer `101` with `accept` and hand the connection to the caller.
+    Upgrade(Accepted<R>),
+}
+
+/// An upgrade the front accepted, before the `101` is written.
+pub struct Accepted<R> {
+    /// The caller's tag of the matching route.
+    pub route: R,
+    /// The id captured from the path, for [`PathPattern::WithId`].
+    pub id: Option<String>,
+    /// `Sec-WebSocket-Accept` for the `101`.
+    pub accept: String,
+    /// The slot of the route's capacity, if capped.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<R> Accepted<R> {
+    /// The `101 Switching Protocols` response.
+    pub fn response(&self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = response.headers_mut();
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        if let Ok(accept) = HeaderValue::from_str(&self.accept) {
+            headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+        }
+        response
+    }
+}
+
+/// Decide what `request` gets on a listener serving `routes`.
+pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision<R> {
+    let headers = request.headers();
+    let asks_upgrade =
+        headers.contains_key(header::UPGRADE) || headers.contains_key(header::SEC_WEBSOCKET_KEY);
+    // Checked first and for any kind of upgrade: whatever a browser page asks to switch to,
+    // it must not reach the server.
+    if asks_upgrade && headers.contains_key(header::ORIGIN) {
+        return Decision::Reply(Reply::Forbidden);
+    }
+    let path = request.uri().path();
+    if lists_token(headers, &header::UPGRADE, "websocket") {
+        let Some((route, id)) = routes
+            .upgrades
+            .iter()
+            .find_map(|r| r.path.matches(path).map(|id| (r, id)))
+        else {
+            return Decision::Reply(Reply::NotFound);
+        };
+        let accept = match check_websocket_handshake(request.method(), request.version(), headers) {
+            Ok(accept) => accept,
+            Err(reply) => return Decision::Reply(reply),
+        };
+        let permit = match &route.capacity {
+            None => None,
+            Some(slots) => match Arc::clone(slots).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return Decision::Reply(Reply::Busy),
+            },
+        };
+        return Decision::Upgrade(Accepted {
+            route: route.route.clone(),
+            id,
+            accept,
+            permit,
+        });
+    }
+    let get = request.method() == Method::GET;
+    if routes.readyz && path == READYZ_PATH {
+        return Decision::Reply(if get {
+            Reply::Ready
+        } else {
+            Reply::MethodNotAllowed
+        });
+    }
+    if let (Some(render), true) = (&routes.metrics, path == METRICS_PATH) {
+        return Decision::Reply(if get {
+            Reply::Metrics(render())
+        } else {
+            Reply::MethodNotAllowed
+        });
+    }
+    Decision::Reply(Reply::NotFound)
+}
+
+/// The checks of RFC 6455 §4.2.1 on an opening handshake; the `Sec-WebSocket-Accept` value.
+fn check_websocket_handshake(
+    method: &Method,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<String, Reply> {
+    if method != Method::GET {
+        return Err(Reply::MethodNotAllowed);
+    }
+    if version != Version::HTTP_11 {
+        return Err(Reply::BadRequest("a WebSocket upgrade needs HTTP/1.1"));
+    }
+    if !lists_token(headers, &header::CONNECTION, "upgrade") {
+        return Err(Reply::BadRequest(
+            "a WebSocket upgrade needs `Connection: Upgrade`",
+        ));
+    }
+    match headers.get(header::SEC_WEBSOCKET_VERSION) {
+        Some(v) if v.as_bytes().trim_ascii() == b"13" => {}
+        _ => return Err(Reply::UpgradeRequired),
+    }
+    let key = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| k.as_bytes().trim_ascii())
+        .filter(|k| is_websocket_key(k))
+        .ok_or(Reply::BadRequest(
+            "a WebSocket upgrade needs a Sec-WebSocket-Key of 16 bytes in base64",
+        ))?;
+    Ok(derive_accept_key(key))
+}
+
+/// A `Sec-WebSocket-Key` is 16 random bytes in base64 (24 characters).
+fn is_websocket_key(key: &[u8]) -> bool {
+    use base64::Engine;
+    key.len() == 24
+        && base64::engine::general_purpose::STANDARD
+            .decode(key)
+            .is_ok_and(|k| k.len() == 16)
+}
+
+/// Whether any `name` field lists `token` in its comma-separated value (ASCII
+/// case-insensitive).
+fn lists_token(headers: &HeaderMap, name: &header::HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|value| {
+        value
+            .as_bytes()
+            .split(|&b| b == b',')
+            .any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+    fn upgrade(path: &str) -> hyper::http::request::Builder {
+        Request::get(path)
+            .header("Host", "x")
+            .header("Upgrade", "websocket")
+            .header("Connection", "Upgrade")
+            .header("Sec-WebSocket-Version", "13")
+            .header("Sec-WebSocket-Key", KEY)
+    }
+
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Tag {
+        Link,
+        Env,
+        Connect,
+    }
+
+    fn relay_routes(capacity: Option<Arc<Semaphore>>) -> Routes<Tag> {
+        Routes {
+            readyz: true,
+            metrics: None,
+            upgrades: vec![
+                UpgradeRoute {
+                    path: PathPattern::Exact("/v1/link"),
+                    route: Tag::Link,
+                    capacity,
+                },
+                UpgradeRoute {
+                    path: PathPattern::WithId("/v1/env/"),
+                    route: Tag::Env,
+                    capacity: None,
+                },
+                UpgradeRoute {
+                    path: PathPattern::WithId("/v1/connect/"),
+                    route: Tag::Connect,
+                    capacity: None,
+                },
+            ],
+        }
+    }
+
+    fn reply_of<R>(d: Decision<R>) -> Reply {
+        match d {
+            Decision::Reply(r) => r,
+            Decision::Upgrade(_) => panic!("expected a reply, got an upgrade"),
+        }
+    }
+
+    fn upgrade_of<R>(d: Decision<R>) -> Accepted<R> {
+        match d {
+            Decision::Upgrade(a) => a,
+            Decision::Reply(r) => panic!("expected an upgrade, got {r:?}"),
+        }
+    }
+
+    #[test]
+    fn paths_route_to_their_upgrade_with_the_captured_id() {
+        let routes = relay_routes(None);
+        let a = upgrade_of(decide(&routes, &upgrade("/v1/link").body(()).unwrap()));
+        assert_eq!((a.route, a.id), (Tag::Link, None));
+        // RFC 6455 §1.3's example key and accept value.
+        assert_eq!(a.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        let a = upgrade_of(decide(
+            &routes,
+            &upgrade("/v1/env/e-1.x_y~z").body(()).unwrap(),
+        ));
+        assert_eq!((a.route, a.id.as_deref()), (Tag::Env, Some("e-1.x_y~z")));
+        let a = upgrade_of(decide(
+            &routes,
+            &upgrade("/v1/connect/c9?x=1").body(()).unwrap(),
+        ));
+        assert_eq!((a.route, a.id.as_deref()), (Tag::Connect, Some("c9")));
+        for path in [
+            "/",
+            "/v1/link/",
+            "/v1/env/",
+            "/v1/env/a/b",
+            "/v1/env/%2e",
+            "/v1/connectx/a",
+        ] {
+            let d = decide(&routes, &upgrade(path).body(()).unwrap());
+            assert_eq!(reply_of(d), Reply::NotFound, "{path}");
+        }
+        let at_cap = format!("/v1/env/{}", "i".repeat(MAX_ROUTE_ID_BYTES));
+        assert!(
+            upgrade_of(decide(&routes, &upgrade(&at_cap).body(()).unwrap()))
+                .id
+                .is_some()
+        );
+        let over = format!("/v1/env/{}", "i".repeat(MAX_ROUTE_ID_BYTES + 1));
+        let d = decide(&routes, &upgrade(&over).body(()).unwrap());
+        assert_eq!(reply_of(d), Reply::NotFound);
+    }
+
+    #[test]
+    fn any_upgrade_with_an_origin_is_forbidden_first() {
+        let routes = relay_routes(None);
+        let r = upgrade("/v1/link")
+            .header("Origin", "null")
+            .body(())
+            .unwrap();
+        assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
+        // Even on a path that would be 404, and with only the key (no Upgrade field).
+        let r = Request::get("/nowhere")
+            .header("Sec-WebSocket-Key", KEY)
+            .header("Origin", "https://evil.example")
+            .body(())
+            .unwrap();
+        assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
+        let r = Request::get("/readyz")
+            .header("Upgrade", "h2c")
+            .header("Origin", "x")
+            .body(())
+            .unwrap();
+        assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
+        // A plain request with an Origin is not an upgrade: readyz answers.
+        let r = Request::get("/readyz?probe=1")
+            .header("Origin", "x")
+            .body(())
+            .unwrap();
+        assert_eq!(reply_of(decide(&routes, &r)), Reply::Ready);
+    }
+
+    #[test]
+    fn plain_requests() {
+        let routes = relay_routes(None);
+        let get = |p: &str| Request::get(p).body(()).unwrap();
+        assert_eq!(reply_of(decide(&routes, &get("/readyz"))), Reply::Ready);
+        let post = Request::post("/readyz").body(()).unwrap();
+        assert_eq!(reply_of(decide(&routes, &post)), Reply::MethodNotAllowed);
+        assert_eq!(
+            reply_of(decide(&routes, &get("/readyz/x"))),
+            Reply::NotFound
+        );
+        assert_eq!(reply_of(decide(&routes, &get("/metrics"))), Reply::NotFound);
+        // An upgrade to something else than WebSocket is a plain request.
+        let h2c = Request::get("/readyz")
+            .header("Upgrade", "h2c")
+            .body(())
+            .unwrap();
+        assert_eq!(reply_of(decide(&routes, &h2c)), Reply::Ready);
+
+        let metrics: Routes<Tag> = Routes {
+            readyz: false,
+            metrics: Some(Arc::new(|| "# EOF\n".to_owned())),
+            upgrades: Vec::new(),
+        };
+        assert_eq!(
+            reply_of(decide(&metrics, &get("/metrics?x=1"))),
+            Reply::Metrics("# EOF\n".into())
+        );
+        let post = Request::post("/metrics").body(()).unwrap();
+        assert_eq!(reply_of(decide(&metrics, &post)), Reply::MethodNotAllowed);
+        assert_eq!(reply_of(decide(&metrics, &get("/readyz"))), Reply::NotFound);
+        assert_eq!(
+            reply_of(decide(&metrics, &upgrade("/metrics").body(()).unwrap())),
+            Reply::NotFound
+        );
+    }
+
+    #[test]
+    fn websocket_handshakes_are_checked() {
+        let routes = relay_routes(None);
+        let r = upgrade("/v1/link")
+            .header("Upgrade", "h2c, WebSocket")
+            .body(())
+            .unwrap();
+        assert!(matches!(decide(&routes, &r), Decision::Upgrade(_)));
+        let no_connection = Request::get("/v1/link")
+            .header("Upgrade", "websocket")
+            .header("Sec-WebSocket-Version", "13")
+            .header("Sec-WebSocket-Key", KEY)
+            .body(())
+            .unwrap();
+        assert!(matches!(
+            reply_of(decide(&routes, &no_connection)),
+            Reply::BadRequest(_)
+        ));
+        let old = upgrade("/v1/link")
+            .header("Sec-WebSocket-Version", "8")
+            .body(())
+            .unwrap();
+        // `header` appends: both values are present; replace instead.
+        let mut old = old;
+        old.headers_mut()
+            .insert("sec-websocket-version", HeaderValue::from_static("8"));
+        assert_eq!(reply_of(decide(&routes, &old)), Reply::UpgradeRequired);
+        let mut bad_key = upgrade("/v1/link").body(()).unwrap();
+        bad_key
+            .headers_mut()
+            .insert("sec-websocket-key", HeaderValue::from_static("short"));
+        assert!(matches!(
+            reply_of(decide(&routes, &bad_key)),
+            Reply::BadRequest(_)
+        ));
+        let post = Request::post("/v1/link")
+            .header("Upgrade", "websocket")
+            .header("Connection", "Upgrade")
+            .header("Sec-WebSocket-Version", "13")
+            .header("Sec-WebSocket-Key", KEY)
+            .body(())
+            .unwrap();
+        assert_eq!(reply_of(decide(&routes, &post)), Reply::MethodNotAllowed);
+    }
+
+    #[test]
+    fn a_full_route_answers_busy_and_a_freed_slot_lets_the_next_in() {
+        let slots = Arc::new(Semaphore::new(1));
+        let routes = relay_routes(Some(slots.clone()));
+        let first = upgrade_of(decide(&routes, &upgrade("/v1/link").body(()).unwrap()));
+        assert_eq!(slots.available_permits(), 0);
+        let d = decide(&routes, &upgrade("/v1/link").body(()).unwrap());
+        assert_eq!(reply_of(d), Reply::Busy);
+        // Other routes are not capped by it.
+        assert!(matches!(
+            decide(&routes, &upgrade("/v1/env/a").body(()).unwrap()),
+            Decision::Upgrade(_)
+        ));
+        drop(first);
+        assert!(matches!(
+            decide(&routes, &upgrade("/v1/link").body(()).unwrap()),
+            Decision::Upgrade(_)
+        ));
+    }
+
+    #[test]
+    fn replies_carry_their_status_and_headers() {
+        let r = Reply::MethodNotAllowed.into_response();
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(r.headers()[header::ALLOW], "GET");
+        let r = Reply::UpgradeRequired.into_response();
+        assert_eq!(r.headers()[header::SEC_WEBSOCKET_VERSION], "13");
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+        let r = Reply::Busy.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let r = Reply::Metrics(String::new()).into_response();
+        assert_eq!(r.headers()[header::CONTENT_TYPE], METRICS_CONTENT_TYPE);
+    }
+}

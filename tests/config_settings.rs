@@ -1,0 +1,143 @@
+//! One config: every setting of `config.rs` has a flag of `execrelay serve` and a key of the
+//! TOML file, its default is its named constant, `--help` shows that default, flags win over
+//! the file, and the README's configuration table is the one `SETTINGS` generates.
+
+use clap::{CommandFactory, Parser};
+
+use execrelay::cli::{Cli, Command};
+use execrelay::config::*;
+
+/// Every setting with its constant, written out by hand: a second source to check the one the
+/// `settings!` macro uses.
+const CONSTANTS: &[(&str, u64)] = &[
+    ("max_message_bytes", MAX_MESSAGE_BYTES as u64),
+    ("max_processes", MAX_PROCESSES as u64),
+    ("max_sessions", MAX_SESSIONS as u64),
+    ("retained_output_bytes", RETAINED_OUTPUT_BYTES as u64),
+    ("delivery_queue_bytes", DELIVERY_QUEUE_BYTES as u64),
+    ("detached_session_ttl_ms", DETACHED_SESSION_TTL_MS),
+    ("max_read_wait_ms", MAX_READ_WAIT_MS),
+    ("exited_retention_ms", EXITED_RETENTION_MS),
+    ("max_pending_requests", MAX_PENDING_REQUESTS as u64),
+    ("max_kill_grace_ms", MAX_KILL_GRACE_MS),
+    ("max_drain_timeout_ms", MAX_DRAIN_TIMEOUT_MS),
+    ("max_timeout_ms", MAX_TIMEOUT_MS),
+    ("max_connections", MAX_CONNECTIONS as u64),
+    ("max_links", MAX_LINKS as u64),
+    ("request_head_timeout_ms", REQUEST_HEAD_TIMEOUT_MS),
+    ("max_pending_handshakes", MAX_PENDING_HANDSHAKES as u64),
+    (
+        "max_pending_handshakes_per_address",
+        MAX_PENDING_HANDSHAKES_PER_ADDRESS as u64,
+    ),
+    (
+        "max_pending_authorizations",
+        MAX_PENDING_AUTHORIZATIONS as u64,
+    ),
+    ("max_streams_per_link", MAX_STREAMS_PER_LINK as u64),
+    ("handshake_failure_burst", HANDSHAKE_FAILURE_BURST as u64),
+    ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
+    ("keepalive_interval_ms", KEEPALIVE_INTERVAL_MS),
+    ("pong_timeout_ms", PONG_TIMEOUT_MS),
+];
+
+fn serve_config(args: &[&str]) -> ServerConfig {
+    let cli = Cli::try_parse_from(["execrelay", "serve"].iter().chain(args))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    match cli.command {
+        Command::Serve(serve) => serve.config().expect("valid configuration"),
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn every_default_is_its_constant() {
+    let defaults = ServerConfig::default();
+    assert_eq!(CONSTANTS.len(), SETTINGS.len(), "a setting is missing here");
+    for (name, constant) in CONSTANTS {
+        let setting = SETTINGS
+            .iter()
+            .find(|s| s.name == *name)
+            .unwrap_or_else(|| panic!("{name} is not a setting"));
+        assert_eq!(setting.default, *constant, "{name}");
+        assert_eq!(defaults.value_of(name), Some(*constant), "{name}");
+    }
+    // And the command line without flags gives exactly the defaults.
+    let parsed = serve_config(&[]);
+    for s in SETTINGS {
+        assert_eq!(parsed.value_of(s.name), Some(s.default), "{}", s.name);
+    }
+}
+
+#[test]
+fn every_setting_has_a_flag_whose_help_shows_the_real_default() {
+    let cli = Cli::command();
+    let serve = cli.find_subcommand("serve").expect("serve");
+    for s in SETTINGS {
+        let flag = s.flag();
+        let arg = serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some(flag.as_str()))
+            .unwrap_or_else(|| panic!("no --{flag}"));
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        let shown = format!("[default: {}]", s.unit.display(s.default));
+        assert!(help.ends_with(&shown), "--{flag}: {help:?} lacks {shown:?}");
+    }
+}
+
+#[test]
+fn every_setting_has_a_flag_and_a_toml_key_and_flags_win() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for s in SETTINGS {
+        // A valid value other than the default, so that a flag or key that set nothing fails.
+        let from_file = s.default + 1;
+        let from_flag = s.default + 2;
+        let path = dir.path().join(format!("{}.toml", s.name));
+        std::fs::write(&path, format!("{} = {from_file}\n", s.name)).expect("write");
+        let path = path.to_str().expect("utf-8");
+        let flag = format!("--{}", s.flag());
+
+        let c = serve_config(&["--config", path]);
+        assert_eq!(c.value_of(s.name), Some(from_file), "TOML key {}", s.name);
+        let c = serve_config(&[&flag, &from_flag.to_string()]);
+        assert_eq!(c.value_of(s.name), Some(from_flag), "flag {flag}");
+        let c = serve_config(&["--config", path, &flag, &from_flag.to_string()]);
+        assert_eq!(
+            c.value_of(s.name),
+            Some(from_flag),
+            "{flag} wins over the file"
+        );
+    }
+}
+
+/// The README's configuration table is exactly the generated one (run this test and paste
+/// the table it prints when a setting changes).
+#[test]
+fn the_readme_table_is_generated_from_settings() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let header = "| setting | default | what it bounds |\n|---|---|---|\n";
+    let mut expected = header.to_string();
+    for s in SETTINGS {
+        expected.push_str(&s.readme_row());
+        expected.push('\n');
+    }
+    assert!(
+        readme.contains(&format!("{expected}\n")),
+        "README.md's configuration table is stale; it should read:\n\n{expected}"
+    );
+}
+
+/// SECURITY.md's limits table names every setting.
+#[test]
+fn security_md_names_every_setting() {
+    let security = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/SECURITY.md"))
+        .expect("SECURITY.md");
+    for s in SETTINGS {
+        assert!(
+            security.contains(&format!("`{}`", s.name)),
+            "SECURITY.md does not name `{}`",
+            s.name
+        );
+    }
+}
