@@ -10,6 +10,8 @@
 //! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
 //!   close, and length-prefixed messages cut into records.
 //! - [`budget`]: sans-IO token bucket for handshake failures.
+//! - [`timestamp`]: the `ts` of handshake message 1: the client's increasing stamp and the
+//!   server's replay check (sans-IO, a bounded LRU per client key).
 //! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
 //! - [`virtual_stream`]: a stream as a [`Transport`](crate::transport::Transport).
 //! - [`link_server`]: the exec server's link driver (`noise+ws://`, `/v1/link`).
@@ -26,4 +28,5 @@ pub mod keys;
 pub mod link_client;
 pub mod link_server;
 pub mod record;
+pub mod timestamp;
 pub mod virtual_stream;
