@@ -1,6 +1,7 @@
 //! Every `unsafe fn` of the crate has a `# Safety` section in its doc comment, saying what its
 //! caller must guarantee (clippy's `missing_safety_doc` checks public functions only; the
-//! crate's are private). Reads the sources under `src/`.
+//! crate's are private; `unsafe` blocks are held to `// SAFETY:` comments by
+//! `clippy::undocumented_unsafe_blocks` in `src/lib.rs`). Reads the sources under `src/`.
 
 use std::path::Path;
 
