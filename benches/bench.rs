@@ -156,10 +156,13 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64) {
         ..ClientOptions::default()
     };
     let mut clients = Vec::with_capacity(procs);
+    // One pool for all: every client is a stream on the same link.
+    let pool = execrelay::link::client::LinkPool::new();
     for _ in 0..procs {
         let target = Target::Noise {
             url: s.url.clone(),
             config: keys.config.clone(),
+            pool: pool.clone(),
         };
         clients.push(
             Client::connect(target, opts.clone())
@@ -167,6 +170,7 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64) {
                 .expect("connect"),
         );
     }
+    assert_eq!(pool.live_links(), 1, "every fan-in client on one link");
     let rss_idle = peak_rss_kib(server_pid);
     let cpu0 = proc_cpu_secs(server_pid);
     let t0 = Instant::now();
@@ -202,7 +206,7 @@ async fn connect_latency(keys: &NoiseKeys, runs: u64) -> (f64, f64) {
     let mut samples = Vec::new();
     for i in 0..(runs + 5) {
         let t0 = Instant::now();
-        // A private link per run (not the process-wide shared one): a fresh connection.
+        // A private link per run (in no pool): a fresh connection.
         let link = execrelay::link::client::ClientLink::connect(&s.url, (*keys.config).clone())
             .await
             .expect("link");
@@ -282,6 +286,7 @@ async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
                 Target::Noise {
                     url: s.url.clone(),
                     config: keys.config.clone(),
+                    pool: execrelay::link::client::LinkPool::new(),
                 },
                 ClientOptions::default(),
             )
@@ -476,7 +481,7 @@ fn record_layer_cpu_per_gb(n: u64) -> f64 {
         Keypair::generate().expect("key"),
     );
     let sid = [5u8; 16];
-    let (hs, m1) = ClientHandshake::start(&c, &s.public, "", &sid, None).expect("m1");
+    let (hs, m1) = ClientHandshake::start(&c, &s.public, "", &sid, None, 1).expect("m1");
     let (m2, server_keys) = read_hello(&s, "", &sid, &m1)
         .expect("hello")
         .accept("bench")

@@ -27,6 +27,9 @@
 // No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+// Every `unsafe` block says why it is sound (`// SAFETY: …`); every `unsafe fn` has a
+// `# Safety` section (tests/unsafe_docs.rs: clippy checks only public ones).
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod cli;
 pub mod client;

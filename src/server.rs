@@ -38,6 +38,7 @@ use crate::http::{
 };
 use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
+use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed, websocket_config};
@@ -221,6 +222,11 @@ impl Server {
                     };
                     let (registry, stop, spawner) =
                         (registry.clone(), conn_shutdown.clone(), tasks.clone());
+                    // Message-1 timestamps, shared by every link of the listener: a message 1
+                    // replayed on another link is refused too.
+                    let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
+                        HelloTimestamps::new(TRACKED_CLIENT_KEYS),
+                    ));
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
                         let span = tracing::info_span!("link", peer = %up.peer);
                         let link = run_link(
@@ -228,6 +234,7 @@ impl Server {
                             up.peer,
                             noise.clone(),
                             registry.clone(),
+                            timestamps.clone(),
                             stop.clone(),
                             spawner.clone(),
                         );

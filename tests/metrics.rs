@@ -273,7 +273,7 @@ async fn concurrent_scrapes_are_capped() {
 
 #[tokio::test]
 async fn noise_links_streams_and_refusals_are_counted() {
-    use execrelay::link::client::NoiseClientConfig;
+    use execrelay::link::client::{LinkPool, NoiseClientConfig};
     use execrelay::noise::keys::{public_line, Keypair};
     let dir = tempdir();
     let server_key = Keypair::generate().expect("key");
@@ -316,6 +316,7 @@ async fn noise_links_streams_and_refusals_are_counted() {
         Target::Noise {
             url: server.url.clone(),
             config: config(stranger),
+            pool: LinkPool::new(),
         },
         opts.clone(),
     )
@@ -325,6 +326,7 @@ async fn noise_links_streams_and_refusals_are_counted() {
         Target::Noise {
             url: server.url.clone(),
             config: config(good),
+            pool: LinkPool::new(),
         },
         opts,
     )

@@ -215,6 +215,7 @@ async fn wrong_server_key_unauthorized_client_and_revocation() {
             env_id: String::new(),
             max_message_bytes: MAX_MESSAGE_BYTES,
         }),
+        pool: execrelay::link::client::LinkPool::new(),
     };
     let client_b = Client::connect(target, ClientOptions::default())
         .await

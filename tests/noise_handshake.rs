@@ -3,8 +3,10 @@
 //! client: the prologue binds message 1 to its stream, a pending authorization blocks nothing
 //! else (not even shutdown), an oversized or malformed message 1 is reset before
 //! authorization, violations on pending streams are charged to the link's failure budget, the
-//! pending authorizations of a link are capped, and sessions are bound to the client's static
-//! key.
+//! pending authorizations of a link are capped, sessions are bound to the client's static
+//! key, a message 1 is refused when replayed (its `ts` is not above one seen for the key) or
+//! stamped by a clock more than 10 minutes off, and the failure budget refills on tokio's
+//! clock.
 //!
 //! Every wait is on a frame or a message, never on a sleep; every wait is bounded by a hang
 //! guard.
@@ -15,10 +17,13 @@ use common::*;
 
 use serde_json::json;
 
+use std::time::Duration;
+
 use execrelay::config::ServerConfig;
 use execrelay::noise::handshake::{ClientHandshake, MAX_MSG1_BYTES};
 use execrelay::noise::keys::Keypair;
-use execrelay_relay::frame::FrameType;
+use execrelay::noise::timestamp::{next_hello_ts, unix_micros};
+use execrelay_relay::frame::{Frame, FrameType};
 
 // =============================================================================================
 // 4. The prologue binds message 1 to its stream.
@@ -29,7 +34,8 @@ async fn message_1_replayed_on_another_stream_is_reset() {
     let mut link = RawLink::connect(srv.port).await;
 
     let sid1 = random_sid();
-    let (hs, m1) = ClientHandshake::start(&a, &srv.keys.public, "", &sid1, None).unwrap();
+    let (hs, m1) =
+        ClientHandshake::start(&a, &srv.keys.public, "", &sid1, None, next_hello_ts()).unwrap();
     link.send_open(sid1, m1.clone()).await;
     let accept = link.frame_for(&sid1).await;
     assert_eq!(accept.ftype, FrameType::Accept, "{}", accept.reset_reason());
@@ -56,6 +62,135 @@ async fn message_1_replayed_on_another_stream_is_reset() {
             .all(|f| f.ftype != FrameType::Accept),
         "never ACCEPT"
     );
+    srv.stop().await;
+}
+
+// Issue 9 item 14 (fixed): a message 1 replayed *with its own stream id* on another link
+// passed the prologue and was ACCEPTed (the attacker could not use the stream, but learned
+// that the key was still authorized, and took a slot). Now `ts` must grow per client key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_1_replayed_with_its_stream_id_is_refused() {
+    let (a, auth, srv) = serve_one(ServerConfig::default()).await;
+    let mut link = RawLink::connect(srv.port).await;
+    let sid = random_sid();
+    let (hs, m1) =
+        ClientHandshake::start(&a, &srv.keys.public, "", &sid, None, next_hello_ts()).unwrap();
+    link.send_open(sid, m1.clone()).await;
+    let accept = link.frame_for(&sid).await;
+    assert_eq!(accept.ftype, FrameType::Accept, "{}", accept.reset_reason());
+    hs.finish(&accept.payload).unwrap();
+
+    // On another link, same stream id: the prologue matches, the `ts` does not grow.
+    let mut other = RawLink::connect(srv.port).await;
+    other.send_open(sid, m1.clone()).await;
+    other.expect_reset(&sid, "replayed_handshake").await;
+    // On the same link once the original stream is gone: the server ends its processor and
+    // says so with a RESET of its own, after it has forgotten the stream.
+    link.send_frame(&Frame::reset(sid, "done")).await;
+    while link.frame_for(&sid).await.ftype != FrameType::Reset {}
+    link.send_open(sid, m1).await;
+    link.expect_reset(&sid, "replayed_handshake").await;
+    assert_eq!(auth.calls_for(&a), 1, "a replay is never authorized");
+
+    // The key's next genuine handshake, on either link, is accepted.
+    link.open_ready(&a, &srv.keys.public).await;
+    other.open_ready(&a, &srv.keys.public).await;
+    srv.stop().await;
+}
+
+/// A replay sent while the original still waits for its authorization is refused too (the
+/// pending `ts` counts), and the refusal is charged to the failure budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_1_replayed_during_its_authorization_is_refused_and_charged() {
+    let (a, b, auth, mut entered) = block_a_allow_b();
+    let srv = start_server(auth.clone(), quick_budget(2)).await;
+    let mut link = RawLink::connect(srv.port).await;
+    let (sid, m1) = link.send_hello(&a, &srv.keys.public).await;
+    wait_entered(&mut entered, &a).await;
+
+    let mut other = RawLink::connect(srv.port).await;
+    other.send_open(sid, m1.clone()).await;
+    other.expect_reset(&sid, "replayed_handshake").await;
+    other.open_ready(&b, &srv.keys.public).await;
+    // Burst 2: the second charged failure closes the link.
+    other.send_open(sid, m1).await;
+    other
+        .expect_closed_after_resets("only resets before the close")
+        .await;
+    assert_eq!(auth.calls_for(&a), 1, "only the original is authorized");
+    srv.shutdown.cancel();
+}
+
+/// `secure-transport.md` §3: a `ts` more than 10 minutes from the server's clock is refused
+/// (before authorization, charged), either way; 9 minutes off is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_clock_more_than_ten_minutes_off_is_refused() {
+    let (a, auth, srv) = serve_one(quick_budget(3)).await;
+    let mut link = RawLink::connect(srv.port).await;
+    let now = unix_micros(std::time::SystemTime::now());
+    let minutes = |m: u64| m * 60_000_000;
+    for ts in [now - minutes(11), now + minutes(11)] {
+        let sid = random_sid();
+        let (_, m1) = ClientHandshake::start(&a, &srv.keys.public, "", &sid, None, ts).unwrap();
+        link.send_open(sid, m1).await;
+        link.expect_reset(&sid, "clock_skew").await;
+    }
+    assert_eq!(auth.total_calls(), 0, "refused before authorization");
+    let sid = random_sid();
+    let (hs, m1) =
+        ClientHandshake::start(&a, &srv.keys.public, "", &sid, None, now - minutes(9)).unwrap();
+    link.send_open(sid, m1).await;
+    let f = link.frame_for(&sid).await;
+    assert_eq!(f.ftype, FrameType::Accept, "{}", f.reset_reason());
+    hs.finish(&f.payload).unwrap();
+    // Burst 3, two charged: a third skewed message 1 closes the link.
+    let sid = random_sid();
+    let (_, m1) =
+        ClientHandshake::start(&a, &srv.keys.public, "", &sid, None, now - minutes(20)).unwrap();
+    link.send_open(sid, m1).await;
+    link.expect_closed_after_resets("only resets before the close")
+        .await;
+    srv.stop().await;
+}
+
+// =============================================================================================
+// 8b. The failure budget runs on tokio's clock.
+
+/// An `OPEN` whose message 1 is garbage (a charged handshake failure); its stream id.
+async fn garbage_open(link: &mut RawLink) -> execrelay_relay::frame::StreamId {
+    let sid = random_sid();
+    link.send_open(sid, b"garbage".to_vec()).await;
+    sid
+}
+
+/// Issue 8 (fixed): the budget read `std::time::Instant` while the keepalive used tokio's
+/// clock, so paused time could not drive its refill. On paused time, advancing tokio's clock
+/// by one refill interval now gives one failure back: the third failure leaves the link open
+/// (before the fix it closed it), and the fourth, with no time passing, closes it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_failure_budget_refills_on_tokios_clock() {
+    let refill = Duration::from_secs(60);
+    let limits = ServerConfig {
+        handshake_failure_burst: 3,
+        handshake_failure_refill_ms: refill.as_millis() as u64,
+        // No other timer may fire while the test waits on the sockets.
+        keepalive_interval_ms: 7 * 24 * 3600 * 1000,
+        pong_timeout_ms: 14 * 24 * 3600 * 1000,
+        ..Default::default()
+    };
+    let (a, _auth, srv) = serve_one(limits).await;
+    let mut link = RawLink::connect(srv.port).await;
+    for _ in 0..2 {
+        let sid = garbage_open(&mut link).await;
+        link.expect_reset(&sid, "handshake_failed").await;
+    }
+    tokio::time::advance(refill).await;
+    let sid = garbage_open(&mut link).await;
+    link.expect_reset(&sid, "handshake_failed").await;
+    link.open(&a, &srv.keys.public).await;
+    garbage_open(&mut link).await;
+    link.expect_closed_after_resets("only resets before the close")
+        .await;
     srv.stop().await;
 }
 
@@ -133,8 +268,10 @@ async fn oversized_or_malformed_hello_is_reset_without_authorization() {
     link.send_open(sid, vec![0x5a; 5000]).await;
     link.expect_reset(&sid, "handshake_failed").await;
 
-    // Small, decrypting, but not the expected payload: not JSON, then version 2.
-    for payload in [&b"hello"[..], br#"{"version": 2}"#, b"[]"] {
+    // Small, decrypting, but not the expected payload: not JSON, version 2, no `ts`.
+    let ts = next_hello_ts();
+    let v2 = json!({"version": 2, "ts": ts}).to_string();
+    for payload in [&b"hello"[..], v2.as_bytes(), br#"{"version": 1}"#, b"[]"] {
         let sid = random_sid();
         link.send_open(sid, raw_msg1(&a, &server, &sid, payload))
             .await;
@@ -144,8 +281,12 @@ async fn oversized_or_malformed_hello_is_reset_without_authorization() {
 
     // Exactly at the limit of the payload (4096 bytes) it is accepted and authorized.
     let sid = random_sid();
-    let pad = 4096 - json!({"version": 1, "token": ""}).to_string().len();
-    let payload = json!({"version": 1, "token": "p".repeat(pad)}).to_string();
+    let ts = next_hello_ts();
+    let pad = 4096
+        - json!({"version": 1, "ts": ts, "token": ""})
+            .to_string()
+            .len();
+    let payload = json!({"version": 1, "ts": ts, "token": "p".repeat(pad)}).to_string();
     assert_eq!(payload.len(), 4096);
     let m1 = raw_msg1(&a, &server, &sid, payload.as_bytes());
     assert_eq!(m1.len(), MAX_MSG1_BYTES);

@@ -1,8 +1,8 @@
 //! The `noise+ws://` transport on established streams (`secure-transport.md` §4–§5, §8;
 //! `protocol.md` §3): tampered or replayed records reset only their stream, malformed frames
 //! on a link are handled while the server keeps serving, messages larger than a record cross
-//! intact, many streams share one physical link (and so do the clients of one process), and a
-//! stream whose processor ends is closed with a close record, then a `RESET`.
+//! intact, many streams share one physical link (and so do the clients of one `LinkPool`, and
+//! only they), and a stream whose processor ends is closed with a close record, then a `RESET`.
 //!
 //! Peers: the library client (`ClientLink`, `Client` with `Target::Noise`) and a raw link
 //! client (`common::noise`) that crafts every frame byte itself so that it can misbehave,
@@ -297,7 +297,8 @@ async fn sixty_four_concurrent_streams_on_one_link() {
     srv.stop().await;
 }
 
-/// `Target::Noise` clients of one process, connected one after another, share one link.
+/// `Target::Noise` clients of one target (one pool), connected one after another, share one
+/// link.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_of_one_process_share_one_link() {
     let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
@@ -317,6 +318,78 @@ async fn clients_of_one_process_share_one_link() {
     assert_eq!(links.load(Ordering::SeqCst), 1, "one physical link");
     for c in &clients {
         c.close();
+    }
+    srv.stop().await;
+}
+
+/// Links are shared only through a `LinkPool`: targets made separately (each with a pool of
+/// its own) get a physical link each, even to the same server with the same key, while the
+/// clones of one target share its pool. (Issue 8: a process-wide map once shared every link
+/// of the process, so two tests in one process could share a link by accident.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separate_pools_never_share_a_link() {
+    let (a, _auth, srv) = serve_one(execrelay::config::ServerConfig::default()).await;
+    let (front, links) = counting_proxy(srv.port).await;
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let target = srv.target_at(front, &a);
+        clients.push(
+            Client::connect(target, ClientOptions::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let shared = srv.target_at(front, &a);
+    for _ in 0..2 {
+        clients.push(
+            Client::connect(shared.clone(), ClientOptions::default())
+                .await
+                .unwrap(),
+        );
+    }
+    for (n, c) in clients.iter().enumerate() {
+        assert_eq!(echo_through(c, n).await, format!("client-{n}\n"));
+    }
+    assert_eq!(
+        links.load(Ordering::SeqCst),
+        3,
+        "one link per pool: two separate pools and one shared by two clients"
+    );
+    for c in &clients {
+        c.close();
+    }
+    srv.stop().await;
+}
+
+/// Two clients of one key on two links (two pools here; two processes alike) handshake at
+/// once, round after round: their `ts` are stamped in one order and may be checked by the
+/// server in the other, so one may be refused as a replay (the other, stamped later, was
+/// accepted first). The client library then retries with a fresh handshake: every client
+/// gets its stream. (Each refusal is charged to its link's failure budget: a link carrying
+/// many such races at once can be closed, see README "Encrypted connections".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_of_one_key_on_two_links_connect_at_once() {
+    let (a, _auth, srv) = serve_one(execrelay::config::ServerConfig::default()).await;
+    for round in 0..12usize {
+        let tasks: Vec<_> = (0..2usize)
+            .map(|i| {
+                let target = srv.target(&a);
+                tokio::spawn(async move {
+                    let c = Client::connect(target, ClientOptions::default()).await?;
+                    let n = round * 2 + i;
+                    assert_eq!(echo_through(&c, n).await, format!("client-{n}\n"));
+                    c.shutdown().await;
+                    Ok::<(), execrelay::client::ClientError>(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            let r = tokio::time::timeout(GUARD, t)
+                .await
+                .expect("a client hung")
+                .expect("a client panicked");
+            assert!(r.is_ok(), "round {round}: {r:?}");
+        }
     }
     srv.stop().await;
 }
@@ -343,7 +416,7 @@ async fn echo_through(c: &Client, n: usize) -> String {
 
 // Regression (fixed; two bugs, in the client's shared link; secure-transport.md §5, `Target::Noise` "one virtual
 // stream on a physical link shared with every other client of this process"):
-// (1) `ClientLink::shared` looks the link up, then awaits `ClientLink::connect` without
+// (1) `ClientLink::shared` (now `LinkPool::link`) looks the link up, then awaits `ClientLink::connect` without
 //     holding anything, then inserts: N clients connecting at the same time each open their
 //     own physical link (64 here, where there should be 1).
 // (2) With the link really shared, `ClientLink::open_stream` sends every OPEN at once with no

@@ -106,6 +106,8 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
                     env_id: String::new(),
                     max_message_bytes: crate::config::MAX_MESSAGE_BYTES,
                 }),
+                // One client per run: the pool holds its link across resumes.
+                pool: crate::link::client::LinkPool::new(),
             })
         }
         (Some(t), false) => Err(format!(

@@ -119,12 +119,15 @@ pub enum Target {
     /// A plain WebSocket URL, `ws://HOST:PORT`.
     Ws(String),
     /// A Noise-encrypted server, `noise+ws://HOST:PORT`: one virtual stream on a physical
-    /// link shared with every other client of this process talking to the same server.
+    /// link shared with every other client of the same `pool` talking to the same server
+    /// with the same keys (clones of a target share its pool).
     Noise {
         /// `noise+ws://HOST:PORT`.
         url: String,
         /// Keys and pinned server key.
         config: Arc<crate::link::client::NoiseClientConfig>,
+        /// The links this client may share (a fresh pool: a link of its own).
+        pool: crate::link::client::LinkPool,
     },
 }
 
@@ -258,9 +261,10 @@ async fn open_transport(target: &Target, max: usize) -> Result<Transport, Client
         Target::Ws(url) => crate::transport::websocket::connect_websocket(url, max)
             .await
             .map_err(|e| ClientError::Connect(e.to_string())),
-        Target::Noise { url, config } => {
-            use crate::link::client::{ClientLink, NoiseError};
-            let link = ClientLink::shared(url, config)
+        Target::Noise { url, config, pool } => {
+            use crate::link::client::NoiseError;
+            let link = pool
+                .link(url, config)
                 .await
                 .map_err(|e| ClientError::Connect(e.to_string()))?;
             match link.open_stream().await {

@@ -1,12 +1,15 @@
-//! The client's side of a physical link: many virtual streams over one WebSocket, shared by
-//! every client of the process that talks to the same server with the same keys.
+//! The client's side of a physical link: many virtual streams over one WebSocket, shared on
+//! purpose through a [`LinkPool`] by the clients that talk to the same server with the same
+//! keys.
 //!
 //! `open_stream` sends `OPEN` (handshake message 1), waits for `ACCEPT`, verifies message 2
 //! and only then hands out a [`Transport`]: the client sends no application data before the
-//! server is authenticated.
+//! server is authenticated. There is no process-wide state here except the message-1
+//! timestamp counter ([`next_hello_ts`]): links are shared only through a pool the caller
+//! owns, so two pools (two tests in one process, say) never share a link by accident.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -18,6 +21,7 @@ use super::virtual_stream::open_stream;
 use crate::noise::handshake::ClientHandshake;
 use crate::noise::keys::{fingerprint, Keypair, KEY_BYTES};
 use crate::noise::record::{Opened, RecordOpener};
+use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
 use crate::transport::websocket::websocket_config;
 use crate::transport::{FramingError, Transport};
@@ -30,6 +34,11 @@ pub const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
 pub const MAX_OPENING_STREAMS: usize = 16;
 /// Attempts of an OPEN the server answered `busy`, with doubling backoff from 50 ms.
 const BUSY_RETRIES: u32 = 6;
+/// Fresh handshakes after the server refused one as a replay (`replayed_handshake`). A
+/// genuine client meets that only when another link with the same key (another process, or
+/// another pool) had a handshake stamped later accepted before this one was checked; the next
+/// handshake, stamped after that, passes.
+const REPLAYED_RETRIES: u32 = 2;
 /// Frames queued for the link writer.
 const SEND_QUEUE: usize = 1024;
 /// Inbound messages queued per stream.
@@ -80,6 +89,10 @@ pub enum NoiseError {
     /// The server had too many handshakes pending (retried by `open_stream`).
     #[error("the server is busy; try again")]
     Busy,
+    /// The server refused message 1 as a replay: its `ts` was not above one it had already
+    /// accepted for this key (retried by `open_stream` with a fresh handshake).
+    #[error("the server refused the handshake as a replay (a later one with the same key was accepted first)")]
+    Replayed,
     /// No answer in time.
     #[error("no answer to the handshake within {0:?}")]
     Timeout(Duration),
@@ -90,6 +103,7 @@ fn explain_reset(reason: &str) -> String {
         "handshake_failed" => "the server refused the handshake: check --server-key (it must be the server's public key) and --key".into(),
         "unauthorized" => "the server refused this client: its key is not authorized (or a required token is missing or wrong)".into(),
         "busy" | "too_many_streams" => format!("the server is busy ({reason}); try again"),
+        "clock_skew" => "the server refused the handshake: this machine's clock and the server's differ by more than 10 minutes; fix the clock (see the server's log for the difference)".into(),
         other => format!("the server reset the stream: {other}"),
     }
 }
@@ -114,13 +128,77 @@ pub struct ClientLink {
     streams: Mutex<HashMap<StreamId, Entry>>,
     dead: CancellationToken,
     opening: tokio::sync::Semaphore,
+    /// Held from stamping a message 1 until its `OPEN` is queued, so that `OPEN`s leave in
+    /// the order of their `ts`: the server refuses a `ts` below one it has seen.
+    stamp_order: tokio::sync::Mutex<()>,
 }
 
 type LinkKey = (String, [u8; KEY_BYTES], [u8; KEY_BYTES]);
 
-fn links() -> &'static Mutex<HashMap<LinkKey, Weak<ClientLink>>> {
-    static LINKS: OnceLock<Mutex<HashMap<LinkKey, Weak<ClientLink>>>> = OnceLock::new();
-    LINKS.get_or_init(|| Mutex::new(HashMap::new()))
+#[derive(Default)]
+struct PoolInner {
+    links: Mutex<HashMap<LinkKey, Weak<ClientLink>>>,
+    /// One connect at a time, so that concurrent clients end up on one link.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// The physical links a group of clients share: one per (server URL, client key, server
+/// key), kept while any of its streams lives. The caller owns the pool and decides who shares
+/// it (clone it to share: clones are the same pool); nothing is shared outside a pool.
+#[derive(Clone, Default)]
+pub struct LinkPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for LinkPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkPool")
+            .field("links", &lock(&self.inner.links).len())
+            .finish()
+    }
+}
+
+impl LinkPool {
+    /// An empty pool.
+    pub fn new() -> LinkPool {
+        LinkPool::default()
+    }
+
+    /// The pool's live link to `url` with these keys, or a new one.
+    pub async fn link(
+        &self,
+        url: &str,
+        cfg: &NoiseClientConfig,
+    ) -> Result<Arc<ClientLink>, NoiseError> {
+        let key = (url.to_string(), cfg.keys.public, cfg.server_public);
+        let live = |key: &LinkKey| {
+            lock(&self.inner.links)
+                .get(key)
+                .and_then(Weak::upgrade)
+                .filter(|l| !l.dead.is_cancelled())
+        };
+        if let Some(l) = live(&key) {
+            return Ok(l);
+        }
+        let _guard = self.inner.connecting.lock().await;
+        if let Some(l) = live(&key) {
+            return Ok(l);
+        }
+        let link = ClientLink::connect(url, cfg.clone()).await?;
+        let mut links = lock(&self.inner.links);
+        // Forget links that are gone, so the map holds no more entries than live links.
+        links.retain(|_, l| l.upgrade().is_some_and(|l| !l.dead.is_cancelled()));
+        links.insert(key, Arc::downgrade(&link));
+        Ok(link)
+    }
+
+    /// Live links in the pool.
+    pub fn live_links(&self) -> usize {
+        lock(&self.inner.links)
+            .values()
+            .filter(|l| l.upgrade().is_some_and(|l| !l.dead.is_cancelled()))
+            .count()
+    }
 }
 
 /// `noise+ws://HOST:PORT` → `ws://HOST:PORT/v1/link`.
@@ -131,32 +209,6 @@ pub fn link_url(url: &str) -> Option<String> {
 }
 
 impl ClientLink {
-    /// The live link of this process to `url` with these keys, or a new one.
-    pub async fn shared(url: &str, cfg: &NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
-        static CONNECTING: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
-        let key = (url.to_string(), cfg.keys.public, cfg.server_public);
-        let live = |key: &LinkKey| {
-            lock(links())
-                .get(key)
-                .and_then(Weak::upgrade)
-                .filter(|l| !l.dead.is_cancelled())
-        };
-        if let Some(l) = live(&key) {
-            return Ok(l);
-        }
-        // One connect at a time, so that concurrent clients end up on one link.
-        let _guard = CONNECTING
-            .get_or_init(|| tokio::sync::Mutex::new(()))
-            .lock()
-            .await;
-        if let Some(l) = live(&key) {
-            return Ok(l);
-        }
-        let link = ClientLink::connect(url, cfg.clone()).await?;
-        lock(links()).insert(key, Arc::downgrade(&link));
-        Ok(link)
-    }
-
     /// A new link of its own.
     pub async fn connect(url: &str, cfg: NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
         let ws_url = link_url(url).ok_or_else(|| {
@@ -182,6 +234,7 @@ impl ClientLink {
             streams: Mutex::new(HashMap::new()),
             dead: CancellationToken::new(),
             opening: tokio::sync::Semaphore::new(MAX_OPENING_STREAMS),
+            stamp_order: tokio::sync::Mutex::new(()),
         });
 
         // Writer: never tied to the reader.
@@ -312,10 +365,10 @@ impl ClientLink {
                 let entry = lock(&self.streams).remove(&sid);
                 if let Some(Entry::Opening { reply, .. }) = entry {
                     let reason = frame.reset_reason();
-                    let err = if reason == "busy" {
-                        NoiseError::Busy
-                    } else {
-                        NoiseError::Refused(explain_reset(&reason))
+                    let err = match reason.as_str() {
+                        "busy" => NoiseError::Busy,
+                        "replayed_handshake" => NoiseError::Replayed,
+                        _ => NoiseError::Refused(explain_reset(&reason)),
                     };
                     let _ = reply.send(Err(err));
                 }
@@ -327,7 +380,8 @@ impl ClientLink {
 
     /// Open a new virtual stream: handshake, then a transport. At most
     /// [`MAX_OPENING_STREAMS`] handshakes are in flight per link; an OPEN the server turns
-    /// away as busy is retried with backoff.
+    /// away as busy is retried with backoff, one refused as a replay is retried at once with
+    /// a fresh handshake ([`REPLAYED_RETRIES`]).
     pub async fn open_stream(self: &Arc<Self>) -> Result<Transport, NoiseError> {
         let _slot = self
             .opening
@@ -335,14 +389,15 @@ impl ClientLink {
             .await
             .map_err(|_| NoiseError::LinkLost)?;
         let mut delay = Duration::from_millis(50);
-        let mut attempt = 0;
+        let (mut busy, mut replayed) = (0, 0);
         loop {
             match self.open_stream_once().await {
-                Err(NoiseError::Busy) if attempt < BUSY_RETRIES => {
-                    attempt += 1;
+                Err(NoiseError::Busy) if busy < BUSY_RETRIES => {
+                    busy += 1;
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
+                Err(NoiseError::Replayed) if replayed < REPLAYED_RETRIES => replayed += 1,
                 other => return other,
             }
         }
@@ -355,14 +410,19 @@ impl ClientLink {
         let mut sid = [0u8; 16];
         getrandom::getrandom(&mut sid)
             .map_err(|e| NoiseError::Connect(self.url.clone(), e.to_string()))?;
+        let order = self.stamp_order.lock().await;
         let (hs, msg1) = ClientHandshake::start(
             &self.cfg.keys,
             &self.cfg.server_public,
             &self.cfg.env_id,
             &sid,
             self.cfg.token.as_deref(),
+            next_hello_ts(),
         )
         .map_err(|e| NoiseError::Refused(e.to_string()))?;
+        let open = Frame::new(FrameType::Open, sid, 0, bytes::Bytes::from(msg1))
+            .encode()
+            .map_err(|e| NoiseError::Refused(e.to_string()))?;
         let (tx, rx) = oneshot::channel();
         lock(&self.streams).insert(
             sid,
@@ -371,12 +431,10 @@ impl ClientLink {
                 reply: tx,
             },
         );
-        let open = Frame::new(FrameType::Open, sid, 0, bytes::Bytes::from(msg1))
-            .encode()
-            .map_err(|e| NoiseError::Refused(e.to_string()))?;
         if self.ctrl.send(open).await.is_err() {
             return Err(NoiseError::LinkLost);
         }
+        drop(order);
         match tokio::time::timeout(OPEN_TIMEOUT, rx).await {
             Ok(Ok(Ok(mut t))) => {
                 // The link lives as long as any of its streams.

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime};
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
@@ -33,6 +33,7 @@ use crate::noise::budget::FailureBudget;
 use crate::noise::handshake::{read_hello, PendingHandshake};
 use crate::noise::keys::{fingerprint, Keypair};
 use crate::noise::record::{Opened, RecordSealer};
+use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps};
 use crate::session::SessionRegistry;
 use crate::sync::lock;
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
@@ -92,8 +93,8 @@ pub struct NoiseServerConfig {
 }
 
 enum Entry {
-    /// Authorization under way.
-    Pending,
+    /// Authorization under way; its message-1 timestamp is held until then.
+    Pending(Admission),
     /// Established.
     Open {
         inbound: Option<mpsc::Sender<Result<Vec<u8>, crate::transport::FramingError>>>,
@@ -108,6 +109,7 @@ struct Link {
     cfg: Arc<NoiseServerConfig>,
     limits: LinkLimits,
     registry: Arc<SessionRegistry>,
+    timestamps: SharedHelloTimestamps,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     peer: SocketAddr,
@@ -161,6 +163,7 @@ pub async fn run_link(
     peer: SocketAddr,
     cfg: Arc<NoiseServerConfig>,
     registry: Arc<SessionRegistry>,
+    timestamps: SharedHelloTimestamps,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
@@ -210,10 +213,11 @@ pub async fn run_link(
     let (auth_tx, mut auth_rx) = mpsc::channel(limits.max_pending_authorizations + 1);
     let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
     let mut link = Link {
-        budget: FailureBudget::new(limits.failure_burst, limits.failure_refill, Instant::now()),
+        budget: FailureBudget::new(limits.failure_burst, limits.failure_refill, budget_now()),
         limits,
         cfg,
         registry,
+        timestamps,
         shutdown,
         tasks,
         peer,
@@ -272,6 +276,12 @@ pub async fn run_link(
     }
 }
 
+/// The failure budget's clock: tokio's, like the keepalive's, so that paused-time tests
+/// drive both.
+fn budget_now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 impl Link {
     fn send_ctrl(&self, frame: Frame) -> Result<(), Close> {
         let bytes = frame
@@ -297,7 +307,7 @@ impl Link {
 
     /// Charge the failure budget; an empty bucket closes a direct link.
     fn charge(&mut self) -> Result<(), Close> {
-        if self.budget.charge(Instant::now()) {
+        if self.budget.charge(budget_now()) {
             Ok(())
         } else {
             self.registry.metrics().noise_failure("budget_exhausted");
@@ -322,7 +332,7 @@ impl Link {
                     // Not charged: data in flight when we reset a stream lands here.
                     self.send_ctrl(Frame::reset(sid, "unknown_stream"))
                 }
-                Some(Entry::Pending) => {
+                Some(Entry::Pending(_)) => {
                     self.reset(sid, "data_before_accept")?;
                     self.charge()
                 }
@@ -389,13 +399,29 @@ impl Link {
                 return self.charge();
             }
         };
+        // After decryption and the payload's shape, before authorization: a replayed message
+        // 1 learns nothing about the key's authorization and takes no slot.
+        let now = unix_micros(SystemTime::now());
+        let admission =
+            match Admission::admit(&self.timestamps, &pending.client_key, pending.hello.ts, now) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(
+                        stream = %short(&sid),
+                        client = %fingerprint(&pending.client_key),
+                        "handshake refused: {e}"
+                    );
+                    self.refuse(sid, e.reset_reason())?;
+                    return self.charge();
+                }
+            };
         let req = AuthRequest {
             client_key: pending.client_key,
             token: pending.hello.token.clone(),
             env_id: self.cfg.env_id.clone(),
         };
         tracing::debug!(stream = %short(&sid), client = %fingerprint(&req.client_key), "authorizing");
-        self.streams.insert(sid, Entry::Pending);
+        self.streams.insert(sid, Entry::Pending(admission));
         self.pending += 1;
         let authorizer = self.cfg.authorizer.clone();
         let tx = self.auth_tx.clone();
@@ -421,17 +447,24 @@ impl Link {
         res: Result<PendingHandshake, String>,
     ) -> Result<(), Close> {
         self.pending = self.pending.saturating_sub(1);
-        if !matches!(self.streams.get(&sid), Some(Entry::Pending)) {
-            return Ok(()); // reset while waiting
-        }
+        let admission = match self.streams.remove(&sid) {
+            Some(Entry::Pending(a)) => a,
+            Some(other) => {
+                self.streams.insert(sid, other);
+                return Ok(());
+            }
+            None => return Ok(()), // reset while waiting
+        };
         let pending = match res {
             Ok(p) => p,
             Err(why) => {
                 tracing::info!(stream = %short(&sid), %why, "authorization refused");
+                drop(admission);
                 self.reset(sid, "unauthorized")?;
                 return self.charge();
             }
         };
+        admission.accept();
         let client_key = pending.client_key;
         let (msg2, keys) = match pending.accept(env!("CARGO_PKG_VERSION")) {
             Ok(x) => x,
@@ -488,11 +521,18 @@ impl Link {
         let Some(Entry::Open { sealer, .. }) = self.streams.remove(&sid) else {
             return;
         };
-        let close = lock(&sealer).seal_close("closed");
+        let close = lock(&sealer)
+            .seal_close("closed")
+            .map_err(|e| e.to_string())
+            .and_then(|(n, ct)| data_frame(sid, n, ct).map_err(|e| e.to_string()));
         let data = self.data.clone();
         self.tasks.spawn(async move {
-            if let Ok((n, ct)) = close {
-                let _ = data.send(data_frame(sid, n, ct)).await;
+            match close {
+                Ok(frame) => {
+                    let _ = data.send(frame).await;
+                }
+                // The RESET below still tells the client its stream is gone.
+                Err(e) => tracing::warn!(stream = %short(&sid), error = %e, "no close record"),
             }
             if let Ok(reset) = Frame::reset(sid, "closed").encode() {
                 let _ = data.send(reset).await;

@@ -20,7 +20,7 @@ use crate::noise::handshake::TransportKeys;
 use crate::noise::record::{RecordOpener, RecordSealer};
 use crate::sync::lock;
 use crate::transport::{FramingError, Transport};
-use execrelay_relay::frame::{Frame, FrameType, StreamId};
+use execrelay_relay::frame::{Frame, FrameError, FrameType, StreamId};
 
 /// The parts of a stream the link driver keeps, beside the [`Transport`] it hands out.
 pub struct StreamParts {
@@ -64,12 +64,10 @@ pub fn open_stream(
     }
 }
 
-/// Encode a `DATA` frame for record `n`.
-pub fn data_frame(stream: StreamId, n: u64, ciphertext: Vec<u8>) -> Vec<u8> {
-    Frame::new(FrameType::Data, stream, n, Bytes::from(ciphertext))
-        .encode()
-        // A record is at most 65,535 bytes: it always fits a frame.
-        .unwrap_or_default()
+/// Encode a `DATA` frame for record `n`. A record that does not fit a frame is an error for
+/// the caller to handle: an empty (or truncated) frame never goes on the wire.
+pub fn data_frame(stream: StreamId, n: u64, ciphertext: Vec<u8>) -> Result<Vec<u8>, FrameError> {
+    Frame::new(FrameType::Data, stream, n, Bytes::from(ciphertext)).encode()
 }
 
 struct StreamSink {
@@ -145,6 +143,17 @@ mod tests {
     fn poll_ready(t: &mut Transport) -> Poll<io::Result<()>> {
         let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
         t.outgoing.as_mut().poll_ready(&mut cx)
+    }
+
+    /// A record too large for a frame is an error, not an empty frame.
+    #[test]
+    fn a_record_that_does_not_fit_a_frame_is_an_error() {
+        use execrelay_relay::frame::{MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES};
+        let f = data_frame([1; 16], 7, vec![0xab; MAX_PAYLOAD_BYTES]).unwrap();
+        assert_eq!(f.len(), MAX_FRAME_BYTES);
+        let decoded = Frame::decode(&f).unwrap();
+        assert_eq!((decoded.ftype, decoded.seq), (FrameType::Data, 7));
+        assert!(data_frame([1; 16], 8, vec![0; MAX_PAYLOAD_BYTES + 1]).is_err());
     }
 
     /// A stream whose link queue is full takes no second message: its connection's writer

@@ -47,6 +47,9 @@ pub enum HandshakeError {
 pub struct Hello {
     /// Must be 1.
     pub version: u32,
+    /// Microseconds since the Unix epoch, larger for every handshake of the client key
+    /// (required; checked by the server against replays, see [`super::timestamp`]).
+    pub ts: u64,
     /// Optional bearer token for deployments that require one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
@@ -105,13 +108,15 @@ pub struct ClientHandshake {
 }
 
 impl ClientHandshake {
-    /// Build message 1 for `stream`.
+    /// Build message 1 for `stream`, stamped `ts` (a client takes it from
+    /// [`next_hello_ts`](super::timestamp::next_hello_ts)).
     pub fn start(
         keys: &Keypair,
         server_public: &[u8; KEY_BYTES],
         env_id: &str,
         stream: &StreamId,
         token: Option<&str>,
+        ts: u64,
     ) -> Result<(ClientHandshake, Vec<u8>), HandshakeError> {
         let pro = prologue(env_id, stream);
         let mut hs = builder(keys, &pro)?
@@ -120,6 +125,7 @@ impl ClientHandshake {
             .map_err(|_| HandshakeError::Rejected)?;
         let payload = serde_json::to_vec(&Hello {
             version: HANDSHAKE_VERSION,
+            ts,
             token: token.map(str::to_string),
         })
         .map_err(|e| HandshakeError::Payload(e.to_string()))?;
@@ -173,7 +179,8 @@ impl std::fmt::Debug for PendingHandshake {
 }
 
 /// Read message 1, checking in order: size, decryption (which authenticates the client key),
-/// payload size and shape. Authorization is the caller's next step.
+/// payload size and shape (a missing `ts` is refused here). The `ts` check against replays
+/// ([`super::timestamp`]) and authorization are the caller's next steps.
 pub fn read_hello(
     keys: &Keypair,
     env_id: &str,
@@ -261,10 +268,11 @@ mod tests {
         let (client, server) = pair();
         let sid = [1u8; 16];
         let (c, m1) =
-            ClientHandshake::start(&client, &server.public, "", &sid, Some("tok")).unwrap();
+            ClientHandshake::start(&client, &server.public, "", &sid, Some("tok"), 7).unwrap();
         let pending = read_hello(&server, "", &sid, &m1).unwrap();
         assert_eq!(pending.client_key, client.public);
         assert_eq!(pending.hello.token.as_deref(), Some("tok"));
+        assert_eq!(pending.hello.ts, 7);
         let (m2, st) = pending.accept("9.9").unwrap();
         let (ct, welcome) = c.finish(&m2).unwrap();
         assert_eq!(welcome.server_version, "9.9");
@@ -318,10 +326,39 @@ mod tests {
         }
     }
 
+    /// `secure-transport.md` §3: a message 1 without `ts` (or with one that is not a
+    /// non-negative integer) is refused with the payload's shape, before authorization.
+    #[test]
+    fn a_message_1_without_a_ts_is_refused() {
+        let (client, server) = pair();
+        let sid = [6u8; 16];
+        for payload in [
+            &br#"{"version":1}"#[..],
+            br#"{"version":1,"ts":-1}"#,
+            br#"{"version":1,"ts":"1764547200123456"}"#,
+        ] {
+            let pro = prologue("", &sid);
+            let mut i = builder(&client, &pro)
+                .unwrap()
+                .remote_public_key(&server.public)
+                .unwrap()
+                .build_initiator()
+                .unwrap();
+            let mut m1 = vec![0u8; 1024];
+            let n = i.write_message(payload, &mut m1).unwrap();
+            let err = read_hello(&server, "", &sid, &m1[..n]).unwrap_err();
+            assert!(matches!(&err, HandshakeError::Payload(_)), "{err:?}");
+            if payload == br#"{"version":1}"# {
+                assert!(err.to_string().contains("missing field `ts`"), "{err}");
+            }
+        }
+    }
+
     #[test]
     fn a_message_1_replayed_on_another_stream_fails() {
         let (client, server) = pair();
-        let (_, m1) = ClientHandshake::start(&client, &server.public, "", &[1; 16], None).unwrap();
+        let (_, m1) =
+            ClientHandshake::start(&client, &server.public, "", &[1; 16], None, 7).unwrap();
         assert_eq!(
             read_hello(&server, "", &[2; 16], &m1).unwrap_err(),
             HandshakeError::Rejected
@@ -337,13 +374,13 @@ mod tests {
         let (client, server) = pair();
         let impostor = Keypair::generate().unwrap();
         let (_, m1) =
-            ClientHandshake::start(&client, &impostor.public, "", &[1; 16], None).unwrap();
+            ClientHandshake::start(&client, &impostor.public, "", &[1; 16], None, 7).unwrap();
         assert_eq!(
             read_hello(&server, "", &[1; 16], &m1).unwrap_err(),
             HandshakeError::Rejected
         );
         let (_, mut m1) =
-            ClientHandshake::start(&client, &server.public, "", &[1; 16], None).unwrap();
+            ClientHandshake::start(&client, &server.public, "", &[1; 16], None, 7).unwrap();
         let last = m1.len() - 1;
         m1[last] ^= 1;
         assert_eq!(

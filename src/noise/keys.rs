@@ -14,8 +14,8 @@ use std::sync::Mutex;
 
 use base64::Engine;
 use sha2::Digest;
-
-use super::handshake::NOISE_PARAMS;
+use snow::params::DHChoice;
+use snow::resolvers::{CryptoResolver, DefaultResolver};
 
 /// Length of an X25519 key.
 pub const KEY_BYTES: usize = 32;
@@ -40,6 +40,12 @@ pub enum KeyError {
     /// A private key readable by others.
     #[error("{0}: private key permissions are too open (mode {1:o}); run `chmod 600 {0}`")]
     Permissions(PathBuf, u32),
+    /// The public key could not be derived (the X25519 implementation failed).
+    #[error("cannot derive a key: {why}")]
+    Derive {
+        /// What failed.
+        why: String,
+    },
     /// Not the documented format.
     #[error("{path}: {why}")]
     Format {
@@ -79,25 +85,22 @@ fn b64() -> base64::engine::GeneralPurpose {
 impl Keypair {
     /// Generate a key pair from the OS generator.
     pub fn generate() -> Result<Keypair, KeyError> {
-        let builder = snow::Builder::new(NOISE_PARAMS.parse().map_err(|_| KeyError::Format {
-            path: "noise params".into(),
-            why: "unsupported".into(),
-        })?);
-        let kp = builder.generate_keypair().map_err(|e| KeyError::Format {
-            path: "keygen".into(),
-            why: e.to_string(),
-        })?;
+        let mut rng = DefaultResolver
+            .resolve_rng()
+            .ok_or_else(|| KeyError::Derive {
+                why: "no random number generator".into(),
+            })?;
         let mut private = [0u8; KEY_BYTES];
-        let mut public = [0u8; KEY_BYTES];
-        private.copy_from_slice(&kp.private);
-        public.copy_from_slice(&kp.public);
-        Ok(Keypair { private, public })
+        rng.try_fill_bytes(&mut private)
+            .map_err(|e| KeyError::Derive { why: e.to_string() })?;
+        Keypair::from_private(private)
     }
 
-    /// Derive the public key of a private key.
-    pub fn from_private(private: [u8; KEY_BYTES]) -> Keypair {
-        let public = x25519_public(&private);
-        Keypair { private, public }
+    /// Derive the public key of a private key. An error (never a key of zeros) when the
+    /// X25519 implementation is unavailable.
+    pub fn from_private(private: [u8; KEY_BYTES]) -> Result<Keypair, KeyError> {
+        let public = x25519_public(&private)?;
+        Ok(Keypair { private, public })
     }
 
     /// Write `path` (mode 0600) and `path.pub`. Refuses to overwrite.
@@ -151,20 +154,21 @@ impl Keypair {
             path: path.display().to_string(),
             why: "a private key must be 32 bytes".into(),
         })?;
-        Ok(Keypair::from_private(private))
+        Keypair::from_private(private)
     }
 }
 
-fn x25519_public(private: &[u8; KEY_BYTES]) -> [u8; KEY_BYTES] {
-    // X25519 of the base point, via a throwaway snow handshake is not possible; use the
-    // dalek implementation snow itself depends on through its resolver.
-    use snow::resolvers::{CryptoResolver, DefaultResolver};
-    let mut out = [0u8; KEY_BYTES];
-    if let Some(mut dh) = DefaultResolver.resolve_dh(&snow::params::DHChoice::Curve25519) {
-        dh.set(private);
-        out.copy_from_slice(dh.pubkey());
-    }
-    out
+/// X25519 of the base point, with the implementation `snow` itself uses for the handshake.
+fn x25519_public(private: &[u8; KEY_BYTES]) -> Result<[u8; KEY_BYTES], KeyError> {
+    let mut dh = DefaultResolver
+        .resolve_dh(&DHChoice::Curve25519)
+        .ok_or_else(|| KeyError::Derive {
+            why: "X25519 is not available".into(),
+        })?;
+    dh.set(private);
+    <[u8; KEY_BYTES]>::try_from(dh.pubkey()).map_err(|_| KeyError::Derive {
+        why: format!("X25519 gave a public key of {} bytes", dh.pubkey().len()),
+    })
 }
 
 /// `NAME.pub`.
@@ -339,6 +343,37 @@ mod tests {
             kp.public
         );
         assert!(kp.write(&path, "again").is_err(), "never overwrites a key");
+    }
+
+    /// The handshake builds on the keys, so the keys must not import the handshake back (they
+    /// once did, for the protocol name, which made the two modules a cycle).
+    #[test]
+    fn keys_do_not_import_the_handshake() {
+        let src = include_str!("keys.rs");
+        let code = src.split("#[cfg(test)]").next().unwrap();
+        assert!(
+            !code.contains("handshake::"),
+            "keys.rs imports from the handshake module"
+        );
+    }
+
+    /// RFC 7748 §6.1: Alice's private key and its public key. A derivation that fails must
+    /// be an error, never a key of zeros; a derivation that succeeds must be X25519.
+    #[test]
+    fn public_key_derivation_matches_rfc_7748() {
+        let hex = |s: &str| -> [u8; KEY_BYTES] {
+            let v: Vec<u8> = (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                .collect();
+            v.try_into().unwrap()
+        };
+        let private = hex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a");
+        let public = hex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a");
+        assert_eq!(Keypair::from_private(private).unwrap().public, public);
+        let kp = Keypair::generate().unwrap();
+        assert_ne!(kp.public, [0u8; KEY_BYTES]);
+        assert_eq!(Keypair::from_private(kp.private).unwrap().public, kp.public);
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
 //!   close, and length-prefixed messages cut into records.
 //! - [`budget`]: sans-IO token bucket for handshake failures.
+//! - [`timestamp`]: the `ts` of handshake message 1: the client's increasing stamp and the
+//!   server's replay check (sans-IO, a bounded LRU per client key).
 //! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
 //!
 //! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_relay::frame`), so
@@ -22,3 +24,4 @@ pub mod cipher;
 pub mod handshake;
 pub mod keys;
 pub mod record;
+pub mod timestamp;

@@ -45,6 +45,17 @@ pub enum RecordError {
     /// The record would be too large, or the nonce space is exhausted.
     #[error("record cannot be sealed")]
     Seal,
+    /// A message longer than its 4-byte length prefix can declare.
+    #[error("message of {0} bytes is too long for a length prefix")]
+    MessageTooLong(usize),
+}
+
+/// The 4-byte big-endian length prefix of a message (`secure-transport.md` §4), refused for a
+/// message whose length does not fit in it rather than truncated.
+pub fn length_prefix(len: usize) -> Result<[u8; 4], RecordError> {
+    u32::try_from(len)
+        .map(u32::to_be_bytes)
+        .map_err(|_| RecordError::MessageTooLong(len))
 }
 
 /// What a record carried.
@@ -103,7 +114,7 @@ impl RecordSealer {
         msg: &[u8],
     ) -> Result<Vec<Vec<u8>>, RecordError> {
         use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES};
-        let prefix = (msg.len() as u32).to_be_bytes();
+        let prefix = length_prefix(msg.len())?;
         let total = 4 + msg.len();
         let mut frames = Vec::with_capacity(total / MAX_RECORD_BODY + 1);
         let mut off = 0usize; // offset in the virtual stream prefix ++ msg
@@ -136,8 +147,9 @@ impl RecordSealer {
 
     /// Seal one JSON-RPC message: length-prefixed, cut into as many records as needed.
     pub fn seal_message(&mut self, msg: &[u8]) -> Result<Vec<(u64, Vec<u8>)>, RecordError> {
+        let prefix = length_prefix(msg.len())?;
         let mut stream = Vec::with_capacity(4 + msg.len());
-        stream.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        stream.extend_from_slice(&prefix);
         stream.extend_from_slice(msg);
         stream
             .chunks(MAX_RECORD_BODY)
@@ -334,11 +346,11 @@ impl MessageDeframer {
                     bytes = &bytes[take..];
                     if self.prefix_len == 4 {
                         self.prefix_len = 0;
-                        let len = u32::from_be_bytes(self.prefix) as u64;
-                        if len == 0 || len > self.max as u64 {
-                            return Err(RecordError::BadLength(len));
-                        }
-                        let len = len as usize;
+                        let declared = u32::from_be_bytes(self.prefix);
+                        let len = match usize::try_from(declared) {
+                            Ok(len) if len != 0 && len <= self.max => len,
+                            _ => return Err(RecordError::BadLength(u64::from(declared))),
+                        };
                         self.partial =
                             Some((Vec::with_capacity(len.min(MAX_MESSAGE_RESERVE)), len));
                     }
@@ -359,7 +371,7 @@ mod tests {
         let client = Keypair::generate().unwrap();
         let server = Keypair::generate().unwrap();
         let sid = [3u8; 16];
-        let (c, m1) = ClientHandshake::start(&client, &server.public, "", &sid, None).unwrap();
+        let (c, m1) = ClientHandshake::start(&client, &server.public, "", &sid, None, 1).unwrap();
         let (m2, sk) = read_hello(&server, "", &sid, &m1)
             .unwrap()
             .accept("t")
@@ -494,6 +506,16 @@ mod tests {
         let cap = d.partial.as_ref().map(|(v, _)| v.capacity()).unwrap_or(0);
         assert!(cap <= big, "grew to {cap}, past the declared {big}");
         assert_eq!(d.push(&body[big - 1..]), Ok(vec![body]));
+    }
+
+    /// A length that does not fit the 4-byte prefix is an error, never a truncated prefix
+    /// (a 4 GiB message once went out declared as 0 bytes long).
+    #[test]
+    fn a_length_prefix_is_checked_not_truncated() {
+        assert_eq!(length_prefix(1), Ok([0, 0, 0, 1]));
+        assert_eq!(length_prefix(u32::MAX as usize), Ok([0xff; 4]));
+        let over = u32::MAX as usize + 1;
+        assert_eq!(length_prefix(over), Err(RecordError::MessageTooLong(over)));
     }
 
     #[test]

@@ -137,6 +137,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
             // the AsyncFd is dropped.
             let reader = unsafe { AsyncFd::register(master.try_clone()?) }
                 .map_err(|e| io::Error::other(e.to_string()))?;
+            // SAFETY: as for the reader: this AsyncFd owns its own duplicate of the master.
             let writer = unsafe { AsyncFd::register(master.try_clone()?) }
                 .map_err(|e| io::Error::other(e.to_string()))?;
             Ok(Spawned {
@@ -181,6 +182,14 @@ fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
 
 /// Mark every descriptor above stderr close-on-exec. Not closed outright: std reports exec
 /// failures through a CLOEXEC pipe that must stay open until exec.
+///
+/// # Safety
+///
+/// Call it only in a child between `fork` and `exec` (from a `pre_exec` hook), where no
+/// other thread exists: it changes the flags of every descriptor above 2, including ones
+/// that other code of the process holds, which only a process about to `exec` may do. It
+/// calls only async-signal-safe functions (`close_range`, `getrlimit`, `fcntl`) and does not
+/// allocate, as the `pre_exec` contract requires.
 unsafe fn mark_inherited_fds_cloexec() {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range only changes descriptor flags.

@@ -19,12 +19,13 @@ use tokio_util::sync::CancellationToken;
 
 use execrelay::client::Target;
 use execrelay::config::{ServerConfig, MAX_MESSAGE_BYTES};
-use execrelay::link::client::NoiseClientConfig;
+use execrelay::link::client::{LinkPool, NoiseClientConfig};
 use execrelay::link::server::NoiseServerConfig;
 use execrelay::noise::authorizer::{AuthDenied, AuthRequest, Authorizer};
 use execrelay::noise::handshake::{prologue, ClientHandshake, NOISE_PARAMS};
 use execrelay::noise::keys::{Keypair, KEY_BYTES};
 use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
+use execrelay::noise::timestamp::next_hello_ts;
 use execrelay::server::{Listener, Server};
 use execrelay::transport::Transport;
 use execrelay_relay::frame::{Frame, FrameType, StreamId};
@@ -196,20 +197,23 @@ impl TestServer {
         }
     }
 
-    /// A `Target::Noise` for `keys` to this server.
+    /// A `Target::Noise` for `keys` to this server, with a link pool of its own (its clones
+    /// share it).
     pub fn target(&self, keys: &Keypair) -> Target {
         Target::Noise {
             url: self.url.clone(),
             config: Arc::new(self.client_config(keys)),
+            pool: LinkPool::new(),
         }
     }
 
     /// A `Target::Noise` for `keys` pinning this server, reached through local `port` (a
-    /// forwarder in front of it).
+    /// forwarder in front of it), with a link pool of its own (its clones share it).
     pub fn target_at(&self, port: u16, keys: &Keypair) -> Target {
         Target::Noise {
             url: format!("noise+ws://127.0.0.1:{port}"),
             config: Arc::new(self.client_config(keys)),
+            pool: LinkPool::new(),
         }
     }
 
@@ -378,7 +382,8 @@ impl RawLink {
     /// Handshake a stream with `client` against `server`; panics unless ACCEPTed.
     pub async fn open(&mut self, client: &Keypair, server: &[u8; KEY_BYTES]) -> RawStream {
         let sid = random_sid();
-        let (hs, m1) = ClientHandshake::start(client, server, "", &sid, None).unwrap();
+        let (hs, m1) =
+            ClientHandshake::start(client, server, "", &sid, None, next_hello_ts()).unwrap();
         self.send_open(sid, m1).await;
         let f = self.frame_for(&sid).await;
         assert_eq!(
@@ -415,7 +420,8 @@ impl RawLink {
         server: &[u8; KEY_BYTES],
     ) -> (StreamId, Vec<u8>) {
         let sid = random_sid();
-        let (_hs, m1) = ClientHandshake::start(client, server, "", &sid, None).unwrap();
+        let (_hs, m1) =
+            ClientHandshake::start(client, server, "", &sid, None, next_hello_ts()).unwrap();
         self.send_open(sid, m1.clone()).await;
         (sid, m1)
     }

@@ -7,7 +7,11 @@ so that a misreading of the spec shared by the server and the Rust client shows 
 
 Usage:
     python3 noise_client.py URL SERVER_PUBKEY_FILE CLIENT_PRIVKEY_FILE
-                            [--token T] [--mode ok|replay-on-other-stream]
+                            [--token T] [--ts-offset-seconds S]
+                            [--mode ok|replay-on-other-stream|replay-on-other-link]
+
+--ts-offset-seconds S adds S seconds to the `ts` of every message 1 (a client whose clock
+is off); the server refuses more than 10 minutes either way (§3).
 
 URL is `noise+ws://HOST:PORT`; the client connects a WebSocket to `ws://HOST:PORT/v1/link`.
 
@@ -20,6 +24,12 @@ Output, one event per line on stdout:
     --mode replay-on-other-stream:
         REPLAY_RESULT <type>         the frame type the server answered to a replayed
                                      handshake message 1 on a second stream (5 = RESET)
+        INITIALIZE_RESULT {json}     the first stream still works afterwards
+      exit status 0 if the replay was reset, 1 if it was accepted.
+    --mode replay-on-other-link:
+        REPLAY_RESULT <type> <reason>  the answer to stream A's message 1 replayed, with A's
+                                     own stream id, on a second link (5 = RESET, and its
+                                     reason; the prologue matches, so only `ts` can refuse it)
         INITIALIZE_RESULT {json}     the first stream still works afterwards
       exit status 0 if the replay was reset, 1 if it was accepted.
     On any failure (RESET on our stream, handshake failure, protocol violation, 20 s
@@ -249,8 +259,25 @@ def prologue(environment_id, stream_id):
             + struct.pack("!H", len(stream_id)) + stream_id)
 
 
+class HelloClock:
+    """The `ts` of message 1 (§3): microseconds since the Unix epoch, raised by at least one
+    for every handshake this client makes, shifted by `offset_s` to play a wrong clock."""
+
+    def __init__(self, offset_s=0.0):
+        self.offset_us = int(offset_s * 1_000_000)
+        self.last = 0
+
+    def next(self):
+        now = time.time_ns() // 1000 + self.offset_us
+        self.last = max(now, self.last + 1)
+        return self.last
+
+
+HELLO_CLOCK = HelloClock()
+
+
 def handshake_payload(token):
-    payload = {"version": 1}
+    payload = {"version": 1, "ts": HELLO_CLOCK.next()}
     if token is not None:
         payload["token"] = token
     return json.dumps(payload, separators=(",", ":")).encode("utf-8")
@@ -546,14 +573,44 @@ def mode_replay(link, client_private, server_public, token):
     return 0 if answer.ftype == RESET else 1
 
 
+def mode_replay_other_link(url, deadline, link, client_private, server_public, token):
+    """Replay stream A's handshake message 1, with A's own stream id, on a second link.
+
+    The prologue matches (same environment, same stream id), so the message decrypts; only
+    its `ts`, not above the one the server accepted for this key, gets it refused (§3). The
+    server must answer RESET, never ACCEPT; stream A carries on."""
+    first = Stream(link, client_private, server_public)
+    message1 = first.open(token)
+    first.accept()
+    second = Link(url, deadline)
+    try:
+        second.send(encode_frame(OPEN, first.stream_id, message1))
+        while True:
+            answer = second.next_frame(first.stream_id)
+            if answer.ftype in (ACCEPT, RESET):
+                break
+            if answer.ftype != ACK:
+                raise Failure(f"unexpected {answer.name} frame on the replayed stream")
+    finally:
+        second.close()
+    reason = answer.reset_reason() if answer.ftype == RESET else "-"
+    emit(f"REPLAY_RESULT {answer.ftype} {reason}")
+    initialize(Rpc(first))
+    first.close()
+    return 0 if answer.ftype == RESET else 1
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("url", help="noise+ws://HOST:PORT")
     parser.add_argument("server_pubkey_file", help="the server's NAME.pub")
     parser.add_argument("client_privkey_file", help="the client's private key file")
     parser.add_argument("--token", default=None)
-    parser.add_argument("--mode", choices=["ok", "replay-on-other-stream"], default="ok")
+    parser.add_argument("--ts-offset-seconds", type=float, default=0.0)
+    parser.add_argument("--mode", choices=["ok", "replay-on-other-stream",
+                                           "replay-on-other-link"], default="ok")
     args = parser.parse_args(argv)
+    HELLO_CLOCK.offset_us = int(args.ts_offset_seconds * 1_000_000)
 
     deadline = time.monotonic() + TIMEOUT_S
     link = None
@@ -563,6 +620,9 @@ def main(argv=None):
         link = Link(args.url, deadline)
         if args.mode == "ok":
             return mode_ok(link, client_private, server_public, args.token)
+        if args.mode == "replay-on-other-link":
+            return mode_replay_other_link(args.url, deadline, link, client_private,
+                                          server_public, args.token)
         return mode_replay(link, client_private, server_public, args.token)
     except Failure as e:
         emit(f"ERROR {e}")
