@@ -1,9 +1,11 @@
 //! Processes: spawning, output pumps, drain, the event log, and control operations.
 //!
-//! Only this module spawns children (`spawn.rs` holds every `unsafe` line). The event log and
+//! Only this module spawns children (`spawn.rs` and `containment/sys.rs` hold every `unsafe`
+//! line); `containment/` finds and kills everything a session started. The event log and
 //! the drain state machine are sans-IO; the pump and supervisor are thin tokio tasks over
 //! them.
 
+pub mod containment;
 pub mod event_log;
 pub mod managed_process;
 pub mod output_drain;
