@@ -34,7 +34,8 @@ pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
 /// First and longest pause between two looks at a cgroup's state while waiting for it (the
 /// kernel offers no notification for v1 files; v2's would need inotify). Short at first
 /// because SIGKILLed processes are usually gone within a millisecond.
-pub const POLL_BACKOFF: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(20));
+pub const POLL_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_millis(20));
 /// Freeze–kill–thaw rounds before giving up on a cgroup that keeps gaining members (a process
 /// forking while the freeze was not complete).
 pub const MAX_FREEZE_KILL_ROUNDS: usize = 16;
@@ -231,7 +232,10 @@ pub fn kill_members(cg: &Cgroup, h: Hierarchy) -> io::Result<usize> {
 
 /// Poll `done` until it holds or `deadline` passes, with a short growing pause. Returns
 /// whether it held.
-pub fn wait_until(deadline: Instant, mut done: impl FnMut() -> io::Result<bool>) -> io::Result<bool> {
+pub fn wait_until(
+    deadline: Instant,
+    mut done: impl FnMut() -> io::Result<bool>,
+) -> io::Result<bool> {
     let mut pause = POLL_BACKOFF.0;
     loop {
         if done()? {
@@ -392,7 +396,10 @@ mod tests {
         assert_eq!(f.rel, "/x-1-2");
         assert_eq!(f.child("s3").rel, "/x-1-2/s3");
         // v2 only, no v1 controllers.
-        let d = detect_from("34 30 0:31 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "0::/\n");
+        let d = detect_from(
+            "34 30 0:31 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+            "0::/\n",
+        );
         assert_eq!(d.v2.map(|c| c.dir), Some(PathBuf::from("/sys/fs/cgroup")));
         assert!(d.freezer.is_none() && d.pids.is_none());
         // Nothing mounted.

@@ -223,8 +223,14 @@ pub struct ScopeId(u64);
 static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
 
 enum Tree {
-    V2 { instance: Cgroup, kill_file: bool },
-    V1 { freezer: Cgroup, pids: Option<Cgroup> },
+    V2 {
+        instance: Cgroup,
+        kill_file: bool,
+    },
+    V1 {
+        freezer: Cgroup,
+        pids: Option<Cgroup>,
+    },
     None,
 }
 
@@ -278,7 +284,28 @@ impl Shared {
 /// doubled): below it, a pruning `/proc` scan costs more than the entries.
 pub const SESSION_PRUNE_MIN: usize = 256;
 
+impl Drop for Shared {
+    /// Best effort: the instance cgroups go when the last handle (and every scope) is gone,
+    /// if nothing is left in them; otherwise the next start's sweep removes them.
+    fn drop(&mut self) {
+        match &self.tree {
+            Tree::V2 { instance, .. } => {
+                let _ = instance.remove_tree();
+            }
+            Tree::V1 { freezer, pids } => {
+                let _ = freezer.remove_tree();
+                if let Some(p) = pids {
+                    let _ = p.remove_tree();
+                }
+            }
+            Tree::None => {}
+        }
+    }
+}
+
 /// Server-wide containment: the backend, this server's instance cgroup(s), and every scope.
+/// The instance cgroups are removed when the last clone and every scope are dropped (if
+/// empty), or by [`kill_everything`](Self::kill_everything).
 #[derive(Clone)]
 pub struct Containment {
     shared: Arc<Shared>,
@@ -324,7 +351,11 @@ impl Containment {
             sweep_roots.push((p.clone(), Hierarchy::V1Pids));
         }
         let order: &[BackendKind] = match cfg.backend {
-            BackendChoice::Auto => &[BackendKind::Cgroup2, BackendKind::Cgroup1, BackendKind::None],
+            BackendChoice::Auto => &[
+                BackendKind::Cgroup2,
+                BackendKind::Cgroup1,
+                BackendKind::None,
+            ],
             BackendChoice::Cgroup2 => &[BackendKind::Cgroup2],
             BackendChoice::Cgroup1 => &[BackendKind::Cgroup1],
             BackendChoice::None => &[BackendKind::None],
@@ -471,7 +502,11 @@ fn setup_v2(d: &cgroup::Detected, name: &str, pids_max: Option<u64>) -> Result<T
     }
     if pids_max.is_some() {
         let enable = |cg: &Cgroup| -> std::io::Result<()> {
-            if !cg.read("cgroup.subtree_control")?.split_whitespace().any(|c| c == "pids") {
+            if !cg
+                .read("cgroup.subtree_control")?
+                .split_whitespace()
+                .any(|c| c == "pids")
+            {
                 cg.write("cgroup.subtree_control", "+pids")?;
             }
             Ok(())
@@ -540,11 +575,7 @@ fn kill_everything_blocking(shared: &Arc<Shared>) -> Result<KillReport, Containm
     }
     // Whatever is in the tree outside any cgroup: processes of the `none` backend, children
     // spawned without a scope, and anything that left its cgroup.
-    let t = tree::kill(
-        &|| shared.sessions(),
-        &|o| o != Owner::Foreign,
-        deadline,
-    )?;
+    let t = tree::kill(&|| shared.sessions(), &|o| o != Owner::Foreign, deadline)?;
     report.signalled += t.signalled;
     report.emptied &= t.emptied;
     for s in &scopes {
@@ -564,8 +595,14 @@ fn kill_everything_blocking(shared: &Arc<Shared>) -> Result<KillReport, Containm
 }
 
 enum ScopeCgroups {
-    V2 { cg: Cgroup, kill_file: bool },
-    V1 { freezer: Cgroup, pids: Option<Cgroup> },
+    V2 {
+        cg: Cgroup,
+        kill_file: bool,
+    },
+    V1 {
+        freezer: Cgroup,
+        pids: Option<Cgroup>,
+    },
     None,
 }
 
@@ -676,9 +713,11 @@ impl SessionScope {
     pub async fn kill_all(self: &Arc<Self>) -> Result<KillReport, ContainmentError> {
         lock(&self.state).closed = true;
         let me = self.clone();
-        tokio::task::spawn_blocking(move || me.kill_all_blocking(Instant::now() + KILL_WAIT_TIMEOUT))
-            .await
-            .map_err(|e| ContainmentError::Io(std::io::Error::other(e.to_string())))?
+        tokio::task::spawn_blocking(move || {
+            me.kill_all_blocking(Instant::now() + KILL_WAIT_TIMEOUT)
+        })
+        .await
+        .map_err(|e| ContainmentError::Io(std::io::Error::other(e.to_string())))?
     }
 
     fn kill_all_blocking(&self, deadline: Instant) -> Result<KillReport, ContainmentError> {
@@ -819,7 +858,9 @@ mod tests {
             ..ContainmentConfig::default()
         };
         with(&"a".repeat(MAX_CGROUP_NAME_BYTES)).validate().unwrap();
-        assert!(with(&"a".repeat(MAX_CGROUP_NAME_BYTES + 1)).validate().is_err());
+        assert!(with(&"a".repeat(MAX_CGROUP_NAME_BYTES + 1))
+            .validate()
+            .is_err());
         for bad in ["", ".", "..", "-x", "a/b", "a b", "é"] {
             assert!(with(bad).validate().is_err(), "{bad:?}");
         }
@@ -834,10 +875,22 @@ mod tests {
 
     #[test]
     fn backend_names() {
-        assert_eq!("auto".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
-        assert_eq!("cgroup2".parse::<BackendChoice>().unwrap(), BackendChoice::Cgroup2);
-        assert_eq!("cgroup1".parse::<BackendChoice>().unwrap(), BackendChoice::Cgroup1);
-        assert_eq!("none".parse::<BackendChoice>().unwrap(), BackendChoice::None);
+        assert_eq!(
+            "auto".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Auto
+        );
+        assert_eq!(
+            "cgroup2".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Cgroup2
+        );
+        assert_eq!(
+            "cgroup1".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Cgroup1
+        );
+        assert_eq!(
+            "none".parse::<BackendChoice>().unwrap(),
+            BackendChoice::None
+        );
         assert!("v2".parse::<BackendChoice>().is_err());
         let c: ContainmentConfig =
             toml::from_str("backend = \"cgroup1\"\nsession_pids_max = 64\n").unwrap();

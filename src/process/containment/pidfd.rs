@@ -108,20 +108,20 @@ impl AsFd for Pidfd {
 pub fn wait_all_exited(pidfds: &[&Pidfd], timeout: Duration) -> io::Result<usize> {
     let deadline = std::time::Instant::now() + timeout;
     let mut pending: Vec<&Pidfd> = pidfds.to_vec();
-    while !pending.is_empty() {
-        let now = std::time::Instant::now();
-        if now >= deadline {
-            break;
-        }
+    // Look at least once, even with a zero timeout.
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
         let fds: Vec<BorrowedFd<'_>> = pending.iter().map(|p| p.as_fd()).collect();
-        let ready = sys::poll_readable(&fds, deadline - now)?;
+        let ready = sys::poll_readable(&fds, left)?;
         pending = pending
             .into_iter()
             .zip(ready)
             .filter_map(|(p, r)| (!r).then_some(p))
             .collect();
+        if pending.is_empty() || left.is_zero() {
+            return Ok(pending.len());
+        }
     }
-    Ok(pending.len())
 }
 
 #[cfg(test)]
@@ -206,6 +206,17 @@ mod tests {
         assert!(!fd.is_unreaped());
         // std's own wait now finds nothing to reap.
         assert!(child.wait().is_err());
+    }
+
+    #[test]
+    fn wait_all_exited_looks_once_with_a_zero_timeout() {
+        let mut a = sleeper();
+        let fa = Pidfd::open(a.id()).unwrap();
+        assert_eq!(wait_all_exited(&[&fa], Duration::ZERO).unwrap(), 1);
+        a.kill().unwrap();
+        a.wait().unwrap();
+        assert_eq!(wait_all_exited(&[&fa], Duration::ZERO).unwrap(), 0);
+        assert_eq!(wait_all_exited(&[], Duration::ZERO).unwrap(), 0);
     }
 
     #[tokio::test]

@@ -94,10 +94,7 @@ pub struct ForkGuard {
 /// Take the fork gate (shared between spawns; excludes reaper passes).
 pub fn fork_guard() -> ForkGuard {
     ForkGuard {
-        _gate: REGISTRY
-            .fork_gate
-            .read()
-            .unwrap_or_else(|p| p.into_inner()),
+        _gate: REGISTRY.fork_gate.read().unwrap_or_else(|p| p.into_inner()),
     }
 }
 

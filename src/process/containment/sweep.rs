@@ -86,7 +86,9 @@ pub fn sweep(parent: &Cgroup, h: Hierarchy, base: &str) -> SweepReport {
             }
             Err(why) => {
                 tracing::error!(cgroup = %inst.dir.display(), error = %why, "crash sweep failed");
-                report.failures.push(format!("{}: {why}", inst.dir.display()));
+                report
+                    .failures
+                    .push(format!("{}: {why}", inst.dir.display()));
             }
         }
     }
