@@ -220,6 +220,9 @@ fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
         if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
             return Err(io::Error::last_os_error());
         }
+        // The signal fires when the *thread* that forked us exits, not only the process:
+        // spawn from a thread that lives as long as the server (a runtime worker), never from
+        // `spawn_blocking` (its threads retire when idle and would SIGKILL their children).
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,

@@ -151,7 +151,10 @@ pub struct ContainmentConfig {
     pub cgroup_name: String,
     /// `pids.max` of each session's cgroup: most processes (threads count) one session may
     /// have at once. `None` (default): no limit beyond the host's. Needs the `pids`
-    /// controller (v1 `pids` hierarchy, or enabled for the server's v2 cgroup).
+    /// controller: the v1 `pids` hierarchy, or on v2 a server cgroup that may enable `pids`
+    /// for its children (the root cgroup, or one the server is not itself a member of: the
+    /// kernel refuses controllers below a non-root cgroup that holds processes). Otherwise
+    /// start fails naming the cause; a unit's `TasksMax=` bounds the whole server instead.
     pub session_pids_max: Option<u64>,
 }
 

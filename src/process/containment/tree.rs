@@ -184,7 +184,7 @@ pub fn kill(
             report.emptied = true;
             return Ok(report);
         }
-        held.sort_by(|a, b| b.depth.cmp(&a.depth));
+        held.sort_by_key(|m| std::cmp::Reverse(m.depth));
         for m in &held {
             if m.pidfd.signal(Signal::SIGKILL)? == Delivery::Delivered {
                 report.signalled += 1;
