@@ -13,6 +13,9 @@
 //! | `cgroup.rs` | cgroup v2 / v1 detection and the kill of one cgroup |
 //! | `tree.rs` | the verified walk of the server's process tree and attribution to scopes |
 //! | `sweep.rs` | crash recovery: instance cgroups of dead servers are killed and removed |
+//! | `scope.rs` | [`SessionScope`] (one session's processes) and [`Placement`] |
+//! | `config.rs` | [`ContainmentConfig`], [`BackendChoice`], [`ContainmentError`] |
+//! | `mod.rs` | [`Containment`]: backend choice, instance cgroups, scopes, shutdown |
 //! | `procfs.rs`, `sys.rs` | `/proc` parsers; the raw syscalls (`unsafe` lives only there and in `spawn.rs`) |
 //!
 //! # Backends
@@ -54,27 +57,33 @@
 //! calls [`Containment::new`], [`Containment::sweep_stale`] and [`subreaper::start_reaper`].
 
 pub mod cgroup;
+pub mod config;
 pub mod direct_child;
 pub mod pidfd;
 pub mod procfs;
+pub mod scope;
 pub mod subreaper;
 pub mod sweep;
 mod sys;
 pub mod tree;
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
-use serde::Deserialize;
-
 pub use cgroup::Cgroup;
+pub use config::{
+    BackendChoice, BackendKind, ContainmentConfig, ContainmentError, DEFAULT_CGROUP_NAME,
+    MAX_CGROUP_NAME_BYTES,
+};
 pub use direct_child::DirectChild;
 pub use pidfd::{Delivery, Pidfd};
+pub(crate) use scope::enter_in_child;
+pub use scope::{Placement, SessionScope, MAX_PLACEMENT_FDS};
+
+use scope::ScopeCgroups;
 pub use sweep::SweepReport;
 
 use cgroup::Hierarchy;
@@ -85,138 +94,10 @@ use tree::Owner;
 /// dead NFS server); ten seconds is generous on a loaded machine and still bounds session
 /// close and shutdown.
 pub const KILL_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest `cgroup_name`, in bytes (a directory name, with `-<pid>-<start>` appended).
-pub const MAX_CGROUP_NAME_BYTES: usize = 64;
-/// Default `cgroup_name`.
-pub const DEFAULT_CGROUP_NAME: &str = "execrelay";
-
 /// Lock a std mutex, recovering from poisoning (every critical section here is a few field
 /// updates, consistent at every step).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Which containment backend to use (`containment_backend` in the configuration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendChoice {
-    /// The first of `cgroup2`, `cgroup1`, `none` that works here.
-    #[default]
-    Auto,
-    /// cgroup v2 or fail.
-    Cgroup2,
-    /// cgroup v1 `freezer` (and `pids`) or fail.
-    Cgroup1,
-    /// No cgroups: process-tree tracking only.
-    None,
-}
-
-impl std::str::FromStr for BackendChoice {
-    type Err = ContainmentError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "auto" => BackendChoice::Auto,
-            "cgroup2" => BackendChoice::Cgroup2,
-            "cgroup1" => BackendChoice::Cgroup1,
-            "none" => BackendChoice::None,
-            _ => {
-                return Err(ContainmentError::Config(format!(
-                    "unknown containment backend {s:?} (auto, cgroup2, cgroup1, none)"
-                )))
-            }
-        })
-    }
-}
-
-/// The backend in use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// cgroup v2.
-    Cgroup2,
-    /// cgroup v1 `freezer` (+ `pids`).
-    Cgroup1,
-    /// Process-tree tracking only.
-    None,
-}
-
-/// Containment settings (to become `ServerConfig` keys: `containment_backend`,
-/// `cgroup_name`, `session_pids_max`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ContainmentConfig {
-    /// See [`BackendChoice`].
-    pub backend: BackendChoice,
-    /// Base name of this server's instance cgroup (`<name>-<pid>-<start time>`); servers that
-    /// share a parent cgroup and a name sweep each other's leftovers after a crash.
-    pub cgroup_name: String,
-    /// `pids.max` of each session's cgroup: most processes (threads count) one session may
-    /// have at once. `None` (default): no limit beyond the host's. Needs the `pids`
-    /// controller: the v1 `pids` hierarchy, or on v2 a server cgroup that may enable `pids`
-    /// for its children (the root cgroup, or one the server is not itself a member of: the
-    /// kernel refuses controllers below a non-root cgroup that holds processes). Otherwise
-    /// start fails naming the cause; a unit's `TasksMax=` bounds the whole server instead.
-    pub session_pids_max: Option<u64>,
-}
-
-impl Default for ContainmentConfig {
-    fn default() -> Self {
-        ContainmentConfig {
-            backend: BackendChoice::Auto,
-            cgroup_name: DEFAULT_CGROUP_NAME.to_string(),
-            session_pids_max: None,
-        }
-    }
-}
-
-impl ContainmentConfig {
-    /// Check the settings.
-    pub fn validate(&self) -> Result<(), ContainmentError> {
-        let n = &self.cgroup_name;
-        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-        if n.is_empty()
-            || n.len() > MAX_CGROUP_NAME_BYTES
-            || !n.chars().all(ok_char)
-            || n.starts_with('.')
-            || n.starts_with('-')
-        {
-            return Err(ContainmentError::Config(format!(
-                "cgroup_name must be 1 to {MAX_CGROUP_NAME_BYTES} bytes of [A-Za-z0-9_.-], \
-                 not starting with '.' or '-'"
-            )));
-        }
-        if self.session_pids_max == Some(0) {
-            return Err(ContainmentError::Config(
-                "session_pids_max must be at least 1".into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Containment failures.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ContainmentError {
-    /// Bad settings.
-    #[error("containment configuration: {0}")]
-    Config(String),
-    /// The requested backend cannot work here.
-    #[error("containment backend {backend:?} unavailable: {reason}")]
-    Unavailable {
-        /// What was asked for.
-        backend: BackendChoice,
-        /// Why each candidate failed.
-        reason: String,
-    },
-    /// The scope was killed or removed: nothing may be placed in it any more.
-    #[error("session scope is closed")]
-    ScopeClosed,
-    /// Processes are left in the scope.
-    #[error("session scope still has processes")]
-    NotEmpty,
-    /// An OS call failed.
-    #[error("containment: {0}")]
-    Io(#[from] std::io::Error),
 }
 
 /// Identifies a session scope, unique in the process (across [`Containment`]s).
@@ -472,12 +353,7 @@ impl Containment {
             }
             Tree::None => ScopeCgroups::None,
         };
-        let scope = Arc::new(SessionScope {
-            id,
-            shared: self.shared.clone(),
-            cgroups,
-            state: Mutex::new(ScopeState::default()),
-        });
+        let scope = SessionScope::new(id, self.shared.clone(), cgroups);
         lock(&self.shared.scopes).insert(id, Arc::downgrade(&scope));
         Ok(scope)
     }
@@ -561,7 +437,7 @@ fn kill_everything_blocking(shared: &Arc<Shared>) -> Result<KillReport, Containm
         .filter_map(Weak::upgrade)
         .collect();
     for s in &scopes {
-        lock(&s.state).closed = true;
+        s.close();
     }
     let mut report = KillReport {
         emptied: true,
@@ -595,310 +471,4 @@ fn kill_everything_blocking(shared: &Arc<Shared>) -> Result<KillReport, Containm
         Tree::None => {}
     }
     Ok(report)
-}
-
-enum ScopeCgroups {
-    V2 {
-        cg: Cgroup,
-        kill_file: bool,
-    },
-    V1 {
-        freezer: Cgroup,
-        pids: Option<Cgroup>,
-    },
-    None,
-}
-
-#[derive(Default)]
-struct ScopeState {
-    /// No more placements: the scope is being killed or was removed.
-    closed: bool,
-}
-
-/// The processes of one session: a cgroup (or, with `none`, the session's part of the
-/// server's process tree).
-pub struct SessionScope {
-    id: ScopeId,
-    shared: Arc<Shared>,
-    cgroups: ScopeCgroups,
-    state: Mutex<ScopeState>,
-}
-
-/// A placement in progress: holds the scope's lock from before the fork until the child is
-/// recorded, and the `cgroup.procs` descriptors the child writes itself into.
-pub struct Placement<'a> {
-    scope: &'a SessionScope,
-    _state: MutexGuard<'a, ScopeState>,
-    fds: Vec<OwnedFd>,
-}
-
-/// Most `cgroup.procs` descriptors one placement uses (v1: `freezer` and `pids`).
-pub const MAX_PLACEMENT_FDS: usize = 2;
-
-impl Placement<'_> {
-    /// The descriptors the child must write `"0"` to, padded with -1.
-    pub fn child_fds(&self) -> [RawFd; MAX_PLACEMENT_FDS] {
-        let mut out = [-1; MAX_PLACEMENT_FDS];
-        for (o, fd) in out.iter_mut().zip(&self.fds) {
-            *o = fd.as_raw_fd();
-        }
-        out
-    }
-
-    /// The scope.
-    pub fn scope_id(&self) -> ScopeId {
-        self.scope.id
-    }
-
-    /// The child was spawned: record its session for attribution.
-    pub fn placed(self, child: &DirectChild) {
-        self.scope.shared.record_session(child.pid(), self.scope.id);
-    }
-}
-
-/// Run in the child between fork and exec: write `"0"` to each placement descriptor.
-/// Async-signal-safe.
-pub(crate) fn enter_in_child(fds: &[RawFd; MAX_PLACEMENT_FDS]) -> std::io::Result<()> {
-    for &fd in fds {
-        if fd >= 0 {
-            sys::write_in_child(fd, b"0")?;
-        }
-    }
-    Ok(())
-}
-
-impl SessionScope {
-    /// This scope's id.
-    pub fn id(&self) -> ScopeId {
-        self.id
-    }
-
-    /// The scope's cgroup directories (empty for `none`).
-    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
-        match &self.cgroups {
-            ScopeCgroups::V2 { cg, .. } => vec![cg.dir.clone()],
-            ScopeCgroups::V1 { freezer, pids } => {
-                let mut v = vec![freezer.dir.clone()];
-                v.extend(pids.iter().map(|p| p.dir.clone()));
-                v
-            }
-            ScopeCgroups::None => Vec::new(),
-        }
-    }
-
-    /// Begin placing a child (called by `spawn.rs` before it forks). Fails once the scope
-    /// was killed or removed.
-    pub fn begin_placement(&self) -> Result<Placement<'_>, ContainmentError> {
-        let state = lock(&self.state);
-        if state.closed {
-            return Err(ContainmentError::ScopeClosed);
-        }
-        let fds = match &self.cgroups {
-            ScopeCgroups::V2 { cg, .. } => vec![cg.open_procs()?],
-            ScopeCgroups::V1 { freezer, pids } => {
-                let mut v = vec![freezer.open_procs()?];
-                if let Some(p) = pids {
-                    v.push(p.open_procs()?);
-                }
-                v
-            }
-            ScopeCgroups::None => Vec::new(),
-        };
-        Ok(Placement {
-            scope: self,
-            _state: state,
-            fds,
-        })
-    }
-
-    /// Close the scope to new processes, SIGKILL everything in it, and wait (at most
-    /// [`KILL_WAIT_TIMEOUT`]) until nothing is left alive.
-    pub async fn kill_all(self: &Arc<Self>) -> Result<KillReport, ContainmentError> {
-        lock(&self.state).closed = true;
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || {
-            me.kill_all_blocking(Instant::now() + KILL_WAIT_TIMEOUT)
-        })
-        .await
-        .map_err(|e| ContainmentError::Io(std::io::Error::other(e.to_string())))?
-    }
-
-    fn kill_all_blocking(&self, deadline: Instant) -> Result<KillReport, ContainmentError> {
-        let mut report = KillReport {
-            emptied: true,
-            ..KillReport::default()
-        };
-        match &self.cgroups {
-            ScopeCgroups::V2 { cg, kill_file } => {
-                report.add_cgroup(cgroup::kill_v2(cg, *kill_file, deadline)?)
-            }
-            ScopeCgroups::V1 { freezer, .. } => {
-                report.add_cgroup(cgroup::kill_v1(freezer, deadline)?)
-            }
-            ScopeCgroups::None => {
-                let id = self.id;
-                let t = tree::kill(
-                    &|| self.shared.sessions(),
-                    &|o| o == Owner::Scope(id),
-                    deadline,
-                )?;
-                report.signalled = t.signalled;
-                report.emptied = t.emptied;
-            }
-        }
-        Ok(report)
-    }
-
-    /// Whether nothing of the scope is alive (zombies do not count).
-    pub fn is_empty(&self) -> Result<bool, ContainmentError> {
-        Ok(match &self.cgroups {
-            ScopeCgroups::V2 { cg, .. } => !cg.exists() || cgroup::v2_is_empty(cg)?,
-            ScopeCgroups::V1 { freezer, .. } => {
-                !freezer.exists() || freezer.procs_recursive()?.is_empty()
-            }
-            ScopeCgroups::None => {
-                let id = self.id;
-                tree::walk(&self.shared.sessions(), &|o| o == Owner::Scope(id))?
-                    .members
-                    .is_empty()
-            }
-        })
-    }
-
-    /// Send `sig` (`None`: only count) to every live process of the scope in process group
-    /// `pgid`, each by pidfd after verifying its group and membership. For a group whose
-    /// leader (the direct child) was already reaped, where `killpg` would be unsafe. Returns
-    /// how many processes were reached.
-    pub fn signal_group_members(
-        &self,
-        pgid: u32,
-        sig: Option<Signal>,
-    ) -> Result<usize, ContainmentError> {
-        let (cg, h) = match &self.cgroups {
-            ScopeCgroups::V2 { cg, .. } => (cg, Hierarchy::V2),
-            ScopeCgroups::V1 { freezer, .. } => (freezer, Hierarchy::V1Freezer),
-            ScopeCgroups::None => {
-                let id = self.id;
-                return Ok(tree::signal_group(
-                    &self.shared.sessions(),
-                    &|o| o == Owner::Scope(id),
-                    pgid,
-                    sig,
-                )?);
-            }
-        };
-        let mut n = 0;
-        for pid in cg.procs_recursive()? {
-            let Ok(fd) = Pidfd::open(pid) else { continue };
-            let Ok(st) = procfs::read_stat(pid) else {
-                continue;
-            };
-            if st.pgid != pgid || st.is_dead() || !cgroup::is_member(pid, cg, h) {
-                continue;
-            }
-            let reached = match sig {
-                Some(s) => fd.signal(s)? == Delivery::Delivered,
-                None => fd.is_unreaped(),
-            };
-            if reached {
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
-    /// Remove the scope's cgroups and forget it. Fails with [`ContainmentError::NotEmpty`]
-    /// while a process is left (call [`kill_all`](Self::kill_all) first). The scope is closed
-    /// to new processes either way.
-    pub fn remove(&self) -> Result<(), ContainmentError> {
-        lock(&self.state).closed = true;
-        if !self.is_empty()? {
-            return Err(ContainmentError::NotEmpty);
-        }
-        self.remove_dirs().map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => ContainmentError::NotEmpty,
-            _ => ContainmentError::Io(e),
-        })?;
-        lock(&self.shared.scopes).remove(&self.id);
-        lock(&self.shared.sessions).retain(|_, s| *s != self.id);
-        Ok(())
-    }
-
-    fn remove_dirs(&self) -> std::io::Result<()> {
-        match &self.cgroups {
-            ScopeCgroups::V2 { cg, .. } => cg.remove_tree(),
-            ScopeCgroups::V1 { freezer, pids } => {
-                freezer.remove_tree()?;
-                if let Some(p) = pids {
-                    p.remove_tree()?;
-                }
-                Ok(())
-            }
-            ScopeCgroups::None => Ok(()),
-        }
-    }
-}
-
-impl Drop for SessionScope {
-    /// Best effort: an empty scope's cgroups go with it; a scope with processes left keeps
-    /// them until shutdown or the next start's sweep.
-    fn drop(&mut self) {
-        let _ = self.remove_dirs();
-        lock(&self.shared.scopes).remove(&self.id);
-        lock(&self.shared.sessions).retain(|_, s| *s != self.id);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_validation_edges() {
-        ContainmentConfig::default().validate().unwrap();
-        let with = |name: &str| ContainmentConfig {
-            cgroup_name: name.into(),
-            ..ContainmentConfig::default()
-        };
-        with(&"a".repeat(MAX_CGROUP_NAME_BYTES)).validate().unwrap();
-        assert!(with(&"a".repeat(MAX_CGROUP_NAME_BYTES + 1))
-            .validate()
-            .is_err());
-        for bad in ["", ".", "..", "-x", "a/b", "a b", "é"] {
-            assert!(with(bad).validate().is_err(), "{bad:?}");
-        }
-        with("execrelay-test_1.x").validate().unwrap();
-        let pids = |n| ContainmentConfig {
-            session_pids_max: n,
-            ..ContainmentConfig::default()
-        };
-        assert!(pids(Some(0)).validate().is_err());
-        pids(Some(1)).validate().unwrap();
-    }
-
-    #[test]
-    fn backend_names() {
-        assert_eq!(
-            "auto".parse::<BackendChoice>().unwrap(),
-            BackendChoice::Auto
-        );
-        assert_eq!(
-            "cgroup2".parse::<BackendChoice>().unwrap(),
-            BackendChoice::Cgroup2
-        );
-        assert_eq!(
-            "cgroup1".parse::<BackendChoice>().unwrap(),
-            BackendChoice::Cgroup1
-        );
-        assert_eq!(
-            "none".parse::<BackendChoice>().unwrap(),
-            BackendChoice::None
-        );
-        assert!("v2".parse::<BackendChoice>().is_err());
-        let c: ContainmentConfig =
-            toml::from_str("backend = \"cgroup1\"\nsession_pids_max = 64\n").unwrap();
-        assert_eq!(c.backend, BackendChoice::Cgroup1);
-        assert_eq!(c.session_pids_max, Some(64));
-        assert!(toml::from_str::<ContainmentConfig>("backend = \"v2\"\n").is_err());
-    }
 }
