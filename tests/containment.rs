@@ -737,6 +737,7 @@ fn run_crash_sweep(
         &base,
         dead_stat.pid,
         dead_stat.starttime,
+        0,
     ));
     inst.create().unwrap();
     let sess = inst.child("s1");
@@ -752,7 +753,7 @@ fn run_crash_sweep(
         .unwrap();
     assert_eq!(sess.procs().unwrap(), vec![orphan.id()]);
     let lookalike = parent.child(&format!(
-        "{base}x-{}-{}",
+        "{base}x-{}-{}-0",
         dead_stat.pid, dead_stat.starttime
     ));
     lookalike.create().unwrap();
@@ -848,4 +849,34 @@ async fn scopes_of_one_containment_do_not_touch_each_other() {
         a.remove().unwrap();
         b.remove().unwrap();
     }
+}
+
+/// Several containments in one process (tests, embedders) with the same name each get their
+/// own instance cgroup, and one's sweep leaves the other (alive, same pid) alone.
+#[test]
+fn containments_of_one_process_share_a_name_safely() {
+    let Some(first) = open(BackendChoice::Cgroup2, "twice", None)
+        .or_else(|| open(BackendChoice::Cgroup1, "twice", None))
+    else {
+        return;
+    };
+    let second = open(
+        match first.backend() {
+            execrelay::process::containment::BackendKind::Cgroup2 => BackendChoice::Cgroup2,
+            _ => BackendChoice::Cgroup1,
+        },
+        "twice",
+        None,
+    )
+    .unwrap();
+    let (a, b) = (first.instance_dirs(), second.instance_dirs());
+    assert_ne!(a, b);
+    assert_eq!(second.sweep_stale().instances_removed, 0);
+    assert!(a.iter().chain(&b).all(|d| d.exists()));
+    drop(first);
+    assert!(
+        a.iter().all(|d| !d.exists()),
+        "an empty instance goes with its last handle"
+    );
+    assert!(b.iter().all(|d| d.exists()));
 }

@@ -335,19 +335,23 @@ pub fn kill_v1(freezer: &Cgroup, deadline: Instant) -> io::Result<CgroupKill> {
     })
 }
 
-/// Name of a server instance's cgroup: `<base>-<pid>-<start time>`.
-pub fn instance_name(base: &str, pid: u32, starttime: u64) -> String {
-    format!("{base}-{pid}-{starttime}")
+/// Name of a server instance's cgroup: `<base>-<pid>-<start time>-<seq>`, where `seq`
+/// numbers the [`Containment`](super::Containment)s of one process (a server has one; tests
+/// and embedders may have several).
+pub fn instance_name(base: &str, pid: u32, starttime: u64, seq: u64) -> String {
+    format!("{base}-{pid}-{starttime}-{seq}")
 }
 
 /// Parse an instance name made with `base`: its server's pid and start time.
 pub fn parse_instance_name(name: &str, base: &str) -> Option<(u32, u64)> {
     let rest = name.strip_prefix(base)?.strip_prefix('-')?;
-    let (pid, start) = rest.split_once('-')?;
+    let mut parts = rest.split('-');
+    let (pid, start, seq) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(pid) || !digits(start) {
+    if parts.next().is_some() || !digits(pid) || !digits(start) || !digits(seq) {
         return None;
     }
+    let _: u64 = seq.parse().ok()?;
     Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
@@ -408,11 +412,11 @@ mod tests {
 
     #[test]
     fn instance_names_round_trip_and_reject_lookalikes() {
-        let n = instance_name("execrelay", 123, 456789);
-        assert_eq!(n, "execrelay-123-456789");
+        let n = instance_name("execrelay", 123, 456789, 0);
+        assert_eq!(n, "execrelay-123-456789-0");
         assert_eq!(parse_instance_name(&n, "execrelay"), Some((123, 456789)));
         // A base with dashes is matched exactly, not by prefix.
-        let t = instance_name("execrelay-test-a", 9, 10);
+        let t = instance_name("execrelay-test-a", 9, 10, 2);
         assert_eq!(parse_instance_name(&t, "execrelay-test-a"), Some((9, 10)));
         assert_eq!(parse_instance_name(&t, "execrelay"), None);
         assert_eq!(parse_instance_name(&t, "execrelay-test"), None);
@@ -420,13 +424,15 @@ mod tests {
             "execrelay",
             "execrelay-",
             "execrelay-1",
-            "execrelay-1-",
-            "execrelay--1",
-            "execrelay-1-2-3",
-            "execrelay-a-2",
-            "execrelay-1-2x",
-            "execrelayx-1-2",
-            "execrelay-+1-2",
+            "execrelay-1-2",
+            "execrelay-1-2-",
+            "execrelay--1-2",
+            "execrelay-1-2-3-4",
+            "execrelay-a-2-3",
+            "execrelay-1-2x-3",
+            "execrelayx-1-2-3",
+            "execrelay-+1-2-3",
+            "execrelay-1-2-99999999999999999999999",
         ] {
             assert_eq!(parse_instance_name(bad, "execrelay"), None, "{bad}");
         }

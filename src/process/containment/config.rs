@@ -58,7 +58,7 @@ pub enum BackendKind {
 pub struct ContainmentConfig {
     /// See [`BackendChoice`].
     pub backend: BackendChoice,
-    /// Base name of this server's instance cgroup (`<name>-<pid>-<start time>`); servers that
+    /// Base name of this server's instance cgroup (`<name>-<pid>-<start time>-<n>`); servers that
     /// share a parent cgroup and a name sweep each other's leftovers after a crash.
     pub cgroup_name: String,
     /// `pids.max` of each session's cgroup: most processes (threads count) one session may

@@ -23,7 +23,7 @@
 //! [`Containment::new`] picks one by [`BackendChoice`] (`auto` tries them in this order):
 //!
 //! - **`cgroup2`**: the server's own v2 cgroup gets an instance directory
-//!   `<cgroup_name>-<pid>-<start time>`, and each session scope a child `s<N>` of it. Children
+//!   `<cgroup_name>-<pid>-<start time>-<n>`, and each session scope a child `s<N>` of it. Children
 //!   move themselves in between fork and exec; `cgroup.kill` (or freeze + SIGKILL + thaw)
 //!   kills the session.
 //! - **`cgroup1`**: the same layout in the v1 `freezer` hierarchy (and in `pids` when
@@ -105,6 +105,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct ScopeId(u64);
 
 static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
+/// Numbers the containments of this process (part of the instance cgroup's name).
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
 enum Tree {
     V2 {
@@ -223,7 +225,8 @@ impl Containment {
         cfg.validate()?;
         let detected = cgroup::detect();
         let me = procfs::read_stat(std::process::id())?;
-        let name = cgroup::instance_name(&cfg.cgroup_name, me.pid, me.starttime);
+        let seq = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
+        let name = cgroup::instance_name(&cfg.cgroup_name, me.pid, me.starttime, seq);
         let mut sweep_roots = Vec::new();
         if let Some(v2) = &detected.v2 {
             sweep_roots.push((v2.clone(), Hierarchy::V2));

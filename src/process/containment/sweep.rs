@@ -1,7 +1,7 @@
 //! Crash recovery: at start, find the instance cgroups of servers that died without cleaning
 //! up (SIGKILL, OOM kill, power to the process cut) and kill and remove them.
 //!
-//! An instance cgroup is named `<cgroup_name>-<pid>-<start time>` and sits in the server's
+//! An instance cgroup is named `<cgroup_name>-<pid>-<start time>-<n>` and sits in the server's
 //! own cgroup. Its server is alive when a process with that pid *and* that start time exists
 //! (a pid and a start time name one process per boot, and cgroups do not survive a reboot).
 //! Otherwise everything in it — the grandchildren that the parent-death signal could not
