@@ -38,9 +38,10 @@ use super::pidfd::{wait_all_exited, Delivery, Pidfd};
 use super::procfs::{self, ProcStat};
 use super::{subreaper, sys, ScopeId};
 
-/// Most processes one walk opens a pidfd for. Each is a descriptor held until the kill is
-/// over; a walk that reaches the limit reports itself truncated and the kill loop goes round
-/// again after killing what it holds.
+/// Most processes one walk keeps (wanted members, each holding a pidfd until the kill is
+/// over). Processes the walk looks at and does not want are closed at once and not counted.
+/// A walk that reaches the limit reports itself truncated and the kill loop goes round again
+/// after killing what it holds.
 pub const MAX_WALK_PROCESSES: usize = 4096;
 /// Stop–collect rounds (walk, SIGSTOP the new ones, walk again) and kill rounds before a
 /// kill gives up on a tree that keeps growing.
@@ -88,16 +89,14 @@ pub fn walk(sessions: &HashMap<u32, ScopeId>, want: &dyn Fn(Owner) -> bool) -> i
     // (pid, its pidfd unless it is the server, owner, depth); pidfds of nodes to expand are
     // kept in `out.members` (live) or here (zombies have no children: never expanded).
     let mut stack: Vec<(u32, Option<usize>, Owner, usize)> = vec![(me, None, Owner::Foreign, 0)];
-    let mut opened = 0usize;
     while let Some((pid, idx, owner, depth)) = stack.pop() {
         let kids = procfs::children(pid)?;
         for c in kids {
-            if opened >= MAX_WALK_PROCESSES {
+            if out.members.len() >= MAX_WALK_PROCESSES {
                 out.truncated = true;
                 return Ok(out);
             }
             let Ok(fd) = Pidfd::open(c) else { continue };
-            opened += 1;
             let Ok(st) = procfs::read_stat(c) else {
                 continue;
             };
