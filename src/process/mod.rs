@@ -3,7 +3,10 @@
 //!
 //! # Layout
 //!
-//! - [`spawn`]: `setsid`, parent-death signal, pipes or PTY; every `unsafe` line.
+//! - [`spawn`]: `setsid`, parent-death signal, pipes or PTY, the child's pidfd and its scope;
+//!   with `containment/sys.rs`, every `unsafe` line.
+//! - [`containment`]: finds and kills everything a session started (cgroups, subreaper,
+//!   pidfds, the crash sweep).
 //! - [`event_log`]: sans-IO seq numbering, retention, delivery cursor, acks.
 //! - [`output_drain`]: sans-IO drain deadline.
 //! - [`output_pump`]: the pump and supervisor tasks.
@@ -16,6 +19,7 @@
 //! a JSON-RPC error or shape a JSON result (the connection layer does), nor write to a
 //! transport.
 
+pub mod containment;
 pub mod error;
 pub mod event_log;
 pub mod managed_process;

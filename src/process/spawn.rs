@@ -1,10 +1,16 @@
 //! Starting children: pipes or a PTY, a new session, parent-death signal, no inherited
 //! descriptors.
 //!
-//! This is the only module with `unsafe` (the `pre_exec` hook and the PTY ioctls). It owns
-//! the child's start-up contract of `processes.md` §1 and hands back plain async readers and
-//! writers. It must never read or interpret output, and never reap the child (the process
-//! supervisor does that through `tokio::process::Child`).
+//! With `containment/sys.rs`, this is the only module with `unsafe` (the `pre_exec` hook and
+//! the PTY ioctls). It owns the child's start-up contract of `processes.md` §1 and hands back
+//! plain async readers and writers. It must never read or interpret output, and never reap
+//! the child (the process supervisor does that through `tokio::process::Child`).
+//!
+//! Every child is opened as a pidfd right after the fork and registered with the subreaper
+//! under its fork gate (`containment/subreaper.rs` explains why both must happen before the
+//! reaper can look). [`spawn_into`] also places the child in a session scope: the child
+//! writes itself into the scope's cgroup before `setsid` and exec
+//! (`containment/mod.rs`, "Placing a child").
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -17,6 +23,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 
+use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
 use crate::rpc::messages::{StreamName, TermSize};
 
 /// What to start.
@@ -48,10 +55,19 @@ pub struct Spawned {
     pub stdin: Option<InputWriter>,
     /// The PTY master, for resizing.
     pub pty: Option<PtyControl>,
+    /// The child by pidfd (opened before anyone could reap it), registered with the
+    /// subreaper; signal it and its group through this, never by number.
+    pub direct: Arc<DirectChild>,
 }
 
-/// Start a child as `processes.md` §1 requires.
+/// Start a child as `processes.md` §1 requires, in no session scope.
 pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
+    spawn_into(spec, None)
+}
+
+/// Start a child as `processes.md` §1 requires, placed in `scope` (its cgroup, or its part of
+/// the process tree) before it runs the program. Fails if the scope was closed.
+pub fn spawn_into(spec: &SpawnSpec, scope: Option<&SessionScope>) -> io::Result<Spawned> {
     let (program, args) = spec
         .argv
         .split_first()
@@ -82,12 +98,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
             });
             cmd.stdout(Stdio::piped());
             cmd.stderr(Stdio::piped());
-            // SAFETY: the hook only calls async-signal-safe functions (setsid, prctl,
-            // getppid, close_range/fcntl) and allocates nothing.
-            unsafe {
-                cmd.pre_exec(move || child_setup(parent, false));
-            }
-            let mut child = cmd.spawn()?;
+            let (mut child, direct) = launch(&mut cmd, parent, false, scope)?;
             let pid = child
                 .id()
                 .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
@@ -109,6 +120,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
                 ],
                 stdin,
                 pty: None,
+                direct,
             })
         }
         Some(size) => {
@@ -119,12 +131,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
             cmd.stdin(Stdio::from(pty.slave.try_clone()?));
             cmd.stdout(Stdio::from(pty.slave.try_clone()?));
             cmd.stderr(Stdio::from(pty.slave.try_clone()?));
-            // SAFETY: as above; TIOCSCTTY on fd 0 (the slave, already dup'ed by std) is
-            // async-signal-safe.
-            unsafe {
-                cmd.pre_exec(move || child_setup(parent, true));
-            }
-            let child = cmd.spawn()?;
+            let (child, direct) = launch(&mut cmd, parent, true, scope)?;
             // Our copies of the slave must go, or the master never sees end of file.
             drop(cmd);
             drop(pty.slave);
@@ -146,9 +153,61 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
                 outputs: vec![(StreamName::Pty, OutputReader::Pty(reader))],
                 stdin: Some(InputWriter::Pty(writer)),
                 pty: Some(PtyControl { master }),
+                direct,
             })
         }
     }
+}
+
+/// Fork and exec `cmd`: placed in `scope`, opened as a pidfd and registered with the
+/// subreaper before the reaper can see it (the fork gate is held across all three).
+fn launch(
+    cmd: &mut Command,
+    parent: libc::pid_t,
+    tty: bool,
+    scope: Option<&SessionScope>,
+) -> io::Result<(tokio::process::Child, Arc<DirectChild>)> {
+    // Held until the child is recorded: a scope kill that starts meanwhile waits for it.
+    let placement = scope
+        .map(|s| s.begin_placement())
+        .transpose()
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let fds = placement
+        .as_ref()
+        .map(|p| p.child_fds())
+        .unwrap_or([-1; containment::MAX_PLACEMENT_FDS]);
+    // SAFETY: the hook only calls async-signal-safe functions (write to the pre-opened
+    // cgroup.procs descriptors, setsid, TIOCSCTTY on fd 0 — the slave, already dup'ed by
+    // std —, prctl, getppid, close_range/fcntl) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            containment::enter_in_child(&fds)?;
+            child_setup(parent, tty)
+        });
+    }
+    let gate = subreaper::fork_guard();
+    let mut child = cmd.spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
+    let pidfd = match Pidfd::open(pid) {
+        Ok(fd) => fd,
+        Err(e) => {
+            // Nobody has reaped it (see subreaper.rs), so its pid is still its own.
+            let _ = child.start_kill();
+            return Err(io::Error::new(e.kind(), format!("pidfd_open: {e}")));
+        }
+    };
+    let direct = Arc::new(DirectChild::new(
+        pidfd,
+        placement.as_ref().map(|p| p.scope_id()),
+    ));
+    gate.register(direct.clone());
+    drop(gate);
+    if let Some(p) = placement {
+        p.placed(&direct);
+    }
+    Ok((child, direct))
 }
 
 /// Runs in the child between fork and exec. Only async-signal-safe calls.
@@ -161,6 +220,9 @@ fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
         if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
             return Err(io::Error::last_os_error());
         }
+        // The signal fires when the *thread* that forked us exits, not only the process:
+        // spawn from a thread that lives as long as the server (a runtime worker), never from
+        // `spawn_blocking` (its threads retire when idle and would SIGKILL their children).
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,

@@ -1,0 +1,103 @@
+//! [`DirectChild`]: a child the server spawned, held by pidfd from spawn time, with the one
+//! safe way to signal its process group.
+//!
+//! The child's pid is also its process group and session id (`spawn.rs` calls `setsid`). The
+//! number cannot be reused while the child is unreaped (running or a zombie), and a session
+//! leader can never change its group, so while the child is unreaped `killpg(pid)` reaches
+//! exactly the group the child created. Once it is reaped, the number may belong to anyone:
+//! group signals must then stop. This type makes that rule hold: the reap and every group
+//! signal take the same lock, and the reap marks the child reaped under it.
+//!
+//! It must never signal by number after the reap, and never reap through any other path
+//! than [`DirectChild::wait`] once the supervisor is wired to it (until then the group signal
+//! also checks the pidfd, which leaves a window of a few instructions between the check and
+//! `killpg`; see the wiring plan in `containment/mod.rs`).
+
+use std::io;
+use std::process::ExitStatus;
+use std::sync::Mutex;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::lock;
+use super::pidfd::{Delivery, Pidfd};
+use super::ScopeId;
+
+/// A child spawned by `spawn.rs`: its pidfd (opened before anyone could reap it), the scope
+/// it was placed in, and the reap gate.
+#[derive(Debug)]
+pub struct DirectChild {
+    pidfd: Pidfd,
+    scope: Option<ScopeId>,
+    /// `true` once reaped through [`wait`](Self::wait); group signals check it under the
+    /// same lock.
+    reaped: Mutex<bool>,
+}
+
+impl DirectChild {
+    pub(crate) fn new(pidfd: Pidfd, scope: Option<ScopeId>) -> Self {
+        DirectChild {
+            pidfd,
+            scope,
+            reaped: Mutex::new(false),
+        }
+    }
+
+    /// The child's pid (also its process group and session id).
+    pub fn pid(&self) -> u32 {
+        self.pidfd.pid()
+    }
+
+    /// The child's pidfd.
+    pub fn pidfd(&self) -> &Pidfd {
+        &self.pidfd
+    }
+
+    /// The session scope it was placed in, if any.
+    pub fn scope(&self) -> Option<ScopeId> {
+        self.scope
+    }
+
+    /// Signal the child alone, by pidfd. [`Delivery::Gone`] once reaped.
+    pub fn signal(&self, sig: Signal) -> io::Result<Delivery> {
+        self.pidfd.signal(sig)
+    }
+
+    /// Signal the child's process group, only while the child is unreaped (its number then
+    /// cannot name anyone else's group). [`Delivery::Gone`] once it was reaped: members left
+    /// in the group must then be reached through the session scope
+    /// ([`SessionScope::signal_group_members`](super::SessionScope::signal_group_members)).
+    pub fn signal_group(&self, sig: Signal) -> io::Result<Delivery> {
+        let reaped = lock(&self.reaped);
+        if *reaped || !self.pidfd.is_unreaped() {
+            return Ok(Delivery::Gone);
+        }
+        let pgid = i32::try_from(self.pid()).map_err(|_| io::Error::other("pid out of range"))?;
+        let r = killpg(Pid::from_raw(pgid), sig);
+        drop(reaped);
+        match r {
+            Ok(()) => Ok(Delivery::Delivered),
+            Err(nix::errno::Errno::ESRCH) => Ok(Delivery::Gone),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether the child has been reaped (through [`wait`](Self::wait) or otherwise).
+    pub fn is_reaped(&self) -> bool {
+        *lock(&self.reaped) || !self.pidfd.is_unreaped()
+    }
+
+    /// Wait for the child to exit and reap it, as `child.wait()` does, but under the reap
+    /// gate so that no group signal can run after the reap. `child` must be this child.
+    pub async fn wait(&self, child: &mut tokio::process::Child) -> io::Result<ExitStatus> {
+        loop {
+            self.pidfd.exited().await?;
+            let mut reaped = lock(&self.reaped);
+            if let Some(status) = child.try_wait()? {
+                *reaped = true;
+                return Ok(status);
+            }
+        }
+    }
+}
