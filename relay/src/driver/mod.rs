@@ -41,7 +41,8 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -258,7 +259,26 @@ async fn write_loop<S, C>(
             break;
         }
     }
-    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, sink.close()).await;
+    // Say why in the close frame (a fixed reason of ours, never a peer's words), so the other
+    // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …
+    let close = match *signals_closed.borrow() {
+        None | Some(CloseReason::Transport) => None,
+        Some(reason) => Some(CloseFrame {
+            code: if reason == CloseReason::Local {
+                CloseCode::Normal
+            } else {
+                CloseCode::Policy
+            },
+            reason: reason.as_str().into(),
+        }),
+    };
+    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
+        if close.is_some() {
+            let _ = sink.send(Message::Close(close)).await;
+        }
+        let _ = sink.close().await;
+    })
+    .await;
 }
 
 /// One write under the deadline; also abandoned when the link closes meanwhile.
