@@ -48,6 +48,8 @@
 //!   per-stream handles) and [`driver::RelayHub`] (the relay's links around one router), over any
 //!   `WebSocketStream`.
 //! - [`http`]: the HTTP front of every TCP listener (exec server and relay), on hyper.
+//! - [`server`]: the relay server (`execrelay-relay`): routes, link admission, the
+//!   environments-file watcher, metrics, shutdown ([`server::run`]).
 //!
 //! See `relay/README.md` for the design: state machines, who owns which queue, invariants.
 //!
@@ -112,4 +114,5 @@ pub mod keepalive;
 pub mod keys;
 pub mod reason;
 pub mod router;
+pub mod server;
 pub mod transmit;
