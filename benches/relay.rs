@@ -116,7 +116,10 @@ async fn start_relay(environments: usize, extra: &[&str]) -> Relay {
         .arg("--environments")
         .arg(dir.path().join("environments"))
         .args(extra)
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -194,9 +197,10 @@ fn acceptor(mut incoming: Incoming) -> tokio::sync::mpsc::UnboundedReceiver<Stre
     rx
 }
 
+/// A stream id for stream `n` of link `link` (never all zero: that is the link's own id).
 fn stream_id(link: usize, n: usize) -> [u8; 16] {
-    let mut id = [0x5au8; 16];
-    id[..8].copy_from_slice(&(link as u64).to_be_bytes());
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&(link as u64 + 1).to_be_bytes());
     id[8..].copy_from_slice(&(n as u64).to_be_bytes());
     id
 }
