@@ -71,15 +71,15 @@ fn peak_rss_kib(pid: u32) -> u64 {
     proc_field(pid, "status", "VmHWM:")
 }
 
-/// CPU seconds (user + system) of a live process, from /proc/PID/stat.
-fn cpu_secs(pid: u32) -> f64 {
+/// CPU seconds (user, system) of a live process, from /proc/PID/stat.
+fn cpu_secs(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit(')').next().unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
     // SAFETY: sysconf only reads a configuration value.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let field = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (field(11) + field(12)) / tick
+    (field(11) / tick, field(12) / tick)
 }
 
 struct Relay {
@@ -328,10 +328,16 @@ async fn throughput(bytes: u64, streams: usize) {
         moved += r.expect("receiver");
     }
     let took = t0.elapsed().as_secs_f64();
-    let cpu = cpu_secs(pid) - cpu0;
+    let (user1, sys1) = cpu_secs(pid);
+    let (user, sys) = (user1 - cpu0.0, sys1 - cpu0.1);
+    let cpu = user + sys;
     let gb = moved as f64 / 1e9;
     println!("relay_MBps {:.1}", moved as f64 / 1e6 / took);
     println!("relay_cpu_s_per_GB {:.3}", cpu / gb);
+    // The split: system time is the kernel's TCP receive and send of every byte (twice through
+    // the socket layer), which no relay avoids; user time is the relay's own work.
+    println!("relay_user_cpu_s_per_GB {:.3}", user / gb);
+    println!("relay_sys_cpu_s_per_GB {:.3}", sys / gb);
     println!("relay_peak_rss_KiB {}", peak_rss_kib(pid));
     eprintln!(
         "[relay-bench] {moved} bytes over {streams} stream(s) in {took:.2} s; relay CPU {cpu:.2} s"
