@@ -49,16 +49,34 @@ pub const CONTROL_REQUEST_SLOTS: usize = 64;
 /// How long a closing connection waits for its writer to flush a final error.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A message of at most this many bytes whose method finishes at once (a control request,
-/// `process/ack`, `initialize`, `initialized`) is never refused for bytes: it is charged even
-/// past the budgets, so that a client whose budget is full of writes stuck on a child can
-/// still `terminate` it. Control requests in flight are capped by [`CONTROL_REQUEST_SLOTS`]
-/// and the others are answered by the reader itself, so a connection forces at most
-/// 65 × 4 KiB past its budget.
-pub const SMALL_MESSAGE_BYTES: usize = 4096;
+/// A message charged at most this many bytes ([`parse_cost`]) whose method finishes at once
+/// (a control request, `process/ack`, `initialize`, `initialized`) is never refused for
+/// bytes: it is charged even past the budgets, so that a client whose budget is full of
+/// writes stuck on a child can still `terminate` it (such a request is under 1 KiB). Control
+/// requests in flight are capped by [`CONTROL_REQUEST_SLOTS`] and the others are answered by
+/// the reader itself, so a connection forces at most 65 × 16 KiB past its budget.
+pub const SMALL_MESSAGE_BYTES: usize = 16 * 1024;
 
 /// The name clients see in `data.limit` when a connection's request budget is full.
 pub const REQUEST_BUDGET_NAME: &str = "maxPendingRequestBytes";
+
+/// What one JSON value can take once parsed, beyond its text, at most: 128 bytes (a 32-byte
+/// `Value` in an array that may have doubled, or a map entry with its key and B-tree share,
+/// plus the smallest heap block of a short string). A message is charged its length plus this
+/// for every `,` `:` `[` `{` in it (each starts at most one value), *before* it is parsed:
+/// `[0,0,0,…]` would otherwise turn 16 MiB of text into half a gigabyte of tree. A write of
+/// base64 has a dozen such bytes.
+pub const PARSED_VALUE_BYTES: usize = 128;
+
+/// The bytes a message is charged: its text, plus [`PARSED_VALUE_BYTES`] per value it can
+/// hold (an upper bound of its parsed tree; the text is dropped once parsed).
+pub fn parse_cost(bytes: &[u8]) -> usize {
+    let values = memchr::memchr3_iter(b',', b':', b'[', bytes).count()
+        + memchr::memchr_iter(b'{', bytes).count();
+    bytes
+        .len()
+        .saturating_add(values.saturating_mul(PARSED_VALUE_BYTES))
+}
 
 /// Options of one connection.
 #[derive(Clone, Default)]
@@ -276,9 +294,9 @@ impl ConnectionProcessor {
     }
 
     async fn handle_message(&mut self, bytes: Vec<u8>) -> Option<ConnectionEnd> {
-        // Charged before it is parsed: the parsed message is about as large as its bytes, and
-        // it is held until answered.
-        let charge = match self.budget.try_charge(bytes.len()) {
+        // Charged before it is parsed, for its text and the most its parsed tree can take;
+        // held until the request is answered.
+        let charge = match self.budget.try_charge(parse_cost(&bytes)) {
             Ok(charge) => charge,
             Err(over) => self.over_budget(&bytes, over).await?,
         };
@@ -323,8 +341,9 @@ impl ConnectionProcessor {
                 MethodClass::Control | MethodClass::Ack | MethodClass::Setup
             )
         });
-        if bytes.len() <= SMALL_MESSAGE_BYTES && finishes_at_once {
-            return Some(self.budget.force_charge(bytes.len()));
+        let cost = parse_cost(bytes);
+        if cost <= SMALL_MESSAGE_BYTES && finishes_at_once {
+            return Some(self.budget.force_charge(cost));
         }
         match peek.and_then(|p| p.id) {
             Some(id) => {
@@ -605,4 +624,30 @@ struct Peek<'a> {
 fn counted_error(registry: &SessionRegistry, id: &Value, e: &RpcError) -> String {
     registry.metrics().rpc_error(e.code.code());
     encode_error(id, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_costs_its_text_plus_its_values() {
+        let write = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"process/write","params":{{"processId":"p","chunk":"{}"}}}}"#,
+            "QUJD".repeat(1000)
+        );
+        // `{` ×2, `:` ×6, `,` ×4.
+        assert_eq!(
+            parse_cost(write.as_bytes()),
+            write.len() + 12 * PARSED_VALUE_BYTES
+        );
+        // A tree of tiny values costs far more than its text.
+        let zeros = format!("[{}0]", "0,".repeat(1000));
+        assert_eq!(
+            parse_cost(zeros.as_bytes()),
+            zeros.len() + 1001 * PARSED_VALUE_BYTES
+        );
+        let terminate = r#"{"jsonrpc":"2.0","id":1,"method":"process/terminate","params":{"processId":"some-process","graceMs":2000}}"#;
+        assert!(parse_cost(terminate.as_bytes()) < SMALL_MESSAGE_BYTES);
+    }
 }

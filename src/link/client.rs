@@ -114,7 +114,7 @@ enum Entry {
         reply: oneshot::Sender<Result<Transport, NoiseError>>,
     },
     Open {
-        inbound: mpsc::Sender<Result<Vec<u8>, FramingError>>,
+        inbound: mpsc::Sender<Result<(Vec<u8>, crate::bounds::Charge), FramingError>>,
         opener: RecordOpener,
     },
 }
@@ -355,7 +355,12 @@ impl ClientLink {
                 };
                 if let Some((tx, msgs)) = delivery {
                     for m in msgs {
-                        if tx.send(Ok(m)).await.is_err() {
+                        // The client's opener has no budget: nothing to carry.
+                        if tx
+                            .send(Ok((m, crate::bounds::Charge::none())))
+                            .await
+                            .is_err()
+                        {
                             break;
                         }
                     }

@@ -98,7 +98,9 @@ enum Entry {
     Pending(Admission),
     /// Established.
     Open {
-        inbound: Option<mpsc::Sender<Result<Vec<u8>, crate::transport::FramingError>>>,
+        inbound: Option<
+            mpsc::Sender<Result<(Vec<u8>, crate::bounds::Charge), crate::transport::FramingError>>,
+        >,
         opener: crate::noise::record::RecordOpener,
         sealer: Arc<Mutex<RecordSealer>>,
         /// Keeps the open-streams gauge raised while the entry exists.
@@ -373,7 +375,8 @@ impl Link {
                             return Ok(());
                         };
                         for m in msgs {
-                            if tx.try_send(Ok(m)).is_err() {
+                            // The message stays charged until its connection takes it.
+                            if tx.try_send(Ok((m, opener.take_charge()))).is_err() {
                                 return self.reset(sid, "inbound_overflow");
                             }
                         }

@@ -7,9 +7,11 @@
 //! This module never logs plaintext.
 //!
 //! The bytes of an unfinished message are charged to a [`ByteBudget`] before the deframer
-//! grows it (the link's, under the server's, on the exec server; unlimited on a client), and
-//! given back when the message is complete: a message that cannot get its bytes fails its
-//! stream ([`RecordError::OverBudget`]) and nothing else.
+//! grows it (the link's, under the server's, on the exec server; unlimited on a client): a
+//! message that cannot get its bytes fails its stream ([`RecordError::OverBudget`]) and
+//! nothing else. A completed message keeps its charge until the caller takes it
+//! ([`RecordOpener::take_charge`], to hand it on with the message until its consumer has it)
+//! or opens the next record (then it is given back).
 
 use super::handshake::TransportKeys;
 use crate::bounds::{ByteBudget, Charge, OverBudget};
@@ -298,6 +300,14 @@ impl RecordOpener {
     pub fn highest(&self) -> u64 {
         self.window.highest()
     }
+
+    /// The charge of the oldest message the last opened record completed (and not yet
+    /// taken), in the order of [`Opened::Messages`]; nothing once they are all taken. Keep it
+    /// with the message until its consumer holds it: charges not taken are given back when
+    /// the next record is opened.
+    pub fn take_charge(&mut self) -> Charge {
+        self.deframer.take_charge()
+    }
 }
 
 /// What an opened record completed.
@@ -327,6 +337,8 @@ pub struct MessageDeframer {
     budget: ByteBudget,
     /// The partial message's capacity, held against `budget`.
     charge: Charge,
+    /// The charges of the messages the last `push` completed, oldest first, until taken.
+    completed: std::collections::VecDeque<Charge>,
 }
 
 impl MessageDeframer {
@@ -345,7 +357,13 @@ impl MessageDeframer {
             partial: None,
             budget,
             charge: Charge::none(),
+            completed: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The charge of the oldest message the last `push` completed that was not yet taken.
+    pub fn take_charge(&mut self) -> Charge {
+        self.completed.pop_front().unwrap_or_default()
     }
 
     /// Bytes of unfinished message held (and charged) now.
@@ -355,6 +373,8 @@ impl MessageDeframer {
 
     /// Add stream bytes; returns the messages they complete.
     pub fn push(&mut self, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, RecordError> {
+        // Charges of earlier messages nobody took: their messages are the caller's now.
+        self.completed.clear();
         let mut out = Vec::new();
         while !bytes.is_empty() {
             match self.partial.take() {
@@ -375,8 +395,8 @@ impl MessageDeframer {
                     bytes = &bytes[take..];
                     if msg.len() == want {
                         out.push(msg);
-                        // Complete: it is the consumer's now, and its bytes go back.
-                        self.charge = Charge::none();
+                        // Complete: its charge goes with it, until the caller takes it.
+                        self.completed.push_back(std::mem::take(&mut self.charge));
                     } else {
                         self.partial = Some((msg, want));
                     }
@@ -601,10 +621,20 @@ mod tests {
         );
         drop(b);
         assert_eq!(link.used(), 2 * R, "a dropped stream gives back");
-        // `a` completes within its charge and gives everything back.
+        // `a` completes within its charge; the charge goes with the message until taken.
         let got = a.push(&body[R + 1..]).unwrap();
         assert_eq!(got, vec![body]);
-        assert_eq!((a.held_bytes(), link.used(), server.used()), (0, 0, 0));
+        assert_eq!(a.held_bytes(), 0);
+        let charge = a.take_charge();
+        assert_eq!((charge.bytes(), link.used()), (2 * R, 2 * R));
+        assert_eq!(a.take_charge().bytes(), 0, "one charge per message");
+        drop(charge);
+        assert_eq!((link.used(), server.used()), (0, 0));
+        // A charge nobody takes is given back at the next push.
+        assert_eq!(a.push(&[0, 0, 0, 1, b'x']), Ok(vec![b"x".to_vec()]));
+        assert_eq!(link.used(), 1);
+        assert_eq!(a.push(&[0, 0]), Ok(vec![]));
+        assert_eq!(link.used(), 0);
     }
 
     #[test]
@@ -620,6 +650,7 @@ mod tests {
         );
         let mut d = MessageDeframer::with_budget(100, server.child("link", 100));
         assert_eq!(d.push(&[0, 0, 0, 2, b'o', b'k']), Ok(vec![b"ok".to_vec()]));
+        drop(d.take_charge());
         assert_eq!(server.used(), 0);
     }
 
