@@ -131,13 +131,14 @@ pub const MAX_ROUTE_ID_BYTES: usize = 128;
 pub const MAX_PENDING_REQUEST_BYTES: usize = 64 * 1024 * 1024;
 /// Bytes of what peers sent that the whole server may hold at once: requests read and not
 /// yet answered (every connection's, charged under its own budget) plus Noise messages still
-/// being reassembled: 256 MiB. Above it, new requests are answered `-32004` and a Noise stream
+/// being reassembled or queued for their connection: 256 MiB. Above it, new requests are answered `-32004` and a Noise stream
 /// whose message cannot grow is reset (`busy`), so one client holds at most its own budget
 /// and the others keep theirs.
 pub const MAX_INBOUND_BYTES: usize = 256 * 1024 * 1024;
-/// Bytes of unfinished Noise messages one link's streams may hold together: 64 MiB. The
-/// deframer charges a message before it grows; a stream that cannot get the bytes is reset
-/// alone (`busy`). 40 streams each holding 15 MiB of a message once took 620 MiB.
+/// Bytes of Noise messages one link's streams may hold together, unfinished or queued for
+/// their connection: 64 MiB. The deframer charges a message before it grows, and the charge
+/// goes with the message until its connection takes it; a stream that cannot get the bytes
+/// is reset alone (`busy`). 40 streams each holding 15 MiB of a message once took 620 MiB.
 pub const MAX_LINK_REASSEMBLY_BYTES: usize = 64 * 1024 * 1024;
 /// Sessions one Noise client key may hold at once (attached or detached), well below
 /// [`MAX_SESSIONS`] so that one client cannot lock the others out.
@@ -396,10 +397,10 @@ settings! {
         "bytes of requests read and not yet answered per connection → `-32004`";
     /// See [`MAX_INBOUND_BYTES`].
     max_inbound_bytes: usize = MAX_INBOUND_BYTES, Bytes,
-        "bytes of unanswered requests and unfinished Noise messages, server-wide → `-32004` (a Noise stream: reset `busy`)";
+        "bytes of requests not yet answered and of Noise messages not yet taken by their connection, server-wide → `-32004` (a Noise stream: reset `busy`)";
     /// See [`MAX_LINK_REASSEMBLY_BYTES`].
     max_link_reassembly_bytes: usize = MAX_LINK_REASSEMBLY_BYTES, Bytes,
-        "bytes of unfinished Noise messages per link; a stream that would pass it is reset (`busy`)";
+        "bytes of Noise messages one link holds for its streams (unfinished, or not yet taken by their connection); a stream that would pass it is reset (`busy`)";
     /// See [`MAX_SESSIONS_PER_KEY`].
     max_sessions_per_key: usize = MAX_SESSIONS_PER_KEY, Count,
         "sessions per Noise client key → `-32004`";

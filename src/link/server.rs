@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::virtual_stream::{data_frame, open_stream};
+use super::virtual_stream::{data_frame, open_stream, InboundSender};
 use crate::bounds::{ByteBudget, IdleTimer};
 use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
@@ -98,9 +98,7 @@ enum Entry {
     Pending(Admission),
     /// Established.
     Open {
-        inbound: Option<
-            mpsc::Sender<Result<(Vec<u8>, crate::bounds::Charge), crate::transport::FramingError>>,
-        >,
+        inbound: Option<InboundSender>,
         opener: crate::noise::record::RecordOpener,
         sealer: Arc<Mutex<RecordSealer>>,
         /// Keeps the open-streams gauge raised while the entry exists.

@@ -23,13 +23,16 @@ use crate::sync::lock;
 use crate::transport::{FramingError, Transport};
 use execrelay_relay::frame::{Frame, FrameError, FrameType, StreamId};
 
+/// Where a link reader delivers a stream's whole inbound messages, each with its charge.
+pub type InboundSender = mpsc::Sender<Result<(Vec<u8>, Charge), FramingError>>;
+
 /// The parts of a stream the link driver keeps, beside the [`Transport`] it hands out.
 pub struct StreamParts {
     /// For the connection (server) or the client library.
     pub transport: Transport,
     /// Where the link reader delivers whole inbound messages, each with its charge (from
     /// [`RecordOpener::take_charge`]), given back when the connection takes the message.
-    pub inbound: mpsc::Sender<Result<(Vec<u8>, Charge), FramingError>>,
+    pub inbound: InboundSender,
     /// Decrypts this stream's inbound records.
     pub opener: RecordOpener,
     /// Shared with the sink: the authenticated close uses the same record numbering.

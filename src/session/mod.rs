@@ -13,8 +13,8 @@
 //! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
 
 // `session::session` is the one session, beside the registry of them all.
-#[allow(clippy::module_inception)]
 pub mod quota;
+#[allow(clippy::module_inception)]
 pub mod session;
 pub mod session_registry;
 
