@@ -19,10 +19,15 @@ use common::noise_bin::*;
 use common::*;
 
 use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
 
+use execrelay::noise::handshake::ClientHandshake;
 use execrelay::noise::keys::Keypair;
-use execrelay_relay::frame::{Frame, FrameType};
+use execrelay::noise::record::RecordSealer;
+use execrelay::noise::timestamp::next_hello_ts;
+use execrelay_relay::frame::{Frame, FrameType, StreamId};
 
 const MIB: u64 = 1024 * 1024;
 /// `max_message_bytes`.
@@ -89,6 +94,35 @@ fn big_chunk() -> String {
     b64(&vec![b'x'; (M as usize) * 3 / 4 - 2048])
 }
 
+/// A WebSocket to the server, and its `initialize` + `initialized` done; messages go out as
+/// they are (no line framing in between: a debug build takes its time over 60 MiB of it).
+async fn raw_ws(addr: &str) -> Ws {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/"))
+        .await
+        .expect("connect");
+    let init = r#"{"jsonrpc":"2.0","id":"init","method":"initialize","params":{}}"#;
+    ws.send(Message::Text(init.into())).await.unwrap();
+    let r = next_json(&mut ws).await;
+    assert!(r["result"]["sessionId"].is_string(), "{r}");
+    let note = r#"{"jsonrpc":"2.0","method":"initialized","params":{}}"#;
+    ws.send(Message::Text(note.into())).await.unwrap();
+    ws
+}
+
+/// The next JSON message of `ws`.
+async fn next_json(ws: &mut Ws) -> serde_json::Value {
+    loop {
+        let m = tokio::time::timeout(GUARD, ws.next())
+            .await
+            .expect("a message (hang guard)")
+            .expect("the connection is open")
+            .expect("a message");
+        if let Message::Text(t) = m {
+            return serde_json::from_str(&t).unwrap();
+        }
+    }
+}
+
 async fn ws(addr: &str) -> RawClient {
     let t = execrelay::transport::websocket::connect_websocket(&format!("ws://{addr}/"), 1 << 24)
         .await
@@ -121,42 +155,51 @@ async fn pipelined_writes_and_long_write_ids_stay_under_the_bound() {
     let (idle, _) = memory(pid);
 
     // 100 writes whose writeId nearly fills a message, to a child that reads.
-    let mut w = ws(&addr).await;
-    w.start(json!({"processId": "cat", "argv": ["sh", "-c", "cat >/dev/null"], "pipeStdin": true}))
-        .await;
+    let mut w = raw_ws(&addr).await;
+    let start = r#"{"jsonrpc":"2.0","id":"start","method":"process/start","params":{"processId":"cat","argv":["sh","-c","cat >/dev/null"],"pipeStdin":true}}"#;
+    w.send(Message::Text(start.into())).await.unwrap();
+    assert!(next_json(&mut w).await["result"]["pid"].is_number());
     let long_id = "i".repeat((M - 4096) as usize);
     for id in 0..100 {
         let line = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"process/write","params":{{"processId":"cat","chunk":"eA==","writeId":"{long_id}"}}}}"#
         );
-        w.send_raw(line.as_bytes()).await;
-        let r = w.response(id).await;
-        assert_eq!(r["error"]["code"], -32602, "{r}");
+        w.send(Message::Text(line)).await.unwrap();
+        let r = next_json(&mut w).await;
+        assert_eq!(
+            (&r["id"], &r["error"]["code"]),
+            (&json!(id), &json!(-32602)),
+            "{r}"
+        );
     }
 
     // 120 pipelined writes of a whole message to children that never read.
     let mut clients = Vec::new();
     for _ in 0..4 {
-        let mut c = ws(&addr).await;
-        c.start(json!({"processId": "p", "argv": ["sleep", "1000"], "pipeStdin": true}))
-            .await;
+        let mut c = raw_ws(&addr).await;
+        let start = r#"{"jsonrpc":"2.0","id":"start","method":"process/start","params":{"processId":"p","argv":["sleep","1000"],"pipeStdin":true}}"#;
+        c.send(Message::Text(start.into())).await.unwrap();
+        let r = next_json(&mut c).await;
+        assert!(r["result"]["pid"].is_number(), "{r}");
         clients.push(c);
     }
     let chunk = big_chunk();
     for c in &mut clients {
         for id in 0..30 {
-            c.send_raw(&big_write(id, "p", &chunk)).await;
+            let m = String::from_utf8(big_write(id, "p", &chunk)).unwrap();
+            c.send(Message::Text(m)).await.unwrap();
         }
     }
     // The refusals come at once, before the answer to a `server/info` sent after them; the
     // writes taken stay stuck behind their child.
     let mut taken = 0;
     for c in &mut clients {
-        let info = c.request("server/info", json!({})).await;
+        let info = r#"{"jsonrpc":"2.0","id":"info","method":"server/info"}"#;
+        c.send(Message::Text(info.into())).await.unwrap();
         let mut refused = 0;
         loop {
-            let m = c.read_message().await.expect("a response");
-            if m["id"] == info {
+            let m = next_json(c).await;
+            if m["id"] == "info" {
                 break;
             }
             assert_eq!(m["error"]["code"], -32004, "{m}");
@@ -183,12 +226,38 @@ async fn pipelined_writes_and_long_write_ids_stay_under_the_bound() {
     );
 }
 
-/// Seal `msg` on `st` and send every record but the last.
-async fn hold_unfinished(link: &mut RawLink, st: &mut RawStream, msg: &[u8]) {
-    let mut records = st.sealer.seal_message(msg).unwrap();
+/// Open `n` streams on `link` at once (every `OPEN` first, then every `ACCEPT`: the
+/// handshakes of a debug build are slow one by one); their ids and sealers.
+async fn open_many(
+    link: &mut RawLink,
+    key: &Keypair,
+    server: &[u8; 32],
+    n: usize,
+) -> Vec<(StreamId, RecordSealer)> {
+    let mut pending = Vec::new();
+    for _ in 0..n {
+        let sid = random_sid();
+        let (hs, m1) =
+            ClientHandshake::start(key, server, "", &sid, None, next_hello_ts()).unwrap();
+        link.send_open(sid, m1).await;
+        pending.push((sid, hs));
+    }
+    let mut open = Vec::new();
+    for (sid, hs) in pending {
+        let f = link.frame_for(&sid).await;
+        assert_eq!(f.ftype, FrameType::Accept, "{:?}", f.reset_reason());
+        let (keys, _) = hs.finish(&f.payload).expect("message 2 verifies");
+        open.push((sid, RecordSealer::new(keys)));
+    }
+    open
+}
+
+/// Seal `msg` for stream `sid` and send every record but the last.
+async fn hold_unfinished(link: &mut RawLink, sid: StreamId, sealer: &mut RecordSealer, msg: &[u8]) {
+    let mut records = sealer.seal_message(msg).unwrap();
     records.pop();
     for (n, ct) in records {
-        link.send_frame(&Frame::new(FrameType::Data, st.sid, n, Bytes::from(ct)))
+        link.send_frame(&Frame::new(FrameType::Data, sid, n, Bytes::from(ct)))
             .await;
     }
 }
@@ -216,12 +285,9 @@ async fn unfinished_noise_messages_stay_under_the_bound() {
     let mut links = Vec::new();
     for _ in 0..3 {
         let mut link = RawLink::connect(port).await;
-        let mut streams = Vec::new();
-        for _ in 0..14 {
-            streams.push(link.open(&key, &server_key).await);
-        }
-        for st in &mut streams {
-            hold_unfinished(&mut link, st, &msg).await;
+        let mut streams = open_many(&mut link, &key, &server_key, 14).await;
+        for (sid, sealer) in &mut streams {
+            hold_unfinished(&mut link, *sid, sealer, &msg).await;
         }
         links.push((link, streams));
     }
@@ -231,7 +297,7 @@ async fn unfinished_noise_messages_stay_under_the_bound() {
         let mut reset = 0;
         while reset < expected {
             let f = link.read_frame().await.expect("the link stays open");
-            assert!(streams.iter().any(|st| st.sid == f.stream), "{f:?}");
+            assert!(streams.iter().any(|(sid, _)| *sid == f.stream), "{f:?}");
             assert_eq!(f.ftype, FrameType::Reset, "{f:?}");
             // The records still in flight for a reset stream get `unknown_stream`.
             match f.reset_reason().as_str() {

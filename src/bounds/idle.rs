@@ -13,6 +13,10 @@
 
 use std::time::{Duration, Instant};
 
+/// The longest timeout an [`IdleTimer`] keeps: a year. A longer one (a configuration may say
+/// anything) is clamped to it, so that a deadline can never overflow the clock.
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The idle clock of one connection or link. The caller passes `now` (tokio's clock, so
 /// paused-time tests drive it).
 #[derive(Debug, Clone)]
@@ -26,7 +30,7 @@ impl IdleTimer {
     /// Idle from `now`, closed after `timeout` of idleness.
     pub fn new(timeout: Duration, now: Instant) -> IdleTimer {
         IdleTimer {
-            timeout,
+            timeout: timeout.min(MAX_IDLE_TIMEOUT),
             last_active: now,
             busy: false,
         }
@@ -78,6 +82,14 @@ mod tests {
         assert_eq!(t.deadline(), t0 + T);
         assert!(!t.expired(t0 + T - Duration::from_millis(1)));
         assert!(t.expired(t0 + T));
+    }
+
+    #[test]
+    fn a_huge_timeout_is_clamped_not_overflowed() {
+        let t0 = Instant::now();
+        let t = IdleTimer::new(Duration::from_millis(u64::MAX), t0);
+        assert_eq!(t.deadline(), t0 + MAX_IDLE_TIMEOUT);
+        assert!(!t.expired(t0 + MAX_IDLE_TIMEOUT - Duration::from_secs(1)));
     }
 
     #[test]
