@@ -8,12 +8,14 @@
 //! transport: delivery goes through the attached connection's [`ReadySet`].
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
 use super::SessionError;
 use crate::config::ServerConfig;
@@ -46,6 +48,9 @@ pub struct ConnHandle {
     pub evict: CancellationToken,
     /// The client's static public key on a Noise channel (sessions are bound to it).
     pub peer_key: Option<Vec<u8>>,
+    /// The peer's IP address (the `ws://` connection's, or the Noise link's), for the
+    /// per-address quotas; `None` on stdio.
+    pub peer_addr: Option<IpAddr>,
 }
 
 pub(super) enum Slot {
@@ -67,6 +72,8 @@ pub struct Session {
     /// The client acknowledges events.
     pub acks: bool,
     pub(super) peer_key: Option<Vec<u8>>,
+    /// The creator's address, for the per-address quotas (the session stays its creator's).
+    pub(super) owner_address: Option<AddressKey>,
     pub(super) config: Arc<ServerConfig>,
     pub(super) processes: Mutex<HashMap<String, Slot>>,
     pub(super) attach: Mutex<AttachState>,
@@ -160,6 +167,14 @@ impl Session {
         }
     }
 
+    /// Who owns the session, for the per-client quotas.
+    pub(super) fn owner(&self) -> Owner {
+        Owner {
+            key: self.peer_key.clone(),
+            address: self.owner_address,
+        }
+    }
+
     /// Whether the session was closed.
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
@@ -207,11 +222,14 @@ impl Session {
             options: opts,
         } = start;
         // The registry outlives its sessions except while the server shuts down.
-        let metrics = match self.registry.upgrade() {
-            Some(r) => r.metrics().clone(),
-            None => return Err(SessionError::UnknownSession),
+        let Some(registry) = self.registry.upgrade() else {
+            return Err(SessionError::UnknownSession);
         };
+        let metrics = registry.metrics().clone();
         {
+            // The owner's quotas are counted and the slot taken under one admission, so two
+            // starts at once cannot both take the owner's last slot.
+            let _admission = registry.admit_process(self)?;
             let mut procs = lock(&self.processes);
             if procs.contains_key(&id) {
                 return Err(SessionError::ProcessExists(id));
@@ -221,6 +239,7 @@ impl Session {
             }
             procs.insert(id.clone(), Slot::Starting);
         }
+        drop(registry);
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
             delivery_queue_bytes: self.config.delivery_queue_bytes,

@@ -1,13 +1,14 @@
 //! The registry every connection of a server shares: sessions by id, their creation (with a
 //! fresh resume token) and resumption (token and client key checked in constant time), the
-//! `maxSessions` limit, the read gauges of the metrics, and shutdown.
+//! `maxSessions` limit and the per-client quotas of sessions and processes (`quota.rs`), the
+//! server's inbound byte budget, the read gauges of the metrics, and shutdown.
 //!
 //! It never builds its own [`Metrics`]: the caller passes them in. It must never write to a
 //! transport.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use base64::Engine;
@@ -15,8 +16,10 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::quota::{AddressKey, Owner, Quota, Usage};
 use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
+use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
 use crate::sync::lock;
@@ -28,7 +31,15 @@ pub struct SessionRegistry {
     started: Instant,
     next_conn: AtomicU64,
     metrics: Arc<Metrics>,
+    /// `max_inbound_bytes`: every connection's request budget and every link's reassembly
+    /// budget is a child of it.
+    inbound: ByteBudget,
+    /// Serialises process admissions (quota count + slot), see [`Self::admit_process`].
+    process_admission: Mutex<()>,
 }
+
+/// The name clients see in `data.limit` when the server's inbound budget is full.
+pub const INBOUND_BUDGET_NAME: &str = "maxInboundBytes";
 
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
@@ -44,12 +55,20 @@ impl SessionRegistry {
     /// metrics endpoint renders it).
     pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(SessionRegistry {
-            config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
             metrics,
+            inbound: ByteBudget::new(INBOUND_BUDGET_NAME, config.max_inbound_bytes),
+            process_admission: Mutex::new(()),
+            config,
         })
+    }
+
+    /// The server's inbound byte budget (`max_inbound_bytes`): connections charge their
+    /// requests, and links their unfinished Noise messages, under children of it.
+    pub fn inbound_budget(&self) -> &ByteBudget {
+        &self.inbound
     }
 
     /// This server's metrics.
@@ -125,6 +144,7 @@ impl SessionRegistry {
             token: token.to_vec(),
             acks,
             peer_key: conn.peer_key.clone(),
+            owner_address: conn.peer_addr.map(AddressKey::of),
             config: self.config.clone(),
             processes: Mutex::new(HashMap::new()),
             attach: Mutex::new(AttachState {
@@ -139,6 +159,11 @@ impl SessionRegistry {
             if sessions.len() >= self.config.max_sessions {
                 return Err(SessionError::TooManySessions(self.config.max_sessions));
             }
+            let owner = session.owner();
+            let (per_key, per_address) = self.session_quotas();
+            usage_of(&owner, sessions.values(), |_| 1)
+                .admit(&owner, per_key, per_address)
+                .map_err(quota_error)?;
             sessions.insert(id, session.clone());
         }
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
@@ -171,6 +196,48 @@ impl SessionRegistry {
         }
         session.attach(conn);
         Ok(session)
+    }
+
+    /// The per-key and per-address session quotas.
+    fn session_quotas(&self) -> (Quota, Quota) {
+        (
+            Quota {
+                limit: "maxSessionsPerKey",
+                value: self.config.max_sessions_per_key,
+            },
+            Quota {
+                limit: "maxSessionsPerAddress",
+                value: self.config.max_sessions_per_address,
+            },
+        )
+    }
+
+    /// Admit one more process of `session` under its owner's quotas: count the processes of
+    /// every session of the same key and of the same address. The guard must be held until
+    /// the process's slot is taken in its session, so admissions cannot race past a quota.
+    pub(super) fn admit_process(
+        &self,
+        session: &Session,
+    ) -> Result<MutexGuard<'_, ()>, SessionError> {
+        let guard = lock(&self.process_admission);
+        let owner = session.owner();
+        if owner.key.is_none() && owner.address.is_none() {
+            return Ok(guard);
+        }
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let usage = usage_of(&owner, sessions.iter(), |s| s.process_count());
+        let per_key = Quota {
+            limit: "maxProcessesPerKey",
+            value: self.config.max_processes_per_key,
+        };
+        let per_address = Quota {
+            limit: "maxProcessesPerAddress",
+            value: self.config.max_processes_per_address,
+        };
+        usage
+            .admit(&owner, per_key, per_address)
+            .map_err(quota_error)?;
+        Ok(guard)
     }
 
     pub(super) fn remove(&self, id: &str) {
@@ -209,6 +276,39 @@ impl SessionRegistry {
         let all = futures_util::future::join_all(waits);
         let _ = tokio::time::timeout(longest + delivery_grace, all).await;
         self.close_all();
+    }
+}
+
+/// What the sessions of `owner`'s key and of its address hold, counting `count(session)` each.
+fn usage_of<'a>(
+    owner: &Owner,
+    sessions: impl Iterator<Item = &'a Arc<Session>>,
+    count: impl Fn(&Session) -> usize,
+) -> Usage {
+    let mut usage = Usage {
+        by_key: 0,
+        by_address: 0,
+    };
+    for s in sessions {
+        let same_key = owner.key.is_some() && s.peer_key == owner.key;
+        let same_address = owner.address.is_some() && s.owner_address == owner.address;
+        if same_key || same_address {
+            let n = count(s);
+            if same_key {
+                usage.by_key += n;
+            }
+            if same_address {
+                usage.by_address += n;
+            }
+        }
+    }
+    usage
+}
+
+fn quota_error(q: Quota) -> SessionError {
+    SessionError::QuotaReached {
+        limit: q.limit,
+        value: q.value,
     }
 }
 
