@@ -1,6 +1,6 @@
 //! Every setting of the relay server: the limits of `secure-transport.md` §6.4 (the engine's
 //! [`RelayConfig`] constants, one source of truth) and the server's own (HTTP front, link
-//! handshake, environments file), each declared once by [`relay_settings!`]: a field of
+//! handshake, environments file), each declared once by `relay_settings!`: a field of
 //! [`RelaySettings`] (and so a key of the `--config` TOML file), its default (the named
 //! constant), its `execrelay-relay` flag in [`RelayFlags`], and its row in [`SETTINGS`].
 //!
