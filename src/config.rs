@@ -116,6 +116,21 @@ pub const REPLY_TIMEOUT_MS: u64 = 1_000;
 /// closing a socket with unread input makes the kernel send a reset that can destroy the reply
 /// (a `431` sent while the peer is still sending its head); this bounds that courtesy.
 pub const CLOSE_DRAIN_BYTES: usize = 64 * 1024;
+/// How long a `process/approve` request may stay unanswered before it is withdrawn and its
+/// `process/start` fails with `-32006` (`protocol.md` §7): five minutes, a person's time to
+/// read a prompt and decide. A pending approval holds its process id and a request slot.
+pub const APPROVAL_TIMEOUT_MS: u64 = 300_000;
+/// Largest exec policy file (`--exec-policy`), 1 MiB: far above any hand-written policy, and
+/// read whole on every change.
+pub const MAX_POLICY_FILE_BYTES: usize = 1024 * 1024;
+/// Rules in an exec policy: 1024. Each `process/start` matches `argv[0]` and its resolved path
+/// against all of them (two compiled glob sets, so the cost grows slowly), and a longer list
+/// is not one a person can review.
+pub const MAX_POLICY_RULES: usize = 1024;
+/// Longest `program` glob or `reason` of a policy rule, in bytes: 1 KiB. The reason is sent to
+/// clients in every `process/approve` and shown in prompts.
+pub const MAX_POLICY_RULE_TEXT_BYTES: usize = 1024;
+
 /// Longest id captured from a routed path (`/v1/env/ID`, `/v1/connect/ID`), in bytes.
 pub const MAX_ROUTE_ID_BYTES: usize = 128;
 
@@ -347,6 +362,9 @@ settings! {
     /// See [`PONG_TIMEOUT_MS`].
     pong_timeout_ms: u64 = PONG_TIMEOUT_MS, Millis,
         "a Noise link silent (no traffic, no pong) this long is closed";
+    /// See [`APPROVAL_TIMEOUT_MS`].
+    approval_timeout_ms: u64 = APPROVAL_TIMEOUT_MS, Millis,
+        "an unanswered `process/approve` is withdrawn after this long and its start fails (`-32006`)";
 }
 
 /// A configuration that cannot work.
@@ -401,6 +419,7 @@ impl ServerConfig {
             ),
             ("keepalive_interval_ms", self.keepalive_interval_ms),
             ("pong_timeout_ms", self.pong_timeout_ms),
+            ("approval_timeout_ms", self.approval_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
@@ -412,6 +431,11 @@ impl ServerConfig {
     /// [`Self::request_head_timeout_ms`] as a duration.
     pub fn request_head_timeout(&self) -> Duration {
         Duration::from_millis(self.request_head_timeout_ms)
+    }
+
+    /// [`Self::approval_timeout_ms`] as a duration.
+    pub fn approval_timeout(&self) -> Duration {
+        Duration::from_millis(self.approval_timeout_ms)
     }
 
     /// `detachedSessionTtlMs` as a duration.

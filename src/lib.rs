@@ -14,7 +14,8 @@
 //!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
 //!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only); [`http`]
 //!    (the HTTP front of every TCP listener: `/readyz`, `/metrics`, the Origin refusal,
-//!    WebSocket upgrades; routes injected by the caller).
+//!    WebSocket upgrades; routes injected by the caller); [`policy`] (the exec policy:
+//!    rules, the resolved path, the file re-read on change).
 //! 2. [`process`]: spawning, output pumps, drain deadlines, the event log, the ready queue.
 //! 3. [`session`]: sessions shared by all connections of a server.
 //! 4. [`connection`]: one connection's state machine, request ordering, writer, handlers,
@@ -39,6 +40,7 @@ pub mod http;
 pub mod link;
 pub mod metrics;
 pub mod noise;
+pub mod policy;
 pub mod process;
 pub mod rpc;
 pub mod server;

@@ -39,6 +39,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
     ("keepalive_interval_ms", KEEPALIVE_INTERVAL_MS),
     ("pong_timeout_ms", PONG_TIMEOUT_MS),
+    ("approval_timeout_ms", APPROVAL_TIMEOUT_MS),
 ];
 
 fn serve_config(args: &[&str]) -> ServerConfig {
