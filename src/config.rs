@@ -449,6 +449,13 @@ impl ServerConfig {
         cfg.validate()?;
         Ok(cfg)
     }
+
+    /// The settings of a TOML table already parsed (the caller took out its own keys).
+    pub fn from_toml_table(table: toml::Table) -> Result<Self, ConfigError> {
+        let cfg: ServerConfig = table.try_into().map_err(|e| ConfigError(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
 }
 
 #[cfg(test)]

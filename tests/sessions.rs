@@ -258,6 +258,7 @@ fn conn(reg: &SessionRegistry) -> ConnHandle {
         ready: Arc::new(ReadySet::default()),
         evict: CancellationToken::new(),
         peer_key: None,
+        requests: None,
     }
 }
 

@@ -11,7 +11,10 @@ use std::time::Duration;
 use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use crate::client::{
+    ApprovalDecision, ApprovalHandler, ApproveParams, Client, ClientOptions, ProcessEvent,
+    StartOptions, Target,
+};
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
 
@@ -44,6 +47,10 @@ pub struct RunArgs {
     /// noise+ws: a token to present in the handshake (read from the file).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Approve every process the server's exec policy asks about, without asking. Without
+    /// it, `run` asks on the controlling terminal, and denies when there is none.
+    #[arg(long)]
+    pub approve_all: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -212,7 +219,11 @@ async fn run(args: RunArgs) -> i32 {
             return 255;
         }
     };
-    let client = match Client::connect(target, ClientOptions::default()).await {
+    let opts = ClientOptions {
+        approval_handler: Some(approval_handler(args.approve_all)),
+        ..ClientOptions::default()
+    };
+    let client = match Client::connect(target, opts).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("execrelay run: {e}");
@@ -312,6 +323,91 @@ async fn run(args: RunArgs) -> i32 {
     // The command is over: end the session rather than leave it detached on the server.
     client.shutdown().await;
     code
+}
+
+/// `run`'s answer to the server's approval requests: `--approve-all`, or a question on the
+/// controlling terminal (like ssh's host-key question), denied when there is no terminal.
+fn approval_handler(approve_all: bool) -> std::sync::Arc<dyn ApprovalHandler> {
+    std::sync::Arc::new(move |request: ApproveParams| async move {
+        if approve_all {
+            return ApprovalDecision::Approve;
+        }
+        tokio::task::spawn_blocking(move || ask_on_terminal(&request))
+            .await
+            .unwrap_or(ApprovalDecision::Deny)
+    })
+}
+
+/// One question at a time on the terminal.
+static TERMINAL_QUESTION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `approve <argv> (rule: …)? [y/N]` on `/dev/tty`: `y` or `yes` approves, anything else
+/// (an empty line, end of file) denies. Not stdin/stdout: those carry the command's data.
+fn ask_on_terminal(request: &ApproveParams) -> ApprovalDecision {
+    use std::io::{BufRead, Write};
+    let _one = TERMINAL_QUESTION.lock().unwrap_or_else(|p| p.into_inner());
+    let argv = display_argv(&request.argv);
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty");
+    let Ok(mut tty) = tty else {
+        eprintln!(
+            "execrelay run: the server asks to approve {argv} (rule: {}), and there is no terminal to ask on: denied (--approve-all approves without asking)",
+            sanitize(&request.rule)
+        );
+        return ApprovalDecision::Deny;
+    };
+    let question = format!("approve {argv} (rule: {})? [y/N] ", sanitize(&request.rule));
+    if tty
+        .write_all(question.as_bytes())
+        .and_then(|()| tty.flush())
+        .is_err()
+    {
+        return ApprovalDecision::Deny;
+    }
+    let mut line = String::new();
+    let mut reader = std::io::BufReader::new(tty);
+    if reader.read_line(&mut line).is_err() {
+        return ApprovalDecision::Deny;
+    }
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => ApprovalDecision::Approve,
+        _ => ApprovalDecision::Deny,
+    }
+}
+
+/// `argv` as a shell would read it back: plain words as they are, others single-quoted;
+/// control characters escaped, so a server cannot drive the terminal through a prompt.
+fn display_argv(argv: &[String]) -> String {
+    let plain = |a: &str| {
+        !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c))
+    };
+    argv.iter()
+        .map(|a| {
+            if plain(a) {
+                a.clone()
+            } else {
+                format!("'{}'", sanitize(a).replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` with every control character escaped (`\n`, `\u{1b}`).
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn signal_number(name: &str) -> i32 {
@@ -428,4 +524,24 @@ async fn demo(args: DemoArgs) -> i32 {
     let _ = tokio::time::timeout(Duration::from_secs(10), server.wait()).await;
     println!("demo: done");
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_show_argv_as_a_shell_reads_it_and_never_control_characters() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            display_argv(&argv(&["rm", "-rf", "/tmp/x"])),
+            "rm -rf /tmp/x"
+        );
+        assert_eq!(
+            display_argv(&argv(&["sh", "-c", "echo it's"])),
+            "sh -c 'echo it'\\''s'"
+        );
+        assert_eq!(display_argv(&argv(&["a\x1b[2Jb", ""])), "'a\\u{1b}[2Jb' ''");
+        assert_eq!(sanitize("line\nbreak"), "line\\nbreak");
+    }
 }

@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+mod approval;
 mod event_stream;
 mod process_handle;
 pub mod rpc_connection;
@@ -44,6 +45,8 @@ use crate::transport::Transport;
 use event_stream::ProcSlot;
 use rpc_connection::{Notification, RpcConnection};
 
+pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
+pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use process_handle::{ProcessController, ProcessHandle};
 
@@ -147,7 +150,7 @@ impl Target {
 }
 
 /// Client settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// Sent in `initialize`.
     pub client_name: String,
@@ -159,6 +162,23 @@ pub struct ClientOptions {
     pub reconnect_deadline: Option<Duration>,
     /// Largest message accepted from the server.
     pub max_message_bytes: usize,
+    /// Answers the server's `process/approve` requests (`protocol.md` §7). With one, the
+    /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
+    /// server denies every start its exec policy would ask about.
+    pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("client_name", &self.client_name)
+            .field("acks", &self.acks)
+            .field("reconnect", &self.reconnect)
+            .field("reconnect_deadline", &self.reconnect_deadline)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("approval_handler", &self.approval_handler.is_some())
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -169,6 +189,7 @@ impl Default for ClientOptions {
             reconnect: true,
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
+            approval_handler: None,
         }
     }
 }
@@ -217,6 +238,9 @@ struct Shared {
     shutdown: CancellationToken,
     lost: Mutex<Option<String>>,
     connects: std::sync::atomic::AtomicU64,
+    /// Decisions on the server's approval requests, by id (a re-sent request is not asked
+    /// again).
+    approvals: Arc<Mutex<approval::Approvals>>,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -293,6 +317,7 @@ impl Client {
             shutdown: CancellationToken::new(),
             lost: Mutex::new(None),
             connects: std::sync::atomic::AtomicU64::new(0),
+            approvals: Arc::new(Mutex::new(approval::Approvals::default())),
         });
         Client { shared }
     }
@@ -395,11 +420,21 @@ impl Client {
             };
             Client::fast_deliver(&shared, n)
         });
-        let conn = RpcConnection::start(transport, ntx, Some(fast));
+        let handler = self.shared.opts.approval_handler.clone();
+        let memo = self.shared.approvals.clone();
+        let requests: rpc_connection::RequestHandler =
+            Arc::new(move |responder, id, method, params| {
+                approval::on_server_request(&memo, handler.as_ref(), responder, id, &method, params)
+            });
+        let conn = RpcConnection::start_with(transport, ntx, Some(fast), Some(requests));
+        let mut capabilities = json!({"acks": self.shared.opts.acks});
+        if self.shared.opts.approval_handler.is_some() {
+            capabilities["serverRequests"] = json!([Method::ProcessApprove.as_str()]);
+        }
         let mut params = json!({
             "clientName": self.shared.opts.client_name,
             "clientVersion": env!("CARGO_PKG_VERSION"),
-            "capabilities": {"acks": self.shared.opts.acks},
+            "capabilities": capabilities,
         });
         if let Some((sid, tok)) = &resume {
             params["resume"] = json!({"sessionId": sid, "resumeToken": tok});

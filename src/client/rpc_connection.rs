@@ -17,9 +17,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientError;
-use crate::rpc::jsonrpc::{encode_notification, encode_request, parse_inbound, Inbound};
+use crate::rpc::jsonrpc::{
+    encode_error, encode_notification, encode_request, encode_response, parse_inbound, Inbound,
+};
 use crate::rpc::messages::StreamName;
 use crate::rpc::notification::{decode_output_delta, OutputDelta};
+use crate::rpc::RpcError;
 use crate::sync::lock;
 use crate::transport::Transport;
 
@@ -74,6 +77,36 @@ pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 /// it handled it (the common case of in-order output, saving a task hop per message).
 pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
 
+/// Called on the reader task for each request the server sends (`process/approve`), with a
+/// [`Responder`] for this connection. It must not block: answer from a task of its own.
+pub type RequestHandler = Arc<dyn Fn(Responder, Value, String, Value) + Send + Sync>;
+
+/// Answers server requests on the connection that received them.
+#[derive(Clone)]
+pub struct Responder {
+    out: mpsc::Sender<String>,
+}
+
+impl Responder {
+    /// Send a result for request `id` (dropped if the connection is gone).
+    pub fn result(&self, id: &Value, result: &Value) {
+        self.send(encode_response(id, result));
+    }
+
+    /// Send an error for request `id` (dropped if the connection is gone).
+    pub fn error(&self, id: &Value, error: &RpcError) {
+        self.send(encode_error(id, error));
+    }
+
+    fn send(&self, text: String) {
+        let out = self.out.clone();
+        // Never from the reader: the outbound queue may be full.
+        tokio::spawn(async move {
+            let _ = out.send(text).await;
+        });
+    }
+}
+
 /// A live connection.
 #[derive(Clone)]
 pub struct RpcConnection {
@@ -89,6 +122,17 @@ impl RpcConnection {
         transport: Transport,
         notifications: NotificationSink,
         fast: Option<FastPath>,
+    ) -> RpcConnection {
+        Self::start_with(transport, notifications, fast, None)
+    }
+
+    /// [`start`](Self::start), with `requests` answering the server's requests (without it,
+    /// they are answered `-32601`).
+    pub fn start_with(
+        transport: Transport,
+        notifications: NotificationSink,
+        fast: Option<FastPath>,
+        requests: Option<RequestHandler>,
     ) -> RpcConnection {
         let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -128,6 +172,9 @@ impl RpcConnection {
 
         let p = pending.clone();
         let c = closed.clone();
+        let responder = Responder {
+            out: out_tx.clone(),
+        };
         tokio::spawn(async move {
             loop {
                 let item = tokio::select! {
@@ -167,7 +214,10 @@ impl RpcConnection {
                             break;
                         }
                     }
-                    Ok(Inbound::Request { .. }) => {}
+                    Ok(Inbound::Request { id, method, params }) => match &requests {
+                        Some(h) => h(responder.clone(), id, method, params),
+                        None => responder.error(&id, &RpcError::method_not_found(&method)),
+                    },
                     Err(r) => {
                         // A server error not tied to a request (id null), e.g. a framing error.
                         tracing::debug!(error = %r.error, "unparseable message from server");

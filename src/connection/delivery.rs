@@ -73,6 +73,14 @@ pub async fn run_writer(
             if !p.delivers_to(&ready) {
                 continue;
             }
+            // Whatever reached the control lane before this process became ready goes first:
+            // on a resume, the session's pending server requests are queued before its
+            // processes are marked ready, so they precede every replayed event.
+            match drain_control(&mut sink, &mut control).await {
+                Ok(true) => {}
+                Ok(false) => break finish(&mut sink).await,
+                Err(()) => break WriterEnd::TransportFailed,
+            }
             let events = p.peek_unwritten(EVENT_BATCH_BYTES);
             let mut last = None;
             let mut failed = false;

@@ -19,7 +19,7 @@ use crate::config::{
 use crate::process::event_log::EventBody;
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
-use crate::process::{ProcessInfo, ProcessOptions};
+use crate::process::ProcessOptions;
 use crate::rpc::jsonrpc::decode_params;
 use crate::rpc::messages::{
     AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
@@ -27,7 +27,7 @@ use crate::rpc::messages::{
 };
 use crate::rpc::notification::{exit_event_json, output_event_json};
 use crate::rpc::{Method, RpcError};
-use crate::session::{Session, SessionRegistry, StartSpec};
+use crate::session::{Caller, ListedProcess, Session, SessionRegistry, StartSpec};
 
 /// What a request handler needs.
 pub struct Ctx {
@@ -37,6 +37,8 @@ pub struct Ctx {
     pub registry: Arc<SessionRegistry>,
     /// The connection.
     pub conn_id: u64,
+    /// The client declared it answers `process/approve`.
+    pub can_approve: bool,
     /// Fires when the connection closes.
     pub cancel: CancellationToken,
 }
@@ -61,7 +63,7 @@ impl From<Value> for Reply {
 /// Route one request (the connection processor already checked state and class).
 pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply, RpcError> {
     match method {
-        Method::ProcessStart => start(ctx, decode_params(params)?),
+        Method::ProcessStart => start(ctx, decode_params(params)?).await,
         Method::ProcessRead => read(ctx, decode_params(params)?).await.map(Reply::from),
         Method::ProcessWrite => write(ctx, decode_params(params)?).await.map(Reply::from),
         Method::ProcessCloseStdin => {
@@ -94,13 +96,7 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
             Ok(json!({ "running": running }).into())
         }
         Method::ProcessList => {
-            let mut procs: Vec<Value> = ctx
-                .session
-                .processes()
-                .iter()
-                .map(|p| list_entry(&p.info()))
-                .collect();
-            procs.sort_by(|a, b| a["processId"].as_str().cmp(&b["processId"].as_str()));
+            let procs: Vec<Value> = ctx.session.list().iter().map(list_entry).collect();
             Ok(json!({ "processes": procs }).into())
         }
         Method::ServerInfo => Ok(server_info(&ctx.registry).into()),
@@ -116,8 +112,14 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
     }
 }
 
-fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
-    let proc = ctx.session.start(start_spec(p)?, ctx.conn_id)?;
+/// `process/start`, through the exec policy: it may wait for the client's approval (the
+/// request holds its process's exclusive slot meanwhile; other requests go on).
+async fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
+    let caller = Caller {
+        conn_id: ctx.conn_id,
+        can_approve: ctx.can_approve,
+    };
+    let proc = ctx.session.start_checked(start_spec(p)?, caller).await?;
     let result = serde_json::to_value(StartResult {
         process_id: proc.id.clone(),
         pid: proc.pid,
@@ -207,8 +209,8 @@ async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
     Ok(json!({ "status": status.as_str() }))
 }
 
-/// A `process/list` entry.
-fn list_entry(p: &ProcessInfo) -> Value {
+/// A `process/list` entry (`pid` is `null` while pending approval).
+fn list_entry(p: &ListedProcess) -> Value {
     let (code, signal) = match &p.exit {
         Some(e) => (json!(e.exit_code), json!(e.signal)),
         None => (Value::Null, Value::Null),
@@ -218,7 +220,7 @@ fn list_entry(p: &ProcessInfo) -> Value {
         "pid": p.pid,
         "argv": p.argv,
         "tty": p.tty,
-        "state": if p.exit.is_some() { "exited" } else { "running" },
+        "state": p.state.as_str(),
         "nextSeq": p.next_seq,
         "exitCode": code,
         "signal": signal,

@@ -22,12 +22,17 @@ use super::handlers::{self, Ctx, Reply};
 use super::scheduler::{Class, Scheduler};
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
-use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
+use crate::rpc::jsonrpc::{
+    decode_params, encode_error, encode_request, encode_response, parse_inbound, Inbound,
+};
 use crate::rpc::messages::{
-    AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION,
+    AdvertisedLimits, ApprovalDecision, ApproveResult, InitializeParams, InitializeResult,
+    PROTOCOL_VERSION,
 };
 use crate::rpc::{Method, MethodClass, RpcError};
-use crate::session::{ConnHandle, Session, SessionRegistry};
+use crate::session::{
+    AnswerOutcome, ApprovalAnswer, ConnHandle, RequestSink, ServerRequest, Session, SessionRegistry,
+};
 use crate::transport::{FramingError, Transport};
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
@@ -69,7 +74,7 @@ pub enum ConnectionEnd {
     PeerClosed,
     /// A framing error (oversized message, transport violation).
     FramingError(String),
-    /// The peer sent a response; the server never sends requests.
+    /// The peer sent a response to a request the server never sent (a protocol error).
     UnexpectedResponse,
     /// Another connection resumed the session.
     Evicted,
@@ -98,6 +103,8 @@ pub struct ConnectionProcessor {
     pending: Arc<Semaphore>,
     control_pending: Arc<Semaphore>,
     state: State,
+    /// The client declared `serverRequests: ["process/approve"]`.
+    can_approve: bool,
 }
 
 impl ConnectionProcessor {
@@ -142,6 +149,7 @@ impl ConnectionProcessor {
                 pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
                 control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
                 state: State::AwaitInitialize,
+                can_approve: false,
             };
             tracing::debug!("connection open");
             let end = cp.read_loop(transport.incoming, &shutdown).await;
@@ -214,10 +222,7 @@ impl ConnectionProcessor {
             }
         };
         match inbound {
-            Inbound::Response { .. } => {
-                tracing::warn!("client sent a response; the server sends no requests");
-                Some(ConnectionEnd::UnexpectedResponse)
-            }
+            Inbound::Response { id, outcome } => self.handle_response(&id, outcome),
             Inbound::Notification { method, params } => {
                 self.handle_notification(&method, params);
                 None
@@ -227,6 +232,40 @@ impl ConnectionProcessor {
                 None
             }
         }
+    }
+
+    /// A response to a server request (`process/approve`): the session takes the first
+    /// answer and ignores late ones; an id it never sent closes this connection (only).
+    fn handle_response(
+        &mut self,
+        id: &Value,
+        outcome: Result<Value, Value>,
+    ) -> Option<ConnectionEnd> {
+        let session = match &self.state {
+            State::AwaitInitialize => None,
+            State::AwaitInitialized(s) | State::Ready(s) => Some(s.clone()),
+        };
+        let answer = match outcome {
+            Ok(result) => match serde_json::from_value::<ApproveResult>(result) {
+                Ok(ApproveResult {
+                    decision: ApprovalDecision::Approve,
+                }) => ApprovalAnswer::Approve,
+                Ok(ApproveResult {
+                    decision: ApprovalDecision::Deny,
+                }) => ApprovalAnswer::Deny,
+                Err(_) => ApprovalAnswer::Unreadable,
+            },
+            Err(_) => ApprovalAnswer::Unreadable,
+        };
+        let outcome = match (session, id.as_str()) {
+            (Some(s), Some(id)) => s.answer(id, answer),
+            _ => AnswerOutcome::NeverSent,
+        };
+        if outcome == AnswerOutcome::NeverSent {
+            tracing::warn!("client sent a response to a request the server never sent");
+            return Some(ConnectionEnd::UnexpectedResponse);
+        }
+        None
     }
 
     fn handle_notification(&mut self, method: &str, params: Value) {
@@ -346,6 +385,7 @@ impl ConnectionProcessor {
             session,
             registry: self.registry.clone(),
             conn_id: self.conn_id,
+            can_approve: self.can_approve,
             cancel: self.closing.clone(),
         };
         let control = self.control.clone();
@@ -389,11 +429,13 @@ impl ConnectionProcessor {
 
     fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
         let p: InitializeParams = decode_params(params)?;
+        let can_approve = p.capabilities.server_requests.approve;
         let conn = ConnHandle {
             conn_id: self.conn_id,
             ready: self.ready.clone(),
             evict: self.evict.clone(),
             peer_key: self.opts.peer_key.clone(),
+            requests: can_approve.then(|| request_sink(self.control.clone())),
         };
         let (session, token, resumed) = match &p.resume {
             Some(r) => {
@@ -408,6 +450,7 @@ impl ConnectionProcessor {
             }
         };
         tracing::info!(session = %session.id, resumed, "initialized");
+        self.can_approve = can_approve;
         let cfg = self.registry.config();
         let result = InitializeResult {
             protocol_version: PROTOCOL_VERSION,
@@ -464,6 +507,24 @@ impl ConnectionProcessor {
             }
         }
     }
+}
+
+/// Server requests of the session this connection holds go out on its control lane, so they
+/// never wait behind output (and, queued before a resume's replay starts, precede it). The
+/// lane is bounded; a request that finds it full (a client that reads nothing) stays pending
+/// in the session, to be sent again on resume or to time out.
+fn request_sink(control: mpsc::Sender<ControlMessage>) -> RequestSink {
+    Arc::new(move |r: ServerRequest| {
+        let params = serde_json::to_value(&*r.params).unwrap_or(Value::Null);
+        let text = encode_request(
+            &Value::from(r.id.clone()),
+            Method::ProcessApprove.as_str(),
+            &params,
+        );
+        if control.try_send(ControlMessage::new(text)).is_err() {
+            tracing::warn!(request = %r.id, "control lane full or closed: server request not sent");
+        }
+    })
 }
 
 /// Every error response of a connection is encoded here, so each is counted once by code.

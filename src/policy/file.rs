@@ -150,7 +150,11 @@ mod tests {
         assert_eq!(action(&f, "rm"), Action::Deny, "an edit applies at once");
 
         replace(&path, "default = \"allow\"\n[[rule]]\nprogram = \"[\"\n");
-        assert_eq!(action(&f, "rm"), Action::Deny, "a bad edit keeps the old policy");
+        assert_eq!(
+            action(&f, "rm"),
+            Action::Deny,
+            "a bad edit keeps the old policy"
+        );
         assert_eq!(action(&f, "rm"), Action::Deny);
 
         fs::remove_file(&path).unwrap();

@@ -130,7 +130,10 @@ impl ExecPolicy {
             if r.program.is_empty() {
                 return Err(PolicyError(format!("{origin}: rule {n}: empty program")));
             }
-            let longest = r.program.len().max(r.reason.as_ref().map_or(0, String::len));
+            let longest = r
+                .program
+                .len()
+                .max(r.reason.as_ref().map_or(0, String::len));
             if longest > MAX_POLICY_RULE_TEXT_BYTES {
                 return Err(PolicyError(format!(
                     "{origin}: rule {n}: program or reason over {MAX_POLICY_RULE_TEXT_BYTES} bytes"
@@ -157,10 +160,8 @@ impl ExecPolicy {
                 label,
             });
         }
-        let build = |b: GlobSetBuilder| {
-            b.build()
-                .map_err(|e| PolicyError(format!("{origin}: {e}")))
-        };
+        let build =
+            |b: GlobSetBuilder| b.build().map_err(|e| PolicyError(format!("{origin}: {e}")));
         Ok(ExecPolicy {
             default: raw.default,
             rules,
@@ -321,7 +322,10 @@ action = "ask"
                 "default = \"allow\"\n[[rule]]\nprogram = \"x\"\naction = \"deny\"\nwhy = \"\"",
                 "unknown field",
             ),
-            ("default = \"allow\"\n[[rule]]\nprogram = \"x\"", "missing field `action`"),
+            (
+                "default = \"allow\"\n[[rule]]\nprogram = \"x\"",
+                "missing field `action`",
+            ),
         ];
         for (text, needle) in cases {
             let e = ExecPolicy::parse(text, "pol.toml").unwrap_err();
@@ -342,7 +346,8 @@ action = "ask"
         let e = ExecPolicy::parse(&over, "p").unwrap_err();
         assert!(e.0.contains("at most"), "{e}");
         let long = "x".repeat(MAX_POLICY_RULE_TEXT_BYTES + 1);
-        let text = format!("default = \"allow\"\n[[rule]]\nprogram = \"{long}\"\naction = \"deny\"");
+        let text =
+            format!("default = \"allow\"\n[[rule]]\nprogram = \"{long}\"\naction = \"deny\"");
         assert!(ExecPolicy::parse(&text, "p").is_err());
         let text = format!(
             "default = \"allow\"\n[[rule]]\nprogram = \"{}\"\naction = \"deny\"",

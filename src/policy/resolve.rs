@@ -149,14 +149,20 @@ mod tests {
             "`..` is never resolved lexically"
         );
         let path = std::env::join_paths([t.path()]).unwrap();
-        assert_eq!(resolve_program("link", Path::new("/"), Some(&path)), Some(link));
+        assert_eq!(
+            resolve_program("link", Path::new("/"), Some(&path)),
+            Some(link)
+        );
     }
 
     #[test]
     fn an_unset_path_is_glibcs_default() {
         // `sh` is in /bin or /usr/bin on every system these tests run on.
         let r = resolve_program("sh", Path::new("/"), None).expect("sh in /bin:/usr/bin");
-        assert!(r == Path::new("/bin/sh") || r == Path::new("/usr/bin/sh"), "{r:?}");
+        assert!(
+            r == Path::new("/bin/sh") || r == Path::new("/usr/bin/sh"),
+            "{r:?}"
+        );
         assert_eq!(resolve_program("", Path::new("/"), None), None);
     }
 }

@@ -34,7 +34,7 @@ use crate::sync::lock;
 pub const WRITE_EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// Per-process options from `process/start`, with defaults applied.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessOptions {
     /// `timeoutMs`.
     pub timeout: Option<Duration>,

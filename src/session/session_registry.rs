@@ -15,10 +15,14 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::approvals::Approvals;
 use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
+use crate::policy::resolve::resolve_program;
+use crate::policy::{PolicyFile, Verdict};
+use crate::process::spawn::SpawnSpec;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -28,6 +32,8 @@ pub struct SessionRegistry {
     started: Instant,
     next_conn: AtomicU64,
     metrics: Arc<Metrics>,
+    /// `--exec-policy`; `None` allows everything.
+    policy: Option<Arc<PolicyFile>>,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -43,13 +49,45 @@ impl SessionRegistry {
     /// A fresh registry counting into `metrics` (one per server: the caller builds it, the
     /// metrics endpoint renders it).
     pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_exec_policy(config, metrics, None)
+    }
+
+    /// A fresh registry whose starts go through `policy` (`--exec-policy`).
+    pub fn with_exec_policy(
+        config: Arc<ServerConfig>,
+        metrics: Arc<Metrics>,
+        policy: Option<Arc<PolicyFile>>,
+    ) -> Arc<Self> {
         Arc::new(SessionRegistry {
             config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
             metrics,
+            policy,
         })
+    }
+
+    /// What the exec policy in force says about `spec` (the file is re-read if it changed):
+    /// its `argv[0]` and the path `execvp` would resolve it to with the child's `PATH` and
+    /// working directory. Everything is allowed without a policy.
+    pub fn exec_verdict(&self, spec: &SpawnSpec) -> Verdict {
+        let Some(file) = &self.policy else {
+            return crate::policy::ExecPolicy::allow_all().decide("", None);
+        };
+        let policy = file.current();
+        let program = spec.argv.first().map(String::as_str).unwrap_or("");
+        let path_var = match spec.env.iter().rev().find(|(k, _)| k == "PATH") {
+            Some((_, v)) => v.as_ref().map(std::ffi::OsString::from),
+            None if spec.inherit_env => std::env::var_os("PATH"),
+            None => None,
+        };
+        let cwd = match &spec.cwd {
+            Some(c) => std::path::PathBuf::from(c),
+            None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
+        };
+        let resolved = resolve_program(program, &cwd, path_var.as_deref());
+        policy.decide(program, resolved.as_deref())
     }
 
     /// This server's metrics.
@@ -133,6 +171,7 @@ impl SessionRegistry {
             }),
             registry: Arc::downgrade(self),
             closed: CancellationToken::new(),
+            approvals: Mutex::new(Approvals::default()),
         });
         {
             let mut sessions = lock(&self.sessions);
