@@ -524,10 +524,19 @@ async fn a_resumed_connection_gets_the_same_request_first_and_the_process_runs_o
         Some(pid) => pid as i32,
         None => {
             assert_eq!(error_of(&r)["code"], -32002, "{r}");
-            let e = common::process::list_entry(&mut b.client, "asked")
-                .await
-                .unwrap();
-            e["pid"].as_i64().unwrap() as i32
+            // Listed once spawned (not while its spawn is in progress).
+            let deadline = tokio::time::Instant::now() + GUARD;
+            loop {
+                let e = common::process::list_entry(&mut b.client, "asked").await;
+                if let Some(pid) = e.as_ref().and_then(|e| e["pid"].as_i64()) {
+                    break pid as i32;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never listed: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     };
     assert_eq!(running_with_arg(&arg), vec![pid], "exactly one process");

@@ -54,6 +54,10 @@ pub use process_handle::{ProcessController, ProcessHandle};
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+/// A retried `process/start` answered `-32002` looks its pid up in `process/list`; while the
+/// process is still being spawned it is not listed yet, and the start is tried again, at
+/// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
+pub const START_LOOKUPS: u32 = 20;
 
 /// Client failures.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -581,6 +585,7 @@ impl Client {
         let params =
             serde_json::to_value(&opts.params).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut retried = false;
+        let mut lookups = 0;
         let result = loop {
             let conn = match self.connection().await {
                 Ok(c) => c,
@@ -598,15 +603,24 @@ impl Client {
                     retried = true;
                     continue;
                 }
-                // The first attempt started it before the link died: find its pid.
+                // The first attempt started it before the link died: find its pid. While
+                // it is still being spawned (or waits for approval) it has none yet: try the
+                // start again (a start waiting for approval is joined).
                 Err(ClientError::Rpc { code: -32002, .. }) if retried => {
                     let list = self.call(Method::ProcessList.as_str(), json!({})).await?;
                     let pid = list["processes"]
                         .as_array()
                         .and_then(|ps| ps.iter().find(|p| p["processId"] == id.as_str()))
-                        .and_then(|p| p["pid"].as_u64())
-                        .unwrap_or(0);
-                    break json!({"processId": id, "pid": pid});
+                        .and_then(|p| p["pid"].as_u64());
+                    match pid {
+                        Some(pid) => break json!({"processId": id, "pid": pid}),
+                        None if lookups < START_LOOKUPS => {
+                            lookups += 1;
+                            tokio::time::sleep(RECONNECT_INITIAL_DELAY).await;
+                            continue;
+                        }
+                        None => break json!({"processId": id, "pid": 0}),
+                    }
                 }
                 Err(e) => {
                     lock(&self.shared.procs).remove(&id);
