@@ -107,13 +107,13 @@ impl RpcConnection {
                     m = out_rx.recv() => m,
                 };
                 let Some(msg) = msg else { break };
-                if outgoing.feed(msg).await.is_err() {
+                if outgoing.feed(msg.into()).await.is_err() {
                     break;
                 }
                 // Batch whatever else is queued before flushing.
                 let mut ok = true;
                 while let Ok(m) = out_rx.try_recv() {
-                    if outgoing.feed(m).await.is_err() {
+                    if outgoing.feed(m.into()).await.is_err() {
                         ok = false;
                         break;
                     }

@@ -17,7 +17,7 @@ use crate::config::EVENT_BATCH_BYTES;
 use crate::process::event_log::EventBody;
 use crate::process::ReadySet;
 use crate::rpc::notification::{encode_exit_notice, encode_output_delta};
-use crate::transport::MessageSink;
+use crate::transport::{MessageSink, OutMessage};
 
 /// A message for the control lane: a response or error, with an optional action to run once
 /// it was handed to the transport (used to open a new process's event delivery only after its
@@ -83,7 +83,7 @@ pub async fn run_writer(
                     }
                     EventBody::Exited(info) => encode_exit_notice(&p.id, ev.seq, info),
                 };
-                if sink.feed(text).await.is_err() {
+                if sink.feed(OutMessage::Text(text)).await.is_err() {
                     failed = true;
                     break;
                 }
@@ -146,7 +146,7 @@ async fn drain_control(
 }
 
 async fn write_control(sink: &mut MessageSink, m: ControlMessage) -> Result<(), ()> {
-    sink.feed(m.text).await.map_err(|_| ())?;
+    sink.feed(OutMessage::Text(m.text)).await.map_err(|_| ())?;
     if let Some(after) = m.after_write {
         // The action may make events deliverable that must follow this message: flush so the
         // ordering holds on the wire even if a later write fails.
