@@ -44,6 +44,10 @@ pub struct RunArgs {
     /// noise+ws: a token to present in the handshake (read from the file).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Receive output as JSON with base64 instead of binary messages (the default where the
+    /// transport carries them; `protocol.md` §5.1).
+    #[arg(long)]
+    pub json_output: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -212,7 +216,11 @@ async fn run(args: RunArgs) -> i32 {
             return 255;
         }
     };
-    let client = match Client::connect(target, ClientOptions::default()).await {
+    let options = ClientOptions {
+        binary_output: !args.json_output,
+        ..ClientOptions::default()
+    };
+    let client = match Client::connect(target, options).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("execrelay run: {e}");
