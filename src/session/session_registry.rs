@@ -19,6 +19,7 @@ use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
+use crate::process::OutputBudget;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -28,6 +29,8 @@ pub struct SessionRegistry {
     started: Instant,
     next_conn: AtomicU64,
     metrics: Arc<Metrics>,
+    /// The server-wide output budget (`output_budget_bytes`) every process draws on.
+    budget: Arc<OutputBudget>,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -44,12 +47,18 @@ impl SessionRegistry {
     /// metrics endpoint renders it).
     pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(SessionRegistry {
+            budget: OutputBudget::new(config.output_budget_bytes),
             config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
             metrics,
         })
+    }
+
+    /// The server-wide output budget: unwritten output of every process, its peak.
+    pub fn output_budget(&self) -> &Arc<OutputBudget> {
+        &self.budget
     }
 
     /// This server's metrics.
