@@ -22,10 +22,13 @@ pub const MAX_SESSIONS: usize = 64;
 /// Retained output per process, in bytes (`processes.md` §4). When the log holds this much
 /// that it may not release, the pump stops reading and the child blocks.
 pub const RETAINED_OUTPUT_BYTES: usize = 8 * 1024 * 1024;
-/// Unwritten bytes per process before the pump stops reading: the delivery queue between a
-/// child and a slow client. Smaller than the retention so that a slow client holds the
-/// child back early while recent output stays readable.
-pub const DELIVERY_QUEUE_BYTES: usize = 1024 * 1024;
+/// Output read from children and not yet written to their clients, all processes of the
+/// server together (the server-wide output budget, `process/output_budget.rs`). Shared fairly
+/// by the processes that are ahead of their clients; each may always hold one chunk beyond it
+/// (`GUARANTEED_OUTPUT_BYTES`), so unwritten output stays under this plus 64 KiB per process
+/// ahead, whatever the number of processes. 256 MiB keeps a few hundred fast streams busy
+/// (about 1 MiB each) on a machine where the server may take a few hundred MB.
+pub const OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
 /// How long a detached session survives (`processes.md` §5).
 pub const DETACHED_SESSION_TTL_MS: u64 = 60_000;
 /// Longest `process/read` long poll (`protocol.md` §4).
@@ -305,9 +308,9 @@ settings! {
     /// See [`RETAINED_OUTPUT_BYTES`].
     retained_output_bytes: usize = RETAINED_OUTPUT_BYTES, Bytes,
         "event log per process; beyond it written (or acked) events are released, oldest first";
-    /// See [`DELIVERY_QUEUE_BYTES`].
-    delivery_queue_bytes: usize = DELIVERY_QUEUE_BYTES, Bytes,
-        "unwritten output per process before its pump stops reading (the child then blocks)";
+    /// See [`OUTPUT_BUDGET_BYTES`].
+    output_budget_bytes: usize = OUTPUT_BUDGET_BYTES, Bytes,
+        "unwritten output of all processes together, shared fairly by those ahead of their clients; each may always hold one 64 KiB chunk beyond it (a pump then waits, its child blocks)";
     /// See [`DETACHED_SESSION_TTL_MS`].
     detached_session_ttl_ms: u64 = DETACHED_SESSION_TTL_MS, Millis,
         "how long a detached session survives";
@@ -391,7 +394,7 @@ impl ServerConfig {
             ("max_processes", self.max_processes),
             ("max_sessions", self.max_sessions),
             ("retained_output_bytes", self.retained_output_bytes),
-            ("delivery_queue_bytes", self.delivery_queue_bytes),
+            ("output_budget_bytes", self.output_budget_bytes),
             ("max_pending_requests", self.max_pending_requests),
             ("max_connections", self.max_connections),
             ("max_links", self.max_links),

@@ -14,7 +14,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("max_processes", MAX_PROCESSES as u64),
     ("max_sessions", MAX_SESSIONS as u64),
     ("retained_output_bytes", RETAINED_OUTPUT_BYTES as u64),
-    ("delivery_queue_bytes", DELIVERY_QUEUE_BYTES as u64),
+    ("output_budget_bytes", OUTPUT_BUDGET_BYTES as u64),
     ("detached_session_ttl_ms", DETACHED_SESSION_TTL_MS),
     ("max_read_wait_ms", MAX_READ_WAIT_MS),
     ("exited_retention_ms", EXITED_RETENTION_MS),

@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// it, `run` asks on the controlling terminal, and denies when there is none.
     #[arg(long)]
     pub approve_all: bool,
+    /// Receive output as JSON with base64 instead of binary messages (the default where the
+    /// transport carries them; `protocol.md` §5.1).
+    #[arg(long)]
+    pub json_output: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -221,6 +225,7 @@ async fn run(args: RunArgs) -> i32 {
     };
     let opts = ClientOptions {
         approval_handler: Some(approval_handler(args.approve_all)),
+        binary_output: !args.json_output,
         ..ClientOptions::default()
     };
     let client = match Client::connect(target, opts).await {

@@ -160,6 +160,11 @@ pub struct ClientOptions {
     pub client_name: String,
     /// Declare `capabilities.acks` (lossless retention across reconnects).
     pub acks: bool,
+    /// Ask for output deltas as binary messages (`capabilities.binaryOutput`, `protocol.md`
+    /// §5.1): no base64 and no JSON on the output path. On by default; the server answers
+    /// `false` where the transport cannot carry them (stdio), and the client accepts both
+    /// forms either way.
+    pub binary_output: bool,
     /// Resume automatically after a transport failure.
     pub reconnect: bool,
     /// Give up resuming after this long (default: the server's TTL).
@@ -190,6 +195,7 @@ impl Default for ClientOptions {
         ClientOptions {
             client_name: "execrelay-client".into(),
             acks: true,
+            binary_output: true,
             reconnect: true,
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
@@ -340,7 +346,11 @@ impl Client {
                 if let Some(conn) = conn {
                     conn.closed().await;
                     if !c.shared.shutdown.is_cancelled() {
-                        c.fail("the connection to the server was lost".into()).await;
+                        let why = match conn.failure() {
+                            Some(e) => e.to_string(),
+                            None => "the connection to the server was lost".into(),
+                        };
+                        c.fail(why).await;
                     }
                 }
             });
@@ -431,7 +441,10 @@ impl Client {
                 approval::on_server_request(&memo, handler.as_ref(), responder, id, &method, params)
             });
         let conn = RpcConnection::start_with(transport, ntx, Some(fast), Some(requests));
-        let mut capabilities = json!({"acks": self.shared.opts.acks});
+        let mut capabilities = json!({
+            "acks": self.shared.opts.acks,
+            "binaryOutput": self.shared.opts.binary_output,
+        });
         if self.shared.opts.approval_handler.is_some() {
             capabilities["serverRequests"] = json!([Method::ProcessApprove.as_str()]);
         }
@@ -489,6 +502,12 @@ impl Client {
             if self.shared.shutdown.is_cancelled() {
                 return;
             }
+            // A server that broke the protocol (a malformed binary message) is not resumed:
+            // it would only send the same again.
+            if let Some(e) = conn.failure() {
+                self.fail(e.to_string()).await;
+                return;
+            }
             let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
                 return;
             };
@@ -513,6 +532,10 @@ impl Client {
                         ..
                     }) => {
                         self.fail(format!("server refused resume: {message}")).await;
+                        return;
+                    }
+                    Err(e @ ClientError::Protocol(_)) => {
+                        self.fail(e.to_string()).await;
                         return;
                     }
                     Err(e) => {

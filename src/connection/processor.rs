@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::delivery::{run_writer, ControlMessage};
+use super::delivery::{run_writer, ControlMessage, OutputForm};
 use super::handlers::{self, Ctx, Reply};
 use super::scheduler::{Class, Scheduler};
 use crate::metrics::GaugeGuard;
@@ -26,8 +26,8 @@ use crate::rpc::jsonrpc::{
     decode_params, encode_error, encode_request, encode_response, parse_inbound, Inbound,
 };
 use crate::rpc::messages::{
-    AdvertisedLimits, ApprovalDecision, ApproveResult, InitializeParams, InitializeResult,
-    PROTOCOL_VERSION,
+    AdvertisedLimits, ApprovalDecision, ApproveResult, Capabilities, InitializeParams,
+    InitializeResult, PROTOCOL_VERSION,
 };
 use crate::rpc::{Method, MethodClass, RpcError};
 use crate::session::{
@@ -94,6 +94,10 @@ pub struct ConnectionProcessor {
     opts: ConnectionOptions,
     conn_id: u64,
     ready: Arc<ReadySet>,
+    /// The form of this connection's output deltas, shared with its writer.
+    form: Arc<OutputForm>,
+    /// The transport carries binary messages (`protocol.md` §5.1): not stdio.
+    binary_capable: bool,
     evict: CancellationToken,
     cancel: CancellationToken,
     /// Ends long polls; a child of `cancel`, fired alone on a half-close.
@@ -125,13 +129,16 @@ impl ConnectionProcessor {
                 cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK,
             );
             let ready = Arc::new(ReadySet::default());
+            let form = Arc::new(OutputForm::default());
             let writer_cancel = CancellationToken::new();
             let cancel = CancellationToken::new();
+            let binary_capable = transport.binary_messages;
             let writer = tokio::spawn(
                 run_writer(
                     transport.outgoing,
                     control_rx,
                     ready.clone(),
+                    form.clone(),
                     writer_cancel.clone(),
                 )
                 .in_current_span(),
@@ -141,6 +148,8 @@ impl ConnectionProcessor {
                 opts,
                 conn_id,
                 ready,
+                form,
+                binary_capable,
                 evict: CancellationToken::new(),
                 cancel: cancel.clone(),
                 closing: cancel.child_token(),
@@ -430,6 +439,11 @@ impl ConnectionProcessor {
     fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
         let p: InitializeParams = decode_params(params)?;
         let can_approve = p.capabilities.server_requests.approve;
+        // Decided before the session is attached, so that every delta of this connection,
+        // replays included, goes out in this form (§5.1). stdio cannot carry binary messages
+        // and answers `false`.
+        let binary = p.capabilities.binary_output && self.binary_capable;
+        self.form.set_binary(binary);
         let conn = ConnHandle {
             conn_id: self.conn_id,
             ready: self.ready.clone(),
@@ -449,7 +463,7 @@ impl ConnectionProcessor {
                 (s, t, false)
             }
         };
-        tracing::info!(session = %session.id, resumed, "initialized");
+        tracing::info!(session = %session.id, resumed, binary, "initialized");
         self.can_approve = can_approve;
         let cfg = self.registry.config();
         let result = InitializeResult {
@@ -463,6 +477,13 @@ impl ConnectionProcessor {
                 max_processes: cfg.max_processes as u64,
                 retained_output_bytes: cfg.retained_output_bytes as u64,
                 detached_session_ttl_ms: cfg.detached_session_ttl_ms,
+            },
+            capabilities: Capabilities {
+                // A resumed session keeps the acks it was created with.
+                acks: session.acks,
+                binary_output: binary,
+                // The server requests this connection will receive (`protocol.md` §7).
+                server_requests: p.capabilities.server_requests,
             },
         };
         self.state = State::AwaitInitialized(session);

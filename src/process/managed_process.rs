@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
+use super::output_budget::OutputBudget;
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
 use super::signals;
@@ -185,6 +186,8 @@ pub struct ManagedProcess {
     delivery: Mutex<Option<Arc<ReadySet>>>,
     /// The server's counters (bytes in and out, blocked delivery time).
     pub(crate) metrics: Arc<Metrics>,
+    /// The server-wide output budget this process's log draws on (its pumps wait on it).
+    pub(crate) budget: Arc<OutputBudget>,
 }
 
 impl ManagedProcess {
@@ -201,6 +204,7 @@ impl ManagedProcess {
         stdin: Option<InputWriter>,
         pty: Option<PtyControl>,
         metrics: Arc<Metrics>,
+        budget: Arc<OutputBudget>,
     ) -> Self {
         let drain = OutputDrain::new(opts.drain_timeout, streams);
         ManagedProcess {
@@ -212,7 +216,7 @@ impl ManagedProcess {
             opts,
             started: Instant::now(),
             inner: Mutex::new(Inner {
-                log: EventLog::new(limits, acks),
+                log: EventLog::new(limits, acks, budget.share()),
                 drain,
                 stdout_bytes: 0,
                 stderr_bytes: 0,
@@ -233,6 +237,7 @@ impl ManagedProcess {
             pty,
             delivery: Mutex::new(None),
             metrics,
+            budget,
         }
     }
 

@@ -285,8 +285,8 @@ impl Session {
             options: opts,
         } = start;
         // The registry outlives its sessions except while the server shuts down.
-        let metrics = match self.registry.upgrade() {
-            Some(r) => r.metrics().clone(),
+        let (metrics, budget) = match self.registry.upgrade() {
+            Some(r) => (r.metrics().clone(), r.output_budget().clone()),
             None => {
                 lock(&self.processes).remove(&id);
                 return Err(SessionError::UnknownSession);
@@ -294,9 +294,9 @@ impl Session {
         };
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
-            delivery_queue_bytes: self.config.delivery_queue_bytes,
         };
-        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics) {
+        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics, budget)
+        {
             Ok(p) => p,
             Err(e) => {
                 lock(&self.processes).remove(&id);

@@ -23,6 +23,7 @@ use crate::metrics::{Metrics, StateSnapshot};
 use crate::policy::resolve::resolve_program;
 use crate::policy::{PolicyFile, Verdict};
 use crate::process::spawn::SpawnSpec;
+use crate::process::OutputBudget;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -34,6 +35,8 @@ pub struct SessionRegistry {
     metrics: Arc<Metrics>,
     /// `--exec-policy`; `None` allows everything.
     policy: Option<Arc<PolicyFile>>,
+    /// The server-wide output budget (`output_budget_bytes`) every process draws on.
+    budget: Arc<OutputBudget>,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -59,6 +62,7 @@ impl SessionRegistry {
         policy: Option<Arc<PolicyFile>>,
     ) -> Arc<Self> {
         Arc::new(SessionRegistry {
+            budget: OutputBudget::new(config.output_budget_bytes),
             config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
@@ -88,6 +92,11 @@ impl SessionRegistry {
         };
         let resolved = resolve_program(program, &cwd, path_var.as_deref());
         policy.decide(program, resolved.as_deref())
+    }
+
+    /// The server-wide output budget: unwritten output of every process, its peak.
+    pub fn output_budget(&self) -> &Arc<OutputBudget> {
+        &self.budget
     }
 
     /// This server's metrics.
