@@ -134,6 +134,20 @@ pub const MAX_POLICY_RULES: usize = 1024;
 /// clients in every `process/approve` and shown in prompts.
 pub const MAX_POLICY_RULE_TEXT_BYTES: usize = 1024;
 
+/// Client → server messages queued on an in-process connection (`Client::in_process`) before
+/// a request is answered `-32004` (`inProcessQueue`) at once: 256. The processor's reader takes
+/// them as fast as it can spawn their tasks, so a full queue means the server is behind (its
+/// control lane to an application that reads nothing is full).
+pub const IN_PROCESS_REQUEST_QUEUE: usize = 256;
+/// Events (output deltas, exit notices) queued for an in-process client before the writer
+/// waits: 256 events, at most 16 MiB of chunks (each at most `MAX_CHUNK_BYTES`), shared
+/// with the event logs (the chunks are the logs' own `Bytes`).
+pub const IN_PROCESS_EVENT_QUEUE: usize = 256;
+/// How long `Client::shutdown` of an in-process client may take, 5 s: terminate every
+/// process, then kill what is left and wait for it, even when both queues are full and the
+/// application stopped reading.
+pub const IN_PROCESS_SHUTDOWN_MS: u64 = 5_000;
+
 /// Longest id captured from a routed path (`/v1/env/ID`, `/v1/connect/ID`), in bytes.
 pub const MAX_ROUTE_ID_BYTES: usize = 128;
 

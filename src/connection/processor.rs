@@ -12,28 +12,46 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::Value;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::delivery::{run_writer, ControlMessage, OutputForm};
-use super::handlers::{self, Ctx, Reply};
+use super::delivery::{run_writer, ControlMessage};
+use super::handlers::{self, Ctx, Handled};
+use super::json_codec::decode_inbound;
+use super::local::LocalServerEnd;
+use super::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
+use super::outlet::{Outlet, OutputForm};
 use super::scheduler::{Class, Scheduler};
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
-use crate::rpc::jsonrpc::{
-    decode_params, encode_error, encode_request, encode_response, parse_inbound, Inbound,
-};
 use crate::rpc::messages::{
-    AdvertisedLimits, ApprovalDecision, ApproveResult, Capabilities, InitializeParams,
-    InitializeResult, PROTOCOL_VERSION,
+    AdvertisedLimits, Capabilities, InitializeParams, InitializeResult, PROTOCOL_VERSION,
 };
-use crate::rpc::{Method, MethodClass, RpcError};
+use crate::rpc::{MethodClass, RpcError};
 use crate::session::{
     AnswerOutcome, ApprovalAnswer, ConnHandle, RequestSink, ServerRequest, Session, SessionRegistry,
 };
-use crate::transport::{FramingError, Transport};
+use crate::transport::{FramingError, MessageStream, Transport};
+
+/// Where a connection's messages come from: a network transport's framed messages, decoded
+/// by the JSON codec at this edge, or the in-process transport's typed ones.
+enum Inlet {
+    Json(MessageStream),
+    Local(mpsc::Receiver<Inbound>),
+}
+
+impl Inlet {
+    async fn next(&mut self) -> Option<Result<Inbound, FramingError>> {
+        match self {
+            Inlet::Json(incoming) => incoming
+                .next()
+                .await
+                .map(|r| r.map(|bytes| decode_inbound(&bytes))),
+            Inlet::Local(rx) => rx.recv().await.map(Ok),
+        }
+    }
+}
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
 /// (parse errors, limit errors). When even these are full the reader waits: the client is not
@@ -120,28 +138,68 @@ impl ConnectionProcessor {
         opts: ConnectionOptions,
         shutdown: CancellationToken,
     ) -> ConnectionEnd {
+        let form = Arc::new(OutputForm::default());
+        let outlet = Outlet::Json {
+            sink: transport.outgoing,
+            form: form.clone(),
+        };
+        let inlet = Inlet::Json(transport.incoming);
+        let edge = Edge {
+            inlet,
+            outlet,
+            form,
+            binary_capable: transport.binary_messages,
+            peer: transport.peer,
+        };
+        Self::serve(edge, registry, opts, shutdown).await
+    }
+
+    /// Serve the server end of an in-process transport (`local.rs`): the same processor,
+    /// on typed messages.
+    pub async fn run_local(
+        end: LocalServerEnd,
+        registry: Arc<SessionRegistry>,
+        opts: ConnectionOptions,
+        shutdown: CancellationToken,
+    ) -> ConnectionEnd {
+        let edge = Edge {
+            inlet: Inlet::Local(end.inbound),
+            outlet: Outlet::Local(end.outlet),
+            form: Arc::new(OutputForm::default()),
+            // Events travel typed; "binary" means nothing here.
+            binary_capable: false,
+            peer: "in-process".to_string(),
+        };
+        Self::serve(edge, registry, opts, shutdown).await
+    }
+
+    async fn serve(
+        edge: Edge,
+        registry: Arc<SessionRegistry>,
+        opts: ConnectionOptions,
+        shutdown: CancellationToken,
+    ) -> ConnectionEnd {
         let conn_id = registry.next_conn_id();
         let _live = GaugeGuard::new(&registry.metrics().connections);
-        let span = tracing::info_span!("connection", id = conn_id, peer = %transport.peer);
+        let span = tracing::info_span!("connection", id = conn_id, peer = %edge.peer);
+        let Edge {
+            inlet,
+            outlet,
+            form,
+            binary_capable,
+            ..
+        } = edge;
         async move {
             let cfg = registry.config().clone();
             let (control, control_rx) = mpsc::channel(
                 cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK,
             );
             let ready = Arc::new(ReadySet::default());
-            let form = Arc::new(OutputForm::default());
             let writer_cancel = CancellationToken::new();
             let cancel = CancellationToken::new();
-            let binary_capable = transport.binary_messages;
             let writer = tokio::spawn(
-                run_writer(
-                    transport.outgoing,
-                    control_rx,
-                    ready.clone(),
-                    form.clone(),
-                    writer_cancel.clone(),
-                )
-                .in_current_span(),
+                run_writer(outlet, control_rx, ready.clone(), writer_cancel.clone())
+                    .in_current_span(),
             );
             let mut cp = ConnectionProcessor {
                 registry,
@@ -161,7 +219,7 @@ impl ConnectionProcessor {
                 can_approve: false,
             };
             tracing::debug!("connection open");
-            let end = cp.read_loop(transport.incoming, &shutdown).await;
+            let end = cp.read_loop(inlet, &shutdown).await;
             if end == ConnectionEnd::PeerClosed && cp.opts.answer_after_eof {
                 cp.finish_read_requests(&shutdown).await;
             }
@@ -188,7 +246,7 @@ impl ConnectionProcessor {
 
     async fn read_loop(
         &mut self,
-        mut incoming: crate::transport::MessageStream,
+        mut incoming: Inlet,
         shutdown: &CancellationToken,
     ) -> ConnectionEnd {
         let evict = self.evict.clone();
@@ -205,12 +263,12 @@ impl ConnectionProcessor {
                     let e = RpcError::invalid_request(format!(
                         "message exceeds the limit of {limit} bytes"
                     ));
-                    self.send(self.error(&Value::Null, &e)).await;
+                    self.send(self.error(None, &e)).await;
                     return ConnectionEnd::FramingError(e.message);
                 }
                 Some(Err(e)) => return ConnectionEnd::FramingError(e.to_string()),
-                Some(Ok(bytes)) => {
-                    if let Some(end) = self.handle_message(&bytes).await {
+                Some(Ok(inbound)) => {
+                    if let Some(end) = self.handle_message(inbound).await {
                         return end;
                     }
                 }
@@ -218,26 +276,23 @@ impl ConnectionProcessor {
         }
     }
 
-    async fn send(&self, text: String) {
-        let _ = self.control.send(ControlMessage::new(text)).await;
+    async fn send(&self, msg: Outbound) {
+        let _ = self.control.send(ControlMessage::new(msg)).await;
     }
 
-    async fn handle_message(&mut self, bytes: &[u8]) -> Option<ConnectionEnd> {
-        let inbound = match parse_inbound(bytes) {
-            Ok(i) => i,
-            Err(r) => {
-                self.send(self.error(&r.id, &r.error)).await;
-                return None;
-            }
-        };
+    async fn handle_message(&mut self, inbound: Inbound) -> Option<ConnectionEnd> {
         match inbound {
-            Inbound::Response { id, outcome } => self.handle_response(&id, outcome),
-            Inbound::Notification { method, params } => {
-                self.handle_notification(&method, params);
+            Inbound::Rejected { id, error } => {
+                self.send(self.error(id, &error)).await;
                 None
             }
-            Inbound::Request { id, method, params } => {
-                self.handle_request(id, method, params).await;
+            Inbound::Response { id, answer } => self.handle_response(id.as_ref(), answer),
+            Inbound::Notification(note) => {
+                self.handle_notification(note);
+                None
+            }
+            Inbound::Request { id, call } => {
+                self.handle_request(id, call).await;
                 None
             }
         }
@@ -247,26 +302,14 @@ impl ConnectionProcessor {
     /// answer and ignores late ones; an id it never sent closes this connection (only).
     fn handle_response(
         &mut self,
-        id: &Value,
-        outcome: Result<Value, Value>,
+        id: Option<&RequestId>,
+        answer: ApprovalAnswer,
     ) -> Option<ConnectionEnd> {
         let session = match &self.state {
             State::AwaitInitialize => None,
             State::AwaitInitialized(s) | State::Ready(s) => Some(s.clone()),
         };
-        let answer = match outcome {
-            Ok(result) => match serde_json::from_value::<ApproveResult>(result) {
-                Ok(ApproveResult {
-                    decision: ApprovalDecision::Approve,
-                }) => ApprovalAnswer::Approve,
-                Ok(ApproveResult {
-                    decision: ApprovalDecision::Deny,
-                }) => ApprovalAnswer::Deny,
-                Err(_) => ApprovalAnswer::Unreadable,
-            },
-            Err(_) => ApprovalAnswer::Unreadable,
-        };
-        let outcome = match (session, id.as_str()) {
+        let outcome = match (session, id.and_then(RequestId::as_str)) {
             (Some(s), Some(id)) => s.answer(id, answer),
             _ => AnswerOutcome::NeverSent,
         };
@@ -277,61 +320,92 @@ impl ConnectionProcessor {
         None
     }
 
-    fn handle_notification(&mut self, method: &str, params: Value) {
-        match (&self.state, Method::parse(method)) {
-            (State::AwaitInitialized(s), Some(Method::Initialized)) => {
+    fn handle_notification(&mut self, note: Note) {
+        match (&self.state, note) {
+            (State::AwaitInitialized(s), Note::Initialized) => {
                 self.state = State::Ready(s.clone());
             }
-            (State::Ready(s), Some(Method::ProcessAck)) => handlers::ack(s, params),
-            _ => tracing::debug!(method, "notification ignored"),
+            (State::Ready(s), Note::Ack(params)) => handlers::ack(s, params),
+            (_, note) => tracing::debug!(?note, "notification ignored"),
         }
     }
 
-    async fn handle_request(&mut self, id: Value, name: String, params: Value) {
-        // The one place a method name is parsed.
-        let method = Method::parse(&name);
-        let session = match (&self.state, method) {
-            (State::AwaitInitialize, Some(Method::Initialize)) => {
-                let reply = self.initialize(params);
-                let text = match reply {
-                    Ok(v) => encode_response(&id, &v),
-                    Err(e) => self.error(&id, &e),
+    async fn handle_request(&mut self, id: RequestId, call: Call) {
+        let method = call.method();
+        let session = match (&self.state, call) {
+            (State::AwaitInitialize, Call::Initialize(params)) => {
+                let msg = match self.initialize(params) {
+                    Ok(r) => Outbound::Result {
+                        id,
+                        reply: Reply::Initialize(r),
+                    },
+                    Err(e) => self.error(Some(id), &e),
                 };
-                self.send(text).await;
+                self.send(msg).await;
+                return;
+            }
+            (
+                State::AwaitInitialize,
+                Call::Invalid {
+                    method: crate::rpc::Method::Initialize,
+                    error,
+                    ..
+                },
+            ) => {
+                self.send(self.error(Some(id), &error)).await;
                 return;
             }
             (State::AwaitInitialize, _) => {
                 let e = RpcError::invalid_request("client must send initialize first");
-                self.send(self.error(&id, &e)).await;
+                self.send(self.error(Some(id), &e)).await;
                 return;
             }
-            (_, Some(Method::Initialize)) => {
+            (_, Call::Initialize(_))
+            | (
+                _,
+                Call::Invalid {
+                    method: crate::rpc::Method::Initialize,
+                    ..
+                },
+            ) => {
                 let e = RpcError::invalid_request("initialize may succeed only once");
-                self.send(self.error(&id, &e)).await;
+                self.send(self.error(Some(id), &e)).await;
                 return;
             }
             (State::AwaitInitialized(_), _) => {
                 let e = RpcError::invalid_request("client must send initialized first");
-                self.send(self.error(&id, &e)).await;
+                self.send(self.error(Some(id), &e)).await;
                 return;
             }
-            (State::Ready(s), _) => s.clone(),
+            (State::Ready(s), call) => (s.clone(), call),
         };
+        let (session, call) = session;
 
-        let (method, class) = match method.map(|m| (m, m.class())) {
-            Some((m, MethodClass::Control)) => (m, None),
-            Some((m, MethodClass::Exclusive)) => (m, Some(Class::Exclusive)),
-            Some((m, MethodClass::Shared)) => (m, Some(Class::Shared)),
-            Some((_, MethodClass::Ack)) => {
-                handlers::ack(&session, params);
-                self.send(encode_response(&id, &serde_json::json!({})))
-                    .await;
+        let class = match (method, method.map(|m| m.class())) {
+            (_, Some(MethodClass::Control)) => None,
+            (_, Some(MethodClass::Exclusive)) => Some(Class::Exclusive),
+            (_, Some(MethodClass::Shared)) => Some(Class::Shared),
+            (_, Some(MethodClass::Ack)) => {
+                if let Call::Ack(params) = call {
+                    handlers::ack(&session, params);
+                }
+                self.send(Outbound::Result {
+                    id,
+                    reply: Reply::Empty,
+                })
+                .await;
                 return;
             }
             // Unknown, or not something a client may call (`initialized` as a request, a
             // server notification).
-            Some((_, MethodClass::Setup | MethodClass::ServerToClient)) | None => {
-                self.send(self.error(&id, &RpcError::method_not_found(&name)))
+            (_, Some(MethodClass::Setup | MethodClass::ServerToClient))
+            | (None, None)
+            | (Some(_), None) => {
+                let name = match &call {
+                    Call::NotFound(n) => n.clone(),
+                    _ => method.map(|m| m.as_str().to_string()).unwrap_or_default(),
+                };
+                self.send(self.error(Some(id), &RpcError::method_not_found(&name)))
                     .await;
                 return;
             }
@@ -354,38 +428,37 @@ impl ConnectionProcessor {
                 )
             };
             let e = RpcError::limit_reached(name, value);
-            self.send(self.error(&id, &e)).await;
+            self.send(self.error(Some(id), &e)).await;
             return;
         };
 
         // Per-process requests need their processId before they can queue.
         let slot = match class {
             None => None,
-            Some(class) => match params.get("processId").and_then(Value::as_str) {
+            Some(class) => match call.process_id() {
                 Some(pid) => Some(self.scheduler.enqueue(pid, class)),
                 None => {
-                    let e = match decode_params::<crate::rpc::messages::ProcessRef>(params) {
-                        Err(e) => e,
-                        Ok(_) => RpcError::invalid_params("invalid params: processId"),
+                    let e = match call {
+                        Call::Invalid { error, .. } => error,
+                        _ => RpcError::invalid_params("invalid params: processId"),
                     };
-                    self.send(self.error(&id, &e)).await;
+                    self.send(self.error(Some(id), &e)).await;
                     return;
                 }
             },
         };
-        self.spawn_request(id, method, params, session, slot, permit);
+        self.spawn_request(id, call, session, slot, permit);
     }
 
-    /// Encode an error response, counting it by code.
-    fn error(&self, id: &Value, e: &RpcError) -> String {
+    /// An error response, counted by code.
+    fn error(&self, id: Option<RequestId>, e: &RpcError) -> Outbound {
         counted_error(&self.registry, id, e)
     }
 
     fn spawn_request(
         &self,
-        id: Value,
-        method: Method,
-        params: Value,
+        id: RequestId,
+        call: Call,
         session: Arc<Session>,
         slot: Option<super::scheduler::Slot>,
         permit: OwnedSemaphorePermit,
@@ -399,7 +472,7 @@ impl ConnectionProcessor {
         };
         let control = self.control.clone();
         let cancel = self.cancel.clone();
-        let span = tracing::debug_span!("request", %method);
+        let span = tracing::debug_span!("request", method = ?call.method());
         tokio::spawn(
             async move {
                 let _permit = permit;
@@ -418,16 +491,13 @@ impl ConnectionProcessor {
                 // A request that has started runs to its end even if the connection closes
                 // meanwhile: a write cut half-way could not be retried exactly once. Long
                 // polls watch the connection's token themselves and end at once.
-                let reply = handlers::dispatch(&ctx, method, params).await;
+                let reply = handlers::dispatch(&ctx, call).await;
                 let msg = match reply {
-                    Ok(Reply {
-                        result,
-                        after_write,
-                    }) => ControlMessage {
-                        text: encode_response(&id, &result),
+                    Ok(Handled { reply, after_write }) => ControlMessage {
+                        msg: Outbound::Result { id, reply },
                         after_write,
                     },
-                    Err(e) => ControlMessage::new(counted_error(&ctx.registry, &id, &e)),
+                    Err(e) => ControlMessage::new(counted_error(&ctx.registry, Some(id), &e)),
                 };
                 let _ = control.send(msg).await;
                 drop(slot);
@@ -436,8 +506,7 @@ impl ConnectionProcessor {
         );
     }
 
-    fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
-        let p: InitializeParams = decode_params(params)?;
+    fn initialize(&mut self, p: InitializeParams) -> Result<InitializeResult, RpcError> {
         let can_approve = p.capabilities.server_requests.approve;
         // Decided before the session is attached, so that every delta of this connection,
         // replays included, goes out in this form (§5.1). stdio cannot carry binary messages
@@ -487,7 +556,7 @@ impl ConnectionProcessor {
             },
         };
         self.state = State::AwaitInitialized(session);
-        serde_json::to_value(result).map_err(|e| RpcError::internal(e.to_string()))
+        Ok(result)
     }
 
     /// Let every request already read run and send its answer: long polls end now, queued
@@ -536,20 +605,31 @@ impl ConnectionProcessor {
 /// in the session, to be sent again on resume or to time out.
 fn request_sink(control: mpsc::Sender<ControlMessage>) -> RequestSink {
     Arc::new(move |r: ServerRequest| {
-        let params = serde_json::to_value(&*r.params).unwrap_or(Value::Null);
-        let text = encode_request(
-            &Value::from(r.id.clone()),
-            Method::ProcessApprove.as_str(),
-            &params,
-        );
-        if control.try_send(ControlMessage::new(text)).is_err() {
-            tracing::warn!(request = %r.id, "control lane full or closed: server request not sent");
+        let id = r.id.clone();
+        let msg = Outbound::Request {
+            id: r.id,
+            params: r.params,
+        };
+        if control.try_send(ControlMessage::new(msg)).is_err() {
+            tracing::warn!(request = %id, "control lane full or closed: server request not sent");
         }
     })
 }
 
-/// Every error response of a connection is encoded here, so each is counted once by code.
-fn counted_error(registry: &SessionRegistry, id: &Value, e: &RpcError) -> String {
+/// Every error response of a connection is made here, so each is counted once by code.
+fn counted_error(registry: &SessionRegistry, id: Option<RequestId>, e: &RpcError) -> Outbound {
     registry.metrics().rpc_error(e.code.code());
-    encode_error(id, e)
+    Outbound::Error {
+        id,
+        error: e.clone(),
+    }
+}
+
+/// The two ends of a connection and what the processor must know of them.
+struct Edge {
+    inlet: Inlet,
+    outlet: Outlet,
+    form: Arc<OutputForm>,
+    binary_capable: bool,
+    peer: String,
 }

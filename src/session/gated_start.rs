@@ -22,7 +22,7 @@ use super::{Session, SessionError};
 use crate::metrics::ApprovalOutcome;
 use crate::policy::Action;
 use crate::process::ManagedProcess;
-use crate::rpc::messages::{ApproveParams, ExitInfo};
+use crate::rpc::messages::ApproveParams;
 use crate::sync::lock;
 
 /// Who asks for a start.
@@ -82,8 +82,10 @@ pub struct ListedProcess {
     pub state: ListedState,
     /// Next seq to assign (1 while pending).
     pub next_seq: u64,
-    /// The exit notice, once exited.
-    pub exit: Option<ExitInfo>,
+    /// The exit code, once exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal's name, once killed by one.
+    pub signal: Option<String>,
 }
 
 impl Session {
@@ -105,7 +107,8 @@ impl Session {
                             ListedState::Running
                         },
                         next_seq: info.next_seq,
-                        exit: info.exit,
+                        exit_code: info.exit.as_ref().and_then(|e| e.exit_code),
+                        signal: info.exit.and_then(|e| e.signal),
                     })
                 }
                 Slot::Pending(ps) => Some(ListedProcess {
@@ -115,7 +118,8 @@ impl Session {
                     tty: ps.spec.spawn.tty.is_some(),
                     state: ListedState::PendingApproval,
                     next_seq: 1,
-                    exit: None,
+                    exit_code: None,
+                    signal: None,
                 }),
                 Slot::Starting => None,
             })
