@@ -12,8 +12,8 @@ use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{
-    ApprovalDecision, ApprovalHandler, ApproveParams, Client, ClientOptions, ProcessEvent,
-    StartOptions, Target,
+    ApprovalDecision, ApprovalHandler, ApproveParams, Client, ClientOptions, InProcessConfig,
+    ProcessEvent, StartOptions, Target,
 };
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
@@ -21,9 +21,10 @@ use crate::rpc::messages::TermSize;
 /// Flags of `execrelay run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to spawn a local server.
+    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to run an exec server in
+    /// this process.
     pub target: Option<String>,
-    /// Spawn `execrelay serve --listen stdio` and run the command through it.
+    /// Run the command through an exec server in this process (`Client::in_process`).
     #[arg(long)]
     pub local: bool,
     /// Allocate a PTY; the local terminal goes raw and its size is forwarded.
@@ -84,11 +85,19 @@ pub fn main(args: RunArgs) -> i32 {
     code
 }
 
-fn parse_target(args: &RunArgs) -> Result<Target, String> {
+/// The server to use; `None`: one in this process.
+fn parse_target(args: &RunArgs) -> Result<Option<Target>, String> {
     match (&args.target, args.local) {
-        (None, _) | (_, true) => Target::local().map_err(|e| e.to_string()),
-        (Some(t), false) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
-        (Some(t), false) if t.starts_with("noise+ws://") => {
+        (None, _) | (_, true) => Ok(None),
+        (Some(_), false) => parse_remote(args).map(Some),
+    }
+}
+
+fn parse_remote(args: &RunArgs) -> Result<Target, String> {
+    match &args.target {
+        None => Err("no target".into()),
+        Some(t) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
+        Some(t) if t.starts_with("noise+ws://") => {
             use crate::noise::keys::{load_public, Keypair};
             let server = args.server_key.as_deref().ok_or(
                 "noise+ws:// needs --server-key (the server's public key; no trust on first use)",
@@ -121,7 +130,7 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
                 pool: crate::link::client::LinkPool::new(),
             })
         }
-        (Some(t), false) => Err(format!(
+        Some(t) => Err(format!(
             "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT or --local"
         )),
     }
@@ -228,7 +237,11 @@ async fn run(args: RunArgs) -> i32 {
         binary_output: !args.json_output,
         ..ClientOptions::default()
     };
-    let client = match Client::connect(target, opts).await {
+    let connected = match target {
+        Some(target) => Client::connect(target, opts).await,
+        None => Client::in_process(InProcessConfig::default(), opts).await,
+    };
+    let client = match connected {
         Ok(c) => c,
         Err(e) => {
             eprintln!("execrelay run: {e}");

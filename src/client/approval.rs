@@ -20,12 +20,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::rpc_connection::Responder;
-use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult};
-use crate::rpc::{Method, RpcError};
+use crate::rpc::messages::{ApprovalDecision, ApproveParams};
 use crate::sync::lock;
 
 /// Request ids whose decision the client remembers, per session: 256. A server re-sends only
@@ -66,39 +64,23 @@ pub(super) struct Approvals {
     order: VecDeque<String>,
 }
 
-/// Handle one server request that arrived on the connection of `responder`.
+/// Handle one approval request (`id`, `request`) that arrived on the connection of
+/// `responder`: ask the handler once per id, answer every copy.
 pub(super) fn on_server_request(
     memo: &Arc<Mutex<Approvals>>,
     handler: Option<&Arc<dyn ApprovalHandler>>,
     responder: Responder,
-    id: Value,
-    method: &str,
-    params: Value,
+    id: String,
+    request: ApproveParams,
 ) {
-    let (Some(Method::ProcessApprove), Some(handler)) = (Method::parse(method), handler) else {
-        responder.error(&id, &RpcError::method_not_found(method));
+    let Some(handler) = handler else {
+        // Not declared, so not sent by a conforming server: a denial.
+        responder.decide(&id, ApprovalDecision::Deny);
         return;
-    };
-    let Some(key) = id.as_str().map(str::to_string) else {
-        responder.error(
-            &id,
-            &RpcError::invalid_request("server request ids are strings"),
-        );
-        return;
-    };
-    let request: ApproveParams = match serde_json::from_value(params) {
-        Ok(r) => r,
-        Err(e) => {
-            responder.error(
-                &id,
-                &RpcError::invalid_params(format!("invalid params: {e}")),
-            );
-            return;
-        }
     };
     let mut decision = {
         let mut m = lock(memo);
-        match m.by_id.get(&key) {
+        match m.by_id.get(&id) {
             Some(d) => d.clone(),
             None => {
                 let (tx, rx) = watch::channel(None);
@@ -107,8 +89,8 @@ pub(super) fn on_server_request(
                     let d = fut.await;
                     let _ = tx.send(Some(d));
                 });
-                m.by_id.insert(key.clone(), rx.clone());
-                m.order.push_back(key);
+                m.by_id.insert(id.clone(), rx.clone());
+                m.order.push_back(id.clone());
                 while m.order.len() > REMEMBERED_APPROVALS {
                     if let Some(old) = m.order.pop_front() {
                         m.by_id.remove(&old);
@@ -122,13 +104,10 @@ pub(super) fn on_server_request(
         let d = match decision.wait_for(Option::is_some).await {
             Ok(d) => *d,
             // The handler's task panicked: a denial.
-            Err(_) => Some(ApprovalDecision::Deny),
-        };
-        let result = ApproveResult {
-            decision: d.unwrap_or(ApprovalDecision::Deny),
+            Err(_) => None,
         };
         // On the connection that received this copy; if it died, the server sends the
         // request again on the next one and this decision answers it there.
-        responder.result(&id, &json!(result));
+        responder.decide(&id, d.unwrap_or(ApprovalDecision::Deny));
     });
 }

@@ -36,15 +36,22 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::MAX_MESSAGE_BYTES;
-use crate::rpc::messages::{InitializeResult, StartParams, StartResult};
-use crate::rpc::Method;
+use crate::config::{ServerConfig, IN_PROCESS_SHUTDOWN_MS, MAX_MESSAGE_BYTES};
+use crate::connection::local::{LocalLimits, LocalServer};
+use crate::connection::message::{Call, Note, Reply};
+use crate::policy::PolicyFile;
+use crate::rpc::messages::{
+    AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartParams,
+    StartResult,
+};
+use crate::rpc::{Method, RpcError};
 use crate::sync::lock;
 use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
 use event_stream::ProcSlot;
 use rpc_connection::{Notification, RpcConnection};
 
+pub use crate::connection::local::LocalLimits as InProcessLimits;
 pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
 pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
@@ -91,6 +98,15 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// A server error as the client reports it (data included).
+    pub(crate) fn from_rpc(e: RpcError) -> ClientError {
+        ClientError::Rpc {
+            code: e.code.code(),
+            message: e.message,
+            data: e.data,
+        }
+    }
+
     pub(crate) fn from_error_object(v: Value) -> ClientError {
         ClientError::Rpc {
             code: v.get("code").and_then(Value::as_i64).unwrap_or(0),
@@ -138,8 +154,33 @@ pub enum Target {
     },
 }
 
+/// An exec server in this process (`Client::in_process`): its configuration, exec policy,
+/// channel capacities and shutdown deadline.
+#[derive(Debug, Clone)]
+pub struct InProcessConfig {
+    /// The server's limits.
+    pub server: ServerConfig,
+    /// Its exec policy (`None`: everything is allowed).
+    pub policy: Option<Arc<PolicyFile>>,
+    /// The transport's channel capacities (`None`: [`LocalLimits::for_config`]).
+    pub limits: Option<LocalLimits>,
+    /// How long [`Client::shutdown`] may take at most (default `IN_PROCESS_SHUTDOWN_MS`).
+    pub shutdown_deadline: Duration,
+}
+
+impl Default for InProcessConfig {
+    fn default() -> Self {
+        InProcessConfig {
+            server: ServerConfig::default(),
+            policy: None,
+            limits: None,
+            shutdown_deadline: Duration::from_millis(IN_PROCESS_SHUTDOWN_MS),
+        }
+    }
+}
+
 impl Target {
-    /// Spawn this very binary as a stdio server (`execrelay run --local`).
+    /// Spawn this very binary as a stdio server.
     pub fn local() -> Result<Target, ClientError> {
         let exe = std::env::current_exe().map_err(|e| ClientError::Connect(e.to_string()))?;
         Ok(Target::Spawn {
@@ -151,6 +192,12 @@ impl Target {
     fn can_reconnect(&self) -> bool {
         matches!(self, Target::Ws(_) | Target::Noise { .. })
     }
+}
+
+/// The in-process server a client owns (`Client::in_process`).
+struct OwnedServer {
+    server: LocalServer,
+    deadline: Duration,
 }
 
 /// Client settings.
@@ -251,6 +298,8 @@ struct Shared {
     /// Decisions on the server's approval requests, by id (a re-sent request is not asked
     /// again).
     approvals: Arc<Mutex<approval::Approvals>>,
+    /// The server, when it runs in this process.
+    local: Mutex<Option<OwnedServer>>,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -328,6 +377,7 @@ impl Client {
             lost: Mutex::new(None),
             connects: std::sync::atomic::AtomicU64::new(0),
             approvals: Arc::new(Mutex::new(approval::Approvals::default())),
+            local: Mutex::new(None),
         });
         Client { shared }
     }
@@ -370,6 +420,50 @@ impl Client {
         Ok(client)
     }
 
+    /// A client whose server runs in this process (`connection/local.rs`): its own
+    /// `SessionRegistry`, reached through bounded channels of typed messages (no JSON, no
+    /// base64), with the same methods, events, errors and ordering as a remote one. A request
+    /// that finds the queue full is `-32004` (`data.limit = "inProcessQueue"`) at once. There
+    /// is nothing to reconnect to; [`shutdown`](Self::shutdown) ends the server within
+    /// `config.shutdown_deadline`, its children with it.
+    pub async fn in_process(
+        config: InProcessConfig,
+        mut opts: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        opts.reconnect = false;
+        let limits = config
+            .limits
+            .unwrap_or_else(|| LocalLimits::for_config(&config.server));
+        let (server, end) = LocalServer::start(Arc::new(config.server), config.policy, limits);
+        let client = Client::unconnected(Target::Ws("in-process".into()), opts);
+        *lock(&client.shared.local) = Some(OwnedServer {
+            server,
+            deadline: config.shutdown_deadline,
+        });
+        let (ntx, nrx) = mpsc::unbounded_channel::<Notification>();
+        let conn = RpcConnection::start_local(
+            end,
+            ntx,
+            Some(client.fast_path()),
+            Some(client.request_handler()),
+        );
+        if let Err(e) = client.initialize_on(conn, nrx, None).await {
+            client.shutdown().await;
+            return Err(e);
+        }
+        let c = client.clone();
+        tokio::spawn(async move {
+            let conn = lock(&c.shared.conn).clone();
+            if let Some(conn) = conn {
+                conn.closed().await;
+                if !c.shared.shutdown.is_cancelled() {
+                    c.fail("the in-process server ended".into()).await;
+                }
+            }
+        });
+        Ok(client)
+    }
+
     /// The session id.
     pub fn session_id(&self) -> Option<String> {
         lock(&self.shared.session).as_ref().map(|s| s.0.clone())
@@ -396,14 +490,21 @@ impl Client {
 
     /// End the session on the server (`session/close`: its processes are terminated), then
     /// close. For a client that is done; [`close`](Self::close) leaves the session resumable.
+    ///
+    /// In process, it shuts the server down within its deadline (every child terminated, then
+    /// killed), whatever the queues hold.
     pub async fn shutdown(&self) {
+        let local = lock(&self.shared.local).take();
+        if let Some(owned) = local {
+            self.close();
+            owned.server.shutdown(owned.deadline).await;
+            return;
+        }
         let conn = lock(&self.shared.conn).clone();
         if let Some(conn) = conn {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                conn.call(Method::SessionClose.as_str(), json!({})),
-            )
-            .await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), conn.call_typed(Call::SessionClose))
+                    .await;
         }
         self.close();
     }
@@ -427,39 +528,66 @@ impl Client {
         resume: Option<(String, String)>,
     ) -> Result<(), ClientError> {
         let (ntx, nrx) = mpsc::unbounded_channel::<Notification>();
+        let conn = RpcConnection::start_with(
+            transport,
+            ntx,
+            Some(self.fast_path()),
+            Some(self.request_handler()),
+        );
+        self.initialize_on(conn, nrx, resume).await
+    }
+
+    /// In-order output handled on the connection's reader.
+    fn fast_path(&self) -> rpc_connection::FastPath {
         let shared = Arc::downgrade(&self.shared);
-        let fast: rpc_connection::FastPath = Arc::new(move |n| {
+        Arc::new(move |n| {
             let Some(shared) = shared.upgrade() else {
                 return Some(n);
             };
             Client::fast_deliver(&shared, n)
-        });
+        })
+    }
+
+    /// The server's approval requests, to the application's handler.
+    fn request_handler(&self) -> rpc_connection::RequestHandler {
         let handler = self.shared.opts.approval_handler.clone();
         let memo = self.shared.approvals.clone();
-        let requests: rpc_connection::RequestHandler =
-            Arc::new(move |responder, id, method, params| {
-                approval::on_server_request(&memo, handler.as_ref(), responder, id, &method, params)
-            });
-        let conn = RpcConnection::start_with(transport, ntx, Some(fast), Some(requests));
-        let mut capabilities = json!({
-            "acks": self.shared.opts.acks,
-            "binaryOutput": self.shared.opts.binary_output,
-        });
-        if self.shared.opts.approval_handler.is_some() {
-            capabilities["serverRequests"] = json!([Method::ProcessApprove.as_str()]);
-        }
-        let mut params = json!({
-            "clientName": self.shared.opts.client_name,
-            "clientVersion": env!("CARGO_PKG_VERSION"),
-            "capabilities": capabilities,
-        });
-        if let Some((sid, tok)) = &resume {
-            params["resume"] = json!({"sessionId": sid, "resumeToken": tok});
-        }
-        let result = conn.call(Method::Initialize.as_str(), params).await?;
-        let init: InitializeResult = serde_json::from_value(result)
-            .map_err(|e| ClientError::Protocol(format!("bad initialize result: {e}")))?;
-        conn.notify(Method::Initialized.as_str(), json!({})).await?;
+        Arc::new(move |responder, id, request| {
+            approval::on_server_request(&memo, handler.as_ref(), responder, id, request)
+        })
+    }
+
+    /// `initialize` (resuming `resume` if given) + `initialized` on `conn`, and install it.
+    async fn initialize_on(
+        &self,
+        conn: RpcConnection,
+        nrx: mpsc::UnboundedReceiver<Notification>,
+        resume: Option<(String, String)>,
+    ) -> Result<(), ClientError> {
+        let params = InitializeParams {
+            client_name: Some(self.shared.opts.client_name.clone()),
+            client_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            resume: resume.as_ref().map(|(sid, tok)| ResumeParams {
+                session_id: sid.clone(),
+                resume_token: tok.clone(),
+            }),
+            capabilities: Capabilities {
+                acks: self.shared.opts.acks,
+                binary_output: self.shared.opts.binary_output,
+                server_requests: ServerRequests {
+                    approve: self.shared.opts.approval_handler.is_some(),
+                },
+            },
+        };
+        let init = match conn.call_typed(Call::Initialize(params)).await? {
+            Reply::Initialize(init) => init,
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "bad initialize result: {other:?}"
+                )))
+            }
+        };
+        conn.notify_typed(Note::Initialized).await?;
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,
@@ -474,10 +602,10 @@ impl Client {
             // later ack goes to it.
             let consumed = self.consumed_positions();
             for (pid, seq) in consumed {
-                conn.notify(
-                    Method::ProcessAck.as_str(),
-                    json!({"processId": pid, "seq": seq}),
-                )
+                conn.notify_typed(Note::Ack(Some(AckParams {
+                    process_id: pid,
+                    seq,
+                })))
                 .await?;
             }
         }
@@ -601,12 +729,26 @@ impl Client {
         }
     }
 
+    /// [`call`](Self::call) with a typed request and result: the library's own requests
+    /// (no JSON in process). Retried across reconnects, so only for requests safe to repeat.
+    pub(crate) async fn call_typed(&self, call: Call) -> Result<Reply, ClientError> {
+        loop {
+            let conn = self.connection().await?;
+            match conn.call_typed(call.clone()).await {
+                Err(ClientError::ConnectionLost)
+                    if self.shared.opts.reconnect && self.shared.target.can_reconnect() =>
+                {
+                    continue
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Start a process and get a handle streaming its events.
     pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
         let id = opts.params.process_id.clone();
         lock(&self.shared.procs).insert(id.clone(), ProcSlot::new());
-        let params =
-            serde_json::to_value(&opts.params).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut retried = false;
         let mut lookups = 0;
         let result = loop {
@@ -617,11 +759,14 @@ impl Client {
                     return Err(e);
                 }
             };
-            match conn
-                .call(Method::ProcessStart.as_str(), params.clone())
-                .await
-            {
-                Ok(v) => break v,
+            match conn.call_typed(Call::Start(opts.params.clone())).await {
+                Ok(Reply::Start(r)) => break r,
+                Ok(other) => {
+                    lock(&self.shared.procs).remove(&id);
+                    return Err(ClientError::Protocol(format!(
+                        "bad start result: {other:?}"
+                    )));
+                }
                 Err(ClientError::ConnectionLost) if self.shared.target.can_reconnect() => {
                     retried = true;
                     continue;
@@ -630,19 +775,31 @@ impl Client {
                 // it is still being spawned (or waits for approval) it has none yet: try the
                 // start again (a start waiting for approval is joined).
                 Err(ClientError::Rpc { code: -32002, .. }) if retried => {
-                    let list = self.call(Method::ProcessList.as_str(), json!({})).await?;
-                    let pid = list["processes"]
-                        .as_array()
-                        .and_then(|ps| ps.iter().find(|p| p["processId"] == id.as_str()))
-                        .and_then(|p| p["pid"].as_u64());
+                    let pid = match self.call_typed(Call::List).await? {
+                        Reply::List(list) => list
+                            .into_iter()
+                            .find(|p| p.process_id == id)
+                            .and_then(|p| p.pid),
+                        _ => None,
+                    };
                     match pid {
-                        Some(pid) => break json!({"processId": id, "pid": pid}),
+                        Some(pid) => {
+                            break StartResult {
+                                process_id: id.clone(),
+                                pid,
+                            }
+                        }
                         None if lookups < START_LOOKUPS => {
                             lookups += 1;
                             tokio::time::sleep(RECONNECT_INITIAL_DELAY).await;
                             continue;
                         }
-                        None => break json!({"processId": id, "pid": 0}),
+                        None => {
+                            break StartResult {
+                                process_id: id.clone(),
+                                pid: 0,
+                            }
+                        }
                     }
                 }
                 Err(e) => {
@@ -651,9 +808,7 @@ impl Client {
                 }
             }
         };
-        let r: StartResult =
-            serde_json::from_value(result).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        Ok(ProcessHandle::new(id, r.pid, self.clone()))
+        Ok(ProcessHandle::new(id, result.pid, self.clone()))
     }
 
     /// `server/info`.

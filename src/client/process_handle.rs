@@ -18,12 +18,11 @@
 
 use std::time::Duration;
 
-use base64::Engine;
-use serde_json::json;
+use bytes::Bytes;
 
 use super::{Client, ClientError, ProcessEvent};
-use crate::rpc::messages::TermSize;
-use crate::rpc::Method;
+use crate::connection::message::{Call, Reply, WriteCall};
+use crate::rpc::messages::{ProcessRef, ResizeParams, SignalParams, TermSize, TerminateParams};
 use crate::sync::lock;
 
 /// A started process.
@@ -111,10 +110,10 @@ impl ProcessController {
     /// Send a signal by name.
     pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
         self.client
-            .call(
-                Method::ProcessSignal.as_str(),
-                json!({"processId": self.id, "signal": name}),
-            )
+            .call_typed(Call::Signal(SignalParams {
+                process_id: self.id.clone(),
+                signal: name.to_string(),
+            }))
             .await
             .map(|_| ())
     }
@@ -122,37 +121,39 @@ impl ProcessController {
     /// Resize the PTY.
     pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
         self.client
-            .call(
-                Method::ProcessResize.as_str(),
-                json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
-            )
+            .call_typed(Call::Resize(ResizeParams {
+                process_id: self.id.clone(),
+                rows: size.rows,
+                cols: size.cols,
+            }))
             .await
             .map(|_| ())
     }
 
     /// Write with an explicit idempotency key.
     pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
-        let v = self
+        let r = self
             .client
-            .call(
-                Method::ProcessWrite.as_str(),
-                json!({
-                    "processId": self.id,
-                    "chunk": base64::engine::general_purpose::STANDARD.encode(data),
-                    "writeId": write_id,
-                }),
-            )
+            .call_typed(Call::Write(WriteCall {
+                process_id: self.id.clone(),
+                data: Bytes::copy_from_slice(data),
+                write_id: Some(write_id.to_string()),
+            }))
             .await?;
-        Ok(v["status"].as_str().unwrap_or("").to_string())
+        match r {
+            Reply::Write(status) => Ok(status.as_str().to_string()),
+            other => Err(ClientError::Protocol(format!(
+                "bad write result: {other:?}"
+            ))),
+        }
     }
 
     /// Close stdin.
     pub async fn close_stdin(&self) -> Result<(), ClientError> {
         self.client
-            .call(
-                Method::ProcessCloseStdin.as_str(),
-                json!({"processId": self.id}),
-            )
+            .call_typed(Call::CloseStdin(ProcessRef {
+                process_id: self.id.clone(),
+            }))
             .await
             .map(|_| ())
     }
@@ -165,14 +166,18 @@ impl ProcessController {
     /// Terminate: SIGTERM, then SIGKILL after `grace` (the server's default when `None`, for
     /// which `graceMs` is left out of the request).
     async fn terminate_after(&self, grace: Option<Duration>) -> Result<bool, ClientError> {
-        let mut p = json!({"processId": self.id});
-        if let Some(g) = grace {
-            p["graceMs"] = json!(g.as_millis() as u64);
-        }
-        let v = self
+        let r = self
             .client
-            .call(Method::ProcessTerminate.as_str(), p)
+            .call_typed(Call::Terminate(TerminateParams {
+                process_id: self.id.clone(),
+                grace_ms: grace.map(|g| g.as_millis() as u64),
+            }))
             .await?;
-        Ok(v["running"].as_bool().unwrap_or(false))
+        match r {
+            Reply::Terminate { running } => Ok(running),
+            other => Err(ClientError::Protocol(format!(
+                "bad terminate result: {other:?}"
+            ))),
+        }
     }
 }

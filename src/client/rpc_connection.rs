@@ -23,13 +23,18 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientError;
+use crate::connection::json_codec::{call_value, decode_call, decode_reply, reply_value};
+use crate::connection::local::LocalClientEnd;
+use crate::connection::message::{Call, Inbound as Typed, Note, Outbound, Reply, RequestId};
+use crate::process::event_log::EventBody;
 use crate::rpc::binary_output::{decode_output_message, is_binary_message};
 use crate::rpc::jsonrpc::{
     encode_error, encode_notification, encode_request, encode_response, parse_inbound, Inbound,
 };
-use crate::rpc::messages::StreamName;
+use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult, ExitInfo, StreamName};
 use crate::rpc::notification::{decode_output_delta, OutputDelta};
-use crate::rpc::RpcError;
+use crate::rpc::{Method, RpcError};
+use crate::session::ApprovalAnswer;
 use crate::sync::lock;
 use crate::transport::Transport;
 
@@ -37,7 +42,13 @@ use crate::transport::Transport;
 /// client buffer without limit.
 const OUTBOUND_QUEUE: usize = 256;
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, ClientError>>>>>;
+/// A result as it arrived: JSON from a network connection, typed from an in-process one.
+enum Answer {
+    Json(Value),
+    Typed(Reply),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, ClientError>>>>>;
 
 /// A notification from the server. Output deltas are decoded on the reader task without
 /// building a JSON tree (they carry almost every byte).
@@ -53,6 +64,15 @@ pub enum Notification {
         stream: StreamName,
         /// Raw bytes.
         data: bytes::Bytes,
+    },
+    /// `process/exited`, typed (from an in-process connection).
+    Exited {
+        /// The process.
+        process_id: String,
+        /// Its seq.
+        seq: u64,
+        /// The exit notice.
+        info: ExitInfo,
     },
     /// Any other notification.
     Other {
@@ -84,40 +104,78 @@ pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 /// it handled it (the common case of in-order output, saving a task hop per message).
 pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
 
-/// Called on the reader task for each request the server sends (`process/approve`), with a
-/// [`Responder`] for this connection. It must not block: answer from a task of its own.
-pub type RequestHandler = Arc<dyn Fn(Responder, Value, String, Value) + Send + Sync>;
+/// Called on the reader task for each `process/approve` the server sends (its id, its
+/// params), with a [`Responder`] for this connection. It must not block: answer from a task
+/// of its own.
+pub type RequestHandler = Arc<dyn Fn(Responder, String, ApproveParams) + Send + Sync>;
 
 /// Answers server requests on the connection that received them.
 #[derive(Clone)]
 pub struct Responder {
-    out: mpsc::Sender<String>,
+    out: Out,
 }
 
 impl Responder {
-    /// Send a result for request `id` (dropped if the connection is gone).
-    pub fn result(&self, id: &Value, result: &Value) {
-        self.send(encode_response(id, result));
+    /// Answer approval request `id` (dropped if the connection is gone).
+    pub fn decide(&self, id: &str, decision: ApprovalDecision) {
+        match &self.out {
+            Out::Json(out) => {
+                let result =
+                    serde_json::to_value(ApproveResult { decision }).unwrap_or(Value::Null);
+                send_json(out, encode_response(&Value::from(id), &result));
+            }
+            Out::Local { requests, .. } => {
+                let answer = match decision {
+                    ApprovalDecision::Approve => ApprovalAnswer::Approve,
+                    ApprovalDecision::Deny => ApprovalAnswer::Deny,
+                };
+                let msg = Typed::Response {
+                    id: Some(RequestId::Str(id.to_string())),
+                    answer,
+                };
+                let requests = requests.clone();
+                // An answer is not dropped on a full queue: it waits for room.
+                tokio::spawn(async move {
+                    let _ = requests.send(msg).await;
+                });
+            }
+        }
     }
 
-    /// Send an error for request `id` (dropped if the connection is gone).
-    pub fn error(&self, id: &Value, error: &RpcError) {
-        self.send(encode_error(id, error));
+    /// Refuse a request this client cannot serve (JSON connections; an in-process server
+    /// sends only approvals).
+    fn error(&self, id: &Value, error: &RpcError) {
+        if let Out::Json(out) = &self.out {
+            send_json(out, encode_error(id, error));
+        }
     }
+}
 
-    fn send(&self, text: String) {
-        let out = self.out.clone();
-        // Never from the reader: the outbound queue may be full.
-        tokio::spawn(async move {
-            let _ = out.send(text).await;
-        });
-    }
+/// Queue a JSON text from a task: never from the reader, the outbound queue may be full.
+fn send_json(out: &mpsc::Sender<String>, text: String) {
+    let out = out.clone();
+    tokio::spawn(async move {
+        let _ = out.send(text).await;
+    });
+}
+
+/// Where requests go.
+#[derive(Clone)]
+enum Out {
+    /// JSON texts for the writer task of a network transport.
+    Json(mpsc::Sender<String>),
+    /// Typed messages into an in-process server's request queue.
+    Local {
+        requests: mpsc::Sender<Typed>,
+        /// The queue's capacity (for the overload error).
+        capacity: usize,
+    },
 }
 
 /// A live connection.
 #[derive(Clone)]
 pub struct RpcConnection {
-    out: mpsc::Sender<String>,
+    out: Out,
     pending: Pending,
     next_id: Arc<AtomicU64>,
     closed: CancellationToken,
@@ -181,7 +239,7 @@ impl RpcConnection {
         let p = pending.clone();
         let c = closed.clone();
         let responder = Responder {
-            out: out_tx.clone(),
+            out: Out::Json(out_tx.clone()),
         };
         let failure: Arc<Mutex<Option<ClientError>>> = Arc::default();
         let failed = failure.clone();
@@ -237,7 +295,11 @@ impl RpcConnection {
                         let Some(id) = id.as_u64() else { continue };
                         let tx = lock(&p).remove(&id);
                         if let Some(tx) = tx {
-                            let _ = tx.send(outcome.map_err(ClientError::from_error_object));
+                            let _ = tx.send(
+                                outcome
+                                    .map(Answer::Json)
+                                    .map_err(ClientError::from_error_object),
+                            );
                         }
                     }
                     Ok(Inbound::Notification { method, params }) => {
@@ -248,10 +310,21 @@ impl RpcConnection {
                             break;
                         }
                     }
-                    Ok(Inbound::Request { id, method, params }) => match &requests {
-                        Some(h) => h(responder.clone(), id, method, params),
-                        None => responder.error(&id, &RpcError::method_not_found(&method)),
-                    },
+                    Ok(Inbound::Request { id, method, params }) => {
+                        let approve = (Method::parse(&method) == Some(Method::ProcessApprove))
+                            .then_some(requests.as_ref())
+                            .flatten();
+                        match (approve, id.as_str()) {
+                            (Some(h), Some(sid)) => match serde_json::from_value(params) {
+                                Ok(req) => h(responder.clone(), sid.to_string(), req),
+                                Err(e) => responder.error(
+                                    &id,
+                                    &RpcError::invalid_params(format!("invalid params: {e}")),
+                                ),
+                            },
+                            _ => responder.error(&id, &RpcError::method_not_found(&method)),
+                        }
+                    }
                     Err(r) => {
                         // A server error not tied to a request (id null), e.g. a framing error.
                         tracing::debug!(error = %r.error, "unparseable message from server");
@@ -268,7 +341,7 @@ impl RpcConnection {
         });
 
         RpcConnection {
-            out: out_tx,
+            out: Out::Json(out_tx),
             pending,
             next_id: Arc::new(AtomicU64::new(1)),
             closed,
@@ -276,14 +349,145 @@ impl RpcConnection {
         }
     }
 
-    /// Why the connection ended, when the server broke the protocol (a malformed binary
-    /// message); `None` while it is open or when it simply closed.
-    pub fn failure(&self) -> Option<ClientError> {
-        lock(&self.failure).clone()
+    /// A connection over the client end of an in-process transport: typed messages both
+    /// ways. One reader task takes the control channel before the event channel (a result is
+    /// queued before the events it opens, so it is taken first).
+    pub fn start_local(
+        end: LocalClientEnd,
+        notifications: NotificationSink,
+        fast: Option<FastPath>,
+        requests: Option<RequestHandler>,
+    ) -> RpcConnection {
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let closed = CancellationToken::new();
+        let out = Out::Local {
+            requests: end.sender(),
+            capacity: end.limits().requests,
+        };
+        let responder = Responder { out: out.clone() };
+        let LocalClientEnd {
+            mut control,
+            mut events,
+            ..
+        } = end;
+        let p = pending.clone();
+        let c = closed.clone();
+        tokio::spawn(async move {
+            let deliver = |n: Notification| {
+                let n = match &fast {
+                    Some(f) => match f(n) {
+                        Some(n) => n,
+                        None => return true,
+                    },
+                    None => n,
+                };
+                notifications.send(n).is_ok()
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = c.cancelled() => break,
+                    m = control.recv() => match m {
+                        None => break,
+                        Some(Outbound::Result { id, reply }) => {
+                            if let Some(tx) = local_id(&id).and_then(|n| lock(&p).remove(&n)) {
+                                let _ = tx.send(Ok(Answer::Typed(reply)));
+                            }
+                        }
+                        Some(Outbound::Error { id, error }) => {
+                            if let Some(tx) = id.as_ref().and_then(local_id).and_then(|n| lock(&p).remove(&n)) {
+                                let _ = tx.send(Err(ClientError::from_rpc(error)));
+                            }
+                        }
+                        Some(Outbound::Request { id, params }) => {
+                            if let Some(h) = &requests {
+                                h(responder.clone(), id, (*params).clone());
+                            }
+                        }
+                    },
+                    e = events.recv() => {
+                        let Some(e) = e else { break };
+                        let n = match e.body {
+                            EventBody::Output { stream, chunk } => Notification::Output {
+                                process_id: e.process_id,
+                                seq: e.seq,
+                                stream,
+                                data: chunk,
+                            },
+                            EventBody::Exited(info) => Notification::Exited {
+                                process_id: e.process_id,
+                                seq: e.seq,
+                                info,
+                            },
+                        };
+                        if !deliver(n) {
+                            break;
+                        }
+                    }
+                }
+            }
+            c.cancel();
+            for (_, tx) in lock(&p).drain() {
+                let _ = tx.send(Err(ClientError::ConnectionLost));
+            }
+        });
+        RpcConnection {
+            out,
+            pending,
+            next_id: Arc::new(AtomicU64::new(1)),
+            closed,
+            failure: Arc::default(),
+        }
     }
 
-    /// Send a request and wait for its result.
-    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+    /// Send a typed request and wait for its typed result. Over a network connection it is
+    /// encoded (and the result decoded) by the JSON codec; in process it travels as it is. A
+    /// full in-process queue is `-32004` (`inProcessQueue`) at once.
+    pub async fn call_typed(&self, call: Call) -> Result<Reply, ClientError> {
+        match &self.out {
+            Out::Json(_) => {
+                let (method, params) = call_value(&call).map_err(ClientError::from_rpc)?;
+                match self
+                    .request(RequestBody::Json(method.as_str(), params))
+                    .await?
+                {
+                    Answer::Json(v) => decode_reply(method, v).map_err(|e| {
+                        ClientError::Protocol(format!("bad {} result: {e}", method.as_str()))
+                    }),
+                    Answer::Typed(r) => Ok(r),
+                }
+            }
+            Out::Local { .. } => match self.request(RequestBody::Typed(call)).await? {
+                Answer::Typed(r) => Ok(r),
+                Answer::Json(_) => Err(ClientError::Protocol(
+                    "JSON from an in-process server".into(),
+                )),
+            },
+        }
+    }
+
+    /// Send a typed notification (`initialized`, `process/ack`).
+    pub async fn notify_typed(&self, note: Note) -> Result<(), ClientError> {
+        match &self.out {
+            Out::Json(_) => {
+                let (method, params) = match note {
+                    Note::Initialized => (Method::Initialized.as_str().to_string(), json_empty()),
+                    Note::Ack(p) => (
+                        Method::ProcessAck.as_str().to_string(),
+                        serde_json::to_value(p).unwrap_or(Value::Null),
+                    ),
+                    Note::Other(m) => (m, json_empty()),
+                };
+                self.notify_json(&method, params).await
+            }
+            Out::Local { requests, .. } => requests
+                .send(Typed::Notification(note))
+                .await
+                .map_err(|_| ClientError::ConnectionLost),
+        }
+    }
+
+    async fn request(&self, body: RequestBody<'_>) -> Result<Answer, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
@@ -291,10 +495,27 @@ impl RpcConnection {
             lock(&self.pending).remove(&id);
             return Err(ClientError::ConnectionLost);
         }
-        let text = encode_request(&Value::from(id), method, &params);
-        if self.out.send(text).await.is_err() {
+        let sent = match (&self.out, body) {
+            (Out::Json(out), RequestBody::Json(method, params)) => out
+                .send(encode_request(&Value::from(id), method, &params))
+                .await
+                .map_err(|_| ClientError::ConnectionLost),
+            (Out::Local { requests, capacity }, RequestBody::Typed(call)) => requests
+                .try_send(Typed::Request {
+                    id: RequestId::from(id),
+                    call,
+                })
+                .map_err(|e| match e {
+                    mpsc::error::TrySendError::Full(_) => ClientError::from_rpc(
+                        RpcError::limit_reached(IN_PROCESS_QUEUE_LIMIT, *capacity as u64),
+                    ),
+                    mpsc::error::TrySendError::Closed(_) => ClientError::ConnectionLost,
+                }),
+            _ => Err(ClientError::Protocol("request of the wrong kind".into())),
+        };
+        if let Err(e) = sent {
             lock(&self.pending).remove(&id);
-            return Err(ClientError::ConnectionLost);
+            return Err(e);
         }
         tokio::select! {
             r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
@@ -305,12 +526,54 @@ impl RpcConnection {
         }
     }
 
-    /// Send a notification.
+    /// Why the connection ended, when the server broke the protocol (a malformed binary
+    /// message); `None` while it is open or when it simply closed.
+    pub fn failure(&self) -> Option<ClientError> {
+        lock(&self.failure).clone()
+    }
+
+    /// Send a request by name with JSON params and wait for its result as JSON: the generic
+    /// path. In process, the params are read into a typed [`Call`] and the result shown as
+    /// JSON (the library's own requests use [`call_typed`](Self::call_typed)).
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        match &self.out {
+            Out::Json(_) => match self.request(RequestBody::Json(method, params)).await? {
+                Answer::Json(v) => Ok(v),
+                Answer::Typed(r) => Ok(reply_value(&r)),
+            },
+            Out::Local { .. } => match decode_call(method, params) {
+                Call::Invalid { error, .. } => Err(ClientError::from_rpc(error)),
+                Call::NotFound(name) => {
+                    Err(ClientError::from_rpc(RpcError::method_not_found(&name)))
+                }
+                call => self.call_typed(call).await.map(|r| reply_value(&r)),
+            },
+        }
+    }
+
+    async fn notify_json(&self, method: &str, params: Value) -> Result<(), ClientError> {
+        match &self.out {
+            Out::Json(out) => out
+                .send(encode_notification(method, &params))
+                .await
+                .map_err(|_| ClientError::ConnectionLost),
+            Out::Local { .. } => Err(ClientError::Protocol("JSON to an in-process server".into())),
+        }
+    }
+
+    /// Send a notification by name with JSON params.
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ClientError> {
-        self.out
-            .send(encode_notification(method, &params))
-            .await
-            .map_err(|_| ClientError::ConnectionLost)
+        match &self.out {
+            Out::Json(_) => self.notify_json(method, params).await,
+            Out::Local { .. } => {
+                let note = match Method::parse(method) {
+                    Some(Method::Initialized) => Note::Initialized,
+                    Some(Method::ProcessAck) => Note::Ack(serde_json::from_value(params).ok()),
+                    _ => Note::Other(method.to_string()),
+                };
+                self.notify_typed(note).await
+            }
+        }
     }
 
     /// Whether the connection is gone.
@@ -326,5 +589,26 @@ impl RpcConnection {
     /// Drop the connection now.
     pub fn close(&self) {
         self.closed.cancel();
+    }
+}
+
+/// `data.limit` of the overload error of a full in-process request queue.
+pub const IN_PROCESS_QUEUE_LIMIT: &str = "inProcessQueue";
+
+enum RequestBody<'a> {
+    Json(&'a str, Value),
+    Typed(Call),
+}
+
+fn json_empty() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// Our own request ids are `u64`s.
+fn local_id(id: &RequestId) -> Option<u64> {
+    match id {
+        RequestId::Int(i) => u64::try_from(*i).ok(),
+        RequestId::UInt(u) => Some(*u),
+        RequestId::Str(_) => None,
     }
 }

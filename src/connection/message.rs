@@ -105,7 +105,7 @@ pub struct WriteCall {
 }
 
 /// A request's method and its decoded params.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Call {
     /// `initialize`.
     Initialize(InitializeParams),

@@ -264,6 +264,11 @@ impl ManagedProcess {
         !self.exited.is_cancelled()
     }
 
+    /// Resolves once the direct child was reaped (whether or not its output was drained).
+    pub async fn wait_exited(&self) {
+        self.exited.cancelled().await
+    }
+
     /// Resolves once the exit notice is in the log.
     pub async fn wait_finished(&self) {
         self.finished.cancelled().await

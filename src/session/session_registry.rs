@@ -225,6 +225,12 @@ impl SessionRegistry {
         lock(&self.sessions).remove(id);
     }
 
+    /// Every process of every session (an in-process server's shutdown kills them all).
+    pub fn all_processes(&self) -> Vec<Arc<crate::process::ManagedProcess>> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        sessions.iter().flat_map(|s| s.processes()).collect()
+    }
+
     /// Close every session (stdio end, server shutdown): every process group is terminated.
     pub fn close_all(&self) {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
