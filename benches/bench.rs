@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use execrelay::client::{
+    Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions, Target,
+};
 use tokio::io::AsyncBufReadExt;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -344,6 +346,66 @@ async fn exec_latency(runs: u64) -> (f64, f64) {
     (percentile(&samples, 50.0), percentile(&samples, 99.0))
 }
 
+// ---------------------------------------------------------------------------------------------
+// In-process (issue 12): `Client::in_process` beside plain WebSocket, in the same run.
+
+/// p50/p99 exec latency (ms) of `true` → exit notice on one in-process client.
+async fn in_process_exec_latency(runs: u64) -> (f64, f64) {
+    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+        .await
+        .expect("in-process client");
+    let mut samples = Vec::with_capacity(runs as usize);
+    for i in 0..(runs + 20) {
+        let (_, took) = drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
+        if i >= 20 {
+            samples.push(took.as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    client.shutdown().await;
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
+/// `head -c n /dev/zero` through an in-process client: MB/s and CPU-s/GB (this process does
+/// everything: server, client and the copy of nothing, so its own CPU time is the cost).
+async fn in_process_throughput(n: u64) -> (f64, f64) {
+    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+        .await
+        .expect("in-process client");
+    let argv = vec!["head".into(), "-c".into(), n.to_string(), "/dev/zero".into()];
+    let cpu0 = self_cpu_secs();
+    let (bytes, took) = drain(&client, "tp", argv).await;
+    let cpu = self_cpu_secs() - cpu0;
+    assert_eq!(bytes, n, "every byte must arrive (got {bytes} of {n})");
+    client.shutdown().await;
+    (n as f64 / 1e6 / took.as_secs_f64(), cpu / (n as f64 / 1e9))
+}
+
+/// The in-process section: exec latency and throughput of `Client::in_process` with plain
+/// WebSocket measured beside it in the same run (`INPROC_RUNS`, `INPROC_BYTES`; 0 skips).
+async fn in_process_section(keys: &NoiseKeys) {
+    let runs = env_u64("INPROC_RUNS", 1000);
+    if runs > 0 {
+        let (i50, i99) = in_process_exec_latency(runs).await;
+        let (w50, w99) = exec_latency(runs).await;
+        println!("inproc_exec_latency_p50_ms {i50:.3}");
+        println!("inproc_exec_latency_p99_ms {i99:.3}");
+        println!("inproc_ws_exec_latency_p50_ms {w50:.3}");
+        println!("inproc_ws_exec_latency_p99_ms {w99:.3}");
+        println!("inproc_vs_ws_exec_latency_p50_ratio {:.3}", i50 / w50);
+    }
+    let n = env_u64("INPROC_BYTES", 256 << 20);
+    if n > 0 {
+        let (mbps, cpu) = in_process_throughput(n).await;
+        let ws = throughput("ws", n, keys).await;
+        println!("inproc_MBps {mbps:.1}");
+        println!("inproc_cpu_s_per_GB {cpu:.2}");
+        println!("inproc_ws_MBps {:.1}", ws.mbps);
+        println!("inproc_ws_cpu_s_per_GB {:.2}", ws.cpu_per_gb);
+        println!("inproc_vs_ws_MBps_ratio {:.2}", mbps / ws.mbps);
+    }
+}
+
 /// Kill the client's link `kills` times while a child streams a known file; measure the time
 /// from each kill to the next output received over the new connection, and the bytes lost.
 async fn resume_bench(kills: usize) -> (f64, f64, i64) {
@@ -522,6 +584,7 @@ async fn main() {
     eprintln!("[bench] server binary: {}", server_bin().display());
 
     let keys = noise_keys();
+    in_process_section(&keys).await;
     let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise".into());
     let mut cpu_per_gb = HashMap::new();
     for kind in kinds.split(',').filter(|k| !k.is_empty()) {
