@@ -372,7 +372,12 @@ async fn in_process_throughput(n: u64) -> (f64, f64) {
     let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
         .await
         .expect("in-process client");
-    let argv = vec!["head".into(), "-c".into(), n.to_string(), "/dev/zero".into()];
+    let argv = vec![
+        "head".into(),
+        "-c".into(),
+        n.to_string(),
+        "/dev/zero".into(),
+    ];
     let cpu0 = self_cpu_secs();
     let (bytes, took) = drain(&client, "tp", argv).await;
     let cpu = self_cpu_secs() - cpu0;
@@ -381,18 +386,41 @@ async fn in_process_throughput(n: u64) -> (f64, f64) {
     (n as f64 / 1e6 / took.as_secs_f64(), cpu / (n as f64 / 1e9))
 }
 
+/// The physical limit of exec latency on this machine now: fork, exec and reap `true` from
+/// this process (tokio's `Command`), p50/p99 in ms, measured beside the others.
+async fn raw_spawn_latency(runs: u64) -> (f64, f64) {
+    let mut samples = Vec::with_capacity(runs as usize);
+    for i in 0..(runs + 20) {
+        let t = Instant::now();
+        let status = tokio::process::Command::new("true")
+            .status()
+            .await
+            .expect("spawn true");
+        assert!(status.success());
+        if i >= 20 {
+            samples.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
 /// The in-process section: exec latency and throughput of `Client::in_process` with plain
 /// WebSocket measured beside it in the same run (`INPROC_RUNS`, `INPROC_BYTES`; 0 skips).
 async fn in_process_section(keys: &NoiseKeys) {
     let runs = env_u64("INPROC_RUNS", 1000);
     if runs > 0 {
+        let (r50, r99) = raw_spawn_latency(runs).await;
         let (i50, i99) = in_process_exec_latency(runs).await;
         let (w50, w99) = exec_latency(runs).await;
+        println!("inproc_raw_spawn_p50_ms {r50:.3}");
+        println!("inproc_raw_spawn_p99_ms {r99:.3}");
         println!("inproc_exec_latency_p50_ms {i50:.3}");
         println!("inproc_exec_latency_p99_ms {i99:.3}");
         println!("inproc_ws_exec_latency_p50_ms {w50:.3}");
         println!("inproc_ws_exec_latency_p99_ms {w99:.3}");
         println!("inproc_vs_ws_exec_latency_p50_ratio {:.3}", i50 / w50);
+        println!("inproc_overhead_over_raw_spawn_p50_ms {:.3}", i50 - r50);
     }
     let n = env_u64("INPROC_BYTES", 256 << 20);
     if n > 0 {
