@@ -45,7 +45,10 @@ use event_stream::ProcSlot;
 use rpc_connection::{Notification, RpcConnection};
 
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
-pub use process_handle::{ProcessController, ProcessHandle};
+pub use process_handle::{
+    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
+    STDIN_WRITE_BYTES,
+};
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
@@ -223,6 +226,8 @@ struct Shared {
     shutdown: CancellationToken,
     lost: Mutex<Option<String>>,
     connects: std::sync::atomic::AtomicU64,
+    /// The server's `maxMessageBytes`, from its last `initialize` result.
+    server_max_message: std::sync::atomic::AtomicUsize,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -299,6 +304,7 @@ impl Client {
             shutdown: CancellationToken::new(),
             lost: Mutex::new(None),
             connects: std::sync::atomic::AtomicU64::new(0),
+            server_max_message: std::sync::atomic::AtomicUsize::new(MAX_MESSAGE_BYTES),
         });
         Client { shared }
     }
@@ -421,6 +427,10 @@ impl Client {
         let init: InitializeResult = serde_json::from_value(result)
             .map_err(|e| ClientError::Protocol(format!("bad initialize result: {e}")))?;
         conn.notify(Method::Initialized.as_str(), json!({})).await?;
+        self.shared.server_max_message.store(
+            usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,

@@ -81,6 +81,28 @@ pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 /// it handled it (the common case of in-order output, saving a task hop per message).
 pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
 
+/// A request sent by [`RpcConnection::start_call_encoded`], awaiting its response.
+pub struct PendingCall {
+    id: u64,
+    rx: oneshot::Receiver<Result<Value, ClientError>>,
+    conn: RpcConnection,
+}
+
+impl PendingCall {
+    /// The response's result, or why there is none (the connection's failure, if it broke).
+    pub async fn outcome(self) -> Result<Value, ClientError> {
+        let PendingCall { id, rx, conn } = self;
+        tokio::select! {
+            biased;
+            r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
+            _ = conn.closed.cancelled() => {
+                lock(&conn.pending).remove(&id);
+                Err(conn.failure().unwrap_or(ClientError::ConnectionLost))
+            }
+        }
+    }
+}
+
 /// A live connection.
 #[derive(Clone)]
 pub struct RpcConnection {
@@ -253,6 +275,32 @@ impl RpcConnection {
                 Err(self.failure().unwrap_or(ClientError::ConnectionLost))
             }
         }
+    }
+
+    /// Send a request encoded by `encode` (given the request id) without waiting for its
+    /// response: the request is queued, in the order of these calls, when this returns, and
+    /// the returned [`PendingCall`] resolves to its outcome. For pipelined requests whose
+    /// order matters (`process/write`) and that are encoded by hand.
+    pub async fn start_call_encoded(
+        &self,
+        encode: impl FnOnce(u64) -> String,
+    ) -> Result<PendingCall, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        if self.closed.is_cancelled() {
+            lock(&self.pending).remove(&id);
+            return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
+        }
+        if self.out.send(encode(id)).await.is_err() {
+            lock(&self.pending).remove(&id);
+            return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
+        }
+        Ok(PendingCall {
+            id,
+            rx,
+            conn: self.clone(),
+        })
     }
 
     /// Send a notification.

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +25,7 @@ use crate::rpc::messages::{
     TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
 };
 use crate::rpc::notification::{exit_event_json, output_event_json};
+use crate::rpc::write_request::decode_write_chunk;
 use crate::rpc::{Method, RpcError};
 use crate::session::{Session, SessionRegistry, StartSpec};
 
@@ -200,9 +200,7 @@ async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
 
 async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
     let proc = ctx.session.get(&p.process_id)?;
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(p.chunk.as_bytes())
-        .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
+    let data = decode_write_chunk(&p.chunk).map_err(RpcError::invalid_params)?;
     let status = proc.write(&data, p.write_id).await;
     Ok(json!({ "status": status.as_str() }))
 }
