@@ -5,8 +5,8 @@
 //! Measured: throughput of `head -c N /dev/zero` to the client over stdio, plain WebSocket and
 //! Noise, each with JSON output and with binary output (`protocol.md` §5.1; stdio carries only
 //! JSON), in MB/s, CPU seconds per GB (server and client together, and the server alone) and
-//! server peak RSS; upload (`head -c N /dev/zero | execrelay run URL -- sh -c 'cat
-//! >/dev/null'`, the real CLI) over WebSocket and Noise; fan-in (many Noise streams at once);
+//! server peak RSS; upload (`head -c N /dev/zero | execrelay run URL -- sh -c 'cat >…'`, the
+//! real CLI, to `/dev/null`) over WebSocket and Noise; fan-in (many Noise streams at once);
 //! exec and connect latency; resume; a slow consumer. Every throughput figure is printed with
 //! its ratio to OpenSSH and to the raw pipe measured in the same run.
 
@@ -379,25 +379,23 @@ async fn upload(kind: &str, n: u64, keys: &NoiseKeys) -> (f64, f64) {
     let head_out = head.stdout.take().expect("head stdout");
     let server0 = proc_cpu_secs(server_pid);
     let t0 = Instant::now();
-    let child = run
+    let children_cpu = || {
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    };
+    let children0 = children_cpu();
+    let status = run
         .stdin(Stdio::from(head_out))
         .stdout(Stdio::null())
-        .spawn()
+        .status()
         .expect("execrelay run");
-    let pid = child.id() as libc::pid_t;
-    // wait4 for the client's own CPU time.
-    let mut status = 0;
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let took = t0.elapsed();
-    assert_eq!(waited, pid, "wait4");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "execrelay run failed: {status}"
-    );
+    assert!(status.success(), "execrelay run failed: {status}");
+    // The client's own CPU (`head` is waited for after this).
+    let client_cpu = children_cpu() - children0;
     let _ = head.wait();
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    let client_cpu = t(ru.ru_utime) + t(ru.ru_stime);
     let server_cpu = proc_cpu_secs(server_pid) - server0;
     let _ = s.child.start_kill();
     let _ = s.child.wait().await;
