@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{
     ApprovalDecision, ApprovalHandler, ApproveParams, Client, ClientOptions, InProcessConfig,
-    ProcessEvent, StartOptions, Target,
+    ProcessEvent, StartOptions, Target, STDIN_WRITE_BYTES,
 };
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
@@ -257,25 +257,36 @@ async fn run(args: RunArgs) -> i32 {
     };
     let _raw = if args.tty { RawMode::enable() } else { None };
 
-    // stdin → process/write, then closeStdin at end of file.
-    let ctl = proc.controller();
+    // stdin → process/write, then closeStdin at end of file: pipelined writes of whatever
+    // stdin has (up to STDIN_WRITE_BYTES each), never waiting for more than the first byte.
+    let mut writer = proc.stdin_writer();
     tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut n_writes = 0u64;
-        loop {
-            match stdin.read(&mut buf).await {
+        use futures_util::FutureExt;
+        let mut stdin = crate::transport::stdio::stdin_reader();
+        let mut buf = bytes::BytesMut::new();
+        let mut eof = false;
+        while !eof {
+            buf.reserve(STDIN_WRITE_BYTES);
+            match stdin.read_buf(&mut buf).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    n_writes += 1;
-                    match ctl.write(&buf[..n], &format!("w-{n_writes}")).await {
-                        Ok(s) if s == "accepted" => {}
-                        _ => return,
+                Ok(_) => {}
+            }
+            // Whatever else is readable now, without waiting.
+            while buf.len() < STDIN_WRITE_BYTES {
+                match stdin.read_buf(&mut buf).now_or_never() {
+                    Some(Ok(0)) | Some(Err(_)) => {
+                        eof = true;
+                        break;
                     }
+                    Some(Ok(_)) => {}
+                    None => break,
                 }
             }
+            if writer.write(buf.split().freeze()).await.is_err() {
+                return;
+            }
         }
-        let _ = ctl.close_stdin().await;
+        let _ = writer.finish().await;
     });
 
     // Ctrl-C (when the terminal is not raw) → SIGINT; window changes → resize.

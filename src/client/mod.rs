@@ -55,7 +55,10 @@ pub use crate::connection::local::LocalLimits as InProcessLimits;
 pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
 pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
-pub use process_handle::{ProcessController, ProcessHandle};
+pub use process_handle::{
+    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
+    STDIN_WRITE_BYTES,
+};
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
@@ -300,6 +303,8 @@ struct Shared {
     approvals: Arc<Mutex<approval::Approvals>>,
     /// The server, when it runs in this process.
     local: Mutex<Option<OwnedServer>>,
+    /// The server's `maxMessageBytes`, from its last `initialize` result.
+    server_max_message: std::sync::atomic::AtomicUsize,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -378,6 +383,7 @@ impl Client {
             connects: std::sync::atomic::AtomicU64::new(0),
             approvals: Arc::new(Mutex::new(approval::Approvals::default())),
             local: Mutex::new(None),
+            server_max_message: std::sync::atomic::AtomicUsize::new(MAX_MESSAGE_BYTES),
         });
         Client { shared }
     }
@@ -588,6 +594,10 @@ impl Client {
             }
         };
         conn.notify_typed(Note::Initialized).await?;
+        self.shared.server_max_message.store(
+            usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,

@@ -25,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 use super::ClientError;
 use crate::connection::json_codec::{call_value, decode_call, decode_reply, reply_value};
 use crate::connection::local::LocalClientEnd;
-use crate::connection::message::{Call, Inbound as Typed, Note, Outbound, Reply, RequestId};
+use crate::connection::message::{
+    Call, Inbound as Typed, Note, Outbound, Reply, RequestId, WriteCall,
+};
 use crate::process::event_log::EventBody;
 use crate::rpc::binary_output::{decode_output_message, is_binary_message};
 use crate::rpc::jsonrpc::{
@@ -33,6 +35,7 @@ use crate::rpc::jsonrpc::{
 };
 use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult, ExitInfo, StreamName};
 use crate::rpc::notification::{decode_output_delta, OutputDelta};
+use crate::rpc::write_request::encode_write_request;
 use crate::rpc::{Method, RpcError};
 use crate::session::ApprovalAnswer;
 use crate::sync::lock;
@@ -103,6 +106,33 @@ pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 /// Called on the reader task for each notification before it is queued: returns `None` when
 /// it handled it (the common case of in-order output, saving a task hop per message).
 pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
+
+/// A request sent by [`RpcConnection::start_write`], awaiting its response.
+pub struct PendingCall {
+    id: u64,
+    rx: oneshot::Receiver<Result<Answer, ClientError>>,
+    conn: RpcConnection,
+}
+
+impl PendingCall {
+    /// The response's result as JSON, or why there is none (the connection's failure, if it
+    /// broke).
+    pub async fn outcome(self) -> Result<Value, ClientError> {
+        let PendingCall { id, rx, conn } = self;
+        let answer = tokio::select! {
+            biased;
+            r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
+            _ = conn.closed.cancelled() => {
+                lock(&conn.pending).remove(&id);
+                Err(conn.failure().unwrap_or(ClientError::ConnectionLost))
+            }
+        }?;
+        Ok(match answer {
+            Answer::Json(v) => v,
+            Answer::Typed(r) => reply_value(&r),
+        })
+    }
+}
 
 /// Called on the reader task for each `process/approve` the server sends (its id, its
 /// params), with a [`Responder`] for this connection. It must not block: answer from a task
@@ -559,6 +589,55 @@ impl RpcConnection {
                 .map_err(|_| ClientError::ConnectionLost),
             Out::Local { .. } => Err(ClientError::Protocol("JSON to an in-process server".into())),
         }
+    }
+
+    /// Send a notification by name with JSON params.
+
+    /// Send `process/write` of `data` to `process_id` with `write_id` without waiting for its
+    /// response: the request is queued, in the order of these calls, when this returns, and
+    /// the returned [`PendingCall`] resolves to its outcome (the pipelined stdin writer). Over
+    /// a network connection it is encoded by hand (`rpc/write_request.rs`); in process it
+    /// travels typed and, being part of a bounded pipeline, waits for room in the queue
+    /// rather than failing.
+    pub async fn start_write(
+        &self,
+        process_id: &str,
+        write_id: &str,
+        data: &bytes::Bytes,
+    ) -> Result<PendingCall, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        if self.closed.is_cancelled() {
+            lock(&self.pending).remove(&id);
+            return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
+        }
+        let sent = match &self.out {
+            Out::Json(out) => out
+                .send(encode_write_request(id, process_id, write_id, data))
+                .await
+                .is_ok(),
+            Out::Local { requests, .. } => requests
+                .send(Typed::Request {
+                    id: RequestId::from(id),
+                    call: Call::Write(WriteCall {
+                        process_id: process_id.to_string(),
+                        data: data.clone(),
+                        write_id: Some(write_id.to_string()),
+                    }),
+                })
+                .await
+                .is_ok(),
+        };
+        if !sent {
+            lock(&self.pending).remove(&id);
+            return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
+        }
+        Ok(PendingCall {
+            id,
+            rx,
+            conn: self.clone(),
+        })
     }
 
     /// Send a notification by name with JSON params.

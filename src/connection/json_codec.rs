@@ -27,6 +27,7 @@ use crate::rpc::notification::{
     decode_read_event, encode_exit_notice, encode_output_delta, exit_event_json, output_event_json,
     ReadEvent,
 };
+use crate::rpc::write_request::decode_write_chunk;
 use crate::rpc::{Method, RpcError};
 use crate::session::{ApprovalAnswer, ListedProcess, ListedState};
 use crate::transport::OutMessage;
@@ -132,9 +133,7 @@ pub fn decode_call(name: &str, params: Value) -> Call {
         Method::ProcessTerminate => typed(params, Call::Terminate),
         Method::ProcessAck => Ok(Call::Ack(decode_params(params).ok())),
         Method::ProcessWrite => decode_params::<WriteParams>(params).and_then(|p| {
-            let data = base64::engine::general_purpose::STANDARD
-                .decode(p.chunk.as_bytes())
-                .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
+            let data = decode_write_chunk(&p.chunk).map_err(RpcError::invalid_params)?;
             Ok(Call::Write(WriteCall {
                 process_id: p.process_id,
                 data: data.into(),

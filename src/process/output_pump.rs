@@ -243,6 +243,11 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputRead
                         if !wait_admitted(&p, Want::Room(MAX_CHUNK_BYTES)).await {
                             return StreamEnd::Cut { capped };
                         }
+                        // A full first read means a stream in bulk: let the other tasks (the
+                        // connection's writer) run once while the child fills its pipe, so the
+                        // chunk is whole rather than what arrived in the last microsecond
+                        // (small chunks cost a message each, all the way to the client).
+                        tokio::task::yield_now().await;
                         read_on(&mut reader, &first)
                     };
                     let n = chunk.len();
