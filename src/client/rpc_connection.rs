@@ -591,8 +591,6 @@ impl RpcConnection {
         }
     }
 
-    /// Send a notification by name with JSON params.
-
     /// Send `process/write` of `data` to `process_id` with `write_id` without waiting for its
     /// response: the request is queued, in the order of these calls, when this returns, and
     /// the returned [`PendingCall`] resolves to its outcome (the pipelined stdin writer). Over
