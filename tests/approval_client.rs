@@ -366,3 +366,42 @@ async fn run_asks_on_its_terminal_and_n_denies() {
     );
     assert!(running_with_arg(&arg).is_empty(), "nothing spawned");
 }
+
+/// `exec_policy` in the `--config` file (relative to it) loads the policy; `--exec-policy`
+/// wins; a policy that is not a string is an error naming the file.
+#[test]
+fn the_config_file_names_the_policy_and_the_flag_wins() {
+    use clap::Parser;
+    use execrelay::cli::{Cli, Command};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), "default = \"deny\"\n").unwrap();
+    std::fs::write(dir.path().join("q.toml"), "default = \"ask\"\n").unwrap();
+    let cfg = dir.path().join("serve.toml");
+    std::fs::write(&cfg, "exec_policy = \"p.toml\"\nmax_processes = 7\n").unwrap();
+    let serve = |args: &[&str]| match Cli::try_parse_from(["execrelay", "serve"].iter().chain(args))
+        .unwrap()
+        .command
+    {
+        Command::Serve(s) => s,
+        _ => unreachable!(),
+    };
+    let cfg_s = cfg.to_str().unwrap();
+    let s = serve(&["--config", cfg_s]);
+    assert_eq!(s.config().unwrap().max_processes, 7, "settings still read");
+    let p = s.exec_policy().unwrap().expect("a policy");
+    assert_eq!(
+        p.current().decide("ls", None).action,
+        execrelay::policy::Action::Deny
+    );
+    let q = dir.path().join("q.toml");
+    let s = serve(&["--config", cfg_s, "--exec-policy", q.to_str().unwrap()]);
+    let p = s.exec_policy().unwrap().unwrap();
+    assert_eq!(
+        p.current().decide("ls", None).action,
+        execrelay::policy::Action::Ask
+    );
+    std::fs::write(&cfg, "exec_policy = 3\n").unwrap();
+    let e = serve(&["--config", cfg_s]).exec_policy().unwrap_err();
+    assert!(e.to_string().contains("serve.toml"), "{e}");
+    assert!(serve(&[]).exec_policy().unwrap().is_none());
+}
