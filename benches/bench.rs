@@ -2,15 +2,21 @@
 //! half alone). Prints `KEY VALUE` lines and, when given the OpenSSH baseline file written by
 //! `benches/ssh_baseline.sh` in the same run, ratios against it.
 //!
-//! Measured: throughput of `head -c N /dev/zero` to the client over stdio and plain
-//! WebSocket (MB/s, CPU seconds per GB, server peak RSS), and exec latency (`process/start`
-//! of `true` until its exit notice, p50/p99 over many runs on one open connection).
+//! Measured: throughput of `head -c N /dev/zero` to the client over stdio, plain WebSocket and
+//! Noise, each with JSON output and with binary output (`protocol.md` §5.1; stdio carries only
+//! JSON), in MB/s, CPU seconds per GB (server and client together, and the server alone) and
+//! server peak RSS; upload (`head -c N /dev/zero | execrelay run URL -- sh -c 'cat >…'`, the
+//! real CLI, to `/dev/null`) over WebSocket and Noise; fan-in (many Noise streams at once);
+//! exec and connect latency; resume; a slow consumer. Every throughput figure is printed with
+//! its ratio to OpenSSH and to the raw pipe measured in the same run.
 
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use execrelay::client::{
+    Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions, Target,
+};
 use tokio::io::AsyncBufReadExt;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -109,6 +115,15 @@ fn noise_keys() -> NoiseKeys {
     server
         .write(&dir.join("server"), "bench")
         .expect("write key");
+    // For `execrelay run` (the upload benchmark): the client's key and the server's public key.
+    client
+        .write(&dir.join("client"), "bench")
+        .expect("write key");
+    std::fs::write(
+        dir.join("server.pub"),
+        format!("{}\n", public_line(&server.public, "bench")),
+    )
+    .expect("server public key");
     std::fs::write(
         dir.join("authorized"),
         format!("{}\n", public_line(&client.public, "bench")),
@@ -147,7 +162,7 @@ async fn start_noise_server_with(keys: &NoiseKeys, extra: &[&str]) -> ServerProc
 /// Fan-in: `procs` clients, each a virtual stream with its own session on one shared Noise
 /// link, each running one process that writes `per` bytes, all at once. Returns aggregate
 /// MB/s, the server's peak RSS and its CPU seconds per GB.
-async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64) {
+async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64) {
     let limit = (procs + 16).to_string();
     // Every client is one key from one address: the per-client quotas must allow them all.
     let s = start_noise_server_with(
@@ -213,7 +228,12 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64) {
         c.shutdown().await;
     }
     let bytes = per as f64 * procs as f64;
-    (bytes / 1e6 / took.as_secs_f64(), rss, cpu / (bytes / 1e9))
+    (
+        bytes / 1e6 / took.as_secs_f64(),
+        rss,
+        cpu / (bytes / 1e9),
+        rss_idle,
+    )
 }
 
 /// New connection each time: link, handshake, `initialize`, start `true`, exit notice.
@@ -271,11 +291,22 @@ async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) 
 
 struct Throughput {
     mbps: f64,
+    /// Server and client together.
     cpu_per_gb: f64,
+    /// The server alone.
+    server_cpu_per_gb: f64,
     server_rss_kib: u64,
 }
 
-async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
+/// Client options for output in `form` (`json` or `binary`).
+fn form_options(form: &str) -> ClientOptions {
+    ClientOptions {
+        binary_output: form == "binary",
+        ..ClientOptions::default()
+    }
+}
+
+async fn throughput(kind: &str, form: &str, n: u64, keys: &NoiseKeys) -> Throughput {
     let argv = vec![
         "head".to_string(),
         "-c".to_string(),
@@ -289,7 +320,7 @@ async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
                     program: server_bin(),
                     args: vec!["serve".into(), "--listen".into(), "stdio".into()],
                 },
-                ClientOptions::default(),
+                form_options(form),
             )
             .await
             .expect("connect stdio");
@@ -304,7 +335,7 @@ async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
                     config: keys.config.clone(),
                     pool: execrelay::link::client::LinkPool::new(),
                 },
-                ClientOptions::default(),
+                form_options(form),
             )
             .await
             .expect("connect noise");
@@ -313,15 +344,17 @@ async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
         }
         _ => {
             let s = start_ws_server().await;
-            let c = Client::connect(Target::Ws(s.url.clone()), ClientOptions::default())
+            let c = Client::connect(Target::Ws(s.url.clone()), form_options(form))
                 .await
                 .expect("connect ws");
             let pid = s.child.id().unwrap_or(0);
             (c, pid, Some(s))
         }
     };
-    let cpu0 = proc_cpu_secs(server_pid) + self_cpu_secs();
+    let server0 = proc_cpu_secs(server_pid);
+    let cpu0 = server0 + self_cpu_secs();
     let (bytes, took) = drain(&client, "tp", argv).await;
+    let server_cpu = proc_cpu_secs(server_pid) - server0;
     let cpu = proc_cpu_secs(server_pid) + self_cpu_secs() - cpu0;
     assert_eq!(bytes, n, "every byte must arrive (got {bytes} of {n})");
     let rss = peak_rss_kib(server_pid);
@@ -333,8 +366,61 @@ async fn throughput(kind: &str, n: u64, keys: &NoiseKeys) -> Throughput {
     Throughput {
         mbps: n as f64 / 1e6 / took.as_secs_f64(),
         cpu_per_gb: cpu / (n as f64 / 1e9),
+        server_cpu_per_gb: server_cpu / (n as f64 / 1e9),
         server_rss_kib: rss,
     }
+}
+
+/// Upload: `head -c N /dev/zero | execrelay run URL -- sh -c 'cat >/dev/null'`, the real CLI
+/// against a server of `kind` (`ws` or `noise`). MB/s, and CPU seconds per GB of the server
+/// and the client (`execrelay run`) together.
+async fn upload(kind: &str, n: u64, keys: &NoiseKeys) -> (f64, f64) {
+    let mut s = match kind {
+        "noise" => start_noise_server(keys).await,
+        _ => start_ws_server().await,
+    };
+    let server_pid = s.child.id().unwrap_or(0);
+    let mut run = std::process::Command::new(server_bin());
+    run.arg("run").arg(&s.url);
+    if kind == "noise" {
+        run.arg("--server-key")
+            .arg(keys.dir.join("server.pub"))
+            .arg("--key")
+            .arg(keys.dir.join("client"));
+    }
+    run.args(["--", "sh", "-c", "cat >/dev/null"]);
+    let mut head = std::process::Command::new("head")
+        .args(["-c", &n.to_string(), "/dev/zero"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("head");
+    let head_out = head.stdout.take().expect("head stdout");
+    let server0 = proc_cpu_secs(server_pid);
+    let t0 = Instant::now();
+    let children_cpu = || {
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    };
+    let children0 = children_cpu();
+    let status = run
+        .stdin(Stdio::from(head_out))
+        .stdout(Stdio::null())
+        .status()
+        .expect("execrelay run");
+    let took = t0.elapsed();
+    assert!(status.success(), "execrelay run failed: {status}");
+    // The client's own CPU (`head` is waited for after this).
+    let client_cpu = children_cpu() - children0;
+    let _ = head.wait();
+    let server_cpu = proc_cpu_secs(server_pid) - server0;
+    let _ = s.child.start_kill();
+    let _ = s.child.wait().await;
+    (
+        n as f64 / 1e6 / took.as_secs_f64(),
+        (client_cpu + server_cpu) / (n as f64 / 1e9),
+    )
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -358,6 +444,94 @@ async fn exec_latency(runs: u64) -> (f64, f64) {
     samples.sort_by(|a, b| a.total_cmp(b));
     client.close();
     (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process (issue 12): `Client::in_process` beside plain WebSocket, in the same run.
+
+/// p50/p99 exec latency (ms) of `true` → exit notice on one in-process client.
+async fn in_process_exec_latency(runs: u64) -> (f64, f64) {
+    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+        .await
+        .expect("in-process client");
+    let mut samples = Vec::with_capacity(runs as usize);
+    for i in 0..(runs + 20) {
+        let (_, took) = drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
+        if i >= 20 {
+            samples.push(took.as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    client.shutdown().await;
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
+/// `head -c n /dev/zero` through an in-process client: MB/s and CPU-s/GB (this process does
+/// everything: server, client and the copy of nothing, so its own CPU time is the cost).
+async fn in_process_throughput(n: u64) -> (f64, f64) {
+    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+        .await
+        .expect("in-process client");
+    let argv = vec![
+        "head".into(),
+        "-c".into(),
+        n.to_string(),
+        "/dev/zero".into(),
+    ];
+    let cpu0 = self_cpu_secs();
+    let (bytes, took) = drain(&client, "tp", argv).await;
+    let cpu = self_cpu_secs() - cpu0;
+    assert_eq!(bytes, n, "every byte must arrive (got {bytes} of {n})");
+    client.shutdown().await;
+    (n as f64 / 1e6 / took.as_secs_f64(), cpu / (n as f64 / 1e9))
+}
+
+/// The physical limit of exec latency on this machine now: fork, exec and reap `true` from
+/// this process (tokio's `Command`), p50/p99 in ms, measured beside the others.
+async fn raw_spawn_latency(runs: u64) -> (f64, f64) {
+    let mut samples = Vec::with_capacity(runs as usize);
+    for i in 0..(runs + 20) {
+        let t = Instant::now();
+        let status = tokio::process::Command::new("true")
+            .status()
+            .await
+            .expect("spawn true");
+        assert!(status.success());
+        if i >= 20 {
+            samples.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
+/// The in-process section: exec latency and throughput of `Client::in_process` with plain
+/// WebSocket measured beside it in the same run (`INPROC_RUNS`, `INPROC_BYTES`; 0 skips).
+async fn in_process_section(keys: &NoiseKeys) {
+    let runs = env_u64("INPROC_RUNS", 1000);
+    if runs > 0 {
+        let (r50, r99) = raw_spawn_latency(runs).await;
+        let (i50, i99) = in_process_exec_latency(runs).await;
+        let (w50, w99) = exec_latency(runs).await;
+        println!("inproc_raw_spawn_p50_ms {r50:.3}");
+        println!("inproc_raw_spawn_p99_ms {r99:.3}");
+        println!("inproc_exec_latency_p50_ms {i50:.3}");
+        println!("inproc_exec_latency_p99_ms {i99:.3}");
+        println!("inproc_ws_exec_latency_p50_ms {w50:.3}");
+        println!("inproc_ws_exec_latency_p99_ms {w99:.3}");
+        println!("inproc_vs_ws_exec_latency_p50_ratio {:.3}", i50 / w50);
+        println!("inproc_overhead_over_raw_spawn_p50_ms {:.3}", i50 - r50);
+    }
+    let n = env_u64("INPROC_BYTES", 256 << 20);
+    if n > 0 {
+        let (mbps, cpu) = in_process_throughput(n).await;
+        let ws = throughput("ws", "binary", n, keys).await;
+        println!("inproc_MBps {mbps:.1}");
+        println!("inproc_cpu_s_per_GB {cpu:.2}");
+        println!("inproc_ws_binary_MBps {:.1}", ws.mbps);
+        println!("inproc_ws_binary_cpu_s_per_GB {:.2}", ws.cpu_per_gb);
+        println!("inproc_vs_ws_MBps_ratio {:.2}", mbps / ws.mbps);
+    }
 }
 
 /// Kill the client's link `kills` times while a child streams a known file; measure the time
@@ -483,10 +657,10 @@ fn read_baseline() -> HashMap<String, f64> {
 }
 
 /// CPU seconds per GB of child output spent in the Noise record layer alone: sealing the
-/// `process/outputDelta` messages of `n` bytes (64 KiB chunks, base64 in JSON) into `DATA`
+/// output deltas of `n` bytes (64 KiB chunks; base64 in JSON, or binary messages) into `DATA`
 /// frames and opening them again, on one thread, with no I/O. Both ends of a real link pay it
 /// on top of everything the plain WebSocket path pays.
-fn record_layer_cpu_per_gb(n: u64) -> f64 {
+fn record_layer_cpu_per_gb(n: u64, binary: bool) -> f64 {
     use base64::Engine;
     use execrelay::noise::handshake::{read_hello, ClientHandshake};
     use execrelay::noise::keys::Keypair;
@@ -505,18 +679,26 @@ fn record_layer_cpu_per_gb(n: u64) -> f64 {
     let (client_keys, _) = hs.finish(&m2).expect("finish");
     let mut sealer = RecordSealer::new(server_keys);
     let mut opener = RecordOpener::new(client_keys, execrelay::config::MAX_MESSAGE_BYTES);
-    let chunk = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 64 * 1024]);
+    let raw = vec![0u8; 64 * 1024];
+    let chunk = base64::engine::general_purpose::STANDARD.encode(&raw);
     let msg = format!(
         r#"{{"jsonrpc":"2.0","method":"process/outputDelta","params":{{"processId":"tp","seq":1,"stream":"stdout","chunk":"{chunk}"}}}}"#
+    );
+    let head = execrelay::rpc::binary_output::encode_output_head(
+        "tp",
+        1,
+        execrelay::rpc::messages::StreamName::Stdout,
     );
     let chunks = n.div_ceil(64 * 1024);
     let cpu0 = self_cpu_secs();
     let mut got = 0u64;
     for _ in 0..chunks {
-        for f in sealer
-            .seal_message_frames(&sid, msg.as_bytes())
-            .expect("seal")
-        {
+        let frames = if binary {
+            sealer.seal_message_parts(&sid, &[&head, &raw])
+        } else {
+            sealer.seal_message_frames(&sid, msg.as_bytes())
+        };
+        for f in frames.expect("seal") {
             let f = Frame::decode_owned(f).expect("frame");
             if let Ok(Opened::Messages(m)) = opener.open_owned(f.seq, f.payload) {
                 got += m.len() as u64;
@@ -538,29 +720,44 @@ async fn main() {
     eprintln!("[bench] server binary: {}", server_bin().display());
 
     let keys = noise_keys();
+    in_process_section(&keys).await;
     let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise".into());
-    let mut cpu_per_gb = HashMap::new();
-    for kind in kinds.split(',').filter(|k| !k.is_empty()) {
-        let mut results = Vec::new();
-        for r in 0..repeats {
-            let t = throughput(kind, n, &keys).await;
-            eprintln!(
-                "[bench] {kind} run {r}: {:.1} MB/s, {:.2} CPU-s/GB, server peak RSS {} KiB",
-                t.mbps, t.cpu_per_gb, t.server_rss_kib
-            );
-            results.push(t);
-        }
-        results.sort_by(|a, b| a.mbps.total_cmp(&b.mbps));
-        let med = &results[results.len() / 2];
-        println!("{kind}_MBps {:.1}", med.mbps);
-        println!("{kind}_cpu_s_per_GB {:.2}", med.cpu_per_gb);
-        println!("{kind}_server_peak_rss_KiB {}", med.server_rss_kib);
-        cpu_per_gb.insert(kind.to_string(), med.cpu_per_gb);
+    let forms = std::env::var("BENCH_FORMS").unwrap_or_else(|_| "json,binary".into());
+    let ratios = |key: &str, mbps: f64| {
         if let Some(ssh) = base.get("ssh_chacha_MBps") {
-            println!("{kind}_vs_ssh_chacha_ratio {:.2}", med.mbps / ssh);
+            println!("{key}_vs_ssh_chacha_ratio {:.2}", mbps / ssh);
         }
         if let Some(raw) = base.get("raw_pipe_MBps") {
-            println!("{kind}_vs_raw_pipe_ratio {:.2}", med.mbps / raw);
+            println!("{key}_vs_raw_pipe_ratio {:.2}", mbps / raw);
+        }
+    };
+    let mut cpu_per_gb = HashMap::new();
+    let mut server_cpu_per_gb = HashMap::new();
+    for kind in kinds.split(',').filter(|k| !k.is_empty()) {
+        for form in forms.split(',').filter(|f| !f.is_empty()) {
+            // stdio cannot carry binary messages: the server answers binaryOutput false.
+            if kind == "stdio" && form == "binary" {
+                continue;
+            }
+            let key = format!("{kind}_{form}");
+            let mut results = Vec::new();
+            for r in 0..repeats {
+                let t = throughput(kind, form, n, &keys).await;
+                eprintln!(
+                    "[bench] {key} run {r}: {:.1} MB/s, {:.2} CPU-s/GB ({:.2} server), server peak RSS {} KiB",
+                    t.mbps, t.cpu_per_gb, t.server_cpu_per_gb, t.server_rss_kib
+                );
+                results.push(t);
+            }
+            results.sort_by(|a, b| a.mbps.total_cmp(&b.mbps));
+            let med = &results[results.len() / 2];
+            println!("{key}_MBps {:.1}", med.mbps);
+            println!("{key}_cpu_s_per_GB {:.2}", med.cpu_per_gb);
+            println!("{key}_server_cpu_s_per_GB {:.2}", med.server_cpu_per_gb);
+            println!("{key}_server_peak_rss_KiB {}", med.server_rss_kib);
+            ratios(&key, med.mbps);
+            cpu_per_gb.insert(key.clone(), med.cpu_per_gb);
+            server_cpu_per_gb.insert(key, med.server_cpu_per_gb);
         }
     }
 
@@ -568,15 +765,41 @@ async fn main() {
     // the plain WebSocket path plus this, so with every core busy and perfect overlap it cannot
     // exceed cores / (ws CPU-s/GB + record CPU-s/GB).
     if kinds.split(',').any(|k| k == "noise") {
-        let rec = record_layer_cpu_per_gb(n.min(1 << 30));
-        println!("noise_record_layer_cpu_s_per_GB {rec:.2}");
-        if let Some(ws) = cpu_per_gb.get("ws") {
-            let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
-            let ceiling = cores / (ws + rec) * 1e3;
-            println!("noise_ceiling_MBps {ceiling:.0}");
-            if let Some(ssh) = base.get("ssh_chacha_MBps") {
-                println!("noise_ceiling_vs_ssh_chacha_ratio {:.2}", ceiling / ssh);
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+        for form in ["json", "binary"] {
+            let rec = record_layer_cpu_per_gb(n.min(1 << 30), form == "binary");
+            println!("noise_{form}_record_layer_cpu_s_per_GB {rec:.2}");
+            if let Some(ws) = cpu_per_gb.get(&format!("ws_{form}")) {
+                let ceiling = cores / (ws + rec) * 1e3;
+                println!("noise_{form}_ceiling_MBps {ceiling:.0}");
+                if let Some(ssh) = base.get("ssh_chacha_MBps") {
+                    println!(
+                        "noise_{form}_ceiling_vs_ssh_chacha_ratio {:.2}",
+                        ceiling / ssh
+                    );
+                }
             }
+        }
+    }
+
+    // Upload through the real CLI, beside `ssh host 'cat >/dev/null'` (ssh_baseline.sh).
+    let up_kinds = std::env::var("UPLOAD_KINDS").unwrap_or_else(|_| "ws,noise".into());
+    for kind in up_kinds.split(',').filter(|k| !k.is_empty()) {
+        let mut results = Vec::new();
+        for r in 0..repeats {
+            let (mbps, cpu) = upload(kind, n, &keys).await;
+            eprintln!("[bench] upload {kind} run {r}: {mbps:.1} MB/s, {cpu:.2} CPU-s/GB");
+            results.push((mbps, cpu));
+        }
+        results.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (mbps, cpu) = results[results.len() / 2];
+        println!("upload_{kind}_MBps {mbps:.1}");
+        println!("upload_{kind}_cpu_s_per_GB {cpu:.2}");
+        if let Some(ssh) = base.get("ssh_upload_MBps") {
+            println!("upload_{kind}_vs_ssh_upload_ratio {:.2}", mbps / ssh);
+        }
+        if let Some(raw) = base.get("raw_pipe_MBps") {
+            println!("upload_{kind}_vs_raw_pipe_ratio {:.2}", mbps / raw);
         }
     }
 
@@ -599,11 +822,25 @@ async fn main() {
     let fan = env_u64("FANIN_PROCS", 1000) as usize;
     if fan > 0 && kinds.split(',').any(|k| k == "noise") {
         let per = env_u64("FANIN_BYTES", 1 << 20);
-        let (mbps, rss, cpu) = fan_in(&keys, fan, per).await;
+        let (mbps, rss, cpu, idle) = fan_in(&keys, fan, per).await;
         println!("fanin_procs {fan}");
         println!("fanin_MBps {mbps:.1}");
         println!("fanin_server_cpu_s_per_GB {cpu:.2}");
+        // Against one Noise stream with binary output (what the fan-in's clients ask for).
+        if let Some(single) = server_cpu_per_gb.get("noise_binary") {
+            println!(
+                "fanin_server_cpu_vs_single_noise_stream_ratio {:.2}",
+                cpu / single
+            );
+        }
         println!("fanin_server_peak_rss_KiB {rss}");
+        // The documented bound: the server's RSS with its sessions idle, plus the output
+        // budget, plus the per-process constant of the budget's bound and of the process
+        // itself (GUARANTEED_OUTPUT_BYTES + PER_PROCESS_BYTES: 64 KiB + 64 KiB), per stream.
+        let budget_kib = (execrelay::config::OUTPUT_BUDGET_BYTES / 1024) as u64;
+        let bound = idle + budget_kib + fan as u64 * 128;
+        println!("fanin_server_idle_rss_KiB {idle}");
+        println!("fanin_server_rss_bound_KiB {bound}");
     }
 
     let connects = env_u64("CONNECT_LATENCY_RUNS", 200);

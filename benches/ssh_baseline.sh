@@ -17,7 +17,8 @@
 #
 # stdout keys (values are plain decimal numbers):
 #   raw_pipe_MBps ssh_chacha_MBps ssh_cpu_s_per_GB ssh_cpu_client_s_per_GB
-#   ssh_cpu_server_s_per_GB ssh_controlmaster_p50_ms ssh_controlmaster_p99_ms
+#   ssh_cpu_server_s_per_GB ssh_upload_MBps ssh_upload_cpu_s_per_GB
+#   ssh_controlmaster_p50_ms ssh_controlmaster_p99_ms
 #   ssh_fresh_p50_ms ssh_fresh_p99_ms
 # 1 MB = 1e6 bytes, 1 GB = 1e9 bytes. Percentiles use the nearest-rank method.
 set -euo pipefail
@@ -197,7 +198,7 @@ log "sshd pid $SSHD_PID ready on 127.0.0.1:$PORT ($("$SSH" -V 2>&1))"
 # Python times each run with perf_counter (monotonic, ns resolution), which
 # avoids the fork cost of calling `date` around every sample.
 cat >"$TMP/bench.py" <<'PY'
-import os, statistics, subprocess, sys, time
+import os, shlex, statistics, subprocess, sys, time
 
 ssh, cfg, tmp = os.environ["SSH"], os.environ["CFG"], os.environ["TMP"]
 nbytes, repeats = int(os.environ["BYTES"]), int(os.environ["REPEATS"])
@@ -294,6 +295,22 @@ human(f"ssh CPU per GB: client {c_cpu:.2f} s, server (sshd + remote shell/head) 
 out("ssh_cpu_s_per_GB", c_cpu + s_cpu)
 out("ssh_cpu_client_s_per_GB", c_cpu)
 out("ssh_cpu_server_s_per_GB", s_cpu)
+
+# 2b. ssh upload with chacha20-poly1305: `head -c N /dev/zero | ssh host 'cat >/dev/null'`
+#     (the client side's CPU includes `head`, as `execrelay run`'s upload figure does not)
+rates, cpus = [], []
+for _ in range(repeats):
+    before = sshd_reaped_cpu()
+    line = (f"head -c {nbytes} /dev/zero | "
+            + " ".join(shlex.quote(a) for a in base + ["-c", "chacha20-poly1305@openssh.com",
+                                                        host, "cat >/dev/null"]))
+    dt, client_cpu = timed(["bash", "-c", line], "ssh upload")
+    wait_sshd_idle()
+    rates.append(nbytes / 1e6 / dt)
+    cpus.append(client_cpu + sshd_reaped_cpu() - before)
+human(f"ssh upload chacha20-poly1305: {', '.join(f'{x:.0f}' for x in rates)} MB/s")
+out("ssh_upload_MBps", statistics.median(rates))
+out("ssh_upload_cpu_s_per_GB", statistics.median(cpus) / gb)
 
 # 3. fresh connection per command (full key exchange + auth each time)
 fresh = latency(base + [host, "true"], fresh_runs, 2, "fresh ssh")

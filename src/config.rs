@@ -23,10 +23,13 @@ pub const MAX_SESSIONS: usize = 64;
 /// Retained output per process, in bytes (`processes.md` §4). When the log holds this much
 /// that it may not release, the pump stops reading and the child blocks.
 pub const RETAINED_OUTPUT_BYTES: usize = 8 * 1024 * 1024;
-/// Unwritten bytes per process before the pump stops reading: the delivery queue between a
-/// child and a slow client. Smaller than the retention so that a slow client holds the
-/// child back early while recent output stays readable.
-pub const DELIVERY_QUEUE_BYTES: usize = 1024 * 1024;
+/// Output read from children and not yet written to their clients, all processes of the
+/// server together (the server-wide output budget, `process/output_budget.rs`). Shared fairly
+/// by the processes that are ahead of their clients; each may always hold one chunk beyond it
+/// (`GUARANTEED_OUTPUT_BYTES`), so unwritten output stays under this plus 64 KiB per process
+/// ahead, whatever the number of processes. 256 MiB keeps a few hundred fast streams busy
+/// (about 1 MiB each) on a machine where the server may take a few hundred MB.
+pub const OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
 /// How long a detached session survives (`processes.md` §5).
 pub const DETACHED_SESSION_TTL_MS: u64 = 60_000;
 /// Longest `process/read` long poll (`protocol.md` §4).
@@ -143,6 +146,34 @@ pub const IDLE_CONNECTION_TIMEOUT_MS: u64 = 300_000;
 /// A Noise link without any stream (pending or open) for this long is closed: 1,000 links
 /// that never open a stream, kept alive by their pongs, once held 1,000 descriptors forever.
 pub const IDLE_LINK_TIMEOUT_MS: u64 = 60_000;
+/// How long a `process/approve` request may stay unanswered before it is withdrawn and its
+/// `process/start` fails with `-32006` (`protocol.md` §7): five minutes, a person's time to
+/// read a prompt and decide. A pending approval holds its process id and a request slot.
+pub const APPROVAL_TIMEOUT_MS: u64 = 300_000;
+/// Largest exec policy file (`--exec-policy`), 1 MiB: far above any hand-written policy, and
+/// read whole on every change.
+pub const MAX_POLICY_FILE_BYTES: usize = 1024 * 1024;
+/// Rules in an exec policy: 1024. Each `process/start` matches `argv[0]` and its resolved path
+/// against all of them (two compiled glob sets, so the cost grows slowly), and a longer list
+/// is not one a person can review.
+pub const MAX_POLICY_RULES: usize = 1024;
+/// Longest `program` glob or `reason` of a policy rule, in bytes: 1 KiB. The reason is sent to
+/// clients in every `process/approve` and shown in prompts.
+pub const MAX_POLICY_RULE_TEXT_BYTES: usize = 1024;
+
+/// Client → server messages queued on an in-process connection (`Client::in_process`) before
+/// a request is answered `-32004` (`inProcessQueue`) at once: 256. The processor's reader takes
+/// them as fast as it can spawn their tasks, so a full queue means the server is behind (its
+/// control lane to an application that reads nothing is full).
+pub const IN_PROCESS_REQUEST_QUEUE: usize = 256;
+/// Events (output deltas, exit notices) queued for an in-process client before the writer
+/// waits: 256 events, at most 16 MiB of chunks (each at most `MAX_CHUNK_BYTES`), shared
+/// with the event logs (the chunks are the logs' own `Bytes`).
+pub const IN_PROCESS_EVENT_QUEUE: usize = 256;
+/// How long `Client::shutdown` of an in-process client may take, 5 s: terminate every
+/// process, then kill what is left and wait for it, even when both queues are full and the
+/// application stopped reading.
+pub const IN_PROCESS_SHUTDOWN_MS: u64 = 5_000;
 
 /// How a setting's value reads, for `--help`, the README table and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,9 +346,9 @@ settings! {
     /// See [`RETAINED_OUTPUT_BYTES`].
     retained_output_bytes: usize = RETAINED_OUTPUT_BYTES, Bytes,
         "event log per process; beyond it written (or acked) events are released, oldest first";
-    /// See [`DELIVERY_QUEUE_BYTES`].
-    delivery_queue_bytes: usize = DELIVERY_QUEUE_BYTES, Bytes,
-        "unwritten output per process before its pump stops reading (the child then blocks)";
+    /// See [`OUTPUT_BUDGET_BYTES`].
+    output_budget_bytes: usize = OUTPUT_BUDGET_BYTES, Bytes,
+        "unwritten output of all processes together, shared fairly by those ahead of their clients; each may always hold one 64 KiB chunk beyond it (a pump then waits, its child blocks)";
     /// See [`DETACHED_SESSION_TTL_MS`].
     detached_session_ttl_ms: u64 = DETACHED_SESSION_TTL_MS, Millis,
         "how long a detached session survives";
@@ -402,6 +433,9 @@ settings! {
     /// See [`IDLE_LINK_TIMEOUT_MS`].
     idle_link_timeout_ms: u64 = IDLE_LINK_TIMEOUT_MS, Millis,
         "a Noise link without any stream this long is closed";
+    /// See [`APPROVAL_TIMEOUT_MS`].
+    approval_timeout_ms: u64 = APPROVAL_TIMEOUT_MS, Millis,
+        "an unanswered `process/approve` is withdrawn after this long and its start fails (`-32006`)";
 }
 
 /// A configuration that cannot work.
@@ -428,7 +462,7 @@ impl ServerConfig {
             ("max_processes", self.max_processes),
             ("max_sessions", self.max_sessions),
             ("retained_output_bytes", self.retained_output_bytes),
-            ("delivery_queue_bytes", self.delivery_queue_bytes),
+            ("output_budget_bytes", self.output_budget_bytes),
             ("max_pending_requests", self.max_pending_requests),
             ("max_connections", self.max_connections),
             ("max_links", self.max_links),
@@ -465,6 +499,7 @@ impl ServerConfig {
                 self.idle_connection_timeout_ms,
             ),
             ("idle_link_timeout_ms", self.idle_link_timeout_ms),
+            ("approval_timeout_ms", self.approval_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
@@ -515,6 +550,11 @@ impl ServerConfig {
         Duration::from_millis(self.idle_link_timeout_ms)
     }
 
+    /// [`Self::approval_timeout_ms`] as a duration.
+    pub fn approval_timeout(&self) -> Duration {
+        Duration::from_millis(self.approval_timeout_ms)
+    }
+
     /// `detachedSessionTtlMs` as a duration.
     pub fn detached_ttl(&self) -> Duration {
         Duration::from_millis(self.detached_session_ttl_ms)
@@ -523,6 +563,13 @@ impl ServerConfig {
     /// Parse a TOML configuration file's contents.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let cfg: ServerConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The settings of a TOML table already parsed (the caller took out its own keys).
+    pub fn from_toml_table(table: toml::Table) -> Result<Self, ConfigError> {
+        let cfg: ServerConfig = table.try_into().map_err(|e| ConfigError(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -12,7 +12,8 @@
 //!    flag and TOML key), [`bounds`] (byte budgets, descriptor limits, the idle rule).
 //! 1. [`metrics`] (counters, a leaf passed in); [`rpc`] (wire types, error codes, both
 //!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
-//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only).
+//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only); [`policy`]
+//!    (the exec policy: rules, the resolved path, the file re-read on change).
 //!
 //! Beneath every layer, the `execrelay-relay` crate (`relay/`): the link engine, the HTTP
 //! front of every TCP listener (`execrelay_relay::http`: `/readyz`, `/metrics`, the Origin
@@ -42,6 +43,7 @@ pub mod connection;
 pub mod link;
 pub mod metrics;
 pub mod noise;
+pub mod policy;
 pub mod process;
 pub mod rpc;
 pub mod server;

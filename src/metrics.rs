@@ -55,6 +55,42 @@ pub struct CodeLabel {
     pub code: i64,
 }
 
+/// What became of an approval request (`protocol.md` §7).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `requested`, `approved`, `denied`, `timed_out` or `withdrawn`.
+    pub outcome: &'static str,
+}
+
+/// The fixed outcomes of [`Metrics::approval`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalOutcome {
+    /// A `process/approve` was registered for a process (sent, or to be sent on resume).
+    Requested,
+    /// The client approved.
+    Approved,
+    /// The client denied (an error answer and an unreadable one count as denials), or could
+    /// not be asked (no `serverRequests` capability).
+    Denied,
+    /// `approval_timeout_ms` passed.
+    TimedOut,
+    /// The session was closed or expired with the request pending.
+    Withdrawn,
+}
+
+impl ApprovalOutcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalOutcome::Requested => "requested",
+            ApprovalOutcome::Approved => "approved",
+            ApprovalOutcome::Denied => "denied",
+            ApprovalOutcome::TimedOut => "timed_out",
+            ApprovalOutcome::Withdrawn => "withdrawn",
+        }
+    }
+}
+
 /// What the registry holds at one moment: the read gauges, given to [`Metrics::render`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateSnapshot {
@@ -89,6 +125,10 @@ pub struct Metrics {
     pub noise_links: Gauge,
     /// Live Noise virtual streams (authorized and open).
     pub noise_streams: Gauge,
+    /// Approval requests, by outcome.
+    pub approvals: Family<OutcomeLabel, Counter>,
+    /// Processes refused by a `deny` rule of the exec policy (no client asked).
+    pub policy_denials: Counter,
     sessions: Family<StateLabel, Gauge>,
     processes: Family<StateLabel, Gauge>,
     retained_output_bytes: Gauge,
@@ -120,6 +160,8 @@ impl Metrics {
             noise_failures: Family::default(),
             noise_links: Gauge::default(),
             noise_streams: Gauge::default(),
+            approvals: Family::default(),
+            policy_denials: Counter::default(),
             sessions: Family::default(),
             processes: Family::default(),
             retained_output_bytes: Gauge::default(),
@@ -179,7 +221,26 @@ impl Metrics {
             "Live Noise virtual streams",
             m.noise_streams.clone(),
         );
+        registry.register(
+            "approvals",
+            "Approval requests (process/approve), by outcome",
+            m.approvals.clone(),
+        );
+        registry.register(
+            "policy_denials",
+            "Processes refused by a deny rule of the exec policy",
+            m.policy_denials.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Count an approval request's step.
+    pub fn approval(&self, outcome: ApprovalOutcome) {
+        self.approvals
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// Count a JSON-RPC error response.
@@ -242,6 +303,9 @@ mod tests {
         m.rpc_error(-32601);
         m.noise_failure("unauthorized");
         m.delivery_blocked_seconds.inc_by(1.5);
+        m.approval(ApprovalOutcome::Requested);
+        m.approval(ApprovalOutcome::TimedOut);
+        m.policy_denials.inc();
         let _g = GaugeGuard::new(&m.connections);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
@@ -252,6 +316,9 @@ mod tests {
             "execrelay_noise_failures_total{reason=\"unauthorized\"} 1",
             "execrelay_delivery_blocked_seconds_total 1.5",
             "execrelay_connections 1",
+            "execrelay_approvals_total{outcome=\"requested\"} 1",
+            "execrelay_approvals_total{outcome=\"timed_out\"} 1",
+            "execrelay_policy_denials_total 1",
             "# EOF",
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");

@@ -43,6 +43,7 @@ use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
+use crate::policy::PolicyFile;
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed, websocket_config};
@@ -136,8 +137,14 @@ impl Server {
     /// A server with a fresh registry and its own [`Metrics`] (built here, the composition
     /// root, and passed in: the registry never builds them).
     pub fn new(config: Arc<ServerConfig>) -> Server {
+        Self::with_exec_policy(config, None)
+    }
+
+    /// A server whose starts go through the exec policy `policy` (`--exec-policy`, loaded and
+    /// checked by the caller).
+    pub fn with_exec_policy(config: Arc<ServerConfig>, policy: Option<Arc<PolicyFile>>) -> Server {
         Server {
-            registry: SessionRegistry::new(config, Arc::new(Metrics::new())),
+            registry: SessionRegistry::with_exec_policy(config, Arc::new(Metrics::new()), policy),
         }
     }
 

@@ -450,8 +450,8 @@ async fn sigint_right_after_the_first_output_is_forwarded() {
 #[tokio::test]
 async fn terminal_ctrl_c_to_the_foreground_group_is_forwarded() {
     // A terminal's Ctrl-C sends SIGINT to the whole foreground process group, which here
-    // holds `execrelay run` and, with `--local`, the server it spawned. Simulate it with
-    // killpg on a group of our own.
+    // holds `execrelay run` (and its in-process server; the command has a session of its
+    // own). Simulate it with killpg on a group of our own.
     let mut cmd = run_cmd(&["--local", "--", "sh", "-c", INT_SCRIPT]);
     cmd.process_group(0);
     let mut child = cmd.spawn().expect("spawn execrelay run");
@@ -496,29 +496,43 @@ fn children_of(ppid: u32) -> Vec<i32> {
     kids
 }
 
+/// `run --local` runs its server in its own process now; the regression this guarded (a
+/// `Target::Spawn` connection that ended left the event streams open, and `run` hung) is
+/// checked on the library: a spawned stdio server killed under a running command ends the
+/// command's events and says why.
 #[tokio::test]
-async fn run_exits_when_its_local_server_dies() {
-    let mut child = run_cmd(&["--local", "--", "sh", "-c", INT_SCRIPT])
-        .spawn()
-        .expect("spawn execrelay run");
-    let mut out = LineReader::new(&mut child);
-    let remote = out.ready().await;
-    let run_pid = child.id().expect("run pid");
-    let servers = children_of(run_pid);
-    assert_eq!(servers.len(), 1, "run's children: {servers:?}");
-    kill(Pid::from_raw(servers[0]), Signal::SIGKILL).expect("SIGKILL the local server");
-    let o = tokio::time::timeout(PROMPT, child.wait_with_output()).await;
-    reap_group(remote);
-    // Regression (fixed in 3577aea): a `Target::Spawn` connection cannot be resumed, and when
-    // it ended nothing closed the process event streams, so `run` waited forever instead of
-    // reporting the lost server and exiting non-zero.
-    let o = o
-        .expect("run did not exit within 20 s after its local server died (it hangs)")
-        .expect("wait");
-    // No remote status to report: 255, like ssh when the connection is lost.
-    assert_eq!(code(&o.status), 255);
-    let err = text(&o.stderr);
-    assert!(err.contains("execrelay run:"), "stderr: {err}");
+async fn a_spawned_server_that_dies_ends_the_event_streams() {
+    use execrelay::client::{Client, ClientOptions, StartOptions, Target};
+    let target = Target::Spawn {
+        program: bin().into(),
+        args: vec!["serve".into(), "--listen".into(), "stdio".into()],
+    };
+    let client = Client::connect(target, ClientOptions::default())
+        .await
+        .expect("connect");
+    let mut p = client
+        .start(StartOptions::new("p", ["sh", "-c", INT_SCRIPT]))
+        .await
+        .expect("start");
+    // Its output says it runs.
+    let first = tokio::time::timeout(PROMPT, p.next_event())
+        .await
+        .expect("output");
+    assert!(first.is_some());
+    let me = std::process::id();
+    let servers = children_of(me)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains("serve") && c.contains("stdio"))
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(servers.len(), 1, "the spawned server: {servers:?}");
+    kill(Pid::from_raw(servers[0]), Signal::SIGKILL).expect("SIGKILL the server");
+    reap_group(p.pid as i32);
+    let end = tokio::time::timeout(PROMPT, async { while p.next_event().await.is_some() {} }).await;
+    assert!(end.is_ok(), "the event stream did not end (it hangs)");
+    assert!(client.lost_reason().is_some());
 }
 
 // ---------------------------------------------------------------------------------------------

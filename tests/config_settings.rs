@@ -14,7 +14,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("max_processes", MAX_PROCESSES as u64),
     ("max_sessions", MAX_SESSIONS as u64),
     ("retained_output_bytes", RETAINED_OUTPUT_BYTES as u64),
-    ("delivery_queue_bytes", DELIVERY_QUEUE_BYTES as u64),
+    ("output_budget_bytes", OUTPUT_BUDGET_BYTES as u64),
     ("detached_session_ttl_ms", DETACHED_SESSION_TTL_MS),
     ("max_read_wait_ms", MAX_READ_WAIT_MS),
     ("exited_retention_ms", EXITED_RETENTION_MS),
@@ -58,6 +58,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("descriptor_reserve", DESCRIPTOR_RESERVE as u64),
     ("idle_connection_timeout_ms", IDLE_CONNECTION_TIMEOUT_MS),
     ("idle_link_timeout_ms", IDLE_LINK_TIMEOUT_MS),
+    ("approval_timeout_ms", APPROVAL_TIMEOUT_MS),
 ];
 
 fn serve_config(args: &[&str]) -> ServerConfig {

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("rpc", 1),
     ("transport", 1),
     ("noise", 1),
+    ("policy", 1),
     ("process", 2),
     ("session", 3),
     ("connection", 4),

@@ -5,7 +5,9 @@
 //! and JSON-RPC over the stream (`initialize`, `process/start` of `echo`, its output and exit).
 //! Also that a handshake message 1 replayed on another stream of the same link, or with its own
 //! stream id on another link, is reset, and that a client whose clock is 11 minutes off is
-//! refused with a log line that says so (`secure-transport.md` §3, `ts`).
+//! refused with a log line that says so (`secure-transport.md` §3, `ts`). And that the same
+//! client, asking for binary output (`protocol.md` §5.1), decodes the server's binary deltas
+//! from the layout in the spec alone.
 //!
 //! Needs `python3` with the `venv` module (Debian: the `python3-venv` package). On first use
 //! the tests build their own virtual environment, `target/interop-venv`, and install
@@ -349,6 +351,44 @@ async fn python_noise_client_initializes_and_runs_a_command() {
     let output_at = lines.iter().position(|l| l == "OUTPUT interop-ok");
     let exited_at = lines.iter().position(|l| l == "EXITED 0");
     assert!(output_at < exited_at, "{report}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    fx.stop().await;
+}
+
+/// The Python client asks for binary output and decodes every delta from `protocol.md` §5.1
+/// (kind, stream, seq, process id length, a non-ASCII id, the chunk): stdout and stderr arrive
+/// as binary deltas with the right bytes, the exit notice as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_noise_client_decodes_binary_output_deltas() {
+    let fx = Fixture::start().await;
+    let out = fx.client(&["--binary-output"]).await;
+    let report = fx.report(&out);
+    let lines = lines(&out);
+    assert!(
+        !lines.iter().any(|l| l.starts_with("ERROR")),
+        "client failed\n{report}"
+    );
+    check_initialize(&lines, &report);
+    let init: Value = serde_json::from_str(
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix("INITIALIZE_RESULT "))
+            .unwrap_or_default(),
+    )
+    .unwrap_or_default();
+    assert_eq!(init["capabilities"]["binaryOutput"], true, "{report}");
+    let forms: Vec<&String> = lines.iter().filter(|l| l.starts_with("FORM ")).collect();
+    assert!(!forms.is_empty(), "no output delta\n{report}");
+    assert!(
+        forms.iter().all(|l| l.starts_with("FORM binary ")),
+        "every delta is binary\n{report}"
+    );
+    assert!(forms.iter().any(|l| l.ends_with(" stdout")), "{report}");
+    assert!(forms.iter().any(|l| l.ends_with(" stderr")), "{report}");
+    assert!(lines.iter().any(|l| l == "OUTPUT interop-ok"), "{report}");
+    assert!(lines.iter().any(|l| l == "STDERR interop-err"), "{report}");
+    let exited: Vec<_> = lines.iter().filter(|l| l.starts_with("EXITED")).collect();
+    assert_eq!(exited, ["EXITED 0"], "{report}");
     assert_eq!(out.status.code(), Some(0), "{report}");
     fx.stop().await;
 }

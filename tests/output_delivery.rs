@@ -12,7 +12,7 @@ use serde_json::json;
 fn small_queues() -> ServerConfig {
     ServerConfig {
         retained_output_bytes: 128 * 1024,
-        delivery_queue_bytes: 64 * 1024,
+        output_budget_bytes: 64 * 1024,
         ..cfg()
     }
 }

@@ -237,7 +237,7 @@ async fn max_sessions_at_its_edge() {
 async fn reading_released_output_reports_the_exact_missing_range() {
     let mut t = ready_with(ServerConfig {
         retained_output_bytes: 4096,
-        delivery_queue_bytes: 4096,
+        output_budget_bytes: 4096,
         ..cfg()
     })
     .await;

@@ -181,7 +181,7 @@ async fn output_produced_while_detached_is_held_not_lost() {
     let file = file_with(&data);
     let reg = shared(ServerConfig {
         retained_output_bytes: 256 * 1024,
-        delivery_queue_bytes: 64 * 1024,
+        output_budget_bytes: 64 * 1024,
         ..cfg()
     });
     let mut a = connect_to(&reg);
@@ -259,6 +259,7 @@ fn conn(reg: &SessionRegistry) -> ConnHandle {
         evict: CancellationToken::new(),
         peer_key: None,
         peer_addr: None,
+        requests: None,
     }
 }
 

@@ -11,16 +11,20 @@ use std::time::Duration;
 use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use crate::client::{
+    ApprovalDecision, ApprovalHandler, ApproveParams, Client, ClientOptions, InProcessConfig,
+    ProcessEvent, StartOptions, Target, STDIN_WRITE_BYTES,
+};
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::TermSize;
 
 /// Flags of `execrelay run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to spawn a local server.
+    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to run an exec server in
+    /// this process.
     pub target: Option<String>,
-    /// Spawn `execrelay serve --listen stdio` and run the command through it.
+    /// Run the command through an exec server in this process (`Client::in_process`).
     #[arg(long)]
     pub local: bool,
     /// Allocate a PTY; the local terminal goes raw and its size is forwarded.
@@ -44,6 +48,14 @@ pub struct RunArgs {
     /// noise+ws: a token to present in the handshake (read from the file).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Approve every process the server's exec policy asks about, without asking. Without
+    /// it, `run` asks on the controlling terminal, and denies when there is none.
+    #[arg(long)]
+    pub approve_all: bool,
+    /// Receive output as JSON with base64 instead of binary messages (the default where the
+    /// transport carries them; `protocol.md` §5.1).
+    #[arg(long)]
+    pub json_output: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -73,11 +85,19 @@ pub fn main(args: RunArgs) -> i32 {
     code
 }
 
-fn parse_target(args: &RunArgs) -> Result<Target, String> {
+/// The server to use; `None`: one in this process.
+fn parse_target(args: &RunArgs) -> Result<Option<Target>, String> {
     match (&args.target, args.local) {
-        (None, _) | (_, true) => Target::local().map_err(|e| e.to_string()),
-        (Some(t), false) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
-        (Some(t), false) if t.starts_with("noise+ws://") => {
+        (None, _) | (_, true) => Ok(None),
+        (Some(_), false) => parse_remote(args).map(Some),
+    }
+}
+
+fn parse_remote(args: &RunArgs) -> Result<Target, String> {
+    match &args.target {
+        None => Err("no target".into()),
+        Some(t) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
+        Some(t) if t.starts_with("noise+ws://") => {
             use crate::noise::keys::{load_public, Keypair};
             let server = args.server_key.as_deref().ok_or(
                 "noise+ws:// needs --server-key (the server's public key; no trust on first use)",
@@ -110,7 +130,7 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
                 pool: crate::link::client::LinkPool::new(),
             })
         }
-        (Some(t), false) => Err(format!(
+        Some(t) => Err(format!(
             "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT or --local"
         )),
     }
@@ -212,7 +232,16 @@ async fn run(args: RunArgs) -> i32 {
             return 255;
         }
     };
-    let client = match Client::connect(target, ClientOptions::default()).await {
+    let opts = ClientOptions {
+        approval_handler: Some(approval_handler(args.approve_all)),
+        binary_output: !args.json_output,
+        ..ClientOptions::default()
+    };
+    let connected = match target {
+        Some(target) => Client::connect(target, opts).await,
+        None => Client::in_process(InProcessConfig::default(), opts).await,
+    };
+    let client = match connected {
         Ok(c) => c,
         Err(e) => {
             eprintln!("execrelay run: {e}");
@@ -228,25 +257,36 @@ async fn run(args: RunArgs) -> i32 {
     };
     let _raw = if args.tty { RawMode::enable() } else { None };
 
-    // stdin → process/write, then closeStdin at end of file.
-    let ctl = proc.controller();
+    // stdin → process/write, then closeStdin at end of file: pipelined writes of whatever
+    // stdin has (up to STDIN_WRITE_BYTES each), never waiting for more than the first byte.
+    let mut writer = proc.stdin_writer();
     tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut n_writes = 0u64;
-        loop {
-            match stdin.read(&mut buf).await {
+        use futures_util::FutureExt;
+        let mut stdin = crate::transport::stdio::stdin_reader();
+        let mut buf = bytes::BytesMut::new();
+        let mut eof = false;
+        while !eof {
+            buf.reserve(STDIN_WRITE_BYTES);
+            match stdin.read_buf(&mut buf).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    n_writes += 1;
-                    match ctl.write(&buf[..n], &format!("w-{n_writes}")).await {
-                        Ok(s) if s == "accepted" => {}
-                        _ => return,
+                Ok(_) => {}
+            }
+            // Whatever else is readable now, without waiting.
+            while buf.len() < STDIN_WRITE_BYTES {
+                match stdin.read_buf(&mut buf).now_or_never() {
+                    Some(Ok(0)) | Some(Err(_)) => {
+                        eof = true;
+                        break;
                     }
+                    Some(Ok(_)) => {}
+                    None => break,
                 }
             }
+            if writer.write(buf.split().freeze()).await.is_err() {
+                return;
+            }
         }
-        let _ = ctl.close_stdin().await;
+        let _ = writer.finish().await;
     });
 
     // Ctrl-C (when the terminal is not raw) → SIGINT; window changes → resize.
@@ -312,6 +352,91 @@ async fn run(args: RunArgs) -> i32 {
     // The command is over: end the session rather than leave it detached on the server.
     client.shutdown().await;
     code
+}
+
+/// `run`'s answer to the server's approval requests: `--approve-all`, or a question on the
+/// controlling terminal (like ssh's host-key question), denied when there is no terminal.
+fn approval_handler(approve_all: bool) -> std::sync::Arc<dyn ApprovalHandler> {
+    std::sync::Arc::new(move |request: ApproveParams| async move {
+        if approve_all {
+            return ApprovalDecision::Approve;
+        }
+        tokio::task::spawn_blocking(move || ask_on_terminal(&request))
+            .await
+            .unwrap_or(ApprovalDecision::Deny)
+    })
+}
+
+/// One question at a time on the terminal.
+static TERMINAL_QUESTION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `approve <argv> (rule: …)? [y/N]` on `/dev/tty`: `y` or `yes` approves, anything else
+/// (an empty line, end of file) denies. Not stdin/stdout: those carry the command's data.
+fn ask_on_terminal(request: &ApproveParams) -> ApprovalDecision {
+    use std::io::{BufRead, Write};
+    let _one = TERMINAL_QUESTION.lock().unwrap_or_else(|p| p.into_inner());
+    let argv = display_argv(&request.argv);
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty");
+    let Ok(mut tty) = tty else {
+        eprintln!(
+            "execrelay run: the server asks to approve {argv} (rule: {}), and there is no terminal to ask on: denied (--approve-all approves without asking)",
+            sanitize(&request.rule)
+        );
+        return ApprovalDecision::Deny;
+    };
+    let question = format!("approve {argv} (rule: {})? [y/N] ", sanitize(&request.rule));
+    if tty
+        .write_all(question.as_bytes())
+        .and_then(|()| tty.flush())
+        .is_err()
+    {
+        return ApprovalDecision::Deny;
+    }
+    let mut line = String::new();
+    let mut reader = std::io::BufReader::new(tty);
+    if reader.read_line(&mut line).is_err() {
+        return ApprovalDecision::Deny;
+    }
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => ApprovalDecision::Approve,
+        _ => ApprovalDecision::Deny,
+    }
+}
+
+/// `argv` as a shell would read it back: plain words as they are, others single-quoted;
+/// control characters escaped, so a server cannot drive the terminal through a prompt.
+fn display_argv(argv: &[String]) -> String {
+    let plain = |a: &str| {
+        !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c))
+    };
+    argv.iter()
+        .map(|a| {
+            if plain(a) {
+                a.clone()
+            } else {
+                format!("'{}'", sanitize(a).replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` with every control character escaped (`\n`, `\u{1b}`).
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn signal_number(name: &str) -> i32 {
@@ -428,4 +553,24 @@ async fn demo(args: DemoArgs) -> i32 {
     let _ = tokio::time::timeout(Duration::from_secs(10), server.wait()).await;
     println!("demo: done");
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_show_argv_as_a_shell_reads_it_and_never_control_characters() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            display_argv(&argv(&["rm", "-rf", "/tmp/x"])),
+            "rm -rf /tmp/x"
+        );
+        assert_eq!(
+            display_argv(&argv(&["sh", "-c", "echo it's"])),
+            "sh -c 'echo it'\\''s'"
+        );
+        assert_eq!(display_argv(&argv(&["a\x1b[2Jb", ""])), "'a\\u{1b}[2Jb' ''");
+        assert_eq!(sanitize("line\nbreak"), "line\\nbreak");
+    }
 }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigFlags, ServerConfig};
 use crate::link::server::NoiseServerConfig;
+use crate::policy::PolicyFile;
 use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener};
 use execrelay_relay::http::METRICS_PATH;
 
@@ -56,6 +57,11 @@ pub struct ServeArgs {
     /// noise+ws: also require this token (read from the file) in every handshake.
     #[arg(long)]
     pub auth_token_file: Option<PathBuf>,
+    /// The exec policy: a TOML file of rules that allow, deny or ask (the client) about each
+    /// process by its program (re-read when it changes). Also `exec_policy = "FILE"` in the
+    /// `--config` file (this flag wins).
+    #[arg(long, value_name = "FILE")]
+    pub exec_policy: Option<PathBuf>,
     /// Every limit of `config.rs`.
     #[command(flatten)]
     pub settings: ConfigFlags,
@@ -96,19 +102,64 @@ impl ServeArgs {
 
     /// Build the configuration: defaults, then the file, then flags.
     pub fn config(&self) -> anyhow::Result<ServerConfig> {
-        let mut c = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-                ServerConfig::from_toml(&text)?
-            }
+        let mut c = match self.config_file()? {
+            Some(file) => ServerConfig::from_toml_table(file.settings)?,
             None => ServerConfig::default(),
         };
         self.settings.apply(&mut c);
         c.validate()?;
         Ok(c)
     }
+
+    /// The exec policy (`--exec-policy`, else `exec_policy` in the `--config` file), loaded and
+    /// checked now: a bad file stops the server before it serves.
+    pub fn exec_policy(&self) -> anyhow::Result<Option<Arc<PolicyFile>>> {
+        let path = match &self.exec_policy {
+            Some(p) => Some(p.clone()),
+            None => self.config_file()?.and_then(|f| f.exec_policy),
+        };
+        match path {
+            Some(p) => Ok(Some(Arc::new(PolicyFile::load(&p)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// The `--config` file, if any: its settings and its `exec_policy` key.
+    fn config_file(&self) -> anyhow::Result<Option<ConfigFile>> {
+        let Some(path) = &self.config else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let mut settings: toml::Table =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let exec_policy = match settings.remove("exec_policy") {
+            None => None,
+            Some(toml::Value::String(p)) => {
+                // Relative to the configuration file, as a reader of the file expects.
+                let p = PathBuf::from(p);
+                Some(match path.parent() {
+                    Some(dir) if p.is_relative() => dir.join(p),
+                    _ => p,
+                })
+            }
+            Some(_) => anyhow::bail!("{}: exec_policy must be a path (a string)", path.display()),
+        };
+        Ok(Some(ConfigFile {
+            settings,
+            exec_policy,
+        }))
+    }
 }
+
+/// The `--config` file: every setting of [`ServerConfig`], plus the path of the exec policy
+/// (not a limit, so not a `settings!` field).
+struct ConfigFile {
+    settings: toml::Table,
+    exec_policy: Option<PathBuf>,
+}
+
+impl ServeArgs {}
 
 /// Run `serve`; returns the exit code.
 pub fn main(args: ServeArgs) -> i32 {
@@ -125,9 +176,10 @@ pub fn main(args: ServeArgs) -> i32 {
             .as_deref()
             .map(parse_metrics_listen)
             .transpose()?;
-        Ok((config, listen, noise, metrics))
+        let policy = args.exec_policy()?;
+        Ok((config, listen, noise, metrics, policy))
     })();
-    let (config, listen, noise, metrics) = match prepared {
+    let (config, listen, noise, metrics, policy) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             eprintln!("execrelay serve: {e}");
@@ -156,7 +208,12 @@ pub fn main(args: ServeArgs) -> i32 {
                 return 1;
             }
         };
-        crate::server::run(listeners, config, shutdown).await;
+        if let Some(p) = &policy {
+            tracing::info!(path = %p.path().display(), rules = p.current().rule_count(), "exec policy loaded");
+        }
+        crate::server::Server::with_exec_policy(config, policy)
+            .run(listeners, shutdown)
+            .await;
         0
     });
     // Do not wait for blocking helper threads: one may be parked in a read of a terminal

@@ -23,16 +23,17 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, Notify};
 
 use super::rpc_connection::{Notification, RpcConnection};
 use super::{Client, ClientError, Shared};
+use crate::connection::message::{Call, Note, Reply};
+use crate::process::event_log::EventBody;
 use crate::rpc::messages::ExitInfo;
 use crate::rpc::messages::StreamName;
-use crate::rpc::notification::{
-    decode_exit_info, decode_output_params, decode_read_event, ReadEvent,
-};
+use crate::rpc::messages::{AckParams, ReadParams};
+use crate::rpc::notification::{decode_exit_info, decode_output_params};
 use crate::rpc::Method;
 use crate::sync::lock;
 
@@ -138,6 +139,14 @@ impl Client {
                     let ev = ProcessEvent::Output { stream, data };
                     self.deliver(&conn, &process_id, seq, ev).await;
                 }
+                Notification::Exited {
+                    process_id,
+                    seq,
+                    info,
+                } => {
+                    self.deliver(&conn, &process_id, seq, ProcessEvent::Exited(info))
+                        .await;
+                }
                 Notification::Other { method, params } => {
                     let Some(pid) = params.get("processId").and_then(Value::as_str) else {
                         continue;
@@ -200,13 +209,16 @@ impl Client {
         let mut after = after;
         while after + 1 < upto {
             let r = conn
-                .call(
-                    Method::ProcessRead.as_str(),
-                    json!({"processId": pid, "afterSeq": after, "maxBytes": 1 << 20}),
-                )
+                .call_typed(Call::Read(ReadParams {
+                    process_id: pid.to_string(),
+                    after_seq: after,
+                    max_bytes: Some(1 << 20),
+                    wait_ms: 0,
+                }))
                 .await;
             let events = match r {
-                Ok(v) => v,
+                Ok(Reply::Read(r)) => r.events,
+                Ok(_) => return,
                 Err(ClientError::Rpc {
                     code: -32005, data, ..
                 }) => {
@@ -235,20 +247,20 @@ impl Client {
                 }
                 Err(_) => return,
             };
-            let list = events["events"].as_array().cloned().unwrap_or_default();
-            if list.is_empty() {
+            if events.is_empty() {
                 return;
             }
-            for e in list {
-                let Some((seq, ev)) = decode_read_event(&e) else {
-                    return;
-                };
+            for e in events {
+                let seq = e.seq;
                 if seq >= upto {
                     return;
                 }
-                let ev = match ev {
-                    ReadEvent::Output { stream, data } => ProcessEvent::Output { stream, data },
-                    ReadEvent::Exited(info) => ProcessEvent::Exited(info),
+                let ev = match e.body {
+                    EventBody::Output { stream, chunk } => ProcessEvent::Output {
+                        stream,
+                        data: chunk,
+                    },
+                    EventBody::Exited(info) => ProcessEvent::Exited(info),
                 };
                 let mut procs = lock(&self.shared.procs);
                 if let Some(slot) = procs.get_mut(pid) {
@@ -294,10 +306,10 @@ impl Client {
                 // resume (`establish_over`).
                 tokio::spawn(async move {
                     let _ = conn
-                        .notify(
-                            Method::ProcessAck.as_str(),
-                            json!({"processId": pid, "seq": seq}),
-                        )
+                        .notify_typed(Note::Ack(Some(AckParams {
+                            process_id: pid,
+                            seq,
+                        })))
                         .await;
                 });
             }

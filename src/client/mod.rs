@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+mod approval;
 mod event_stream;
 mod process_handle;
 pub mod rpc_connection;
@@ -35,22 +36,38 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::MAX_MESSAGE_BYTES;
-use crate::rpc::messages::{InitializeResult, StartParams, StartResult};
-use crate::rpc::Method;
+use crate::config::{ServerConfig, IN_PROCESS_SHUTDOWN_MS, MAX_MESSAGE_BYTES};
+use crate::connection::local::{LocalLimits, LocalServer};
+use crate::connection::message::{Call, Note, Reply};
+use crate::policy::PolicyFile;
+use crate::rpc::messages::{
+    AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartParams,
+    StartResult,
+};
+use crate::rpc::{Method, RpcError};
 use crate::sync::lock;
 use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
 use event_stream::ProcSlot;
 use rpc_connection::{Notification, RpcConnection};
 
+pub use crate::connection::local::LocalLimits as InProcessLimits;
+pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
+pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
-pub use process_handle::{ProcessController, ProcessHandle};
+pub use process_handle::{
+    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
+    STDIN_WRITE_BYTES,
+};
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+/// A retried `process/start` answered `-32002` looks its pid up in `process/list`; while the
+/// process is still being spawned it is not listed yet, and the start is tried again, at
+/// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
+pub const START_LOOKUPS: u32 = 20;
 
 /// Client failures.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -84,6 +101,15 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// A server error as the client reports it (data included).
+    pub(crate) fn from_rpc(e: RpcError) -> ClientError {
+        ClientError::Rpc {
+            code: e.code.code(),
+            message: e.message,
+            data: e.data,
+        }
+    }
+
     pub(crate) fn from_error_object(v: Value) -> ClientError {
         ClientError::Rpc {
             code: v.get("code").and_then(Value::as_i64).unwrap_or(0),
@@ -131,8 +157,33 @@ pub enum Target {
     },
 }
 
+/// An exec server in this process (`Client::in_process`): its configuration, exec policy,
+/// channel capacities and shutdown deadline.
+#[derive(Debug, Clone)]
+pub struct InProcessConfig {
+    /// The server's limits.
+    pub server: ServerConfig,
+    /// Its exec policy (`None`: everything is allowed).
+    pub policy: Option<Arc<PolicyFile>>,
+    /// The transport's channel capacities (`None`: [`LocalLimits::for_config`]).
+    pub limits: Option<LocalLimits>,
+    /// How long [`Client::shutdown`] may take at most (default `IN_PROCESS_SHUTDOWN_MS`).
+    pub shutdown_deadline: Duration,
+}
+
+impl Default for InProcessConfig {
+    fn default() -> Self {
+        InProcessConfig {
+            server: ServerConfig::default(),
+            policy: None,
+            limits: None,
+            shutdown_deadline: Duration::from_millis(IN_PROCESS_SHUTDOWN_MS),
+        }
+    }
+}
+
 impl Target {
-    /// Spawn this very binary as a stdio server (`execrelay run --local`).
+    /// Spawn this very binary as a stdio server.
     pub fn local() -> Result<Target, ClientError> {
         let exe = std::env::current_exe().map_err(|e| ClientError::Connect(e.to_string()))?;
         Ok(Target::Spawn {
@@ -146,19 +197,47 @@ impl Target {
     }
 }
 
+/// The in-process server a client owns (`Client::in_process`).
+struct OwnedServer {
+    server: LocalServer,
+    deadline: Duration,
+}
+
 /// Client settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// Sent in `initialize`.
     pub client_name: String,
     /// Declare `capabilities.acks` (lossless retention across reconnects).
     pub acks: bool,
+    /// Ask for output deltas as binary messages (`capabilities.binaryOutput`, `protocol.md`
+    /// §5.1): no base64 and no JSON on the output path. On by default; the server answers
+    /// `false` where the transport cannot carry them (stdio), and the client accepts both
+    /// forms either way.
+    pub binary_output: bool,
     /// Resume automatically after a transport failure.
     pub reconnect: bool,
     /// Give up resuming after this long (default: the server's TTL).
     pub reconnect_deadline: Option<Duration>,
     /// Largest message accepted from the server.
     pub max_message_bytes: usize,
+    /// Answers the server's `process/approve` requests (`protocol.md` §7). With one, the
+    /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
+    /// server denies every start its exec policy would ask about.
+    pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("client_name", &self.client_name)
+            .field("acks", &self.acks)
+            .field("reconnect", &self.reconnect)
+            .field("reconnect_deadline", &self.reconnect_deadline)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("approval_handler", &self.approval_handler.is_some())
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -166,9 +245,11 @@ impl Default for ClientOptions {
         ClientOptions {
             client_name: "execrelay-client".into(),
             acks: true,
+            binary_output: true,
             reconnect: true,
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
+            approval_handler: None,
         }
     }
 }
@@ -217,6 +298,13 @@ struct Shared {
     shutdown: CancellationToken,
     lost: Mutex<Option<String>>,
     connects: std::sync::atomic::AtomicU64,
+    /// Decisions on the server's approval requests, by id (a re-sent request is not asked
+    /// again).
+    approvals: Arc<Mutex<approval::Approvals>>,
+    /// The server, when it runs in this process.
+    local: Mutex<Option<OwnedServer>>,
+    /// The server's `maxMessageBytes`, from its last `initialize` result.
+    server_max_message: std::sync::atomic::AtomicUsize,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -293,6 +381,9 @@ impl Client {
             shutdown: CancellationToken::new(),
             lost: Mutex::new(None),
             connects: std::sync::atomic::AtomicU64::new(0),
+            approvals: Arc::new(Mutex::new(approval::Approvals::default())),
+            local: Mutex::new(None),
+            server_max_message: std::sync::atomic::AtomicUsize::new(MAX_MESSAGE_BYTES),
         });
         Client { shared }
     }
@@ -311,7 +402,11 @@ impl Client {
                 if let Some(conn) = conn {
                     conn.closed().await;
                     if !c.shared.shutdown.is_cancelled() {
-                        c.fail("the connection to the server was lost".into()).await;
+                        let why = match conn.failure() {
+                            Some(e) => e.to_string(),
+                            None => "the connection to the server was lost".into(),
+                        };
+                        c.fail(why).await;
                     }
                 }
             });
@@ -328,6 +423,50 @@ impl Client {
         opts.reconnect = false;
         let client = Client::unconnected(Target::Ws(transport.peer.clone()), opts);
         client.establish_over(transport, None).await?;
+        Ok(client)
+    }
+
+    /// A client whose server runs in this process (`connection/local.rs`): its own
+    /// `SessionRegistry`, reached through bounded channels of typed messages (no JSON, no
+    /// base64), with the same methods, events, errors and ordering as a remote one. A request
+    /// that finds the queue full is `-32004` (`data.limit = "inProcessQueue"`) at once. There
+    /// is nothing to reconnect to; [`shutdown`](Self::shutdown) ends the server within
+    /// `config.shutdown_deadline`, its children with it.
+    pub async fn in_process(
+        config: InProcessConfig,
+        mut opts: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        opts.reconnect = false;
+        let limits = config
+            .limits
+            .unwrap_or_else(|| LocalLimits::for_config(&config.server));
+        let (server, end) = LocalServer::start(Arc::new(config.server), config.policy, limits);
+        let client = Client::unconnected(Target::Ws("in-process".into()), opts);
+        *lock(&client.shared.local) = Some(OwnedServer {
+            server,
+            deadline: config.shutdown_deadline,
+        });
+        let (ntx, nrx) = mpsc::unbounded_channel::<Notification>();
+        let conn = RpcConnection::start_local(
+            end,
+            ntx,
+            Some(client.fast_path()),
+            Some(client.request_handler()),
+        );
+        if let Err(e) = client.initialize_on(conn, nrx, None).await {
+            client.shutdown().await;
+            return Err(e);
+        }
+        let c = client.clone();
+        tokio::spawn(async move {
+            let conn = lock(&c.shared.conn).clone();
+            if let Some(conn) = conn {
+                conn.closed().await;
+                if !c.shared.shutdown.is_cancelled() {
+                    c.fail("the in-process server ended".into()).await;
+                }
+            }
+        });
         Ok(client)
     }
 
@@ -357,14 +496,21 @@ impl Client {
 
     /// End the session on the server (`session/close`: its processes are terminated), then
     /// close. For a client that is done; [`close`](Self::close) leaves the session resumable.
+    ///
+    /// In process, it shuts the server down within its deadline (every child terminated, then
+    /// killed), whatever the queues hold.
     pub async fn shutdown(&self) {
+        let local = lock(&self.shared.local).take();
+        if let Some(owned) = local {
+            self.close();
+            owned.server.shutdown(owned.deadline).await;
+            return;
+        }
         let conn = lock(&self.shared.conn).clone();
         if let Some(conn) = conn {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                conn.call(Method::SessionClose.as_str(), json!({})),
-            )
-            .await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), conn.call_typed(Call::SessionClose))
+                    .await;
         }
         self.close();
     }
@@ -388,26 +534,70 @@ impl Client {
         resume: Option<(String, String)>,
     ) -> Result<(), ClientError> {
         let (ntx, nrx) = mpsc::unbounded_channel::<Notification>();
+        let conn = RpcConnection::start_with(
+            transport,
+            ntx,
+            Some(self.fast_path()),
+            Some(self.request_handler()),
+        );
+        self.initialize_on(conn, nrx, resume).await
+    }
+
+    /// In-order output handled on the connection's reader.
+    fn fast_path(&self) -> rpc_connection::FastPath {
         let shared = Arc::downgrade(&self.shared);
-        let fast: rpc_connection::FastPath = Arc::new(move |n| {
+        Arc::new(move |n| {
             let Some(shared) = shared.upgrade() else {
                 return Some(n);
             };
             Client::fast_deliver(&shared, n)
-        });
-        let conn = RpcConnection::start(transport, ntx, Some(fast));
-        let mut params = json!({
-            "clientName": self.shared.opts.client_name,
-            "clientVersion": env!("CARGO_PKG_VERSION"),
-            "capabilities": {"acks": self.shared.opts.acks},
-        });
-        if let Some((sid, tok)) = &resume {
-            params["resume"] = json!({"sessionId": sid, "resumeToken": tok});
-        }
-        let result = conn.call(Method::Initialize.as_str(), params).await?;
-        let init: InitializeResult = serde_json::from_value(result)
-            .map_err(|e| ClientError::Protocol(format!("bad initialize result: {e}")))?;
-        conn.notify(Method::Initialized.as_str(), json!({})).await?;
+        })
+    }
+
+    /// The server's approval requests, to the application's handler.
+    fn request_handler(&self) -> rpc_connection::RequestHandler {
+        let handler = self.shared.opts.approval_handler.clone();
+        let memo = self.shared.approvals.clone();
+        Arc::new(move |responder, id, request| {
+            approval::on_server_request(&memo, handler.as_ref(), responder, id, request)
+        })
+    }
+
+    /// `initialize` (resuming `resume` if given) + `initialized` on `conn`, and install it.
+    async fn initialize_on(
+        &self,
+        conn: RpcConnection,
+        nrx: mpsc::UnboundedReceiver<Notification>,
+        resume: Option<(String, String)>,
+    ) -> Result<(), ClientError> {
+        let params = InitializeParams {
+            client_name: Some(self.shared.opts.client_name.clone()),
+            client_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            resume: resume.as_ref().map(|(sid, tok)| ResumeParams {
+                session_id: sid.clone(),
+                resume_token: tok.clone(),
+            }),
+            capabilities: Capabilities {
+                acks: self.shared.opts.acks,
+                binary_output: self.shared.opts.binary_output,
+                server_requests: ServerRequests {
+                    approve: self.shared.opts.approval_handler.is_some(),
+                },
+            },
+        };
+        let init = match conn.call_typed(Call::Initialize(params)).await? {
+            Reply::Initialize(init) => init,
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "bad initialize result: {other:?}"
+                )))
+            }
+        };
+        conn.notify_typed(Note::Initialized).await?;
+        self.shared.server_max_message.store(
+            usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,
@@ -422,10 +612,10 @@ impl Client {
             // later ack goes to it.
             let consumed = self.consumed_positions();
             for (pid, seq) in consumed {
-                conn.notify(
-                    Method::ProcessAck.as_str(),
-                    json!({"processId": pid, "seq": seq}),
-                )
+                conn.notify_typed(Note::Ack(Some(AckParams {
+                    process_id: pid,
+                    seq,
+                })))
                 .await?;
             }
         }
@@ -448,6 +638,12 @@ impl Client {
                 _ = self.shared.shutdown.cancelled() => return,
             }
             if self.shared.shutdown.is_cancelled() {
+                return;
+            }
+            // A server that broke the protocol (a malformed binary message) is not resumed:
+            // it would only send the same again.
+            if let Some(e) = conn.failure() {
+                self.fail(e.to_string()).await;
                 return;
             }
             let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
@@ -474,6 +670,10 @@ impl Client {
                         ..
                     }) => {
                         self.fail(format!("server refused resume: {message}")).await;
+                        return;
+                    }
+                    Err(e @ ClientError::Protocol(_)) => {
+                        self.fail(e.to_string()).await;
                         return;
                     }
                     Err(e) => {
@@ -539,13 +739,28 @@ impl Client {
         }
     }
 
+    /// [`call`](Self::call) with a typed request and result: the library's own requests
+    /// (no JSON in process). Retried across reconnects, so only for requests safe to repeat.
+    pub(crate) async fn call_typed(&self, call: Call) -> Result<Reply, ClientError> {
+        loop {
+            let conn = self.connection().await?;
+            match conn.call_typed(call.clone()).await {
+                Err(ClientError::ConnectionLost)
+                    if self.shared.opts.reconnect && self.shared.target.can_reconnect() =>
+                {
+                    continue
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Start a process and get a handle streaming its events.
     pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
         let id = opts.params.process_id.clone();
         lock(&self.shared.procs).insert(id.clone(), ProcSlot::new());
-        let params =
-            serde_json::to_value(&opts.params).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut retried = false;
+        let mut lookups = 0;
         let result = loop {
             let conn = match self.connection().await {
                 Ok(c) => c,
@@ -554,24 +769,48 @@ impl Client {
                     return Err(e);
                 }
             };
-            match conn
-                .call(Method::ProcessStart.as_str(), params.clone())
-                .await
-            {
-                Ok(v) => break v,
+            match conn.call_typed(Call::Start(opts.params.clone())).await {
+                Ok(Reply::Start(r)) => break r,
+                Ok(other) => {
+                    lock(&self.shared.procs).remove(&id);
+                    return Err(ClientError::Protocol(format!(
+                        "bad start result: {other:?}"
+                    )));
+                }
                 Err(ClientError::ConnectionLost) if self.shared.target.can_reconnect() => {
                     retried = true;
                     continue;
                 }
-                // The first attempt started it before the link died: find its pid.
+                // The first attempt started it before the link died: find its pid. While
+                // it is still being spawned (or waits for approval) it has none yet: try the
+                // start again (a start waiting for approval is joined).
                 Err(ClientError::Rpc { code: -32002, .. }) if retried => {
-                    let list = self.call(Method::ProcessList.as_str(), json!({})).await?;
-                    let pid = list["processes"]
-                        .as_array()
-                        .and_then(|ps| ps.iter().find(|p| p["processId"] == id.as_str()))
-                        .and_then(|p| p["pid"].as_u64())
-                        .unwrap_or(0);
-                    break json!({"processId": id, "pid": pid});
+                    let pid = match self.call_typed(Call::List).await? {
+                        Reply::List(list) => list
+                            .into_iter()
+                            .find(|p| p.process_id == id)
+                            .and_then(|p| p.pid),
+                        _ => None,
+                    };
+                    match pid {
+                        Some(pid) => {
+                            break StartResult {
+                                process_id: id.clone(),
+                                pid,
+                            }
+                        }
+                        None if lookups < START_LOOKUPS => {
+                            lookups += 1;
+                            tokio::time::sleep(RECONNECT_INITIAL_DELAY).await;
+                            continue;
+                        }
+                        None => {
+                            break StartResult {
+                                process_id: id.clone(),
+                                pid: 0,
+                            }
+                        }
+                    }
                 }
                 Err(e) => {
                     lock(&self.shared.procs).remove(&id);
@@ -579,9 +818,7 @@ impl Client {
                 }
             }
         };
-        let r: StartResult =
-            serde_json::from_value(result).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        Ok(ProcessHandle::new(id, r.pid, self.clone()))
+        Ok(ProcessHandle::new(id, result.pid, self.clone()))
     }
 
     /// `server/info`.

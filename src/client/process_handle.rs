@@ -8,6 +8,10 @@
 //!   them to the [`ProcessController`] it carries.
 //! - The `writeId` of [`ProcessHandle::write`], which makes a write safe to retry across
 //!   reconnects.
+//! - [`StdinWriter`]: stdin as a pipeline of `process/write` requests, several in flight
+//!   (the server applies them in request order), each encoded by hand
+//!   (`rpc/write_request.rs`); after a reconnect, every write not yet answered is sent again,
+//!   in order, with its `writeId`, so none is lost or applied twice.
 //! - Ending the event stream when the handle is dropped.
 //!
 //! # What it must never do
@@ -16,15 +20,31 @@
 //! - Retry a request that is not safe to repeat: every request here goes through
 //!   [`Client::call`], and a write carries its idempotency key.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
-use base64::Engine;
-use serde_json::json;
+use bytes::Bytes;
 
+use super::rpc_connection::{PendingCall, RpcConnection};
 use super::{Client, ClientError, ProcessEvent};
-use crate::rpc::messages::TermSize;
-use crate::rpc::Method;
+use crate::connection::message::{Call, Reply, WriteCall};
+use crate::rpc::messages::{ProcessRef, ResizeParams, SignalParams, TermSize, TerminateParams};
 use crate::sync::lock;
+
+/// The most a [`StdinWriter`] puts in one `process/write`: large enough that the per-request
+/// costs (a response, a task, a frame) vanish beside the bytes, small enough that a write
+/// stays a fraction of `maxMessageBytes` once in base64.
+pub const STDIN_WRITE_BYTES: usize = 256 * 1024;
+
+/// Bytes of a write request besides its base64 chunk that a [`StdinWriter`] leaves room for
+/// under the server's `maxMessageBytes` (the envelope, a process id of at most 256 bytes
+/// escaped, the `writeId`).
+const WRITE_REQUEST_SLACK: usize = 4096;
+
+/// Writes a [`StdinWriter`] keeps in flight before it waits for the oldest answer: with
+/// [`STDIN_WRITE_BYTES`] each, 2 MiB, enough to cover the round trip of a fast link (and what
+/// a reconnect may have to send again).
+pub const STDIN_WRITES_IN_FLIGHT: usize = 8;
 
 /// A started process.
 pub struct ProcessHandle {
@@ -90,6 +110,11 @@ impl ProcessHandle {
     pub fn controller(&self) -> ProcessController {
         self.control.clone()
     }
+
+    /// A pipelined writer of this process's stdin (see [`StdinWriter`]).
+    pub fn stdin_writer(&self) -> StdinWriter {
+        self.control.stdin_writer()
+    }
 }
 
 impl Drop for ProcessHandle {
@@ -111,10 +136,10 @@ impl ProcessController {
     /// Send a signal by name.
     pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
         self.client
-            .call(
-                Method::ProcessSignal.as_str(),
-                json!({"processId": self.id, "signal": name}),
-            )
+            .call_typed(Call::Signal(SignalParams {
+                process_id: self.id.clone(),
+                signal: name.to_string(),
+            }))
             .await
             .map(|_| ())
     }
@@ -122,37 +147,49 @@ impl ProcessController {
     /// Resize the PTY.
     pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
         self.client
-            .call(
-                Method::ProcessResize.as_str(),
-                json!({"processId": self.id, "rows": size.rows, "cols": size.cols}),
-            )
+            .call_typed(Call::Resize(ResizeParams {
+                process_id: self.id.clone(),
+                rows: size.rows,
+                cols: size.cols,
+            }))
             .await
             .map(|_| ())
     }
 
+    /// A pipelined writer of this process's stdin (see [`StdinWriter`]).
+    pub fn stdin_writer(&self) -> StdinWriter {
+        StdinWriter {
+            control: self.clone(),
+            next: 0,
+            in_flight: VecDeque::new(),
+            conn: None,
+        }
+    }
+
     /// Write with an explicit idempotency key.
     pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
-        let v = self
+        let r = self
             .client
-            .call(
-                Method::ProcessWrite.as_str(),
-                json!({
-                    "processId": self.id,
-                    "chunk": base64::engine::general_purpose::STANDARD.encode(data),
-                    "writeId": write_id,
-                }),
-            )
+            .call_typed(Call::Write(WriteCall {
+                process_id: self.id.clone(),
+                data: Bytes::copy_from_slice(data),
+                write_id: Some(write_id.to_string()),
+            }))
             .await?;
-        Ok(v["status"].as_str().unwrap_or("").to_string())
+        match r {
+            Reply::Write(status) => Ok(status.as_str().to_string()),
+            other => Err(ClientError::Protocol(format!(
+                "bad write result: {other:?}"
+            ))),
+        }
     }
 
     /// Close stdin.
     pub async fn close_stdin(&self) -> Result<(), ClientError> {
         self.client
-            .call(
-                Method::ProcessCloseStdin.as_str(),
-                json!({"processId": self.id}),
-            )
+            .call_typed(Call::CloseStdin(ProcessRef {
+                process_id: self.id.clone(),
+            }))
             .await
             .map(|_| ())
     }
@@ -165,14 +202,173 @@ impl ProcessController {
     /// Terminate: SIGTERM, then SIGKILL after `grace` (the server's default when `None`, for
     /// which `graceMs` is left out of the request).
     async fn terminate_after(&self, grace: Option<Duration>) -> Result<bool, ClientError> {
-        let mut p = json!({"processId": self.id});
-        if let Some(g) = grace {
-            p["graceMs"] = json!(g.as_millis() as u64);
-        }
-        let v = self
+        let r = self
             .client
-            .call(Method::ProcessTerminate.as_str(), p)
+            .call_typed(Call::Terminate(TerminateParams {
+                process_id: self.id.clone(),
+                grace_ms: grace.map(|g| g.as_millis() as u64),
+            }))
             .await?;
-        Ok(v["running"].as_bool().unwrap_or(false))
+        match r {
+            Reply::Terminate { running } => Ok(running),
+            other => Err(ClientError::Protocol(format!(
+                "bad terminate result: {other:?}"
+            ))),
+        }
+    }
+}
+
+/// One write of a [`StdinWriter`] not yet answered.
+struct InFlight {
+    write_id: String,
+    data: Bytes,
+    /// Its request on the current connection; `None` once that connection is gone.
+    call: Option<PendingCall>,
+}
+
+/// Stdin as a pipeline: up to [`STDIN_WRITES_IN_FLIGHT`] `process/write` requests in flight,
+/// in order (the server applies the writes of a process in request order), so a stream of
+/// input is not held to one round trip per write. Each write carries its own `writeId`
+/// (`s-1`, `s-2`, …): after a reconnect, the writes not yet answered are sent again in order,
+/// and the server acknowledges those it had already applied without writing them twice.
+pub struct StdinWriter {
+    control: ProcessController,
+    next: u64,
+    in_flight: VecDeque<InFlight>,
+    /// The connection the in-flight writes were sent on.
+    conn: Option<RpcConnection>,
+}
+
+/// Why a [`StdinWriter`] stopped: the process no longer takes input.
+#[derive(Debug, Clone)]
+pub enum StdinRefused {
+    /// `stdinClosed` or `exited`, as the server answered.
+    Status(String),
+    /// The request failed.
+    Error(ClientError),
+}
+
+impl std::fmt::Display for StdinRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StdinRefused::Status(s) => write!(f, "stdin refused: {s}"),
+            StdinRefused::Error(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl StdinWriter {
+    /// Queue `data` (split into writes of at most [`STDIN_WRITE_BYTES`]); waits only while
+    /// the pipeline is full. An error means the process takes no more input (or the session
+    /// is lost): nothing further will be written.
+    pub async fn write(&mut self, data: Bytes) -> Result<(), StdinRefused> {
+        // A write must fit the server's message limit once in base64, with room for the rest
+        // of the request.
+        let limit = self
+            .control
+            .client
+            .shared
+            .server_max_message
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let most = (limit.saturating_sub(WRITE_REQUEST_SLACK) / 4 * 3).clamp(1, STDIN_WRITE_BYTES);
+        let mut rest = data;
+        while !rest.is_empty() {
+            let piece = rest.split_to(rest.len().min(most));
+            while self.in_flight.len() >= STDIN_WRITES_IN_FLIGHT {
+                self.settle_oldest().await?;
+            }
+            self.next += 1;
+            let mut w = InFlight {
+                write_id: format!("s-{}", self.next),
+                data: piece,
+                call: None,
+            };
+            if let Some(conn) = &self.conn {
+                w.call = self.send(conn, &w).await;
+            }
+            self.in_flight.push_back(w);
+            if self.conn.is_none() || self.in_flight.back().is_some_and(|w| w.call.is_none()) {
+                self.resend().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until every queued write was answered `accepted`.
+    pub async fn flush(&mut self) -> Result<(), StdinRefused> {
+        while !self.in_flight.is_empty() {
+            self.settle_oldest().await?;
+        }
+        Ok(())
+    }
+
+    /// Write everything queued, then close stdin (`process/closeStdin`).
+    pub async fn finish(mut self) -> Result<(), StdinRefused> {
+        self.flush().await?;
+        self.control
+            .close_stdin()
+            .await
+            .map_err(StdinRefused::Error)
+    }
+
+    async fn send(&self, conn: &RpcConnection, w: &InFlight) -> Option<PendingCall> {
+        let id = &self.control.id;
+        conn.start_write(id, &w.write_id, &w.data).await.ok()
+    }
+
+    /// Send every unanswered write again, in order, on the current connection (waiting for a
+    /// reconnect if one is under way).
+    async fn resend(&mut self) -> Result<(), StdinRefused> {
+        loop {
+            let conn = self
+                .control
+                .client
+                .connection()
+                .await
+                .map_err(StdinRefused::Error)?;
+            let mut all_sent = true;
+            for i in 0..self.in_flight.len() {
+                let call = self.send(&conn, &self.in_flight[i]).await;
+                all_sent &= call.is_some();
+                self.in_flight[i].call = call;
+                if !all_sent {
+                    break;
+                }
+            }
+            self.conn = Some(conn);
+            if all_sent {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Wait for the oldest write's answer; on a lost connection, send everything unanswered
+    /// again and wait on.
+    async fn settle_oldest(&mut self) -> Result<(), StdinRefused> {
+        loop {
+            let Some(oldest) = self.in_flight.front_mut() else {
+                return Ok(());
+            };
+            let outcome = match oldest.call.take() {
+                Some(call) => call.outcome().await,
+                None => Err(ClientError::ConnectionLost),
+            };
+            match outcome {
+                Ok(v) => {
+                    self.in_flight.pop_front();
+                    return match v["status"].as_str() {
+                        Some("accepted") => Ok(()),
+                        other => Err(StdinRefused::Status(other.unwrap_or("").to_string())),
+                    };
+                }
+                Err(ClientError::ConnectionLost)
+                    if self.control.client.shared.opts.reconnect
+                        && self.control.client.shared.target.can_reconnect() =>
+                {
+                    self.resend().await?;
+                }
+                Err(e) => return Err(StdinRefused::Error(e)),
+            }
+        }
     }
 }

@@ -5,6 +5,12 @@
 //! a writer task owns the sink. It knows nothing of sessions or reconnection: the [`Client`]
 //! (`client/mod.rs`) builds those on top and replaces a dead connection with a new one.
 //!
+//! Output deltas arrive in either form (`protocol.md` §5.1), whatever was negotiated: a binary
+//! message (told from JSON by its first byte) is decoded by `rpc/binary_output.rs`, a JSON
+//! delta by the fast decoder of `rpc/notification.rs`. A malformed binary message ends the
+//! connection with a [`ClientError::Protocol`] that names what was wrong
+//! ([`RpcConnection::failure`]); the reader never panics on what the server sends.
+//!
 //! [`Client`]: super::Client
 
 use std::collections::HashMap;
@@ -17,9 +23,21 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientError;
-use crate::rpc::jsonrpc::{encode_notification, encode_request, parse_inbound, Inbound};
-use crate::rpc::messages::StreamName;
+use crate::connection::json_codec::{call_value, decode_call, decode_reply, reply_value};
+use crate::connection::local::LocalClientEnd;
+use crate::connection::message::{
+    Call, Inbound as Typed, Note, Outbound, Reply, RequestId, WriteCall,
+};
+use crate::process::event_log::EventBody;
+use crate::rpc::binary_output::{decode_output_message, is_binary_message};
+use crate::rpc::jsonrpc::{
+    encode_error, encode_notification, encode_request, encode_response, parse_inbound, Inbound,
+};
+use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult, ExitInfo, StreamName};
 use crate::rpc::notification::{decode_output_delta, OutputDelta};
+use crate::rpc::write_request::encode_write_request;
+use crate::rpc::{Method, RpcError};
+use crate::session::ApprovalAnswer;
 use crate::sync::lock;
 use crate::transport::Transport;
 
@@ -27,7 +45,13 @@ use crate::transport::Transport;
 /// client buffer without limit.
 const OUTBOUND_QUEUE: usize = 256;
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, ClientError>>>>>;
+/// A result as it arrived: JSON from a network connection, typed from an in-process one.
+enum Answer {
+    Json(Value),
+    Typed(Reply),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, ClientError>>>>>;
 
 /// A notification from the server. Output deltas are decoded on the reader task without
 /// building a JSON tree (they carry almost every byte).
@@ -43,6 +67,15 @@ pub enum Notification {
         stream: StreamName,
         /// Raw bytes.
         data: bytes::Bytes,
+    },
+    /// `process/exited`, typed (from an in-process connection).
+    Exited {
+        /// The process.
+        process_id: String,
+        /// Its seq.
+        seq: u64,
+        /// The exit notice.
+        info: ExitInfo,
     },
     /// Any other notification.
     Other {
@@ -74,13 +107,109 @@ pub type NotificationSink = mpsc::UnboundedSender<Notification>;
 /// it handled it (the common case of in-order output, saving a task hop per message).
 pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
 
+/// A request sent by [`RpcConnection::start_write`], awaiting its response.
+pub struct PendingCall {
+    id: u64,
+    rx: oneshot::Receiver<Result<Answer, ClientError>>,
+    conn: RpcConnection,
+}
+
+impl PendingCall {
+    /// The response's result as JSON, or why there is none (the connection's failure, if it
+    /// broke).
+    pub async fn outcome(self) -> Result<Value, ClientError> {
+        let PendingCall { id, rx, conn } = self;
+        let answer = tokio::select! {
+            biased;
+            r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
+            _ = conn.closed.cancelled() => {
+                lock(&conn.pending).remove(&id);
+                Err(conn.failure().unwrap_or(ClientError::ConnectionLost))
+            }
+        }?;
+        Ok(match answer {
+            Answer::Json(v) => v,
+            Answer::Typed(r) => reply_value(&r),
+        })
+    }
+}
+
+/// Called on the reader task for each `process/approve` the server sends (its id, its
+/// params), with a [`Responder`] for this connection. It must not block: answer from a task
+/// of its own.
+pub type RequestHandler = Arc<dyn Fn(Responder, String, ApproveParams) + Send + Sync>;
+
+/// Answers server requests on the connection that received them.
+#[derive(Clone)]
+pub struct Responder {
+    out: Out,
+}
+
+impl Responder {
+    /// Answer approval request `id` (dropped if the connection is gone).
+    pub fn decide(&self, id: &str, decision: ApprovalDecision) {
+        match &self.out {
+            Out::Json(out) => {
+                let result =
+                    serde_json::to_value(ApproveResult { decision }).unwrap_or(Value::Null);
+                send_json(out, encode_response(&Value::from(id), &result));
+            }
+            Out::Local { requests, .. } => {
+                let answer = match decision {
+                    ApprovalDecision::Approve => ApprovalAnswer::Approve,
+                    ApprovalDecision::Deny => ApprovalAnswer::Deny,
+                };
+                let msg = Typed::Response {
+                    id: Some(RequestId::Str(id.to_string())),
+                    answer,
+                };
+                let requests = requests.clone();
+                // An answer is not dropped on a full queue: it waits for room.
+                tokio::spawn(async move {
+                    let _ = requests.send(msg).await;
+                });
+            }
+        }
+    }
+
+    /// Refuse a request this client cannot serve (JSON connections; an in-process server
+    /// sends only approvals).
+    fn error(&self, id: &Value, error: &RpcError) {
+        if let Out::Json(out) = &self.out {
+            send_json(out, encode_error(id, error));
+        }
+    }
+}
+
+/// Queue a JSON text from a task: never from the reader, the outbound queue may be full.
+fn send_json(out: &mpsc::Sender<String>, text: String) {
+    let out = out.clone();
+    tokio::spawn(async move {
+        let _ = out.send(text).await;
+    });
+}
+
+/// Where requests go.
+#[derive(Clone)]
+enum Out {
+    /// JSON texts for the writer task of a network transport.
+    Json(mpsc::Sender<String>),
+    /// Typed messages into an in-process server's request queue.
+    Local {
+        requests: mpsc::Sender<Typed>,
+        /// The queue's capacity (for the overload error).
+        capacity: usize,
+    },
+}
+
 /// A live connection.
 #[derive(Clone)]
 pub struct RpcConnection {
-    out: mpsc::Sender<String>,
+    out: Out,
     pending: Pending,
     next_id: Arc<AtomicU64>,
     closed: CancellationToken,
+    failure: Arc<Mutex<Option<ClientError>>>,
 }
 
 impl RpcConnection {
@@ -89,6 +218,17 @@ impl RpcConnection {
         transport: Transport,
         notifications: NotificationSink,
         fast: Option<FastPath>,
+    ) -> RpcConnection {
+        Self::start_with(transport, notifications, fast, None)
+    }
+
+    /// [`start`](Self::start), with `requests` answering the server's requests (without it,
+    /// they are answered `-32601`).
+    pub fn start_with(
+        transport: Transport,
+        notifications: NotificationSink,
+        fast: Option<FastPath>,
+        requests: Option<RequestHandler>,
     ) -> RpcConnection {
         let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -107,13 +247,13 @@ impl RpcConnection {
                     m = out_rx.recv() => m,
                 };
                 let Some(msg) = msg else { break };
-                if outgoing.feed(msg).await.is_err() {
+                if outgoing.feed(msg.into()).await.is_err() {
                     break;
                 }
                 // Batch whatever else is queued before flushing.
                 let mut ok = true;
                 while let Ok(m) = out_rx.try_recv() {
-                    if outgoing.feed(m).await.is_err() {
+                    if outgoing.feed(m.into()).await.is_err() {
                         ok = false;
                         break;
                     }
@@ -128,25 +268,54 @@ impl RpcConnection {
 
         let p = pending.clone();
         let c = closed.clone();
+        let responder = Responder {
+            out: Out::Json(out_tx.clone()),
+        };
+        let failure: Arc<Mutex<Option<ClientError>>> = Arc::default();
+        let failed = failure.clone();
         tokio::spawn(async move {
+            // Hand an output delta to the fast path, else to the router; false once the
+            // router is gone.
+            let deliver = |d: OutputDelta| {
+                let n = Notification::from(d);
+                let n = match &fast {
+                    Some(f) => match f(n) {
+                        Some(n) => n,
+                        None => return true,
+                    },
+                    None => n,
+                };
+                notifications.send(n).is_ok()
+            };
             loop {
                 let item = tokio::select! {
                     _ = c.cancelled() => break,
                     m = incoming.next() => m,
                 };
                 let Some(Ok(bytes)) = item else { break };
-                // Output deltas as execrelay writes them take the fast path (no JSON tree);
-                // anything else, the general one.
+                // Binary output messages (§5.1): decoded and checked, the chunk a slice of the
+                // received buffer. A malformed one ends the connection with its reason.
+                if is_binary_message(&bytes) {
+                    match decode_output_message(bytes::Bytes::from(bytes)) {
+                        Ok(d) => {
+                            if !deliver(d) {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "malformed binary message from the server");
+                            *lock(&failed) = Some(ClientError::Protocol(format!(
+                                "malformed binary output message from the server: {e}"
+                            )));
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                // Output deltas as execrelay writes them in JSON take the fast path (no JSON
+                // tree); anything else, the general one.
                 if let Some(d) = decode_output_delta(&bytes) {
-                    let n = Notification::from(d);
-                    let n = match &fast {
-                        Some(f) => match f(n) {
-                            Some(n) => n,
-                            None => continue,
-                        },
-                        None => n,
-                    };
-                    if notifications.send(n).is_err() {
+                    if !deliver(d) {
                         break;
                     }
                     continue;
@@ -156,7 +325,11 @@ impl RpcConnection {
                         let Some(id) = id.as_u64() else { continue };
                         let tx = lock(&p).remove(&id);
                         if let Some(tx) = tx {
-                            let _ = tx.send(outcome.map_err(ClientError::from_error_object));
+                            let _ = tx.send(
+                                outcome
+                                    .map(Answer::Json)
+                                    .map_err(ClientError::from_error_object),
+                            );
                         }
                     }
                     Ok(Inbound::Notification { method, params }) => {
@@ -167,7 +340,21 @@ impl RpcConnection {
                             break;
                         }
                     }
-                    Ok(Inbound::Request { .. }) => {}
+                    Ok(Inbound::Request { id, method, params }) => {
+                        let approve = (Method::parse(&method) == Some(Method::ProcessApprove))
+                            .then_some(requests.as_ref())
+                            .flatten();
+                        match (approve, id.as_str()) {
+                            (Some(h), Some(sid)) => match serde_json::from_value(params) {
+                                Ok(req) => h(responder.clone(), sid.to_string(), req),
+                                Err(e) => responder.error(
+                                    &id,
+                                    &RpcError::invalid_params(format!("invalid params: {e}")),
+                                ),
+                            },
+                            _ => responder.error(&id, &RpcError::method_not_found(&method)),
+                        }
+                    }
                     Err(r) => {
                         // A server error not tied to a request (id null), e.g. a framing error.
                         tracing::debug!(error = %r.error, "unparseable message from server");
@@ -175,22 +362,162 @@ impl RpcConnection {
                 }
             }
             c.cancel();
-            // Fail every waiting call: the connection is gone.
+            // Fail every waiting call: the connection is gone (for the reason it broke, if the
+            // server broke the protocol).
+            let why = lock(&failed).clone().unwrap_or(ClientError::ConnectionLost);
             for (_, tx) in lock(&p).drain() {
-                let _ = tx.send(Err(ClientError::ConnectionLost));
+                let _ = tx.send(Err(why.clone()));
             }
         });
 
         RpcConnection {
-            out: out_tx,
+            out: Out::Json(out_tx),
             pending,
             next_id: Arc::new(AtomicU64::new(1)),
             closed,
+            failure,
         }
     }
 
-    /// Send a request and wait for its result.
-    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+    /// A connection over the client end of an in-process transport: typed messages both
+    /// ways. One reader task takes the control channel before the event channel (a result is
+    /// queued before the events it opens, so it is taken first).
+    pub fn start_local(
+        end: LocalClientEnd,
+        notifications: NotificationSink,
+        fast: Option<FastPath>,
+        requests: Option<RequestHandler>,
+    ) -> RpcConnection {
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let closed = CancellationToken::new();
+        let out = Out::Local {
+            requests: end.sender(),
+            capacity: end.limits().requests,
+        };
+        let responder = Responder { out: out.clone() };
+        let LocalClientEnd {
+            mut control,
+            mut events,
+            ..
+        } = end;
+        let p = pending.clone();
+        let c = closed.clone();
+        tokio::spawn(async move {
+            let deliver = |n: Notification| {
+                let n = match &fast {
+                    Some(f) => match f(n) {
+                        Some(n) => n,
+                        None => return true,
+                    },
+                    None => n,
+                };
+                notifications.send(n).is_ok()
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = c.cancelled() => break,
+                    m = control.recv() => match m {
+                        None => break,
+                        Some(Outbound::Result { id, reply }) => {
+                            if let Some(tx) = local_id(&id).and_then(|n| lock(&p).remove(&n)) {
+                                let _ = tx.send(Ok(Answer::Typed(reply)));
+                            }
+                        }
+                        Some(Outbound::Error { id, error }) => {
+                            if let Some(tx) = id.as_ref().and_then(local_id).and_then(|n| lock(&p).remove(&n)) {
+                                let _ = tx.send(Err(ClientError::from_rpc(error)));
+                            }
+                        }
+                        Some(Outbound::Request { id, params }) => {
+                            if let Some(h) = &requests {
+                                h(responder.clone(), id, (*params).clone());
+                            }
+                        }
+                    },
+                    e = events.recv() => {
+                        let Some(e) = e else { break };
+                        let n = match e.body {
+                            EventBody::Output { stream, chunk } => Notification::Output {
+                                process_id: e.process_id,
+                                seq: e.seq,
+                                stream,
+                                data: chunk,
+                            },
+                            EventBody::Exited(info) => Notification::Exited {
+                                process_id: e.process_id,
+                                seq: e.seq,
+                                info,
+                            },
+                        };
+                        if !deliver(n) {
+                            break;
+                        }
+                    }
+                }
+            }
+            c.cancel();
+            for (_, tx) in lock(&p).drain() {
+                let _ = tx.send(Err(ClientError::ConnectionLost));
+            }
+        });
+        RpcConnection {
+            out,
+            pending,
+            next_id: Arc::new(AtomicU64::new(1)),
+            closed,
+            failure: Arc::default(),
+        }
+    }
+
+    /// Send a typed request and wait for its typed result. Over a network connection it is
+    /// encoded (and the result decoded) by the JSON codec; in process it travels as it is. A
+    /// full in-process queue is `-32004` (`inProcessQueue`) at once.
+    pub async fn call_typed(&self, call: Call) -> Result<Reply, ClientError> {
+        match &self.out {
+            Out::Json(_) => {
+                let (method, params) = call_value(&call).map_err(ClientError::from_rpc)?;
+                match self
+                    .request(RequestBody::Json(method.as_str(), params))
+                    .await?
+                {
+                    Answer::Json(v) => decode_reply(method, v).map_err(|e| {
+                        ClientError::Protocol(format!("bad {} result: {e}", method.as_str()))
+                    }),
+                    Answer::Typed(r) => Ok(r),
+                }
+            }
+            Out::Local { .. } => match self.request(RequestBody::Typed(call)).await? {
+                Answer::Typed(r) => Ok(r),
+                Answer::Json(_) => Err(ClientError::Protocol(
+                    "JSON from an in-process server".into(),
+                )),
+            },
+        }
+    }
+
+    /// Send a typed notification (`initialized`, `process/ack`).
+    pub async fn notify_typed(&self, note: Note) -> Result<(), ClientError> {
+        match &self.out {
+            Out::Json(_) => {
+                let (method, params) = match note {
+                    Note::Initialized => (Method::Initialized.as_str().to_string(), json_empty()),
+                    Note::Ack(p) => (
+                        Method::ProcessAck.as_str().to_string(),
+                        serde_json::to_value(p).unwrap_or(Value::Null),
+                    ),
+                    Note::Other(m) => (m, json_empty()),
+                };
+                self.notify_json(&method, params).await
+            }
+            Out::Local { requests, .. } => requests
+                .send(Typed::Notification(note))
+                .await
+                .map_err(|_| ClientError::ConnectionLost),
+        }
+    }
+
+    async fn request(&self, body: RequestBody<'_>) -> Result<Answer, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
@@ -198,26 +525,132 @@ impl RpcConnection {
             lock(&self.pending).remove(&id);
             return Err(ClientError::ConnectionLost);
         }
-        let text = encode_request(&Value::from(id), method, &params);
-        if self.out.send(text).await.is_err() {
+        let sent = match (&self.out, body) {
+            (Out::Json(out), RequestBody::Json(method, params)) => out
+                .send(encode_request(&Value::from(id), method, &params))
+                .await
+                .map_err(|_| ClientError::ConnectionLost),
+            (Out::Local { requests, capacity }, RequestBody::Typed(call)) => requests
+                .try_send(Typed::Request {
+                    id: RequestId::from(id),
+                    call,
+                })
+                .map_err(|e| match e {
+                    mpsc::error::TrySendError::Full(_) => ClientError::from_rpc(
+                        RpcError::limit_reached(IN_PROCESS_QUEUE_LIMIT, *capacity as u64),
+                    ),
+                    mpsc::error::TrySendError::Closed(_) => ClientError::ConnectionLost,
+                }),
+            _ => Err(ClientError::Protocol("request of the wrong kind".into())),
+        };
+        if let Err(e) = sent {
             lock(&self.pending).remove(&id);
-            return Err(ClientError::ConnectionLost);
+            return Err(e);
         }
         tokio::select! {
             r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
             _ = self.closed.cancelled() => {
                 lock(&self.pending).remove(&id);
-                Err(ClientError::ConnectionLost)
+                Err(self.failure().unwrap_or(ClientError::ConnectionLost))
             }
         }
     }
 
-    /// Send a notification.
+    /// Why the connection ended, when the server broke the protocol (a malformed binary
+    /// message); `None` while it is open or when it simply closed.
+    pub fn failure(&self) -> Option<ClientError> {
+        lock(&self.failure).clone()
+    }
+
+    /// Send a request by name with JSON params and wait for its result as JSON: the generic
+    /// path. In process, the params are read into a typed [`Call`] and the result shown as
+    /// JSON (the library's own requests use [`call_typed`](Self::call_typed)).
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        match &self.out {
+            Out::Json(_) => match self.request(RequestBody::Json(method, params)).await? {
+                Answer::Json(v) => Ok(v),
+                Answer::Typed(r) => Ok(reply_value(&r)),
+            },
+            Out::Local { .. } => match decode_call(method, params) {
+                Call::Invalid { error, .. } => Err(ClientError::from_rpc(error)),
+                Call::NotFound(name) => {
+                    Err(ClientError::from_rpc(RpcError::method_not_found(&name)))
+                }
+                call => self.call_typed(call).await.map(|r| reply_value(&r)),
+            },
+        }
+    }
+
+    async fn notify_json(&self, method: &str, params: Value) -> Result<(), ClientError> {
+        match &self.out {
+            Out::Json(out) => out
+                .send(encode_notification(method, &params))
+                .await
+                .map_err(|_| ClientError::ConnectionLost),
+            Out::Local { .. } => Err(ClientError::Protocol("JSON to an in-process server".into())),
+        }
+    }
+
+    /// Send `process/write` of `data` to `process_id` with `write_id` without waiting for its
+    /// response: the request is queued, in the order of these calls, when this returns, and
+    /// the returned [`PendingCall`] resolves to its outcome (the pipelined stdin writer). Over
+    /// a network connection it is encoded by hand (`rpc/write_request.rs`); in process it
+    /// travels typed and, being part of a bounded pipeline, waits for room in the queue
+    /// rather than failing.
+    pub async fn start_write(
+        &self,
+        process_id: &str,
+        write_id: &str,
+        data: &bytes::Bytes,
+    ) -> Result<PendingCall, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        if self.closed.is_cancelled() {
+            lock(&self.pending).remove(&id);
+            return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
+        }
+        let sent = match &self.out {
+            Out::Json(out) => out
+                .send(encode_write_request(id, process_id, write_id, data))
+                .await
+                .is_ok(),
+            Out::Local { requests, .. } => requests
+                .send(Typed::Request {
+                    id: RequestId::from(id),
+                    call: Call::Write(WriteCall {
+                        process_id: process_id.to_string(),
+                        data: data.clone(),
+                        write_id: Some(write_id.to_string()),
+                    }),
+                })
+                .await
+                .is_ok(),
+        };
+        if !sent {
+            lock(&self.pending).remove(&id);
+            return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
+        }
+        Ok(PendingCall {
+            id,
+            rx,
+            conn: self.clone(),
+        })
+    }
+
+    /// Send a notification by name with JSON params.
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), ClientError> {
-        self.out
-            .send(encode_notification(method, &params))
-            .await
-            .map_err(|_| ClientError::ConnectionLost)
+        match &self.out {
+            Out::Json(_) => self.notify_json(method, params).await,
+            Out::Local { .. } => {
+                let note = match Method::parse(method) {
+                    Some(Method::Initialized) => Note::Initialized,
+                    Some(Method::ProcessAck) => Note::Ack(serde_json::from_value(params).ok()),
+                    _ => Note::Other(method.to_string()),
+                };
+                self.notify_typed(note).await
+            }
+        }
     }
 
     /// Whether the connection is gone.
@@ -233,5 +666,26 @@ impl RpcConnection {
     /// Drop the connection now.
     pub fn close(&self) {
         self.closed.cancel();
+    }
+}
+
+/// `data.limit` of the overload error of a full in-process request queue.
+pub const IN_PROCESS_QUEUE_LIMIT: &str = "inProcessQueue";
+
+enum RequestBody<'a> {
+    Json(&'a str, Value),
+    Typed(Call),
+}
+
+fn json_empty() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// Our own request ids are `u64`s.
+fn local_id(id: &RequestId) -> Option<u64> {
+    match id {
+        RequestId::Int(i) => u64::try_from(*i).ok(),
+        RequestId::UInt(u) => Some(*u),
+        RequestId::Str(_) => None,
     }
 }

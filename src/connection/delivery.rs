@@ -6,34 +6,37 @@
 //! dropped, a slow client blocks the child (its pump finds no room), and the only per-
 //! connection queue is the control lane, bounded by the connection's request limit.
 //! The writer must never block on anything but the transport.
+//!
+//! What it writes goes to an [`Outlet`]: a network transport (each output delta encoded in the
+//! form the connection asked for in `initialize`, `OutputForm`: a JSON text with base64, or a
+//! binary message whose payload is the event's own `Bytes`; replays after a resume take the
+//! same path) or the in-process transport's two bounded channels (typed values).
 
 use std::sync::Arc;
 
-use futures_util::SinkExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::message::Outbound;
+use super::outlet::{Outlet, OutletClosed};
 use crate::config::EVENT_BATCH_BYTES;
-use crate::process::event_log::EventBody;
 use crate::process::ReadySet;
-use crate::rpc::notification::{encode_exit_notice, encode_output_delta};
-use crate::transport::MessageSink;
 
-/// A message for the control lane: a response or error, with an optional action to run once
-/// it was handed to the transport (used to open a new process's event delivery only after its
-/// `process/start` result, so the result precedes its output).
+/// A message for the control lane: a response, an error or a server request, with an
+/// optional action to run once it was handed to the transport (used to open a new process's
+/// event delivery only after its `process/start` result, so the result precedes its output).
 pub struct ControlMessage {
-    /// The encoded JSON text.
-    pub text: String,
-    /// Run after the text was accepted by the transport.
+    /// The message.
+    pub msg: Outbound,
+    /// Run after the message was accepted by the transport.
     pub after_write: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl ControlMessage {
     /// A plain message.
-    pub fn new(text: String) -> Self {
+    pub fn new(msg: Outbound) -> Self {
         ControlMessage {
-            text,
+            msg,
             after_write: None,
         }
     }
@@ -50,21 +53,31 @@ pub enum WriterEnd {
     TransportFailed,
 }
 
-/// Serve one connection's transport until the control lane closes, `cancel` fires, or the
+/// What the control lane holds right now.
+enum Lane {
+    /// Nothing queued.
+    Empty,
+    /// Closed: the connection is done.
+    Closed,
+}
+
+/// Serve one connection's outlet until the control lane closes, `cancel` fires, or the
 /// transport fails. Control messages go first; between output batches the writer looks at the
-/// control lane again, so a response waits at most for one event already being written.
+/// control lane again, so a response waits at most for one event already being written; and
+/// while it waits for room for an event (an in-process event queue full and unread) it keeps
+/// serving the control lane.
 pub async fn run_writer(
-    mut sink: MessageSink,
+    mut outlet: Outlet,
     mut control: mpsc::Receiver<ControlMessage>,
     ready: Arc<ReadySet>,
     cancel: CancellationToken,
 ) -> WriterEnd {
-    let end = loop {
+    let end = 'outer: loop {
         // Control lane first, without waiting.
-        match drain_control(&mut sink, &mut control).await {
-            Ok(true) => {}
-            Ok(false) => break finish(&mut sink).await,
-            Err(()) => break WriterEnd::TransportFailed,
+        match drain_control(&mut outlet, &mut control).await {
+            Ok(Lane::Empty) => {}
+            Ok(Lane::Closed) => break finish(&mut outlet).await,
+            Err(OutletClosed) => break WriterEnd::TransportFailed,
         }
         if cancel.is_cancelled() {
             break WriterEnd::Cancelled;
@@ -73,28 +86,47 @@ pub async fn run_writer(
             if !p.delivers_to(&ready) {
                 continue;
             }
+            // Whatever reached the control lane before this process became ready goes first:
+            // on a resume, the session's pending server requests are queued before its
+            // processes are marked ready, so they precede every replayed event.
+            match drain_control(&mut outlet, &mut control).await {
+                Ok(Lane::Empty) => {}
+                Ok(Lane::Closed) => break finish(&mut outlet).await,
+                Err(OutletClosed) => break WriterEnd::TransportFailed,
+            }
             let events = p.peek_unwritten(EVENT_BATCH_BYTES);
             let mut last = None;
-            let mut failed = false;
             for ev in &events {
-                let text = match &ev.body {
-                    EventBody::Output { stream, chunk } => {
-                        encode_output_delta(&p.id_json, ev.seq, *stream, chunk)
+                // Room for this event; control messages meanwhile go out at once.
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break 'outer WriterEnd::Cancelled,
+                        m = control.recv() => match m {
+                            Some(m) => {
+                                if write_control(&mut outlet, m).await.is_err() {
+                                    break 'outer WriterEnd::TransportFailed;
+                                }
+                            }
+                            // The connection is done: no more events.
+                            None => break 'outer finish(&mut outlet).await,
+                        },
+                        r = outlet.event_ready() => {
+                            if r.is_err() {
+                                break 'outer WriterEnd::TransportFailed;
+                            }
+                            break;
+                        }
                     }
-                    EventBody::Exited(info) => encode_exit_notice(&p.id, ev.seq, info),
-                };
-                if sink.feed(text).await.is_err() {
-                    failed = true;
-                    break;
+                }
+                if outlet.send_event(&p, ev).is_err() {
+                    break 'outer WriterEnd::TransportFailed;
                 }
                 last = Some(ev.seq);
                 // Let a response overtake the rest of this batch.
                 if !control.is_empty() {
                     break;
                 }
-            }
-            if failed {
-                break WriterEnd::TransportFailed;
             }
             if let Some(seq) = last {
                 if p.mark_written_by(&ready, seq) {
@@ -104,7 +136,7 @@ pub async fn run_writer(
             continue;
         }
         // Nothing to do: push out what is buffered, then sleep until there is.
-        if sink.flush().await.is_err() {
+        if outlet.flush().await.is_err() {
             break WriterEnd::TransportFailed;
         }
         let notified = ready.notified();
@@ -113,11 +145,11 @@ pub async fn run_writer(
             _ = cancel.cancelled() => break WriterEnd::Cancelled,
             msg = control.recv() => match msg {
                 Some(m) => {
-                    if write_control(&mut sink, m).await.is_err() {
+                    if write_control(&mut outlet, m).await.is_err() {
                         break WriterEnd::TransportFailed;
                     }
                 }
-                None => break finish(&mut sink).await,
+                None => break finish(&mut outlet).await,
             },
             _ = notified => {}
         }
@@ -125,32 +157,31 @@ pub async fn run_writer(
     end
 }
 
-async fn finish(sink: &mut MessageSink) -> WriterEnd {
-    let _ = sink.flush().await;
-    let _ = sink.close().await;
+async fn finish(outlet: &mut Outlet) -> WriterEnd {
+    outlet.close().await;
     WriterEnd::Finished
 }
 
-/// Write every queued control message. `Ok(false)`: the lane is closed.
+/// Write every queued control message.
 async fn drain_control(
-    sink: &mut MessageSink,
+    outlet: &mut Outlet,
     control: &mut mpsc::Receiver<ControlMessage>,
-) -> Result<bool, ()> {
+) -> Result<Lane, OutletClosed> {
     loop {
         match control.try_recv() {
-            Ok(m) => write_control(sink, m).await?,
-            Err(mpsc::error::TryRecvError::Empty) => return Ok(true),
-            Err(mpsc::error::TryRecvError::Disconnected) => return Ok(false),
+            Ok(m) => write_control(outlet, m).await?,
+            Err(mpsc::error::TryRecvError::Empty) => return Ok(Lane::Empty),
+            Err(mpsc::error::TryRecvError::Disconnected) => return Ok(Lane::Closed),
         }
     }
 }
 
-async fn write_control(sink: &mut MessageSink, m: ControlMessage) -> Result<(), ()> {
-    sink.feed(m.text).await.map_err(|_| ())?;
+async fn write_control(outlet: &mut Outlet, m: ControlMessage) -> Result<(), OutletClosed> {
+    outlet.control(m.msg).await?;
     if let Some(after) = m.after_write {
         // The action may make events deliverable that must follow this message: flush so the
         // ordering holds on the wire even if a later write fails.
-        sink.flush().await.map_err(|_| ())?;
+        outlet.flush().await?;
         after();
     }
     Ok(())

@@ -28,6 +28,7 @@ impl From<SessionError> for RpcError {
                 ))
             }
             E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
+            E::NotApproved { reason, rule } => RpcError::not_approved(reason, rule.as_deref()),
         }
     }
 }
@@ -83,6 +84,17 @@ mod tests {
         assert_eq!(
             wire(SessionError::UnknownProcess("x".into())),
             (-32001, "unknown process id \"x\"".into())
+        );
+        let e: RpcError = SessionError::NotApproved {
+            reason: "denied by the client",
+            rule: Some("deletes files".into()),
+        }
+        .into();
+        assert_eq!(e.code.code(), -32006);
+        assert_eq!(e.message, "not approved: denied by the client");
+        assert_eq!(
+            e.data,
+            Some(json!({"reason": "denied by the client", "rule": "deletes files"}))
         );
         let (code, msg) = wire(SessionError::Spawn(std::io::Error::from_raw_os_error(2)));
         assert_eq!(code, -32603);

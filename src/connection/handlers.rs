@@ -1,5 +1,5 @@
-//! Method handlers: decode and validate params, call the session or process, shape the
-//! result. Typed errors of the layers below become JSON-RPC errors through `?` and the
+//! Method handlers: validate typed params ([`Call`]), call the session or process, shape the
+//! typed result ([`Reply`]). Typed errors of the layers below become JSON-RPC errors through `?` and the
 //! conversions of [`error_map`](super::error_map).
 //!
 //! Handlers run in their own tasks, already ordered by the scheduler. They never touch the
@@ -9,26 +9,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
-use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::message::{Call, ReadReply, Reply, ServerInfo, WriteCall};
 use crate::config::{
     DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES, MAX_PROCESS_ID_BYTES,
     MAX_WRITE_ID_BYTES,
 };
-use crate::process::event_log::EventBody;
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
-use crate::process::{ProcessInfo, ProcessOptions};
-use crate::rpc::jsonrpc::decode_params;
+use crate::process::ProcessOptions;
 use crate::rpc::messages::{
-    AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
-    TermSize, TerminateParams, WriteParams, PROTOCOL_VERSION,
+    AckParams, ReadParams, StartParams, StartResult, TermSize, PROTOCOL_VERSION,
 };
-use crate::rpc::notification::{exit_event_json, output_event_json};
-use crate::rpc::{Method, RpcError};
-use crate::session::{Session, SessionRegistry, StartSpec};
+use crate::rpc::RpcError;
+use crate::session::{Caller, Session, SessionRegistry, StartSpec};
 
 /// What a request handler needs.
 pub struct Ctx {
@@ -38,96 +33,92 @@ pub struct Ctx {
     pub registry: Arc<SessionRegistry>,
     /// The connection.
     pub conn_id: u64,
+    /// The client declared it answers `process/approve`.
+    pub can_approve: bool,
     /// Fires when the connection closes.
     pub cancel: CancellationToken,
 }
 
 /// A successful reply.
-pub struct Reply {
-    /// The `result` member.
-    pub result: Value,
+pub struct Handled {
+    /// The result.
+    pub reply: Reply,
     /// Run once the reply was handed to the transport.
     pub after_write: Option<Box<dyn FnOnce() + Send>>,
 }
 
-impl From<Value> for Reply {
-    fn from(result: Value) -> Self {
-        Reply {
-            result,
+impl From<Reply> for Handled {
+    fn from(reply: Reply) -> Self {
+        Handled {
+            reply,
             after_write: None,
         }
     }
 }
 
-/// Route one request (the connection processor already checked state and class).
-pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply, RpcError> {
-    match method {
-        Method::ProcessStart => start(ctx, decode_params(params)?),
-        Method::ProcessRead => read(ctx, decode_params(params)?).await.map(Reply::from),
-        Method::ProcessWrite => write(ctx, decode_params(params)?).await.map(Reply::from),
-        Method::ProcessCloseStdin => {
-            let p: ProcessRef = decode_params(params)?;
+/// Run one request (the connection processor already checked state and class).
+pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
+    match call {
+        Call::Start(p) => start(ctx, p).await,
+        Call::Read(p) => read(ctx, p).await.map(Handled::from),
+        Call::Write(p) => write(ctx, p).await.map(Handled::from),
+        Call::CloseStdin(p) => {
             ctx.session.get(&p.process_id)?.close_stdin().await;
-            Ok(json!({}).into())
+            Ok(Reply::Empty.into())
         }
-        Method::ProcessResize => {
-            let p: ResizeParams = decode_params(params)?;
+        Call::Resize(p) => {
             ctx.session.get(&p.process_id)?.resize(TermSize {
                 rows: p.rows,
                 cols: p.cols,
             })?;
-            Ok(json!({}).into())
+            Ok(Reply::Empty.into())
         }
-        Method::ProcessSignal => {
-            let p: SignalParams = decode_params(params)?;
+        Call::Signal(p) => {
             let sig = parse_signal(&p.signal).ok_or_else(|| {
                 RpcError::invalid_params(format!("unknown signal {:?}", p.signal))
             })?;
             ctx.session.get(&p.process_id)?.signal(sig)?;
-            Ok(json!({}).into())
+            Ok(Reply::Empty.into())
         }
-        Method::ProcessTerminate => {
-            let p: TerminateParams = decode_params(params)?;
+        Call::Terminate(p) => {
             let running = match ctx.session.get(&p.process_id) {
                 Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)),
                 Err(_) => false,
             };
-            Ok(json!({ "running": running }).into())
+            Ok(Reply::Terminate { running }.into())
         }
-        Method::ProcessList => {
-            let mut procs: Vec<Value> = ctx
-                .session
-                .processes()
-                .iter()
-                .map(|p| list_entry(&p.info()))
-                .collect();
-            procs.sort_by(|a, b| a["processId"].as_str().cmp(&b["processId"].as_str()));
-            Ok(json!({ "processes": procs }).into())
-        }
-        Method::ServerInfo => Ok(server_info(&ctx.registry).into()),
+        Call::List => Ok(Reply::List(ctx.session.list()).into()),
+        Call::ServerInfo => Ok(Reply::ServerInfo(server_info(&ctx.registry)).into()),
         // Extension (not in protocol.md): a client that is done ends its session at once
         // instead of leaving it detached for detachedSessionTtlMs (it would count against
         // maxSessions meanwhile). Its processes are terminated.
-        Method::SessionClose => {
+        Call::SessionClose => {
             ctx.session.close();
-            Ok(json!({}).into())
+            Ok(Reply::Empty.into())
         }
+        Call::Invalid { error, .. } => Err(error),
         // The processor routes only requests a client may call here.
-        other => Err(RpcError::method_not_found(other.as_str())),
+        Call::Initialize(_) | Call::Ack(_) => Err(RpcError::invalid_request("not here")),
+        Call::NotFound(name) => Err(RpcError::method_not_found(&name)),
     }
 }
 
-fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
-    let proc = ctx.session.start(start_spec(p)?, ctx.conn_id)?;
-    let result = serde_json::to_value(StartResult {
+/// `process/start`, through the exec policy: it may wait for the client's approval (the
+/// request holds its process's exclusive slot meanwhile; other requests go on).
+async fn start(ctx: &Ctx, p: StartParams) -> Result<Handled, RpcError> {
+    let caller = Caller {
+        conn_id: ctx.conn_id,
+        can_approve: ctx.can_approve,
+    };
+    let proc = ctx.session.start_checked(start_spec(p)?, caller).await?;
+    let reply = Reply::Start(StartResult {
         process_id: proc.id.clone(),
         pid: proc.pid,
-    })
-    .map_err(|e| RpcError::internal(e.to_string()))?;
+    });
     let session = ctx.session.clone();
     let conn_id = ctx.conn_id;
-    Ok(Reply {
-        result,
+    Ok(Handled {
+        reply,
         after_write: Some(Box::new(move || session.enable_delivery(&proc, conn_id))),
     })
 }
@@ -174,7 +165,7 @@ pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
     })
 }
 
-async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
+async fn read(ctx: &Ctx, p: ReadParams) -> Result<Reply, RpcError> {
     let proc = ctx.session.get(&p.process_id)?;
     let max_wait = ctx.registry.config().max_read_wait_ms;
     let wait = Duration::from_millis(p.wait_ms.min(max_wait));
@@ -183,29 +174,18 @@ async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
     let r = proc
         .read(p.after_seq, max_bytes, wait, ctx.session.acks, &ctx.cancel)
         .await?;
-    let events: Vec<Value> = r
-        .events
-        .iter()
-        .map(|ev| match &ev.body {
-            EventBody::Output { stream, chunk } => output_event_json(ev.seq, *stream, chunk),
-            EventBody::Exited(info) => exit_event_json(ev.seq, info),
-        })
-        .collect();
-    Ok(json!({
-        "events": events,
-        "nextSeq": r.next_seq,
-        "running": r.running,
-        "exited": r.exited,
+    Ok(Reply::Read(ReadReply {
+        events: r.events,
+        next_seq: r.next_seq,
+        running: r.running,
+        exited: r.exited,
     }))
 }
 
-async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
-    let WriteParams {
-        process_id,
-        chunk,
-        write_id,
-    } = p;
-    if write_id
+async fn write(ctx: &Ctx, p: WriteCall) -> Result<Reply, RpcError> {
+    // Checked here, on the typed call, so the limit holds for every transport (the JSON
+    // codec and the in-process one alike).
+    if p.write_id
         .as_ref()
         .is_some_and(|id| id.len() > MAX_WRITE_ID_BYTES)
     {
@@ -213,61 +193,36 @@ async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
             "writeId must be at most {MAX_WRITE_ID_BYTES} bytes"
         )));
     }
-    let proc = ctx.session.get(&process_id)?;
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(chunk.as_bytes())
-        .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
-    // The base64 text is not needed while the write waits for pipe space: hold only the
-    // bytes (three quarters of it).
-    drop(chunk);
-    let status = proc.write(&data, write_id).await;
-    Ok(json!({ "status": status.as_str() }))
-}
-
-/// A `process/list` entry.
-fn list_entry(p: &ProcessInfo) -> Value {
-    let (code, signal) = match &p.exit {
-        Some(e) => (json!(e.exit_code), json!(e.signal)),
-        None => (Value::Null, Value::Null),
-    };
-    json!({
-        "processId": p.process_id,
-        "pid": p.pid,
-        "argv": p.argv,
-        "tty": p.tty,
-        "state": if p.exit.is_some() { "exited" } else { "running" },
-        "nextSeq": p.next_seq,
-        "exitCode": code,
-        "signal": signal,
-    })
+    let proc = ctx.session.get(&p.process_id)?;
+    Ok(Reply::Write(proc.write(&p.data, p.write_id).await))
 }
 
 /// `process/ack` (a notification): ignored without the acks capability or for an unknown
 /// process, as a notification cannot be answered.
-pub fn ack(session: &Session, params: Value) {
+pub fn ack(session: &Session, params: Option<AckParams>) {
     if !session.acks {
         return;
     }
-    if let Ok(p) = decode_params::<AckParams>(params) {
+    if let Some(p) = params {
         if let Ok(proc) = session.get(&p.process_id) {
             proc.ack(p.seq);
         }
     }
 }
 
-fn server_info(registry: &SessionRegistry) -> Value {
+fn server_info(registry: &SessionRegistry) -> ServerInfo {
     let hostname = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default();
-    json!({
-        "serverVersion": env!("CARGO_PKG_VERSION"),
-        "protocolVersion": PROTOCOL_VERSION,
-        "hostname": hostname,
-        "os": std::env::consts::OS,
-        "pid": std::process::id(),
-        "uptimeMs": registry.uptime().as_millis() as u64,
-        "sessions": registry.session_count(),
-        "processes": registry.process_count(),
-    })
+    ServerInfo {
+        server_version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol_version: PROTOCOL_VERSION,
+        hostname,
+        os: std::env::consts::OS.to_string(),
+        pid: std::process::id(),
+        uptime_ms: registry.uptime().as_millis() as u64,
+        sessions: registry.session_count(),
+        processes: registry.process_count(),
+    }
 }

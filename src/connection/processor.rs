@@ -2,39 +2,84 @@
 //!
 //! It owns the connection's state machine (`initialize` → `initialized` → ready), the request
 //! classes of `protocol.md` §6 (control requests run at once, per-process requests through the
-//! [`Scheduler`]), the per-connection request limits (a count, and a byte budget under the
-//! server's: each request's message is charged when read and given back once it is answered
-//! or skipped), the idle timeout, and the connection's writer task. When the connection ends,
-//! queued requests are skipped, in-flight ones (long polls included) end at once, and the
-//! session is detached (or closed, for stdio). It must never block its reader on a request:
-//! every request runs in its own task. Method names are parsed here, once, into a
-//! [`Method`]; everything after routes on the enum.
+//! [`Scheduler`]), the per-connection request limits (a count, and on a network connection a
+//! byte budget under the server's, `request_budget.rs`: each request's message is charged when
+//! read and given back once it is answered or skipped), the idle timeout, and the connection's
+//! writer task. When the connection ends, queued requests are skipped, in-flight ones (long
+//! polls included) end at once, and the session is detached (or closed, for stdio). It must
+//! never block its reader on a request: every request runs in its own task. Method names are
+//! parsed here, once, into a [`Method`](crate::rpc::Method); everything after routes on the
+//! enum.
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde::Deserialize;
-use serde_json::Value;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::delivery::{run_writer, ControlMessage};
-use super::handlers::{self, Ctx, Reply};
+use super::handlers::{self, Ctx, Handled};
+use super::json_codec::decode_inbound;
+use super::local::LocalServerEnd;
+use super::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
+use super::outlet::{Outlet, OutputForm};
+use super::request_budget::{admit, Admission, REQUEST_BUDGET_NAME};
 use super::scheduler::{Class, Scheduler};
-use crate::bounds::{ByteBudget, Charge, IdleTimer, OverBudget};
+use crate::bounds::{ByteBudget, Charge, IdleTimer};
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
-use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
 use crate::rpc::messages::{
-    AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION,
+    AdvertisedLimits, Capabilities, InitializeParams, InitializeResult, PROTOCOL_VERSION,
 };
-use crate::rpc::{Method, MethodClass, RpcError};
-use crate::session::{ConnHandle, Session, SessionRegistry};
-use crate::transport::{FramingError, Transport};
+use crate::rpc::{MethodClass, RpcError};
+use crate::session::{
+    AnswerOutcome, ApprovalAnswer, ConnHandle, RequestSink, ServerRequest, Session, SessionRegistry,
+};
+use crate::transport::{FramingError, MessageStream, Transport};
+
+/// Where a connection's messages come from: a network transport's framed messages, charged
+/// to the connection's byte budget and decoded by the JSON codec at this edge, or the
+/// in-process transport's typed ones (not charged: see `request_budget.rs`).
+enum Inlet {
+    Json {
+        incoming: MessageStream,
+        /// `max_pending_request_bytes`, a child of the server's inbound budget.
+        budget: ByteBudget,
+    },
+    Local(mpsc::Receiver<Inbound>),
+}
+
+/// One message read, as the inlet lets it in: the message with the bytes it holds charged
+/// (nothing in process), to be held until it is answered; or `None`, a message over budget with
+/// nothing to answer (a notification or a response), gone. (An `Option` rather than an enum
+/// with an empty variant: the message is large and this is moved once per read.)
+type Arrival = Option<(Inbound, Charge)>;
+
+impl Inlet {
+    async fn next(&mut self) -> Option<Result<Arrival, FramingError>> {
+        match self {
+            Inlet::Json { incoming, budget } => {
+                let bytes = match incoming.next().await? {
+                    Ok(bytes) => bytes,
+                    Err(e) => return Some(Err(e)),
+                };
+                // Charged before it is parsed, for its text and the most its parsed tree can
+                // take; the text is dropped as soon as it is decoded.
+                Some(Ok(match admit(budget, &bytes) {
+                    Admission::Admit(charge) => Some((decode_inbound(&bytes), charge)),
+                    Admission::Refuse { id, error } => {
+                        Some((Inbound::Rejected { id, error }, Charge::none()))
+                    }
+                    Admission::Drop => None,
+                }))
+            }
+            Inlet::Local(rx) => rx.recv().await.map(|m| Ok(Some((m, Charge::none())))),
+        }
+    }
+}
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
 /// (parse errors, limit errors). When even these are full the reader waits: the client is not
@@ -49,35 +94,6 @@ pub const CONTROL_REQUEST_SLOTS: usize = 64;
 /// How long a closing connection waits for its writer to flush a final error.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A message charged at most this many bytes ([`parse_cost`]) whose method finishes at once
-/// (a control request, `process/ack`, `initialize`, `initialized`) is never refused for
-/// bytes: it is charged even past the budgets, so that a client whose budget is full of
-/// writes stuck on a child can still `terminate` it (such a request is under 1 KiB). Control
-/// requests in flight are capped by [`CONTROL_REQUEST_SLOTS`] and the others are answered by
-/// the reader itself, so a connection forces at most 65 × 16 KiB past its budget.
-pub const SMALL_MESSAGE_BYTES: usize = 16 * 1024;
-
-/// The name clients see in `data.limit` when a connection's request budget is full.
-pub const REQUEST_BUDGET_NAME: &str = "maxPendingRequestBytes";
-
-/// What one JSON value can take once parsed, beyond its text, at most: 128 bytes (a 32-byte
-/// `Value` in an array that may have doubled, or a map entry with its key and B-tree share,
-/// plus the smallest heap block of a short string). A message is charged its length plus this
-/// for every `,` `:` `[` `{` in it (each starts at most one value), *before* it is parsed:
-/// `[0,0,0,…]` would otherwise turn 16 MiB of text into half a gigabyte of tree. A write of
-/// base64 has a dozen such bytes.
-pub const PARSED_VALUE_BYTES: usize = 128;
-
-/// The bytes a message is charged: its text, plus [`PARSED_VALUE_BYTES`] per value it can
-/// hold (an upper bound of its parsed tree; the text is dropped once parsed).
-pub fn parse_cost(bytes: &[u8]) -> usize {
-    let values = memchr::memchr3_iter(b',', b':', b'[', bytes).count()
-        + memchr::memchr_iter(b'{', bytes).count();
-    bytes
-        .len()
-        .saturating_add(values.saturating_mul(PARSED_VALUE_BYTES))
-}
-
 /// Options of one connection.
 #[derive(Clone, Default)]
 pub struct ConnectionOptions {
@@ -91,11 +107,11 @@ pub struct ConnectionOptions {
     /// connection ends. On a WebSocket the peer is gone and nothing would reach it.
     pub answer_after_eof: bool,
     /// The peer's IP address (a `ws://` connection's, a Noise link's), for the per-address
-    /// quotas of sessions and processes. `None` on stdio.
+    /// quotas of sessions and processes. `None` on stdio and in process.
     pub peer_addr: Option<IpAddr>,
     /// Close the connection once it has been idle this long (`idle_connection_timeout_ms`):
     /// no inbound message, no request in flight, no process of its session running or with
-    /// output left to write. `None` (stdio) never closes for idleness.
+    /// output left to write. `None` (stdio, in process) never closes for idleness.
     pub idle_timeout: Option<Duration>,
 }
 
@@ -111,7 +127,7 @@ pub enum ConnectionEnd {
     PeerClosed,
     /// A framing error (oversized message, transport violation).
     FramingError(String),
-    /// The peer sent a response; the server never sends requests.
+    /// The peer sent a response to a request the server never sent (a protocol error).
     UnexpectedResponse,
     /// Another connection resumed the session.
     Evicted,
@@ -133,6 +149,10 @@ pub struct ConnectionProcessor {
     opts: ConnectionOptions,
     conn_id: u64,
     ready: Arc<ReadySet>,
+    /// The form of this connection's output deltas, shared with its writer.
+    form: Arc<OutputForm>,
+    /// The transport carries binary messages (`protocol.md` §5.1): not stdio.
+    binary_capable: bool,
     evict: CancellationToken,
     cancel: CancellationToken,
     /// Ends long polls; a child of `cancel`, fired alone on a half-close.
@@ -141,9 +161,9 @@ pub struct ConnectionProcessor {
     scheduler: Scheduler,
     pending: Arc<Semaphore>,
     control_pending: Arc<Semaphore>,
-    /// `max_pending_request_bytes`, a child of the server's inbound budget.
-    budget: ByteBudget,
     state: State,
+    /// The client declared `serverRequests: ["process/approve"]`.
+    can_approve: bool,
 }
 
 impl ConnectionProcessor {
@@ -155,34 +175,82 @@ impl ConnectionProcessor {
         opts: ConnectionOptions,
         shutdown: CancellationToken,
     ) -> ConnectionEnd {
+        let form = Arc::new(OutputForm::default());
+        let outlet = Outlet::Json {
+            sink: transport.outgoing,
+            form: form.clone(),
+        };
+        let inlet = Inlet::Json {
+            incoming: transport.incoming,
+            budget: registry.inbound_budget().child(
+                REQUEST_BUDGET_NAME,
+                registry.config().max_pending_request_bytes,
+            ),
+        };
+        let edge = Edge {
+            inlet,
+            outlet,
+            form,
+            binary_capable: transport.binary_messages,
+            peer: transport.peer,
+        };
+        Self::serve(edge, registry, opts, shutdown).await
+    }
+
+    /// Serve the server end of an in-process transport (`local.rs`): the same processor,
+    /// on typed messages.
+    pub async fn run_local(
+        end: LocalServerEnd,
+        registry: Arc<SessionRegistry>,
+        opts: ConnectionOptions,
+        shutdown: CancellationToken,
+    ) -> ConnectionEnd {
+        let edge = Edge {
+            inlet: Inlet::Local(end.inbound),
+            outlet: Outlet::Local(end.outlet),
+            form: Arc::new(OutputForm::default()),
+            // Events travel typed; "binary" means nothing here.
+            binary_capable: false,
+            peer: "in-process".to_string(),
+        };
+        Self::serve(edge, registry, opts, shutdown).await
+    }
+
+    async fn serve(
+        edge: Edge,
+        registry: Arc<SessionRegistry>,
+        opts: ConnectionOptions,
+        shutdown: CancellationToken,
+    ) -> ConnectionEnd {
         let conn_id = registry.next_conn_id();
         let _live = GaugeGuard::new(&registry.metrics().connections);
-        let span = tracing::info_span!("connection", id = conn_id, peer = %transport.peer);
+        let span = tracing::info_span!("connection", id = conn_id, peer = %edge.peer);
+        let Edge {
+            inlet,
+            outlet,
+            form,
+            binary_capable,
+            ..
+        } = edge;
         async move {
             let cfg = registry.config().clone();
             let (control, control_rx) = mpsc::channel(
                 cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK,
             );
             let ready = Arc::new(ReadySet::default());
-            let registry_budget = registry
-                .inbound_budget()
-                .child(REQUEST_BUDGET_NAME, cfg.max_pending_request_bytes);
             let writer_cancel = CancellationToken::new();
             let cancel = CancellationToken::new();
             let writer = tokio::spawn(
-                run_writer(
-                    transport.outgoing,
-                    control_rx,
-                    ready.clone(),
-                    writer_cancel.clone(),
-                )
-                .in_current_span(),
+                run_writer(outlet, control_rx, ready.clone(), writer_cancel.clone())
+                    .in_current_span(),
             );
             let mut cp = ConnectionProcessor {
                 registry,
                 opts,
                 conn_id,
                 ready,
+                form,
+                binary_capable,
                 evict: CancellationToken::new(),
                 cancel: cancel.clone(),
                 closing: cancel.child_token(),
@@ -190,11 +258,11 @@ impl ConnectionProcessor {
                 scheduler: Scheduler::default(),
                 pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
                 control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
-                budget: registry_budget,
                 state: State::AwaitInitialize,
+                can_approve: false,
             };
             tracing::debug!("connection open");
-            let end = cp.read_loop(transport.incoming, &shutdown).await;
+            let end = cp.read_loop(inlet, &shutdown).await;
             if end == ConnectionEnd::PeerClosed && cp.opts.answer_after_eof {
                 cp.finish_read_requests(&shutdown).await;
             }
@@ -221,7 +289,7 @@ impl ConnectionProcessor {
 
     async fn read_loop(
         &mut self,
-        mut incoming: crate::transport::MessageStream,
+        mut incoming: Inlet,
         shutdown: &CancellationToken,
     ) -> ConnectionEnd {
         let evict = self.evict.clone();
@@ -258,12 +326,13 @@ impl ConnectionProcessor {
                     let e = RpcError::invalid_request(format!(
                         "message exceeds the limit of {limit} bytes"
                     ));
-                    self.send(self.error(&Value::Null, &e)).await;
+                    self.send(self.error(None, &e)).await;
                     return ConnectionEnd::FramingError(e.message);
                 }
                 Some(Err(e)) => return ConnectionEnd::FramingError(e.to_string()),
-                Some(Ok(bytes)) => {
-                    if let Some(end) = self.handle_message(bytes).await {
+                Some(Ok(None)) => {}
+                Some(Ok(Some((inbound, charge)))) => {
+                    if let Some(end) = self.handle_message(inbound, charge).await {
                         return end;
                     }
                 }
@@ -289,128 +358,138 @@ impl ConnectionProcessor {
         }
     }
 
-    async fn send(&self, text: String) {
-        let _ = self.control.send(ControlMessage::new(text)).await;
+    async fn send(&self, msg: Outbound) {
+        let _ = self.control.send(ControlMessage::new(msg)).await;
     }
 
-    async fn handle_message(&mut self, bytes: Vec<u8>) -> Option<ConnectionEnd> {
-        // Charged before it is parsed, for its text and the most its parsed tree can take;
-        // held until the request is answered.
-        let charge = match self.budget.try_charge(parse_cost(&bytes)) {
-            Ok(charge) => charge,
-            Err(over) => self.over_budget(&bytes, over).await?,
-        };
-        let inbound = parse_inbound(&bytes);
-        drop(bytes);
-        let inbound = match inbound {
-            Ok(i) => i,
-            Err(r) => {
-                self.send(self.error(&r.id, &r.error)).await;
-                return None;
-            }
-        };
+    /// Serve one message. `charge` holds its bytes: a request keeps it until it is answered
+    /// or skipped; anything answered by the reader itself gives it back on return.
+    async fn handle_message(&mut self, inbound: Inbound, charge: Charge) -> Option<ConnectionEnd> {
         match inbound {
-            Inbound::Response { .. } => {
-                tracing::warn!("client sent a response; the server sends no requests");
-                Some(ConnectionEnd::UnexpectedResponse)
-            }
-            Inbound::Notification { method, params } => {
-                self.handle_notification(&method, params);
+            Inbound::Rejected { id, error } => {
+                self.send(self.error(id, &error)).await;
                 None
             }
-            Inbound::Request { id, method, params } => {
-                self.handle_request(id, method, params, charge).await;
+            Inbound::Response { id, answer } => self.handle_response(id.as_ref(), answer),
+            Inbound::Notification(note) => {
+                self.handle_notification(note);
+                None
+            }
+            Inbound::Request { id, call } => {
+                self.handle_request(id, call, charge).await;
                 None
             }
         }
     }
 
-    /// A message that does not fit the connection's budget (or the server's). A small one
-    /// that finishes at once is charged anyway ([`SMALL_MESSAGE_BYTES`]); a request is
-    /// answered `-32004` naming the full budget, and dropped unparsed; a notification is
-    /// dropped.
-    async fn over_budget(&self, bytes: &[u8], over: OverBudget) -> Option<Charge> {
-        let peek = serde_json::from_slice::<Peek>(bytes).ok();
-        let method = peek
-            .as_ref()
-            .and_then(|p| p.method.as_deref())
-            .and_then(Method::parse);
-        let finishes_at_once = method.is_some_and(|m| {
-            matches!(
-                m.class(),
-                MethodClass::Control | MethodClass::Ack | MethodClass::Setup
-            )
-        });
-        let cost = parse_cost(bytes);
-        if cost <= SMALL_MESSAGE_BYTES && finishes_at_once {
-            return Some(self.budget.force_charge(cost));
-        }
-        match peek.and_then(|p| p.id) {
-            Some(id) => {
-                tracing::debug!(limit = over.limit, bytes = bytes.len(), "request refused");
-                let e = RpcError::limit_reached(over.limit, over.max as u64);
-                self.send(self.error(&id, &e)).await;
-            }
-            None => tracing::debug!(limit = over.limit, "message dropped over budget"),
+    /// A response to a server request (`process/approve`): the session takes the first
+    /// answer and ignores late ones; an id it never sent closes this connection (only).
+    fn handle_response(
+        &mut self,
+        id: Option<&RequestId>,
+        answer: ApprovalAnswer,
+    ) -> Option<ConnectionEnd> {
+        let session = match &self.state {
+            State::AwaitInitialize => None,
+            State::AwaitInitialized(s) | State::Ready(s) => Some(s.clone()),
+        };
+        let outcome = match (session, id.and_then(RequestId::as_str)) {
+            (Some(s), Some(id)) => s.answer(id, answer),
+            _ => AnswerOutcome::NeverSent,
+        };
+        if outcome == AnswerOutcome::NeverSent {
+            tracing::warn!("client sent a response to a request the server never sent");
+            return Some(ConnectionEnd::UnexpectedResponse);
         }
         None
     }
 
-    fn handle_notification(&mut self, method: &str, params: Value) {
-        match (&self.state, Method::parse(method)) {
-            (State::AwaitInitialized(s), Some(Method::Initialized)) => {
+    fn handle_notification(&mut self, note: Note) {
+        match (&self.state, note) {
+            (State::AwaitInitialized(s), Note::Initialized) => {
                 self.state = State::Ready(s.clone());
             }
-            (State::Ready(s), Some(Method::ProcessAck)) => handlers::ack(s, params),
-            _ => tracing::debug!(method, "notification ignored"),
+            (State::Ready(s), Note::Ack(params)) => handlers::ack(s, params),
+            (_, note) => tracing::debug!(?note, "notification ignored"),
         }
     }
 
-    async fn handle_request(&mut self, id: Value, name: String, params: Value, charge: Charge) {
-        // The one place a method name is parsed.
-        let method = Method::parse(&name);
-        let session = match (&self.state, method) {
-            (State::AwaitInitialize, Some(Method::Initialize)) => {
-                let reply = self.initialize(params);
-                let text = match reply {
-                    Ok(v) => encode_response(&id, &v),
-                    Err(e) => self.error(&id, &e),
+    async fn handle_request(&mut self, id: RequestId, call: Call, charge: Charge) {
+        let method = call.method();
+        let session = match (&self.state, call) {
+            (State::AwaitInitialize, Call::Initialize(params)) => {
+                let msg = match self.initialize(params) {
+                    Ok(r) => Outbound::Result {
+                        id,
+                        reply: Reply::Initialize(r),
+                    },
+                    Err(e) => self.error(Some(id), &e),
                 };
-                self.send(text).await;
+                self.send(msg).await;
+                return;
+            }
+            (
+                State::AwaitInitialize,
+                Call::Invalid {
+                    method: crate::rpc::Method::Initialize,
+                    error,
+                    ..
+                },
+            ) => {
+                self.send(self.error(Some(id), &error)).await;
                 return;
             }
             (State::AwaitInitialize, _) => {
                 let e = RpcError::invalid_request("client must send initialize first");
-                self.send(self.error(&id, &e)).await;
+                self.send(self.error(Some(id), &e)).await;
                 return;
             }
-            (_, Some(Method::Initialize)) => {
+            (_, Call::Initialize(_))
+            | (
+                _,
+                Call::Invalid {
+                    method: crate::rpc::Method::Initialize,
+                    ..
+                },
+            ) => {
                 let e = RpcError::invalid_request("initialize may succeed only once");
-                self.send(self.error(&id, &e)).await;
+                self.send(self.error(Some(id), &e)).await;
                 return;
             }
             (State::AwaitInitialized(_), _) => {
                 let e = RpcError::invalid_request("client must send initialized first");
-                self.send(self.error(&id, &e)).await;
+                self.send(self.error(Some(id), &e)).await;
                 return;
             }
-            (State::Ready(s), _) => s.clone(),
+            (State::Ready(s), call) => (s.clone(), call),
         };
+        let (session, call) = session;
 
-        let (method, class) = match method.map(|m| (m, m.class())) {
-            Some((m, MethodClass::Control)) => (m, None),
-            Some((m, MethodClass::Exclusive)) => (m, Some(Class::Exclusive)),
-            Some((m, MethodClass::Shared)) => (m, Some(Class::Shared)),
-            Some((_, MethodClass::Ack)) => {
-                handlers::ack(&session, params);
-                self.send(encode_response(&id, &serde_json::json!({})))
-                    .await;
+        let class = match (method, method.map(|m| m.class())) {
+            (_, Some(MethodClass::Control)) => None,
+            (_, Some(MethodClass::Exclusive)) => Some(Class::Exclusive),
+            (_, Some(MethodClass::Shared)) => Some(Class::Shared),
+            (_, Some(MethodClass::Ack)) => {
+                if let Call::Ack(params) = call {
+                    handlers::ack(&session, params);
+                }
+                self.send(Outbound::Result {
+                    id,
+                    reply: Reply::Empty,
+                })
+                .await;
                 return;
             }
             // Unknown, or not something a client may call (`initialized` as a request, a
             // server notification).
-            Some((_, MethodClass::Setup | MethodClass::ServerToClient)) | None => {
-                self.send(self.error(&id, &RpcError::method_not_found(&name)))
+            (_, Some(MethodClass::Setup | MethodClass::ServerToClient))
+            | (None, None)
+            | (Some(_), None) => {
+                let name = match &call {
+                    Call::NotFound(n) => n.clone(),
+                    _ => method.map(|m| m.as_str().to_string()).unwrap_or_default(),
+                };
+                self.send(self.error(Some(id), &RpcError::method_not_found(&name)))
                     .await;
                 return;
             }
@@ -433,38 +512,37 @@ impl ConnectionProcessor {
                 )
             };
             let e = RpcError::limit_reached(name, value);
-            self.send(self.error(&id, &e)).await;
+            self.send(self.error(Some(id), &e)).await;
             return;
         };
 
         // Per-process requests need their processId before they can queue.
         let slot = match class {
             None => None,
-            Some(class) => match params.get("processId").and_then(Value::as_str) {
+            Some(class) => match call.process_id() {
                 Some(pid) => Some(self.scheduler.enqueue(pid, class)),
                 None => {
-                    let e = match decode_params::<crate::rpc::messages::ProcessRef>(params) {
-                        Err(e) => e,
-                        Ok(_) => RpcError::invalid_params("invalid params: processId"),
+                    let e = match call {
+                        Call::Invalid { error, .. } => error,
+                        _ => RpcError::invalid_params("invalid params: processId"),
                     };
-                    self.send(self.error(&id, &e)).await;
+                    self.send(self.error(Some(id), &e)).await;
                     return;
                 }
             },
         };
-        self.spawn_request(id, method, params, session, slot, (permit, charge));
+        self.spawn_request(id, call, session, slot, (permit, charge));
     }
 
-    /// Encode an error response, counting it by code.
-    fn error(&self, id: &Value, e: &RpcError) -> String {
+    /// An error response, counted by code.
+    fn error(&self, id: Option<RequestId>, e: &RpcError) -> Outbound {
         counted_error(&self.registry, id, e)
     }
 
     fn spawn_request(
         &self,
-        id: Value,
-        method: Method,
-        params: Value,
+        id: RequestId,
+        call: Call,
         session: Arc<Session>,
         slot: Option<super::scheduler::Slot>,
         held: (OwnedSemaphorePermit, Charge),
@@ -473,11 +551,12 @@ impl ConnectionProcessor {
             session,
             registry: self.registry.clone(),
             conn_id: self.conn_id,
+            can_approve: self.can_approve,
             cancel: self.closing.clone(),
         };
         let control = self.control.clone();
         let cancel = self.cancel.clone();
-        let span = tracing::debug_span!("request", %method);
+        let span = tracing::debug_span!("request", method = ?call.method());
         tokio::spawn(
             async move {
                 // The request's slot and bytes are given back when this task ends: answered,
@@ -498,16 +577,13 @@ impl ConnectionProcessor {
                 // A request that has started runs to its end even if the connection closes
                 // meanwhile: a write cut half-way could not be retried exactly once. Long
                 // polls watch the connection's token themselves and end at once.
-                let reply = handlers::dispatch(&ctx, method, params).await;
+                let reply = handlers::dispatch(&ctx, call).await;
                 let msg = match reply {
-                    Ok(Reply {
-                        result,
-                        after_write,
-                    }) => ControlMessage {
-                        text: encode_response(&id, &result),
+                    Ok(Handled { reply, after_write }) => ControlMessage {
+                        msg: Outbound::Result { id, reply },
                         after_write,
                     },
-                    Err(e) => ControlMessage::new(counted_error(&ctx.registry, &id, &e)),
+                    Err(e) => ControlMessage::new(counted_error(&ctx.registry, Some(id), &e)),
                 };
                 let _ = control.send(msg).await;
                 drop(slot);
@@ -516,14 +592,20 @@ impl ConnectionProcessor {
         );
     }
 
-    fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
-        let p: InitializeParams = decode_params(params)?;
+    fn initialize(&mut self, p: InitializeParams) -> Result<InitializeResult, RpcError> {
+        let can_approve = p.capabilities.server_requests.approve;
+        // Decided before the session is attached, so that every delta of this connection,
+        // replays included, goes out in this form (§5.1). stdio cannot carry binary messages
+        // and answers `false`.
+        let binary = p.capabilities.binary_output && self.binary_capable;
+        self.form.set_binary(binary);
         let conn = ConnHandle {
             conn_id: self.conn_id,
             ready: self.ready.clone(),
             evict: self.evict.clone(),
             peer_key: self.opts.peer_key.clone(),
             peer_addr: self.opts.peer_addr,
+            requests: can_approve.then(|| request_sink(self.control.clone())),
         };
         let (session, token, resumed) = match &p.resume {
             Some(r) => {
@@ -537,7 +619,8 @@ impl ConnectionProcessor {
                 (s, t, false)
             }
         };
-        tracing::info!(session = %session.id, resumed, "initialized");
+        tracing::info!(session = %session.id, resumed, binary, "initialized");
+        self.can_approve = can_approve;
         let cfg = self.registry.config();
         let result = InitializeResult {
             protocol_version: PROTOCOL_VERSION,
@@ -551,9 +634,16 @@ impl ConnectionProcessor {
                 retained_output_bytes: cfg.retained_output_bytes as u64,
                 detached_session_ttl_ms: cfg.detached_session_ttl_ms,
             },
+            capabilities: Capabilities {
+                // A resumed session keeps the acks it was created with.
+                acks: session.acks,
+                binary_output: binary,
+                // The server requests this connection will receive (`protocol.md` §7).
+                server_requests: p.capabilities.server_requests,
+            },
         };
         self.state = State::AwaitInitialized(session);
-        serde_json::to_value(result).map_err(|e| RpcError::internal(e.to_string()))
+        Ok(result)
     }
 
     /// Let every request already read run and send its answer: long polls end now, queued
@@ -596,6 +686,23 @@ impl ConnectionProcessor {
     }
 }
 
+/// Server requests of the session this connection holds go out on its control lane, so they
+/// never wait behind output (and, queued before a resume's replay starts, precede it). The
+/// lane is bounded; a request that finds it full (a client that reads nothing) stays pending
+/// in the session, to be sent again on resume or to time out.
+fn request_sink(control: mpsc::Sender<ControlMessage>) -> RequestSink {
+    Arc::new(move |r: ServerRequest| {
+        let id = r.id.clone();
+        let msg = Outbound::Request {
+            id: r.id,
+            params: r.params,
+        };
+        if control.try_send(ControlMessage::new(msg)).is_err() {
+            tracing::warn!(request = %id, "control lane full or closed: server request not sent");
+        }
+    })
+}
+
 /// The idle clock: tokio's (so paused-time tests drive it), as a std instant for the sans-IO
 /// [`IdleTimer`].
 fn idle_now() -> std::time::Instant {
@@ -610,44 +717,20 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// The envelope of a message that did not fit its budget: enough to answer it, without
-/// building its params (serde skips them without allocating).
-#[derive(Deserialize)]
-struct Peek<'a> {
-    #[serde(default)]
-    id: Option<Value>,
-    #[serde(default, borrow)]
-    method: Option<Cow<'a, str>>,
-}
-
-/// Every error response of a connection is encoded here, so each is counted once by code.
-fn counted_error(registry: &SessionRegistry, id: &Value, e: &RpcError) -> String {
+/// Every error response of a connection is made here, so each is counted once by code.
+fn counted_error(registry: &SessionRegistry, id: Option<RequestId>, e: &RpcError) -> Outbound {
     registry.metrics().rpc_error(e.code.code());
-    encode_error(id, e)
+    Outbound::Error {
+        id,
+        error: e.clone(),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_message_costs_its_text_plus_its_values() {
-        let write = format!(
-            r#"{{"jsonrpc":"2.0","id":7,"method":"process/write","params":{{"processId":"p","chunk":"{}"}}}}"#,
-            "QUJD".repeat(1000)
-        );
-        // `{` ×2, `:` ×6, `,` ×4.
-        assert_eq!(
-            parse_cost(write.as_bytes()),
-            write.len() + 12 * PARSED_VALUE_BYTES
-        );
-        // A tree of tiny values costs far more than its text.
-        let zeros = format!("[{}0]", "0,".repeat(1000));
-        assert_eq!(
-            parse_cost(zeros.as_bytes()),
-            zeros.len() + 1001 * PARSED_VALUE_BYTES
-        );
-        let terminate = r#"{"jsonrpc":"2.0","id":1,"method":"process/terminate","params":{"processId":"some-process","graceMs":2000}}"#;
-        assert!(parse_cost(terminate.as_bytes()) < SMALL_MESSAGE_BYTES);
-    }
+/// The two ends of a connection and what the processor must know of them.
+struct Edge {
+    inlet: Inlet,
+    outlet: Outlet,
+    form: Arc<OutputForm>,
+    binary_capable: bool,
+    peer: String,
 }

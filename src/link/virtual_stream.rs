@@ -1,6 +1,8 @@
 //! One virtual stream as a [`Transport`]: inbound messages arrive through a bounded channel fed
 //! by the link reader; outbound messages are sealed into records and `DATA` frames and queued
-//! on the link's send queue.
+//! on the link's send queue. A binary message (`protocol.md` §5.1) is one length-prefixed
+//! message like a JSON text (its first byte, `0x00`, tells them apart); its head and payload
+//! are sealed straight into the frames, never joined first.
 //!
 //! The sink seals in the writer's task, so encryption cost lands on the connection that
 //! produces the data, not on the shared link reader.
@@ -20,7 +22,7 @@ use crate::bounds::Charge;
 use crate::noise::handshake::TransportKeys;
 use crate::noise::record::{RecordOpener, RecordSealer};
 use crate::sync::lock;
-use crate::transport::{FramingError, Transport};
+use crate::transport::{FramingError, OutMessage, Transport};
 use execrelay_relay::frame::{Frame, FrameError, FrameType, StreamId};
 
 /// Where a link reader delivers a stream's whole inbound messages, each with its charge.
@@ -66,6 +68,7 @@ pub fn open_stream(
             incoming: Box::pin(incoming),
             outgoing: Box::pin(sink),
             peer,
+            binary_messages: true,
         },
         inbound: tx,
         opener: RecordOpener::new(keys, max_message_bytes),
@@ -110,7 +113,7 @@ impl StreamSink {
     }
 }
 
-impl Sink<String> for StreamSink {
+impl Sink<OutMessage> for StreamSink {
     type Error = io::Error;
 
     /// Ready only once every frame of the previous message is on the link's queue: the
@@ -121,11 +124,17 @@ impl Sink<String> for StreamSink {
         self.get_mut().poll_drain(cx)
     }
 
-    fn start_send(self: Pin<&mut Self>, item: String) -> io::Result<()> {
+    fn start_send(self: Pin<&mut Self>, item: OutMessage) -> io::Result<()> {
         let me = self.get_mut();
-        let frames = lock(&me.sealer)
-            .seal_message_frames(&me.stream, item.as_bytes())
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        let sealed = match &item {
+            OutMessage::Text(text) => {
+                lock(&me.sealer).seal_message_frames(&me.stream, text.as_bytes())
+            }
+            OutMessage::Binary { head, payload } => {
+                lock(&me.sealer).seal_message_parts(&me.stream, &[head, payload])
+            }
+        };
+        let frames = sealed.map_err(|e| io::Error::other(e.to_string()))?;
         me.backlog.extend(frames);
         Ok(())
     }
@@ -176,7 +185,10 @@ mod tests {
         let t = &mut parts.transport;
         assert!(matches!(poll_ready(t), Poll::Ready(Ok(()))));
         // 200 KB: four records, of which the link queue takes one.
-        t.outgoing.as_mut().start_send("x".repeat(200_000)).unwrap();
+        t.outgoing
+            .as_mut()
+            .start_send("x".repeat(200_000).into())
+            .unwrap();
         assert!(
             poll_ready(t).is_pending(),
             "a second message while three frames wait"
@@ -188,5 +200,39 @@ mod tests {
             let _ = poll_ready(t); // moves the next frame onto the queue
         }
         assert!(matches!(poll_ready(t), Poll::Ready(Ok(()))));
+    }
+
+    /// A binary message is one length-prefixed message on the stream: the peer's opener gets
+    /// back its head and payload as one message, beside a text sent after it.
+    #[tokio::test]
+    async fn a_binary_message_is_one_stream_message() {
+        use crate::noise::record::{Opened, RecordOpener};
+        let server = Arc::new(cipher::TransportKeys::from_split(false, [1; 32], [2; 32]).unwrap());
+        let client = Arc::new(cipher::TransportKeys::from_split(true, [1; 32], [2; 32]).unwrap());
+        let (out, mut link) = mpsc::channel(16);
+        let mut parts = open_stream([7; 16], server, 1 << 20, out, 8, "t".into());
+        assert!(parts.transport.binary_messages);
+        let payload = Bytes::from(vec![0xab; 70_000]);
+        let message = OutMessage::Binary {
+            head: Bytes::from_static(&[0, 2, 9]),
+            payload: payload.clone(),
+        };
+        let sink = &mut parts.transport.outgoing;
+        futures_util::SinkExt::send(sink, message).await.unwrap();
+        futures_util::SinkExt::send(sink, OutMessage::Text("{}".into()))
+            .await
+            .unwrap();
+        drop(parts.transport);
+        let mut opener = RecordOpener::new(client, 1 << 20);
+        let mut messages = Vec::new();
+        while let Some(frame) = link.recv().await {
+            let f = Frame::decode_owned(frame).unwrap();
+            if let Opened::Messages(m) = opener.open_owned(f.seq, f.payload).unwrap() {
+                messages.extend(m);
+            }
+        }
+        let mut expected = vec![0, 2, 9];
+        expected.extend_from_slice(&payload);
+        assert_eq!(messages, vec![expected, b"{}".to_vec()]);
     }
 }

@@ -7,11 +7,16 @@
 //! written (without acks) or acknowledged (with acks), so a gap is impossible by
 //! construction; a read below the retained range is reported as exactly that range.
 //! It must never drop an event that has not been released by those rules.
+//!
+//! Its unwritten bytes are its part of the server-wide output budget: the log holds a
+//! [`BudgetShare`] and keeps it equal to them after every change, and an output chunk is
+//! appended only once its retention and the budget admit it ([`EventLog::try_append_output`]).
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use super::output_budget::{Blocked, BudgetShare};
 use crate::rpc::messages::{ExitInfo, StreamName};
 
 /// Bookkeeping cost charged per event on top of its bytes, so that a log of tiny events is
@@ -51,6 +56,11 @@ impl Event {
     }
 }
 
+/// What an output chunk of `len` bytes costs the log and the budget.
+pub fn output_cost(len: usize) -> usize {
+    EVENT_OVERHEAD_BYTES + len
+}
+
 /// A read that asked for released events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {
@@ -64,14 +74,12 @@ pub enum ReadError {
     },
 }
 
-/// Limits of one log.
+/// Limits of one log (its unwritten bytes are bounded by the server-wide output budget).
 #[derive(Debug, Clone, Copy)]
 pub struct LogLimits {
     /// Retained bytes beyond which written (or acked) events are released, oldest first;
     /// also the point at which the pump must stop appending.
     pub retained_bytes: usize,
-    /// Unwritten bytes beyond which the pump must stop appending (the delivery queue).
-    pub delivery_queue_bytes: usize,
 }
 
 /// The event log of one process.
@@ -91,11 +99,13 @@ pub struct EventLog {
     limits: LogLimits,
     acks: bool,
     exit_seq: Option<u64>,
+    /// This log's part of the server-wide output budget: always `unwritten_cost`.
+    budget: BudgetShare,
 }
 
 impl EventLog {
-    /// An empty log. `acks`: the session's client acknowledges events.
-    pub fn new(limits: LogLimits, acks: bool) -> Self {
+    /// An empty log drawing on `budget`. `acks`: the session's client acknowledges events.
+    pub fn new(limits: LogLimits, acks: bool, budget: BudgetShare) -> Self {
         EventLog {
             events: VecDeque::new(),
             released_through: 0,
@@ -107,18 +117,47 @@ impl EventLog {
             limits,
             acks,
             exit_seq: None,
+            budget,
         }
     }
 
-    /// Whether the pump may append another chunk now. When false the pump waits (the child
-    /// blocks on its pipe): backpressure instead of loss.
-    pub fn has_room(&self) -> bool {
-        self.retained_cost < self.limits.retained_bytes
-            && self.unwritten_cost < self.limits.delivery_queue_bytes
+    /// Whether a chunk of `len` bytes may be appended now, and if so charge it to the budget
+    /// (the caller appends it at once, with [`append_output`](Self::append_output)). Refused
+    /// while the retention is full, or by the output budget's rules (`output_budget.rs`):
+    /// the pump then holds the chunk and waits (the child blocks on its pipe), backpressure
+    /// instead of loss.
+    pub fn admit_output(&mut self, len: usize) -> Result<(), Blocked> {
+        if self.retained_cost >= self.limits.retained_bytes {
+            return Err(Blocked::Retention);
+        }
+        self.budget.admit(output_cost(len))
     }
 
-    /// Append an output chunk; returns its seq. Callers check [`has_room`](Self::has_room)
-    /// first; appending anyway is allowed (bounded overshoot of one chunk per stream).
+    /// Whether a chunk of `len` bytes would be admitted now ([`admit_output`](Self::admit_output)
+    /// without charging it).
+    pub fn would_admit_output(&self, len: usize) -> Result<(), Blocked> {
+        if self.retained_cost >= self.limits.retained_bytes {
+            return Err(Blocked::Retention);
+        }
+        self.budget.would_admit(output_cost(len))
+    }
+
+    /// Append `chunk` if it is admitted ([`admit_output`](Self::admit_output)); its seq, or
+    /// the chunk back with what it waits for.
+    pub fn try_append_output(
+        &mut self,
+        stream: StreamName,
+        chunk: Bytes,
+    ) -> Result<u64, (Bytes, Blocked)> {
+        match self.admit_output(chunk.len()) {
+            Ok(()) => Ok(self.append_output(stream, chunk)),
+            Err(why) => Err((chunk, why)),
+        }
+    }
+
+    /// Append an output chunk; returns its seq. Charged to the budget whether admitted or
+    /// not: callers go through [`try_append_output`](Self::try_append_output), which admits
+    /// it first.
     pub fn append_output(&mut self, stream: StreamName, chunk: Bytes) -> u64 {
         self.push(EventBody::Output { stream, chunk })
     }
@@ -142,6 +181,7 @@ impl EventLog {
         self.retained_cost += cost;
         self.unwritten_cost += cost;
         self.events.push_back(ev);
+        self.budget.sync(self.unwritten_cost);
         seq
     }
 
@@ -213,6 +253,7 @@ impl EventLog {
             }
         }
         self.written_through = seq;
+        self.budget.sync(self.unwritten_cost);
         self.release();
     }
 
@@ -249,6 +290,7 @@ impl EventLog {
                 .filter(|e| e.seq > from)
                 .map(Event::cost)
                 .sum();
+            self.budget.sync(self.unwritten_cost);
         }
     }
 
@@ -306,11 +348,17 @@ impl EventLog {
 mod tests {
     use super::*;
 
-    fn limits(retained: usize, queue: usize) -> LogLimits {
+    use crate::process::output_budget::OutputBudget;
+
+    fn limits(retained: usize) -> LogLimits {
         LogLimits {
             retained_bytes: retained,
-            delivery_queue_bytes: queue,
         }
+    }
+
+    /// A log alone, on a budget that never binds.
+    fn log_of(retained: usize, acks: bool) -> EventLog {
+        EventLog::new(limits(retained), acks, OutputBudget::unlimited().share())
     }
 
     fn chunk(n: usize) -> Bytes {
@@ -332,7 +380,7 @@ mod tests {
 
     #[test]
     fn seqs_are_contiguous_and_exit_is_last() {
-        let mut log = EventLog::new(limits(1 << 20, 1 << 20), false);
+        let mut log = log_of(1 << 20, false);
         assert_eq!(log.append_output(StreamName::Stdout, chunk(1)), 1);
         assert_eq!(log.append_output(StreamName::Stderr, chunk(1)), 2);
         assert_eq!(log.append_exit(exit()), 3);
@@ -348,7 +396,8 @@ mod tests {
     /// never had room again.
     #[test]
     fn an_ack_past_a_rewound_cursor_moves_the_cursor() {
-        let mut log = EventLog::new(limits(1 << 20, 250), true);
+        let budget = OutputBudget::new(1 << 20);
+        let mut log = EventLog::new(limits(1 << 20), true, budget.share());
         for _ in 0..5 {
             log.append_output(StreamName::Stdout, chunk(50));
         }
@@ -356,9 +405,10 @@ mod tests {
         log.ack(2);
         log.rewind_delivery();
         assert_eq!(log.written_through(), 2);
-        assert!(
-            !log.has_room(),
-            "three events unwritten again fill the queue"
+        assert_eq!(
+            budget.unwritten(),
+            3 * output_cost(50),
+            "three events unwritten again hold the budget"
         );
         log.ack(4);
         assert_eq!(log.written_through(), 4);
@@ -369,19 +419,28 @@ mod tests {
             .map(|e| e.seq)
             .collect();
         assert_eq!(left, vec![5]);
-        assert!(log.has_room(), "one unwritten event left");
+        assert_eq!(
+            budget.unwritten(),
+            output_cost(50),
+            "one unwritten event left"
+        );
         log.mark_written(5);
         assert_eq!(log.unwritten_cost(), 0);
+        assert_eq!(budget.unwritten(), 0);
         assert!(!log.has_unwritten());
     }
 
     #[test]
     fn unwritten_events_are_never_released() {
-        let mut log = EventLog::new(limits(100, 1 << 20), false);
+        let mut log = log_of(100, false);
         for _ in 0..10 {
             log.append_output(StreamName::Stdout, chunk(50));
         }
-        assert!(!log.has_room(), "over the retention limit: pump must wait");
+        assert_eq!(
+            log.admit_output(1),
+            Err(Blocked::Retention),
+            "over the retention limit: pump must wait"
+        );
         assert_eq!(log.read(0, usize::MAX).unwrap().len(), 10, "nothing lost");
         log.mark_written(4);
         // Released oldest-first while over the limit, but only written ones.
@@ -400,7 +459,7 @@ mod tests {
     /// and acknowledging it acknowledges only what exists.
     #[test]
     fn a_read_after_the_largest_seq_is_empty() {
-        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        let mut log = log_of(1 << 20, true);
         log.append_output(StreamName::Stdout, chunk(5));
         assert_eq!(log.read(u64::MAX, usize::MAX), Ok(Vec::new()));
         assert_eq!(log.read(u64::MAX - 1, 0), Ok(Vec::new()));
@@ -411,7 +470,7 @@ mod tests {
 
     #[test]
     fn written_events_stay_while_under_the_limit() {
-        let mut log = EventLog::new(limits(10_000, 10_000), false);
+        let mut log = log_of(10_000, false);
         log.append_output(StreamName::Stdout, chunk(10));
         log.mark_written(1);
         assert_eq!(log.released_through(), 0);
@@ -420,7 +479,7 @@ mod tests {
 
     #[test]
     fn acks_release_and_only_acks() {
-        let mut log = EventLog::new(limits(100, 1 << 20), true);
+        let mut log = log_of(100, true);
         for _ in 0..5 {
             log.append_output(StreamName::Stdout, chunk(50));
         }
@@ -434,25 +493,51 @@ mod tests {
         assert_eq!(log.released_through(), 5, "ack is clamped to what exists");
     }
 
+    /// Output is appended only as the budget admits it; a refused chunk comes back whole, and
+    /// writing frees the budget for it.
     #[test]
-    fn delivery_queue_bounds_unwritten_bytes() {
-        let mut log = EventLog::new(limits(1 << 20, 200), false);
-        log.append_output(StreamName::Stdout, chunk(100));
-        assert!(log.has_room());
-        log.append_output(StreamName::Stdout, chunk(100));
-        assert!(!log.has_room());
-        let batch = log.peek_unwritten(usize::MAX);
-        assert_eq!(batch.len(), 2);
-        log.mark_written(1);
-        assert!(log.has_room());
-        assert!(log.has_unwritten());
-        log.mark_written(2);
-        assert!(!log.has_unwritten());
+    fn the_budget_admits_output_and_writes_free_it() {
+        use crate::config::MAX_CHUNK_BYTES;
+        let full = output_cost(MAX_CHUNK_BYTES);
+        let budget = OutputBudget::new(4 * full);
+        let mut a = EventLog::new(limits(1 << 30), false, budget.share());
+        let mut b = EventLog::new(limits(1 << 30), false, budget.share());
+        // Alone, a may take the whole budget.
+        for seq in 1..=4 {
+            assert_eq!(
+                a.try_append_output(StreamName::Stdout, chunk(MAX_CHUNK_BYTES)),
+                Ok(seq)
+            );
+        }
+        // b's guarantee, past the budget.
+        assert_eq!(b.try_append_output(StreamName::Stderr, chunk(10)), Ok(1));
+        assert_eq!(budget.unwritten(), 4 * full + output_cost(10));
+        // Within b's fair share (half the budget), but the budget is spent.
+        let refused = chunk(MAX_CHUNK_BYTES);
+        match b.try_append_output(StreamName::Stderr, refused.clone()) {
+            Err((back, Blocked::Budget)) => assert_eq!(back, refused),
+            other => panic!("expected the budget to refuse, got {other:?}"),
+        }
+        assert_eq!(b.next_seq(), 2, "nothing appended");
+        a.mark_written(2);
+        assert_eq!(budget.unwritten(), 2 * full + output_cost(10));
+        assert_eq!(b.try_append_output(StreamName::Stderr, refused), Ok(2));
+        // The exit notice is charged without admission: it is never held back.
+        let before = budget.unwritten();
+        b.append_exit(exit());
+        assert_eq!(budget.unwritten(), before + EVENT_OVERHEAD_BYTES);
+        drop(b);
+        assert_eq!(
+            budget.unwritten(),
+            2 * full,
+            "a dropped log gives its share back"
+        );
+        assert_eq!(budget.ahead(), 1);
     }
 
     #[test]
     fn peek_respects_max_bytes_but_returns_one() {
-        let mut log = EventLog::new(limits(1 << 20, 1 << 20), false);
+        let mut log = log_of(1 << 20, false);
         log.append_output(StreamName::Stdout, chunk(300));
         log.append_output(StreamName::Stdout, chunk(300));
         assert_eq!(log.peek_unwritten(100).len(), 1);
@@ -462,7 +547,7 @@ mod tests {
 
     #[test]
     fn rewind_redelivers_after_last_ack() {
-        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        let mut log = log_of(1 << 20, true);
         for _ in 0..4 {
             log.append_output(StreamName::Stdout, chunk(1));
         }
@@ -479,7 +564,7 @@ mod tests {
 
     #[test]
     fn rewind_without_acks_redelivers_everything_retained() {
-        let mut log = EventLog::new(limits(1 << 20, 1 << 20), false);
+        let mut log = log_of(1 << 20, false);
         for _ in 0..3 {
             log.append_output(StreamName::Stdout, chunk(1));
         }
@@ -490,7 +575,7 @@ mod tests {
 
     #[test]
     fn exit_written_and_acked_flags() {
-        let mut log = EventLog::new(limits(1 << 20, 1 << 20), true);
+        let mut log = log_of(1 << 20, true);
         let s = log.append_exit(exit());
         assert!(!log.exit_written());
         log.mark_written(s);

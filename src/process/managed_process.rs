@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
+use super::output_budget::OutputBudget;
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
 use super::signals;
@@ -33,7 +34,7 @@ use crate::sync::lock;
 pub const WRITE_EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// Per-process options from `process/start`, with defaults applied.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessOptions {
     /// `timeoutMs`.
     pub timeout: Option<Duration>,
@@ -170,6 +171,8 @@ pub struct ManagedProcess {
     delivery: Mutex<Option<Arc<ReadySet>>>,
     /// The server's counters (bytes in and out, blocked delivery time).
     pub(crate) metrics: Arc<Metrics>,
+    /// The server-wide output budget this process's log draws on (its pumps wait on it).
+    pub(crate) budget: Arc<OutputBudget>,
 }
 
 impl ManagedProcess {
@@ -186,6 +189,7 @@ impl ManagedProcess {
         stdin: Option<InputWriter>,
         pty: Option<PtyControl>,
         metrics: Arc<Metrics>,
+        budget: Arc<OutputBudget>,
     ) -> Self {
         let drain = OutputDrain::new(opts.drain_timeout, streams);
         ManagedProcess {
@@ -197,7 +201,7 @@ impl ManagedProcess {
             opts,
             started: Instant::now(),
             inner: Mutex::new(Inner {
-                log: EventLog::new(limits, acks),
+                log: EventLog::new(limits, acks, budget.share()),
                 drain,
                 stdout_bytes: 0,
                 stderr_bytes: 0,
@@ -217,6 +221,7 @@ impl ManagedProcess {
             pty,
             delivery: Mutex::new(None),
             metrics,
+            budget,
         }
     }
 
@@ -241,6 +246,11 @@ impl ManagedProcess {
     /// Whether the direct child is still running (not yet reaped).
     pub fn is_running(&self) -> bool {
         !self.exited.is_cancelled()
+    }
+
+    /// Resolves once the direct child was reaped (whether or not its output was drained).
+    pub async fn wait_exited(&self) {
+        self.exited.cancelled().await
     }
 
     /// Resolves once the exit notice is in the log.

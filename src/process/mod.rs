@@ -8,6 +8,8 @@
 //! - [`containment`]: finds and kills everything a session started (cgroups, subreaper,
 //!   pidfds, the crash sweep).
 //! - [`event_log`]: sans-IO seq numbering, retention, delivery cursor, acks.
+//! - [`output_budget`]: the server-wide budget of unwritten output, its guaranteed and fair
+//!   shares, and the queue of pumps waiting for room.
 //! - [`output_drain`]: sans-IO drain deadline.
 //! - [`output_pump`]: the pump and supervisor tasks.
 //! - [`managed_process`]: one process's state and control operations.
@@ -24,6 +26,7 @@ pub mod containment;
 pub mod error;
 pub mod event_log;
 pub mod managed_process;
+pub mod output_budget;
 pub mod output_drain;
 pub mod output_pump;
 pub mod ready_set;
@@ -33,4 +36,5 @@ pub mod write_ids;
 
 pub use error::ProcessError;
 pub use managed_process::{ManagedProcess, ProcessInfo, ProcessOptions, ReadOutcome, WriteStatus};
+pub use output_budget::OutputBudget;
 pub use ready_set::ReadySet;

@@ -1,9 +1,10 @@
 //! The tasks that move a child's output into its event log and turn its exit into the exit
 //! notice: one pump per output stream and one supervisor per process.
 //!
-//! The pump stops reading while the log has no room (backpressure: the child blocks in
-//! `write()`), tells the drain state machine how long it was blocked, and stops at the drain
-//! deadline. The supervisor reaps the child, enforces `timeoutMs`, waits for the pumps, and
+//! The pump reads a chunk, then appends it once its log admits it (its retention, and the
+//! server-wide output budget of `output_budget.rs`); while it waits it reads nothing more
+//! (backpressure: the child blocks in `write()`), tells the drain state machine how long it was
+//! blocked, and stops at the drain deadline. The supervisor reaps the child, enforces `timeoutMs`, waits for the pumps, and
 //! appends the exit notice last. Neither ever writes to a transport.
 
 use std::os::unix::process::ExitStatusExt;
@@ -11,13 +12,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::event_log::LogLimits;
 use super::managed_process::{terminate_group, ManagedProcess, ProcessOptions};
+use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
 use super::spawn::{spawn, OutputReader, SpawnSpec};
@@ -33,6 +36,7 @@ pub fn start_process(
     limits: LogLimits,
     acks: bool,
     metrics: Arc<Metrics>,
+    budget: Arc<OutputBudget>,
 ) -> std::io::Result<Arc<ManagedProcess>> {
     let spawned = spawn(spec)?;
     let streams = spawned.outputs.len();
@@ -48,6 +52,7 @@ pub fn start_process(
         spawned.stdin,
         spawned.pty,
         metrics,
+        budget,
     ));
     let span = tracing::info_span!("process", id = %proc.id, pid = proc.pid);
     let pumps: Vec<JoinHandle<(usize, StreamEnd)>> = spawned
@@ -74,9 +79,41 @@ pub fn start_process(
 /// before it lets go.
 pub const BLOCKED_METRIC_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Wait until the log has room, recording blocked time with the drain clock (and in the
-/// metrics). Returns false when the process was abandoned.
-async fn wait_for_room(p: &ManagedProcess) -> bool {
+/// What a pump waits for.
+enum Want {
+    /// To append this chunk.
+    Append(StreamName, Bytes),
+    /// Room for a chunk of this many bytes, before reading it.
+    Room(usize),
+}
+
+impl Want {
+    /// Try once, under the process's lock: appended (or room found), or what blocks it.
+    fn attempt(self, p: &ManagedProcess) -> Result<(), (Want, Blocked)> {
+        let mut inner = p.inner();
+        match self {
+            Want::Append(stream, chunk) => inner
+                .log
+                .try_append_output(stream, chunk)
+                .map(|_| ())
+                .map_err(|(chunk, why)| (Want::Append(stream, chunk), why)),
+            Want::Room(len) => inner
+                .log
+                .would_admit_output(len)
+                .map_err(|why| (Want::Room(len), why)),
+        }
+    }
+}
+
+/// Wait until `want` is admitted (the chunk appended, or room for it found), recording the
+/// time blocked with the drain clock (and in the metrics). Returns false when the process was
+/// abandoned (a chunk in hand is dropped with the session).
+///
+/// It waits on its own process (retention or fair share: its events must be written first)
+/// or, when the budget itself is spent, also in the budget's queue of waiters, registered
+/// before it checks again so that no release is missed. A wake-up from that queue that it
+/// does not use is passed on; one it used is passed on too, for the room that may be left.
+async fn wait_admitted(p: &ManagedProcess, mut want: Want) -> bool {
     // While blocked: up to when the blocked time is already counted in the metrics.
     let mut blocked: Option<Instant> = None;
     let count = |counted: &mut Instant| {
@@ -87,30 +124,52 @@ async fn wait_for_room(p: &ManagedProcess) -> bool {
         *counted = now;
         now
     };
+    let mut woken_for_room = false;
     loop {
-        let notified = p.changed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            let mut inner = p.inner();
-            if inner.log.has_room() {
+        let own = p.changed.notified();
+        tokio::pin!(own);
+        own.as_mut().enable();
+        let room = p.budget.room_released();
+        tokio::pin!(room);
+        let mut waiting_for_room = None;
+        let mut outcome = want.attempt(p);
+        if let Err((back, Blocked::Budget)) = outcome {
+            // Register, then look again: a release in between is not lost.
+            room.as_mut().enable();
+            waiting_for_room = Some(p.budget.begin_wait());
+            outcome = back.attempt(p);
+        }
+        match outcome {
+            Ok(()) => {
+                if woken_for_room || waiting_for_room.is_some() {
+                    drop(waiting_for_room);
+                    p.budget.wake_one();
+                }
                 if let Some(mut counted) = blocked {
                     let now = count(&mut counted);
-                    inner.drain.block_end(now.into_std());
-                    drop(inner);
+                    p.inner().drain.block_end(now.into_std());
                     // The deadline moved: wake the other pump so it re-reads it.
                     p.changed.notify_waiters();
                 }
                 return true;
             }
-            if blocked.is_none() {
-                let now = Instant::now();
-                inner.drain.block_begin(now.into_std());
-                blocked = Some(now);
+            Err((back, why)) => {
+                want = back;
+                if woken_for_room && why != Blocked::Budget {
+                    // Not waiting for the budget any more: let the next waiter have the room.
+                    p.budget.wake_one();
+                }
             }
         }
+        woken_for_room = false;
+        if blocked.is_none() {
+            let now = Instant::now();
+            p.inner().drain.block_begin(now.into_std());
+            blocked = Some(now);
+        }
         tokio::select! {
-            _ = &mut notified => {}
+            _ = &mut own => {}
+            _ = &mut room, if waiting_for_room.is_some() => woken_for_room = true,
             _ = tokio::time::sleep(BLOCKED_METRIC_INTERVAL) => {
                 if let Some(counted) = blocked.as_mut() {
                     count(counted);
@@ -126,16 +185,37 @@ async fn wait_for_room(p: &ManagedProcess) -> bool {
     }
 }
 
+/// The first read of every chunk: the most a pump holds that is not in its log, while its
+/// stream is idle or while it waits for room. A pump with a whole chunk's buffer of its own
+/// would hold 64 KiB per stream, resident once used (128 MB for a thousand processes), and
+/// one that read a whole chunk before it had room would hold another. Only when this read
+/// comes back full, and a whole chunk would be admitted, does the pump read on, into a buffer
+/// that becomes the chunk itself.
+pub const FIRST_READ_BYTES: usize = 4096;
+
+/// A chunk whose first read filled `first`: the rest of what the stream has now, up to
+/// `MAX_CHUNK_BYTES` in all, read without waiting straight into the chunk's own buffer (so a
+/// bulk chunk is not copied again). A chunk that stays small is moved to an allocation of its
+/// size, so a log of small chunks does not hold 64 KiB buffers.
+fn read_on(reader: &mut OutputReader, first: &[u8]) -> Bytes {
+    let mut chunk = BytesMut::with_capacity(MAX_CHUNK_BYTES);
+    chunk.extend_from_slice(first);
+    // Whatever is readable now; not readable, end of file or an error: the chunk is what we
+    // have, and the next read in the pump's loop sees the rest.
+    let _ = reader.read_buf(&mut chunk).now_or_never();
+    if chunk.len() < MAX_CHUNK_BYTES / 2 {
+        Bytes::copy_from_slice(&chunk)
+    } else {
+        chunk.freeze()
+    }
+}
+
 async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputReader) -> StreamEnd {
     let cap = p.opts.output_cap;
     let mut delivered: u64 = 0;
     let mut capped = cap == Some(0);
-    let mut buf = vec![0u8; MAX_CHUNK_BYTES];
+    let mut first = [0u8; FIRST_READ_BYTES];
     loop {
-        // Once capped, bytes are discarded: never wait for the client then.
-        if !capped && !wait_for_room(&p).await {
-            return StreamEnd::Cut { capped };
-        }
         let notified = p.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -153,12 +233,26 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputRead
             .unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(86_400));
         tokio::select! {
             biased;
-            r = reader.read(&mut buf) => match r {
+            r = reader.read(&mut first) => match r {
                 Ok(0) => return StreamEnd::Eof,
                 Ok(n) => {
+                    let chunk = if n < FIRST_READ_BYTES || capped {
+                        Bytes::copy_from_slice(&first[..n])
+                    } else {
+                        // Room for a whole chunk first, holding only these 4 KiB meanwhile.
+                        if !wait_admitted(&p, Want::Room(MAX_CHUNK_BYTES)).await {
+                            return StreamEnd::Cut { capped };
+                        }
+                        // A full first read means a stream in bulk: let the other tasks (the
+                        // connection's writer) run once while the child fills its pipe, so the
+                        // chunk is whole rather than what arrived in the last microsecond
+                        // (small chunks cost a message each, all the way to the client).
+                        tokio::task::yield_now().await;
+                        read_on(&mut reader, &first)
+                    };
+                    let n = chunk.len();
                     p.metrics.output_bytes.inc_by(n as u64);
-                    let chunk = Bytes::copy_from_slice(&buf[..n]);
-                    {
+                    let keep = {
                         let mut inner = p.inner();
                         match stream {
                             StreamName::Stderr => inner.stderr_bytes += n as u64,
@@ -171,15 +265,20 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputRead
                         if keep < n {
                             inner.dropped_bytes += (n - keep) as u64;
                         }
-                        if keep > 0 {
-                            inner.log.append_output(stream, chunk.slice(..keep));
-                            delivered += keep as u64;
+                        keep
+                    };
+                    // Once capped, bytes are discarded: never wait for the client then.
+                    if keep > 0 {
+                        let chunk = chunk.slice(..keep);
+                        if !wait_admitted(&p, Want::Append(stream, chunk)).await {
+                            return StreamEnd::Cut { capped };
                         }
-                        if cap.is_some_and(|c| delivered >= c) {
-                            capped = true;
-                        }
+                        delivered += keep as u64;
+                        p.notify_delivery();
                     }
-                    p.notify_delivery();
+                    if cap.is_some_and(|c| delivered >= c) {
+                        capped = true;
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, stream = stream.as_str(), "output read failed");

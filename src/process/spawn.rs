@@ -27,7 +27,7 @@ use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
 use crate::rpc::messages::{StreamName, TermSize};
 
 /// What to start.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnSpec {
     /// Program and arguments (non-empty).
     pub argv: Vec<String>,

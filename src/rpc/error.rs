@@ -31,6 +31,9 @@ pub enum ErrorCode {
     LimitReached,
     /// The requested events were released; `data` gives the missing range.
     OutputNotRetained,
+    /// The exec policy denied the process, or its approval was refused, timed out or lost
+    /// with its session; `data.reason` says which.
+    NotApproved,
 }
 
 impl ErrorCode {
@@ -47,6 +50,7 @@ impl ErrorCode {
             ErrorCode::UnknownSession => -32003,
             ErrorCode::LimitReached => -32004,
             ErrorCode::OutputNotRetained => -32005,
+            ErrorCode::NotApproved => -32006,
         }
     }
 }
@@ -143,6 +147,20 @@ impl RpcError {
         }
     }
 
+    /// `-32006`: `data.reason` says why (a fixed phrase per cause), `data.rule` which policy
+    /// rule asked or denied, when one did.
+    pub fn not_approved(reason: &str, rule: Option<&str>) -> Self {
+        let mut data = json!({ "reason": reason });
+        if let Some(rule) = rule {
+            data["rule"] = json!(rule);
+        }
+        RpcError {
+            code: ErrorCode::NotApproved,
+            message: format!("not approved: {reason}"),
+            data: Some(data),
+        }
+    }
+
     /// The `error` member of a JSON-RPC response.
     pub fn to_json(&self) -> Value {
         let mut v = json!({ "code": self.code.code(), "message": self.message });
@@ -169,6 +187,7 @@ mod tests {
         assert_eq!(ErrorCode::UnknownSession.code(), -32003);
         assert_eq!(ErrorCode::LimitReached.code(), -32004);
         assert_eq!(ErrorCode::OutputNotRetained.code(), -32005);
+        assert_eq!(ErrorCode::NotApproved.code(), -32006);
     }
 
     #[test]

@@ -38,13 +38,95 @@ pub struct ResumeParams {
     pub resume_token: String,
 }
 
-/// Client capabilities.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+/// Capabilities: what a client asks for in `initialize`, and in its result what the server
+/// will do for this connection (`protocol.md` §3, §5.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Capabilities {
     /// The client acknowledges events with `process/ack`; retention waits for acks.
     #[serde(default)]
     pub acks: bool,
+    /// The server requests the client can answer (`protocol.md` §7).
+    #[serde(default, skip_serializing_if = "ServerRequests::is_empty")]
+    pub server_requests: ServerRequests,
+    /// Output deltas as binary messages (`protocol.md` §5.1) instead of JSON with base64.
+    #[serde(default)]
+    pub binary_output: bool,
+}
+
+/// `capabilities.serverRequests`: on the wire a list of method names
+/// (`["process/approve"]`); names this build does not know are ignored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerRequests {
+    /// `process/approve`.
+    pub approve: bool,
+}
+
+impl ServerRequests {
+    /// The wire name of `process/approve` (also in `rpc::method`'s table).
+    pub const APPROVE: &'static str = "process/approve";
+
+    /// None declared.
+    pub fn is_empty(&self) -> bool {
+        !self.approve
+    }
+}
+
+impl Serialize for ServerRequests {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let names: Vec<&str> = if self.approve {
+            vec![Self::APPROVE]
+        } else {
+            Vec::new()
+        };
+        names.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ServerRequests {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Bounded by the message size like every other member.
+        let names = Vec::<String>::deserialize(d)?;
+        Ok(ServerRequests {
+            approve: names.iter().any(|n| n == Self::APPROVE),
+        })
+    }
+}
+
+/// `process/approve` params: the server asks the client whether a process may start
+/// (`protocol.md` §7). Environment values are not sent (they may hold secrets): only names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApproveParams {
+    /// The process waiting for the answer.
+    pub process_id: String,
+    /// What it would run.
+    pub argv: Vec<String>,
+    /// Its working directory (the server's own when the start named none).
+    pub cwd: String,
+    /// Names of the variables the start sets, sorted.
+    pub env_names: Vec<String>,
+    /// Whether it would run on a PTY.
+    pub tty: bool,
+    /// Which policy rule asked: its `reason`, `program = "GLOB"`, or `default`.
+    pub rule: String,
+}
+
+/// A client's answer to `process/approve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalDecision {
+    /// Start it.
+    Approve,
+    /// Do not: its `process/start` fails with `-32006`.
+    Deny,
+}
+
+/// `process/approve` result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApproveResult {
+    /// The answer.
+    pub decision: ApprovalDecision,
 }
 
 /// Limits advertised in the `initialize` result.
@@ -77,6 +159,11 @@ pub struct InitializeResult {
     pub resumed: bool,
     /// Limits in force.
     pub limits: AdvertisedLimits,
+    /// What the server does for this connection: acks as the session was created with, and
+    /// binary output where asked for and the transport carries it (absent from servers that
+    /// predate it: nothing).
+    #[serde(default)]
+    pub capabilities: Capabilities,
 }
 
 /// Which output stream a chunk came from.

@@ -39,6 +39,8 @@ pub enum Method {
     ProcessOutputDelta,
     /// `process/exited` (server → client notification).
     ProcessExited,
+    /// `process/approve` (server → client request, `protocol.md` §7).
+    ProcessApprove,
 }
 
 /// How the connection treats a method the client sends (`protocol.md` §6).
@@ -56,12 +58,13 @@ pub enum MethodClass {
     Shared,
     /// `process/ack`: applied by the reader at once (answered `{}` if sent as a request).
     Ack,
-    /// Sent by the server only; a client sending it gets `-32601`.
+    /// Sent by the server only (notifications, and `process/approve`, a request the server
+    /// makes); a client sending it gets `-32601`.
     ServerToClient,
 }
 
 /// Every method and its wire name: the one table.
-pub const TABLE: [(Method, &str); 15] = [
+pub const TABLE: [(Method, &str); 16] = [
     (Method::Initialize, "initialize"),
     (Method::Initialized, "initialized"),
     (Method::ServerInfo, "server/info"),
@@ -77,6 +80,7 @@ pub const TABLE: [(Method, &str); 15] = [
     (Method::ProcessAck, "process/ack"),
     (Method::ProcessOutputDelta, "process/outputDelta"),
     (Method::ProcessExited, "process/exited"),
+    (Method::ProcessApprove, "process/approve"),
 ];
 
 impl Method {
@@ -109,7 +113,9 @@ impl Method {
             | Method::ProcessResize => MethodClass::Exclusive,
             Method::ProcessRead => MethodClass::Shared,
             Method::ProcessAck => MethodClass::Ack,
-            Method::ProcessOutputDelta | Method::ProcessExited => MethodClass::ServerToClient,
+            Method::ProcessOutputDelta | Method::ProcessExited | Method::ProcessApprove => {
+                MethodClass::ServerToClient
+            }
         }
     }
 }
@@ -180,5 +186,6 @@ mod tests {
             Some(MethodClass::ServerToClient)
         );
         assert_eq!(class("process/exited"), Some(MethodClass::ServerToClient));
+        assert_eq!(class("process/approve"), Some(MethodClass::ServerToClient));
     }
 }

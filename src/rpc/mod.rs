@@ -11,14 +11,20 @@
 //! - [`method`]: the [`Method`] enum, parsed once from one table, with each method's class.
 //! - [`notification`]: both directions of the event codecs (output delta, exit notice,
 //!   `process/read` events), the server's encoder and the client's fast decoder side by side.
+//! - [`write_request`]: both directions of `process/write`, the hot path of stdin: the
+//!   client's hand-written encoder (SIMD base64 in place) and the server's chunk decoder.
+//! - [`binary_output`]: both directions of the binary output message (§5.1): the server's
+//!   head encoder and the client's checked decoder.
 //!
 //! It must never import a layer above it: it knows no process, session or connection.
 
+pub mod binary_output;
 pub mod error;
 pub mod jsonrpc;
 pub mod messages;
 pub mod method;
 pub mod notification;
+pub mod write_request;
 
 pub use error::{ErrorCode, RpcError};
 pub use method::{Method, MethodClass};

@@ -7,17 +7,25 @@
 //! - [`session`]: one [`Session`]: attach, detach and expiry, close, starting processes from a
 //!   typed [`StartSpec`], reaping exited ones.
 //! - [`quota`]: the per-key and per-address quotas of sessions and processes.
+//! - `gated_start.rs`: starting through the exec policy: allow, deny, or ask the client and
+//!   wait (`process/list` shows `pendingApproval`); a start retried for a pending id joins it.
+//! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
+//!   ids, callbacks, and the `-32006` reasons.
 //!
 //! It takes already-decoded, validated options and returns typed [`SessionError`]s (the
 //! connection maps them to JSON-RPC). It must never decode JSON nor write to a transport:
 //! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
 
+pub mod approvals;
+mod gated_start;
 // `session::session` is the one session, beside the registry of them all.
 pub mod quota;
 #[allow(clippy::module_inception)]
 pub mod session;
 pub mod session_registry;
 
+pub use approvals::{AnswerOutcome, ApprovalAnswer, RequestSink, ServerRequest};
+pub use gated_start::{Caller, ListedProcess, ListedState};
 pub use quota::AddressKey;
 pub use session::{ConnHandle, Session, StartSpec};
 pub use session_registry::SessionRegistry;
@@ -54,4 +62,39 @@ pub enum SessionError {
     /// The OS refused to start the child.
     #[error("spawn failed: {0}")]
     Spawn(std::io::Error),
+    /// The exec policy denied it, or its approval was refused, timed out or withdrawn.
+    #[error("not approved: {reason}")]
+    NotApproved {
+        /// One of [`approvals::reason`]'s phrases.
+        reason: &'static str,
+        /// The policy rule that denied or asked.
+        rule: Option<String>,
+    },
+}
+
+impl SessionError {
+    /// The same error again, for every start that joined a pending one (an OS error keeps its
+    /// kind and text).
+    pub(crate) fn duplicate(&self) -> SessionError {
+        match self {
+            SessionError::UnknownSession => SessionError::UnknownSession,
+            SessionError::TooManySessions(n) => SessionError::TooManySessions(*n),
+            SessionError::TooManyProcesses(n) => SessionError::TooManyProcesses(*n),
+            SessionError::ProcessExists(id) => SessionError::ProcessExists(id.clone()),
+            SessionError::UnknownProcess(id) => SessionError::UnknownProcess(id.clone()),
+            SessionError::QuotaReached { limit, value } => SessionError::QuotaReached {
+                limit,
+                value: *value,
+            },
+            // An OS error keeps its number (EMFILE is mapped apart in `error_map.rs`).
+            SessionError::Spawn(e) => SessionError::Spawn(match e.raw_os_error() {
+                Some(n) => std::io::Error::from_raw_os_error(n),
+                None => std::io::Error::new(e.kind(), e.to_string()),
+            }),
+            SessionError::NotApproved { reason, rule } => SessionError::NotApproved {
+                reason,
+                rule: rule.clone(),
+            },
+        }
+    }
 }

@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::approvals::{reason, Approvals, RequestSink, Resolution};
+use super::gated_start::PendingStart;
 use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
 use super::SessionError;
@@ -27,7 +29,7 @@ use crate::sync::lock;
 
 /// A validated `process/start`: what to spawn and how to run it. The connection's handler
 /// decodes and validates the params and applies the defaults; the session never sees JSON.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StartSpec {
     /// The client-chosen id (1 to `MAX_PROCESS_ID_BYTES` bytes).
     pub process_id: String,
@@ -51,10 +53,16 @@ pub struct ConnHandle {
     /// The peer's IP address (the `ws://` connection's, or the Noise link's), for the
     /// per-address quotas; `None` on stdio.
     pub peer_addr: Option<IpAddr>,
+    /// Where server requests (`process/approve`) go while this connection holds the session;
+    /// `None` when the client did not declare it can answer them.
+    pub requests: Option<RequestSink>,
 }
 
 pub(super) enum Slot {
+    /// Being spawned: the id is taken, nothing to show yet.
     Starting,
+    /// Waiting for the client's approval (`process/list` shows it as `pendingApproval`).
+    Pending(Arc<PendingStart>),
     Ready(Arc<ManagedProcess>),
 }
 
@@ -79,6 +87,9 @@ pub struct Session {
     pub(super) attach: Mutex<AttachState>,
     pub(super) registry: Weak<SessionRegistry>,
     pub(super) closed: CancellationToken,
+    /// Pending server → client requests (`process/approve`). Lock order: `attach`, then
+    /// `approvals`; `processes` is never held while taking either.
+    pub(super) approvals: Mutex<Approvals>,
 }
 
 impl Session {
@@ -95,19 +106,42 @@ impl Session {
             .is_some_and(|c| c.conn_id == conn_id)
     }
 
-    /// Attach to `conn`: evict the previous holder, re-deliver every unacknowledged retained
-    /// event, then live ones.
+    /// Attach to `conn`: evict the previous holder, send `conn` every pending server request
+    /// again (same ids), then re-deliver every unacknowledged retained event, then live ones.
+    /// The requests are queued on `conn`'s control lane before its processes are marked
+    /// ready, and the writer serves that lane first, so they precede every replayed event.
     pub(super) fn attach(&self, conn: &ConnHandle) {
-        let mut st = lock(&self.attach);
-        if let Some(old) = st.current.take() {
-            if old.conn_id != conn.conn_id {
-                old.evict.cancel();
+        let withdrawn = {
+            let mut st = lock(&self.attach);
+            if let Some(old) = st.current.take() {
+                if old.conn_id != conn.conn_id {
+                    old.evict.cancel();
+                }
             }
-        }
-        st.current = Some(conn.clone());
-        st.generation += 1;
-        for p in self.processes() {
-            p.attach_delivery(Some(conn.ready.clone()), true);
+            st.current = Some(conn.clone());
+            st.generation += 1;
+            let withdrawn = {
+                let mut approvals = lock(&self.approvals);
+                match &conn.requests {
+                    Some(sink) => {
+                        for r in approvals.pending() {
+                            sink(r);
+                        }
+                        Vec::new()
+                    }
+                    // A client that cannot answer holds the session now: nobody can.
+                    None => approvals.take_all(),
+                }
+            };
+            for p in self.processes() {
+                p.attach_delivery(Some(conn.ready.clone()), true);
+            }
+            withdrawn
+        };
+        for t in withdrawn {
+            t.resolve(Resolution::Refused {
+                reason: reason::RESUMED_WITHOUT_CAPABILITY,
+            });
         }
     }
 
@@ -144,14 +178,25 @@ impl Session {
             };
             if !stale {
                 tracing::info!(session = %s.id, "detached session expired");
-                s.close();
+                s.close_with(reason::SESSION_EXPIRED);
             }
         });
     }
 
-    /// Close: terminate every process group, free the session.
+    /// Close: terminate every process group, withdraw every pending approval, free the
+    /// session.
     pub fn close(&self) {
+        self.close_with(reason::SESSION_CLOSED)
+    }
+
+    /// Close, telling pending approvals `why` (one of [`reason`]'s phrases).
+    fn close_with(&self, why: &'static str) {
         self.closed.cancel();
+        // After `closed` is set: a request registered later sees it and withdraws itself.
+        let withdrawn = lock(&self.approvals).take_all();
+        for t in withdrawn {
+            t.resolve(Resolution::Refused { reason: why });
+        }
         if let Some(r) = self.registry.upgrade() {
             r.remove(&self.id);
         }
@@ -159,7 +204,7 @@ impl Session {
             .drain()
             .filter_map(|(_, s)| match s {
                 Slot::Ready(p) => Some(p),
-                Slot::Starting => None,
+                Slot::Starting | Slot::Pending(_) => None,
             })
             .collect();
         for p in procs {
@@ -191,7 +236,7 @@ impl Session {
             .values()
             .filter_map(|s| match s {
                 Slot::Ready(p) => Some(p.clone()),
-                Slot::Starting => None,
+                Slot::Starting | Slot::Pending(_) => None,
             })
             .collect()
     }
@@ -209,12 +254,50 @@ impl Session {
         }
     }
 
-    /// Start a process for connection `conn_id`. Its events are not delivered until
+    /// Start a process for connection `conn_id`, without asking the exec policy (see
+    /// [`start_checked`](Self::start_checked)). Its events are not delivered until
     /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
     pub fn start(
         self: &Arc<Self>,
         start: StartSpec,
         conn_id: u64,
+    ) -> Result<Arc<ManagedProcess>, SessionError> {
+        self.reserve(&start.process_id, Slot::Starting)?;
+        self.launch(start, conn_id, &[])
+    }
+
+    /// Take `id` as `slot` if it may be taken now: under the owner's per-key and per-address
+    /// quotas, unknown, and under `maxProcesses`. The quotas are counted and the slot taken
+    /// under one admission, so two starts at once cannot both take the owner's last slot; a
+    /// start waiting for approval holds its slot (and counts against the quotas) as a running
+    /// one does.
+    pub(super) fn reserve(&self, id: &str, slot: Slot) -> Result<(), SessionError> {
+        // The registry outlives its sessions except while the server shuts down.
+        let Some(registry) = self.registry.upgrade() else {
+            return Err(SessionError::UnknownSession);
+        };
+        // Lock order: the admission, then `processes` (the admission counts every session's
+        // processes, this one's included, so `processes` must not be held while taking it).
+        let _admission = registry.admit_process(self)?;
+        let mut procs = lock(&self.processes);
+        if procs.contains_key(id) {
+            return Err(SessionError::ProcessExists(id.to_string()));
+        }
+        if procs.len() >= self.config.max_processes {
+            return Err(SessionError::TooManyProcesses(self.config.max_processes));
+        }
+        procs.insert(id.to_string(), slot);
+        Ok(())
+    }
+
+    /// Spawn the process whose id is already reserved as [`Slot::Starting`]. Its events go to
+    /// the attached connection at once unless that is `conn_id` or one of `answering` (they
+    /// open delivery after writing their start result, so the result comes first).
+    pub(super) fn launch(
+        self: &Arc<Self>,
+        start: StartSpec,
+        conn_id: u64,
+        answering: &[u64],
     ) -> Result<Arc<ManagedProcess>, SessionError> {
         let StartSpec {
             process_id: id,
@@ -222,29 +305,18 @@ impl Session {
             options: opts,
         } = start;
         // The registry outlives its sessions except while the server shuts down.
-        let Some(registry) = self.registry.upgrade() else {
-            return Err(SessionError::UnknownSession);
+        let (metrics, budget) = match self.registry.upgrade() {
+            Some(r) => (r.metrics().clone(), r.output_budget().clone()),
+            None => {
+                lock(&self.processes).remove(&id);
+                return Err(SessionError::UnknownSession);
+            }
         };
-        let metrics = registry.metrics().clone();
-        {
-            // The owner's quotas are counted and the slot taken under one admission, so two
-            // starts at once cannot both take the owner's last slot.
-            let _admission = registry.admit_process(self)?;
-            let mut procs = lock(&self.processes);
-            if procs.contains_key(&id) {
-                return Err(SessionError::ProcessExists(id));
-            }
-            if procs.len() >= self.config.max_processes {
-                return Err(SessionError::TooManyProcesses(self.config.max_processes));
-            }
-            procs.insert(id.clone(), Slot::Starting);
-        }
-        drop(registry);
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
-            delivery_queue_bytes: self.config.delivery_queue_bytes,
         };
-        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics) {
+        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics, budget)
+        {
             Ok(p) => p,
             Err(e) => {
                 lock(&self.processes).remove(&id);
@@ -264,7 +336,7 @@ impl Session {
             // If the session moved to another connection while we spawned, the start result
             // will never reach that client's stream in order anyway: deliver there now.
             if let Some(cur) = &st.current {
-                if cur.conn_id != conn_id {
+                if cur.conn_id != conn_id && !answering.contains(&cur.conn_id) {
                     proc.set_delivery(Some(cur.ready.clone()));
                 }
             }

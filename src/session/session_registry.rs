@@ -16,12 +16,17 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::approvals::Approvals;
 use super::quota::{AddressKey, Owner, Quota, Usage};
 use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
 use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
+use crate::policy::resolve::resolve_program;
+use crate::policy::{PolicyFile, Verdict};
+use crate::process::spawn::SpawnSpec;
+use crate::process::OutputBudget;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -36,6 +41,10 @@ pub struct SessionRegistry {
     inbound: ByteBudget,
     /// Serialises process admissions (quota count + slot), see [`Self::admit_process`].
     process_admission: Mutex<()>,
+    /// `--exec-policy`; `None` allows everything.
+    policy: Option<Arc<PolicyFile>>,
+    /// The server-wide output budget (`output_budget_bytes`) every process draws on.
+    budget: Arc<OutputBudget>,
 }
 
 /// The name clients see in `data.limit` when the server's inbound budget is full.
@@ -54,13 +63,24 @@ impl SessionRegistry {
     /// A fresh registry counting into `metrics` (one per server: the caller builds it, the
     /// metrics endpoint renders it).
     pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_exec_policy(config, metrics, None)
+    }
+
+    /// A fresh registry whose starts go through `policy` (`--exec-policy`).
+    pub fn with_exec_policy(
+        config: Arc<ServerConfig>,
+        metrics: Arc<Metrics>,
+        policy: Option<Arc<PolicyFile>>,
+    ) -> Arc<Self> {
         Arc::new(SessionRegistry {
+            budget: OutputBudget::new(config.output_budget_bytes),
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
             metrics,
             inbound: ByteBudget::new(INBOUND_BUDGET_NAME, config.max_inbound_bytes),
             process_admission: Mutex::new(()),
+            policy,
             config,
         })
     }
@@ -69,6 +89,33 @@ impl SessionRegistry {
     /// requests, and links their unfinished Noise messages, under children of it.
     pub fn inbound_budget(&self) -> &ByteBudget {
         &self.inbound
+    }
+
+    /// What the exec policy in force says about `spec` (the file is re-read if it changed):
+    /// its `argv[0]` and the path `execvp` would resolve it to with the child's `PATH` and
+    /// working directory. Everything is allowed without a policy.
+    pub fn exec_verdict(&self, spec: &SpawnSpec) -> Verdict {
+        let Some(file) = &self.policy else {
+            return crate::policy::ExecPolicy::allow_all().decide("", None);
+        };
+        let policy = file.current();
+        let program = spec.argv.first().map(String::as_str).unwrap_or("");
+        let path_var = match spec.env.iter().rev().find(|(k, _)| k == "PATH") {
+            Some((_, v)) => v.as_ref().map(std::ffi::OsString::from),
+            None if spec.inherit_env => std::env::var_os("PATH"),
+            None => None,
+        };
+        let cwd = match &spec.cwd {
+            Some(c) => std::path::PathBuf::from(c),
+            None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
+        };
+        let resolved = resolve_program(program, &cwd, path_var.as_deref());
+        policy.decide(program, resolved.as_deref())
+    }
+
+    /// The server-wide output budget: unwritten output of every process, its peak.
+    pub fn output_budget(&self) -> &Arc<OutputBudget> {
+        &self.budget
     }
 
     /// This server's metrics.
@@ -153,6 +200,7 @@ impl SessionRegistry {
             }),
             registry: Arc::downgrade(self),
             closed: CancellationToken::new(),
+            approvals: Mutex::new(Approvals::default()),
         });
         {
             let mut sessions = lock(&self.sessions);
@@ -242,6 +290,12 @@ impl SessionRegistry {
 
     pub(super) fn remove(&self, id: &str) {
         lock(&self.sessions).remove(id);
+    }
+
+    /// Every process of every session (an in-process server's shutdown kills them all).
+    pub fn all_processes(&self) -> Vec<Arc<crate::process::ManagedProcess>> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        sessions.iter().flat_map(|s| s.processes()).collect()
     }
 
     /// Close every session (stdio end, server shutdown): every process group is terminated.

@@ -25,6 +25,7 @@ where
         incoming: Box::pin(incoming.fuse()),
         outgoing: Box::pin(outgoing),
         peer: peer.to_string(),
+        binary_messages: false,
     }
 }
 
@@ -41,20 +42,7 @@ where
 pub fn stdio_transport(max_message_bytes: usize) -> Transport {
     use std::os::fd::AsFd;
     use tokio::net::unix::pipe;
-    let reader: Box<dyn AsyncRead + Send + Unpin> = {
-        let flags = RestoreFlags::save(std::io::stdin().as_fd());
-        match std::io::stdin()
-            .as_fd()
-            .try_clone_to_owned()
-            .and_then(pipe::Receiver::from_owned_fd)
-        {
-            Ok(r) => Box::new(Restoring {
-                inner: r,
-                _flags: flags,
-            }),
-            Err(_) => Box::new(tokio::io::stdin()),
-        }
-    };
+    let reader = stdin_reader();
     let writer: Box<dyn AsyncWrite + Send + Unpin> = {
         let flags = RestoreFlags::save(std::io::stdout().as_fd());
         match std::io::stdout()
@@ -70,6 +58,27 @@ pub fn stdio_transport(max_message_bytes: usize) -> Transport {
         }
     };
     line_transport(reader, writer, max_message_bytes, "stdio")
+}
+
+/// This process's stdin as an async reader: on the reactor when it is a pipe (its flags put
+/// back when the reader is dropped, see [`stdio_transport`]), else tokio's blocking adapter.
+/// On the reactor, a read that finds nothing returns at once, so a caller can take what is
+/// readable now without waiting (`execrelay run` gathers stdin into large writes that way).
+pub fn stdin_reader() -> Box<dyn AsyncRead + Send + Unpin> {
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    let flags = RestoreFlags::save(std::io::stdin().as_fd());
+    match std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(pipe::Receiver::from_owned_fd)
+    {
+        Ok(r) => Box::new(Restoring {
+            inner: r,
+            _flags: flags,
+        }),
+        Err(_) => Box::new(tokio::io::stdin()),
+    }
 }
 
 /// A descriptor's file status flags as they were, put back on drop.

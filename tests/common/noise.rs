@@ -132,6 +132,11 @@ pub struct TestServer {
 
 /// Start a server with fresh keys, `auth` and `config` (its link settings among them).
 pub async fn start_server(auth: Arc<dyn Authorizer>, config: ServerConfig) -> TestServer {
+    start_server_on(Server::new(Arc::new(config)), auth).await
+}
+
+/// Start `server` (built by the caller: an exec policy, say) with fresh keys and `auth`.
+pub async fn start_server_on(server: Server, auth: Arc<dyn Authorizer>) -> TestServer {
     let keys = Keypair::generate().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -141,7 +146,6 @@ pub async fn start_server(auth: Arc<dyn Authorizer>, config: ServerConfig) -> Te
         env_id: String::new(),
     });
     let shutdown = CancellationToken::new();
-    let server = Server::new(Arc::new(config));
     let task = tokio::spawn(server.run(vec![Listener::Noise(listener, cfg)], shutdown.clone()));
     TestServer {
         port,
@@ -558,7 +562,11 @@ pub struct TransportRpc {
 impl TransportRpc {
     /// Send one message.
     pub async fn send(&mut self, v: Value) {
-        self.t.outgoing.send(v.to_string()).await.expect("send");
+        self.t
+            .outgoing
+            .send(v.to_string().into())
+            .await
+            .expect("send");
     }
 
     /// The next message, within [`GUARD`].

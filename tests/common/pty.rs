@@ -158,6 +158,38 @@ pub fn spawn_on_pty(slave: OwnedFd, args: &[&str]) -> Child {
     // `cmd` and `slave` drop here, closing the test's copies.
 }
 
+/// [`spawn_on_pty`], with the terminal as `run`'s **controlling** terminal (a new session,
+/// `TIOCSCTTY` on the slave), so `/dev/tty` opens to it: the terminal `run` asks approval
+/// questions on.
+pub fn spawn_on_pty_controlling(slave: OwnedFd, args: &[&str]) -> Child {
+    let fd = || Stdio::from(slave.try_clone().expect("dup slave"));
+    let mut cmd = Command::new(bin());
+    cmd.arg("run")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(fd())
+        .stdout(fd())
+        .stderr(fd())
+        .kill_on_drop(true);
+    // SAFETY: setsid and ioctl are async-signal-safe; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn execrelay run")
+}
+
+/// Write `bytes` to the terminal's master: what a person types.
+pub fn type_keys(master: &OwnedFd, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::File::from(master.try_clone().expect("dup master"));
+    f.write_all(bytes).expect("type on the terminal");
+}
+
 /// The exit status of `child`, within [`GUARD`].
 pub async fn wait_status(child: &mut Child) -> ExitStatus {
     tokio::time::timeout(GUARD, child.wait())

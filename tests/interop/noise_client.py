@@ -2,13 +2,18 @@
 """Independent Noise client for execrelay's `noise+ws://` listener (interoperability check).
 
 Written from the specification only (`secure-transport.md` §1-§5, §8 and `protocol.md` §1,
-§3), with a different Noise implementation (the `noiseprotocol` package) from the server's,
-so that a misreading of the spec shared by the server and the Rust client shows up here.
+§3, §5.1), with a different Noise implementation (the `noiseprotocol` package) from the
+server's, so that a misreading of the spec shared by the server and the Rust client shows up
+here.
 
 Usage:
     python3 noise_client.py URL SERVER_PUBKEY_FILE CLIENT_PRIVKEY_FILE
-                            [--token T] [--ts-offset-seconds S]
+                            [--token T] [--ts-offset-seconds S] [--binary-output]
                             [--mode ok|replay-on-other-stream|replay-on-other-link]
+
+--binary-output asks for output deltas as binary messages (`protocol.md` §5.1,
+`capabilities.binaryOutput`) and runs `echo interop-ok; echo interop-err >&2` under a
+non-ASCII process id, decoding every binary delta from the layout of §5.1.
 
 --ts-offset-seconds S adds S seconds to the `ts` of every message 1 (a client whose clock
 is off); the server refuses more than 10 minutes either way (§3).
@@ -19,6 +24,8 @@ Output, one event per line on stdout:
     --mode ok (default):
         INITIALIZE_RESULT {json}     the `initialize` result, compact JSON on one line
         OUTPUT <text>                each stdout chunk of `echo interop-ok`, decoded
+        STDERR <text>                each stderr chunk (with --binary-output)
+        FORM <binary|json> <seq> <stream>  how each output delta arrived (with --binary-output)
         EXITED <exitCode>            on `process/exited`
       exit status 0.
     --mode replay-on-other-stream:
@@ -86,6 +93,16 @@ WINDOW = 64
 
 TIMEOUT_S = 20.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # protocol.md §1 default
+
+# protocol.md §5.1: a binary output message. Integers big-endian: kind u8 (0 = output delta),
+# stream u8 (0 stdout, 1 stderr, 2 pty), seq u64, process id length u16 (1..256), the process
+# id (UTF-8), then the raw chunk (1..MAX_CHUNK_BYTES bytes).
+BINARY_HEAD = struct.Struct("!BBQH")
+assert BINARY_HEAD.size == 12
+KIND_OUTPUT_DELTA = 0
+BINARY_STREAMS = {0: "stdout", 1: "stderr", 2: "pty"}
+MAX_PROCESS_ID_BYTES = 256
+MAX_CHUNK_BYTES = 64 * 1024
 
 
 class Failure(Exception):
@@ -401,6 +418,11 @@ class Stream:
                 return
             body = bytes(self.stream_bytes[4:4 + length])
             del self.stream_bytes[:4 + length]
+            # §5.1: a JSON text starts with whitespace or a value; a first byte below 0x20
+            # that is not whitespace (kind 0x00) starts a binary message.
+            if body[0] < 0x20 and body[0] not in b"\t\n\r":
+                self.messages.append(decode_binary_message(body))
+                continue
             try:
                 self.messages.append(json.loads(body.decode("utf-8")))
             except ValueError as e:
@@ -423,6 +445,33 @@ class Stream:
             else:
                 raise Failure(f"unexpected {frame.name} frame on an established stream")
         return self.messages.pop(0)
+
+
+def decode_binary_message(body):
+    """A binary output message (protocol.md §5.1), as the notification it stands for, with the
+    raw chunk under `data` and `"binary": True`. Every field is checked against the layout."""
+    if body[0] != KIND_OUTPUT_DELTA:
+        raise Failure(f"binary message of reserved kind {body[0]}")
+    if len(body) < BINARY_HEAD.size:
+        raise Failure(f"binary message of {len(body)} bytes is shorter than its head")
+    kind, stream, seq, id_len = BINARY_HEAD.unpack_from(body)
+    if stream not in BINARY_STREAMS:
+        raise Failure(f"binary message names unknown stream {stream}")
+    if not 1 <= id_len <= MAX_PROCESS_ID_BYTES:
+        raise Failure(f"binary message has a process id of {id_len} bytes")
+    chunk_at = BINARY_HEAD.size + id_len
+    if len(body) <= chunk_at:
+        raise Failure("binary message has no chunk after its process id")
+    chunk = body[chunk_at:]
+    if len(chunk) > MAX_CHUNK_BYTES:
+        raise Failure(f"binary message carries {len(chunk)} bytes, more than a chunk")
+    try:
+        process_id = body[BINARY_HEAD.size:chunk_at].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Failure("binary message has a process id that is not UTF-8") from e
+    return {"method": "process/outputDelta", "binary": True,
+            "params": {"processId": process_id, "seq": seq,
+                       "stream": BINARY_STREAMS[stream], "data": chunk}}
 
 
 class ExplicitNonceCipher:
@@ -498,18 +547,26 @@ def emit(line):
     print(line, flush=True)
 
 
-def initialize(rpc):
-    result = rpc.call(1, "initialize", {"clientName": "py-interop"})
+def initialize(rpc, binary_output=False):
+    params = {"clientName": "py-interop"}
+    if binary_output:
+        params["capabilities"] = {"binaryOutput": True}
+    result = rpc.call(1, "initialize", params)
     emit("INITIALIZE_RESULT " + json.dumps(result, separators=(",", ":")))
     return result
 
 
-def run_echo(rpc):
-    """`initialized`, then `echo interop-ok`: print its output and exit code."""
+def run_echo(rpc, binary_output=False):
+    """`initialized`, then `echo interop-ok` (with binary output, also a line on stderr, under
+    a process id that is not ASCII): print its output and exit code."""
     rpc.notify("initialized", {})
-    process_id = "py-interop-echo"
-    started = rpc.call(2, "process/start", {"processId": process_id,
-                                            "argv": ["echo", "interop-ok"]})
+    if binary_output:
+        process_id = "py-interop-ëcho"
+        argv = ["sh", "-c", "echo interop-ok; echo interop-err >&2"]
+    else:
+        process_id = "py-interop-echo"
+        argv = ["echo", "interop-ok"]
+    started = rpc.call(2, "process/start", {"processId": process_id, "argv": argv})
     if started.get("processId") != process_id:
         raise Failure(f"process/start result: {started!r}")
     while True:
@@ -518,7 +575,14 @@ def run_echo(rpc):
         if params.get("processId") != process_id:
             continue
         if note["method"] == "process/outputDelta":
-            text = base64.b64decode(params["chunk"], validate=True).decode("utf-8", "replace")
+            if note.get("binary"):
+                chunk = params["data"]
+            else:
+                chunk = base64.b64decode(params["chunk"], validate=True)
+            if binary_output:
+                form = "binary" if note.get("binary") else "json"
+                emit(f"FORM {form} {params.get('seq')} {params.get('stream')}")
+            text = chunk.decode("utf-8", "replace")
             # One event per line: drop the trailing newline `echo` writes, escape any other.
             if text.endswith("\n"):
                 text = text[:-1]
@@ -535,13 +599,13 @@ def run_echo(rpc):
 # ---------------------------------------------------------------------------------------------
 
 
-def mode_ok(link, client_private, server_public, token):
+def mode_ok(link, client_private, server_public, token, binary_output=False):
     stream = Stream(link, client_private, server_public)
     stream.open(token)
     stream.accept()
     rpc = Rpc(stream)
-    initialize(rpc)
-    run_echo(rpc)
+    initialize(rpc, binary_output)
+    run_echo(rpc, binary_output)
     stream.close()
     return 0
 
@@ -607,6 +671,7 @@ def main(argv=None):
     parser.add_argument("client_privkey_file", help="the client's private key file")
     parser.add_argument("--token", default=None)
     parser.add_argument("--ts-offset-seconds", type=float, default=0.0)
+    parser.add_argument("--binary-output", action="store_true")
     parser.add_argument("--mode", choices=["ok", "replay-on-other-stream",
                                            "replay-on-other-link"], default="ok")
     args = parser.parse_args(argv)
@@ -619,7 +684,8 @@ def main(argv=None):
         client_private = load_private_key(args.client_privkey_file)
         link = Link(args.url, deadline)
         if args.mode == "ok":
-            return mode_ok(link, client_private, server_public, args.token)
+            return mode_ok(link, client_private, server_public, args.token,
+                           args.binary_output)
         if args.mode == "replay-on-other-link":
             return mode_replay_other_link(args.url, deadline, link, client_private,
                                           server_public, args.token)

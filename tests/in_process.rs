@@ -1,0 +1,277 @@
+//! The in-process transport's promises (`connection/local.rs`), driven through its raw client
+//! end (typed messages, the test reads exactly what it chooses to): a control reply
+//! (`terminate`) is answered while the event queue is full and unread; a full client → server
+//! queue is reported at once (never a wait); shutdown with both queues full and nobody
+//! reading finishes within its deadline and leaves no child. And through the library:
+//! `Client::in_process` answers `-32004` with `data.limit = "inProcessQueue"` at once when its
+//! queue is full.
+//!
+//! The behaviour shared with the WebSocket client is in `client_behaviour.rs`.
+
+mod common;
+use common::process::pid_exists;
+use common::*;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use execrelay::config::ServerConfig;
+use execrelay::connection::local::{LocalClientEnd, LocalLimits, LocalSendError, LocalServer};
+use execrelay::connection::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
+use execrelay::rpc::messages::{InitializeParams, StartParams, TerminateParams};
+
+fn start_params(id: &str, argv: &[&str]) -> StartParams {
+    serde_json::from_value(serde_json::json!({"processId": id, "argv": argv})).unwrap()
+}
+
+/// The next control message, within [`PROMPT`].
+async fn control(end: &mut LocalClientEnd) -> Outbound {
+    tokio::time::timeout(PROMPT, end.control.recv())
+        .await
+        .expect("no control message (hang guard)")
+        .expect("server gone")
+}
+
+/// `initialize` + `initialized` on a raw end.
+async fn handshake(end: &mut LocalClientEnd) {
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(1),
+        call: Call::Initialize(InitializeParams::default()),
+    })
+    .unwrap();
+    match control(end).await {
+        Outbound::Result {
+            reply: Reply::Initialize(r),
+            ..
+        } => assert_eq!(r.protocol_version, 1),
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Notification(Note::Initialized))
+        .unwrap();
+}
+
+/// Start `argv` as `id` with request id `n`; its pid.
+async fn start(end: &mut LocalClientEnd, n: i64, id: &str, argv: &[&str]) -> u32 {
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(n),
+        call: Call::Start(start_params(id, argv)),
+    })
+    .unwrap();
+    match control(end).await {
+        Outbound::Result {
+            id: RequestId::Int(got),
+            reply: Reply::Start(r),
+        } if got == n => r.pid,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_is_answered_while_the_event_queue_is_full_and_unread() {
+    let limits = LocalLimits {
+        requests: 16,
+        control: 16,
+        events: 4,
+    };
+    let (server, mut end) = LocalServer::start(Arc::new(ServerConfig::default()), None, limits);
+    handshake(&mut end).await;
+    let pid = start(&mut end, 2, "flood", &["yes"]).await;
+    eventually("the event queue is full", || {
+        end.events_queued() == limits.events
+    })
+    .await;
+
+    let asked = Instant::now();
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(3),
+        call: Call::Terminate(TerminateParams {
+            process_id: "flood".into(),
+            grace_ms: Some(0),
+        }),
+    })
+    .unwrap();
+    match control(&mut end).await {
+        Outbound::Result {
+            id: RequestId::Int(3),
+            reply: Reply::Terminate { running },
+        } => assert!(running),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        asked.elapsed() < PROMPT,
+        "answered without anyone reading events"
+    );
+    assert_eq!(
+        end.events_queued(),
+        limits.events,
+        "no event was dropped or read"
+    );
+    // The exit notice is not lost either: it comes after the output, once events are read.
+    let mut seq = 0;
+    loop {
+        let ev = tokio::time::timeout(GUARD, end.events.recv())
+            .await
+            .expect("events flow again (hang guard)")
+            .expect("event");
+        assert_eq!(ev.seq, seq + 1, "no gap");
+        seq = ev.seq;
+        if matches!(ev.body, execrelay::process::event_log::EventBody::Exited(_)) {
+            break;
+        }
+    }
+    assert!(!pid_exists(pid as i32) || !group_alive(pid as i32));
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `/proc/PID/stat` of every member of process group `pgid` (for a failure's message).
+fn members(pgid: i32) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let f: Vec<&str> = after.split_whitespace().collect();
+        if f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
+            out.push(stat);
+        }
+    }
+    out
+}
+
+/// Fill the request queue of `end`: the server's reader stops taking requests once its
+/// answers have nowhere to go (nobody reads the control channel). Returns how many were sent.
+async fn fill_requests(end: &LocalClientEnd) -> usize {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    let mut sent = 0;
+    loop {
+        match end.try_send(Inbound::Request {
+            id: RequestId::Int(1000 + sent as i64),
+            call: Call::ServerInfo,
+        }) {
+            Ok(()) => sent += 1,
+            Err(LocalSendError::Full) => return sent,
+            Err(LocalSendError::Closed) => panic!("server gone"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never filled"
+        );
+        // Let the server take what it can.
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_request_queue_is_reported_at_once_and_shutdown_with_full_queues_is_bounded() {
+    let limits = LocalLimits {
+        requests: 4,
+        control: 2,
+        events: 4,
+    };
+    let cfg = ServerConfig {
+        max_pending_requests: 4,
+        ..ServerConfig::default()
+    };
+    let (server, mut end) = LocalServer::start(Arc::new(cfg), None, limits);
+    handshake(&mut end).await;
+    let flood = start(&mut end, 2, "flood", &["yes"]).await;
+    // A child that ignores SIGTERM: only SIGKILL ends it.
+    let stubborn = start(
+        &mut end,
+        3,
+        "stubborn",
+        &["sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+    )
+    .await;
+    eventually("the event queue is full", || {
+        end.events_queued() == limits.events
+    })
+    .await;
+    let sent = fill_requests(&end).await;
+    assert!(sent >= limits.requests, "{sent}");
+    // Full means full: an immediate error, again and again, never a wait.
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(
+            end.try_send(Inbound::Request {
+                id: RequestId::Int(1),
+                call: Call::ServerInfo,
+            }),
+            Err(LocalSendError::Full)
+        );
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    let deadline = Duration::from_secs(3);
+    let t = Instant::now();
+    tokio::time::timeout(GUARD, server.shutdown(deadline))
+        .await
+        .expect("shutdown returned (hang guard)");
+    let took = t.elapsed();
+    assert!(
+        took < deadline + Duration::from_secs(2),
+        "shutdown took {took:?}, deadline {deadline:?}"
+    );
+    for pid in [flood, stubborn] {
+        assert!(!pid_exists(pid as i32), "child {pid} outlived the shutdown");
+        // Zombies run nothing (a member whose parent died is init's to reap, which in a
+        // container may take its time).
+        let live: Vec<String> = members(pid as i32)
+            .into_iter()
+            .filter(|stat| {
+                !stat[stat.rfind(')').unwrap() + 1..]
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .collect();
+        assert!(
+            live.is_empty(),
+            "group {pid} outlived the shutdown: {live:?}"
+        );
+    }
+    drop(end);
+}
+
+/// `Client::in_process`: a request that finds the queue full is answered `-32004` at once.
+/// Single-threaded on purpose: every call's first poll (which queues its request) runs before
+/// the server's reader can take any, so the queue's capacity decides exactly how many fit.
+#[tokio::test]
+async fn the_in_process_client_answers_an_overload_at_once() {
+    use execrelay::client::{Client, ClientError, ClientOptions, InProcessConfig};
+    let config = InProcessConfig {
+        limits: Some(LocalLimits {
+            requests: 2,
+            control: 1024,
+            events: 64,
+        }),
+        ..InProcessConfig::default()
+    };
+    let client = Client::in_process(config, ClientOptions::default())
+        .await
+        .unwrap();
+    // Answered: the server has taken everything queued before (`initialized` too).
+    client.server_info().await.unwrap();
+    let calls = (0..50).map(|_| client.server_info());
+    let results = futures_util::future::join_all(calls).await;
+    let overloads: Vec<&ClientError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    let served = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(served, 2, "the queue holds two");
+    assert_eq!(overloads.len(), 48);
+    for e in overloads {
+        match e {
+            ClientError::Rpc { code, data, .. } => {
+                assert_eq!(*code, -32004);
+                let data = data.as_ref().unwrap();
+                assert_eq!(data["limit"], "inProcessQueue");
+                assert_eq!(data["value"], 2);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Once the server caught up, requests go through again.
+    assert!(client.server_info().await.is_ok());
+    client.shutdown().await;
+}
