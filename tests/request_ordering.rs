@@ -18,7 +18,6 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use execrelay::connection::ConnectionEnd;
-use execrelay::metrics::Metrics;
 use execrelay::session::SessionRegistry;
 
 /// The bytes of a base64 `chunk` member.
@@ -49,7 +48,7 @@ struct Held {
 async fn held_session() -> (Held, InProcess) {
     let dir = tempfile::tempdir().expect("tempdir");
     let fifo = make_fifo(dir.path());
-    let registry = SessionRegistry::new(Arc::new(cfg()), Arc::new(Metrics::new()));
+    let registry = new_registry(cfg());
     let (mut conn, sid, token) = open_session(&registry).await;
     let r = conn
         .client

@@ -21,6 +21,7 @@ impl From<SessionError> for RpcError {
             E::ProcessExists(id) => RpcError::process_exists(&id),
             E::UnknownProcess(id) => RpcError::unknown_process(&id),
             E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
+            E::Containment(e) => RpcError::internal(e.to_string()),
         }
     }
 }
