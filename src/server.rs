@@ -159,13 +159,18 @@ pub async fn run(
 pub fn start_containment(config: &ServerConfig) -> Result<Containment, StartError> {
     let containment = Containment::new(&ContainmentConfig::from_server(config))?;
     let swept = containment.sweep_stale();
-    if swept.instances_removed > 0 || !swept.failures.is_empty() || swept.skipped > 0 {
+    if swept.processes_killed > 0 || !swept.failures.is_empty() || swept.skipped > 0 {
         tracing::warn!(
             instances = swept.instances_removed,
             killed = swept.processes_killed,
             failures = ?swept.failures,
             skipped = swept.skipped,
-            "crash sweep: removed what servers that died left behind"
+            "crash sweep: killed what servers that died left running"
+        );
+    } else if swept.instances_removed > 0 {
+        tracing::info!(
+            instances = swept.instances_removed,
+            "crash sweep: removed empty cgroups of servers that died"
         );
     }
     subreaper::start_reaper().map_err(StartError::Subreaper)?;

@@ -349,7 +349,7 @@ async fn control_requests_are_not_queued_behind_a_blocked_write() {
     let terminate = c
         .request(
             "process/terminate",
-            json!({"processId": "t", "graceMs": 60000}),
+            json!({"processId": "t", "graceMs": 10000}),
         )
         .await;
     let m = c.response(terminate).await;
