@@ -70,7 +70,11 @@ fn every_default_is_its_constant() {
         assert_eq!(setting.default, *constant, "{name}");
         assert_eq!(defaults.value_of(name), Some(*constant), "{name}");
     }
-    assert_eq!(WORDS.len(), TEXT_SETTINGS.len(), "a word setting is missing here");
+    assert_eq!(
+        WORDS.len(),
+        TEXT_SETTINGS.len(),
+        "a word setting is missing here"
+    );
     for (name, default, _, _) in WORDS {
         let setting = TEXT_SETTINGS
             .iter()
@@ -134,7 +138,11 @@ fn every_word_setting_has_a_flag_and_a_toml_key_and_flags_win() {
         let flag = format!("--{}", name.replace('_', "-"));
 
         let c = serve_config(&["--config", path]);
-        assert_eq!(c.text_value_of(name).as_deref(), Some(*from_file), "TOML {name}");
+        assert_eq!(
+            c.text_value_of(name).as_deref(),
+            Some(*from_file),
+            "TOML {name}"
+        );
         let c = serve_config(&[&flag, from_flag]);
         assert_eq!(c.text_value_of(name).as_deref(), Some(*from_flag), "{flag}");
         let c = serve_config(&["--config", path, &flag, from_flag]);

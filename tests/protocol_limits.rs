@@ -8,7 +8,6 @@
 mod common;
 use common::*;
 
-
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 

@@ -174,20 +174,32 @@ pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, Rp
     if let Some(t) = p.timeout_ms {
         within_cap("timeoutMs", t, "max_timeout_ms", config.max_timeout_ms)?;
     }
-    let drain = p.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS);
-    within_cap(
-        "drainTimeoutMs",
-        drain,
-        "max_drain_timeout_ms",
-        config.max_drain_timeout_ms,
-    )?;
-    let grace = p.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS);
-    within_cap(
-        "killGraceMs",
-        grace,
-        "max_kill_grace_ms",
-        config.max_kill_grace_ms,
-    )?;
+    // A value the client left out is the default, lowered to the cap of a server configured
+    // below it (the client chose nothing that could be refused).
+    let drain = match p.drain_timeout_ms {
+        Some(d) => {
+            within_cap(
+                "drainTimeoutMs",
+                d,
+                "max_drain_timeout_ms",
+                config.max_drain_timeout_ms,
+            )?;
+            d
+        }
+        None => DEFAULT_DRAIN_TIMEOUT_MS.min(config.max_drain_timeout_ms),
+    };
+    let grace = match p.kill_grace_ms {
+        Some(g) => {
+            within_cap(
+                "killGraceMs",
+                g,
+                "max_kill_grace_ms",
+                config.max_kill_grace_ms,
+            )?;
+            g
+        }
+        None => DEFAULT_KILL_GRACE_MS.min(config.max_kill_grace_ms),
+    };
     Ok(StartSpec {
         spawn: SpawnSpec {
             argv: p.argv,

@@ -2,13 +2,15 @@
 //! built binary) driven by a raw JSON-RPC client that records every message in wire order.
 //!
 //! Submodules, each for the test binaries that need it: `binary` (running the built binary),
-//! `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
+//! `contain` (processes recorded by pid and start time, checked in `/proc`; whether cgroups
+//! are here), `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
 //! and what `/proc` says about it), `noise` and `noise_bin` (Noise servers, raw links, key
 //! files), `pty` (a terminal for `run -t`). Every test binary compiles all of them, hence
 //! `dead_code` is allowed for the whole module.
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod contain;
 pub mod fifo;
 pub mod noise;
 pub mod noise_bin;
