@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::contain::{all_gone, assert_gone, number_after, Tracked};
+use common::contain::{all_gone, assert_gone, number_after, start_pty_job, Tracked};
 use common::process::{contains, read_until, sleeping_with_term_ignored};
 use common::*;
 use execrelay::config::{BackendChoice, ServerConfig};
@@ -159,30 +159,7 @@ async fn pty_background_job(backend: BackendChoice, end: End) {
     let reg = new_registry(config(backend));
     let mut t = connect_to(&reg);
     init(&mut t.client, false).await;
-    let r = t
-        .client
-        .start(json!({
-            "processId": "sh",
-            "argv": ["bash", "--norc", "--noprofile", "-i"],
-            "tty": true,
-            "killGraceMs": 200,
-            "env": {"PS1": "$ ", "TERM": "dumb", "HISTFILE": "/dev/null"},
-        }))
-        .await;
-    let shell = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
-    t.client.write("sh", b"sleep 1000 & echo JOB:$!\n").await;
-    let mut acc = Collected::default();
-    read_until(&mut t.client, "sh", &mut acc, "the job's pid", |a| {
-        number_after(&text(&a.pty), "JOB:").is_some()
-    })
-    .await;
-    let job = Tracked::of(number_after(&text(&acc.pty), "JOB:").expect("the job's pid"));
-    let st = job.stat().expect("the job runs");
-    assert_ne!(
-        st.pgid, shell.pid,
-        "job control gives the job its own process group"
-    );
-    assert_eq!(st.sid, shell.pid, "the job stays in the shell's session");
+    let (shell, job) = start_pty_job(&mut t.client, "sh", 200).await;
     end_and_check(t, end, &[job, shell]).await;
 }
 

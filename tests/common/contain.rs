@@ -5,11 +5,14 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use execrelay::config::BackendChoice;
 use execrelay::process::containment::procfs::{self, ProcStat};
 use execrelay::process::containment::{BackendKind, Containment, ContainmentConfig};
 
-use super::GUARD;
+use super::process::read_until;
+use super::{text, Collected, RawClient, GUARD};
 
 /// A process a test saw running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,4 +110,38 @@ pub fn cgroups_here(test: &str) -> bool {
         "SKIPPED {test}: no writable cgroup here; EXECRELAY_REQUIRE_CGROUPS=1 makes this a failure"
     );
     false
+}
+
+/// Start `bash -i` on a PTY as process `id` (SIGTERM is ignored by an interactive shell, so it
+/// dies by SIGKILL after `kill_grace_ms`), type `sleep 1000 &` into it, and return the shell
+/// and the job. Checks the premise of issue 9 item 2: job control put the job in a process
+/// group of its own (no signal to the shell's group reaches it), in the shell's session.
+pub async fn start_pty_job(c: &mut RawClient, id: &str, kill_grace_ms: u64) -> (Tracked, Tracked) {
+    let r = c
+        .call(
+            "process/start",
+            json!({
+                "processId": id,
+                "argv": ["bash", "--norc", "--noprofile", "-i"],
+                "tty": true,
+                "killGraceMs": kill_grace_ms,
+                "env": {"PS1": "$ ", "TERM": "dumb", "HISTFILE": "/dev/null"},
+            }),
+        )
+        .await;
+    let shell = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
+    c.write(id, b"sleep 1000 & echo JOB:$!\n").await;
+    let mut acc = Collected::default();
+    read_until(c, id, &mut acc, "the job's pid", |a| {
+        number_after(&text(&a.pty), "JOB:").is_some()
+    })
+    .await;
+    let job = Tracked::of(number_after(&text(&acc.pty), "JOB:").expect("the job's pid"));
+    let st = job.stat().expect("the job runs");
+    assert_ne!(
+        st.pgid, shell.pid,
+        "job control gives the job its own process group"
+    );
+    assert_eq!(st.sid, shell.pid, "the job stays in the shell's session");
+    (shell, job)
 }
