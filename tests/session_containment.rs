@@ -252,7 +252,7 @@ async fn terminate_after_exit_signals_no_group_that_reused_the_number() {
     let old = r["pid"].as_u64().expect("pid") as u32;
     let got = t.client.collect("t").await;
     assert_eq!(got.exit["exitCode"], 0, "reaped: its number is free");
-    let (mut other, reused) = match bystander_with_pid(old) {
+    let (other, reused) = match bystander_with_pid(old) {
         Some(c) => (c, true),
         None => {
             eprintln!(
@@ -261,6 +261,9 @@ async fn terminate_after_exit_signals_no_group_that_reused_the_number() {
             (bystander().expect("spawn the bystander"), false)
         }
     };
+    // SIGKILLed and reaped however the test ends (it blocks SIGTERM and holds our stdout).
+    let mut other = KillOnDrop(other);
+    let other = &mut other.0;
     let pgid = procfs_pgid(other.id());
     assert_eq!(pgid, other.id(), "the bystander leads its own group");
     if reused {
@@ -276,8 +279,16 @@ async fn terminate_after_exit_signals_no_group_that_reused_the_number() {
         "SIGTERM reached a group that reused the exited process's number"
     );
     assert!(other.try_wait().expect("try_wait").is_none(), "untouched");
-    let _ = other.kill();
-    let _ = other.wait();
+}
+
+/// A child SIGKILLed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn procfs_pgid(pid: u32) -> u32 {
