@@ -4,7 +4,7 @@
 //! With `containment/sys.rs`, this is the only module with `unsafe` (the `pre_exec` hook and
 //! the PTY ioctls). It owns the child's start-up contract of `processes.md` §1 and hands back
 //! plain async readers and writers. It must never read or interpret output, and never reap
-//! the child (the process supervisor does that through `tokio::process::Child`).
+//! the child (the process supervisor does that, through `DirectChild::wait` only).
 //!
 //! Every child is opened as a pidfd right after the fork and registered with the subreaper
 //! under its fork gate (`containment/subreaper.rs` explains why both must happen before the

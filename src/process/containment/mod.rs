@@ -46,15 +46,25 @@
 //! would do the same in the kernel, but std's `Command` cannot use it and it exists only for
 //! v2; the pre-exec write works for both hierarchies and keeps std's exec-error reporting.
 //!
-//! # Wiring plan (second step, after the `layers` restructuring lands)
+//! # Who uses what
 //!
-//! See the report of this branch; in short: `Containment` lives beside the session registry;
-//! each `Session` owns an `Arc<SessionScope>`; `spawn::spawn_into(spec, Some(&scope))`
-//! replaces `spawn(spec)`; the supervisor reaps through [`DirectChild::wait`]; terminate and
-//! signal use [`DirectChild::signal_group`] and, once the leader was reaped,
-//! [`SessionScope::signal_group_members`]; close and expiry call [`SessionScope::kill_all`]
-//! then [`SessionScope::remove`]; shutdown calls [`Containment::kill_everything`]; startup
-//! calls [`Containment::new`], [`Containment::sweep_stale`] and [`subreaper::start_reaper`].
+//! - **Start** (`server::start_containment`, the composition root, before the first spawn):
+//!   [`Containment::new`] from the `containment_backend`, `cgroup_name` and
+//!   `session_pids_max` settings ([`ContainmentConfig::from_server`]), then
+//!   [`Containment::sweep_stale`], then [`subreaper::start_reaper`]. The `SessionRegistry`
+//!   holds the `Containment`.
+//! - **Session create**: [`Containment::open_scope`]; the `Session` owns the scope.
+//! - **Process start**: `spawn::spawn_into(spec, Some(&scope))`; the supervisor
+//!   (`output_pump.rs`) reaps only through [`DirectChild::wait`].
+//! - **Signals** (`managed_process.rs`): [`DirectChild::signal_group`] while the leader is
+//!   unreaped; after that, for `terminate`, `timeoutMs` and `killProcessGroupOnExit`,
+//!   [`SessionScope::signal_group_members`]; `process/signal` and resize send nothing once the
+//!   child exited.
+//! - **Session close and expiry** (`session.rs`, in tasks the registry tracks):
+//!   [`SessionScope::signal_all`] (SIGTERM), [`SessionScope::wait_empty`] for the capped
+//!   grace, [`SessionScope::kill_all`], [`SessionScope::remove`].
+//! - **Shutdown** (`SessionRegistry::shutdown`): after the processes' own capped grace and
+//!   the exit notices, [`Containment::kill_everything`].
 
 pub mod cgroup;
 pub mod config;
