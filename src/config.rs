@@ -43,6 +43,10 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 2000;
 pub const DEFAULT_KILL_GRACE_MS: u64 = 2000;
 /// Longest `processId`, in bytes.
 pub const MAX_PROCESS_ID_BYTES: usize = 256;
+/// Longest `writeId`, in bytes: `-32602` beyond. A process remembers
+/// [`RETAINED_WRITE_IDS`] of them, so this bounds that memory to 1 MiB per process; a client's
+/// ids (`w-17`) are a few bytes.
+pub const MAX_WRITE_ID_BYTES: usize = 256;
 /// Output bytes the connection writer takes from one process before it looks at the control
 /// lane and the other processes again: keeps control replies and other processes from
 /// waiting behind one chatty child.
@@ -199,6 +203,47 @@ pub const REPLY_TIMEOUT_MS: u64 = 1_000;
 pub const CLOSE_DRAIN_BYTES: usize = 64 * 1024;
 /// Longest id captured from a routed path (`/v1/env/ID`, `/v1/connect/ID`), in bytes.
 pub const MAX_ROUTE_ID_BYTES: usize = 128;
+
+/// Bytes of requests one connection may have read and not yet answered (their JSON-RPC
+/// messages, charged when read and given back when answered or skipped): 64 MiB, four
+/// messages of the largest size. One more is answered `-32004` at once, so a client that
+/// pipelines large writes to a child that does not read holds at most this much, and its
+/// `process/terminate` still gets through. At least `max_message_bytes`.
+pub const MAX_PENDING_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes of what peers sent that the whole server may hold at once: requests read and not
+/// yet answered (every connection's, charged under its own budget) plus Noise messages still
+/// being reassembled or queued for their connection: 256 MiB. Above it, new requests are answered `-32004` and a Noise stream
+/// whose message cannot grow is reset (`busy`), so one client holds at most its own budget
+/// and the others keep theirs.
+pub const MAX_INBOUND_BYTES: usize = 256 * 1024 * 1024;
+/// Bytes of Noise messages one link's streams may hold together, unfinished or queued for
+/// their connection: 64 MiB. The deframer charges a message before it grows, and the charge
+/// goes with the message until its connection takes it; a stream that cannot get the bytes
+/// is reset alone (`busy`). 40 streams each holding 15 MiB of a message once took 620 MiB.
+pub const MAX_LINK_REASSEMBLY_BYTES: usize = 64 * 1024 * 1024;
+/// Sessions one Noise client key may hold at once (attached or detached), well below
+/// [`MAX_SESSIONS`] so that one client cannot lock the others out.
+pub const MAX_SESSIONS_PER_KEY: usize = 16;
+/// Sessions created from one peer address (IPv4 address, or IPv6 /64) that may exist at once.
+/// Above the per-key quota: several clients may share an address (NAT).
+pub const MAX_SESSIONS_PER_ADDRESS: usize = 32;
+/// Processes (running, or exited and still retained) of all the sessions of one Noise client
+/// key: one full session's worth.
+pub const MAX_PROCESSES_PER_KEY: usize = 256;
+/// Processes of all the sessions created from one peer address.
+pub const MAX_PROCESSES_PER_ADDRESS: usize = 512;
+/// File descriptors kept free for spawns: a new connection or link is refused while this few
+/// are free, so connections run out before a spawn can fail for want of a descriptor. A spawn
+/// needs up to eight for a moment (pipes, the exec-error pipe, a pidfd); 128 covers a burst.
+pub const DESCRIPTOR_RESERVE: usize = 128;
+/// A `ws://` connection or Noise stream idle this long is closed (its session detaches): no
+/// inbound message, no request in flight, and no process of its session running or with
+/// output still to write. 5 minutes; a client that wants to keep an idle connection sends
+/// something (`server/info`).
+pub const IDLE_CONNECTION_TIMEOUT_MS: u64 = 300_000;
+/// A Noise link without any stream (pending or open) for this long is closed: 1,000 links
+/// that never open a stream, kept alive by their pongs, once held 1,000 descriptors forever.
+pub const IDLE_LINK_TIMEOUT_MS: u64 = 60_000;
 
 /// How a setting's value reads, for `--help`, the README table and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -497,6 +542,36 @@ settings! {
     /// See [`PONG_TIMEOUT_MS`].
     pong_timeout_ms: u64 = PONG_TIMEOUT_MS, Millis,
         "a Noise link silent (no traffic, no pong) this long is closed";
+    /// See [`MAX_PENDING_REQUEST_BYTES`].
+    max_pending_request_bytes: usize = MAX_PENDING_REQUEST_BYTES, Bytes,
+        "bytes of requests read and not yet answered per connection → `-32004`";
+    /// See [`MAX_INBOUND_BYTES`].
+    max_inbound_bytes: usize = MAX_INBOUND_BYTES, Bytes,
+        "bytes of requests not yet answered and of Noise messages not yet taken by their connection, server-wide → `-32004` (a Noise stream: reset `busy`)";
+    /// See [`MAX_LINK_REASSEMBLY_BYTES`].
+    max_link_reassembly_bytes: usize = MAX_LINK_REASSEMBLY_BYTES, Bytes,
+        "bytes of Noise messages one link holds for its streams (unfinished, or not yet taken by their connection); a stream that would pass it is reset (`busy`)";
+    /// See [`MAX_SESSIONS_PER_KEY`].
+    max_sessions_per_key: usize = MAX_SESSIONS_PER_KEY, Count,
+        "sessions per Noise client key → `-32004`";
+    /// See [`MAX_SESSIONS_PER_ADDRESS`].
+    max_sessions_per_address: usize = MAX_SESSIONS_PER_ADDRESS, Count,
+        "sessions per peer address (IPv4 address or IPv6 /64) → `-32004`";
+    /// See [`MAX_PROCESSES_PER_KEY`].
+    max_processes_per_key: usize = MAX_PROCESSES_PER_KEY, Count,
+        "processes of all the sessions of one Noise client key → `-32004`";
+    /// See [`MAX_PROCESSES_PER_ADDRESS`].
+    max_processes_per_address: usize = MAX_PROCESSES_PER_ADDRESS, Count,
+        "processes of all the sessions of one peer address → `-32004`";
+    /// See [`DESCRIPTOR_RESERVE`].
+    descriptor_reserve: usize = DESCRIPTOR_RESERVE, Count,
+        "file descriptors kept free for spawns; below it new connections and links are refused";
+    /// See [`IDLE_CONNECTION_TIMEOUT_MS`].
+    idle_connection_timeout_ms: u64 = IDLE_CONNECTION_TIMEOUT_MS, Millis,
+        "a `ws://` connection or Noise stream with no inbound message, request, running process or unwritten output this long is closed";
+    /// See [`IDLE_LINK_TIMEOUT_MS`].
+    idle_link_timeout_ms: u64 = IDLE_LINK_TIMEOUT_MS, Millis,
+        "a Noise link without any stream this long is closed";
     /// See [`DEFAULT_SESSION_PIDS_MAX`].
     session_pids_max: u64 = DEFAULT_SESSION_PIDS_MAX, Count,
         "processes and threads of one session at once (its cgroup's `pids.max`; a fork fails beyond it); 0: no limit. Needs the `pids` controller, or start fails";
@@ -549,6 +624,10 @@ impl ServerConfig {
                 self.max_pending_authorizations,
             ),
             ("max_streams_per_link", self.max_streams_per_link),
+            ("max_sessions_per_key", self.max_sessions_per_key),
+            ("max_sessions_per_address", self.max_sessions_per_address),
+            ("max_processes_per_key", self.max_processes_per_key),
+            ("max_processes_per_address", self.max_processes_per_address),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
@@ -563,9 +642,27 @@ impl ServerConfig {
             ),
             ("keepalive_interval_ms", self.keepalive_interval_ms),
             ("pong_timeout_ms", self.pong_timeout_ms),
+            (
+                "idle_connection_timeout_ms",
+                self.idle_connection_timeout_ms,
+            ),
+            ("idle_link_timeout_ms", self.idle_link_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
+            }
+        }
+        // A message of the largest size must fit in every budget that holds one whole.
+        for (name, v) in [
+            ("max_pending_request_bytes", self.max_pending_request_bytes),
+            ("max_link_reassembly_bytes", self.max_link_reassembly_bytes),
+            ("max_inbound_bytes", self.max_inbound_bytes),
+        ] {
+            if v < self.max_message_bytes {
+                return Err(ConfigError(format!(
+                    "{name} must be at least max_message_bytes ({})",
+                    self.max_message_bytes
+                )));
             }
         }
         check_cgroup_name(&self.cgroup_name).map_err(ConfigError)?;
@@ -591,6 +688,16 @@ impl ServerConfig {
     /// [`Self::request_head_timeout_ms`] as a duration.
     pub fn request_head_timeout(&self) -> Duration {
         Duration::from_millis(self.request_head_timeout_ms)
+    }
+
+    /// [`Self::idle_connection_timeout_ms`] as a duration.
+    pub fn idle_connection_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_connection_timeout_ms)
+    }
+
+    /// [`Self::idle_link_timeout_ms`] as a duration.
+    pub fn idle_link_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_link_timeout_ms)
     }
 
     /// `detachedSessionTtlMs` as a duration.

@@ -28,13 +28,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use execrelay_relay::frame::MAX_FRAME_BYTES;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
+use crate::bounds::DescriptorReserve;
+use crate::config::{ServerConfig, REPLY_TIMEOUT_MS, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::http::{
     self, Front, FrontLimits, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
@@ -221,8 +225,8 @@ impl Server {
                     let transport = stdio_transport(config.max_message_bytes);
                     let options = ConnectionOptions {
                         close_session_on_end: true,
-                        peer_key: None,
                         answer_after_eof: true,
+                        ..ConnectionOptions::default()
                     };
                     let (registry, stop, ended) =
                         (registry.clone(), conn_shutdown.clone(), stdio_ended.clone());
@@ -244,11 +248,20 @@ impl Server {
                     let (registry, stop, spawner) =
                         (registry.clone(), conn_shutdown.clone(), tasks.clone());
                     let max = config.max_message_bytes;
+                    let idle = config.idle_connection_timeout();
+                    let reserve = DescriptorReserve::new(config.descriptor_reserve);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
-                        let transport = framed(up.ws, max, up.peer.to_string());
+                        let Some(ws) = admit_descriptors(&reserve, &spawner, up.ws, up.peer) else {
+                            return;
+                        };
+                        let transport = framed(ws, max, up.peer.to_string());
                         let (registry, stop, permit) = (registry.clone(), stop.clone(), up.permit);
+                        let options = ConnectionOptions {
+                            peer_addr: Some(up.peer.ip()),
+                            idle_timeout: Some(idle),
+                            ..ConnectionOptions::default()
+                        };
                         spawner.spawn(async move {
-                            let options = ConnectionOptions::default();
                             ConnectionProcessor::run(transport, registry, options, stop).await;
                             // The slot of `max_connections` is free once the connection ends.
                             drop(permit);
@@ -279,10 +292,14 @@ impl Server {
                     let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
                         HelloTimestamps::new(TRACKED_CLIENT_KEYS),
                     ));
+                    let reserve = DescriptorReserve::new(config.descriptor_reserve);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
+                        let Some(ws) = admit_descriptors(&reserve, &spawner, up.ws, up.peer) else {
+                            return;
+                        };
                         let span = tracing::info_span!("link", peer = %up.peer);
                         let link = run_link(
-                            up.ws,
+                            ws,
                             up.peer,
                             noise.clone(),
                             registry.clone(),
@@ -348,6 +365,33 @@ impl Server {
         // 4. Every session is closed (nothing of theirs is left running) and its scope removed.
         registry.close_all().await;
     }
+}
+
+/// Admit an upgraded connection or link only while more than the descriptor reserve is free
+/// (issue 9 item 10): otherwise close it at once with `1013` ("try again later"), so that
+/// connections run out before a spawn can fail for want of a descriptor. The WebSocket is
+/// handed back when admitted.
+fn admit_descriptors(
+    reserve: &DescriptorReserve,
+    tasks: &TaskTracker,
+    ws: WebSocketStream<TcpStream>,
+    peer: SocketAddr,
+) -> Option<WebSocketStream<TcpStream>> {
+    let Err(low) = reserve.check() else {
+        return Some(ws);
+    };
+    tracing::warn!(%peer, "connection refused: {low}");
+    let mut ws = ws;
+    tasks.spawn(async move {
+        let close = CloseFrame {
+            code: CloseCode::Again,
+            reason: "server is low on file descriptors".into(),
+        };
+        // A peer that does not read its close frame does not hold the socket longer.
+        let reply = Duration::from_millis(REPLY_TIMEOUT_MS);
+        let _ = tokio::time::timeout(reply, ws.close(Some(close))).await;
+    });
+    None
 }
 
 /// The URL to print for a bound listener.

@@ -39,6 +39,25 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
     ("keepalive_interval_ms", KEEPALIVE_INTERVAL_MS),
     ("pong_timeout_ms", PONG_TIMEOUT_MS),
+    (
+        "max_pending_request_bytes",
+        MAX_PENDING_REQUEST_BYTES as u64,
+    ),
+    ("max_inbound_bytes", MAX_INBOUND_BYTES as u64),
+    (
+        "max_link_reassembly_bytes",
+        MAX_LINK_REASSEMBLY_BYTES as u64,
+    ),
+    ("max_sessions_per_key", MAX_SESSIONS_PER_KEY as u64),
+    ("max_sessions_per_address", MAX_SESSIONS_PER_ADDRESS as u64),
+    ("max_processes_per_key", MAX_PROCESSES_PER_KEY as u64),
+    (
+        "max_processes_per_address",
+        MAX_PROCESSES_PER_ADDRESS as u64,
+    ),
+    ("descriptor_reserve", DESCRIPTOR_RESERVE as u64),
+    ("idle_connection_timeout_ms", IDLE_CONNECTION_TIMEOUT_MS),
+    ("idle_link_timeout_ms", IDLE_LINK_TIMEOUT_MS),
     ("session_pids_max", DEFAULT_SESSION_PIDS_MAX),
 ];
 

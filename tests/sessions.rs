@@ -257,6 +257,7 @@ fn conn(reg: &SessionRegistry) -> ConnHandle {
         ready: Arc::new(ReadySet::default()),
         evict: CancellationToken::new(),
         peer_key: None,
+        peer_addr: None,
     }
 }
 

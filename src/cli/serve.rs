@@ -138,6 +138,10 @@ pub fn main(args: ServeArgs) -> i32 {
             return 2;
         }
     };
+    if let Err(e) = raise_descriptor_limit(server.registry().config().descriptor_reserve) {
+        eprintln!("execrelay serve: {e}");
+        return 2;
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -163,6 +167,38 @@ pub fn main(args: ServeArgs) -> i32 {
     // stdin that never ends, which would keep a signalled server alive forever.
     rt.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     code
+}
+
+/// Raise the soft limit of open files to the hard limit (issue 9 item 10) and log both; a
+/// limit that leaves nothing above the descriptor reserve would refuse every connection, so
+/// it is an error.
+fn raise_descriptor_limit(reserve: usize) -> anyhow::Result<()> {
+    use crate::bounds::descriptors::raise_nofile_limit;
+    match raise_nofile_limit() {
+        Ok((before, after)) => {
+            if after.soft > before.soft {
+                tracing::info!(
+                    "open files: soft limit raised from {} to {} (the hard limit)",
+                    before.soft,
+                    after.soft
+                );
+            } else {
+                tracing::info!(
+                    "open files: soft limit {} (hard limit {})",
+                    after.soft,
+                    after.hard
+                );
+            }
+            if after.soft <= reserve as u64 {
+                anyhow::bail!(
+                    "the open files limit ({}) is not above --descriptor-reserve ({reserve}): every connection would be refused",
+                    after.soft
+                );
+            }
+        }
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
+    Ok(())
 }
 
 /// Bind every listener; print the metrics URL on stderr and the bound URL as the first line

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{
     ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES,
-    MAX_PROCESS_ID_BYTES,
+    MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES,
 };
 use crate::process::event_log::EventBody;
 use crate::process::signals::parse_signal;
@@ -277,11 +277,27 @@ async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
 }
 
 async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
-    let proc = ctx.session.get(&p.process_id)?;
+    let WriteParams {
+        process_id,
+        chunk,
+        write_id,
+    } = p;
+    if write_id
+        .as_ref()
+        .is_some_and(|id| id.len() > MAX_WRITE_ID_BYTES)
+    {
+        return Err(RpcError::invalid_params(format!(
+            "writeId must be at most {MAX_WRITE_ID_BYTES} bytes"
+        )));
+    }
+    let proc = ctx.session.get(&process_id)?;
     let data = base64::engine::general_purpose::STANDARD
-        .decode(p.chunk.as_bytes())
+        .decode(chunk.as_bytes())
         .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
-    let status = proc.write(&data, p.write_id).await;
+    // The base64 text is not needed while the write waits for pipe space: hold only the
+    // bytes (three quarters of it).
+    drop(chunk);
+    let status = proc.write(&data, write_id).await;
     Ok(json!({ "status": status.as_str() }))
 }
 

@@ -24,7 +24,7 @@ use crate::noise::record::{Opened, RecordOpener};
 use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
 use crate::transport::websocket::websocket_config;
-use crate::transport::{FramingError, Transport};
+use crate::transport::Transport;
 use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
 
 /// How long `open_stream` waits for `ACCEPT`.
@@ -114,7 +114,7 @@ enum Entry {
         reply: oneshot::Sender<Result<Transport, NoiseError>>,
     },
     Open {
-        inbound: mpsc::Sender<Result<Vec<u8>, FramingError>>,
+        inbound: super::virtual_stream::InboundSender,
         opener: RecordOpener,
     },
 }
@@ -355,7 +355,12 @@ impl ClientLink {
                 };
                 if let Some((tx, msgs)) = delivery {
                     for m in msgs {
-                        if tx.send(Ok(m)).await.is_err() {
+                        // The client's opener has no budget: nothing to carry.
+                        if tx
+                            .send(Ok((m, crate::bounds::Charge::none())))
+                            .await
+                            .is_err()
+                        {
                             break;
                         }
                     }

@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::virtual_stream::{data_frame, open_stream};
+use super::virtual_stream::{data_frame, open_stream, InboundSender};
+use crate::bounds::{ByteBudget, IdleTimer};
 use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
@@ -32,7 +33,7 @@ use crate::noise::authorizer::{AuthRequest, Authorizer};
 use crate::noise::budget::FailureBudget;
 use crate::noise::handshake::{read_hello, PendingHandshake};
 use crate::noise::keys::{fingerprint, Keypair};
-use crate::noise::record::{Opened, RecordSealer};
+use crate::noise::record::{Opened, RecordError, RecordOpener, RecordSealer};
 use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps};
 use crate::session::SessionRegistry;
 use crate::sync::lock;
@@ -97,7 +98,7 @@ enum Entry {
     Pending(Admission),
     /// Established.
     Open {
-        inbound: Option<mpsc::Sender<Result<Vec<u8>, crate::transport::FramingError>>>,
+        inbound: Option<InboundSender>,
         opener: crate::noise::record::RecordOpener,
         sealer: Arc<Mutex<RecordSealer>>,
         /// Keeps the open-streams gauge raised while the entry exists.
@@ -122,7 +123,13 @@ struct Link {
     ended_tx: mpsc::UnboundedSender<StreamId>,
     /// Cancelled when the link ends: pending authorizations are abandoned.
     closed: CancellationToken,
+    /// `max_link_reassembly_bytes` under the server's inbound budget: every stream's
+    /// unfinished messages are charged here (a stream that cannot grow is reset `busy`).
+    reassembly: ByteBudget,
 }
+
+/// The name clients and logs see when a link's reassembly budget is full.
+pub const REASSEMBLY_BUDGET_NAME: &str = "maxLinkReassemblyBytes";
 
 fn short(sid: &StreamId) -> String {
     sid.iter().take(4).map(|b| format!("{b:02x}")).collect()
@@ -134,6 +141,8 @@ enum Close {
     Budget,
     Protocol(&'static str),
     ControlQueueFull,
+    /// No stream for `idle_link_timeout_ms`.
+    Idle,
 }
 
 impl Close {
@@ -142,6 +151,7 @@ impl Close {
             Close::Budget => "handshake failure budget exhausted",
             Close::Protocol(why) => why,
             Close::ControlQueueFull => "peer does not read its control frames",
+            Close::Idle => "no stream within the idle timeout",
         }
     }
 
@@ -149,7 +159,7 @@ impl Close {
     /// the budget runs out).
     fn reason(&self) -> Option<&'static str> {
         match self {
-            Close::Budget => None,
+            Close::Budget | Close::Idle => None,
             Close::Protocol(_) => Some("link_protocol"),
             Close::ControlQueueFull => Some("link_control_queue_full"),
         }
@@ -210,6 +220,11 @@ pub async fn run_link(
         .in_current_span(),
     );
 
+    let registry_reassembly = registry.inbound_budget().child(
+        REASSEMBLY_BUDGET_NAME,
+        registry.config().max_link_reassembly_bytes,
+    );
+    let idle_link_timeout = registry.config().idle_link_timeout();
     let (auth_tx, mut auth_rx) = mpsc::channel(limits.max_pending_authorizations + 1);
     let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
     let mut link = Link {
@@ -228,16 +243,27 @@ pub async fn run_link(
         auth_tx,
         ended_tx,
         closed: dead.clone(),
+        reassembly: registry_reassembly,
     };
     tracing::info!("link open");
     let pong_timeout = link.limits.pong_timeout;
     let mut last_heard = tokio::time::Instant::now();
+    // A link that holds no stream (pending or open) for the idle timeout is closed.
+    let mut idle = IdleTimer::new(idle_link_timeout, budget_now());
     let close = loop {
         let silence = tokio::time::sleep_until(last_heard + pong_timeout);
+        let idle_deadline = tokio::time::Instant::from_std(idle.deadline());
         let r = tokio::select! {
             _ = link.shutdown.cancelled() => break None,
             _ = dead.cancelled() => break None,
             _ = silence => break Some(Close::Protocol("no traffic or pong within the timeout")),
+            _ = tokio::time::sleep_until(idle_deadline) => {
+                idle.observe(budget_now(), !link.streams.is_empty());
+                if idle.expired(budget_now()) {
+                    break Some(Close::Idle);
+                }
+                Ok(())
+            }
             m = stream.next() => {
                 last_heard = tokio::time::Instant::now();
                 match m {
@@ -253,8 +279,11 @@ pub async fn run_link(
         if let Err(c) = r {
             break Some(c);
         }
+        idle.observe(budget_now(), !link.streams.is_empty());
     };
-    if let Some(c) = &close {
+    if let Some(Close::Idle) = &close {
+        tracing::info!(reason = Close::Idle.describe(), "closing link");
+    } else if let Some(c) = &close {
         tracing::warn!(reason = c.describe(), "closing link");
         if let Some(r) = c.reason() {
             link.registry.metrics().noise_failure(r);
@@ -344,7 +373,8 @@ impl Link {
                             return Ok(());
                         };
                         for m in msgs {
-                            if tx.try_send(Ok(m)).is_err() {
+                            // The message stays charged until its connection takes it.
+                            if tx.try_send(Ok((m, opener.take_charge()))).is_err() {
                                 return self.reset(sid, "inbound_overflow");
                             }
                         }
@@ -354,6 +384,11 @@ impl Link {
                         // The client closed on purpose: end its processor (the session detaches).
                         *inbound = None;
                         Ok(())
+                    }
+                    Err(RecordError::OverBudget(e)) => {
+                        // An unfinished message that cannot get its bytes: this stream alone.
+                        tracing::info!(stream = %short(&sid), "stream reset: {e}");
+                        self.reset(sid, "busy")
                     }
                     Err(e) => {
                         // Garbage on an established stream resets that stream alone.
@@ -474,6 +509,8 @@ impl Link {
         self.send_ctrl(accept)?;
         let max = self.registry.config().max_message_bytes;
         let peer = format!("{}/{}", self.peer, short(&sid));
+        // Unfinished messages of the stream are charged to the link's reassembly budget.
+        let opener = RecordOpener::with_budget(keys.clone(), max, self.reassembly.clone());
         let parts = open_stream(
             sid,
             keys,
@@ -486,7 +523,7 @@ impl Link {
             sid,
             Entry::Open {
                 inbound: Some(parts.inbound),
-                opener: parts.opener,
+                opener,
                 sealer: parts.sealer,
                 _live: GaugeGuard::new(&self.registry.metrics().noise_streams),
             },
@@ -495,6 +532,8 @@ impl Link {
         let registry = self.registry.clone();
         let shutdown = self.shutdown.clone();
         let ended = self.ended_tx.clone();
+        let peer_ip = self.peer.ip();
+        let idle_timeout = self.registry.config().idle_connection_timeout();
         self.tasks.spawn(
             async move {
                 ConnectionProcessor::run(
@@ -503,6 +542,8 @@ impl Link {
                     ConnectionOptions {
                         close_session_on_end: false,
                         peer_key: Some(client_key.to_vec()),
+                        peer_addr: Some(peer_ip),
+                        idle_timeout: Some(idle_timeout),
                         ..ConnectionOptions::default()
                     },
                     shutdown,

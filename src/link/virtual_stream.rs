@@ -16,18 +16,23 @@ use futures_util::Sink;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
+use crate::bounds::Charge;
 use crate::noise::handshake::TransportKeys;
 use crate::noise::record::{RecordOpener, RecordSealer};
 use crate::sync::lock;
 use crate::transport::{FramingError, Transport};
 use execrelay_relay::frame::{Frame, FrameError, FrameType, StreamId};
 
+/// Where a link reader delivers a stream's whole inbound messages, each with its charge.
+pub type InboundSender = mpsc::Sender<Result<(Vec<u8>, Charge), FramingError>>;
+
 /// The parts of a stream the link driver keeps, beside the [`Transport`] it hands out.
 pub struct StreamParts {
     /// For the connection (server) or the client library.
     pub transport: Transport,
-    /// Where the link reader delivers whole inbound messages.
-    pub inbound: mpsc::Sender<Result<Vec<u8>, FramingError>>,
+    /// Where the link reader delivers whole inbound messages, each with its charge (from
+    /// [`RecordOpener::take_charge`]), given back when the connection takes the message.
+    pub inbound: InboundSender,
     /// Decrypts this stream's inbound records.
     pub opener: RecordOpener,
     /// Shared with the sink: the authenticated close uses the same record numbering.
@@ -45,7 +50,11 @@ pub fn open_stream(
 ) -> StreamParts {
     let (tx, mut rx) = mpsc::channel(inbound_capacity);
     let sealer = Arc::new(Mutex::new(RecordSealer::new(keys.clone())));
-    let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    // A message's charge is given back as its connection takes it (and charges it anew).
+    let incoming = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|m| m.map(|r: Result<(Vec<u8>, Charge), _>| r.map(|(msg, _charge)| msg)))
+    });
     let sink = StreamSink {
         stream,
         sealer: sealer.clone(),

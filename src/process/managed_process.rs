@@ -11,7 +11,6 @@
 //! only async lock is stdin's, held by at most one write at a time. It never spawns (that is
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -28,7 +27,7 @@ use super::event_log::{Event, EventLog, LogLimits};
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
 use super::spawn::{InputWriter, PtyControl};
-use crate::config::RETAINED_WRITE_IDS;
+use super::write_ids::WriteIds;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
 use crate::rpc::notification::json_string;
@@ -143,21 +142,7 @@ pub(crate) struct Inner {
 struct StdinState {
     writer: Option<InputWriter>,
     closed: bool,
-    ids: HashSet<String>,
-    order: VecDeque<String>,
-}
-
-impl StdinState {
-    fn remember(&mut self, id: String) {
-        if self.ids.insert(id.clone()) {
-            self.order.push_back(id);
-            while self.order.len() > RETAINED_WRITE_IDS {
-                if let Some(old) = self.order.pop_front() {
-                    self.ids.remove(&old);
-                }
-            }
-        }
-    }
+    ids: WriteIds,
 }
 
 /// A process of a session.
@@ -238,8 +223,7 @@ impl ManagedProcess {
             stdin: tokio::sync::Mutex::new(StdinState {
                 writer: stdin,
                 closed: false,
-                ids: HashSet::new(),
-                order: VecDeque::new(),
+                ids: WriteIds::default(),
             }),
             pty,
             delivery: Mutex::new(None),
@@ -476,7 +460,7 @@ impl ManagedProcess {
             Ok(()) => {
                 self.metrics.stdin_bytes.inc_by(data.len() as u64);
                 if let Some(id) = write_id {
-                    st.remember(id);
+                    st.ids.remember(&id);
                 }
                 WriteStatus::Accepted
             }

@@ -12,6 +12,7 @@
 //! - [`output_pump`]: the pump and supervisor tasks.
 //! - [`managed_process`]: one process's state and control operations.
 //! - [`ready_set`]: the queue of processes with unwritten events, one per connection.
+//! - [`write_ids`]: the `writeId`s a process remembers (each stored once).
 //! - [`signals`]: signal names (signalling itself is by identity: `managed_process.rs` through
 //!   `containment/`).
 //! - [`error`]: the typed [`ProcessError`].
@@ -29,6 +30,7 @@ pub mod output_pump;
 pub mod ready_set;
 pub mod signals;
 pub mod spawn;
+pub mod write_ids;
 
 pub use error::ProcessError;
 pub use managed_process::{

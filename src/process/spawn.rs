@@ -203,10 +203,12 @@ fn launch(
         placement.as_ref().map(|p| p.scope_id()),
     ));
     gate.register(direct.clone());
-    drop(gate);
+    // Its session is attributed before the gate opens: a tree walk under the exclusive gate
+    // (shutdown) sees the child and its session's orphans as the scope's.
     if let Some(p) = placement {
         p.placed(&direct);
     }
+    drop(gate);
     Ok((child, direct))
 }
 

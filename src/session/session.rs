@@ -18,6 +18,7 @@
 //! (shutdown waits for it); [`Session::terminated`] resolves when it is over.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
 use super::SessionError;
 use crate::config::{ServerConfig, DEFAULT_KILL_GRACE_MS};
@@ -59,6 +61,9 @@ pub struct ConnHandle {
     pub evict: CancellationToken,
     /// The client's static public key on a Noise channel (sessions are bound to it).
     pub peer_key: Option<Vec<u8>>,
+    /// The peer's IP address (the `ws://` connection's, or the Noise link's), for the
+    /// per-address quotas; `None` on stdio.
+    pub peer_addr: Option<IpAddr>,
 }
 
 pub(super) enum Slot {
@@ -80,6 +85,8 @@ pub struct Session {
     /// The client acknowledges events.
     pub acks: bool,
     pub(super) peer_key: Option<Vec<u8>>,
+    /// The creator's address, for the per-address quotas (the session stays its creator's).
+    pub(super) owner_address: Option<AddressKey>,
     pub(super) config: Arc<ServerConfig>,
     pub(super) processes: Mutex<HashMap<String, Slot>>,
     pub(super) attach: Mutex<AttachState>,
@@ -204,6 +211,14 @@ impl Session {
         self.terminated.cancelled().await
     }
 
+    /// Who owns the session, for the per-client quotas.
+    pub(super) fn owner(&self) -> Owner {
+        Owner {
+            key: self.peer_key.clone(),
+            address: self.owner_address,
+        }
+    }
+
     /// Whether the session was closed.
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
@@ -251,11 +266,14 @@ impl Session {
             options: opts,
         } = start;
         // The registry outlives its sessions except while the server shuts down.
-        let metrics = match self.registry.upgrade() {
-            Some(r) => r.metrics().clone(),
-            None => return Err(SessionError::UnknownSession),
+        let Some(registry) = self.registry.upgrade() else {
+            return Err(SessionError::UnknownSession);
         };
+        let metrics = registry.metrics().clone();
         {
+            // The owner's quotas are counted and the slot taken under one admission, so two
+            // starts at once cannot both take the owner's last slot.
+            let _admission = registry.admit_process(self)?;
             let mut procs = lock(&self.processes);
             if procs.contains_key(&id) {
                 return Err(SessionError::ProcessExists(id));
@@ -265,6 +283,7 @@ impl Session {
             }
             procs.insert(id.clone(), Slot::Starting);
         }
+        drop(registry);
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
             delivery_queue_bytes: self.config.delivery_queue_bytes,

@@ -1,7 +1,8 @@
 //! The registry every connection of a server shares: sessions by id, their creation (with a
 //! fresh resume token and a containment scope) and resumption (token and client key checked
-//! in constant time), the `maxSessions` limit, the read gauges of the metrics, the tasks that
-//! end closing sessions, and shutdown.
+//! in constant time), the `maxSessions` limit and the per-client quotas of sessions and
+//! processes (`quota.rs`), the server's inbound byte budget, the read gauges of the metrics,
+//! the tasks that end closing sessions, and shutdown.
 //!
 //! It never builds its own [`Metrics`] nor its [`Containment`]: the caller (the composition
 //! root) passes them in. It must never write to a transport, and never wait on a duration a
@@ -9,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use base64::Engine;
@@ -18,8 +19,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::quota::{AddressKey, Owner, Quota, Usage};
 use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
+use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
 use crate::process::containment::Containment;
@@ -32,10 +35,18 @@ pub struct SessionRegistry {
     started: Instant,
     next_conn: AtomicU64,
     metrics: Arc<Metrics>,
+    /// `max_inbound_bytes`: every connection's request budget and every link's reassembly
+    /// budget is a child of it.
+    inbound: ByteBudget,
+    /// Serialises process admissions (quota count + slot), see [`Self::admit_process`].
+    process_admission: Mutex<()>,
     containment: Containment,
     /// The tasks ending closed sessions (`Session::close`).
     closing: TaskTracker,
 }
+
+/// The name clients see in `data.limit` when the server's inbound budget is full.
+pub const INBOUND_BUDGET_NAME: &str = "maxInboundBytes";
 
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
@@ -56,11 +67,13 @@ impl SessionRegistry {
         containment: Containment,
     ) -> Arc<Self> {
         Arc::new(SessionRegistry {
-            config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
             metrics,
+            inbound: ByteBudget::new(INBOUND_BUDGET_NAME, config.max_inbound_bytes),
+            process_admission: Mutex::new(()),
+            config,
             containment,
             closing: TaskTracker::new(),
         })
@@ -69,6 +82,12 @@ impl SessionRegistry {
     /// The server's containment.
     pub fn containment(&self) -> &Containment {
         &self.containment
+    }
+
+    /// The server's inbound byte budget (`max_inbound_bytes`): connections charge their
+    /// requests, and links their unfinished Noise messages, under children of it.
+    pub fn inbound_budget(&self) -> &ByteBudget {
+        &self.inbound
     }
 
     /// This server's metrics.
@@ -148,6 +167,7 @@ impl SessionRegistry {
             token: token.to_vec(),
             acks,
             peer_key: conn.peer_key.clone(),
+            owner_address: conn.peer_addr.map(AddressKey::of),
             config: self.config.clone(),
             processes: Mutex::new(HashMap::new()),
             attach: Mutex::new(AttachState {
@@ -165,6 +185,11 @@ impl SessionRegistry {
             if sessions.len() >= self.config.max_sessions {
                 return Err(SessionError::TooManySessions(self.config.max_sessions));
             }
+            let owner = session.owner();
+            let (per_key, per_address) = self.session_quotas();
+            usage_of(&owner, sessions.values(), |_| 1)
+                .admit(&owner, per_key, per_address)
+                .map_err(quota_error)?;
             sessions.insert(id, session.clone());
         }
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
@@ -197,6 +222,48 @@ impl SessionRegistry {
         }
         session.attach(conn);
         Ok(session)
+    }
+
+    /// The per-key and per-address session quotas.
+    fn session_quotas(&self) -> (Quota, Quota) {
+        (
+            Quota {
+                limit: "maxSessionsPerKey",
+                value: self.config.max_sessions_per_key,
+            },
+            Quota {
+                limit: "maxSessionsPerAddress",
+                value: self.config.max_sessions_per_address,
+            },
+        )
+    }
+
+    /// Admit one more process of `session` under its owner's quotas: count the processes of
+    /// every session of the same key and of the same address. The guard must be held until
+    /// the process's slot is taken in its session, so admissions cannot race past a quota.
+    pub(super) fn admit_process(
+        &self,
+        session: &Session,
+    ) -> Result<MutexGuard<'_, ()>, SessionError> {
+        let guard = lock(&self.process_admission);
+        let owner = session.owner();
+        if owner.key.is_none() && owner.address.is_none() {
+            return Ok(guard);
+        }
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let usage = usage_of(&owner, sessions.iter(), |s| s.process_count());
+        let per_key = Quota {
+            limit: "maxProcessesPerKey",
+            value: self.config.max_processes_per_key,
+        };
+        let per_address = Quota {
+            limit: "maxProcessesPerAddress",
+            value: self.config.max_processes_per_address,
+        };
+        usage
+            .admit(&owner, per_key, per_address)
+            .map_err(quota_error)?;
+        Ok(guard)
     }
 
     pub(super) fn remove(&self, id: &str) {
@@ -264,6 +331,39 @@ impl SessionRegistry {
             Ok(r) => tracing::debug!(?r, "every process of every session is gone"),
             Err(e) => tracing::error!(error = %e, "killing every session's processes failed"),
         }
+    }
+}
+
+/// What the sessions of `owner`'s key and of its address hold, counting `count(session)` each.
+fn usage_of<'a>(
+    owner: &Owner,
+    sessions: impl Iterator<Item = &'a Arc<Session>>,
+    count: impl Fn(&Session) -> usize,
+) -> Usage {
+    let mut usage = Usage {
+        by_key: 0,
+        by_address: 0,
+    };
+    for s in sessions {
+        let same_key = owner.key.is_some() && s.peer_key == owner.key;
+        let same_address = owner.address.is_some() && s.owner_address == owner.address;
+        if same_key || same_address {
+            let n = count(s);
+            if same_key {
+                usage.by_key += n;
+            }
+            if same_address {
+                usage.by_address += n;
+            }
+        }
+    }
+    usage
+}
+
+fn quota_error(q: Quota) -> SessionError {
+    SessionError::QuotaReached {
+        limit: q.limit,
+        value: q.value,
     }
 }
 

@@ -510,7 +510,12 @@ fn kill_everything_blocking(shared: &Arc<Shared>) -> Result<KillReport, Containm
         Owner::Unattributed => true,
         Owner::Foreign => false,
     };
-    let t = tree::kill(&all_sessions, &want, deadline)?;
+    // No spawn of any containment is between fork and registration meanwhile: a child that
+    // has called `setsid` but is not registered yet would look unattributed.
+    let gate = subreaper::fork_exclusive();
+    let t = tree::kill(&all_sessions, &want, deadline);
+    drop(gate);
+    let t = t?;
     report.signalled += t.signalled;
     report.emptied &= t.emptied;
     for s in &scopes {
