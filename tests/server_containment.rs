@@ -149,7 +149,11 @@ async fn sigterm_to_the_server_ends_within_the_caps() {
     })
     .await;
     let child = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
-    assert!(sleeping_with_term_ignored(child.pid as i32));
+    // "ready" comes just before the `exec`: wait (hang guard) until `sleep` runs.
+    eventually("the sleep runs with SIGTERM ignored", || {
+        sleeping_with_term_ignored(child.pid as i32)
+    })
+    .await;
 
     let t0 = tokio::time::Instant::now();
     signal(&s.child, libc::SIGTERM);

@@ -329,7 +329,11 @@ async fn stubborn_child(t: &mut InProcess) -> Tracked {
     })
     .await;
     let child = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
-    assert!(sleeping_with_term_ignored(child.pid as i32));
+    // "ready" comes just before the `exec`: wait (hang guard) until `sleep` runs.
+    eventually("the sleep runs with SIGTERM ignored", || {
+        sleeping_with_term_ignored(child.pid as i32)
+    })
+    .await;
     child
 }
 

@@ -304,11 +304,14 @@ impl SessionRegistry {
         let max_grace = self.config.max_kill_grace();
         let max_drain = self.config.max_drain_timeout();
         let mut waits = Vec::new();
+        let mut terminations = Vec::new();
         let mut longest = Duration::ZERO;
         for s in &sessions {
             for p in s.processes() {
                 let grace = p.opts.kill_grace.min(max_grace);
-                p.terminate(Some(grace)).await;
+                let q = p.clone();
+                // All at once: an exited process's group is looked up in its scope (a walk).
+                terminations.push(async move { q.terminate(Some(grace)).await });
                 longest = longest.max(grace + p.opts.drain_timeout.min(max_drain));
                 let attached = s.is_attached();
                 waits.push(async move {
@@ -321,6 +324,7 @@ impl SessionRegistry {
                 });
             }
         }
+        futures_util::future::join_all(terminations).await;
         let all = futures_util::future::join_all(waits);
         let _ = tokio::time::timeout(longest + delivery_grace, all).await;
         self.wait_closing().await;
