@@ -6,7 +6,7 @@
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
 //!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`crate::http`) whose routes
+//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose routes
 //!   and upgrade hand-off are wired here. A new kind (the relay's dial-out) is one more
 //!   [`Listener`] variant and one more arm in [`Server::run`].
 //! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
@@ -28,6 +28,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use execrelay_relay::frame::MAX_FRAME_BYTES;
+use execrelay_relay::http::{
+    self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
+    REPLY_TIMEOUT_MS,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -38,12 +42,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::bounds::DescriptorReserve;
-use crate::config::{ServerConfig, REPLY_TIMEOUT_MS, SHUTDOWN_DELIVERY_GRACE_MS};
+use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
-use crate::http::{
-    self, Front, FrontLimits, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
-    UpgradeRoute,
-};
 use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
@@ -269,7 +269,7 @@ impl Server {
                     });
                     let front = Front {
                         routes,
-                        limits: FrontLimits::websocket(&config),
+                        limits: config.websocket_front_limits(),
                         websocket: websocket_config(max),
                         on_upgrade,
                     };
@@ -319,7 +319,7 @@ impl Server {
                     });
                     let front = Front {
                         routes,
-                        limits: FrontLimits::websocket(&config),
+                        limits: config.websocket_front_limits(),
                         websocket: websocket_config(MAX_FRAME_BYTES),
                         on_upgrade,
                     };
@@ -335,7 +335,7 @@ impl Server {
                             metrics: Some(render),
                             upgrades: Vec::new(),
                         },
-                        limits: FrontLimits::metrics(&config),
+                        limits: config.metrics_front_limits(),
                         websocket: websocket_config(config.max_message_bytes),
                         on_upgrade: Arc::new(|_| {}),
                     };
