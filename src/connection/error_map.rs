@@ -28,6 +28,7 @@ impl From<SessionError> for RpcError {
                 ))
             }
             E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
+            E::Containment(e) => RpcError::internal(e.to_string()),
         }
     }
 }

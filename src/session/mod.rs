@@ -54,4 +54,7 @@ pub enum SessionError {
     /// The OS refused to start the child.
     #[error("spawn failed: {0}")]
     Spawn(std::io::Error),
+    /// The session's containment scope could not be made (a cgroup could not be created).
+    #[error("{0}")]
+    Containment(crate::process::containment::ContainmentError),
 }
