@@ -69,6 +69,87 @@ pub const MAX_DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// Largest `timeoutMs` a client may ask for: one day.
 pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
+/// Default `session_pids_max`: 0, no limit beyond the host's (a unit's `TasksMax=` bounds the
+/// whole server). A value caps the processes and threads of one session (its cgroup's
+/// `pids.max`), so a fork bomb fails inside its own session.
+pub const DEFAULT_SESSION_PIDS_MAX: u64 = 0;
+/// Default `cgroup_name`: the base name of the server's instance cgroup
+/// (`<name>-<pid>-<start time>-<n>`). Servers that share a parent cgroup and this name sweep
+/// each other's leftovers after a crash.
+pub const DEFAULT_CGROUP_NAME: &str = "execrelay";
+/// Longest `cgroup_name`, in bytes (a directory name, with `-<pid>-<start>-<n>` appended).
+pub const MAX_CGROUP_NAME_BYTES: usize = 64;
+
+/// Which process-containment backend to use (`containment_backend`; see SECURITY.md,
+/// "Process containment"). Declared here, with the other settings; `process/containment/`
+/// implements it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// The first of `cgroup2`, `cgroup1`, `none` that works here.
+    #[default]
+    Auto,
+    /// cgroup v2 or fail at start.
+    Cgroup2,
+    /// cgroup v1 `freezer` (and `pids`) or fail at start.
+    Cgroup1,
+    /// No cgroups: process-tree tracking only.
+    None,
+}
+
+impl BackendChoice {
+    /// The setting's spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cgroup2 => "cgroup2",
+            BackendChoice::Cgroup1 => "cgroup1",
+            BackendChoice::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "auto" => BackendChoice::Auto,
+            "cgroup2" => BackendChoice::Cgroup2,
+            "cgroup1" => BackendChoice::Cgroup1,
+            "none" => BackendChoice::None,
+            _ => {
+                return Err(format!(
+                    "unknown containment backend {s:?} (auto, cgroup2, cgroup1, none)"
+                ))
+            }
+        })
+    }
+}
+
+/// Check a `cgroup_name`: 1 to [`MAX_CGROUP_NAME_BYTES`] bytes of `[A-Za-z0-9_.-]`, not
+/// starting with `.` or `-` (it becomes a directory name next to other cgroups).
+pub fn check_cgroup_name(n: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if n.is_empty()
+        || n.len() > MAX_CGROUP_NAME_BYTES
+        || !n.chars().all(ok_char)
+        || n.starts_with('.')
+        || n.starts_with('-')
+    {
+        return Err(format!(
+            "cgroup_name must be 1 to {MAX_CGROUP_NAME_BYTES} bytes of [A-Za-z0-9_.-], \
+             not starting with '.' or '-'"
+        ));
+    }
+    Ok(())
+}
+
 /// Established JSON-RPC connections over `ws://` at once. One more is refused before the
 /// upgrade with `503`; a connection that ends frees its slot. Each connection holds tasks, a
 /// control lane and up to `max_message_bytes` of one inbound message, so the cap bounds what
@@ -262,12 +343,47 @@ impl Setting {
     }
 }
 
+/// One setting of [`ServerConfig`] whose value is a word, not a number (a backend, a name):
+/// the flag, the TOML key, `--help` and the README show it as [`Setting`] does.
+#[derive(Debug, Clone, Copy)]
+pub struct TextSetting {
+    /// The field and TOML key (`snake_case`); the flag is the same in `kebab-case`.
+    pub name: &'static str,
+    /// Its default, as written in a flag or the TOML file.
+    pub default: &'static str,
+    /// The flag's value name in `--help` (the accepted words, or what the value is).
+    pub values: &'static str,
+    /// What it decides, in one line (the flag's help, the README's table).
+    pub bounds: &'static str,
+}
+
+impl TextSetting {
+    /// The flag, without the leading dashes.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// The flag's help line: what it decides, and the real default.
+    pub fn help(&self) -> String {
+        format!("{} [default: {}]", self.bounds, self.default)
+    }
+
+    /// The setting's row of the README's configuration table.
+    pub fn readme_row(&self) -> String {
+        format!("| `{}` | `{}` | {} |", self.name, self.default, self.bounds)
+    }
+}
+
 /// Declares every setting once: the [`ServerConfig`] field (and so its TOML key), its default
 /// (the named constant), its `execrelay serve` flag in [`ConfigFlags`], and its row in
 /// [`SETTINGS`]. Nothing else lists the settings, so a default cannot drift from its constant
 /// and no setting can lack a flag or a key.
 macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*) => {
+    (
+        $( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*
+        @text:
+        $( $(#[doc = $tdoc:literal])* $tname:ident : $tty:ty = $tdefault:expr, shown $tshown:expr, values $tvalues:literal, $tbounds:literal; )*
+    ) => {
         /// Limits and timings of one exec server. Every field has a flag of `execrelay serve`
         /// (the same name in kebab-case) and a key (the same name) in the `--config` TOML file;
         /// flags win over the file. Each field's default is the named constant in its doc.
@@ -275,13 +391,25 @@ macro_rules! settings {
         #[serde(default, deny_unknown_fields)]
         pub struct ServerConfig {
             $( $(#[doc = $doc])* pub $name: $ty, )*
+            $( $(#[doc = $tdoc])* pub $tname: $tty, )*
         }
 
         impl Default for ServerConfig {
             fn default() -> Self {
-                ServerConfig { $( $name: $default, )* }
+                ServerConfig { $( $name: $default, )* $( $tname: $tdefault, )* }
             }
         }
+
+        /// Every setting whose value is a word, in the order of `--help` and the README's
+        /// table (after [`SETTINGS`]).
+        pub const TEXT_SETTINGS: &[TextSetting] = &[
+            $( TextSetting {
+                name: stringify!($tname),
+                default: $tshown,
+                values: $tvalues,
+                bounds: $tbounds,
+            }, )*
+        ];
 
         /// Every setting, in the order of `--help` and the README's table.
         pub const SETTINGS: &[Setting] = &[
@@ -312,12 +440,26 @@ macro_rules! settings {
                 )]
                 pub $name: Option<$ty>,
             )*
+            $(
+                #[arg(
+                    long,
+                    value_name = $tvalues,
+                    help = TextSetting {
+                        name: stringify!($tname),
+                        default: $tshown,
+                        values: $tvalues,
+                        bounds: $tbounds,
+                    }.help(),
+                )]
+                pub $tname: Option<$tty>,
+            )*
         }
 
         impl ConfigFlags {
             /// Write every given flag into `config`.
             pub fn apply(&self, config: &mut ServerConfig) {
                 $( if let Some(value) = self.$name { config.$name = value; } )*
+                $( if let Some(value) = &self.$tname { config.$tname = value.clone(); } )*
             }
         }
 
@@ -326,6 +468,14 @@ macro_rules! settings {
             pub fn value_of(&self, name: &str) -> Option<u64> {
                 match name {
                     $( stringify!($name) => Some(self.$name as u64), )*
+                    _ => None,
+                }
+            }
+
+            /// A word setting's value by name (as in [`TEXT_SETTINGS`]), spelled as in a flag.
+            pub fn text_value_of(&self, name: &str) -> Option<String> {
+                match name {
+                    $( stringify!($tname) => Some(self.$tname.to_string()), )*
                     _ => None,
                 }
             }
@@ -436,6 +586,18 @@ settings! {
     /// See [`APPROVAL_TIMEOUT_MS`].
     approval_timeout_ms: u64 = APPROVAL_TIMEOUT_MS, Millis,
         "an unanswered `process/approve` is withdrawn after this long and its start fails (`-32006`)";
+    /// See [`DEFAULT_SESSION_PIDS_MAX`].
+    session_pids_max: u64 = DEFAULT_SESSION_PIDS_MAX, Count,
+        "processes and threads of one session at once (its cgroup's `pids.max`; a fork fails beyond it); 0: no limit. Needs the `pids` controller, or start fails";
+@text:
+    /// See [`BackendChoice`].
+    containment_backend: BackendChoice = BackendChoice::Auto, shown "auto",
+        values "auto|cgroup2|cgroup1|none",
+        "how a session's processes are found and killed (SECURITY.md, \"Process containment\"): `auto` takes the first of `cgroup2`, `cgroup1`, `none` that works; a named cgroup backend that cannot work here fails the start";
+    /// See [`DEFAULT_CGROUP_NAME`].
+    cgroup_name: String = String::from(DEFAULT_CGROUP_NAME), shown DEFAULT_CGROUP_NAME,
+        values "NAME",
+        "base name of the server's instance cgroup (`NAME-<pid>-<start time>-<n>`, one child per session); servers sharing a parent cgroup and a name remove each other's leftovers after a crash";
 }
 
 /// A configuration that cannot work.
@@ -518,7 +680,24 @@ impl ServerConfig {
                 )));
             }
         }
+        check_cgroup_name(&self.cgroup_name).map_err(ConfigError)?;
         Ok(())
+    }
+
+    /// [`Self::max_kill_grace_ms`] as a duration: the longest SIGTERM-to-SIGKILL grace on any
+    /// path, and the most expiry, close and shutdown wait for a process that ignores SIGTERM.
+    pub fn max_kill_grace(&self) -> Duration {
+        Duration::from_millis(self.max_kill_grace_ms)
+    }
+
+    /// [`Self::max_drain_timeout_ms`] as a duration.
+    pub fn max_drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.max_drain_timeout_ms)
+    }
+
+    /// [`Self::session_pids_max`] as a limit: `None` for 0 (no limit).
+    pub fn session_pids_limit(&self) -> Option<u64> {
+        (self.session_pids_max > 0).then_some(self.session_pids_max)
     }
 
     /// [`Self::request_head_timeout_ms`] as a duration.

@@ -9,9 +9,13 @@
 //!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose routes
 //!   and upgrade hand-off are wired here. A new kind (the relay's dial-out) is one more
 //!   [`Listener`] variant and one more arm in [`Server::run`].
+//! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
+//!   session where the server may create one), the crash sweep of instances left by a server
+//!   that died, and the subreaper, all before the first spawn.
 //! - **The shutdown sequence**, once for all listeners: stop accepting (abandon handshakes),
-//!   terminate every process and let exit notices reach attached clients (bounded), end every
-//!   connection and link and wait for their tasks, close every session.
+//!   terminate every process and let exit notices reach attached clients (bounded by the
+//!   server's caps), kill everything any session started, end every connection and link and
+//!   wait for their tasks, close every session.
 //! - Parsing `--listen` and the URLs printed for bound listeners.
 //!
 //! # What it must never do
@@ -44,6 +48,7 @@ use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
 use crate::policy::PolicyFile;
+pub use crate::process::containment::{start_containment, StartError};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed, websocket_config};
@@ -128,24 +133,39 @@ pub struct Server {
 }
 
 /// Serve `listeners` with `config` until `shutdown` fires (or the stdio connection ends), then
-/// run the shutdown sequence and return. See [`Server::run`].
-pub async fn run(listeners: Vec<Listener>, config: Arc<ServerConfig>, shutdown: CancellationToken) {
-    Server::new(config).run(listeners, shutdown).await
+/// run the shutdown sequence and return. See [`Server::new`] and [`Server::run`].
+pub async fn run(
+    listeners: Vec<Listener>,
+    config: Arc<ServerConfig>,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    Server::new(config)?.run(listeners, shutdown).await;
+    Ok(())
 }
 
 impl Server {
-    /// A server with a fresh registry and its own [`Metrics`] (built here, the composition
-    /// root, and passed in: the registry never builds them).
-    pub fn new(config: Arc<ServerConfig>) -> Server {
+    /// A server with a fresh registry, its own [`Metrics`] and its containment (built here,
+    /// the composition root, and passed in: the registry builds neither). Fails when the
+    /// containment cannot start ([`start_containment`]).
+    pub fn new(config: Arc<ServerConfig>) -> Result<Server, StartError> {
         Self::with_exec_policy(config, None)
     }
 
     /// A server whose starts go through the exec policy `policy` (`--exec-policy`, loaded and
-    /// checked by the caller).
-    pub fn with_exec_policy(config: Arc<ServerConfig>, policy: Option<Arc<PolicyFile>>) -> Server {
-        Server {
-            registry: SessionRegistry::with_exec_policy(config, Arc::new(Metrics::new()), policy),
-        }
+    /// checked by the caller); see [`new`](Self::new).
+    pub fn with_exec_policy(
+        config: Arc<ServerConfig>,
+        policy: Option<Arc<PolicyFile>>,
+    ) -> Result<Server, StartError> {
+        let containment = start_containment(&config)?;
+        Ok(Server {
+            registry: SessionRegistry::with_exec_policy(
+                config,
+                Arc::new(Metrics::new()),
+                containment,
+                policy,
+            ),
+        })
     }
 
     /// The registry (tests and embedders read its sessions and metrics).
@@ -157,10 +177,11 @@ impl Server {
     /// then, once for all of them:
     ///
     /// 1. stop accepting and abandon connections not yet upgraded;
-    /// 2. terminate every process and wait, bounded, until exit notices have reached attached
-    ///    clients ([`SessionRegistry::shutdown`], [`SHUTDOWN_DELIVERY_GRACE_MS`]);
+    /// 2. terminate every process and wait, bounded by the server's caps, until exit notices
+    ///    have reached attached clients, then kill everything any session started
+    ///    ([`SessionRegistry::shutdown`], [`SHUTDOWN_DELIVERY_GRACE_MS`]);
     /// 3. end every connection and link, and wait for their tasks;
-    /// 4. close every session.
+    /// 4. close every session and wait until each has ended.
     pub async fn run(self, listeners: Vec<Listener>, shutdown: CancellationToken) {
         let registry = self.registry;
         let config = registry.config().clone();
@@ -307,7 +328,8 @@ impl Server {
         stop_accepting.cancel();
         fronts.close();
         fronts.wait().await;
-        // 2. Terminate every process; exit notices reach attached clients (bounded).
+        // 2. Terminate every process; exit notices reach attached clients (bounded by the
+        //    caps); then everything any session started is killed.
         tracing::info!("shutting down: terminating processes");
         registry
             .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
@@ -316,8 +338,8 @@ impl Server {
         conn_shutdown.cancel();
         tasks.close();
         tasks.wait().await;
-        // 4. Whatever is left (detached sessions) is closed: its process groups terminated.
-        registry.close_all();
+        // 4. Every session is closed (nothing of theirs is left running) and its scope removed.
+        registry.close_all().await;
     }
 }
 

@@ -44,9 +44,11 @@ fn registry_with(policy: &str, dir: &Path, cfg: ServerConfig) -> (Arc<SessionReg
     let path = dir.join("policy.toml");
     std::fs::write(&path, policy).unwrap();
     let file = PolicyFile::load(&path).expect("valid policy");
+    let containment = execrelay::server::start_containment(&cfg).expect("containment starts");
     let reg = SessionRegistry::with_exec_policy(
         Arc::new(cfg),
         Arc::new(Metrics::new()),
+        containment,
         Some(Arc::new(file)),
     );
     (reg, path)
@@ -254,6 +256,13 @@ async fn ask_waits_for_the_answer_while_everything_else_proceeds() {
         vec![pid],
         "exactly this process runs it"
     );
+    // Approved, it was spawned into its session's scope like any start: with a cgroup
+    // backend, a cgroup under this server's instance.
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for inst in reg.containment().instance_dirs() {
+        let name = inst.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(cgroup.contains(&format!("/{name}/")), "{name}: {cgroup}");
+    }
     let entry = common::process::list_entry(&mut t.client, "asked")
         .await
         .unwrap();
@@ -438,11 +447,26 @@ async fn closing_the_session_withdraws_its_requests() {
     assert_not_approved(error_of(&r), "session closed", Some("sleeps"));
     answer(&mut t.client, &req["id"], "approve").await;
     assert!(running_with_arg(&arg).is_empty());
+    assert_no_scope_left(&reg);
     let text = reg.metrics().render(&reg.stats());
     assert!(
         text.contains("execrelay_approvals_total{outcome=\"withdrawn\"} 1"),
         "{text}"
     );
+}
+
+/// No session scope is left under this server's instance cgroups (`session/close` answers,
+/// and `Session::terminated` resolves, once the scope is removed).
+fn assert_no_scope_left(reg: &SessionRegistry) {
+    for inst in reg.containment().instance_dirs() {
+        let scopes: Vec<_> = std::fs::read_dir(&inst)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name())
+            .collect();
+        assert!(scopes.is_empty(), "{}: {scopes:?}", inst.display());
+    }
 }
 
 /// Paused time: the detached session expires after its TTL with the request pending.
@@ -475,6 +499,8 @@ async fn an_expired_session_withdraws_its_requests() {
     })
     .await;
     assert!(running_with_arg(&arg).is_empty());
+    session.terminated().await;
+    assert_no_scope_left(&reg);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,6 +639,7 @@ async fn a_start_retried_while_pending_joins_it_and_both_get_the_one_process() {
     let arg = marker(11);
     let spec = execrelay::connection::handlers::start_spec(
         serde_json::from_value(sleep_params("p", &arg)).unwrap(),
+        reg.config(),
     )
     .unwrap();
     let caller = Caller {
@@ -645,7 +672,7 @@ async fn a_start_retried_while_pending_joins_it_and_both_get_the_one_process() {
     let b = tokio::time::timeout(GUARD, retry).await.unwrap().unwrap();
     assert!(Arc::ptr_eq(&a, &b), "one process for both");
     assert_eq!(running_with_arg(&arg), vec![a.pid as i32]);
-    a.terminate(Some(Duration::ZERO));
+    a.terminate(Some(Duration::ZERO)).await;
     session.close();
 }
 

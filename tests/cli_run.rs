@@ -635,3 +635,68 @@ async fn tty_size_changes_are_forwarded() {
     let status = wait_status(&mut child).await;
     assert_eq!(code(&status), 0, "screen: {shown:?}");
 }
+
+/// `run --local` serves in its own process, with the containment `serve` has (its command
+/// runs in a session cgroup under an instance cgroup named after `run`'s pid), and its
+/// shutdown removes that instance cgroup: nothing named after its pid is left.
+#[tokio::test]
+async fn run_local_contains_its_command_and_leaves_no_instance_cgroup() {
+    use common::contain::cgroups_here;
+    use execrelay::config::BackendChoice;
+    use execrelay::process::containment::{Containment, ContainmentConfig};
+    if !cgroups_here("run_local_contains_its_command_and_leaves_no_instance_cgroup") {
+        return;
+    }
+    // Where `run`'s instance cgroups go: beside a probe's (the same cgroups as this test's).
+    let probe = Containment::new(&ContainmentConfig {
+        backend: BackendChoice::Auto,
+        cgroup_name: "execrelay-probe".into(),
+        session_pids_max: None,
+    })
+    .expect("containment starts");
+    let parents: Vec<std::path::PathBuf> = probe
+        .instance_dirs()
+        .iter()
+        .filter_map(|d| d.parent().map(|p| p.to_path_buf()))
+        .collect();
+    drop(probe);
+    assert!(!parents.is_empty());
+    let mut cmd = Command::new(bin());
+    cmd.args(["run", "--local", "--", "cat", "/proc/self/cgroup"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn().expect("spawn execrelay run");
+    let pid = child.id().expect("run's pid");
+    let out = tokio::time::timeout(GUARD, child.wait_with_output())
+        .await
+        .expect("execrelay run did not exit (hang guard)")
+        .expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let prefix = format!("execrelay-{pid}-");
+    assert!(
+        stdout.contains(&format!("/{prefix}")),
+        "premise: the command ran in run's instance cgroup: {stdout}"
+    );
+    for parent in &parents {
+        let left: Vec<String> = std::fs::read_dir(parent)
+            .expect("list the cgroup")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "run --local left {left:?} in {}",
+            parent.display()
+        );
+    }
+}

@@ -37,7 +37,8 @@ impl Harness {
     async fn connect(kind: Kind, policy: Option<Arc<PolicyFile>>, opts: ClientOptions) -> Harness {
         match kind {
             Kind::Ws => {
-                let server = Server::with_exec_policy(Arc::new(ServerConfig::default()), policy);
+                let server = Server::with_exec_policy(Arc::new(ServerConfig::default()), policy)
+                    .expect("server starts");
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let url = format!("ws://{}", listener.local_addr().unwrap());
                 let stop = CancellationToken::new();

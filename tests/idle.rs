@@ -8,7 +8,6 @@ mod common;
 use common::noise::*;
 use common::*;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -16,15 +15,13 @@ use tokio::time::Instant;
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::{ConnectionEnd, ConnectionOptions};
-use execrelay::metrics::Metrics;
-use execrelay::session::SessionRegistry;
 use execrelay_relay::frame::Frame;
 
 const T: Duration = Duration::from_secs(10);
 
 /// A connection with an idle timeout of [`T`], as the `ws://` listener makes them.
 fn idle_connection() -> InProcess {
-    let registry = SessionRegistry::new(Arc::new(cfg()), Arc::new(Metrics::new()));
+    let registry = new_registry(cfg());
     let opts = ConnectionOptions {
         idle_timeout: Some(T),
         peer_addr: Some("127.0.0.1".parse().unwrap()),

@@ -9,6 +9,7 @@
 //! The behaviour shared with the WebSocket client is in `client_behaviour.rs`.
 
 mod common;
+use common::local::{control, handshake, start};
 use common::process::pid_exists;
 use common::*;
 
@@ -17,54 +18,8 @@ use std::time::{Duration, Instant};
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::local::{LocalClientEnd, LocalLimits, LocalSendError, LocalServer};
-use execrelay::connection::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
-use execrelay::rpc::messages::{InitializeParams, StartParams, TerminateParams};
-
-fn start_params(id: &str, argv: &[&str]) -> StartParams {
-    serde_json::from_value(serde_json::json!({"processId": id, "argv": argv})).unwrap()
-}
-
-/// The next control message, within [`PROMPT`].
-async fn control(end: &mut LocalClientEnd) -> Outbound {
-    tokio::time::timeout(PROMPT, end.control.recv())
-        .await
-        .expect("no control message (hang guard)")
-        .expect("server gone")
-}
-
-/// `initialize` + `initialized` on a raw end.
-async fn handshake(end: &mut LocalClientEnd) {
-    end.try_send(Inbound::Request {
-        id: RequestId::Int(1),
-        call: Call::Initialize(InitializeParams::default()),
-    })
-    .unwrap();
-    match control(end).await {
-        Outbound::Result {
-            reply: Reply::Initialize(r),
-            ..
-        } => assert_eq!(r.protocol_version, 1),
-        other => panic!("{other:?}"),
-    }
-    end.try_send(Inbound::Notification(Note::Initialized))
-        .unwrap();
-}
-
-/// Start `argv` as `id` with request id `n`; its pid.
-async fn start(end: &mut LocalClientEnd, n: i64, id: &str, argv: &[&str]) -> u32 {
-    end.try_send(Inbound::Request {
-        id: RequestId::Int(n),
-        call: Call::Start(start_params(id, argv)),
-    })
-    .unwrap();
-    match control(end).await {
-        Outbound::Result {
-            id: RequestId::Int(got),
-            reply: Reply::Start(r),
-        } if got == n => r.pid,
-        other => panic!("{other:?}"),
-    }
-}
+use execrelay::connection::message::{Call, Inbound, Outbound, Reply, RequestId};
+use execrelay::rpc::messages::TerminateParams;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_is_answered_while_the_event_queue_is_full_and_unread() {
@@ -73,7 +28,8 @@ async fn terminate_is_answered_while_the_event_queue_is_full_and_unread() {
         control: 16,
         events: 4,
     };
-    let (server, mut end) = LocalServer::start(Arc::new(ServerConfig::default()), None, limits);
+    let (server, mut end) =
+        LocalServer::start(Arc::new(ServerConfig::default()), None, limits).expect("server starts");
     handshake(&mut end).await;
     let pid = start(&mut end, 2, "flood", &["yes"]).await;
     eventually("the event queue is full", || {
@@ -175,7 +131,7 @@ async fn a_full_request_queue_is_reported_at_once_and_shutdown_with_full_queues_
         max_pending_requests: 4,
         ..ServerConfig::default()
     };
-    let (server, mut end) = LocalServer::start(Arc::new(cfg), None, limits);
+    let (server, mut end) = LocalServer::start(Arc::new(cfg), None, limits).expect("server starts");
     handshake(&mut end).await;
     let flood = start(&mut end, 2, "flood", &["yes"]).await;
     // A child that ignores SIGTERM: only SIGKILL ends it.

@@ -107,7 +107,7 @@ async fn a_thousand_processes_writing_at_once_stay_within_the_budget() {
     eprintln!(
         "{N} processes: peak unwritten {peak} (bound {bound}), held {held}, RSS grew by {grown}"
     );
-    reg.close_all();
+    reg.close_all().await;
 }
 
 /// Three chatty processes whose client reads nothing hold the budget; another session's
@@ -119,10 +119,7 @@ async fn chatty_processes_of_a_stuck_client_do_not_starve_another_session() {
         output_budget_bytes: BUDGET,
         ..cfg()
     };
-    let registry = execrelay::session::SessionRegistry::new(
-        std::sync::Arc::new(cfg),
-        std::sync::Arc::new(execrelay::metrics::Metrics::new()),
-    );
+    let registry = common::new_registry(cfg);
     let mut stuck = in_process_with(
         registry.clone(),
         64 * 1024,
@@ -155,5 +152,5 @@ async fn chatty_processes_of_a_stuck_client_do_not_starve_another_session() {
     assert_eq!(done.stdout.len(), 4 << 20);
     assert_eq!(done.exit["exitCode"], 0);
     assert!(budget.peak() <= BUDGET + 4 * GUARANTEED_OUTPUT_BYTES);
-    registry.close_all();
+    registry.close_all().await;
 }

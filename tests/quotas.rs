@@ -14,11 +14,10 @@ use serde_json::{json, Value};
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::ConnectionOptions;
-use execrelay::metrics::Metrics;
 use execrelay::session::SessionRegistry;
 
 fn registry(config: ServerConfig) -> Arc<SessionRegistry> {
-    SessionRegistry::new(Arc::new(config), Arc::new(Metrics::new()))
+    new_registry(config)
 }
 
 /// A connection on `registry` whose peer is `ip`.

@@ -9,15 +9,11 @@ mod common;
 use common::noise::*;
 use common::*;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::parse_cost;
-use execrelay::metrics::Metrics;
-use execrelay::session::SessionRegistry;
 use execrelay_relay::frame::{Frame, FrameType};
 
 /// A `process/write` of `data` to `pid` with request id `id`, as the bytes sent.
@@ -121,7 +117,7 @@ async fn request_bytes_per_connection_at_their_edge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bytes_server_wide_at_their_edge() {
     let (config, cost) = budget_cfg(2, 3);
-    let registry = SessionRegistry::new(Arc::new(config.clone()), Arc::new(Metrics::new()));
+    let registry = new_registry(config.clone());
     let (mut a, _, _) = open_session(&registry).await;
     let (mut b, _, _) = open_session(&registry).await;
     let pa = start_stuck(&mut a.client, "p").await;

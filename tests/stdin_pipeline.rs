@@ -18,7 +18,7 @@ use execrelay::server::{Listener, Server};
 use tokio_util::sync::CancellationToken;
 
 async fn ws_server() -> (String, CancellationToken) {
-    let server = Server::new(Arc::new(cfg()));
+    let server = Server::new(Arc::new(cfg())).expect("server starts");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("ws://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
@@ -174,7 +174,8 @@ async fn writes_fit_the_servers_message_limit() {
     let server = Server::new(Arc::new(ServerConfig {
         max_message_bytes: 128 * 1024,
         ..cfg()
-    }));
+    }))
+    .expect("server starts");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("ws://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();

@@ -252,6 +252,8 @@ async fn run(args: RunArgs) -> i32 {
         Ok(p) => p,
         Err(e) => {
             eprintln!("execrelay run: {e}");
+            // An in-process server is shut down like after a command (its cgroups removed).
+            client.shutdown().await;
             return 255;
         }
     };

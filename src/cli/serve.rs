@@ -1,6 +1,7 @@
 //! `execrelay serve`: parse the flags (one per setting, from `config.rs`, plus `--config
-//! FILE`), bind the listeners, print the bound URL as the first line of stdout, and hand
-//! everything to the composition root ([`crate::server::run`]). Nothing else lives here.
+//! FILE`), start the server (its process containment: [`Server::new`]), bind the listeners,
+//! print the bound URL as the first line of stdout, and hand everything to the composition
+//! root ([`Server::run`]). Nothing else lives here.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ConfigFlags, ServerConfig};
 use crate::link::server::NoiseServerConfig;
 use crate::policy::PolicyFile;
-use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener};
+use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener, Server};
 use execrelay_relay::http::METRICS_PATH;
 
 /// Log output format.
@@ -167,6 +168,15 @@ pub fn main(args: ServeArgs) -> i32 {
     let prepared = (|| -> anyhow::Result<_> {
         let config = Arc::new(args.config()?);
         let listen = parse_listen(&args.listen, args.danger_plaintext)?;
+        // The policy file before containment: a file that does not parse stops the start
+        // (naming the file and the rule) before any cgroup is made or swept.
+        let policy = args.exec_policy()?;
+        if let Some(p) = &policy {
+            tracing::info!(path = %p.path().display(), rules = p.current().rule_count(), "exec policy loaded");
+        }
+        // Containment (and its crash sweep) before anything is bound or printed: a backend
+        // named explicitly that cannot work here stops the start with its reason.
+        let server = Server::with_exec_policy(config, policy)?;
         let noise = match listen {
             ListenAddr::Noise(_) => Some(Arc::new(args.noise_config()?)),
             _ => None,
@@ -176,17 +186,16 @@ pub fn main(args: ServeArgs) -> i32 {
             .as_deref()
             .map(parse_metrics_listen)
             .transpose()?;
-        let policy = args.exec_policy()?;
-        Ok((config, listen, noise, metrics, policy))
+        Ok((server, listen, noise, metrics))
     })();
-    let (config, listen, noise, metrics, policy) = match prepared {
+    let (server, listen, noise, metrics) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             eprintln!("execrelay serve: {e}");
             return 2;
         }
     };
-    if let Err(e) = raise_descriptor_limit(config.descriptor_reserve) {
+    if let Err(e) = raise_descriptor_limit(server.registry().config().descriptor_reserve) {
         eprintln!("execrelay serve: {e}");
         return 2;
     }
@@ -208,12 +217,7 @@ pub fn main(args: ServeArgs) -> i32 {
                 return 1;
             }
         };
-        if let Some(p) = &policy {
-            tracing::info!(path = %p.path().display(), rules = p.current().rule_count(), "exec policy loaded");
-        }
-        crate::server::Server::with_exec_policy(config, policy)
-            .run(listeners, shutdown)
-            .await;
+        server.run(listeners, shutdown).await;
         0
     });
     // Do not wait for blocking helper threads: one may be parked in a read of a terminal

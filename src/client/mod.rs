@@ -440,7 +440,8 @@ impl Client {
         let limits = config
             .limits
             .unwrap_or_else(|| LocalLimits::for_config(&config.server));
-        let (server, end) = LocalServer::start(Arc::new(config.server), config.policy, limits);
+        let (server, end) = LocalServer::start(Arc::new(config.server), config.policy, limits)
+            .map_err(|e| ClientError::Connect(format!("in-process server: {e}")))?;
         let client = Client::unconnected(Target::Ws("in-process".into()), opts);
         *lock(&client.shared.local) = Some(OwnedServer {
             server,

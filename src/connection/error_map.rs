@@ -29,6 +29,7 @@ impl From<SessionError> for RpcError {
             }
             E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
             E::NotApproved { reason, rule } => RpcError::not_approved(reason, rule.as_deref()),
+            E::Containment(e) => RpcError::internal(e.to_string()),
         }
     }
 }

@@ -9,16 +9,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::message::{Call, ReadReply, Reply, ServerInfo, WriteCall};
 use crate::config::{
-    DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES, MAX_PROCESS_ID_BYTES,
-    MAX_WRITE_ID_BYTES,
+    ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES,
+    MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES,
 };
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
-use crate::process::ProcessOptions;
+use crate::process::{check_term_size, ProcessOptions};
 use crate::rpc::messages::{
     AckParams, ReadParams, StartParams, StartResult, TermSize, PROTOCOL_VERSION,
 };
@@ -81,8 +82,12 @@ pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
             Ok(Reply::Empty.into())
         }
         Call::Terminate(p) => {
+            if let Some(g) = p.grace_ms {
+                let cap = ctx.registry.config().max_kill_grace_ms;
+                within_cap("graceMs", g, "max_kill_grace_ms", cap)?;
+            }
             let running = match ctx.session.get(&p.process_id) {
-                Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)),
+                Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)).await,
                 Err(_) => false,
             };
             Ok(Reply::Terminate { running }.into())
@@ -91,9 +96,11 @@ pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
         Call::ServerInfo => Ok(Reply::ServerInfo(server_info(&ctx.registry)).into()),
         // Extension (not in protocol.md): a client that is done ends its session at once
         // instead of leaving it detached for detachedSessionTtlMs (it would count against
-        // maxSessions meanwhile). Its processes are terminated.
+        // maxSessions meanwhile). Answered once everything the session started is gone
+        // (bounded by max_kill_grace_ms and the kill's own bound).
         Call::SessionClose => {
             ctx.session.close();
+            ctx.session.terminated().await;
             Ok(Reply::Empty.into())
         }
         Call::Invalid { error, .. } => Err(error),
@@ -110,7 +117,10 @@ async fn start(ctx: &Ctx, p: StartParams) -> Result<Handled, RpcError> {
         conn_id: ctx.conn_id,
         can_approve: ctx.can_approve,
     };
-    let proc = ctx.session.start_checked(start_spec(p)?, caller).await?;
+    let proc = ctx
+        .session
+        .start_checked(start_spec(p, ctx.registry.config())?, caller)
+        .await?;
     let reply = Reply::Start(StartResult {
         process_id: proc.id.clone(),
         pid: proc.pid,
@@ -125,7 +135,11 @@ async fn start(ctx: &Ctx, p: StartParams) -> Result<Handled, RpcError> {
 
 /// Validate `process/start` params and apply the defaults: the session takes only this
 /// (the messages of the `-32602` errors are part of the protocol).
-pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
+///
+/// Durations a client chooses are refused above the server's caps (`max_kill_grace_ms`,
+/// `max_drain_timeout_ms`, `max_timeout_ms`) with a message naming the cap, rather than
+/// clamped: a client learns at once that its value will not be honoured.
+pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, RpcError> {
     let n = p.process_id.len();
     if n == 0 || n > MAX_PROCESS_ID_BYTES {
         return Err(RpcError::invalid_params(format!(
@@ -143,6 +157,42 @@ pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
     if p.argv.iter().any(|a| a.contains('\0')) {
         return Err(RpcError::invalid_params("argv must not contain NUL"));
     }
+    for (name, value) in &p.env {
+        check_env(name, value.as_deref())?;
+    }
+    // One rule for terminal sizes, the same as `process/resize`'s (and the same error).
+    if let Some(size) = p.size {
+        check_term_size(size)?;
+    }
+    if let Some(t) = p.timeout_ms {
+        within_cap("timeoutMs", t, "max_timeout_ms", config.max_timeout_ms)?;
+    }
+    // A value the client left out is the default, lowered to the cap of a server configured
+    // below it (the client chose nothing that could be refused).
+    let drain = match p.drain_timeout_ms {
+        Some(d) => {
+            within_cap(
+                "drainTimeoutMs",
+                d,
+                "max_drain_timeout_ms",
+                config.max_drain_timeout_ms,
+            )?;
+            d
+        }
+        None => DEFAULT_DRAIN_TIMEOUT_MS.min(config.max_drain_timeout_ms),
+    };
+    let grace = match p.kill_grace_ms {
+        Some(g) => {
+            within_cap(
+                "killGraceMs",
+                g,
+                "max_kill_grace_ms",
+                config.max_kill_grace_ms,
+            )?;
+            g
+        }
+        None => DEFAULT_KILL_GRACE_MS.min(config.max_kill_grace_ms),
+    };
     Ok(StartSpec {
         spawn: SpawnSpec {
             argv: p.argv,
@@ -155,14 +205,43 @@ pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
         options: ProcessOptions {
             timeout: p.timeout_ms.map(Duration::from_millis),
             output_cap: p.output_bytes_cap,
-            drain_timeout: Duration::from_millis(
-                p.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
-            ),
-            kill_grace: Duration::from_millis(p.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS)),
+            drain_timeout: Duration::from_millis(drain),
+            kill_grace: Duration::from_millis(grace),
             kill_group_on_exit: p.kill_process_group_on_exit,
         },
         process_id: p.process_id,
     })
+}
+
+/// `-32602` when a client's `value` of `member` is above the server's `cap` (named by its
+/// setting).
+fn within_cap(member: &str, value: u64, setting: &str, cap: u64) -> Result<(), RpcError> {
+    if value > cap {
+        return Err(RpcError::invalid_params(format!(
+            "{member} {value} is above this server's {setting} ({cap})"
+        )));
+    }
+    Ok(())
+}
+
+/// An environment entry the child can receive as given: a name that is not empty and holds
+/// no `=` (the first `=` of `NAME=value` ends the name, so `{"A=B": "C"}` would set `A` to
+/// `B=C`) and no NUL, and a value without NUL (C strings end there). The error names the
+/// variable.
+fn check_env(name: &str, value: Option<&str>) -> Result<(), RpcError> {
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        return Err(RpcError::invalid_params(format!(
+            "env name {} is invalid: it must be non-empty, without '=' or NUL",
+            json!(name)
+        )));
+    }
+    if value.is_some_and(|v| v.contains('\0')) {
+        return Err(RpcError::invalid_params(format!(
+            "env value of {} contains NUL",
+            json!(name)
+        )));
+    }
+    Ok(())
 }
 
 async fn read(ctx: &Ctx, p: ReadParams) -> Result<Reply, RpcError> {

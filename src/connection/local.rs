@@ -17,12 +17,12 @@
 //! - **events** ([`LocalLimits::events`]): never dropped; when full the writer waits (serving
 //!   control meanwhile), the logs fill and the children are held back, as on a network.
 //!
-//! It must never drop an event or block the client's sender.
+//! It must never drop an event or block the client's sender, and never signal a process by a
+//! number: its shutdown is the network server's, through containment.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -31,9 +31,12 @@ use tokio_util::sync::CancellationToken;
 use super::message::{Inbound, Outbound};
 use super::outlet::{EventMessage, LocalOutlet};
 use super::processor::{ConnectionOptions, ConnectionProcessor, CONTROL_REQUEST_SLOTS};
-use crate::config::{ServerConfig, IN_PROCESS_EVENT_QUEUE, IN_PROCESS_REQUEST_QUEUE};
+use crate::config::{
+    ServerConfig, IN_PROCESS_EVENT_QUEUE, IN_PROCESS_REQUEST_QUEUE, SHUTDOWN_DELIVERY_GRACE_MS,
+};
 use crate::metrics::Metrics;
 use crate::policy::PolicyFile;
+use crate::process::containment::{start_containment, StartError};
 use crate::session::SessionRegistry;
 
 /// The capacities of one in-process connection's channels.
@@ -136,22 +139,10 @@ impl LocalClientEnd {
     }
 }
 
-/// How often shutdown looks whether the killed process groups are gone (the kernel kills
-/// them asynchronously, and nothing signals their end to us).
-const GROUP_POLL: Duration = Duration::from_millis(5);
-
-/// Whether process group `pgid` has a member that is not a zombie (from `/proc`).
-fn group_has_live_member(pgid: u32) -> bool {
-    use crate::process::containment::procfs::{all_pids, read_stat};
-    all_pids()
-        .unwrap_or_default()
-        .into_iter()
-        .any(|pid| read_stat(pid).is_ok_and(|s| s.pgid == pgid && !s.is_dead()))
-}
-
-/// An exec server in this process: its own [`SessionRegistry`] and one connection
-/// ([`ConnectionProcessor::run_local`]) whose client end the caller holds. The session lives as
-/// long as the connection (as on stdio): when it ends, its processes are terminated.
+/// An exec server in this process: its own [`SessionRegistry`] (with its own containment, as
+/// a network server has) and one connection ([`ConnectionProcessor::run_local`]) whose client
+/// end the caller holds. The session lives as long as the connection (as on stdio): when it
+/// ends, everything it started is ended.
 pub struct LocalServer {
     registry: Arc<SessionRegistry>,
     stop: CancellationToken,
@@ -160,13 +151,21 @@ pub struct LocalServer {
 
 impl LocalServer {
     /// Start a server with `config` (and `policy`), its connection's channels sized by
-    /// `limits`; the client end is returned beside it.
+    /// `limits`; the client end is returned beside it. Containment starts first, as for a
+    /// network server ([`start_containment`]: the backend of `config`, the crash sweep, the
+    /// subreaper), and its failure is this one's.
     pub fn start(
         config: Arc<ServerConfig>,
         policy: Option<Arc<PolicyFile>>,
         limits: LocalLimits,
-    ) -> (LocalServer, LocalClientEnd) {
-        let registry = SessionRegistry::with_exec_policy(config, Arc::new(Metrics::new()), policy);
+    ) -> Result<(LocalServer, LocalClientEnd), StartError> {
+        let containment = start_containment(&config)?;
+        let registry = SessionRegistry::with_exec_policy(
+            config,
+            Arc::new(Metrics::new()),
+            containment,
+            policy,
+        );
         let (client, server) = local_pair(limits);
         let stop = CancellationToken::new();
         let opts = ConnectionOptions {
@@ -184,14 +183,14 @@ impl LocalServer {
                 ConnectionProcessor::run_local(server, registry, opts, stop).await;
             }
         });
-        (
+        Ok((
             LocalServer {
                 registry,
                 stop,
                 task,
             },
             client,
-        )
+        ))
     }
 
     /// The server's registry (its sessions and metrics).
@@ -200,56 +199,35 @@ impl LocalServer {
     }
 
     /// Shut down within `deadline`, whatever the client does (it may have stopped reading
-    /// with both queues full): end the connection, `SIGTERM` every process group and give
-    /// them half the deadline, then `SIGKILL` what is left and wait for it to be reaped. When
-    /// this returns, no child of this server runs (unless one resisted `SIGKILL` past the
+    /// with both queues full), by the network server's sequence
+    /// ([`SessionRegistry::shutdown`]) with its waits cut to the deadline: `SIGTERM` to every
+    /// process (`SIGKILL` after its capped `killGraceMs`) and up to half the deadline for the
+    /// exit notices; then everything any session started is killed through containment (each
+    /// session's cgroup, by `cgroup.kill` where the kernel has it, and what the tree walk
+    /// attributes to this server), never by a process-group number; then the connection ends
+    /// and its session is closed, its scope and the instance cgroup removed. When this
+    /// returns, no process of this server runs (unless one resisted `SIGKILL` past the
     /// deadline, which only an uninterruptible sleep can do; it is logged).
     pub async fn shutdown(self, deadline: Duration) {
         let end = Instant::now() + deadline;
         let half = Instant::now() + deadline / 2;
-        let procs = self.registry.all_processes();
-        self.stop.cancel();
-        for p in &procs {
-            p.terminate(Some(deadline / 2));
-        }
-        let all_exited = |procs: Vec<Arc<crate::process::ManagedProcess>>| async move {
-            for p in procs {
-                p.wait_exited().await;
-            }
-        };
-        let _ = tokio::time::timeout_at(half, all_exited(procs.clone())).await;
-        for p in procs.iter().filter(|p| p.is_running()) {
-            let _ = p.signal(Signal::SIGKILL);
-        }
-        // Members of groups whose leader already exited (a background job): while a group has
-        // a member its id cannot be reused, so killing it by number hits only this group.
-        for p in procs.iter().filter(|p| !p.is_running()) {
-            if group_has_live_member(p.pid) {
-                if let Ok(g) = i32::try_from(p.pid) {
-                    let _ =
-                        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(g), Signal::SIGKILL);
-                }
-            }
-        }
-        // Pumps waiting for room in a log nobody reads quit with their abandoned session.
-        self.registry.close_all();
-        let groups: Vec<u32> = procs.iter().map(|p| p.pid).collect();
-        if tokio::time::timeout_at(end, all_exited(procs))
+        let delivery_grace = Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS);
+        // An application that stopped reading never lets the exit notices out: half the
+        // deadline is all they get.
+        let _ = tokio::time::timeout_at(half, self.registry.terminate_all(delivery_grace)).await;
+        if tokio::time::timeout_at(end, self.registry.kill_everything())
             .await
             .is_err()
         {
-            tracing::warn!("in-process shutdown: a child outlived SIGKILL until the deadline");
+            tracing::warn!("in-process shutdown: killing every process outlived the deadline");
         }
-        // Killed members of the groups die as the kernel gets to them: wait (to the deadline)
-        // until no group has a live member, so that none runs when this returns. (Their
-        // zombies are their parents' to reap: a member whose parent died is init's, which in a
-        // container may never reap it; a zombie runs nothing.)
-        while groups.iter().any(|g| group_has_live_member(*g)) {
-            if Instant::now() >= end {
-                tracing::warn!("in-process shutdown: a process group outlived the deadline");
-                break;
-            }
-            tokio::time::sleep(GROUP_POLL).await;
+        // Pumps waiting for room in a log nobody reads quit with their closed session.
+        self.stop.cancel();
+        if tokio::time::timeout_at(end, self.registry.close_all())
+            .await
+            .is_err()
+        {
+            tracing::warn!("in-process shutdown: closing the session outlived the deadline");
         }
         let mut task = self.task;
         if tokio::time::timeout_at(end, &mut task).await.is_err() {

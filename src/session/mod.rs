@@ -30,6 +30,8 @@ pub use quota::AddressKey;
 pub use session::{ConnHandle, Session, StartSpec};
 pub use session_registry::SessionRegistry;
 
+use crate::process::containment::ContainmentError;
+
 /// Failures of session and process bookkeeping; mapped to JSON-RPC codes in
 /// `connection/error_map.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +72,9 @@ pub enum SessionError {
         /// The policy rule that denied or asked.
         rule: Option<String>,
     },
+    /// The session's containment scope could not be made (a cgroup could not be created).
+    #[error("{0}")]
+    Containment(ContainmentError),
 }
 
 impl SessionError {
@@ -87,14 +92,34 @@ impl SessionError {
                 value: *value,
             },
             // An OS error keeps its number (EMFILE is mapped apart in `error_map.rs`).
-            SessionError::Spawn(e) => SessionError::Spawn(match e.raw_os_error() {
-                Some(n) => std::io::Error::from_raw_os_error(n),
-                None => std::io::Error::new(e.kind(), e.to_string()),
-            }),
+            SessionError::Spawn(e) => SessionError::Spawn(duplicate_io(e)),
+            SessionError::Containment(e) => SessionError::Containment(duplicate_containment(e)),
             SessionError::NotApproved { reason, rule } => SessionError::NotApproved {
                 reason,
                 rule: rule.clone(),
             },
         }
+    }
+}
+
+/// An OS error again, with its number when it has one (else its kind and text).
+fn duplicate_io(e: &std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(n) => std::io::Error::from_raw_os_error(n),
+        None => std::io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+/// A containment error again (for [`SessionError::duplicate`]).
+fn duplicate_containment(e: &ContainmentError) -> ContainmentError {
+    match e {
+        ContainmentError::Config(s) => ContainmentError::Config(s.clone()),
+        ContainmentError::Unavailable { backend, reason } => ContainmentError::Unavailable {
+            backend: *backend,
+            reason: reason.clone(),
+        },
+        ContainmentError::ScopeClosed => ContainmentError::ScopeClosed,
+        ContainmentError::NotEmpty => ContainmentError::NotEmpty,
+        ContainmentError::Io(e) => ContainmentError::Io(duplicate_io(e)),
     }
 }

@@ -1,10 +1,12 @@
 //! The registry every connection of a server shares: sessions by id, their creation (with a
-//! fresh resume token) and resumption (token and client key checked in constant time), the
-//! `maxSessions` limit and the per-client quotas of sessions and processes (`quota.rs`), the
-//! server's inbound byte budget, the read gauges of the metrics, and shutdown.
+//! fresh resume token and a containment scope) and resumption (token and client key checked
+//! in constant time), the `maxSessions` limit and the per-client quotas of sessions and
+//! processes (`quota.rs`), the server's inbound byte budget, the read gauges of the metrics,
+//! the tasks that end closing sessions, and shutdown.
 //!
-//! It never builds its own [`Metrics`]: the caller passes them in. It must never write to a
-//! transport.
+//! It never builds its own [`Metrics`] nor its [`Containment`]: the caller (the composition
+//! root) passes them in. It must never write to a transport, and never wait on a duration a
+//! client chose beyond the server's caps (`max_kill_grace_ms`, `max_drain_timeout_ms`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +17,7 @@ use base64::Engine;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::approvals::Approvals;
 use super::quota::{AddressKey, Owner, Quota, Usage};
@@ -25,6 +28,7 @@ use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
 use crate::policy::resolve::resolve_program;
 use crate::policy::{PolicyFile, Verdict};
+use crate::process::containment::Containment;
 use crate::process::spawn::SpawnSpec;
 use crate::process::OutputBudget;
 use crate::sync::lock;
@@ -45,6 +49,9 @@ pub struct SessionRegistry {
     policy: Option<Arc<PolicyFile>>,
     /// The server-wide output budget (`output_budget_bytes`) every process draws on.
     budget: Arc<OutputBudget>,
+    containment: Containment,
+    /// The tasks ending closed sessions (`Session::close`).
+    closing: TaskTracker,
 }
 
 /// The name clients see in `data.limit` when the server's inbound budget is full.
@@ -61,15 +68,23 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 
 impl SessionRegistry {
     /// A fresh registry counting into `metrics` (one per server: the caller builds it, the
-    /// metrics endpoint renders it).
-    pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
-        Self::with_exec_policy(config, metrics, None)
+    /// metrics endpoint renders it), placing every session's processes in a scope of
+    /// `containment` (started by the caller: reaper, crash sweep).
+    pub fn new(
+        config: Arc<ServerConfig>,
+        metrics: Arc<Metrics>,
+        containment: Containment,
+    ) -> Arc<Self> {
+        Self::with_exec_policy(config, metrics, containment, None)
     }
 
-    /// A fresh registry whose starts go through `policy` (`--exec-policy`).
+    /// A fresh registry whose starts go through `policy` (`--exec-policy`); see
+    /// [`new`](Self::new). An approved start spawns into its session's scope like any other;
+    /// a denied or withdrawn one spawns nothing.
     pub fn with_exec_policy(
         config: Arc<ServerConfig>,
         metrics: Arc<Metrics>,
+        containment: Containment,
         policy: Option<Arc<PolicyFile>>,
     ) -> Arc<Self> {
         Arc::new(SessionRegistry {
@@ -82,7 +97,14 @@ impl SessionRegistry {
             process_admission: Mutex::new(()),
             policy,
             config,
+            containment,
+            closing: TaskTracker::new(),
         })
+    }
+
+    /// The server's containment.
+    pub fn containment(&self) -> &Containment {
+        &self.containment
     }
 
     /// The server's inbound byte budget (`max_inbound_bytes`): connections charge their
@@ -186,6 +208,10 @@ impl SessionRegistry {
     ) -> Result<(Arc<Session>, String), SessionError> {
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));
+        let scope = self
+            .containment
+            .open_scope()
+            .map_err(SessionError::Containment)?;
         let session = Arc::new(Session {
             id: id.clone(),
             token: token.to_vec(),
@@ -201,6 +227,9 @@ impl SessionRegistry {
             registry: Arc::downgrade(self),
             closed: CancellationToken::new(),
             approvals: Mutex::new(Approvals::default()),
+            scope,
+            closing: self.closing.clone(),
+            terminated: CancellationToken::new(),
         });
         {
             let mut sessions = lock(&self.sessions);
@@ -292,30 +321,59 @@ impl SessionRegistry {
         lock(&self.sessions).remove(id);
     }
 
-    /// Every process of every session (an in-process server's shutdown kills them all).
-    pub fn all_processes(&self) -> Vec<Arc<crate::process::ManagedProcess>> {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        sessions.iter().flat_map(|s| s.processes()).collect()
-    }
-
-    /// Close every session (stdio end, server shutdown): every process group is terminated.
-    pub fn close_all(&self) {
+    /// Close every session and wait until each has ended everything it started (SIGTERM,
+    /// the capped grace, SIGKILL), along with every session closed before.
+    pub async fn close_all(&self) {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
         for s in sessions {
             s.close();
         }
+        self.wait_closing().await;
     }
 
-    /// Graceful shutdown: terminate every process with its grace period, wait (bounded) for
-    /// exit notices to reach attached clients, then close everything.
+    /// Wait for the sessions being closed (each is bounded by `max_kill_grace_ms` plus the
+    /// kill's own bound). The tracker is closed for good: this is for shutdown, and a session
+    /// closed later is still tracked and waited for by the next call.
+    async fn wait_closing(&self) {
+        self.closing.close();
+        self.closing.wait().await;
+    }
+
+    /// Graceful shutdown (SIGTERM, SIGINT, the end of stdio), before connections end:
+    ///
+    /// 1. terminate every process (SIGTERM to its group, SIGKILL after its `killGraceMs`,
+    ///    never more than `max_kill_grace_ms`);
+    /// 2. wait until exit notices reached attached clients, at most the longest capped grace
+    ///    plus the longest capped `drainTimeoutMs` plus `delivery_grace`;
+    /// 3. wait for sessions already closing (their own capped grace);
+    /// 4. kill everything any session started, whatever it became
+    ///    ([`Containment::kill_everything`]).
+    ///
+    /// Nothing here waits on a client's number beyond the server's caps. The in-process
+    /// server (`connection/local.rs`) runs the same two halves,
+    /// [`terminate_all`](Self::terminate_all) and [`kill_everything`](Self::kill_everything),
+    /// each cut to its own deadline.
     pub async fn shutdown(&self, delivery_grace: Duration) {
+        self.terminate_all(delivery_grace).await;
+        self.kill_everything().await;
+    }
+
+    /// Steps 1 and 2 of [`shutdown`](Self::shutdown): terminate every process, and wait
+    /// (bounded by the caps and `delivery_grace`) for exit notices to reach attached clients.
+    pub async fn terminate_all(&self, delivery_grace: Duration) {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let max_grace = self.config.max_kill_grace();
+        let max_drain = self.config.max_drain_timeout();
         let mut waits = Vec::new();
+        let mut terminations = Vec::new();
         let mut longest = Duration::ZERO;
         for s in &sessions {
             for p in s.processes() {
-                p.terminate(None);
-                longest = longest.max(p.opts.kill_grace + p.opts.drain_timeout);
+                let grace = p.opts.kill_grace.min(max_grace);
+                let q = p.clone();
+                // All at once: an exited process's group is looked up in its scope (a walk).
+                terminations.push(async move { q.terminate(Some(grace)).await });
+                longest = longest.max(grace + p.opts.drain_timeout.min(max_drain));
                 let attached = s.is_attached();
                 waits.push(async move {
                     p.wait_finished().await;
@@ -327,9 +385,23 @@ impl SessionRegistry {
                 });
             }
         }
+        futures_util::future::join_all(terminations).await;
         let all = futures_util::future::join_all(waits);
         let _ = tokio::time::timeout(longest + delivery_grace, all).await;
-        self.close_all();
+    }
+
+    /// Steps 3 and 4 of [`shutdown`](Self::shutdown): wait for sessions already closing, then
+    /// kill everything any session started, whatever it became, through containment (every
+    /// scope, `cgroup.kill` where available, and what the tree walk finds unattributed).
+    pub async fn kill_everything(&self) {
+        self.wait_closing().await;
+        match self.containment.kill_everything().await {
+            Ok(r) if !r.emptied => {
+                tracing::error!(?r, "processes survived SIGKILL at shutdown")
+            }
+            Ok(r) => tracing::debug!(?r, "every process of every session is gone"),
+            Err(e) => tracing::error!(error = %e, "killing every session's processes failed"),
+        }
     }
 }
 

@@ -132,7 +132,7 @@ pub struct TestServer {
 
 /// Start a server with fresh keys, `auth` and `config` (its link settings among them).
 pub async fn start_server(auth: Arc<dyn Authorizer>, config: ServerConfig) -> TestServer {
-    start_server_on(Server::new(Arc::new(config)), auth).await
+    start_server_on(Server::new(Arc::new(config)).expect("server starts"), auth).await
 }
 
 /// Start `server` (built by the caller: an exec policy, say) with fresh keys and `auth`.
