@@ -24,7 +24,7 @@ use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
 use super::spawn::{spawn, OutputReader, SpawnSpec};
-use crate::config::MAX_CHUNK_BYTES;
+use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, StreamName};
 
@@ -194,16 +194,16 @@ async fn wait_admitted(p: &ManagedProcess, mut want: Want) -> bool {
 pub const FIRST_READ_BYTES: usize = 4096;
 
 /// A chunk whose first read filled `first`: the rest of what the stream has now, up to
-/// `MAX_CHUNK_BYTES` in all, read without waiting straight into the chunk's own buffer (so a
+/// `PUMP_CHUNK_BYTES` in all, read without waiting straight into the chunk's own buffer (so a
 /// bulk chunk is not copied again). A chunk that stays small is moved to an allocation of its
 /// size, so a log of small chunks does not hold 64 KiB buffers.
 fn read_on(reader: &mut OutputReader, first: &[u8]) -> Bytes {
-    let mut chunk = BytesMut::with_capacity(MAX_CHUNK_BYTES);
+    let mut chunk = BytesMut::with_capacity(PUMP_CHUNK_BYTES);
     chunk.extend_from_slice(first);
     // Whatever is readable now; not readable, end of file or an error: the chunk is what we
     // have, and the next read in the pump's loop sees the rest.
     let _ = reader.read_buf(&mut chunk).now_or_never();
-    if chunk.len() < MAX_CHUNK_BYTES / 2 {
+    if chunk.len() < PUMP_CHUNK_BYTES / 2 {
         Bytes::copy_from_slice(&chunk)
     } else {
         chunk.freeze()
@@ -240,7 +240,7 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputRead
                         Bytes::copy_from_slice(&first[..n])
                     } else {
                         // Room for a whole chunk first, holding only these 4 KiB meanwhile.
-                        if !wait_admitted(&p, Want::Room(MAX_CHUNK_BYTES)).await {
+                        if !wait_admitted(&p, Want::Room(PUMP_CHUNK_BYTES)).await {
                             return StreamEnd::Cut { capped };
                         }
                         // A full first read means a stream in bulk: let the other tasks (the
