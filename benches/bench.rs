@@ -39,8 +39,21 @@ fn server_bin() -> std::path::PathBuf {
     p.join("execrelay")
 }
 
-/// CPU seconds (user+system) of a live process, from /proc.
+/// CPU seconds (user+system) of a live process and its reaped children (the commands it ran),
+/// from /proc.
 fn proc_cpu_secs(pid: u32) -> f64 {
+    let (own, children) = proc_cpu_split(pid);
+    own + children
+}
+
+/// CPU seconds of a live process itself (without the children it reaped), from /proc: the
+/// server's own work, which the fan-in compares with one stream's.
+fn proc_own_cpu_secs(pid: u32) -> f64 {
+    proc_cpu_split(pid).0
+}
+
+/// (own, reaped children) CPU seconds of a live process.
+fn proc_cpu_split(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit(')').next().unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -49,7 +62,7 @@ fn proc_cpu_secs(pid: u32) -> f64 {
     let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let cut: f64 = f.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let cst: f64 = f.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    (ut + st + cut + cst) / tick
+    ((ut + st) / tick, (cut + cst) / tick)
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -203,7 +216,26 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
     }
     assert_eq!(pool.live_links(), 1, "every fan-in client on one link");
     let rss_idle = peak_rss_kib(server_pid);
-    let cpu0 = proc_cpu_secs(server_pid);
+    // FANIN_PERF=FILE: record the server's profile during the timed part only (`perf report
+    // -i FILE`), to see where the per-stream cost goes.
+    let perf = std::env::var_os("FANIN_PERF").map(|out| {
+        std::process::Command::new("perf")
+            .args([
+                "record",
+                "-g",
+                "-F",
+                "999",
+                "-p",
+                &server_pid.to_string(),
+                "-o",
+            ])
+            .arg(out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("perf record")
+    });
+    let cpu0 = proc_own_cpu_secs(server_pid);
     let t0 = Instant::now();
     let runs = clients.iter().enumerate().map(|(i, c)| {
         let argv = vec![
@@ -216,7 +248,15 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
     });
     let total: u64 = futures_util::future::join_all(runs).await.into_iter().sum();
     let took = t0.elapsed();
-    let cpu = proc_cpu_secs(server_pid) - cpu0;
+    // The server's own CPU: the 1,000 `head` processes' start-up (about 1 ms each) is theirs.
+    let cpu = proc_own_cpu_secs(server_pid) - cpu0;
+    if let Some(mut perf) = perf {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(perf.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        let _ = perf.wait();
+    }
     assert_eq!(
         total,
         per * procs as u64,
@@ -291,9 +331,10 @@ async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) 
 
 struct Throughput {
     mbps: f64,
-    /// Server and client together.
+    /// Server (with the command it ran) and client together, as OpenSSH's figure counts sshd
+    /// with the remote shell and `head`.
     cpu_per_gb: f64,
-    /// The server alone.
+    /// The server process alone (not the command).
     server_cpu_per_gb: f64,
     server_rss_kib: u64,
 }
@@ -351,10 +392,10 @@ async fn throughput(kind: &str, form: &str, n: u64, keys: &NoiseKeys) -> Through
             (c, pid, Some(s))
         }
     };
-    let server0 = proc_cpu_secs(server_pid);
-    let cpu0 = server0 + self_cpu_secs();
+    let server0 = proc_own_cpu_secs(server_pid);
+    let cpu0 = proc_cpu_secs(server_pid) + self_cpu_secs();
     let (bytes, took) = drain(&client, "tp", argv).await;
-    let server_cpu = proc_cpu_secs(server_pid) - server0;
+    let server_cpu = proc_own_cpu_secs(server_pid) - server0;
     let cpu = proc_cpu_secs(server_pid) + self_cpu_secs() - cpu0;
     assert_eq!(bytes, n, "every byte must arrive (got {bytes} of {n})");
     let rss = peak_rss_kib(server_pid);
@@ -679,7 +720,7 @@ fn record_layer_cpu_per_gb(n: u64, binary: bool) -> f64 {
     let (client_keys, _) = hs.finish(&m2).expect("finish");
     let mut sealer = RecordSealer::new(server_keys);
     let mut opener = RecordOpener::new(client_keys, execrelay::config::MAX_MESSAGE_BYTES);
-    let raw = vec![0u8; 64 * 1024];
+    let raw = vec![0u8; execrelay::config::PUMP_CHUNK_BYTES];
     let chunk = base64::engine::general_purpose::STANDARD.encode(&raw);
     let msg = format!(
         r#"{{"jsonrpc":"2.0","method":"process/outputDelta","params":{{"processId":"tp","seq":1,"stream":"stdout","chunk":"{chunk}"}}}}"#
@@ -689,7 +730,7 @@ fn record_layer_cpu_per_gb(n: u64, binary: bool) -> f64 {
         1,
         execrelay::rpc::messages::StreamName::Stdout,
     );
-    let chunks = n.div_ceil(64 * 1024);
+    let chunks = n.div_ceil(raw.len() as u64);
     let cpu0 = self_cpu_secs();
     let mut got = 0u64;
     for _ in 0..chunks {
@@ -753,7 +794,7 @@ async fn main() {
             let med = &results[results.len() / 2];
             println!("{key}_MBps {:.1}", med.mbps);
             println!("{key}_cpu_s_per_GB {:.2}", med.cpu_per_gb);
-            println!("{key}_server_cpu_s_per_GB {:.2}", med.server_cpu_per_gb);
+            println!("{key}_server_own_cpu_s_per_GB {:.2}", med.server_cpu_per_gb);
             println!("{key}_server_peak_rss_KiB {}", med.server_rss_kib);
             ratios(&key, med.mbps);
             cpu_per_gb.insert(key.clone(), med.cpu_per_gb);
@@ -825,7 +866,7 @@ async fn main() {
         let (mbps, rss, cpu, idle) = fan_in(&keys, fan, per).await;
         println!("fanin_procs {fan}");
         println!("fanin_MBps {mbps:.1}");
-        println!("fanin_server_cpu_s_per_GB {cpu:.2}");
+        println!("fanin_server_own_cpu_s_per_GB {cpu:.2}");
         // Against one Noise stream with binary output (what the fan-in's clients ask for).
         if let Some(single) = server_cpu_per_gb.get("noise_binary") {
             println!(
@@ -834,11 +875,20 @@ async fn main() {
             );
         }
         println!("fanin_server_peak_rss_KiB {rss}");
-        // The documented bound: the server's RSS with its sessions idle, plus the output
-        // budget, plus the per-process constant of the budget's bound and of the process
-        // itself (GUARANTEED_OUTPUT_BYTES + PER_PROCESS_BYTES: 64 KiB + 64 KiB), per stream.
+        // The documented bound (README, "The output budget"): the server's RSS with its
+        // sessions idle, plus the output budget, plus the link's send queue, plus per stream:
+        // its guaranteed chunk, the process itself (64 KiB), what its client has not yet
+        // acknowledged (ACK_EVERY_BYTES) and the one sealed message its stream sink may hold.
         let budget_kib = (execrelay::config::OUTPUT_BUDGET_BYTES / 1024) as u64;
-        let bound = idle + budget_kib + fan as u64 * 128;
+        let link_queue_kib = (execrelay::link::server::LINK_SEND_QUEUE
+            * execrelay_relay::frame::MAX_FRAME_BYTES
+            / 1024) as u64;
+        let per_stream_kib = ((execrelay::process::output_budget::GUARANTEED_OUTPUT_BYTES
+            + 64 * 1024
+            + execrelay::client::ACK_EVERY_BYTES as usize
+            + execrelay_relay::frame::MAX_FRAME_BYTES)
+            / 1024) as u64;
+        let bound = idle + budget_kib + link_queue_kib + fan as u64 * per_stream_kib;
         println!("fanin_server_idle_rss_KiB {idle}");
         println!("fanin_server_rss_bound_KiB {bound}");
     }

@@ -16,6 +16,12 @@ pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// Output is cut into chunks of at most this many raw bytes (`protocol.md` §5). One pipe read
 /// is at most this large, so a chunk is one read.
 pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
+/// The most an output pump reads into one chunk: `MAX_CHUNK_BYTES` less 512 bytes, so that a
+/// chunk with its binary-message head (at most 268 bytes, `protocol.md` §5.1) and its 4-byte
+/// length prefix fits one Noise record (65,518 bytes of plaintext). A bulk stream then costs
+/// one record per chunk, not a full one and a 36-byte one (an AEAD operation, a frame and a
+/// slot of the link's queue each). Within `MAX_CHUNK_BYTES`, as the protocol requires.
+pub const PUMP_CHUNK_BYTES: usize = MAX_CHUNK_BYTES - 512;
 /// Processes per session. Bounds per-session memory together with `retainedOutputBytes`.
 pub const MAX_PROCESSES: usize = 256;
 /// Sessions per server, attached or detached.

@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use execrelay::client::{Client, ClientOptions, StartOptions, Target};
-use execrelay::config::{ServerConfig, MAX_CHUNK_BYTES, MAX_PROCESS_ID_BYTES};
+use execrelay::config::{ServerConfig, MAX_PROCESS_ID_BYTES, PUMP_CHUNK_BYTES};
 use execrelay::link::client::{ClientLink, NoiseClientConfig};
 use execrelay::link::server::NoiseServerConfig;
 use execrelay::noise::keys::Keypair;
@@ -259,14 +259,14 @@ fn exited(events: &[Ev]) -> bool {
 
 /// A child driven in lockstep through its stdin, so that each step is exactly one output
 /// chunk and the seqs of two runs agree: `o`/`e` write 4 KiB of the pattern file (one write,
-/// atomic on a pipe) to stdout/stderr, `O` writes 64 KiB in one write into the empty pipe (the
-/// largest chunk), `q` exits with status 3.
+/// atomic on a pipe) to stdout/stderr, `O` writes `PUMP_CHUNK_BYTES` in one write into the
+/// empty pipe (the largest chunk the server makes), `q` exits with status 3.
 const LOCKSTEP: &str = r#"i=0
 while read -r c; do
   case $c in
     o) dd if="$1" bs=4096 skip=$i count=1 status=none ;;
     e) dd if="$1" bs=4096 skip=$i count=1 status=none >&2 ;;
-    O) dd if="$1" bs=65536 count=1 status=none ;;
+    O) dd if="$1" bs=65024 count=1 status=none ;;
     q) exit 3 ;;
   esac
   i=$((i+1))
@@ -276,7 +276,7 @@ done"#;
 const STEPS: [(&str, usize); 6] = [
     ("o", 4096),
     ("e", 4096),
-    ("O", MAX_CHUNK_BYTES),
+    ("O", PUMP_CHUNK_BYTES),
     ("e", 4096),
     ("o", 4096),
     ("q", 0),
@@ -390,6 +390,16 @@ async fn same_command_in_both_forms(noise: bool) {
     }
     server.stop().await;
 }
+
+/// The lockstep script writes the largest chunk with `dd bs=65024`: it must be the server's.
+const _: () = assert!(PUMP_CHUNK_BYTES == 65_024);
+
+/// The server's largest binary delta, with the longest head and its length prefix, is one
+/// Noise record: a bulk stream costs one record per chunk.
+const _: () = assert!(
+    4 + execrelay::rpc::binary_output::MAX_HEAD_BYTES + PUMP_CHUNK_BYTES
+        <= execrelay::noise::record::MAX_RECORD_BODY
+);
 
 #[tokio::test]
 async fn binary_and_json_clients_get_the_same_output_over_websocket() {

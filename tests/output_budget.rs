@@ -9,7 +9,9 @@ mod common;
 use common::*;
 
 use execrelay::config::ServerConfig;
-use execrelay::process::output_budget::GUARANTEED_OUTPUT_BYTES;
+use execrelay::config::PUMP_CHUNK_BYTES;
+use execrelay::process::event_log::output_cost;
+use execrelay::process::output_budget::{admission, GUARANTEED_OUTPUT_BYTES};
 use serde_json::json;
 
 /// Raise this process's descriptor limit to what `n` children need (three pipe ends each,
@@ -125,7 +127,8 @@ async fn chatty_processes_of_a_stuck_client_do_not_starve_another_session() {
         64 * 1024,
         execrelay::connection::ConnectionOptions::default(),
     );
-    stuck.client.handshake().await;
+    let init = stuck.client.handshake().await;
+    let (sid, _) = credentials(&init);
     for i in 0..3 {
         stuck
             .client
@@ -136,10 +139,20 @@ async fn chatty_processes_of_a_stuck_client_do_not_starve_another_session() {
             .await;
     }
     let budget = registry.output_budget().clone();
-    // Each holds its fair share (a third of the budget), in whole chunks: no room is left
-    // for another chunk.
-    eventually("the chatty processes spend the budget", || {
-        budget.unwritten() + GUARANTEED_OUTPUT_BYTES > BUDGET
+    // None of them may take another chunk (by its fair share, or because the budget is
+    // spent: whichever came first may hold more than a third, as it was alone for a moment).
+    let full = output_cost(PUMP_CHUNK_BYTES);
+    let reg = registry.clone();
+    eventually("the chatty processes hold their fair shares", || {
+        let Some(s) = reg.session(&sid) else {
+            return false;
+        };
+        let procs = s.processes();
+        procs.len() == 3
+            && procs.iter().all(|p| {
+                let own = p.stats().unwritten_bytes;
+                admission(own, full, budget.unwritten(), budget.ahead(), BUDGET).is_err()
+            })
     })
     .await;
 

@@ -38,7 +38,12 @@ use crate::rpc::Method;
 use crate::sync::lock;
 
 /// Output bytes consumed by the application before an ack is sent.
-pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
+///
+/// With acks the server holds what it wrote until it is acknowledged, so this is memory the
+/// server holds per stream (about this much, plus what is in flight): 64 KiB keeps a thousand
+/// streams at once under 100 MB of it (it was 256 KiB: 256 MB for the fan-in benchmark), for
+/// one small notification per chunk or two consumed.
+pub const ACK_EVERY_BYTES: u64 = 64 * 1024;
 
 /// An event of one process, handed out exactly once, in order.
 #[derive(Debug, Clone, PartialEq)]

@@ -26,7 +26,7 @@ use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
 use super::spawn::{spawn_into, OutputReader, SpawnSpec};
-use crate::config::MAX_CHUNK_BYTES;
+use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, StreamName};
 
@@ -191,36 +191,113 @@ async fn wait_admitted(p: &ManagedProcess, mut want: Want) -> bool {
     }
 }
 
-/// The first read of every chunk: the most a pump holds that is not in its log, while its
-/// stream is idle or while it waits for room. A pump with a whole chunk's buffer of its own
-/// would hold 64 KiB per stream, resident once used (128 MB for a thousand processes), and
-/// one that read a whole chunk before it had room would hold another. Only when this read
-/// comes back full, and a whole chunk would be admitted, does the pump read on, into a buffer
-/// that becomes the chunk itself.
+/// The first read of a PTY's chunk: the most its pump holds that is not in its log, while
+/// the terminal is idle or while it waits for room. (A pipe's pump holds nothing: it waits
+/// for readiness, then for room, and only then reads, into a buffer that becomes the chunk.)
+/// Only when this read comes back full, and a whole chunk would be admitted, does the pump
+/// read on.
 pub const FIRST_READ_BYTES: usize = 4096;
 
-/// A chunk whose first read filled `first`: the rest of what the stream has now, up to
-/// `MAX_CHUNK_BYTES` in all, read without waiting straight into the chunk's own buffer (so a
-/// bulk chunk is not copied again). A chunk that stays small is moved to an allocation of its
-/// size, so a log of small chunks does not hold 64 KiB buffers.
-fn read_on(reader: &mut OutputReader, first: &[u8]) -> Bytes {
-    let mut chunk = BytesMut::with_capacity(MAX_CHUNK_BYTES);
-    chunk.extend_from_slice(first);
-    // Whatever is readable now; not readable, end of file or an error: the chunk is what we
-    // have, and the next read in the pump's loop sees the rest.
-    let _ = reader.read_buf(&mut chunk).now_or_never();
-    if chunk.len() < MAX_CHUNK_BYTES / 2 {
+/// A chunk in a buffer of `PUMP_CHUNK_BYTES`: kept as it is when it filled half of it or
+/// more, else moved to an allocation of its size, so a log of small chunks does not hold
+/// 64 KiB buffers.
+fn sized(chunk: BytesMut) -> Bytes {
+    if chunk.len() < PUMP_CHUNK_BYTES / 2 {
         Bytes::copy_from_slice(&chunk)
     } else {
         chunk.freeze()
     }
 }
 
-async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputReader) -> StreamEnd {
+/// A child's output as its pump reads it.
+enum Source {
+    /// A pipe on the reactor: the pump waits until it is readable (holding no buffer), then
+    /// for room, then reads once, straight into the chunk's own buffer: one read, so one
+    /// wake-up of a child blocked on a full pipe, per chunk.
+    Pipe(tokio::net::unix::pipe::Receiver),
+    /// Anything else (the PTY master): read through `AsyncRead`, [`FIRST_READ_BYTES`] first.
+    Reader(OutputReader),
+    /// A pipe that could not move onto the reactor (its descriptor went with the error): it
+    /// reads as ended.
+    Lost,
+}
+
+/// What [`Source::ready`] found.
+enum Ready {
+    /// The pipe is readable (or at its end).
+    Readable,
+    /// The first read of a chunk returned this many bytes (0: end of file).
+    Read(usize),
+}
+
+/// What [`Source::read_chunk`] read.
+enum Chunk {
+    /// Bytes of output.
+    Data(Bytes),
+    /// End of file.
+    Eof,
+    /// Nothing after all (a spurious readiness): wait again.
+    Nothing,
+}
+
+impl Source {
+    /// Pipes move onto a reactor registration of their own (tokio's `ChildStdout` has no
+    /// readiness of its own to wait on); anything else, or a pipe that cannot move, stays.
+    fn new(reader: OutputReader) -> Source {
+        use tokio::net::unix::pipe::Receiver;
+        let fd = match reader {
+            OutputReader::Stdout(r) => r.into_owned_fd(),
+            OutputReader::Stderr(r) => r.into_owned_fd(),
+            other => return Source::Reader(other),
+        };
+        match fd.and_then(Receiver::from_owned_fd) {
+            Ok(pipe) => Source::Pipe(pipe),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register an output pipe");
+                Source::Lost
+            }
+        }
+    }
+
+    /// Wait until there is something to read (cancel-safe: nothing is consumed unless it
+    /// resolves). The PTY's first read goes into `first`.
+    async fn ready(&mut self, first: &mut [u8]) -> std::io::Result<Ready> {
+        match self {
+            Source::Pipe(pipe) => pipe.readable().await.map(|()| Ready::Readable),
+            Source::Reader(reader) => reader.read(first).await.map(Ready::Read),
+            Source::Lost => Ok(Ready::Read(0)),
+        }
+    }
+
+    /// Read a chunk now, without waiting: from the pipe, up to `PUMP_CHUNK_BYTES`; from the
+    /// PTY, what follows `first` (a full first read) up to the same.
+    fn read_chunk(&mut self, first: &[u8]) -> std::io::Result<Chunk> {
+        let mut chunk = BytesMut::with_capacity(PUMP_CHUNK_BYTES);
+        match self {
+            Source::Pipe(pipe) => match pipe.try_read_buf(&mut chunk) {
+                Ok(0) => Ok(Chunk::Eof),
+                Ok(_) => Ok(Chunk::Data(sized(chunk))),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Chunk::Nothing),
+                Err(e) => Err(e),
+            },
+            Source::Reader(reader) => {
+                chunk.extend_from_slice(first);
+                // Whatever is readable now; not readable, end of file or an error: the chunk
+                // is what we have, and the next read in the pump's loop sees the rest.
+                let _ = reader.read_buf(&mut chunk).now_or_never();
+                Ok(Chunk::Data(sized(chunk)))
+            }
+            Source::Lost => Ok(Chunk::Eof),
+        }
+    }
+}
+
+async fn pump(p: Arc<ManagedProcess>, stream: StreamName, reader: OutputReader) -> StreamEnd {
     let cap = p.opts.output_cap;
     let mut delivered: u64 = 0;
     let mut capped = cap == Some(0);
     let mut first = [0u8; FIRST_READ_BYTES];
+    let mut source = Source::new(reader);
     loop {
         let notified = p.changed.notified();
         tokio::pin!(notified);
@@ -239,58 +316,80 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, mut reader: OutputRead
             .unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(86_400));
         tokio::select! {
             biased;
-            r = reader.read(&mut first) => match r {
-                Ok(0) => return StreamEnd::Eof,
-                Ok(n) => {
-                    let chunk = if n < FIRST_READ_BYTES || capped {
+            r = source.ready(&mut first) => {
+                let chunk = match r {
+                    Ok(Ready::Read(0)) => return StreamEnd::Eof,
+                    Ok(Ready::Read(n)) if n < FIRST_READ_BYTES || capped => {
                         Bytes::copy_from_slice(&first[..n])
-                    } else {
-                        // Room for a whole chunk first, holding only these 4 KiB meanwhile.
-                        if !wait_admitted(&p, Want::Room(MAX_CHUNK_BYTES)).await {
+                    }
+                    Ok(ready) => {
+                        // Room for a whole chunk before reading one (once capped, bytes are
+                        // discarded: never wait for the client then).
+                        if !capped && !wait_admitted(&p, Want::Room(PUMP_CHUNK_BYTES)).await {
                             return StreamEnd::Cut { capped };
                         }
-                        // A full first read means a stream in bulk: let the other tasks (the
-                        // connection's writer) run once while the child fills its pipe, so the
-                        // chunk is whole rather than what arrived in the last microsecond
-                        // (small chunks cost a message each, all the way to the client).
+                        // Let the other tasks (the connection's writer) run once while the
+                        // child fills its pipe, so that a stream in bulk makes whole chunks
+                        // rather than what arrived in the last microsecond (small chunks cost
+                        // a message each, all the way to the client).
                         tokio::task::yield_now().await;
-                        read_on(&mut reader, &first)
-                    };
-                    let n = chunk.len();
-                    p.metrics.output_bytes.inc_by(n as u64);
-                    let keep = {
-                        let mut inner = p.inner();
-                        match stream {
-                            StreamName::Stderr => inner.stderr_bytes += n as u64,
-                            _ => inner.stdout_bytes += n as u64,
-                        }
-                        let keep = match cap {
-                            Some(cap) => (cap - delivered).min(n as u64) as usize,
-                            None => n,
+                        let first_read = match ready {
+                            Ready::Read(n) => &first[..n],
+                            Ready::Readable => &[][..],
                         };
-                        if keep < n {
-                            inner.dropped_bytes += (n - keep) as u64;
+                        match source.read_chunk(first_read) {
+                            Ok(Chunk::Data(chunk)) => chunk,
+                            Ok(Chunk::Eof) => return StreamEnd::Eof,
+                            Ok(Chunk::Nothing) => continue,
+                            Err(e) => {
+                                tracing::debug!(
+                                    error = %e,
+                                    stream = stream.as_str(),
+                                    "output read failed"
+                                );
+                                return StreamEnd::Eof;
+                            }
                         }
-                        keep
+                    }
+                    Err(e) => {
+                        tracing::debug!(
+                            error = %e,
+                            stream = stream.as_str(),
+                            "output read failed"
+                        );
+                        return StreamEnd::Eof;
+                    }
+                };
+                let n = chunk.len();
+                p.metrics.output_bytes.inc_by(n as u64);
+                let keep = {
+                    let mut inner = p.inner();
+                    match stream {
+                        StreamName::Stderr => inner.stderr_bytes += n as u64,
+                        _ => inner.stdout_bytes += n as u64,
+                    }
+                    let keep = match cap {
+                        Some(cap) => (cap - delivered).min(n as u64) as usize,
+                        None => n,
                     };
-                    // Once capped, bytes are discarded: never wait for the client then.
-                    if keep > 0 {
-                        let chunk = chunk.slice(..keep);
-                        if !wait_admitted(&p, Want::Append(stream, chunk)).await {
-                            return StreamEnd::Cut { capped };
-                        }
-                        delivered += keep as u64;
-                        p.notify_delivery();
+                    if keep < n {
+                        inner.dropped_bytes += (n - keep) as u64;
                     }
-                    if cap.is_some_and(|c| delivered >= c) {
-                        capped = true;
+                    keep
+                };
+                // Once capped, bytes are discarded: never wait for the client then.
+                if keep > 0 {
+                    let chunk = chunk.slice(..keep);
+                    if !wait_admitted(&p, Want::Append(stream, chunk)).await {
+                        return StreamEnd::Cut { capped };
                     }
+                    delivered += keep as u64;
+                    p.notify_delivery();
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, stream = stream.as_str(), "output read failed");
-                    return StreamEnd::Eof;
+                if cap.is_some_and(|c| delivered >= c) {
+                    capped = true;
                 }
-            },
+            }
             _ = &mut notified => {}
             _ = p.exited.cancelled(), if !exited => {}
             _ = tokio::time::sleep_until(sleep_until), if deadline.is_some() => {}
