@@ -115,13 +115,10 @@ fn noise_keys() -> NoiseKeys {
     )
     .expect("authorized keys");
     NoiseKeys {
-        config: std::sync::Arc::new(execrelay::link::client::NoiseClientConfig {
-            keys: client,
-            server_public: server.public,
-            token: None,
-            env_id: String::new(),
-            max_message_bytes: execrelay::config::MAX_MESSAGE_BYTES,
-        }),
+        config: std::sync::Arc::new(execrelay::link::client::NoiseClientConfig::new(
+            client,
+            server.public,
+        )),
         dir,
     }
 }

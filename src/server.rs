@@ -23,7 +23,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use execrelay_relay::frame::MAX_FRAME_BYTES;
+use execrelay_relay::config::HandshakeBudgetPolicy;
+use execrelay_relay::driver::link_websocket_config;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -36,7 +37,7 @@ use crate::http::{
     self, Front, FrontLimits, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute,
 };
-use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
+use crate::link::server::{run_link, LinkContext, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
 use crate::session::SessionRegistry;
@@ -220,26 +221,29 @@ impl Server {
                             capacity: Some(links.clone()),
                         }],
                     };
-                    let (registry, stop, spawner) =
-                        (registry.clone(), conn_shutdown.clone(), tasks.clone());
                     // Message-1 timestamps, shared by every link of the listener: a message 1
                     // replayed on another link is refused too.
                     let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
                         HelloTimestamps::new(TRACKED_CLIENT_KEYS),
                     ));
+                    let ctx = LinkContext {
+                        noise,
+                        registry: registry.clone(),
+                        timestamps,
+                        shutdown: conn_shutdown.clone(),
+                        tasks: tasks.clone(),
+                    };
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
                         let span = tracing::info_span!("link", peer = %up.peer);
+                        // A direct link is one client's: an empty handshake budget closes it.
                         let link = run_link(
                             up.ws,
-                            up.peer,
-                            noise.clone(),
-                            registry.clone(),
-                            timestamps.clone(),
-                            stop.clone(),
-                            spawner.clone(),
+                            up.peer.to_string(),
+                            ctx.clone(),
+                            HandshakeBudgetPolicy::CloseLink,
                         );
                         let permit = up.permit;
-                        spawner.spawn(
+                        ctx.tasks.spawn(
                             async move {
                                 link.await;
                                 // The slot of `max_links` is free once the link ends.
@@ -251,7 +255,7 @@ impl Server {
                     let front = Front {
                         routes,
                         limits: FrontLimits::websocket(&config),
-                        websocket: websocket_config(MAX_FRAME_BYTES),
+                        websocket: link_websocket_config(),
                         on_upgrade,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));

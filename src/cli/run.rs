@@ -18,7 +18,9 @@ use crate::rpc::messages::TermSize;
 /// Flags of `execrelay run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to spawn a local server.
+    /// Server URL: `ws://HOST:PORT`, `noise+ws://HOST:PORT`, or through a relay
+    /// `relay+ws://RELAY:PORT/ENVIRONMENT_ID` (`relay+wss://` over TLS). Omit it (or pass
+    /// `--local`) to spawn a local server.
     pub target: Option<String>,
     /// Spawn `execrelay serve --listen stdio` and run the command through it.
     #[arg(long)]
@@ -35,15 +37,20 @@ pub struct RunArgs {
     /// Terminate the command after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
-    /// noise+ws: the server's public key (a `.pub` file or the key line itself).
+    /// noise+ws and relay+ws: the exec server's public key (a `.pub` file or the key line
+    /// itself; through a relay, still the exec server's, never the relay's).
     #[arg(long, value_name = "KEY_OR_FILE")]
     pub server_key: Option<String>,
-    /// noise+ws: this client's private key file.
+    /// noise+ws and relay+ws: this client's private key file.
     #[arg(long, value_name = "FILE")]
     pub key: Option<std::path::PathBuf>,
-    /// noise+ws: a token to present in the handshake (read from the file).
+    /// noise+ws and relay+ws: a token to present in the handshake (read from the file).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// relay+wss: trust only the CA certificates (PEM) in this file instead of the platform's
+    /// roots (a relay behind a proxy with a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -77,18 +84,26 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
     match (&args.target, args.local) {
         (None, _) | (_, true) => Target::local().map_err(|e| e.to_string()),
         (Some(t), false) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
-        (Some(t), false) if t.starts_with("noise+ws://") => {
+        (Some(t), false)
+            if t.starts_with("noise+ws://")
+                || t.starts_with("relay+ws://")
+                || t.starts_with("relay+wss://") =>
+        {
+            use crate::link::client::{LinkPool, NoiseClientConfig};
+            use crate::link::dial::{LinkTarget, TlsRoots};
             use crate::noise::keys::{load_public, Keypair};
+            LinkTarget::parse(t).map_err(|e| e.to_string())?;
             let server = args.server_key.as_deref().ok_or(
-                "noise+ws:// needs --server-key (the server's public key; no trust on first use)",
+                "noise+ws:// and relay+ws:// need --server-key (the exec server's public key; no trust on first use)",
             )?;
             let server_public = load_public(server).map_err(|e| e.to_string())?;
             let key = args
                 .key
                 .as_ref()
-                .ok_or("noise+ws:// needs --key (this client's private key)")?;
+                .ok_or("noise+ws:// and relay+ws:// need --key (this client's private key)")?;
             let keys = Keypair::load(key).map_err(|e| e.to_string())?;
-            let token = match &args.token_file {
+            let mut config = NoiseClientConfig::new(keys, server_public);
+            config.token = match &args.token_file {
                 Some(p) => Some(
                     std::fs::read_to_string(p)
                         .map_err(|e| format!("{}: {e}", p.display()))?
@@ -97,21 +112,21 @@ fn parse_target(args: &RunArgs) -> Result<Target, String> {
                 ),
                 None => None,
             };
+            if let Some(ca) = &args.ca_file {
+                let roots = TlsRoots::CaFile(ca.clone());
+                // Checked now, so a bad file is reported before anything is dialled.
+                roots.client_config().map_err(|e| e.to_string())?;
+                config.tls = roots;
+            }
             Ok(Target::Noise {
                 url: t.clone(),
-                config: std::sync::Arc::new(crate::link::client::NoiseClientConfig {
-                    keys,
-                    server_public,
-                    token,
-                    env_id: String::new(),
-                    max_message_bytes: crate::config::MAX_MESSAGE_BYTES,
-                }),
+                config: std::sync::Arc::new(config),
                 // One client per run: the pool holds its link across resumes.
-                pool: crate::link::client::LinkPool::new(),
+                pool: LinkPool::new(),
             })
         }
         (Some(t), false) => Err(format!(
-            "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT or --local"
+            "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT, relay+ws://RELAY:PORT/ENVIRONMENT_ID, relay+wss://RELAY:PORT/ENVIRONMENT_ID or --local"
         )),
     }
 }

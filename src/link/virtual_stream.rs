@@ -1,183 +1,369 @@
-//! One virtual stream as a [`Transport`]: inbound messages arrive through a bounded channel fed
-//! by the link reader; outbound messages are sealed into records and `DATA` frames and queued
-//! on the link's send queue.
+//! One Noise virtual stream as a [`Transport`], over a stream handle of the link engine
+//! (`execrelay_relay::driver::StreamHandle`).
 //!
-//! The sink seals in the writer's task, so encryption cost lands on the connection that
-//! produces the data, not on the shared link reader.
+//! # Where the work runs (issue 11, item 3)
+//!
+//! - **Outbound** ([`NoiseSink`]): the connection's writer task calls the sink; the sink copies
+//!   each message (behind its 4-byte length) into the record under assembly, and when a record
+//!   is full (or on flush) it waits for window credit, takes the `seq` the engine gives it,
+//!   seals the record **in place** with that `seq` as nonce, and hands it to the engine's
+//!   queue. The link writer takes it from there: one task hop from a stream's sink to the
+//!   socket, no channel in between, each plaintext byte copied once. Small messages written
+//!   back to back share a record (one AEAD pass, one frame, one window slot).
+//! - **Inbound** ([`NoiseIncoming`]): the link reader only moves ciphertext into the stream's
+//!   bounded queue; this stream's consumer (the connection's reader task) decrypts and
+//!   reassembles messages when it polls, so several streams decrypt on several cores.
+//!
+//! Flow control is the engine's: a consumer that stops polling stops acknowledging, so its
+//! peer's sender waits for credit; a writer whose peer stops acknowledging waits in
+//! `poll_ready`/`poll_flush` — and with it whatever feeds it (for the exec server: the
+//! connection writer, then the process's log, then the child).
+//!
+//! # Ending
+//!
+//! A record that fails to decrypt (or does not reassemble) ends the inbound stream with an
+//! error and marks the stream failed; the sink then resets it (`bad_record`) instead of
+//! writing. When the sink is dropped it hands its sending half back through
+//! [`StreamEnd`], so the exec server can send the authenticated close record (§4) before
+//! the stream's `RESET` (§8).
 
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::Sink;
-use tokio::sync::mpsc;
-use tokio_util::sync::PollSender;
+use futures_util::{Sink, Stream};
+use tokio::sync::oneshot;
 
 use crate::noise::handshake::TransportKeys;
-use crate::noise::record::{RecordOpener, RecordSealer};
-use crate::sync::lock;
+use crate::noise::record::{
+    length_prefix, Opened, RecordError, RecordOpener, KIND_CLOSE, KIND_STREAM, MAX_CLOSE_REASON,
+    MAX_RECORD_BODY, TAG_BYTES,
+};
 use crate::transport::{FramingError, Transport};
-use execrelay_relay::frame::{Frame, FrameError, FrameType, StreamId};
+use execrelay_relay::driver::{StreamHandle, StreamReceiver, StreamSender};
+use execrelay_relay::reason::Reason;
 
-/// The parts of a stream the link driver keeps, beside the [`Transport`] it hands out.
-pub struct StreamParts {
-    /// For the connection (server) or the client library.
-    pub transport: Transport,
-    /// Where the link reader delivers whole inbound messages.
-    pub inbound: mpsc::Sender<Result<Vec<u8>, FramingError>>,
-    /// Decrypts this stream's inbound records.
-    pub opener: RecordOpener,
-    /// Shared with the sink: the authenticated close uses the same record numbering.
-    pub sealer: Arc<Mutex<RecordSealer>>,
+/// Largest record plaintext (kind byte and body) assembled by a sink.
+const RECORD_PLAINTEXT: usize = 1 + MAX_RECORD_BODY;
+
+/// How long the exec server waits for window credit to send its authenticated close record
+/// when a stream's connection ends. A peer that has not read for this long gets the `RESET`
+/// without the record (it learns its stream is gone either way).
+pub const CLOSE_RECORD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// State shared by the two halves of one stream.
+#[derive(Debug, Default)]
+struct Flags {
+    /// A record failed: the stream is reset `bad_record`, never written to again.
+    bad_record: AtomicBool,
 }
 
-/// Build a stream over the link's send queue `out`.
-pub fn open_stream(
-    stream: StreamId,
+/// What the sink hands back when it is dropped: the sending half (unless the stream was
+/// reset), to close the stream properly.
+pub struct SinkReturn {
+    sender: Option<StreamSender>,
+    keys: TransportKeys,
+    bad_record: bool,
+}
+
+/// The owner's grip on a stream's end: receives the sending half back from the sink.
+pub struct StreamEnd {
+    rx: oneshot::Receiver<SinkReturn>,
+}
+
+impl StreamEnd {
+    /// Once the transport's sink is gone: send the authenticated close record with `reason`
+    /// (waiting at most [`CLOSE_RECORD_TIMEOUT`] for credit), then finish the stream (its
+    /// `RESET` follows the record). A stream that failed is reset `bad_record` instead.
+    pub async fn close_with_record(self, reason: &str) {
+        let Ok(ret) = self.rx.await else { return };
+        let Some(mut sender) = ret.sender else { return };
+        if ret.bad_record {
+            sender.reset(Reason::BadRecord);
+            return;
+        }
+        let mut end = reason.len().min(MAX_CLOSE_REASON);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let body = &reason.as_bytes()[..end];
+        let credit = tokio::time::timeout(
+            CLOSE_RECORD_TIMEOUT,
+            std::future::poll_fn(|cx| sender.poll_ready(cx)),
+        )
+        .await;
+        match credit {
+            Ok(Ok(seq)) => match seal(&ret.keys, seq, KIND_CLOSE, body) {
+                Ok(record) => {
+                    if sender.start_send(record).is_ok() {
+                        sender.finish(Reason::Closed);
+                    }
+                }
+                Err(_) => sender.reset(Reason::Closed),
+            },
+            // The stream or the link is already gone.
+            Ok(Err(_)) => {}
+            Err(_) => sender.reset(Reason::Closed),
+        }
+    }
+}
+
+/// Seal one record: `kind ‖ body`, nonce `seq`.
+fn seal(keys: &TransportKeys, seq: u64, kind: u8, body: &[u8]) -> Result<Bytes, RecordError> {
+    let mut buf = Vec::with_capacity(1 + body.len() + TAG_BYTES);
+    buf.push(kind);
+    buf.extend_from_slice(body);
+    let tag = keys
+        .seal_in_place(seq, &mut buf[..])
+        .map_err(|_| RecordError::Seal)?;
+    buf.extend_from_slice(tag.as_ref());
+    Ok(Bytes::from(buf))
+}
+
+/// Build the transport of an established stream. `peer` names it in logs.
+pub fn noise_transport(
+    handle: StreamHandle,
     keys: TransportKeys,
     max_message_bytes: usize,
-    out: mpsc::Sender<Vec<u8>>,
-    inbound_capacity: usize,
     peer: String,
-) -> StreamParts {
-    let (tx, mut rx) = mpsc::channel(inbound_capacity);
-    let sealer = Arc::new(Mutex::new(RecordSealer::new(keys.clone())));
-    let incoming = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-    let sink = StreamSink {
-        stream,
-        sealer: sealer.clone(),
-        out: PollSender::new(out),
-        backlog: VecDeque::new(),
+) -> (Transport, StreamEnd) {
+    let (receiver, sender) = handle.split();
+    let flags = Arc::new(Flags::default());
+    let (tx, rx) = oneshot::channel();
+    let incoming = NoiseIncoming {
+        receiver,
+        opener: RecordOpener::new(keys.clone(), max_message_bytes),
+        queue: VecDeque::new(),
+        done: false,
+        flags: flags.clone(),
     };
-    StreamParts {
-        transport: Transport {
+    let sink = NoiseSink {
+        sender: Some(sender),
+        keys,
+        buf: Vec::new(),
+        pending: None,
+        flags,
+        ret: Some(tx),
+    };
+    (
+        Transport {
             incoming: Box::pin(incoming),
             outgoing: Box::pin(sink),
             peer,
         },
-        inbound: tx,
-        opener: RecordOpener::new(keys, max_message_bytes),
-        sealer,
+        StreamEnd { rx },
+    )
+}
+
+/// The inbound half: decrypts and reassembles in the task that polls it.
+pub struct NoiseIncoming {
+    receiver: StreamReceiver,
+    opener: RecordOpener,
+    queue: VecDeque<Vec<u8>>,
+    done: bool,
+    flags: Arc<Flags>,
+}
+
+impl Stream for NoiseIncoming {
+    type Item = Result<Vec<u8>, FramingError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let me = self.get_mut();
+        loop {
+            if let Some(m) = me.queue.pop_front() {
+                return Poll::Ready(Some(Ok(m)));
+            }
+            if me.done {
+                return Poll::Ready(None);
+            }
+            match ready!(me.receiver.poll_recv(cx)) {
+                Ok((seq, payload)) => match me.opener.open_owned(seq, payload) {
+                    Ok(Opened::Messages(msgs)) => me.queue.extend(msgs),
+                    // The peer closed on purpose: the end of its messages.
+                    Ok(Opened::Close(_)) => me.done = true,
+                    Err(e) => {
+                        me.done = true;
+                        me.flags.bad_record.store(true, Ordering::Release);
+                        return Poll::Ready(Some(Err(FramingError::Protocol(format!(
+                            "bad record: {e}"
+                        )))));
+                    }
+                },
+                // Reset by the peer (or the relay), or the link is gone: the path is gone.
+                Err(_) => me.done = true,
+            }
+        }
     }
 }
 
-/// Encode a `DATA` frame for record `n`. A record that does not fit a frame is an error for
-/// the caller to handle: an empty (or truncated) frame never goes on the wire.
-pub fn data_frame(stream: StreamId, n: u64, ciphertext: Vec<u8>) -> Result<Vec<u8>, FrameError> {
-    Frame::new(FrameType::Data, stream, n, Bytes::from(ciphertext)).encode()
+/// A message not yet copied whole into a record: its length prefix and bytes, and how far
+/// into `prefix ‖ bytes` the copy got.
+struct Pending {
+    prefix: [u8; 4],
+    bytes: Vec<u8>,
+    off: usize,
 }
 
-struct StreamSink {
-    stream: StreamId,
-    sealer: Arc<Mutex<RecordSealer>>,
-    out: PollSender<Vec<u8>>,
-    backlog: VecDeque<Vec<u8>>,
+impl Pending {
+    fn total(&self) -> usize {
+        4 + self.bytes.len()
+    }
+}
+
+/// The outbound half: assembles, seals and queues records in the writer's task.
+pub struct NoiseSink {
+    /// `None` once reset (a bad record) or handed back.
+    sender: Option<StreamSender>,
+    keys: TransportKeys,
+    /// The record under assembly: the kind byte, then up to [`MAX_RECORD_BODY`] bytes. Empty
+    /// (and unallocated) between records, so an idle stream holds no buffer.
+    buf: Vec<u8>,
+    /// The rest of the last message, when it did not fit the record under assembly. At most
+    /// one message waits here: `poll_ready` is not ready until it is in records.
+    pending: Option<Pending>,
+    flags: Arc<Flags>,
+    ret: Option<oneshot::Sender<SinkReturn>>,
 }
 
 fn gone() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "the link is gone")
+    io::Error::new(io::ErrorKind::BrokenPipe, "the stream is gone")
 }
 
-impl StreamSink {
-    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while let Some(front) = self.backlog.pop_front() {
-            match self.out.poll_reserve(cx) {
-                Poll::Ready(Ok(())) => {
-                    if self.out.send_item(front).is_err() {
-                        return Poll::Ready(Err(gone()));
-                    }
-                }
-                Poll::Ready(Err(_)) => return Poll::Ready(Err(gone())),
-                Poll::Pending => {
-                    self.backlog.push_front(front);
-                    return Poll::Pending;
-                }
-            }
+impl NoiseSink {
+    /// Copy as much of the pending message as fits into the record under assembly.
+    fn fill(&mut self) {
+        let Some(p) = self.pending.as_mut() else {
+            return;
+        };
+        if self.buf.is_empty() {
+            // Allocate for what is known to come, at most one record (plus its tag).
+            let want = 1 + (p.total() - p.off).min(MAX_RECORD_BODY) + TAG_BYTES;
+            self.buf.reserve_exact(want);
+            self.buf.push(KIND_STREAM);
         }
+        let room = RECORD_PLAINTEXT - self.buf.len();
+        let take = (p.total() - p.off).min(room);
+        if take > 0 {
+            let need = self.buf.len() + take + TAG_BYTES;
+            if self.buf.capacity() < need {
+                // Grow by doubling, never past one record.
+                let target = (self.buf.capacity() * 2)
+                    .max(need)
+                    .min(RECORD_PLAINTEXT + TAG_BYTES);
+                self.buf.reserve_exact(target - self.buf.len());
+            }
+            let end = p.off + take;
+            if p.off < 4 {
+                self.buf.extend_from_slice(&p.prefix[p.off..end.min(4)]);
+            }
+            if end > 4 {
+                self.buf
+                    .extend_from_slice(&p.bytes[p.off.max(4) - 4..end - 4]);
+            }
+            p.off = end;
+        }
+        if p.off == p.total() {
+            self.pending = None;
+        }
+    }
+
+    /// Seal the record under assembly and queue it, once the window has room.
+    fn poll_emit(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let sender = self.sender.as_mut().ok_or_else(gone)?;
+        let seq = ready!(sender.poll_ready(cx)).map_err(|e| io::Error::other(e.to_string()))?;
+        let mut buf = std::mem::take(&mut self.buf);
+        let tag = self
+            .keys
+            .seal_in_place(seq, &mut buf[..])
+            .map_err(|_| io::Error::other("record cannot be sealed"))?;
+        buf.extend_from_slice(tag.as_ref());
+        sender
+            .start_send(Bytes::from(buf))
+            .map_err(|e| io::Error::other(e.to_string()))?;
         Poll::Ready(Ok(()))
+    }
+
+    /// A record failed on the inbound half: reset the stream now.
+    fn check_failed(&mut self) -> io::Result<()> {
+        if self.flags.bad_record.load(Ordering::Acquire) {
+            if let Some(s) = self.sender.take() {
+                s.reset(Reason::BadRecord);
+            }
+            return Err(gone());
+        }
+        Ok(())
+    }
+
+    /// Move the pending message into records until the record under assembly has room for
+    /// more (`flush`: until every byte is queued, the last partial record included).
+    fn poll_drive(&mut self, cx: &mut Context<'_>, flush: bool) -> Poll<io::Result<()>> {
+        self.check_failed()?;
+        loop {
+            self.fill();
+            let body = self.buf.len() > 1;
+            let full = self.buf.len() == RECORD_PLAINTEXT;
+            if !(full || flush && body) {
+                // `fill` leaves a message pending only behind a full record.
+                debug_assert!(self.pending.is_none());
+                return Poll::Ready(Ok(()));
+            }
+            ready!(self.poll_emit(cx))?;
+        }
     }
 }
 
-impl Sink<String> for StreamSink {
+impl Sink<String> for NoiseSink {
     type Error = io::Error;
 
-    /// Ready only once every frame of the previous message is on the link's queue: the
-    /// backlog holds at most one message (≤ `maxMessageBytes` of records), and a stream whose
-    /// link is busy pushes back on its connection's writer, so output waits, unwritten, in the
-    /// process's bounded log (and the child is held back) rather than piling up here sealed.
+    /// Ready once the previous message is all in records (the last one may still be under
+    /// assembly): a stream whose peer does not acknowledge holds back its writer here, so
+    /// output waits unwritten in the process's bounded log rather than sealed in memory.
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_drain(cx)
+        self.get_mut().poll_drive(cx, false)
     }
 
     fn start_send(self: Pin<&mut Self>, item: String) -> io::Result<()> {
         let me = self.get_mut();
-        let frames = lock(&me.sealer)
-            .seal_message_frames(&me.stream, item.as_bytes())
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        me.backlog.extend(frames);
+        me.check_failed()?;
+        let bytes = item.into_bytes();
+        let prefix = length_prefix(bytes.len()).map_err(|e| io::Error::other(e.to_string()))?;
+        me.pending = Some(Pending {
+            prefix,
+            bytes,
+            off: 0,
+        });
+        me.fill();
         Ok(())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_drain(cx)
+        self.get_mut().poll_drive(cx, true)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        let r = me.poll_drain(cx);
-        if r.is_ready() {
-            me.out.close();
-        }
-        r
+        self.get_mut().poll_drive(cx, true)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::noise::cipher;
-
-    fn poll_ready(t: &mut Transport) -> Poll<io::Result<()>> {
-        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-        t.outgoing.as_mut().poll_ready(&mut cx)
-    }
-
-    /// A record too large for a frame is an error, not an empty frame.
-    #[test]
-    fn a_record_that_does_not_fit_a_frame_is_an_error() {
-        use execrelay_relay::frame::{MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES};
-        let f = data_frame([1; 16], 7, vec![0xab; MAX_PAYLOAD_BYTES]).unwrap();
-        assert_eq!(f.len(), MAX_FRAME_BYTES);
-        let decoded = Frame::decode(&f).unwrap();
-        assert_eq!((decoded.ftype, decoded.seq), (FrameType::Data, 7));
-        assert!(data_frame([1; 16], 8, vec![0; MAX_PAYLOAD_BYTES + 1]).is_err());
-    }
-
-    /// A stream whose link queue is full takes no second message: its connection's writer
-    /// waits (and output stays unwritten in the process's bounded log) instead of sealed
-    /// frames piling up in the sink.
-    #[tokio::test]
-    async fn a_busy_link_pushes_back_after_one_message() {
-        let keys = Arc::new(cipher::TransportKeys::from_split(false, [1; 32], [2; 32]).unwrap());
-        let (out, mut link) = mpsc::channel(1);
-        let mut parts = open_stream([7; 16], keys, 1 << 20, out, 8, "t".into());
-        let t = &mut parts.transport;
-        assert!(matches!(poll_ready(t), Poll::Ready(Ok(()))));
-        // 200 KB: four records, of which the link queue takes one.
-        t.outgoing.as_mut().start_send("x".repeat(200_000)).unwrap();
-        assert!(
-            poll_ready(t).is_pending(),
-            "a second message while three frames wait"
-        );
-        let mut frames = 0;
-        while frames < 4 {
-            assert!(link.recv().await.is_some());
-            frames += 1;
-            let _ = poll_ready(t); // moves the next frame onto the queue
+impl Drop for NoiseSink {
+    fn drop(&mut self) {
+        let ret = SinkReturn {
+            sender: self.sender.take(),
+            keys: self.keys.clone(),
+            bad_record: self.flags.bad_record.load(Ordering::Acquire),
+        };
+        if let Some(tx) = self.ret.take() {
+            // Nobody waiting: dropping the sender finishes the stream (`RESET closed`).
+            if let Err(ret) = tx.send(ret) {
+                if let (Some(s), true) = (ret.sender, ret.bad_record) {
+                    s.reset(Reason::BadRecord);
+                }
+            }
         }
-        assert!(matches!(poll_ready(t), Poll::Ready(Ok(()))));
     }
 }
