@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// roots (a relay behind a proxy with a private CA).
     #[arg(long, value_name = "FILE")]
     pub ca_file: Option<std::path::PathBuf>,
+    /// Receive output as JSON with base64 instead of binary messages (the default where the
+    /// transport carries them; `protocol.md` §5.1).
+    #[arg(long)]
+    pub json_output: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -227,7 +231,11 @@ async fn run(args: RunArgs) -> i32 {
             return 255;
         }
     };
-    let client = match Client::connect(target, ClientOptions::default()).await {
+    let options = ClientOptions {
+        binary_output: !args.json_output,
+        ..ClientOptions::default()
+    };
+    let client = match Client::connect(target, options).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("execrelay run: {e}");

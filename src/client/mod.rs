@@ -153,6 +153,11 @@ pub struct ClientOptions {
     pub client_name: String,
     /// Declare `capabilities.acks` (lossless retention across reconnects).
     pub acks: bool,
+    /// Ask for output deltas as binary messages (`capabilities.binaryOutput`, `protocol.md`
+    /// §5.1): no base64 and no JSON on the output path. On by default; the server answers
+    /// `false` where the transport cannot carry them (stdio), and the client accepts both
+    /// forms either way.
+    pub binary_output: bool,
     /// Resume automatically after a transport failure.
     pub reconnect: bool,
     /// Give up resuming after this long (default: the server's TTL).
@@ -166,6 +171,7 @@ impl Default for ClientOptions {
         ClientOptions {
             client_name: "execrelay-client".into(),
             acks: true,
+            binary_output: true,
             reconnect: true,
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
@@ -311,7 +317,11 @@ impl Client {
                 if let Some(conn) = conn {
                     conn.closed().await;
                     if !c.shared.shutdown.is_cancelled() {
-                        c.fail("the connection to the server was lost".into()).await;
+                        let why = match conn.failure() {
+                            Some(e) => e.to_string(),
+                            None => "the connection to the server was lost".into(),
+                        };
+                        c.fail(why).await;
                     }
                 }
             });
@@ -399,7 +409,10 @@ impl Client {
         let mut params = json!({
             "clientName": self.shared.opts.client_name,
             "clientVersion": env!("CARGO_PKG_VERSION"),
-            "capabilities": {"acks": self.shared.opts.acks},
+            "capabilities": {
+                "acks": self.shared.opts.acks,
+                "binaryOutput": self.shared.opts.binary_output,
+            },
         });
         if let Some((sid, tok)) = &resume {
             params["resume"] = json!({"sessionId": sid, "resumeToken": tok});
@@ -450,6 +463,12 @@ impl Client {
             if self.shared.shutdown.is_cancelled() {
                 return;
             }
+            // A server that broke the protocol (a malformed binary message) is not resumed:
+            // it would only send the same again.
+            if let Some(e) = conn.failure() {
+                self.fail(e.to_string()).await;
+                return;
+            }
             let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
                 return;
             };
@@ -474,6 +493,10 @@ impl Client {
                         ..
                     }) => {
                         self.fail(format!("server refused resume: {message}")).await;
+                        return;
+                    }
+                    Err(e @ ClientError::Protocol(_)) => {
+                        self.fail(e.to_string()).await;
                         return;
                     }
                     Err(e) => {

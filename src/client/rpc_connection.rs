@@ -5,6 +5,12 @@
 //! a writer task owns the sink. It knows nothing of sessions or reconnection: the [`Client`]
 //! (`client/mod.rs`) builds those on top and replaces a dead connection with a new one.
 //!
+//! Output deltas arrive in either form (`protocol.md` §5.1), whatever was negotiated: a binary
+//! message (told from JSON by its first byte) is decoded by `rpc/binary_output.rs`, a JSON
+//! delta by the fast decoder of `rpc/notification.rs`. A malformed binary message ends the
+//! connection with a [`ClientError::Protocol`] that names what was wrong
+//! ([`RpcConnection::failure`]); the reader never panics on what the server sends.
+//!
 //! [`Client`]: super::Client
 
 use std::collections::HashMap;
@@ -17,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientError;
+use crate::rpc::binary_output::{decode_output_message, is_binary_message};
 use crate::rpc::jsonrpc::{encode_notification, encode_request, parse_inbound, Inbound};
 use crate::rpc::messages::StreamName;
 use crate::rpc::notification::{decode_output_delta, OutputDelta};
@@ -81,6 +88,7 @@ pub struct RpcConnection {
     pending: Pending,
     next_id: Arc<AtomicU64>,
     closed: CancellationToken,
+    failure: Arc<Mutex<Option<ClientError>>>,
 }
 
 impl RpcConnection {
@@ -107,13 +115,13 @@ impl RpcConnection {
                     m = out_rx.recv() => m,
                 };
                 let Some(msg) = msg else { break };
-                if outgoing.feed(msg).await.is_err() {
+                if outgoing.feed(msg.into()).await.is_err() {
                     break;
                 }
                 // Batch whatever else is queued before flushing.
                 let mut ok = true;
                 while let Ok(m) = out_rx.try_recv() {
-                    if outgoing.feed(m).await.is_err() {
+                    if outgoing.feed(m.into()).await.is_err() {
                         ok = false;
                         break;
                     }
@@ -128,25 +136,51 @@ impl RpcConnection {
 
         let p = pending.clone();
         let c = closed.clone();
+        let failure: Arc<Mutex<Option<ClientError>>> = Arc::default();
+        let failed = failure.clone();
         tokio::spawn(async move {
+            // Hand an output delta to the fast path, else to the router; false once the
+            // router is gone.
+            let deliver = |d: OutputDelta| {
+                let n = Notification::from(d);
+                let n = match &fast {
+                    Some(f) => match f(n) {
+                        Some(n) => n,
+                        None => return true,
+                    },
+                    None => n,
+                };
+                notifications.send(n).is_ok()
+            };
             loop {
                 let item = tokio::select! {
                     _ = c.cancelled() => break,
                     m = incoming.next() => m,
                 };
                 let Some(Ok(bytes)) = item else { break };
-                // Output deltas as execrelay writes them take the fast path (no JSON tree);
-                // anything else, the general one.
+                // Binary output messages (§5.1): decoded and checked, the chunk a slice of the
+                // received buffer. A malformed one ends the connection with its reason.
+                if is_binary_message(&bytes) {
+                    match decode_output_message(bytes::Bytes::from(bytes)) {
+                        Ok(d) => {
+                            if !deliver(d) {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "malformed binary message from the server");
+                            *lock(&failed) = Some(ClientError::Protocol(format!(
+                                "malformed binary output message from the server: {e}"
+                            )));
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                // Output deltas as execrelay writes them in JSON take the fast path (no JSON
+                // tree); anything else, the general one.
                 if let Some(d) = decode_output_delta(&bytes) {
-                    let n = Notification::from(d);
-                    let n = match &fast {
-                        Some(f) => match f(n) {
-                            Some(n) => n,
-                            None => continue,
-                        },
-                        None => n,
-                    };
-                    if notifications.send(n).is_err() {
+                    if !deliver(d) {
                         break;
                     }
                     continue;
@@ -175,9 +209,11 @@ impl RpcConnection {
                 }
             }
             c.cancel();
-            // Fail every waiting call: the connection is gone.
+            // Fail every waiting call: the connection is gone (for the reason it broke, if the
+            // server broke the protocol).
+            let why = lock(&failed).clone().unwrap_or(ClientError::ConnectionLost);
             for (_, tx) in lock(&p).drain() {
-                let _ = tx.send(Err(ClientError::ConnectionLost));
+                let _ = tx.send(Err(why.clone()));
             }
         });
 
@@ -186,7 +222,14 @@ impl RpcConnection {
             pending,
             next_id: Arc::new(AtomicU64::new(1)),
             closed,
+            failure,
         }
+    }
+
+    /// Why the connection ended, when the server broke the protocol (a malformed binary
+    /// message); `None` while it is open or when it simply closed.
+    pub fn failure(&self) -> Option<ClientError> {
+        lock(&self.failure).clone()
     }
 
     /// Send a request and wait for its result.
@@ -207,7 +250,7 @@ impl RpcConnection {
             r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
             _ = self.closed.cancelled() => {
                 lock(&self.pending).remove(&id);
-                Err(ClientError::ConnectionLost)
+                Err(self.failure().unwrap_or(ClientError::ConnectionLost))
             }
         }
     }

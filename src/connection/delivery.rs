@@ -6,7 +6,14 @@
 //! dropped, a slow client blocks the child (its pump finds no room), and the only per-
 //! connection queue is the control lane, bounded by the connection's request limit.
 //! The writer must never block on anything but the transport.
+//!
+//! Each output delta is encoded here in the form the connection asked for in `initialize`
+//! ([`OutputForm`]): a JSON text with base64 (`rpc/notification.rs`), or a binary message
+//! (`protocol.md` §5.1, `rpc/binary_output.rs`) whose payload is the event's own `Bytes`,
+//! shared with the log and never copied here. Replays after a resume take the same path, so
+//! they come in the form of the connection that resumed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures_util::SinkExt;
@@ -14,10 +21,51 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EVENT_BATCH_BYTES;
+use crate::process::event_log::Event;
 use crate::process::event_log::EventBody;
+use crate::process::ManagedProcess;
 use crate::process::ReadySet;
+use crate::rpc::binary_output::encode_output_head;
 use crate::rpc::notification::{encode_exit_notice, encode_output_delta};
-use crate::transport::MessageSink;
+use crate::transport::{MessageSink, OutMessage};
+
+/// The form of one connection's output deltas: JSON (the default) until `initialize` asks for
+/// binary on a transport that carries it. Set by the connection's reader before the session
+/// is attached (so before any of its events can reach the writer), read by the writer.
+#[derive(Debug, Default)]
+pub struct OutputForm {
+    binary: AtomicBool,
+}
+
+impl OutputForm {
+    /// Output deltas as binary messages from now on (or as JSON again, for an `initialize`
+    /// retried after a failed one).
+    pub fn set_binary(&self, binary: bool) {
+        // Release/acquire: the writer that pops a process pushed after this store (through
+        // the ready set's lock) sees it.
+        self.binary.store(binary, Ordering::Release);
+    }
+
+    /// Whether output deltas go out as binary messages.
+    pub fn is_binary(&self) -> bool {
+        self.binary.load(Ordering::Acquire)
+    }
+}
+
+/// The wire form of one event: the exit notice is always JSON; an output delta is a binary
+/// message (head built here, payload the event's chunk) or a JSON text.
+fn encode_event(p: &ManagedProcess, ev: &Event, binary: bool) -> OutMessage {
+    match &ev.body {
+        EventBody::Output { stream, chunk } if binary => OutMessage::Binary {
+            head: encode_output_head(&p.id, ev.seq, *stream),
+            payload: chunk.clone(),
+        },
+        EventBody::Output { stream, chunk } => {
+            OutMessage::Text(encode_output_delta(&p.id_json, ev.seq, *stream, chunk))
+        }
+        EventBody::Exited(info) => OutMessage::Text(encode_exit_notice(&p.id, ev.seq, info)),
+    }
+}
 
 /// A message for the control lane: a response or error, with an optional action to run once
 /// it was handed to the transport (used to open a new process's event delivery only after its
@@ -57,6 +105,7 @@ pub async fn run_writer(
     mut sink: MessageSink,
     mut control: mpsc::Receiver<ControlMessage>,
     ready: Arc<ReadySet>,
+    form: Arc<OutputForm>,
     cancel: CancellationToken,
 ) -> WriterEnd {
     let end = loop {
@@ -74,16 +123,11 @@ pub async fn run_writer(
                 continue;
             }
             let events = p.peek_unwritten(EVENT_BATCH_BYTES);
+            let binary = form.is_binary();
             let mut last = None;
             let mut failed = false;
             for ev in &events {
-                let text = match &ev.body {
-                    EventBody::Output { stream, chunk } => {
-                        encode_output_delta(&p.id_json, ev.seq, *stream, chunk)
-                    }
-                    EventBody::Exited(info) => encode_exit_notice(&p.id, ev.seq, info),
-                };
-                if sink.feed(text).await.is_err() {
+                if sink.feed(encode_event(&p, ev, binary)).await.is_err() {
                     failed = true;
                     break;
                 }
@@ -146,7 +190,7 @@ async fn drain_control(
 }
 
 async fn write_control(sink: &mut MessageSink, m: ControlMessage) -> Result<(), ()> {
-    sink.feed(m.text).await.map_err(|_| ())?;
+    sink.feed(OutMessage::Text(m.text)).await.map_err(|_| ())?;
     if let Some(after) = m.after_write {
         // The action may make events deliverable that must follow this message: flush so the
         // ordering holds on the wire even if a later write fails.

@@ -17,14 +17,14 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::delivery::{run_writer, ControlMessage};
+use super::delivery::{run_writer, ControlMessage, OutputForm};
 use super::handlers::{self, Ctx, Reply};
 use super::scheduler::{Class, Scheduler};
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
 use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
 use crate::rpc::messages::{
-    AdvertisedLimits, InitializeParams, InitializeResult, PROTOCOL_VERSION,
+    AdvertisedLimits, Capabilities, InitializeParams, InitializeResult, PROTOCOL_VERSION,
 };
 use crate::rpc::{Method, MethodClass, RpcError};
 use crate::session::{ConnHandle, Session, SessionRegistry};
@@ -89,6 +89,10 @@ pub struct ConnectionProcessor {
     opts: ConnectionOptions,
     conn_id: u64,
     ready: Arc<ReadySet>,
+    /// The form of this connection's output deltas, shared with its writer.
+    form: Arc<OutputForm>,
+    /// The transport carries binary messages (`protocol.md` §5.1): not stdio.
+    binary_capable: bool,
     evict: CancellationToken,
     cancel: CancellationToken,
     /// Ends long polls; a child of `cancel`, fired alone on a half-close.
@@ -118,13 +122,16 @@ impl ConnectionProcessor {
                 cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK,
             );
             let ready = Arc::new(ReadySet::default());
+            let form = Arc::new(OutputForm::default());
             let writer_cancel = CancellationToken::new();
             let cancel = CancellationToken::new();
+            let binary_capable = transport.binary_messages;
             let writer = tokio::spawn(
                 run_writer(
                     transport.outgoing,
                     control_rx,
                     ready.clone(),
+                    form.clone(),
                     writer_cancel.clone(),
                 )
                 .in_current_span(),
@@ -134,6 +141,8 @@ impl ConnectionProcessor {
                 opts,
                 conn_id,
                 ready,
+                form,
+                binary_capable,
                 evict: CancellationToken::new(),
                 cancel: cancel.clone(),
                 closing: cancel.child_token(),
@@ -389,6 +398,11 @@ impl ConnectionProcessor {
 
     fn initialize(&mut self, params: Value) -> Result<Value, RpcError> {
         let p: InitializeParams = decode_params(params)?;
+        // Decided before the session is attached, so that every delta of this connection,
+        // replays included, goes out in this form (§5.1). stdio cannot carry binary messages
+        // and answers `false`.
+        let binary = p.capabilities.binary_output && self.binary_capable;
+        self.form.set_binary(binary);
         let conn = ConnHandle {
             conn_id: self.conn_id,
             ready: self.ready.clone(),
@@ -407,7 +421,7 @@ impl ConnectionProcessor {
                 (s, t, false)
             }
         };
-        tracing::info!(session = %session.id, resumed, "initialized");
+        tracing::info!(session = %session.id, resumed, binary, "initialized");
         let cfg = self.registry.config();
         let result = InitializeResult {
             protocol_version: PROTOCOL_VERSION,
@@ -420,6 +434,11 @@ impl ConnectionProcessor {
                 max_processes: cfg.max_processes as u64,
                 retained_output_bytes: cfg.retained_output_bytes as u64,
                 detached_session_ttl_ms: cfg.detached_session_ttl_ms,
+            },
+            capabilities: Capabilities {
+                // A resumed session keeps the acks it was created with.
+                acks: session.acks,
+                binary_output: binary,
             },
         };
         self.state = State::AwaitInitialized(session);

@@ -44,7 +44,7 @@ use crate::noise::record::{
     length_prefix, Opened, RecordError, RecordOpener, KIND_CLOSE, KIND_STREAM, MAX_CLOSE_REASON,
     MAX_RECORD_BODY, TAG_BYTES,
 };
-use crate::transport::{FramingError, Transport};
+use crate::transport::{FramingError, OutMessage, Transport};
 use execrelay_relay::driver::{StreamHandle, StreamReceiver, StreamSender};
 use execrelay_relay::reason::Reason;
 
@@ -155,6 +155,7 @@ pub fn noise_transport(
             incoming: Box::pin(incoming),
             outgoing: Box::pin(sink),
             peer,
+            binary_messages: true,
         },
         StreamEnd { rx },
     )
@@ -201,17 +202,35 @@ impl Stream for NoiseIncoming {
     }
 }
 
-/// A message not yet copied whole into a record: its length prefix and bytes, and how far
-/// into `prefix ‖ bytes` the copy got.
+/// A message not yet copied whole into a record: its length prefix and its one or two parts
+/// (a JSON text; or a binary message's head and payload, `protocol.md` §5.1, never joined
+/// first), and how far into `prefix ‖ parts[0] ‖ parts[1]` the copy got.
 struct Pending {
     prefix: [u8; 4],
-    bytes: Vec<u8>,
+    parts: [Bytes; 2],
     off: usize,
 }
 
 impl Pending {
     fn total(&self) -> usize {
-        4 + self.bytes.len()
+        4 + self.parts[0].len() + self.parts[1].len()
+    }
+
+    /// Append `take` bytes from `off` on to `out`.
+    fn copy_to(&mut self, out: &mut Vec<u8>, take: usize) {
+        let mut at = self.off;
+        let end = self.off + take;
+        let mut base = 0;
+        for piece in [&self.prefix[..], &self.parts[0][..], &self.parts[1][..]] {
+            let (lo, hi) = (base, base + piece.len());
+            if at < hi && at < end {
+                let stop = end.min(hi);
+                out.extend_from_slice(&piece[at - lo..stop - lo]);
+                at = stop;
+            }
+            base = hi;
+        }
+        self.off = end;
     }
 }
 
@@ -257,15 +276,7 @@ impl NoiseSink {
                     .min(RECORD_PLAINTEXT + TAG_BYTES);
                 self.buf.reserve_exact(target - self.buf.len());
             }
-            let end = p.off + take;
-            if p.off < 4 {
-                self.buf.extend_from_slice(&p.prefix[p.off..end.min(4)]);
-            }
-            if end > 4 {
-                self.buf
-                    .extend_from_slice(&p.bytes[p.off.max(4) - 4..end - 4]);
-            }
-            p.off = end;
+            p.copy_to(&mut self.buf, take);
         }
         if p.off == p.total() {
             self.pending = None;
@@ -317,7 +328,7 @@ impl NoiseSink {
     }
 }
 
-impl Sink<String> for NoiseSink {
+impl Sink<OutMessage> for NoiseSink {
     type Error = io::Error;
 
     /// Ready once the previous message is all in records (the last one may still be under
@@ -327,14 +338,21 @@ impl Sink<String> for NoiseSink {
         self.get_mut().poll_drive(cx, false)
     }
 
-    fn start_send(self: Pin<&mut Self>, item: String) -> io::Result<()> {
+    /// A JSON text is one length-prefixed message; so is a binary message (its first byte,
+    /// `0x00`, tells the two apart; the record layer does not care), head and payload copied
+    /// straight into the record.
+    fn start_send(self: Pin<&mut Self>, item: OutMessage) -> io::Result<()> {
         let me = self.get_mut();
         me.check_failed()?;
-        let bytes = item.into_bytes();
-        let prefix = length_prefix(bytes.len()).map_err(|e| io::Error::other(e.to_string()))?;
+        let parts = match item {
+            OutMessage::Text(text) => [Bytes::from(text.into_bytes()), Bytes::new()],
+            OutMessage::Binary { head, payload } => [head, payload],
+        };
+        let len = parts[0].len() + parts[1].len();
+        let prefix = length_prefix(len).map_err(|e| io::Error::other(e.to_string()))?;
         me.pending = Some(Pending {
             prefix,
-            bytes,
+            parts,
             off: 0,
         });
         me.fill();

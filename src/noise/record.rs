@@ -113,25 +113,50 @@ impl RecordSealer {
         stream: &execrelay_relay::frame::StreamId,
         msg: &[u8],
     ) -> Result<Vec<Vec<u8>>, RecordError> {
+        self.seal_message_parts(stream, &[msg])
+    }
+
+    /// Seal one message made of `parts` (their bytes in order, as one message behind one
+    /// length prefix) straight into `DATA` frames, like
+    /// [`seal_message_frames`](Self::seal_message_frames): a binary output message's small
+    /// head and its chunk are copied once each, into the frames, never joined first.
+    pub fn seal_message_parts(
+        &mut self,
+        stream: &execrelay_relay::frame::StreamId,
+        parts: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, RecordError> {
         use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES};
-        let prefix = length_prefix(msg.len())?;
-        let total = 4 + msg.len();
+        let len = parts
+            .iter()
+            .try_fold(0usize, |sum, p| sum.checked_add(p.len()))
+            .ok_or(RecordError::MessageTooLong(usize::MAX))?;
+        let prefix = length_prefix(len)?;
+        let total = 4 + len;
         let mut frames = Vec::with_capacity(total / MAX_RECORD_BODY + 1);
-        let mut off = 0usize; // offset in the virtual stream prefix ++ msg
+        // The virtual stream `prefix ++ parts[0] ++ parts[1] ++ …`, consumed front to back.
+        let mut pieces = std::iter::once(&prefix[..]).chain(parts.iter().copied());
+        let mut current: &[u8] = &[];
+        let mut off = 0usize;
         while off < total {
             let n = self.number()?;
             let take = (total - off).min(MAX_RECORD_BODY);
-            let end = off + take;
             let mut frame = Vec::with_capacity(HEADER_BYTES + 1 + take + TAG_BYTES);
             let mut head = [0u8; HEADER_BYTES];
             Frame::write_header(&mut head, FrameType::Data, stream, n, 0, 0, 0);
             frame.extend_from_slice(&head);
             frame.push(KIND_STREAM);
-            if off < 4 {
-                frame.extend_from_slice(&prefix[off..end.min(4)]);
-            }
-            if end > 4 {
-                frame.extend_from_slice(&msg[off.max(4) - 4..end - 4]);
+            let mut need = take;
+            while need > 0 {
+                if current.is_empty() {
+                    // `total` counts exactly the pieces' bytes, so they cannot run out first.
+                    let Some(next) = pieces.next() else { break };
+                    current = next;
+                    continue;
+                }
+                let k = need.min(current.len());
+                frame.extend_from_slice(&current[..k]);
+                current = &current[k..];
+                need -= k;
             }
             let tag = self
                 .keys
@@ -140,7 +165,7 @@ impl RecordSealer {
             frame.extend_from_slice(tag.as_ref());
             self.next += 1;
             frames.push(frame);
-            off = end;
+            off += take;
         }
         Ok(frames)
     }
@@ -451,6 +476,41 @@ mod tests {
             so.open(f.seq, &f.payload).unwrap(),
             Opened::Messages(vec![b"x".to_vec()])
         );
+    }
+
+    /// A message sealed from parts is the same message as their concatenation, at every
+    /// cut: parts that are empty, that end at a record boundary, or that span several records.
+    #[test]
+    fn parts_seal_as_their_concatenation() {
+        let (mut cs, _, _, mut so) = channel();
+        let big: Vec<u8> = (0..2 * MAX_RECORD_BODY + 77)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let cuts: [&[usize]; 5] = [
+            &[0],
+            &[12],
+            &[0, 0, 5],
+            &[MAX_RECORD_BODY - 4],
+            &[1, MAX_RECORD_BODY, MAX_RECORD_BODY + 3],
+        ];
+        for cut in cuts {
+            let mut parts: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for &c in cut {
+                parts.push(&big[at..c]);
+                at = c;
+            }
+            parts.push(&big[at..]);
+            let frames = cs.seal_message_parts(&[9; 16], &parts).unwrap();
+            let mut got = Vec::new();
+            for f in frames {
+                let f = execrelay_relay::frame::Frame::decode_owned(f).unwrap();
+                if let Opened::Messages(m) = so.open_owned(f.seq, f.payload).unwrap() {
+                    got.extend(m);
+                }
+            }
+            assert_eq!(got, vec![big.clone()], "cut at {cut:?}");
+        }
     }
 
     #[test]

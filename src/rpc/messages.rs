@@ -38,13 +38,17 @@ pub struct ResumeParams {
     pub resume_token: String,
 }
 
-/// Client capabilities.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+/// Capabilities: what a client asks for in `initialize`, and in its result what the server
+/// will do for this connection (`protocol.md` §3, §5.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Capabilities {
     /// The client acknowledges events with `process/ack`; retention waits for acks.
     #[serde(default)]
     pub acks: bool,
+    /// Output deltas as binary messages (`protocol.md` §5.1) instead of JSON with base64.
+    #[serde(default)]
+    pub binary_output: bool,
 }
 
 /// Limits advertised in the `initialize` result.
@@ -77,6 +81,11 @@ pub struct InitializeResult {
     pub resumed: bool,
     /// Limits in force.
     pub limits: AdvertisedLimits,
+    /// What the server does for this connection: acks as the session was created with, and
+    /// binary output where asked for and the transport carries it (absent from servers that
+    /// predate it: nothing).
+    #[serde(default)]
+    pub capabilities: Capabilities,
 }
 
 /// Which output stream a chunk came from.

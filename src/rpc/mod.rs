@@ -11,9 +11,12 @@
 //! - [`method`]: the [`Method`] enum, parsed once from one table, with each method's class.
 //! - [`notification`]: both directions of the event codecs (output delta, exit notice,
 //!   `process/read` events), the server's encoder and the client's fast decoder side by side.
+//! - [`binary_output`]: both directions of the binary output message (§5.1): the server's
+//!   head encoder and the client's checked decoder.
 //!
 //! It must never import a layer above it: it knows no process, session or connection.
 
+pub mod binary_output;
 pub mod error;
 pub mod jsonrpc;
 pub mod messages;

@@ -5,7 +5,7 @@
 use bytes::BytesMut;
 use tokio_util::codec::{Decoder, Encoder};
 
-use super::FramingError;
+use super::{binary_unsupported, FramingError, OutMessage};
 
 /// Line codec with a message size limit.
 #[derive(Debug)]
@@ -90,6 +90,19 @@ impl Encoder<String> for LineCodec {
     }
 }
 
+/// Lines carry JSON texts only: a binary message is refused (`protocol.md` §5.1: stdio stays
+/// JSON lines, and the server never negotiates binary output on it).
+impl Encoder<OutMessage> for LineCodec {
+    type Error = std::io::Error;
+
+    fn encode(&mut self, item: OutMessage, dst: &mut BytesMut) -> Result<(), std::io::Error> {
+        match item {
+            OutMessage::Text(text) => self.encode(text, dst),
+            OutMessage::Binary { .. } => Err(binary_unsupported("a line transport")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +146,21 @@ mod tests {
             c.decode(&mut buf),
             Err(FramingError::TooLarge { limit: 4 })
         ));
+    }
+
+    #[test]
+    fn a_binary_message_is_refused_and_a_text_is_a_line() {
+        let mut c = LineCodec::new(100);
+        let mut dst = BytesMut::new();
+        c.encode(OutMessage::Text("{}".into()), &mut dst).unwrap();
+        assert_eq!(&dst[..], b"{}\n");
+        let binary = OutMessage::Binary {
+            head: bytes::Bytes::from_static(&[0]),
+            payload: bytes::Bytes::from_static(b"x"),
+        };
+        let e = c.encode(binary, &mut dst).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(&dst[..], b"{}\n", "nothing of it was written");
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! Transports (layer 1): how JSON-RPC messages reach a connection
 //! (`connection::ConnectionProcessor`, a higher layer this module never imports).
 //!
-//! A transport turns a byte pipe (stdio, a WebSocket, later a Noise virtual stream) into a
-//! [`Transport`]: a stream of whole inbound messages and a sink of outbound messages. It owns
-//! framing and the message size limit. It must never interpret JSON-RPC: that is the
-//! connection processor's job.
+//! A transport turns a byte pipe (stdio, a WebSocket, a Noise virtual stream) into a
+//! [`Transport`]: a stream of whole inbound messages and a sink of outbound messages
+//! ([`OutMessage`]: a JSON text, or a binary output message of `protocol.md` §5.1 where the
+//! transport can carry one, which [`Transport::binary_messages`] says). It owns framing and
+//! the message size limit. It must never interpret JSON-RPC, nor look inside a binary
+//! message: that is the connection processor's and `rpc/`'s job.
 
 use std::io;
 use std::pin::Pin;
 
+use bytes::Bytes;
 use futures_util::{Sink, Stream};
 
 pub mod line_codec;
@@ -37,8 +40,61 @@ pub enum FramingError {
 /// Inbound half: whole messages, in order. `None` means the peer closed the connection.
 pub type MessageStream = Pin<Box<dyn Stream<Item = Result<Vec<u8>, FramingError>> + Send>>;
 
-/// Outbound half: one JSON text per item. `poll_flush` pushes buffered messages to the peer.
-pub type MessageSink = Pin<Box<dyn Sink<String, Error = io::Error> + Send>>;
+/// One outbound message.
+///
+/// A binary message is kept in two parts so that its wire form is built once and its payload
+/// (an output chunk, shared with the process's event log) is copied only where the transport's
+/// framing needs it: a Noise stream seals both parts straight into its records, a WebSocket
+/// joins them into its one binary frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutMessage {
+    /// A JSON text: a text frame on a WebSocket, a line on stdio, a length-prefixed message on
+    /// a Noise stream.
+    Text(String),
+    /// A binary message (`protocol.md` §5.1): the bytes of `head` followed by those of
+    /// `payload`, carried as one message. Only for a transport whose
+    /// [`Transport::binary_messages`] is true; another refuses it with
+    /// [`io::ErrorKind::InvalidInput`].
+    Binary {
+        /// The first bytes (for an output delta: kind, stream, seq and process id).
+        head: Bytes,
+        /// The rest (for an output delta: the raw chunk).
+        payload: Bytes,
+    },
+}
+
+impl OutMessage {
+    /// Bytes of the message (without the transport's framing).
+    pub fn len(&self) -> usize {
+        match self {
+            OutMessage::Text(text) => text.len(),
+            OutMessage::Binary { head, payload } => head.len() + payload.len(),
+        }
+    }
+
+    /// Whether the message has no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<String> for OutMessage {
+    fn from(text: String) -> Self {
+        OutMessage::Text(text)
+    }
+}
+
+/// The error of a transport asked to carry a binary message it cannot carry (a caller's bug:
+/// binary output is only negotiated where [`Transport::binary_messages`] is true).
+pub fn binary_unsupported(transport: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{transport} cannot carry binary messages"),
+    )
+}
+
+/// Outbound half: one message per item. `poll_flush` pushes buffered messages to the peer.
+pub type MessageSink = Pin<Box<dyn Sink<OutMessage, Error = io::Error> + Send>>;
 
 /// One client connection, framed.
 pub struct Transport {
@@ -48,4 +104,8 @@ pub struct Transport {
     pub outgoing: MessageSink,
     /// A human-readable peer description for logs (`stdio`, `127.0.0.1:5555`).
     pub peer: String,
+    /// Whether `outgoing` carries [`OutMessage::Binary`] (`protocol.md` §5.1): a WebSocket as
+    /// binary frames, a Noise stream as a length-prefixed message whose first byte is `0x00`;
+    /// not stdio, whose framing is lines of JSON.
+    pub binary_messages: bool,
 }

@@ -25,6 +25,7 @@ where
         incoming: Box::pin(incoming.fuse()),
         outgoing: Box::pin(outgoing),
         peer: peer.to_string(),
+        binary_messages: false,
     }
 }
 

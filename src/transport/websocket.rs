@@ -5,7 +5,9 @@
 //!
 //! - **WebSocket framing** (protocol.md §1): one message per text or binary message, the
 //!   `maxMessageBytes` limit enforced by tungstenite before more than the limit of one message
-//!   is buffered, and the mapping of tungstenite's errors onto [`FramingError`].
+//!   is buffered, and the mapping of tungstenite's errors onto [`FramingError`]. Outbound, a
+//!   JSON text is a text frame and a binary message (§5.1) a binary frame, so the two never
+//!   mix up.
 //! - The server side ([`framed`], for a WebSocket the HTTP front upgraded) and the client side
 //!   ([`connect_websocket`]) of the same framing, with the same [`websocket_config`].
 //!
@@ -31,7 +33,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tracing::debug;
 
-use super::{FramingError, Transport};
+use super::{FramingError, OutMessage, Transport};
 
 /// How long a client's connect and WebSocket handshake may take together: 10 s.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -104,6 +106,7 @@ where
         }),
         outgoing: Box::pin(Outgoing { inner: sink }),
         peer,
+        binary_messages: true,
     }
 }
 
@@ -166,12 +169,22 @@ fn framing_error(error: WsError, limit: usize) -> Option<FramingError> {
     }
 }
 
-/// Outbound half: each `String` becomes one text message.
+/// Outbound half: a JSON text becomes one text message, a binary message one binary message.
 struct Outgoing<S> {
     inner: SplitSink<WebSocketStream<S>, Message>,
 }
 
-impl<S> Sink<String> for Outgoing<S>
+/// The one binary frame of a binary message. tungstenite takes a frame's payload as one `Vec`
+/// and then copies it into its write buffer, so the two parts are joined here, once, into a
+/// buffer of the exact size: the chunk is copied twice on this transport, as a text is.
+fn binary_frame(head: &[u8], payload: &[u8]) -> Message {
+    let mut joined = Vec::with_capacity(head.len() + payload.len());
+    joined.extend_from_slice(head);
+    joined.extend_from_slice(payload);
+    Message::Binary(joined)
+}
+
+impl<S> Sink<OutMessage> for Outgoing<S>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -181,10 +194,12 @@ where
         self.inner.poll_ready_unpin(cx).map_err(into_io)
     }
 
-    fn start_send(mut self: Pin<&mut Self>, item: String) -> io::Result<()> {
-        self.inner
-            .start_send_unpin(Message::Text(item))
-            .map_err(into_io)
+    fn start_send(mut self: Pin<&mut Self>, item: OutMessage) -> io::Result<()> {
+        let message = match item {
+            OutMessage::Text(text) => Message::Text(text),
+            OutMessage::Binary { head, payload } => binary_frame(&head, &payload),
+        };
+        self.inner.start_send_unpin(message).map_err(into_io)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -292,7 +307,7 @@ mod tests {
         let server_peer: SocketAddr = accepted.peer.parse().expect("peer is a socket address");
         assert!(server_peer.ip().is_loopback());
 
-        step(client.outgoing.send(r#"{"id":1}"#.to_owned()))
+        step(client.outgoing.send(r#"{"id":1}"#.to_owned().into()))
             .await
             .expect("client send");
         let received = step(accepted.incoming.next()).await;
@@ -301,9 +316,13 @@ mod tests {
             br#"{"id":1}"#
         );
 
-        step(accepted.outgoing.send(r#"{"id":1,"result":{}}"#.to_owned()))
-            .await
-            .expect("server send");
+        step(
+            accepted
+                .outgoing
+                .send(r#"{"id":1,"result":{}}"#.to_owned().into()),
+        )
+        .await
+        .expect("server send");
         let reply = step(client.incoming.next()).await;
         assert_eq!(
             reply.expect("a message").expect("framed"),
@@ -323,14 +342,14 @@ mod tests {
         let mut accepted = server.next_transport().await;
 
         // Exactly at the limit is fine.
-        step(client.outgoing.send("a".repeat(LIMIT)))
+        step(client.outgoing.send("a".repeat(LIMIT).into()))
             .await
             .expect("send");
         let at_limit = step(accepted.incoming.next()).await;
         assert_eq!(at_limit.expect("a message").expect("framed").len(), LIMIT);
 
         // One byte more ends the connection.
-        step(client.outgoing.send("a".repeat(LIMIT + 1)))
+        step(client.outgoing.send("a".repeat(LIMIT + 1).into()))
             .await
             .expect("send");
         match step(accepted.incoming.next()).await {
@@ -341,7 +360,7 @@ mod tests {
 
         // The server can still tell the client why before closing (protocol.md §1).
         let error = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600}}"#;
-        step(accepted.outgoing.send(error.to_owned()))
+        step(accepted.outgoing.send(error.to_owned().into()))
             .await
             .expect("send the framing error");
         step(accepted.outgoing.close()).await.expect("close");
@@ -391,6 +410,38 @@ mod tests {
             .expect("send");
         let received = step(accepted.incoming.next()).await;
         assert_eq!(received.expect("a message").expect("framed"), payload);
+        server.stop();
+    }
+
+    /// A binary message leaves as one binary frame of its two parts joined, a text as a text
+    /// frame: a peer tells them apart by the frame's opcode.
+    #[tokio::test]
+    async fn a_binary_message_is_one_binary_frame() {
+        let mut server = TestServer::start(1024).await;
+        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
+            "ws://{}/",
+            server.addr
+        )))
+        .await
+        .expect("connect");
+        let mut accepted = server.next_transport().await;
+        assert!(accepted.binary_messages);
+        let message = OutMessage::Binary {
+            head: bytes::Bytes::from_static(&[0, 1, 2]),
+            payload: bytes::Bytes::from_static(b"payload"),
+        };
+        step(accepted.outgoing.send(message)).await.expect("send");
+        step(accepted.outgoing.send("{}".to_owned().into()))
+            .await
+            .expect("send");
+        match step(raw.next()).await {
+            Some(Ok(Message::Binary(bytes))) => assert_eq!(bytes, b"\x00\x01\x02payload"),
+            other => panic!("expected a binary frame, got {other:?}"),
+        }
+        match step(raw.next()).await {
+            Some(Ok(Message::Text(text))) => assert_eq!(text, "{}"),
+            other => panic!("expected a text frame, got {other:?}"),
+        }
         server.stop();
     }
 

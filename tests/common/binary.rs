@@ -75,7 +75,7 @@ pub fn ws_client(t: Transport) -> RawClient {
     tokio::spawn(async move {
         let mut lines = BufReader::new(far_r).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            if outgoing.send(line).await.is_err() {
+            if outgoing.send(line.into()).await.is_err() {
                 break;
             }
         }

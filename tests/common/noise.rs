@@ -586,7 +586,11 @@ pub struct TransportRpc {
 impl TransportRpc {
     /// Send one message.
     pub async fn send(&mut self, v: Value) {
-        self.t.outgoing.send(v.to_string()).await.expect("send");
+        self.t
+            .outgoing
+            .send(v.to_string().into())
+            .await
+            .expect("send");
     }
 
     /// The next message, within [`GUARD`].
