@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use execrelay_relay::http::FrontLimits;
 use serde::Deserialize;
 
 /// Largest JSON-RPC message accepted, in bytes (`protocol.md` §1). Large enough for a 1 MiB
@@ -97,27 +98,6 @@ pub const HANDSHAKE_FAILURE_REFILL_MS: u64 = 2_000;
 pub const KEEPALIVE_INTERVAL_MS: u64 = 15_000;
 /// A Noise link without any inbound traffic (pongs included) for this long is dead.
 pub const PONG_TIMEOUT_MS: u64 = 30_000;
-
-/// Largest HTTP request head (request line and header fields) read before an upgrade or a
-/// plain reply: 16 KiB. HTTP sets no maximum; a WebSocket handshake is well under 1 KiB and
-/// 16 KiB is what common servers allow. A longer head is answered `431` and closed.
-pub const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
-/// Most header fields in a request head: 64 (a WebSocket handshake needs about six). More is
-/// answered `431`.
-pub const MAX_REQUEST_HEADERS: usize = 64;
-/// Scrapes of the metrics endpoint served at once; more connections are closed at once. A
-/// Prometheus server scrapes one at a time; a few spare slots let an operator's `curl` in.
-pub const MAX_METRICS_SCRAPES: usize = 8;
-/// After its request head: how long an HTTP reply (or the `101` of an upgrade) may take to be
-/// written, plus the graceful close after a plain reply, 1 s. A peer that does not read its
-/// reply does not hold a slot longer.
-pub const REPLY_TIMEOUT_MS: u64 = 1_000;
-/// Most bytes a refused peer may still send that are read and discarded before closing, 64 KiB:
-/// closing a socket with unread input makes the kernel send a reset that can destroy the reply
-/// (a `431` sent while the peer is still sending its head); this bounds that courtesy.
-pub const CLOSE_DRAIN_BYTES: usize = 64 * 1024;
-/// Longest id captured from a routed path (`/v1/env/ID`, `/v1/connect/ID`), in bytes.
-pub const MAX_ROUTE_ID_BYTES: usize = 128;
 
 /// How a setting's value reads, for `--help`, the README table and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +392,20 @@ impl ServerConfig {
     /// [`Self::request_head_timeout_ms`] as a duration.
     pub fn request_head_timeout(&self) -> Duration {
         Duration::from_millis(self.request_head_timeout_ms)
+    }
+
+    /// The HTTP front limits of a WebSocket listener (`ws://`, `noise+ws://`).
+    pub fn websocket_front_limits(&self) -> FrontLimits {
+        FrontLimits::websocket(
+            self.request_head_timeout(),
+            self.max_pending_handshakes,
+            self.max_pending_handshakes_per_address,
+        )
+    }
+
+    /// The HTTP front limits of the metrics listener.
+    pub fn metrics_front_limits(&self) -> FrontLimits {
+        FrontLimits::metrics(self.request_head_timeout())
     }
 
     /// `detachedSessionTtlMs` as a duration.

@@ -12,9 +12,12 @@
 //!    flag and TOML key).
 //! 1. [`metrics`] (counters, a leaf passed in); [`rpc`] (wire types, error codes, both
 //!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
-//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only); [`http`]
-//!    (the HTTP front of every TCP listener: `/readyz`, `/metrics`, the Origin refusal,
-//!    WebSocket upgrades; routes injected by the caller).
+//!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only).
+//!
+//! Beneath every layer, the `execrelay-relay` crate (`relay/`): the link engine, the HTTP
+//! front of every TCP listener (`execrelay_relay::http`: `/readyz`, `/metrics`, the Origin
+//! refusal, WebSocket upgrades; routes injected by the caller), the key files
+//! (`execrelay_relay::keys`, re-exported as [`noise::keys`]) and the relay server itself.
 //! 2. [`process`]: spawning, output pumps, drain deadlines, the event log, the ready queue.
 //! 3. [`session`]: sessions shared by all connections of a server.
 //! 4. [`connection`]: one connection's state machine, request ordering, writer, handlers,
@@ -35,7 +38,6 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod connection;
-pub mod http;
 pub mod link;
 pub mod metrics;
 pub mod noise;

@@ -6,7 +6,7 @@
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
 //!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`crate::http`) whose routes
+//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose routes
 //!   and upgrade hand-off are wired here. A new kind (the relay's dial-out) is one more
 //!   [`Listener`] variant and one more arm in [`Server::run`].
 //! - **The shutdown sequence**, once for all listeners: stop accepting (abandon handshakes),
@@ -25,6 +25,9 @@ use std::time::Duration;
 
 use execrelay_relay::config::HandshakeBudgetPolicy;
 use execrelay_relay::driver::link_websocket_config;
+use execrelay_relay::http::{
+    self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
+};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -33,10 +36,6 @@ use tracing::Instrument;
 
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
-use crate::http::{
-    self, Front, FrontLimits, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
-    UpgradeRoute,
-};
 use crate::link::server::{run_link, LinkContext, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
@@ -205,7 +204,7 @@ impl Server {
                     });
                     let front = Front {
                         routes,
-                        limits: FrontLimits::websocket(&config),
+                        limits: config.websocket_front_limits(),
                         websocket: websocket_config(max),
                         on_upgrade,
                     };
@@ -254,7 +253,7 @@ impl Server {
                     });
                     let front = Front {
                         routes,
-                        limits: FrontLimits::websocket(&config),
+                        limits: config.websocket_front_limits(),
                         websocket: link_websocket_config(),
                         on_upgrade,
                     };
@@ -270,7 +269,7 @@ impl Server {
                             metrics: Some(render),
                             upgrades: Vec::new(),
                         },
-                        limits: FrontLimits::metrics(&config),
+                        limits: config.metrics_front_limits(),
                         websocket: websocket_config(config.max_message_bytes),
                         on_upgrade: Arc::new(|_| {}),
                     };

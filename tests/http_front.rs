@@ -1,4 +1,4 @@
-//! The HTTP front (`execrelay::http`) over real sockets: what plain requests get (`/readyz`,
+//! The HTTP front (`execrelay_relay::http`) over real sockets: what plain requests get (`/readyz`,
 //! `/metrics`, `403` for a cross-origin upgrade, `404`, `405`, `431`), WebSocket upgrades handed
 //! to the caller, and every limit at its edge: head bytes, header fields, handshake slots, slots
 //! per peer address, the total head deadline against trickling clients (issue 9 item 9) and the
@@ -22,11 +22,12 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
 use execrelay::config::{
-    ServerConfig, MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_ADDRESS, MAX_REQUEST_HEADERS,
-    MAX_REQUEST_HEAD_BYTES, REQUEST_HEAD_TIMEOUT_MS,
+    ServerConfig, MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_ADDRESS,
+    REQUEST_HEAD_TIMEOUT_MS,
 };
-use execrelay::http::{
+use execrelay_relay::http::{
     serve, Front, FrontLimits, MetricsRenderer, PathPattern, Routes, Upgrade, UpgradeRoute,
+    MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
 };
 
 /// Hang guard on every wait.
@@ -97,7 +98,7 @@ impl TestFront {
 }
 
 fn default_limits() -> FrontLimits {
-    FrontLimits::websocket(&ServerConfig::default())
+    ServerConfig::default().websocket_front_limits()
 }
 
 /// Send `request`, read until the server closes; the response as text.

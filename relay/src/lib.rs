@@ -1,5 +1,8 @@
 //! execrelay-relay: the link engine of execrelay's physical links (`secure-transport.md`
-//! §5–§8), built once for its three parties: the exec server, the client and the relay.
+//! §5–§8), built once for its three parties: the exec server, the client and the relay; and
+//! what the exec server and the relay binary (`execrelay-relay`) share beside it: the HTTP
+//! front, key files and the environment link's handshake. The main crate depends on this one,
+//! never the other way.
 //!
 //! A physical link is a WebSocket of binary frames carrying many virtual streams. Everything
 //! about such a link that is not cryptography lives here: the frame codec, the stream table,
@@ -30,11 +33,23 @@
 //!   behind the [`router::RoutingTable`] interface, window accounting, per-link send queues
 //!   with a control reserve, limits.
 //!
-//! Tokio (the only module that imports it):
+//! - [`env_handshake`]: the environment link's Noise handshake (§6.2), both roles, and the
+//!   relay's admission of an environment (environments file, message-1 `ts`).
+//!
+//! Key files (no tokio, no sockets):
+//!
+//! - [`keys`]: X25519 key files, public key lines, the authorized-keys file, and the relay's
+//!   environments file ([`keys::environments`]). The main crate re-exports it as
+//!   `execrelay::noise::keys`.
+//!
+//! Tokio (the only modules that import it):
 //!
 //! - [`driver`]: the link drivers, [`driver::EndpointLink`] (exec server and client, with
 //!   per-stream handles) and [`driver::RelayHub`] (the relay's links around one router), over any
 //!   `WebSocketStream`.
+//! - [`http`]: the HTTP front of every TCP listener (exec server and relay), on hyper.
+//! - [`server`]: the relay server (`execrelay-relay`): routes, link admission, the
+//!   environments-file watcher, metrics, shutdown ([`server::run`]).
 //!
 //! See `relay/README.md` for the design: state machines, who owns which queue, invariants.
 //!
@@ -91,9 +106,13 @@ pub mod closed_set;
 pub mod config;
 pub mod driver;
 pub mod endpoint;
+pub mod env_handshake;
 pub mod flow;
 pub mod frame;
+pub mod http;
 pub mod keepalive;
+pub mod keys;
 pub mod reason;
 pub mod router;
+pub mod server;
 pub mod transmit;

@@ -152,8 +152,11 @@ pub enum CloseReason {
     WriteTimeout,
     /// The peer let our control frames pile up past the limit.
     ControlQueueFull,
-    /// A protocol error of the WebSocket layer (a text message).
+    /// A protocol error of the WebSocket layer (a text message, a broken WebSocket frame).
     Protocol,
+    /// A WebSocket message (one frame) over the frame size limit: refused before it was
+    /// buffered whole (§5).
+    OversizedFrame,
     /// The socket ended (close frame, end of stream or I/O error).
     Transport,
     /// The application (or relay operator) closed it.
@@ -166,7 +169,7 @@ pub enum CloseReason {
 
 impl CloseReason {
     /// Every close reason, in counter order.
-    pub const ALL: [CloseReason; 11] = [
+    pub const ALL: [CloseReason; 12] = [
         CloseReason::MalformedBudget,
         CloseReason::UnknownStreamBudget,
         CloseReason::HandshakeBudget,
@@ -174,6 +177,7 @@ impl CloseReason {
         CloseReason::WriteTimeout,
         CloseReason::ControlQueueFull,
         CloseReason::Protocol,
+        CloseReason::OversizedFrame,
         CloseReason::Transport,
         CloseReason::Local,
         CloseReason::Replaced,
@@ -190,6 +194,7 @@ impl CloseReason {
             CloseReason::WriteTimeout => "write_timeout",
             CloseReason::ControlQueueFull => "control_queue_full",
             CloseReason::Protocol => "protocol",
+            CloseReason::OversizedFrame => "oversized_frame",
             CloseReason::Transport => "transport",
             CloseReason::Local => "local",
             CloseReason::Replaced => "replaced",

@@ -12,9 +12,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigFlags, ServerConfig};
-use crate::http::METRICS_PATH;
 use crate::link::server::NoiseServerConfig;
 use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener};
+use execrelay_relay::http::METRICS_PATH;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]

@@ -19,8 +19,8 @@ use rustls::{ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::config::MAX_ROUTE_ID_BYTES;
 use execrelay_relay::driver::link_websocket_config;
+use execrelay_relay::http::MAX_ROUTE_ID_BYTES;
 
 /// A dialled link's WebSocket.
 pub type LinkSocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -63,19 +63,20 @@ pub struct LinkTarget {
     pub env_id: String,
 }
 
-/// Check an environment id: 1 to [`MAX_ROUTE_ID_BYTES`] bytes of letters, digits, `.`, `_`
-/// and `-` (it travels in a URL path and in every handshake's prologue).
+/// Check an environment id: 1 to [`MAX_ROUTE_ID_BYTES`] bytes of letters, digits, `.`, `_`,
+/// `-` and `~` (URL-unreserved: it travels in a URL path, which the relay's front checks the
+/// same way, and in every handshake's prologue).
 pub fn check_env_id(id: &str) -> Result<(), DialError> {
     let ok = !id.is_empty()
         && id.len() <= MAX_ROUTE_ID_BYTES
         && id
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~'));
     if ok {
         Ok(())
     } else {
         Err(DialError::Url(format!(
-            "bad environment id {id:?}: 1 to {MAX_ROUTE_ID_BYTES} letters, digits, '.', '_' or '-'"
+            "bad environment id {id:?}: 1 to {MAX_ROUTE_ID_BYTES} letters, digits, '.', '_', '-' or '~'"
         )))
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //!
-//! - [`keys`]: X25519 key files, public key lines, the authorized-keys file.
+//! - [`keys`]: X25519 key files, public key lines, the authorized-keys file (re-exported from
+//!   `execrelay_relay::keys`, where the relay finds them too).
 //! - [`handshake`]: sans-IO `Noise_IK_25519_ChaChaPoly_BLAKE2s` with the stream-binding
 //!   prologue; a handshake state that turns into transport keys.
 //! - [`cipher`]: the directional record keys from the handshake's split, and the in-place
@@ -20,6 +21,6 @@
 pub mod authorizer;
 pub mod cipher;
 pub mod handshake;
-pub mod keys;
+pub use execrelay_relay::keys;
 pub mod record;
 pub mod timestamp;

@@ -25,8 +25,9 @@ use super::keys::{fingerprint, KEY_BYTES};
 
 /// How far a client's `ts` may be from the server's clock, either way (`secure-transport.md`
 /// §3: 10 minutes). It also bounds how long a forgotten key's message 1 can be replayed: once
-/// its `ts` is this old, the clock check refuses it anyway.
-pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
+/// its `ts` is this old, the clock check refuses it anyway. One value with the relay's check
+/// of environment links.
+pub const MAX_CLOCK_SKEW: Duration = execrelay_relay::env_handshake::MAX_CLOCK_SKEW;
 
 /// Client keys whose largest accepted `ts` the server remembers; past it, the least recently
 /// accepted key is forgotten first. An entry is about 100 bytes, so the table stays under

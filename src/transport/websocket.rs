@@ -15,7 +15,7 @@
 //!
 //! - Interpret JSON-RPC: messages are opaque bytes here.
 //! - Serve HTTP: accepting connections, the request head, `/readyz`, the `Origin` refusal and
-//!   the upgrade belong to the HTTP front (`crate::http`).
+//!   the upgrade belong to the HTTP front (`execrelay_relay::http`).
 //! - Log message contents (they carry process output and stdin), or panic on anything a peer
 //!   sends.
 

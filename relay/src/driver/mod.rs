@@ -41,12 +41,13 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
-pub use relay::RelayHub;
+pub use relay::{PendingLink, RelayHub, RelaySnapshot};
 pub use stream::{StreamError, StreamHandle, StreamReceiver, StreamSender};
 
 use crate::frame::{Frame, FrameError, MAX_FRAME_BYTES};
@@ -69,9 +70,17 @@ const WS_WRITE_BUFFER: usize = 128 << 10;
 /// refused before it is buffered whole, and the write buffer is bounded (one batch of writes
 /// plus two frames).
 pub fn link_websocket_config() -> WebSocketConfig {
+    link_websocket_config_with(MAX_FRAME_BYTES)
+}
+
+/// [`link_websocket_config`] with a lower frame limit (the relay's `--max-frame-bytes`):
+/// a message over `max_frame_bytes` (clamped to [`MAX_FRAME_BYTES`]) is refused from its
+/// header and closes the link ([`CloseReason::OversizedFrame`]).
+pub fn link_websocket_config_with(max_frame_bytes: usize) -> WebSocketConfig {
+    let max = max_frame_bytes.min(MAX_FRAME_BYTES);
     WebSocketConfig {
-        max_message_size: Some(MAX_FRAME_BYTES),
-        max_frame_size: Some(MAX_FRAME_BYTES),
+        max_message_size: Some(max),
+        max_frame_size: Some(max),
         write_buffer_size: WS_WRITE_BUFFER,
         max_write_buffer_size: WS_WRITE_BUFFER + 2 * MAX_FRAME_BYTES,
         ..WebSocketConfig::default()
@@ -205,6 +214,10 @@ where
                 Some(Ok(Message::Ping(_))) => C::signals(core).writer.notify_one(),
                 Some(Ok(Message::Text(_))) => C::on_closed(core, CloseReason::Protocol),
                 Some(Ok(Message::Frame(_))) => {}
+                // tungstenite refuses a message over `max_message_size` / `max_frame_size`
+                // from its header, before buffering it (`link_websocket_config`).
+                Some(Err(WsError::Capacity(_))) => C::on_closed(core, CloseReason::OversizedFrame),
+                Some(Err(WsError::Protocol(_))) => C::on_closed(core, CloseReason::Protocol),
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
                     C::on_closed(core, CloseReason::Transport)
                 }
@@ -258,7 +271,26 @@ async fn write_loop<S, C>(
             break;
         }
     }
-    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, sink.close()).await;
+    // Say why in the close frame (a fixed reason of ours, never a peer's words), so the other
+    // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …
+    let close = match *signals_closed.borrow() {
+        None | Some(CloseReason::Transport) => None,
+        Some(reason) => Some(CloseFrame {
+            code: if reason == CloseReason::Local {
+                CloseCode::Normal
+            } else {
+                CloseCode::Policy
+            },
+            reason: reason.as_str().into(),
+        }),
+    };
+    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
+        if close.is_some() {
+            let _ = sink.send(Message::Close(close)).await;
+        }
+        let _ = sink.close().await;
+    })
+    .await;
 }
 
 /// One write under the deadline; also abandoned when the link closes meanwhile.

@@ -11,6 +11,15 @@
 //! // environments file changed and ID is gone:
 //! hub.remove_environment(&id);
 //! ```
+//!
+//! Registration and serving can be split ([`RelayHub::add_environment`] then
+//! [`PendingLink::serve`]) so that a caller can register a link atomically with its own
+//! checks (the relay server registers an environment under the lock of its environments file,
+//! so a revocation cannot slip between the admission and the registration).
+//!
+//! Logs: every stream of a client link gets a `stream` span (debug level, child of the span
+//! the link was served in) that lives as long as the route; its events say when it opened,
+//! was accepted, refused or reset and why. When debug logs are off, nothing is kept.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,16 +28,84 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
+use tracing::Span;
 
 use super::{now, run_io, seed, LinkCore, LinkSignals};
 use crate::config::{ConfigError, RelayConfig};
+use crate::frame::StreamId;
 use crate::reason::{CloseReason, Counters};
-use crate::router::{AddLinkError, LinkId, MemoryTable, Router, RouterEvent, RoutingTable};
+use crate::router::{
+    AddLinkError, LinkId, LinkKind, MemoryTable, Router, RouterEvent, RoutingTable, StreamChange,
+};
 use crate::transmit::Transmit;
+
+/// A link the hub drives: how to wake and close it, and the span it is served in.
+struct HubLinkState {
+    signals: Arc<LinkSignals>,
+    span: Span,
+}
 
 struct HubInner<T: RoutingTable> {
     router: Router<T>,
-    links: HashMap<LinkId, Arc<LinkSignals>>,
+    links: HashMap<LinkId, HubLinkState>,
+    /// The `stream` span of each routed stream, while debug logs are on.
+    streams: HashMap<(LinkId, StreamId), Span>,
+}
+
+/// `0123…` (32 hex digits): a stream id in logs. Ids are random and carry nothing secret.
+fn hex_id(id: &StreamId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl<T: RoutingTable> HubInner<T> {
+    fn stream_changed(&mut self, client: LinkId, stream: StreamId, change: StreamChange) {
+        let key = (client, stream);
+        let span = match change {
+            StreamChange::Opened => {
+                let parent = self.links.get(&client).map(|l| l.span.clone());
+                let span = match parent {
+                    Some(p) => tracing::debug_span!(parent: &p, "stream", id = %hex_id(&stream)),
+                    None => tracing::debug_span!("stream", id = %hex_id(&stream)),
+                };
+                if span.is_disabled() {
+                    return;
+                }
+                self.streams.insert(key, span.clone());
+                span
+            }
+            StreamChange::Accepted => match self.streams.get(&key) {
+                Some(s) => s.clone(),
+                None => return,
+            },
+            StreamChange::Refused(_) => {
+                let parent = self.links.get(&client).map(|l| l.span.clone());
+                match parent {
+                    Some(p) => tracing::debug_span!(parent: &p, "stream", id = %hex_id(&stream)),
+                    None => return,
+                }
+            }
+            StreamChange::Reset(_) | StreamChange::PeerReset { .. } => {
+                match self.streams.remove(&key) {
+                    Some(s) => s,
+                    None => return,
+                }
+            }
+        };
+        let _in = span.enter();
+        match change {
+            StreamChange::Opened => tracing::debug!("OPEN routed to the environment"),
+            StreamChange::Accepted => tracing::debug!("ACCEPT routed to the client"),
+            StreamChange::Refused(reason) => tracing::debug!(%reason, "OPEN refused"),
+            StreamChange::Reset(reason) => tracing::debug!(%reason, "stream reset by the relay"),
+            StreamChange::PeerReset { from } => {
+                let from = match from {
+                    LinkKind::Client => "client",
+                    LinkKind::Environment => "environment",
+                };
+                tracing::debug!(from, "stream reset by one end; forwarded")
+            }
+        }
+    }
 }
 
 struct HubShared<T: RoutingTable> {
@@ -48,14 +125,19 @@ impl<T: RoutingTable> HubShared<T> {
             match ev {
                 RouterEvent::Wake { link } => {
                     if let Some(s) = inner.links.get(&link) {
-                        s.writer.notify_one();
+                        s.signals.writer.notify_one();
                     }
                 }
                 RouterEvent::Close { link, reason } => {
                     if let Some(s) = inner.links.get(&link) {
-                        s.close(reason);
+                        s.signals.close(reason);
                     }
                 }
+                RouterEvent::Stream {
+                    client,
+                    stream,
+                    change,
+                } => inner.stream_changed(client, stream, change),
             }
         }
         r
@@ -67,12 +149,14 @@ impl<T: RoutingTable> HubShared<T> {
 pub struct RelaySnapshot {
     /// Live links (client and environment).
     pub links: usize,
-    /// Environments with a link.
+    /// Environments with a link (each has exactly one environment link).
     pub environments: usize,
     /// Routed streams.
     pub streams: usize,
     /// Bytes queued on every link together.
     pub queued_bytes: usize,
+    /// The deepest single link's queue, in bytes.
+    pub deepest_link_queue_bytes: usize,
     /// Resets, drops, closes and frames so far.
     pub counters: Counters,
 }
@@ -105,6 +189,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
                 inner: Mutex::new(HubInner {
                     router: Router::with_table(cfg, table)?,
                     links: HashMap::new(),
+                    streams: HashMap::new(),
                 }),
             }),
         })
@@ -120,11 +205,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let seed = seed();
-        let id = self
-            .shared
-            .with(|r| r.add_environment_link(now(), env, seed))?;
-        Ok(self.serve(ws, id).await)
+        Ok(self.add_environment(env)?.serve(ws).await)
     }
 
     /// Serve a client link for environment `env` from `addr`, until it ends.
@@ -137,36 +218,46 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        Ok(self.add_client(env, addr)?.serve(ws).await)
+    }
+
+    /// Register an environment link (its handshake succeeded) now, replacing the
+    /// environment's previous link at once; serve it with [`PendingLink::serve`]. Frames routed
+    /// to it meanwhile wait in its queue. Dropping the [`PendingLink`] unserved closes it.
+    pub fn add_environment(&self, env: &str) -> Result<PendingLink<T>, AddLinkError> {
+        let seed = seed();
+        let id = self
+            .shared
+            .with(|r| r.add_environment_link(now(), env, seed))?;
+        Ok(self.pending(id))
+    }
+
+    /// Register a client link for environment `env` from `addr` now; serve it with
+    /// [`PendingLink::serve`].
+    pub fn add_client(&self, env: &str, addr: IpAddr) -> Result<PendingLink<T>, AddLinkError> {
         let seed = seed();
         let id = self
             .shared
             .with(|r| r.add_client_link(now(), env, addr, seed))?;
-        Ok(self.serve(ws, id).await)
+        Ok(self.pending(id))
     }
 
-    async fn serve<S>(&self, ws: WebSocketStream<S>, id: LinkId) -> CloseReason
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
+    fn pending(&self, id: LinkId) -> PendingLink<T> {
         let signals = Arc::new(LinkSignals::new());
-        let write_timeout = {
-            let mut inner = lock(&self.shared.inner);
-            inner.links.insert(id, signals.clone());
-            // Closed between registration and now (replaced at once): say so.
-            if !inner.router.is_live(id) {
-                signals.close(CloseReason::Replaced);
-            }
-            inner.router.config().keepalive.write_timeout
-        };
-        let link = Arc::new(HubLink {
+        let mut inner = lock(&self.shared.inner);
+        inner.links.insert(
+            id,
+            HubLinkState {
+                signals: signals.clone(),
+                span: Span::current(),
+            },
+        );
+        PendingLink {
             hub: self.shared.clone(),
             id,
             signals,
-            write_timeout,
-        });
-        let reason = run_io(ws, link).await;
-        lock(&self.shared.inner).links.remove(&id);
-        reason
+            served: false,
+        }
     }
 
     /// The environment is no longer listed: its link closes at once, its streams reset.
@@ -179,7 +270,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     pub fn shutdown(&self) {
         let inner = lock(&self.shared.inner);
         for s in inner.links.values() {
-            s.close(CloseReason::Local);
+            s.signals.close(CloseReason::Local);
         }
     }
 
@@ -192,8 +283,58 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
             environments: r.environment_count(),
             streams: r.route_count(),
             queued_bytes: r.queued_bytes(),
+            deepest_link_queue_bytes: r.deepest_link_queue_bytes(),
             counters: r.counters().clone(),
         }
+    }
+}
+
+/// A link registered with the hub and not yet served: [`serve`](Self::serve) it with its
+/// WebSocket. Dropped unserved, it is closed (its streams reset) and forgotten.
+pub struct PendingLink<T: RoutingTable + 'static = MemoryTable> {
+    hub: Arc<HubShared<T>>,
+    id: LinkId,
+    signals: Arc<LinkSignals>,
+    served: bool,
+}
+
+impl<T: RoutingTable + 'static> PendingLink<T> {
+    /// The link's number in the hub (for logs).
+    pub fn id(&self) -> LinkId {
+        self.id
+    }
+
+    /// Drive the link over `ws` until it ends. Returns why it ended.
+    pub async fn serve<S>(mut self, ws: WebSocketStream<S>) -> CloseReason
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.served = true;
+        let write_timeout = {
+            let inner = lock(&self.hub.inner);
+            // Closed between registration and now (replaced or revoked at once): say so.
+            if !inner.router.is_live(self.id) {
+                self.signals.close(CloseReason::Replaced);
+            }
+            inner.router.config().keepalive.write_timeout
+        };
+        let link = Arc::new(HubLink {
+            hub: self.hub.clone(),
+            id: self.id,
+            signals: self.signals.clone(),
+            write_timeout,
+        });
+        run_io(ws, link).await
+    }
+}
+
+impl<T: RoutingTable + 'static> Drop for PendingLink<T> {
+    fn drop(&mut self) {
+        if !self.served {
+            self.hub
+                .with(|r| r.link_closed(self.id, CloseReason::Local));
+        }
+        lock(&self.hub.inner).links.remove(&self.id);
     }
 }
 

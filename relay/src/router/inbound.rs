@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::{Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable};
+use super::{Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable, StreamChange};
 use crate::flow::{FlowError, RelayFlow};
 use crate::frame::{Frame, FrameType, StreamId};
 use crate::reason::{CloseReason, DropReason, Reason};
@@ -101,6 +101,7 @@ impl<T: RoutingTable> Router<T> {
     fn refuse(&mut self, link: LinkId, stream: StreamId, reason: Reason) {
         self.counters.dropped(DropReason::RefusedOpen);
         self.counters.reset(reason);
+        self.stream_event(link, stream, StreamChange::Refused(reason));
         if let Some(l) = self.links.get_mut(&link) {
             l.closed_streams.insert(stream);
         }
@@ -168,6 +169,7 @@ impl<T: RoutingTable> Router<T> {
         if let Some(e) = self.links.get_mut(&env_link) {
             e.closed_streams.remove(&s);
         }
+        self.stream_event(link, s, StreamChange::Opened);
         self.enqueue(env_link, f, Lane::Control);
     }
 
@@ -187,6 +189,7 @@ impl<T: RoutingTable> Router<T> {
         r.to_env
             .on_report(0, f.window.min(self.cfg.max_window_records));
         let client = r.client;
+        self.stream_event(client, key.stream, StreamChange::Accepted);
         self.enqueue(client, f, Lane::Control);
     }
 
@@ -208,6 +211,11 @@ impl<T: RoutingTable> Router<T> {
                 return;
             };
             self.counters.peer_resets += 1;
+            self.stream_event(
+                route.client,
+                key.stream,
+                StreamChange::PeerReset { from: kind },
+            );
             if let Some(l) = self.links.get_mut(&link) {
                 l.closed_streams.insert(key.stream);
             }
@@ -273,6 +281,7 @@ impl<T: RoutingTable> Router<T> {
             return;
         };
         self.counters.reset(reason);
+        self.stream_event(route.client, key.stream, StreamChange::Reset(reason));
         for link in [route.client, route.env_link] {
             if let Some(l) = self.links.get_mut(&link) {
                 self.queued_bytes -= l.out.drop_stream(&key.stream);

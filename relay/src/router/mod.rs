@@ -56,8 +56,28 @@ pub enum LinkKind {
     Environment,
 }
 
+/// What happened to a routed stream (for the driver's logs; the counters are the router's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StreamChange {
+    /// A client's `OPEN` was routed and forwarded to the environment.
+    Opened,
+    /// The environment's `ACCEPT` was forwarded to the client.
+    Accepted,
+    /// A client's `OPEN` was refused without being routed.
+    Refused(Reason),
+    /// The relay reset the stream (both ends told), or one of its links died.
+    Reset(Reason),
+    /// One end reset the stream; the `RESET` was forwarded to the other.
+    PeerReset {
+        /// The end that sent it.
+        from: LinkKind,
+    },
+}
+
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RouterEvent {
     /// `link` has something to write (or a ping due): wake its writer.
     Wake {
@@ -70,6 +90,15 @@ pub enum RouterEvent {
         link: LinkId,
         /// Why.
         reason: CloseReason,
+    },
+    /// A stream opened by client link `client` changed (for logs only: nothing to do).
+    Stream {
+        /// The client link that opened (or tried to open) it.
+        client: LinkId,
+        /// The stream id.
+        stream: StreamId,
+        /// What happened.
+        change: StreamChange,
     },
 }
 
@@ -182,6 +211,15 @@ impl<T: RoutingTable> Router<T> {
     /// Live links.
     pub fn link_count(&self) -> usize {
         self.links.len()
+    }
+
+    /// The deepest send queue of any link, in bytes (a metrics figure: O(links)).
+    pub fn deepest_link_queue_bytes(&self) -> usize {
+        self.links
+            .values()
+            .map(|l| l.out.bytes())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Environments with a live link.
@@ -360,6 +398,14 @@ impl<T: RoutingTable> Router<T> {
         }
     }
 
+    fn stream_event(&mut self, client: LinkId, stream: StreamId, change: StreamChange) {
+        self.events.push_back(RouterEvent::Stream {
+            client,
+            stream,
+            change,
+        });
+    }
+
     fn enqueue(&mut self, link: LinkId, f: Frame, lane: Lane) {
         let Some(l) = self.links.get_mut(&link) else {
             return;
@@ -410,6 +456,7 @@ impl<T: RoutingTable> Router<T> {
                             e.closed_streams.insert(s);
                         }
                         self.counters.reset(Reason::ClientGone);
+                        self.stream_event(link, s, StreamChange::Reset(Reason::ClientGone));
                         let reset = Frame::reset(s, Reason::ClientGone.as_str());
                         self.enqueue(route.env_link, reset, Lane::AfterData);
                     }
@@ -434,6 +481,11 @@ impl<T: RoutingTable> Router<T> {
                             c.closed_streams.insert(s);
                         }
                         self.counters.reset(Reason::EnvironmentGone);
+                        self.stream_event(
+                            route.client,
+                            s,
+                            StreamChange::Reset(Reason::EnvironmentGone),
+                        );
                         let reset = Frame::reset(s, Reason::EnvironmentGone.as_str());
                         self.enqueue(route.client, reset, Lane::AfterData);
                     }

@@ -47,11 +47,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument};
 
 use super::address_slots::AddressSlots;
-use super::routes::{decide, Accepted, Decision, Routes};
-use crate::config::{
-    ServerConfig, CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS,
-    MAX_REQUEST_HEAD_BYTES, REPLY_TIMEOUT_MS,
+use super::limits::{
+    CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
+    REPLY_TIMEOUT_MS,
 };
+use super::routes::{decide, Accepted, Decision, Routes};
 
 /// Pause after a failed `accept`: 100 ms. Failures such as running out of file descriptors
 /// repeat immediately; without a pause the accept loop would spin a core while they last.
@@ -69,19 +69,20 @@ pub struct FrontLimits {
 }
 
 impl FrontLimits {
-    /// The limits of a WebSocket listener (`ws://`, `noise+ws://`) from the configuration.
-    pub fn websocket(config: &ServerConfig) -> FrontLimits {
+    /// The limits of a WebSocket listener (`ws://`, `noise+ws://`, the relay's): the caller's
+    /// settings (the exec server's and the relay's configurations each have all three).
+    pub fn websocket(head_timeout: Duration, pending: usize, pending_per_address: usize) -> Self {
         FrontLimits {
-            head_timeout: config.request_head_timeout(),
-            pending: config.max_pending_handshakes,
-            pending_per_address: config.max_pending_handshakes_per_address,
+            head_timeout,
+            pending,
+            pending_per_address,
         }
     }
 
-    /// The limits of the metrics listener: [`MAX_METRICS_SCRAPES`] at once, from any address.
-    pub fn metrics(config: &ServerConfig) -> FrontLimits {
+    /// The limits of a metrics listener: [`MAX_METRICS_SCRAPES`] at once, from any address.
+    pub fn metrics(head_timeout: Duration) -> FrontLimits {
         FrontLimits {
-            head_timeout: config.request_head_timeout(),
+            head_timeout,
             pending: MAX_METRICS_SCRAPES,
             pending_per_address: MAX_METRICS_SCRAPES,
         }

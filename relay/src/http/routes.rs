@@ -27,7 +27,7 @@ use hyper::{Method, Request, Response, StatusCode, Version};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use crate::config::MAX_ROUTE_ID_BYTES;
+use super::limits::MAX_ROUTE_ID_BYTES;
 
 /// The readiness probe path (secure-transport.md §1).
 pub const READYZ_PATH: &str = "/readyz";

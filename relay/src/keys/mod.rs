@@ -1,9 +1,16 @@
-//! Static X25519 keys: generation, the on-disk formats of `secure-transport.md` §2, and the
-//! authorized-keys file (re-read when it changes).
+//! Static X25519 keys: generation, the on-disk formats of `secure-transport.md` §2, the
+//! authorized-keys file (re-read when it changes) and the relay's environments file (§6.2,
+//! [`environments`]).
 //!
 //! Private key file: the 32-byte key in standard base64 on one line, mode 0600 (a file readable
 //! by group or others is refused). Public key: one line `execrelay-x25519 <base64> <comment>`.
 //! This module never logs key material; [`fingerprint`] is what logs show.
+//!
+//! It lives in the relay crate because the exec server, the client and the relay all read key
+//! files (the main crate re-exports it as `execrelay::noise::keys`). It must never import a
+//! handshake (the handshakes build on it).
+
+pub mod environments;
 
 use std::collections::HashSet;
 use std::fs;
@@ -217,7 +224,7 @@ pub fn load_public(arg: &str) -> Result<[u8; KEY_BYTES], KeyError> {
     parse_public(line).map_err(|why| KeyError::Format { path: name, why })
 }
 
-fn read_bounded(path: &Path) -> Result<String, KeyError> {
+pub(crate) fn read_bounded(path: &Path) -> Result<String, KeyError> {
     let io = |source| KeyError::Io {
         path: path.to_path_buf(),
         source,
@@ -252,8 +259,10 @@ pub fn parse_authorized(text: &str, name: &str) -> Result<HashSet<[u8; KEY_BYTES
 /// The keys of the last read, or why it failed.
 type KeySet = Result<HashSet<[u8; KEY_BYTES]>, String>;
 
-#[derive(PartialEq, Eq, Clone, Copy)]
-struct Stamp {
+/// What identifies one version of a file without reading it: a change to any field means the
+/// file must be read again (editors replace files, so the inode counts too).
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub(crate) struct Stamp {
     mtime: i64,
     mtime_ns: i64,
     len: u64,
@@ -307,7 +316,7 @@ impl AuthorizedKeys {
     }
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     let m = fs::metadata(path).ok()?;
     Some(Stamp {
         mtime: m.mtime(),
@@ -345,16 +354,20 @@ mod tests {
         assert!(kp.write(&path, "again").is_err(), "never overwrites a key");
     }
 
-    /// The handshake builds on the keys, so the keys must not import the handshake back (they
+    /// The handshakes build on the keys, so the keys must not import a handshake back (they
     /// once did, for the protocol name, which made the two modules a cycle).
     #[test]
     fn keys_do_not_import_the_handshake() {
-        let src = include_str!("keys.rs");
-        let code = src.split("#[cfg(test)]").next().unwrap();
-        assert!(
-            !code.contains("handshake::"),
-            "keys.rs imports from the handshake module"
-        );
+        for (name, src) in [
+            ("keys/mod.rs", include_str!("mod.rs")),
+            ("keys/environments.rs", include_str!("environments.rs")),
+        ] {
+            let code = src.split("#[cfg(test)]").next().unwrap();
+            assert!(
+                !code.contains("handshake::"),
+                "{name} imports from a handshake module"
+            );
+        }
     }
 
     /// RFC 7748 §6.1: Alice's private key and its public key. A derivation that fails must

@@ -1,0 +1,242 @@
+//! What happens to each upgraded WebSocket of the relay, and the environments-file watcher.
+//!
+//! - [`environment_link`]: the §6.2 handshake on stream id 0 (message 1 within the handshake
+//!   timeout; admission and registration under the environments file's lock), then the hub
+//!   drives the link until it ends.
+//! - [`client_link`]: registered with the hub at once (per-address limit), then driven.
+//! - [`watch_environments`]: re-reads the environments file when it changes and closes the
+//!   links of revoked ids.
+//!
+//! Every refusal is logged with its reason in the link's span and counted.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::metrics::{ClientRefusal, LinkOutcome};
+use super::{lock, unix_micros, Shared, RELAY_VERSION};
+use crate::driver::{recv_frame, send_frame, FrameIoError, RelayHub, LINK_CLOSE_TIMEOUT};
+use crate::env_handshake::admit_link;
+use crate::frame::{Frame, LINK_STREAM};
+use crate::keys::fingerprint;
+use crate::reason::CloseReason;
+use crate::router::AddLinkError;
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// Close a WebSocket with `code` and a fixed `reason`, bounded by [`LINK_CLOSE_TIMEOUT`].
+async fn close(mut ws: Ws, code: CloseCode, reason: &'static str) {
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, ws.close(Some(frame))).await;
+}
+
+/// Send a refusal (`RESET` on stream id 0), then close.
+async fn refuse(mut ws: Ws, reset: &Frame, deadline: std::time::Duration) {
+    let _ = send_frame(&mut ws, reset, deadline.min(LINK_CLOSE_TIMEOUT)).await;
+    close(ws, CloseCode::Policy, "refused").await;
+}
+
+/// How a link's end reads in the log.
+fn log_close(kind: &str, reason: CloseReason) {
+    match reason {
+        CloseReason::Local | CloseReason::Transport => {
+            tracing::info!(%reason, "{kind} link closed")
+        }
+        CloseReason::Replaced => {
+            tracing::info!(%reason, "{kind} link closed: replaced by a newer link of the same environment")
+        }
+        CloseReason::Revoked => tracing::warn!(
+            %reason,
+            "{kind} link closed: the environment is no longer listed with this key"
+        ),
+        _ => tracing::warn!(%reason, "{kind} link closed by the relay"),
+    }
+}
+
+/// An upgraded `/v1/env/ID`: handshake, admission, then the hub.
+pub(crate) async fn environment_link(
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    ws: Ws,
+    id: String,
+    peer: SocketAddr,
+    stop: CancellationToken,
+) {
+    let span = tracing::info_span!("env_link", env = %id, %peer);
+    environment_link_inner(hub, shared, ws, id, stop)
+        .instrument(span)
+        .await
+}
+
+async fn environment_link_inner(
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    mut ws: Ws,
+    id: String,
+    stop: CancellationToken,
+) {
+    let timeout = shared.settings.link_handshake_timeout();
+    let Ok(slot) = shared.link_handshakes.clone().try_acquire_owned() else {
+        shared.stats.link_handshake(LinkOutcome::Busy);
+        tracing::warn!("environment link refused: too many environment links in their handshake");
+        refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+        return;
+    };
+    let first = tokio::select! {
+        first = recv_frame(&mut ws, timeout) => first,
+        () = stop.cancelled() => return,
+    };
+    let open = match first {
+        Ok(f) => f,
+        Err(e) => {
+            let outcome = match e {
+                FrameIoError::Timeout(_) | FrameIoError::Closed => LinkOutcome::Timeout,
+                _ => LinkOutcome::Malformed,
+            };
+            shared.stats.link_handshake(outcome);
+            tracing::warn!(error = %e, "environment link refused: no link handshake (message 1 on stream id 0)");
+            if outcome == LinkOutcome::Malformed {
+                refuse(ws, &Frame::reset(LINK_STREAM, "malformed_frame"), timeout).await;
+            } else {
+                close(ws, CloseCode::Policy, "no link handshake").await;
+            }
+            return;
+        }
+    };
+    // Admission and registration under the environments file's lock: a reload (which
+    // revokes under the same lock) sees this link registered, or this admission sees the
+    // reload. No `.await` while it is held.
+    let admitted = {
+        let mut file = lock(&shared.environments);
+        shared.apply_reload(&mut file, &hub);
+        let checked = {
+            let mut ts = lock(&shared.timestamps);
+            admit_link(
+                &shared.keys,
+                &id,
+                &open,
+                &file,
+                &mut ts,
+                unix_micros(),
+                RELAY_VERSION,
+            )
+        };
+        match checked {
+            Ok(a) if !stop.is_cancelled() => hub.add_environment(&id).map(|p| (a, p)).map_err(Err),
+            Ok(_) => return,
+            Err(refusal) => Err(Ok(refusal)),
+        }
+    };
+    let (admitted, link) = match admitted {
+        Ok(ok) => ok,
+        Err(Ok(refusal)) => {
+            shared
+                .stats
+                .link_handshake(LinkOutcome::of_reason(refusal.reset_reason()));
+            tracing::warn!(error = %refusal, "environment link refused ({})", refusal.reset_reason());
+            refuse(ws, &refusal.reset_frame(), timeout).await;
+            return;
+        }
+        Err(Err(AddLinkError::TooManyEnvironments)) => {
+            shared.stats.link_handshake(LinkOutcome::Busy);
+            tracing::warn!(
+                max = shared.settings.max_environments,
+                "environment link refused: the relay serves its maximum of environments"
+            );
+            refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+            return;
+        }
+        Err(Err(e)) => {
+            shared.stats.link_handshake(LinkOutcome::Busy);
+            tracing::warn!(error = %e, "environment link refused");
+            refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+            return;
+        }
+    };
+    if let Err(e) = send_frame(&mut ws, &admitted.accept, timeout).await {
+        // `link` drops unserved: the hub forgets it.
+        shared.stats.link_handshake(LinkOutcome::Timeout);
+        tracing::warn!(error = %e, "environment link lost while sending message 2");
+        return;
+    }
+    shared.stats.link_handshake(LinkOutcome::Accepted);
+    drop(slot);
+    tracing::info!(
+        key = %fingerprint(&admitted.env_key),
+        link = link.id(),
+        "environment link up"
+    );
+    let reason = link.serve(ws).await;
+    log_close("environment", reason);
+}
+
+/// An upgraded `/v1/connect/ID`: registered with the hub (per-address limit), then driven.
+/// Client links are not authenticated by the relay (§6.2): the environment authenticates every
+/// stream end to end.
+pub(crate) async fn client_link(
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    ws: Ws,
+    id: String,
+    peer: SocketAddr,
+    stop: CancellationToken,
+) {
+    let span = tracing::info_span!("client_link", env = %id, %peer);
+    async move {
+        if stop.is_cancelled() {
+            close(ws, CloseCode::Away, "shutting down").await;
+            return;
+        }
+        let link = match hub.add_client(&id, peer.ip()) {
+            Ok(link) => link,
+            Err(e) => {
+                shared.stats.client_refused(ClientRefusal::PerAddress);
+                tracing::warn!(
+                    error = %e,
+                    max = shared.settings.max_client_links_per_address,
+                    "client link refused"
+                );
+                close(
+                    ws,
+                    CloseCode::Again,
+                    "too many client links from this address",
+                )
+                .await;
+                return;
+            }
+        };
+        tracing::info!(link = link.id(), "client link up");
+        let reason = link.serve(ws).await;
+        log_close("client", reason);
+    }
+    .instrument(span)
+    .await
+}
+
+/// Check the environments file every `environments_poll_ms` until `stop`; revoked ids lose
+/// their link at once.
+pub(crate) async fn watch_environments(
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(shared.settings.environments_poll());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut file = lock(&shared.environments);
+        shared.apply_reload(&mut file, &hub);
+    }
+}

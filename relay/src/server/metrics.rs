@@ -1,0 +1,393 @@
+//! The relay's Prometheus metrics (`--metrics-listen`, `GET /metrics`), rendered at scrape
+//! time from figures that are read, never kept twice: the hub's [`RelaySnapshot`] (links,
+//! environments, streams, queue depths, the router's counters of frames, bytes, resets, drops
+//! and closes) and the server's own [`ServerStats`] (environment-link handshakes, client links
+//! refused).
+//!
+//! Every label value is a fixed string of this crate (frame types, directions, reasons): a
+//! peer can never grow the series set or put its words in an operator's dashboards. Nothing
+//! here is on the data path: a scrape takes the hub's lock once, for the snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::driver::relay::RelaySnapshot;
+use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_MALFORMED, REASON_REPLAYED};
+
+/// A label with one value from a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FrameLabel {
+    r#type: &'static str,
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// Outcomes of environment-link handshakes, in counter order (metrics label `result`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkOutcome {
+    /// Admitted.
+    Accepted,
+    /// The key or id did not check out (not listed, wrong key, message 1 did not decrypt,
+    /// the environments file is unusable).
+    Unauthorized,
+    /// A replayed message 1.
+    Replayed,
+    /// The environment's clock is too far off.
+    ClockSkew,
+    /// The first frame was not a link handshake.
+    Malformed,
+    /// No message 1 within the handshake timeout, or the socket ended first.
+    Timeout,
+    /// Refused for load: too many environments, or too many handshakes at once.
+    Busy,
+}
+
+impl LinkOutcome {
+    const ALL: [LinkOutcome; 7] = [
+        LinkOutcome::Accepted,
+        LinkOutcome::Unauthorized,
+        LinkOutcome::Replayed,
+        LinkOutcome::ClockSkew,
+        LinkOutcome::Malformed,
+        LinkOutcome::Timeout,
+        LinkOutcome::Busy,
+    ];
+
+    /// The metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkOutcome::Accepted => "accepted",
+            LinkOutcome::Unauthorized => "unauthorized",
+            LinkOutcome::Replayed => REASON_REPLAYED,
+            LinkOutcome::ClockSkew => REASON_CLOCK_SKEW,
+            LinkOutcome::Malformed => REASON_MALFORMED,
+            LinkOutcome::Timeout => "timeout",
+            LinkOutcome::Busy => "busy",
+        }
+    }
+
+    /// The outcome of a refusal's `RESET` reason.
+    pub fn of_reason(reason: &str) -> LinkOutcome {
+        match reason {
+            REASON_REPLAYED => LinkOutcome::Replayed,
+            REASON_CLOCK_SKEW => LinkOutcome::ClockSkew,
+            REASON_MALFORMED => LinkOutcome::Malformed,
+            _ => LinkOutcome::Unauthorized,
+        }
+    }
+}
+
+/// Why a client link was refused after its upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientRefusal {
+    /// Its address holds its maximum of client links.
+    PerAddress,
+}
+
+/// The server's own counters (the router counts everything about frames and streams).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    link_handshakes: [AtomicU64; LinkOutcome::ALL.len()],
+    client_links_refused_per_address: AtomicU64,
+    environments_file_reloads: AtomicU64,
+    environments_file_errors: AtomicU64,
+    environments_revoked: AtomicU64,
+}
+
+impl ServerStats {
+    /// Count an environment-link handshake's outcome.
+    pub fn link_handshake(&self, outcome: LinkOutcome) {
+        let i = LinkOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.link_handshakes[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Environment-link handshakes that ended with `outcome` so far.
+    pub fn link_handshakes(&self, outcome: LinkOutcome) -> u64 {
+        let i = LinkOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.link_handshakes[i].load(Ordering::Relaxed)
+    }
+
+    /// Count a client link refused after its upgrade.
+    pub fn client_refused(&self, why: ClientRefusal) {
+        match why {
+            ClientRefusal::PerAddress => &self.client_links_refused_per_address,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count a reload of the environments file: `revoked` ids lost their key; `ok` false when
+    /// the new version is unusable.
+    pub fn environments_reloaded(&self, ok: bool, revoked: usize) {
+        if ok {
+            self.environments_file_reloads
+                .fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.environments_file_errors
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.environments_revoked
+            .fetch_add(revoked as u64, Ordering::Relaxed);
+    }
+}
+
+/// The frame type labels, by type index (0: undecodable).
+const FRAME_TYPES: [&str; 7] = [
+    "undecodable",
+    "open",
+    "accept",
+    "data",
+    "ack",
+    "reset",
+    "resume",
+];
+
+fn gauge(v: usize) -> Gauge {
+    let g = Gauge::default();
+    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+    g
+}
+
+fn counter(v: u64) -> Counter {
+    let c = Counter::default();
+    c.inc_by(v);
+    c
+}
+
+/// Everything the metrics endpoint shows at one instant.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    /// The hub's figures.
+    pub hub: RelaySnapshot,
+    /// Environments listed in the environments file (its last usable version).
+    pub environments_listed: usize,
+    /// Whether the environments file is usable now.
+    pub environments_file_ok: bool,
+}
+
+/// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`).
+pub fn render(figures: &Figures, stats: &ServerStats) -> String {
+    let mut r = Registry::with_prefix("execrelay_relay");
+    let h = &figures.hub;
+    let c = &h.counters;
+
+    let links = Family::<KindLabel, Gauge>::default();
+    links
+        .get_or_create(&KindLabel {
+            kind: "environment",
+        })
+        .set(h.environments as i64);
+    links
+        .get_or_create(&KindLabel { kind: "client" })
+        .set(h.links.saturating_sub(h.environments) as i64);
+    r.register("links", "Live links, by kind", links);
+    r.register(
+        "environments_online",
+        "Environments with a live link",
+        gauge(h.environments),
+    );
+    r.register(
+        "environments_listed",
+        "Environments listed in the environments file (its last usable version)",
+        gauge(figures.environments_listed),
+    );
+    r.register(
+        "environments_file_ok",
+        "1 when the environments file is usable, 0 while it is unreadable or malformed (no new environment is admitted)",
+        gauge(usize::from(figures.environments_file_ok)),
+    );
+    r.register("streams", "Routed streams", gauge(h.streams));
+    r.register(
+        "queued_bytes",
+        "Bytes queued for writing on all links together",
+        gauge(h.queued_bytes),
+    );
+    r.register(
+        "deepest_link_queue_bytes",
+        "Bytes queued on the link with the deepest queue",
+        gauge(h.deepest_link_queue_bytes),
+    );
+
+    let frames = Family::<FrameLabel, Counter>::default();
+    for (i, t) in FRAME_TYPES.iter().enumerate() {
+        for (direction, n) in [("in", c.frames_in[i]), ("out", c.frames_out[i])] {
+            frames
+                .get_or_create(&FrameLabel {
+                    r#type: t,
+                    direction,
+                })
+                .inc_by(n);
+        }
+    }
+    r.register(
+        "frames",
+        "Frames read and written, by type and direction",
+        frames,
+    );
+    let bytes = Family::<DirectionLabel, Counter>::default();
+    bytes
+        .get_or_create(&DirectionLabel { direction: "in" })
+        .inc_by(c.data_bytes_in);
+    bytes
+        .get_or_create(&DirectionLabel { direction: "out" })
+        .inc_by(c.data_bytes_out);
+    r.register(
+        "data_bytes",
+        "Payload bytes of DATA frames read and written",
+        bytes,
+    );
+
+    let resets = Family::<ReasonLabel, Counter>::default();
+    for (reason, n) in c.reset_counts() {
+        resets
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc_by(n);
+    }
+    r.register(
+        "resets",
+        "Streams reset or OPENs refused by the relay, by reason (once per stream)",
+        resets,
+    );
+    r.register(
+        "forwarded_resets",
+        "RESETs sent by one end of a stream and forwarded to the other",
+        counter(c.peer_resets),
+    );
+    let drops = Family::<ReasonLabel, Counter>::default();
+    for (reason, n) in c.drop_counts() {
+        drops
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc_by(n);
+    }
+    r.register("dropped_frames", "Inbound frames dropped, by reason", drops);
+    let closes = Family::<ReasonLabel, Counter>::default();
+    for (reason, n) in c.close_counts() {
+        closes
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc_by(n);
+    }
+    r.register("link_closes", "Links closed, by reason", closes);
+
+    let handshakes = Family::<ResultLabel, Counter>::default();
+    for outcome in LinkOutcome::ALL {
+        handshakes
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .inc_by(stats.link_handshakes(outcome));
+    }
+    r.register(
+        "environment_handshakes",
+        "Environment-link handshakes, by result",
+        handshakes,
+    );
+    r.register(
+        "client_links_refused",
+        "Client links closed after their upgrade because their address holds its maximum",
+        counter(
+            stats
+                .client_links_refused_per_address
+                .load(Ordering::Relaxed),
+        ),
+    );
+    r.register(
+        "environments_file_reloads",
+        "Changes of the environments file read successfully",
+        counter(stats.environments_file_reloads.load(Ordering::Relaxed)),
+    );
+    r.register(
+        "environments_file_errors",
+        "Changes of the environments file that left it unusable",
+        counter(stats.environments_file_errors.load(Ordering::Relaxed)),
+    );
+    r.register(
+        "environments_revoked",
+        "Environment ids removed from the file (or given another key)",
+        counter(stats.environments_revoked.load(Ordering::Relaxed)),
+    );
+
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reason::Counters;
+
+    #[test]
+    fn every_family_renders_with_fixed_labels() {
+        let figures = Figures {
+            hub: RelaySnapshot {
+                links: 5,
+                environments: 2,
+                streams: 7,
+                queued_bytes: 1000,
+                deepest_link_queue_bytes: 600,
+                counters: Counters::default(),
+            },
+            environments_listed: 3,
+            environments_file_ok: true,
+        };
+        let stats = ServerStats::default();
+        stats.link_handshake(LinkOutcome::Accepted);
+        stats.link_handshake(LinkOutcome::of_reason("replayed_handshake"));
+        stats.client_refused(ClientRefusal::PerAddress);
+        let out = render(&figures, &stats);
+        for line in [
+            "execrelay_relay_links{kind=\"environment\"} 2",
+            "execrelay_relay_links{kind=\"client\"} 3",
+            "execrelay_relay_streams 7",
+            "execrelay_relay_environments_listed 3",
+            "execrelay_relay_queued_bytes 1000",
+            "execrelay_relay_deepest_link_queue_bytes 600",
+            "execrelay_relay_frames_total{type=\"data\",direction=\"in\"} 0",
+            "execrelay_relay_resets_total{reason=\"window_exceeded\"} 0",
+            "execrelay_relay_dropped_frames_total{reason=\"unknown_stream\"} 0",
+            "execrelay_relay_link_closes_total{reason=\"oversized_frame\"} 0",
+            "execrelay_relay_environment_handshakes_total{result=\"accepted\"} 1",
+            "execrelay_relay_environment_handshakes_total{result=\"replayed_handshake\"} 1",
+            "execrelay_relay_client_links_refused_total 1",
+            "# EOF",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The relay server (`secure-transport.md` §6): one HTTP front whose WebSocket upgrades become
+//! environment links (`/v1/env/ID`, admitted by the §6.2 handshake against the environments
+//! file) and client links (`/v1/connect/ID`), all driven by one [`RelayHub`]; the environments
+//! file watched for revocations; `GET /readyz`; Prometheus metrics on their own listener; and
+//! one shutdown sequence. The `execrelay-relay` binary only parses flags and calls
+//! [`RelayServer::run`]; the exec server's `demo` runs a relay in-process through [`run`].
+//!
+//! # What this module owns
+//!
+//! - The listener's routes, and what happens to each upgrade ([`links`]).
+//! - The environments file and the link handshakes' timestamps, behind one lock each. An
+//!   environment is admitted and registered with the hub under the environments file's lock,
+//!   and a reload revokes under the same lock, so a removed key can never slip a link in
+//!   between.
+//! - Logs: a span per link (`env_link{env, peer}`, `client_link{env, peer}`) and, at debug
+//!   level, per stream (the hub's). Never key material: only fingerprints.
+//!
+//! # What it must never do
+//!
+//! - Look inside a payload or hold a stream key: frames go to the hub, which reads headers.
+//! - Await a destination on a link's reader (the hub's invariant); block the runtime on a
+//!   lock held across an `.await` (none is).
+
+pub mod cli;
+mod links;
+pub mod metrics;
+pub mod settings;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::driver::{link_websocket_config_with, RelayHub};
+use crate::env_handshake::{LinkTimestamps, TRACKED_ENVIRONMENTS};
+use crate::http::{
+    self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
+};
+use crate::keys::environments::{EnvironmentsFile, Reload};
+use crate::keys::{fingerprint, Keypair};
+use metrics::{Figures, ServerStats};
+use settings::{RelaySettings, SettingsError};
+
+/// The path prefix of environment links: `/v1/env/ID`.
+pub const ENV_PATH_PREFIX: &str = "/v1/env/";
+/// The path prefix of client links: `/v1/connect/ID`.
+pub const CONNECT_PATH_PREFIX: &str = "/v1/connect/";
+/// The relay's version, sent in message 2 of every environment link.
+pub const RELAY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How long shutdown waits for links to close (each sends its close frame within the
+/// driver's `LINK_CLOSE_TIMEOUT`) before it returns anyway.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a relay needs to start.
+#[derive(Debug)]
+pub struct RelayServerConfig {
+    /// The relay's static key (`--key`).
+    pub keys: Keypair,
+    /// The environments file (`--environments`), loaded (a bad file is refused at start).
+    pub environments: EnvironmentsFile,
+    /// Every limit.
+    pub settings: RelaySettings,
+}
+
+/// A relay that cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+}
+
+/// What the links of a relay share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub keys: Keypair,
+    pub environments: Mutex<EnvironmentsFile>,
+    pub timestamps: Mutex<LinkTimestamps>,
+    pub settings: RelaySettings,
+    pub stats: ServerStats,
+    /// Slots of environment links between their upgrade and their admission.
+    pub link_handshakes: Arc<Semaphore>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Microseconds since the Unix epoch (the link handshake's clock).
+pub(crate) fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Shared {
+    /// Look at the environments file and apply what changed: revoked ids lose their link at
+    /// once (their streams reset `environment_gone`). Called with the file's lock held by the
+    /// caller, so registration and revocation never interleave.
+    pub(crate) fn apply_reload(&self, file: &mut EnvironmentsFile, hub: &RelayHub) {
+        match file.poll() {
+            None => {}
+            Some(Reload::Changed { listed, revoked }) => {
+                self.stats.environments_reloaded(true, revoked.len());
+                tracing::info!(
+                    file = %file.path().display(),
+                    listed,
+                    revoked = revoked.len(),
+                    "environments file reloaded"
+                );
+                for id in revoked {
+                    tracing::warn!(
+                        env = %id,
+                        "environment no longer listed with its key: closing its link"
+                    );
+                    hub.remove_environment(&id);
+                }
+            }
+            Some(Reload::Failed { error }) => {
+                self.stats.environments_reloaded(false, 0);
+                tracing::error!(
+                    %error,
+                    "environments file unusable: no new environment link is admitted until it is fixed (links up are kept)"
+                );
+            }
+        }
+    }
+}
+
+/// One relay, before and while it runs.
+pub struct RelayServer {
+    hub: RelayHub,
+    shared: Arc<Shared>,
+}
+
+/// What a relay's HTTP front upgrades.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// `/v1/env/ID`.
+    Environment,
+    /// `/v1/connect/ID`.
+    Client,
+}
+
+/// Serve relay links on `listener` until `shutdown`, then close every link and return. No
+/// metrics listener (see [`RelayServer::run`]).
+pub async fn run(
+    listener: TcpListener,
+    config: RelayServerConfig,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    RelayServer::new(config)?
+        .run(listener, None, shutdown)
+        .await;
+    Ok(())
+}
+
+impl RelayServer {
+    /// A relay: settings checked, hub built.
+    pub fn new(config: RelayServerConfig) -> Result<RelayServer, ServerError> {
+        config.settings.validate()?;
+        let hub = RelayHub::new(config.settings.engine()).map_err(SettingsError::from)?;
+        tracing::info!(
+            key = %fingerprint(&config.keys.public),
+            environments = config.environments.current().len(),
+            file = %config.environments.path().display(),
+            "relay configured"
+        );
+        let shared = Arc::new(Shared {
+            keys: config.keys,
+            environments: Mutex::new(config.environments),
+            timestamps: Mutex::new(LinkTimestamps::new(TRACKED_ENVIRONMENTS)),
+            link_handshakes: Arc::new(Semaphore::new(config.settings.max_pending_link_handshakes)),
+            settings: config.settings,
+            stats: ServerStats::default(),
+        });
+        Ok(RelayServer { hub, shared })
+    }
+
+    /// The hub (tests and embedders read its figures).
+    pub fn hub(&self) -> &RelayHub {
+        &self.hub
+    }
+
+    /// The metrics text now (what `GET /metrics` answers).
+    pub fn render_metrics(&self) -> String {
+        render(&self.hub, &self.shared)
+    }
+
+    /// Serve relay links on `listener` (and metrics on `metrics`, if given) until `shutdown`
+    /// fires; then, once: stop accepting, close every link (each sends a close frame, bounded),
+    /// and wait for their tasks (at most [`SHUTDOWN_TIMEOUT`]).
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        metrics: Option<TcpListener>,
+        shutdown: CancellationToken,
+    ) {
+        let RelayServer { hub, shared } = self;
+        let settings = &shared.settings;
+        let stop_accepting = CancellationToken::new();
+        let fronts = TaskTracker::new();
+        let tasks = TaskTracker::new();
+        let client_links = Arc::new(Semaphore::new(settings.max_client_links));
+
+        let routes = Routes {
+            readyz: true,
+            metrics: None,
+            upgrades: vec![
+                UpgradeRoute {
+                    path: PathPattern::WithId(ENV_PATH_PREFIX),
+                    route: Route::Environment,
+                    capacity: None,
+                },
+                UpgradeRoute {
+                    path: PathPattern::WithId(CONNECT_PATH_PREFIX),
+                    route: Route::Client,
+                    capacity: Some(client_links),
+                },
+            ],
+        };
+        let on_upgrade: OnUpgrade<Route> = {
+            let (hub, shared, tasks, stop) =
+                (hub.clone(), shared.clone(), tasks.clone(), shutdown.clone());
+            Arc::new(move |up: Upgrade<Route>| {
+                let Some(id) = up.id.clone() else {
+                    return;
+                };
+                let (hub, shared, stop) = (hub.clone(), shared.clone(), stop.clone());
+                match up.route {
+                    Route::Environment => {
+                        tasks.spawn(links::environment_link(
+                            hub, shared, up.ws, id, up.peer, stop,
+                        ));
+                    }
+                    Route::Client => {
+                        let permit = up.permit;
+                        tasks.spawn(async move {
+                            links::client_link(hub, shared, up.ws, id, up.peer, stop).await;
+                            // The slot of `max_client_links` is free once the link ends.
+                            drop(permit);
+                        });
+                    }
+                }
+            })
+        };
+        let front = Front {
+            routes,
+            limits: settings.front_limits(),
+            websocket: link_websocket_config_with(settings.max_frame_bytes),
+            on_upgrade,
+        };
+        fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+
+        if let Some(listener) = metrics {
+            let (h, s) = (hub.clone(), shared.clone());
+            let renderer: MetricsRenderer = Arc::new(move || render(&h, &s));
+            let front: Front<Route> = Front {
+                routes: Routes {
+                    readyz: true,
+                    metrics: Some(renderer),
+                    upgrades: Vec::new(),
+                },
+                limits: settings.metrics_front_limits(),
+                websocket: link_websocket_config_with(settings.max_frame_bytes),
+                on_upgrade: Arc::new(|_| {}),
+            };
+            fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+        }
+
+        tasks.spawn(links::watch_environments(
+            hub.clone(),
+            shared.clone(),
+            shutdown.clone(),
+        ));
+
+        shutdown.cancelled().await;
+        tracing::info!("shutting down: closing every link");
+        stop_accepting.cancel();
+        fronts.close();
+        fronts.wait().await;
+        hub.shutdown();
+        tasks.close();
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("links still closing after the shutdown timeout; leaving them");
+        }
+    }
+}
+
+fn render(hub: &RelayHub, shared: &Shared) -> String {
+    let (listed, ok) = {
+        let file = lock(&shared.environments);
+        (file.current().len(), file.broken().is_none())
+    };
+    let figures = Figures {
+        hub: hub.snapshot(),
+        environments_listed: listed,
+        environments_file_ok: ok,
+    };
+    metrics::render(&figures, &shared.stats)
+}
+
+/// The URL to print for the bound relay listener.
+pub fn bound_url(addr: std::net::SocketAddr) -> String {
+    format!("ws://{addr}")
+}

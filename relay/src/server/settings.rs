@@ -1,0 +1,447 @@
+//! Every setting of the relay server: the limits of `secure-transport.md` §6.4 (the engine's
+//! [`RelayConfig`] constants, one source of truth) and the server's own (HTTP front, link
+//! handshake, environments file), each declared once by [`relay_settings!`]: a field of
+//! [`RelaySettings`] (and so a key of the `--config` TOML file), its default (the named
+//! constant), its `execrelay-relay` flag in [`RelayFlags`], and its row in [`SETTINGS`].
+//!
+//! It never reads a file or the environment itself: the binary hands it the TOML text and the
+//! parsed flags.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{
+    BucketConfig, ConfigError as EngineConfigError, KeepaliveConfig, RelayConfig,
+    CLOSED_STREAMS_REMEMBERED, CONTROL_RESERVE_BYTES, KEEPALIVE_INTERVAL, MALFORMED_FRAME_BURST,
+    MALFORMED_FRAME_REFILL, MAX_CLIENT_LINKS_PER_ADDRESS, MAX_ENVIRONMENTS, MAX_QUEUED_BYTES,
+    MAX_RELAY_WINDOW_RECORDS, MAX_STREAMS_PER_CLIENT_LINK, MAX_STREAMS_PER_ENVIRONMENT,
+    OPENS_PER_SECOND, PONG_TIMEOUT, UNKNOWN_STREAM_BURST, UNKNOWN_STREAM_REFILL,
+};
+use crate::env_handshake::MAX_LINK_MSG1_BYTES;
+use crate::frame::{HEADER_BYTES, MAX_FRAME_BYTES};
+use crate::http::FrontLimits;
+
+/// Client links a relay holds at once, over all addresses (beside
+/// [`MAX_CLIENT_LINKS_PER_ADDRESS`] per address). One more is refused with `503` before the
+/// upgrade. An idle client link costs a few KiB (its tasks and WebSocket buffers), a busy one
+/// up to its write buffer (about 260 KiB) plus one window per stream; 4096 links bound the
+/// first and leave the second to [`MAX_QUEUED_BYTES`].
+pub const MAX_CLIENT_LINKS: usize = 4096;
+/// Environment links upgraded and not yet through their handshake (§6.2). Each waits at most
+/// [`LINK_HANDSHAKE_TIMEOUT_MS`] for its message 1; more are closed at once, so a flood of
+/// upgrades to `/v1/env/ID` cannot hold sockets or make the relay do Diffie-Hellman
+/// operations without bound.
+pub const MAX_PENDING_LINK_HANDSHAKES: usize = 64;
+/// How long an upgraded environment link has to send its message 1 (an `OPEN` on stream id
+/// 0). An exec server sends it at once; 10 s absorbs a slow network.
+pub const LINK_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// How often the environments file is checked for a change (a `stat`; the file is read only
+/// when its size, modification time or inode changed). Polling rather than inotify: it
+/// follows editors that replace the file, symlink swaps (Kubernetes ConfigMaps) and network
+/// file systems alike, with no extra dependency, and one `stat` a second costs nothing. The
+/// file is also checked before every environment handshake, so a removed key never opens a
+/// new link; this interval bounds how long a removed line's *live* link lasts.
+pub const ENVIRONMENTS_POLL_MS: u64 = 1_000;
+/// A new TCP connection must deliver its whole HTTP request head within this time (the
+/// deadline is fixed at accept): the exec server's value.
+pub const REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
+/// Connections accepted but not yet upgraded or answered. Each holds at most 16 KiB of head
+/// for at most [`REQUEST_HEAD_TIMEOUT_MS`]: 1024 × 16 KiB = 16 MiB at most. Higher than the
+/// exec server's 256: a relay serves a whole fleet, and reconnect storms after a relay restart
+/// arrive together.
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+/// The same, from one peer address (IPv4 address or IPv6 /64): one address cannot take more
+/// than a sixteenth of the slots.
+pub const MAX_PENDING_HANDSHAKES_PER_ADDRESS: usize = 64;
+
+/// The smallest frame limit that still carries the link handshake (message 1 and its header).
+pub const MIN_FRAME_BYTES: usize = HEADER_BYTES + MAX_LINK_MSG1_BYTES;
+
+/// How a setting's value reads, for `--help`, the README table and error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// A number of things.
+    Count,
+    /// Bytes.
+    Bytes,
+    /// Milliseconds.
+    Millis,
+}
+
+impl Unit {
+    /// The flag's value name in `--help`.
+    pub const fn value_name(self) -> &'static str {
+        match self {
+            Unit::Count => "N",
+            Unit::Bytes => "BYTES",
+            Unit::Millis => "MS",
+        }
+    }
+
+    /// A value of this unit for people: `256 MiB`, `15 000 ms`, `8 192`.
+    pub fn display(self, value: u64) -> String {
+        const KIB: u64 = 1024;
+        const MIB: u64 = 1024 * 1024;
+        match self {
+            Unit::Bytes if value >= MIB && value % MIB == 0 => format!("{} MiB", value / MIB),
+            Unit::Bytes if value >= KIB && value % KIB == 0 => format!("{} KiB", value / KIB),
+            Unit::Bytes => format!("{} bytes", group_thousands(value)),
+            Unit::Millis => format!("{} ms", group_thousands(value)),
+            Unit::Count => group_thousands(value),
+        }
+    }
+}
+
+fn group_thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One setting of [`RelaySettings`], as its flag, TOML key, `--help` line and README row show it.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The field and TOML key (`snake_case`); the flag is the same in `kebab-case`.
+    pub name: &'static str,
+    /// Its default: the named constant.
+    pub default: u64,
+    /// How the value reads.
+    pub unit: Unit,
+    /// What it bounds, in one line.
+    pub bounds: &'static str,
+}
+
+impl Setting {
+    /// The flag, without the leading dashes.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// The flag's help line: what it bounds, and the real default.
+    pub fn help(&self) -> String {
+        format!(
+            "{} [default: {}]",
+            self.bounds,
+            self.unit.display(self.default)
+        )
+    }
+
+    /// The setting's row of the README's relay configuration table.
+    pub fn readme_row(&self) -> String {
+        format!(
+            "| `{}` | {} | {} |",
+            self.name,
+            self.unit.display(self.default),
+            self.bounds
+        )
+    }
+}
+
+const fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Declares every setting once: the [`RelaySettings`] field (and TOML key), its default (the
+/// named constant), its flag in [`RelayFlags`], and its row in [`SETTINGS`].
+macro_rules! relay_settings {
+    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*) => {
+        /// Limits and timings of one relay. Every field has a flag of `execrelay-relay` (the
+        /// same name in kebab-case) and a key (the same name) in the `--config` TOML file;
+        /// flags win over the file. Each field's default is the named constant in its doc.
+        #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct RelaySettings {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl Default for RelaySettings {
+            fn default() -> Self {
+                RelaySettings { $( $name: $default, )* }
+            }
+        }
+
+        /// Every setting, in the order of `--help` and the README's table.
+        pub const SETTINGS: &[Setting] = &[
+            $( Setting {
+                name: stringify!($name),
+                default: $default as u64,
+                unit: Unit::$unit,
+                bounds: $bounds,
+            }, )*
+        ];
+
+        /// The flags of `execrelay-relay` that set [`RelaySettings`] fields, each `None`
+        /// unless given (a given flag wins over the TOML file).
+        #[derive(Debug, Clone, Default, clap::Args)]
+        #[allow(missing_docs)] // Each field is documented on `RelaySettings`.
+        pub struct RelayFlags {
+            $(
+                #[arg(
+                    long,
+                    value_name = Unit::$unit.value_name(),
+                    help = Setting {
+                        name: stringify!($name),
+                        default: $default as u64,
+                        unit: Unit::$unit,
+                        bounds: $bounds,
+                    }.help(),
+                )]
+                pub $name: Option<$ty>,
+            )*
+        }
+
+        impl RelayFlags {
+            /// Write every given flag into `settings`.
+            pub fn apply(&self, settings: &mut RelaySettings) {
+                $( if let Some(value) = self.$name { settings.$name = value; } )*
+            }
+        }
+
+        impl RelaySettings {
+            /// A setting's value by name (as in [`SETTINGS`]), for tests and diagnostics.
+            pub fn value_of(&self, name: &str) -> Option<u64> {
+                match name {
+                    $( stringify!($name) => Some(self.$name as u64), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+relay_settings! {
+    /// See [`MAX_ENVIRONMENTS`].
+    max_environments: usize = MAX_ENVIRONMENTS, Count,
+        "environments with a link at once; one more environment link is refused (`RESET busy` on stream id 0)";
+    /// See [`MAX_STREAMS_PER_ENVIRONMENT`].
+    max_streams_per_environment: usize = MAX_STREAMS_PER_ENVIRONMENT, Count,
+        "streams routed to one environment; more `OPEN`s are reset `busy`";
+    /// See [`MAX_STREAMS_PER_CLIENT_LINK`].
+    max_streams_per_client_link: usize = MAX_STREAMS_PER_CLIENT_LINK, Count,
+        "streams one client link holds; more `OPEN`s are reset `busy`";
+    /// See [`MAX_CLIENT_LINKS_PER_ADDRESS`].
+    max_client_links_per_address: usize = MAX_CLIENT_LINKS_PER_ADDRESS, Count,
+        "client links from one address; one more is closed after its upgrade (close code 1013)";
+    /// See [`MAX_CLIENT_LINKS`].
+    max_client_links: usize = MAX_CLIENT_LINKS, Count,
+        "client links at once; one more is refused with `503` before the upgrade";
+    /// See [`MAX_FRAME_BYTES`] (the protocol's maximum, 44 + 65 535 bytes).
+    max_frame_bytes: usize = MAX_FRAME_BYTES, Bytes,
+        "largest frame (one WebSocket message) on any link, refused from its header before it is buffered, closing that link; at most the protocol's maximum, and lower only if every endpoint sends smaller records";
+    /// See [`MALFORMED_FRAME_BURST`].
+    malformed_frame_burst: u32 = MALFORMED_FRAME_BURST, Count,
+        "malformed frames tolerated back to back per link; one more closes that link";
+    /// See [`MALFORMED_FRAME_REFILL`].
+    malformed_frame_refill_ms: u64 = millis(MALFORMED_FRAME_REFILL), Millis,
+        "one malformed frame forgiven per this interval";
+    /// See [`UNKNOWN_STREAM_BURST`].
+    unknown_stream_burst: u32 = UNKNOWN_STREAM_BURST, Count,
+        "frames for unknown streams tolerated back to back per link; one more closes that link";
+    /// See [`UNKNOWN_STREAM_REFILL`].
+    unknown_stream_refill_ms: u64 = millis(UNKNOWN_STREAM_REFILL), Millis,
+        "one unknown-stream frame forgiven per this interval";
+    /// See [`OPENS_PER_SECOND`].
+    opens_per_second: u32 = OPENS_PER_SECOND, Count,
+        "`OPEN`s (handshakes) per second per client link, as a bucket of this burst; more are reset `busy`";
+    /// See [`MAX_QUEUED_BYTES`].
+    max_queued_bytes: usize = MAX_QUEUED_BYTES, Bytes,
+        "bytes queued on all links together; above it new streams are reset `busy`";
+    /// See [`CONTROL_RESERVE_BYTES`].
+    control_reserve_bytes: usize = CONTROL_RESERVE_BYTES, Bytes,
+        "control-frame share of a link's queue; an `OPEN` past it is reset `busy`";
+    /// See [`MAX_RELAY_WINDOW_RECORDS`].
+    max_window_records: u32 = MAX_RELAY_WINDOW_RECORDS, Count,
+        "largest receive window (records) honoured per stream; records past it are reset `window_exceeded`";
+    /// See [`CLOSED_STREAMS_REMEMBERED`].
+    closed_streams_remembered: usize = CLOSED_STREAMS_REMEMBERED, Count,
+        "recently closed stream ids remembered per link (their late frames are dropped free)";
+    /// See [`KEEPALIVE_INTERVAL`].
+    keepalive_interval_ms: u64 = millis(KEEPALIVE_INTERVAL), Millis,
+        "WebSocket ping interval on every link (minus up to a tenth of jitter)";
+    /// See [`PONG_TIMEOUT`]; also every write's deadline.
+    pong_timeout_ms: u64 = millis(PONG_TIMEOUT), Millis,
+        "a link whose ping is unanswered this long, or whose write takes this long, is closed";
+    /// See [`MAX_PENDING_LINK_HANDSHAKES`].
+    max_pending_link_handshakes: usize = MAX_PENDING_LINK_HANDSHAKES, Count,
+        "environment links upgraded and not yet through their handshake; more are closed at once";
+    /// See [`LINK_HANDSHAKE_TIMEOUT_MS`].
+    link_handshake_timeout_ms: u64 = LINK_HANDSHAKE_TIMEOUT_MS, Millis,
+        "how long an environment link has to send its message 1 after the upgrade";
+    /// See [`ENVIRONMENTS_POLL_MS`].
+    environments_poll_ms: u64 = ENVIRONMENTS_POLL_MS, Millis,
+        "how often the environments file is checked for a change (a removed line closes its link)";
+    /// See [`REQUEST_HEAD_TIMEOUT_MS`].
+    request_head_timeout_ms: u64 = REQUEST_HEAD_TIMEOUT_MS, Millis,
+        "total time a new connection has to send its whole HTTP request head";
+    /// See [`MAX_PENDING_HANDSHAKES`].
+    max_pending_handshakes: usize = MAX_PENDING_HANDSHAKES, Count,
+        "connections not yet upgraded or answered; more are closed at once";
+    /// See [`MAX_PENDING_HANDSHAKES_PER_ADDRESS`].
+    max_pending_handshakes_per_address: usize = MAX_PENDING_HANDSHAKES_PER_ADDRESS, Count,
+        "the same, from one peer address (IPv4 address or IPv6 /64)";
+}
+
+/// A relay configuration that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid relay configuration: {0}")]
+pub struct SettingsError(pub String);
+
+impl From<EngineConfigError> for SettingsError {
+    fn from(e: EngineConfigError) -> Self {
+        SettingsError(e.to_string())
+    }
+}
+
+impl RelaySettings {
+    /// Parse a TOML configuration file's contents (unknown keys are errors), and validate.
+    pub fn from_toml(text: &str) -> Result<Self, SettingsError> {
+        let s: RelaySettings = toml::from_str(text).map_err(|e| SettingsError(e.to_string()))?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Check every value and the relationships between them, once, at start.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        for s in SETTINGS {
+            if self.value_of(s.name) == Some(0) {
+                return Err(SettingsError(format!("{} must be greater than 0", s.name)));
+            }
+        }
+        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
+            return Err(SettingsError(format!(
+                "max_frame_bytes must be between {MIN_FRAME_BYTES} (a link handshake) and {MAX_FRAME_BYTES} (the protocol's maximum)"
+            )));
+        }
+        self.engine().validate()?;
+        Ok(())
+    }
+
+    /// The link engine's configuration (§6.4 limits, budgets, keepalive).
+    pub fn engine(&self) -> RelayConfig {
+        let interval = Duration::from_millis(self.keepalive_interval_ms);
+        let pong = Duration::from_millis(self.pong_timeout_ms);
+        RelayConfig {
+            max_environments: self.max_environments,
+            max_streams_per_environment: self.max_streams_per_environment,
+            max_streams_per_client_link: self.max_streams_per_client_link,
+            max_client_links_per_address: self.max_client_links_per_address,
+            opens_per_second: self.opens_per_second,
+            max_queued_bytes: self.max_queued_bytes,
+            control_reserve_bytes: self.control_reserve_bytes,
+            max_window_records: self.max_window_records,
+            malformed_frames: BucketConfig {
+                burst: self.malformed_frame_burst,
+                refill: Duration::from_millis(self.malformed_frame_refill_ms),
+            },
+            unknown_stream_frames: BucketConfig {
+                burst: self.unknown_stream_burst,
+                refill: Duration::from_millis(self.unknown_stream_refill_ms),
+            },
+            closed_streams_remembered: self.closed_streams_remembered,
+            keepalive: KeepaliveConfig {
+                interval,
+                // As the engine's default: a tenth of the interval.
+                jitter: interval / 10,
+                pong_timeout: pong,
+                // §6.4: every write has the same deadline as the pong.
+                write_timeout: pong,
+            },
+        }
+    }
+
+    /// The HTTP front's limits of the relay's listener.
+    pub fn front_limits(&self) -> FrontLimits {
+        FrontLimits::websocket(
+            Duration::from_millis(self.request_head_timeout_ms),
+            self.max_pending_handshakes,
+            self.max_pending_handshakes_per_address,
+        )
+    }
+
+    /// The HTTP front's limits of the metrics listener.
+    pub fn metrics_front_limits(&self) -> FrontLimits {
+        FrontLimits::metrics(Duration::from_millis(self.request_head_timeout_ms))
+    }
+
+    /// How long an environment link has to send its message 1.
+    pub fn link_handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.link_handshake_timeout_ms)
+    }
+
+    /// How often the environments file is checked.
+    pub fn environments_poll(&self) -> Duration {
+        Duration::from_millis(self.environments_poll_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_engines_constants_and_valid() {
+        let s = RelaySettings::default();
+        s.validate().unwrap();
+        let mut engine = s.engine();
+        // The jitter is derived; the rest is the engine's defaults exactly.
+        assert_eq!(engine.keepalive.jitter, crate::config::KEEPALIVE_JITTER);
+        engine.keepalive = KeepaliveConfig::default();
+        assert_eq!(engine, RelayConfig::default());
+        for setting in SETTINGS {
+            assert_eq!(
+                s.value_of(setting.name),
+                Some(setting.default),
+                "{}",
+                setting.name
+            );
+        }
+        let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SETTINGS.len());
+    }
+
+    #[test]
+    fn toml_keys_override_and_bad_values_are_refused() {
+        let s = RelaySettings::from_toml("max_environments = 3\npong_timeout_ms = 500\n").unwrap();
+        assert_eq!(s.max_environments, 3);
+        assert_eq!(
+            s.engine().keepalive.write_timeout,
+            Duration::from_millis(500)
+        );
+        for bad in [
+            "max_environs = 3",
+            "max_queued_bytes = 0",
+            "keepalive_interval_ms = 0",
+            "max_frame_bytes = 100",
+            "max_frame_bytes = 70000",
+            "control_reserve_bytes = 1000",
+        ] {
+            let err = RelaySettings::from_toml(bad).unwrap_err();
+            assert!(
+                err.to_string().starts_with("invalid relay configuration"),
+                "{bad}: {err}"
+            );
+        }
+        let edge = format!("max_frame_bytes = {MIN_FRAME_BYTES}");
+        assert_eq!(
+            RelaySettings::from_toml(&edge).unwrap().max_frame_bytes,
+            MIN_FRAME_BYTES
+        );
+    }
+
+    #[test]
+    fn values_read_for_people() {
+        assert_eq!(Unit::Bytes.display(MAX_QUEUED_BYTES as u64), "256 MiB");
+        assert_eq!(Unit::Bytes.display(MAX_FRAME_BYTES as u64), "65 579 bytes");
+        assert_eq!(Unit::Millis.display(15_000), "15 000 ms");
+        assert_eq!(Unit::Count.display(8192), "8 192");
+    }
+}
