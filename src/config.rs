@@ -94,10 +94,21 @@ pub const MAX_STREAMS_PER_LINK: usize = 1024;
 pub const HANDSHAKE_FAILURE_BURST: u32 = 8;
 /// One handshake failure is forgiven per this many milliseconds (the bucket's refill).
 pub const HANDSHAKE_FAILURE_REFILL_MS: u64 = 2_000;
-/// Interval of WebSocket pings on a Noise link.
+/// Interval of WebSocket pings on every link and WebSocket of the server (`noise+ws://`
+/// links, the environment link, plain `ws://` connections; `secure-transport.md` §6.4), less
+/// a jitter of up to a tenth.
 pub const KEEPALIVE_INTERVAL_MS: u64 = 15_000;
-/// A Noise link without any inbound traffic (pongs included) for this long is dead.
+/// A link or WebSocket whose oldest unanswered ping is this old is dead, even if it keeps
+/// sending data; a write that has not completed after this long kills it too (§6.4).
 pub const PONG_TIMEOUT_MS: u64 = 30_000;
+/// First delay before the environment link dials its relay again (§6.1: 1 s).
+pub const RELAY_BACKOFF_INITIAL_MS: u64 = 1_000;
+/// Longest delay between two dials of the relay (§6.1: doubling to 30 s).
+pub const RELAY_BACKOFF_MAX_MS: u64 = 30_000;
+/// An environment link that lived this long sets the delay back to the first one (§6.1:
+/// 60 s); one that died younger keeps doubling it, so a relay that accepts and drops at once
+/// is not hammered.
+pub const RELAY_BACKOFF_RESET_MS: u64 = 60_000;
 
 /// How a setting's value reads, for `--help`, the README table and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,10 +334,19 @@ settings! {
         "one Noise handshake failure forgiven per this interval";
     /// See [`KEEPALIVE_INTERVAL_MS`].
     keepalive_interval_ms: u64 = KEEPALIVE_INTERVAL_MS, Millis,
-        "WebSocket ping interval on a Noise link";
+        "WebSocket ping interval on every link and WebSocket (`noise+ws://`, the relay link, `ws://`)";
     /// See [`PONG_TIMEOUT_MS`].
     pong_timeout_ms: u64 = PONG_TIMEOUT_MS, Millis,
-        "a Noise link silent (no traffic, no pong) this long is closed";
+        "a link whose ping is unanswered this long is closed (data does not count), and so is one whose write takes this long";
+    /// See [`RELAY_BACKOFF_INITIAL_MS`].
+    relay_backoff_initial_ms: u64 = RELAY_BACKOFF_INITIAL_MS, Millis,
+        "first delay before dialling the relay again (`serve --relay`); doubles after each failure";
+    /// See [`RELAY_BACKOFF_MAX_MS`].
+    relay_backoff_max_ms: u64 = RELAY_BACKOFF_MAX_MS, Millis,
+        "longest delay between two dials of the relay";
+    /// See [`RELAY_BACKOFF_RESET_MS`].
+    relay_backoff_reset_ms: u64 = RELAY_BACKOFF_RESET_MS, Millis,
+        "a relay link that lived this long sets the delay back to the first";
 }
 
 /// A configuration that cannot work.
@@ -381,6 +401,8 @@ impl ServerConfig {
             ),
             ("keepalive_interval_ms", self.keepalive_interval_ms),
             ("pong_timeout_ms", self.pong_timeout_ms),
+            ("relay_backoff_initial_ms", self.relay_backoff_initial_ms),
+            ("relay_backoff_max_ms", self.relay_backoff_max_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));

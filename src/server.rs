@@ -5,10 +5,11 @@
 //!
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
-//!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose routes
-//!   and upgrade hand-off are wired here. A new kind (the relay's dial-out) is one more
-//!   [`Listener`] variant and one more arm in [`Server::run`].
+//!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`), the
+//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff) and
+//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose
+//!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
+//!   and one more arm in [`Server::run`].
 //! - **The shutdown sequence**, once for all listeners: stop accepting (abandon handshakes),
 //!   terminate every process and let exit notices reach attached clients (bounded), end every
 //!   connection and link and wait for their tasks, close every session.
@@ -36,6 +37,7 @@ use tracing::Instrument;
 
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
+use crate::link::environment::{run_environment, RelayDial};
 use crate::link::server::{run_link, LinkContext, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
@@ -106,6 +108,9 @@ pub enum Listener {
     Noise(TcpListener, Arc<NoiseServerConfig>),
     /// The Prometheus endpoint (`GET /metrics`).
     Metrics(TcpListener),
+    /// The environment link: dial a relay and keep one link up (`serve --relay`), serving
+    /// its streams as a `noise+ws://` listener serves its links' (`secure-transport.md` §6).
+    Relay(RelayDial, Arc<NoiseServerConfig>),
 }
 
 /// What the server's HTTP fronts upgrade.
@@ -258,6 +263,20 @@ impl Server {
                         on_upgrade,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+                Listener::Relay(dial, noise) => {
+                    let ctx = LinkContext {
+                        noise,
+                        registry: registry.clone(),
+                        // Its own table: the environment link is a listener of its own.
+                        timestamps: Arc::new(std::sync::Mutex::new(HelloTimestamps::new(
+                            TRACKED_CLIENT_KEYS,
+                        ))),
+                        shutdown: conn_shutdown.clone(),
+                        tasks: tasks.clone(),
+                    };
+                    // Redialling stops with accepting; the link up ends with the connections.
+                    tasks.spawn(run_environment(dial, ctx, stop_accepting.clone()));
                 }
                 Listener::Metrics(listener) => {
                     let reg = registry.clone();

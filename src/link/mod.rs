@@ -18,5 +18,6 @@
 
 pub mod client;
 pub mod dial;
+pub mod environment;
 pub mod server;
 pub mod virtual_stream;
