@@ -325,10 +325,10 @@ settings! {
         "Noise handshakes waiting for authorization per link; more are reset (`busy`)";
     /// See [`MAX_STREAMS_PER_LINK`].
     max_streams_per_link: usize = MAX_STREAMS_PER_LINK, Count,
-        "established Noise streams per link; more are reset (`too_many_streams`)";
+        "Noise streams per link (pending ones count); more are reset (`too_many_streams`)";
     /// See [`HANDSHAKE_FAILURE_BURST`].
     handshake_failure_burst: u32 = HANDSHAKE_FAILURE_BURST, Count,
-        "Noise handshake failures tolerated back to back per link; an empty budget closes the link";
+        "Noise handshake failures tolerated back to back per link; an empty budget closes a direct link, or refuses new streams on the relay link for 10 s";
     /// See [`HANDSHAKE_FAILURE_REFILL_MS`].
     handshake_failure_refill_ms: u64 = HANDSHAKE_FAILURE_REFILL_MS, Millis,
         "one Noise handshake failure forgiven per this interval";
