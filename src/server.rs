@@ -38,12 +38,12 @@ use tracing::Instrument;
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
-use crate::link::server::{run_link, LinkContext, NoiseServerConfig, LINK_PATH};
+use crate::link::server::{keepalive_config, run_link, LinkContext, NoiseServerConfig, LINK_PATH};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
-use crate::transport::websocket::{framed, websocket_config};
+use crate::transport::websocket::{framed_with_keepalive, websocket_config};
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,8 +197,11 @@ impl Server {
                     let (registry, stop, spawner) =
                         (registry.clone(), conn_shutdown.clone(), tasks.clone());
                     let max = config.max_message_bytes;
+                    // The server pings every plain WebSocket too (§6.4).
+                    let keepalive = keepalive_config(&config);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
-                        let transport = framed(up.ws, max, up.peer.to_string());
+                        let transport =
+                            framed_with_keepalive(up.ws, max, up.peer.to_string(), Some(keepalive));
                         let (registry, stop, permit) = (registry.clone(), stop.clone(), up.permit);
                         spawner.spawn(async move {
                             let options = ConnectionOptions::default();

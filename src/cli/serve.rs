@@ -138,7 +138,9 @@ impl ServeArgs {
             .ok_or_else(|| anyhow::anyhow!("--relay needs --environment-id ID"))?;
         check_env_id(env_id)?;
         let relay_key = self.relay_key.as_deref().ok_or_else(|| {
-            anyhow::anyhow!("--relay needs --relay-key (the relay's public key: a .pub file or the key line)")
+            anyhow::anyhow!(
+                "--relay needs --relay-key (the relay's public key: a .pub file or the key line)"
+            )
         })?;
         let relay_public = crate::noise::keys::load_public(relay_key)
             .map_err(|e| anyhow::anyhow!("--relay-key: {e}"))?;

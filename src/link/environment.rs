@@ -146,14 +146,18 @@ async fn connect_and_serve(
             return None;
         }
     };
-    let (hs, open) =
-        match EnvironmentHandshake::start(keys, &dial_cfg.relay_public, &dial_cfg.env_id, next_hello_ts()) {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the link handshake");
-                return None;
-            }
-        };
+    let (hs, open) = match EnvironmentHandshake::start(
+        keys,
+        &dial_cfg.relay_public,
+        &dial_cfg.env_id,
+        next_hello_ts(),
+    ) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the link handshake");
+            return None;
+        }
+    };
     let answer = async {
         send_frame(&mut ws, &open, LINK_HANDSHAKE_TIMEOUT).await?;
         recv_frame(&mut ws, LINK_HANDSHAKE_TIMEOUT).await
@@ -202,9 +206,7 @@ mod tests {
     fn doubles_to_the_cap_and_resets_after_a_long_link() {
         let mut b = Backoff::new(S, 30 * S, 60 * S);
         let no_jitter = 0;
-        let got: Vec<u64> = (0..7)
-            .map(|_| b.delay(None, no_jitter).as_secs())
-            .collect();
+        let got: Vec<u64> = (0..7).map(|_| b.delay(None, no_jitter).as_secs()).collect();
         assert_eq!(got, [1, 2, 4, 8, 16, 30, 30]);
         // A link that came up but died young does not reset the schedule.
         assert_eq!(b.delay(Some(59 * S), no_jitter), 30 * S);
