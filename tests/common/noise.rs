@@ -294,24 +294,33 @@ pub struct RawStream {
     pub next_id: u64,
 }
 
-/// A physical link to `/v1/link` driven frame by frame.
+/// A physical link to `/v1/link` (or a relay's `/v1/connect/ID`) driven frame by frame.
 pub struct RawLink {
     ws: Ws,
     /// Frames read while waiting for another stream's.
     pub backlog: VecDeque<Frame>,
+    /// The environment id of its handshakes' prologue (empty for a direct server).
+    pub env_id: String,
 }
 
 impl RawLink {
     /// Open a link to the server on `port`.
     pub async fn connect(port: u16) -> RawLink {
-        let url = format!("ws://127.0.0.1:{port}/v1/link");
+        RawLink::connect_path(port, "/v1/link", "").await
+    }
+
+    /// Open a link to `path` on `port` whose handshakes name environment `env_id` (a relay's
+    /// client link: `/v1/connect/ID`).
+    pub async fn connect_path(port: u16, path: &str, env_id: &str) -> RawLink {
+        let url = format!("ws://127.0.0.1:{port}{path}");
         let (ws, _) = tokio::time::timeout(PROMPT, tokio_tungstenite::connect_async(url))
             .await
             .expect("connect (hang guard)")
-            .expect("connect to /v1/link");
+            .expect("connect the raw link");
         RawLink {
             ws,
             backlog: VecDeque::new(),
+            env_id: env_id.to_string(),
         }
     }
 
@@ -393,7 +402,8 @@ impl RawLink {
     pub async fn open(&mut self, client: &Keypair, server: &[u8; KEY_BYTES]) -> RawStream {
         let sid = random_sid();
         let (hs, m1) =
-            ClientHandshake::start(client, server, "", &sid, None, next_hello_ts()).unwrap();
+            ClientHandshake::start(client, server, &self.env_id, &sid, None, next_hello_ts())
+                .unwrap();
         self.send_open(sid, m1).await;
         let f = self.frame_for(&sid).await;
         assert_eq!(
@@ -433,7 +443,8 @@ impl RawLink {
     ) -> (StreamId, Vec<u8>) {
         let sid = random_sid();
         let (_hs, m1) =
-            ClientHandshake::start(client, server, "", &sid, None, next_hello_ts()).unwrap();
+            ClientHandshake::start(client, server, &self.env_id, &sid, None, next_hello_ts())
+                .unwrap();
         self.send_open(sid, m1.clone()).await;
         (sid, m1)
     }
@@ -558,7 +569,18 @@ pub fn raw_msg1(
     sid: &StreamId,
     payload: &[u8],
 ) -> Vec<u8> {
-    let pro = prologue("", sid);
+    raw_msg1_env(client, server, "", sid, payload)
+}
+
+/// [`raw_msg1`] for environment `env_id` (through a relay).
+pub fn raw_msg1_env(
+    client: &Keypair,
+    server: &[u8; KEY_BYTES],
+    env_id: &str,
+    sid: &StreamId,
+    payload: &[u8],
+) -> Vec<u8> {
+    let pro = prologue(env_id, sid);
     let mut hs = snow::Builder::new(NOISE_PARAMS.parse().unwrap())
         .local_private_key(&client.private)
         .unwrap()
