@@ -112,7 +112,22 @@ impl InRelay {
         port: u16,
         settings: RelaySettings,
     ) -> InRelay {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        // A restarted relay takes its old port back; the old listener's socket may close a
+        // moment after its server returned.
+        let deadline = tokio::time::Instant::now() + PROMPT;
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", port)).await {
+                Ok(l) => break l,
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && port != 0 => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "port {port} stays in use"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("bind: {e}"),
+            }
+        };
         let port = listener.local_addr().unwrap().port();
         let config = RelayServerConfig {
             keys: keys.clone(),
