@@ -345,6 +345,11 @@ impl ClientLink {
         self.link.close();
     }
 
+    /// A copy of the link's counters (frames and bytes by type and direction, resets, drops).
+    pub fn counters(&self) -> execrelay_relay::reason::Counters {
+        self.link.counters()
+    }
+
     /// The environment id this link's handshakes are bound to (empty for a direct server).
     pub fn env_id(&self) -> &str {
         &self.target.env_id
