@@ -179,3 +179,22 @@ async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline(
     drop(env);
     drop(relay);
 }
+
+/// `execrelay demo` shows the whole path: a relay, an exec server registered with it, and
+/// the demo command run through the relay over Noise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_its_command_through_a_relay() {
+    let out =
+        common::binary::output_of(tokio::process::Command::new(common::bin()).arg("demo")).await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    for line in [
+        "demo: relay listening on ws://127.0.0.1:",
+        "clients reach it at relay+ws://127.0.0.1:",
+        "[stdout] tick 5 from pid",
+        "[stderr] a line on stderr",
+        "demo: exited: code=Some(7)",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
