@@ -190,10 +190,20 @@ impl InEnv {
             relay_public,
             tls: Default::default(),
         };
+        InEnv::start_dial(dial, keys, auth, config).await
+    }
+
+    /// [`InEnv::start`] with the dial settings given whole (a `wss://` relay, a CA file).
+    pub async fn start_dial(
+        dial: RelayDial,
+        keys: Keypair,
+        auth: Arc<dyn Authorizer>,
+        config: ServerConfig,
+    ) -> InEnv {
         let noise = Arc::new(NoiseServerConfig {
             keys: keys.clone(),
             authorizer: auth,
-            env_id: env.to_string(),
+            env_id: dial.env_id.clone(),
         });
         let server = Server::new(Arc::new(config));
         let registry = server.registry().clone();
