@@ -123,6 +123,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     /// Run the keepalive: death, a due ping out, the timer armed. `Err` once the peer is dead.
+    // The error is tungstenite's own, returned as the stream's item: boxing it here would
+    // only be undone there.
+    #[allow(clippy::result_large_err)]
     fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Result<(), WsError> {
         let Some(ka) = self.keepalive.as_mut() else {
             return Ok(());
@@ -165,14 +168,11 @@ where
                     }
                 }
             }
-            match ka.core.poll_timeout() {
-                Some(at) => {
-                    ka.timer.as_mut().reset(tokio::time::Instant::from_std(at));
-                    if ka.timer.as_mut().poll(cx).is_ready() {
-                        continue; // already due: handle it now
-                    }
+            if let Some(at) = ka.core.poll_timeout() {
+                ka.timer.as_mut().reset(tokio::time::Instant::from_std(at));
+                if ka.timer.as_mut().poll(cx).is_ready() {
+                    continue; // already due: handle it now
                 }
-                None => {}
             }
             return Ok(());
         }
@@ -259,8 +259,7 @@ where
     type Error = WsError;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut()
-            .poll_write(cx, |ws, cx| Sink::poll_ready(ws, cx))
+        self.get_mut().poll_write(cx, Sink::poll_ready)
     }
 
     fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), WsError> {
@@ -269,12 +268,10 @@ where
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut()
-            .poll_write(cx, |ws, cx| Sink::poll_flush(ws, cx))
+        self.get_mut().poll_write(cx, Sink::poll_flush)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut()
-            .poll_write(cx, |ws, cx| Sink::poll_close(ws, cx))
+        self.get_mut().poll_write(cx, Sink::poll_close)
     }
 }

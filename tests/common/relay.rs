@@ -375,9 +375,12 @@ async fn copy_log(stderr: ChildStderr, log: PathBuf, up: tokio::sync::oneshot::S
 
 /// Everything a [`capturing_proxy`] carried: one record per connection and direction, so
 /// that nothing is split by the interleaving of the two directions.
+/// The bytes of one direction of one connection.
+pub type Direction = Arc<Mutex<Vec<u8>>>;
+
 #[derive(Clone, Default)]
 pub struct Capture {
-    pub directions: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    pub directions: Arc<Mutex<Vec<Direction>>>,
     pub connections: Arc<AtomicUsize>,
 }
 
