@@ -146,7 +146,23 @@ async fn start_noise_server_with(keys: &NoiseKeys, extra: &[&str]) -> ServerProc
 /// MB/s, the server's peak RSS and its CPU seconds per GB.
 async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64) {
     let limit = (procs + 16).to_string();
-    let s = start_noise_server_with(keys, &["--max-sessions", &limit]).await;
+    // Every client is one key from one address: the per-client quotas must allow them all.
+    let s = start_noise_server_with(
+        keys,
+        &[
+            "--max-sessions",
+            &limit,
+            "--max-sessions-per-key",
+            &limit,
+            "--max-sessions-per-address",
+            &limit,
+            "--max-processes-per-key",
+            &limit,
+            "--max-processes-per-address",
+            &limit,
+        ],
+    )
+    .await;
     let server_pid = s.child.id().unwrap_or(0);
     let opts = ClientOptions {
         reconnect: false,

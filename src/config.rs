@@ -44,6 +44,10 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 2000;
 pub const DEFAULT_KILL_GRACE_MS: u64 = 2000;
 /// Longest `processId`, in bytes.
 pub const MAX_PROCESS_ID_BYTES: usize = 256;
+/// Longest `writeId`, in bytes: `-32602` beyond. A process remembers
+/// [`RETAINED_WRITE_IDS`] of them, so this bounds that memory to 1 MiB per process; a client's
+/// ids (`w-17`) are a few bytes.
+pub const MAX_WRITE_ID_BYTES: usize = 256;
 /// Output bytes the connection writer takes from one process before it looks at the control
 /// lane and the other processes again: keeps control replies and other processes from
 /// waiting behind one chatty child.
@@ -61,6 +65,87 @@ pub const MAX_KILL_GRACE_MS: u64 = 10_000;
 pub const MAX_DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// Largest `timeoutMs` a client may ask for: one day.
 pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+/// Default `session_pids_max`: 0, no limit beyond the host's (a unit's `TasksMax=` bounds the
+/// whole server). A value caps the processes and threads of one session (its cgroup's
+/// `pids.max`), so a fork bomb fails inside its own session.
+pub const DEFAULT_SESSION_PIDS_MAX: u64 = 0;
+/// Default `cgroup_name`: the base name of the server's instance cgroup
+/// (`<name>-<pid>-<start time>-<n>`). Servers that share a parent cgroup and this name sweep
+/// each other's leftovers after a crash.
+pub const DEFAULT_CGROUP_NAME: &str = "execrelay";
+/// Longest `cgroup_name`, in bytes (a directory name, with `-<pid>-<start>-<n>` appended).
+pub const MAX_CGROUP_NAME_BYTES: usize = 64;
+
+/// Which process-containment backend to use (`containment_backend`; see SECURITY.md,
+/// "Process containment"). Declared here, with the other settings; `process/containment/`
+/// implements it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// The first of `cgroup2`, `cgroup1`, `none` that works here.
+    #[default]
+    Auto,
+    /// cgroup v2 or fail at start.
+    Cgroup2,
+    /// cgroup v1 `freezer` (and `pids`) or fail at start.
+    Cgroup1,
+    /// No cgroups: process-tree tracking only.
+    None,
+}
+
+impl BackendChoice {
+    /// The setting's spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cgroup2 => "cgroup2",
+            BackendChoice::Cgroup1 => "cgroup1",
+            BackendChoice::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "auto" => BackendChoice::Auto,
+            "cgroup2" => BackendChoice::Cgroup2,
+            "cgroup1" => BackendChoice::Cgroup1,
+            "none" => BackendChoice::None,
+            _ => {
+                return Err(format!(
+                    "unknown containment backend {s:?} (auto, cgroup2, cgroup1, none)"
+                ))
+            }
+        })
+    }
+}
+
+/// Check a `cgroup_name`: 1 to [`MAX_CGROUP_NAME_BYTES`] bytes of `[A-Za-z0-9_.-]`, not
+/// starting with `.` or `-` (it becomes a directory name next to other cgroups).
+pub fn check_cgroup_name(n: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if n.is_empty()
+        || n.len() > MAX_CGROUP_NAME_BYTES
+        || !n.chars().all(ok_char)
+        || n.starts_with('.')
+        || n.starts_with('-')
+    {
+        return Err(format!(
+            "cgroup_name must be 1 to {MAX_CGROUP_NAME_BYTES} bytes of [A-Za-z0-9_.-], \
+             not starting with '.' or '-'"
+        ));
+    }
+    Ok(())
+}
 
 /// Established JSON-RPC connections over `ws://` at once. One more is refused before the
 /// upgrade with `503`; a connection that ends frees its slot. Each connection holds tasks, a
@@ -109,6 +194,49 @@ pub const RELAY_BACKOFF_MAX_MS: u64 = 30_000;
 /// 60 s); one that died younger keeps doubling it, so a relay that accepts and drops at once
 /// is not hammered.
 pub const RELAY_BACKOFF_RESET_MS: u64 = 60_000;
+
+/// Bytes of requests one connection may have read and not yet answered (their JSON-RPC
+/// messages, charged when read and given back when answered or skipped): 64 MiB, four
+/// messages of the largest size. One more is answered `-32004` at once, so a client that
+/// pipelines large writes to a child that does not read holds at most this much, and its
+/// `process/terminate` still gets through. At least `max_message_bytes`.
+pub const MAX_PENDING_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes of what peers sent that the whole server may hold at once: requests read and not
+/// yet answered (every connection's, charged under its own budget) plus Noise messages still
+/// being reassembled or queued for their connection: 256 MiB. Above it, new requests are answered `-32004` and a Noise stream
+/// whose message cannot grow is reset (`busy`), so one client holds at most its own budget
+/// and the others keep theirs.
+pub const MAX_INBOUND_BYTES: usize = 256 * 1024 * 1024;
+/// Bytes of Noise messages one link's streams may hold together, unfinished or queued for
+/// their connection: 64 MiB. The deframer charges a message before it grows, and the charge
+/// goes with the message until its connection takes it; a stream that cannot get the bytes
+/// is reset alone (`busy`). 40 streams each holding 15 MiB of a message once took 620 MiB.
+pub const MAX_LINK_REASSEMBLY_BYTES: usize = 64 * 1024 * 1024;
+/// Sessions one Noise client key may hold at once (attached or detached), well below
+/// [`MAX_SESSIONS`] so that one client cannot lock the others out.
+pub const MAX_SESSIONS_PER_KEY: usize = 16;
+/// Sessions created from one peer address (IPv4 address, or IPv6 /64) that may exist at once.
+/// Above the per-key quota: several clients may share an address (NAT).
+pub const MAX_SESSIONS_PER_ADDRESS: usize = 32;
+/// Processes (running, or exited and still retained) of all the sessions of one Noise client
+/// key: one full session's worth.
+pub const MAX_PROCESSES_PER_KEY: usize = 256;
+/// Processes of all the sessions created from one peer address.
+pub const MAX_PROCESSES_PER_ADDRESS: usize = 512;
+/// File descriptors kept free for spawns: a new connection or link is refused while this few
+/// are free, so connections run out before a spawn can fail for want of a descriptor. A spawn
+/// needs up to eight for a moment (pipes, the exec-error pipe, a pidfd); 128 covers a burst.
+pub const DESCRIPTOR_RESERVE: usize = 128;
+/// A `ws://` connection or Noise stream idle this long is closed (its session detaches): no
+/// inbound message, no request in flight, and no process of its session running or with
+/// output still to write. 5 minutes; a client that wants to keep an idle connection sends
+/// something (`server/info`).
+pub const IDLE_CONNECTION_TIMEOUT_MS: u64 = 300_000;
+/// A direct `noise+ws://` link without any stream (pending or open) for this long is closed:
+/// 1,000 links that never open a stream, kept alive by their pongs, once held 1,000
+/// descriptors forever. The environment link to a relay is never closed for idleness (it is
+/// how clients reach the server at all; the relay bounds its own links).
+pub const IDLE_LINK_TIMEOUT_MS: u64 = 60_000;
 
 /// How a setting's value reads, for `--help`, the README table and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,12 +325,47 @@ impl Setting {
     }
 }
 
+/// One setting of [`ServerConfig`] whose value is a word, not a number (a backend, a name):
+/// the flag, the TOML key, `--help` and the README show it as [`Setting`] does.
+#[derive(Debug, Clone, Copy)]
+pub struct TextSetting {
+    /// The field and TOML key (`snake_case`); the flag is the same in `kebab-case`.
+    pub name: &'static str,
+    /// Its default, as written in a flag or the TOML file.
+    pub default: &'static str,
+    /// The flag's value name in `--help` (the accepted words, or what the value is).
+    pub values: &'static str,
+    /// What it decides, in one line (the flag's help, the README's table).
+    pub bounds: &'static str,
+}
+
+impl TextSetting {
+    /// The flag, without the leading dashes.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// The flag's help line: what it decides, and the real default.
+    pub fn help(&self) -> String {
+        format!("{} [default: {}]", self.bounds, self.default)
+    }
+
+    /// The setting's row of the README's configuration table.
+    pub fn readme_row(&self) -> String {
+        format!("| `{}` | `{}` | {} |", self.name, self.default, self.bounds)
+    }
+}
+
 /// Declares every setting once: the [`ServerConfig`] field (and so its TOML key), its default
 /// (the named constant), its `execrelay serve` flag in [`ConfigFlags`], and its row in
 /// [`SETTINGS`]. Nothing else lists the settings, so a default cannot drift from its constant
 /// and no setting can lack a flag or a key.
 macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*) => {
+    (
+        $( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*
+        @text:
+        $( $(#[doc = $tdoc:literal])* $tname:ident : $tty:ty = $tdefault:expr, shown $tshown:expr, values $tvalues:literal, $tbounds:literal; )*
+    ) => {
         /// Limits and timings of one exec server. Every field has a flag of `execrelay serve`
         /// (the same name in kebab-case) and a key (the same name) in the `--config` TOML file;
         /// flags win over the file. Each field's default is the named constant in its doc.
@@ -210,13 +373,25 @@ macro_rules! settings {
         #[serde(default, deny_unknown_fields)]
         pub struct ServerConfig {
             $( $(#[doc = $doc])* pub $name: $ty, )*
+            $( $(#[doc = $tdoc])* pub $tname: $tty, )*
         }
 
         impl Default for ServerConfig {
             fn default() -> Self {
-                ServerConfig { $( $name: $default, )* }
+                ServerConfig { $( $name: $default, )* $( $tname: $tdefault, )* }
             }
         }
+
+        /// Every setting whose value is a word, in the order of `--help` and the README's
+        /// table (after [`SETTINGS`]).
+        pub const TEXT_SETTINGS: &[TextSetting] = &[
+            $( TextSetting {
+                name: stringify!($tname),
+                default: $tshown,
+                values: $tvalues,
+                bounds: $tbounds,
+            }, )*
+        ];
 
         /// Every setting, in the order of `--help` and the README's table.
         pub const SETTINGS: &[Setting] = &[
@@ -247,12 +422,26 @@ macro_rules! settings {
                 )]
                 pub $name: Option<$ty>,
             )*
+            $(
+                #[arg(
+                    long,
+                    value_name = $tvalues,
+                    help = TextSetting {
+                        name: stringify!($tname),
+                        default: $tshown,
+                        values: $tvalues,
+                        bounds: $tbounds,
+                    }.help(),
+                )]
+                pub $tname: Option<$tty>,
+            )*
         }
 
         impl ConfigFlags {
             /// Write every given flag into `config`.
             pub fn apply(&self, config: &mut ServerConfig) {
                 $( if let Some(value) = self.$name { config.$name = value; } )*
+                $( if let Some(value) = &self.$tname { config.$tname = value.clone(); } )*
             }
         }
 
@@ -261,6 +450,14 @@ macro_rules! settings {
             pub fn value_of(&self, name: &str) -> Option<u64> {
                 match name {
                     $( stringify!($name) => Some(self.$name as u64), )*
+                    _ => None,
+                }
+            }
+
+            /// A word setting's value by name (as in [`TEXT_SETTINGS`]), spelled as in a flag.
+            pub fn text_value_of(&self, name: &str) -> Option<String> {
+                match name {
+                    $( stringify!($tname) => Some(self.$tname.to_string()), )*
                     _ => None,
                 }
             }
@@ -347,6 +544,48 @@ settings! {
     /// See [`RELAY_BACKOFF_RESET_MS`].
     relay_backoff_reset_ms: u64 = RELAY_BACKOFF_RESET_MS, Millis,
         "a relay link that lived this long sets the delay back to the first";
+    /// See [`MAX_PENDING_REQUEST_BYTES`].
+    max_pending_request_bytes: usize = MAX_PENDING_REQUEST_BYTES, Bytes,
+        "bytes of requests read and not yet answered per connection → `-32004`";
+    /// See [`MAX_INBOUND_BYTES`].
+    max_inbound_bytes: usize = MAX_INBOUND_BYTES, Bytes,
+        "bytes of requests not yet answered and of Noise messages not yet taken by their connection, server-wide → `-32004` (a Noise stream: reset `busy`)";
+    /// See [`MAX_LINK_REASSEMBLY_BYTES`].
+    max_link_reassembly_bytes: usize = MAX_LINK_REASSEMBLY_BYTES, Bytes,
+        "bytes of Noise messages one link holds for its streams (unfinished, or not yet taken by their connection); a stream that would pass it is reset (`busy`)";
+    /// See [`MAX_SESSIONS_PER_KEY`].
+    max_sessions_per_key: usize = MAX_SESSIONS_PER_KEY, Count,
+        "sessions per Noise client key → `-32004`";
+    /// See [`MAX_SESSIONS_PER_ADDRESS`].
+    max_sessions_per_address: usize = MAX_SESSIONS_PER_ADDRESS, Count,
+        "sessions per peer address (IPv4 address or IPv6 /64) → `-32004`";
+    /// See [`MAX_PROCESSES_PER_KEY`].
+    max_processes_per_key: usize = MAX_PROCESSES_PER_KEY, Count,
+        "processes of all the sessions of one Noise client key → `-32004`";
+    /// See [`MAX_PROCESSES_PER_ADDRESS`].
+    max_processes_per_address: usize = MAX_PROCESSES_PER_ADDRESS, Count,
+        "processes of all the sessions of one peer address → `-32004`";
+    /// See [`DESCRIPTOR_RESERVE`].
+    descriptor_reserve: usize = DESCRIPTOR_RESERVE, Count,
+        "file descriptors kept free for spawns; below it new connections and links are refused";
+    /// See [`IDLE_CONNECTION_TIMEOUT_MS`].
+    idle_connection_timeout_ms: u64 = IDLE_CONNECTION_TIMEOUT_MS, Millis,
+        "a `ws://` connection or Noise stream with no inbound message, request, running process or unwritten output this long is closed";
+    /// See [`IDLE_LINK_TIMEOUT_MS`].
+    idle_link_timeout_ms: u64 = IDLE_LINK_TIMEOUT_MS, Millis,
+        "a direct `noise+ws://` link without any stream this long is closed (never the environment link to a relay)";
+    /// See [`DEFAULT_SESSION_PIDS_MAX`].
+    session_pids_max: u64 = DEFAULT_SESSION_PIDS_MAX, Count,
+        "processes and threads of one session at once (its cgroup's `pids.max`; a fork fails beyond it); 0: no limit. Needs the `pids` controller, or start fails";
+@text:
+    /// See [`BackendChoice`].
+    containment_backend: BackendChoice = BackendChoice::Auto, shown "auto",
+        values "auto|cgroup2|cgroup1|none",
+        "how a session's processes are found and killed (SECURITY.md, \"Process containment\"): `auto` takes the first of `cgroup2`, `cgroup1`, `none` that works; a named cgroup backend that cannot work here fails the start";
+    /// See [`DEFAULT_CGROUP_NAME`].
+    cgroup_name: String = String::from(DEFAULT_CGROUP_NAME), shown DEFAULT_CGROUP_NAME,
+        values "NAME",
+        "base name of the server's instance cgroup (`NAME-<pid>-<start time>-<n>`, one child per session); servers sharing a parent cgroup and a name remove each other's leftovers after a crash";
 }
 
 /// A configuration that cannot work.
@@ -387,6 +626,10 @@ impl ServerConfig {
                 self.max_pending_authorizations,
             ),
             ("max_streams_per_link", self.max_streams_per_link),
+            ("max_sessions_per_key", self.max_sessions_per_key),
+            ("max_sessions_per_address", self.max_sessions_per_address),
+            ("max_processes_per_key", self.max_processes_per_key),
+            ("max_processes_per_address", self.max_processes_per_address),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
@@ -403,12 +646,47 @@ impl ServerConfig {
             ("pong_timeout_ms", self.pong_timeout_ms),
             ("relay_backoff_initial_ms", self.relay_backoff_initial_ms),
             ("relay_backoff_max_ms", self.relay_backoff_max_ms),
+            (
+                "idle_connection_timeout_ms",
+                self.idle_connection_timeout_ms,
+            ),
+            ("idle_link_timeout_ms", self.idle_link_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{name} must be greater than 0")));
             }
         }
+        // A message of the largest size must fit in every budget that holds one whole.
+        for (name, v) in [
+            ("max_pending_request_bytes", self.max_pending_request_bytes),
+            ("max_link_reassembly_bytes", self.max_link_reassembly_bytes),
+            ("max_inbound_bytes", self.max_inbound_bytes),
+        ] {
+            if v < self.max_message_bytes {
+                return Err(ConfigError(format!(
+                    "{name} must be at least max_message_bytes ({})",
+                    self.max_message_bytes
+                )));
+            }
+        }
+        check_cgroup_name(&self.cgroup_name).map_err(ConfigError)?;
         Ok(())
+    }
+
+    /// [`Self::max_kill_grace_ms`] as a duration: the longest SIGTERM-to-SIGKILL grace on any
+    /// path, and the most expiry, close and shutdown wait for a process that ignores SIGTERM.
+    pub fn max_kill_grace(&self) -> Duration {
+        Duration::from_millis(self.max_kill_grace_ms)
+    }
+
+    /// [`Self::max_drain_timeout_ms`] as a duration.
+    pub fn max_drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.max_drain_timeout_ms)
+    }
+
+    /// [`Self::session_pids_max`] as a limit: `None` for 0 (no limit).
+    pub fn session_pids_limit(&self) -> Option<u64> {
+        (self.session_pids_max > 0).then_some(self.session_pids_max)
     }
 
     /// [`Self::request_head_timeout_ms`] as a duration.
@@ -428,6 +706,16 @@ impl ServerConfig {
     /// The HTTP front limits of the metrics listener.
     pub fn metrics_front_limits(&self) -> FrontLimits {
         FrontLimits::metrics(self.request_head_timeout())
+    }
+
+    /// [`Self::idle_connection_timeout_ms`] as a duration.
+    pub fn idle_connection_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_connection_timeout_ms)
+    }
+
+    /// [`Self::idle_link_timeout_ms`] as a duration.
+    pub fn idle_link_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_link_timeout_ms)
     }
 
     /// `detachedSessionTtlMs` as a duration.

@@ -9,7 +9,7 @@
 //! `tests/layers.rs`; the rule is in `ARCHITECTURE.md`).
 //!
 //! 0. `sync` (the poison-tolerant lock), [`config`] (every limit, declared once as field,
-//!    flag and TOML key).
+//!    flag and TOML key), [`bounds`] (byte budgets, descriptor limits, the idle rule).
 //! 1. [`metrics`] (counters, a leaf passed in); [`rpc`] (wire types, error codes, both
 //!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
 //!    over stdio and WebSocket); [`noise`] (keys, handshake, records: crypto only).
@@ -34,6 +34,7 @@
 // `# Safety` section (tests/unsafe_docs.rs: clippy checks only public ones).
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod bounds;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -6,8 +6,8 @@
 //! - [`Metrics`]: counters updated where things happen (bytes read from children, bytes written
 //!   to their stdin, time a pump spent blocked on a slow client, handshake failures by reason,
 //!   JSON-RPC errors by code, connections, Noise links and streams). One per server, built by
-//!   the caller and passed in (`SessionRegistry::new(config, metrics)`), so servers in one
-//!   process (tests) never mix their figures.
+//!   the caller and passed in (`SessionRegistry::new(config, metrics, containment)`), so
+//!   servers in one process (tests) never mix their figures.
 //! - Gauges that are *read* rather than counted (sessions attached and detached, processes
 //!   running and exited, output bytes retained for clients): set from a [`StateSnapshot`] the
 //!   caller takes from the registry at scrape time, so they can never drift from the truth.

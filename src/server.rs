@@ -10,9 +10,13 @@
 //!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose
 //!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
 //!   and one more arm in [`Server::run`].
+//! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
+//!   session where the server may create one), the crash sweep of instances left by a server
+//!   that died, and the subreaper, all before the first spawn.
 //! - **The shutdown sequence**, once for all listeners: stop accepting (abandon handshakes),
-//!   terminate every process and let exit notices reach attached clients (bounded), end every
-//!   connection and link and wait for their tasks, close every session.
+//!   terminate every process and let exit notices reach attached clients (bounded by the
+//!   server's caps), kill everything any session started, end every connection and link and
+//!   wait for their tasks, close every session.
 //! - Parsing `--listen` and the URLs printed for bound listeners.
 //!
 //! # What it must never do
@@ -24,23 +28,30 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use execrelay_relay::config::HandshakeBudgetPolicy;
 use execrelay_relay::driver::link_websocket_config;
 use execrelay_relay::http::{
     self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
+    REPLY_TIMEOUT_MS,
 };
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::bounds::DescriptorReserve;
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
-use crate::link::server::{keepalive_config, run_link, LinkContext, NoiseServerConfig, LINK_PATH};
+use crate::link::server::{
+    keepalive_config, run_link, LinkContext, LinkPeer, NoiseServerConfig, LINK_PATH,
+};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
+use crate::process::containment::{subreaper, Containment, ContainmentConfig, ContainmentError};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed_with_keepalive, websocket_config};
@@ -127,19 +138,65 @@ pub struct Server {
     registry: Arc<SessionRegistry>,
 }
 
+/// Why a server cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The containment backend cannot work here (a cgroup backend named explicitly and
+    /// unavailable, or bad containment settings).
+    #[error(transparent)]
+    Containment(#[from] ContainmentError),
+    /// The server cannot become a child subreaper, or its reaper thread cannot start.
+    #[error("cannot become a child subreaper: {0}")]
+    Subreaper(std::io::Error),
+}
+
 /// Serve `listeners` with `config` until `shutdown` fires (or the stdio connection ends), then
-/// run the shutdown sequence and return. See [`Server::run`].
-pub async fn run(listeners: Vec<Listener>, config: Arc<ServerConfig>, shutdown: CancellationToken) {
-    Server::new(config).run(listeners, shutdown).await
+/// run the shutdown sequence and return. See [`Server::new`] and [`Server::run`].
+pub async fn run(
+    listeners: Vec<Listener>,
+    config: Arc<ServerConfig>,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    Server::new(config)?.run(listeners, shutdown).await;
+    Ok(())
+}
+
+/// Set up process containment before the first spawn: the backend of `containment_backend`
+/// (a cgroup backend named explicitly that cannot work here is an error, never a silent
+/// fallback), the crash sweep (instance cgroups of servers of the same `cgroup_name` that
+/// died are killed and removed, with everything left in them), and the subreaper with its
+/// reaper thread (once per process).
+pub fn start_containment(config: &ServerConfig) -> Result<Containment, StartError> {
+    let containment = Containment::new(&ContainmentConfig::from_server(config))?;
+    let swept = containment.sweep_stale();
+    if swept.processes_killed > 0 || !swept.failures.is_empty() || swept.skipped > 0 {
+        tracing::warn!(
+            instances = swept.instances_removed,
+            killed = swept.processes_killed,
+            failures = ?swept.failures,
+            skipped = swept.skipped,
+            "crash sweep: killed what servers that died left running"
+        );
+    } else if swept.instances_removed > 0 {
+        tracing::info!(
+            instances = swept.instances_removed,
+            "crash sweep: removed empty cgroups of servers that died"
+        );
+    }
+    subreaper::start_reaper().map_err(StartError::Subreaper)?;
+    Ok(containment)
 }
 
 impl Server {
-    /// A server with a fresh registry and its own [`Metrics`] (built here, the composition
-    /// root, and passed in: the registry never builds them).
-    pub fn new(config: Arc<ServerConfig>) -> Server {
-        Server {
-            registry: SessionRegistry::new(config, Arc::new(Metrics::new())),
-        }
+    /// A server with a fresh registry, its own [`Metrics`] and its containment (built here,
+    /// the composition root, and passed in: the registry builds neither). Fails when the
+    /// containment cannot start ([`start_containment`]).
+    pub fn new(config: Arc<ServerConfig>) -> Result<Server, StartError> {
+        let containment = start_containment(&config)?;
+        Ok(Server {
+            registry: SessionRegistry::new(config, Arc::new(Metrics::new()), containment),
+        })
     }
 
     /// The registry (tests and embedders read its sessions and metrics).
@@ -151,10 +208,11 @@ impl Server {
     /// then, once for all of them:
     ///
     /// 1. stop accepting and abandon connections not yet upgraded;
-    /// 2. terminate every process and wait, bounded, until exit notices have reached attached
-    ///    clients ([`SessionRegistry::shutdown`], [`SHUTDOWN_DELIVERY_GRACE_MS`]);
+    /// 2. terminate every process and wait, bounded by the server's caps, until exit notices
+    ///    have reached attached clients, then kill everything any session started
+    ///    ([`SessionRegistry::shutdown`], [`SHUTDOWN_DELIVERY_GRACE_MS`]);
     /// 3. end every connection and link, and wait for their tasks;
-    /// 4. close every session.
+    /// 4. close every session and wait until each has ended.
     pub async fn run(self, listeners: Vec<Listener>, shutdown: CancellationToken) {
         let registry = self.registry;
         let config = registry.config().clone();
@@ -174,8 +232,8 @@ impl Server {
                     let transport = stdio_transport(config.max_message_bytes);
                     let options = ConnectionOptions {
                         close_session_on_end: true,
-                        peer_key: None,
                         answer_after_eof: true,
+                        ..ConnectionOptions::default()
                     };
                     let (registry, stop, ended) =
                         (registry.clone(), conn_shutdown.clone(), stdio_ended.clone());
@@ -199,12 +257,21 @@ impl Server {
                     let max = config.max_message_bytes;
                     // The server pings every plain WebSocket too (§6.4).
                     let keepalive = keepalive_config(&config);
+                    let idle = config.idle_connection_timeout();
+                    let reserve = DescriptorReserve::new(config.descriptor_reserve);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
+                        let Some(ws) = admit_descriptors(&reserve, &spawner, up.ws, up.peer) else {
+                            return;
+                        };
                         let transport =
-                            framed_with_keepalive(up.ws, max, up.peer.to_string(), Some(keepalive));
+                            framed_with_keepalive(ws, max, up.peer.to_string(), Some(keepalive));
                         let (registry, stop, permit) = (registry.clone(), stop.clone(), up.permit);
+                        let options = ConnectionOptions {
+                            peer_addr: Some(up.peer.ip()),
+                            idle_timeout: Some(idle),
+                            ..ConnectionOptions::default()
+                        };
                         spawner.spawn(async move {
-                            let options = ConnectionOptions::default();
                             ConnectionProcessor::run(transport, registry, options, stop).await;
                             // The slot of `max_connections` is free once the connection ends.
                             drop(permit);
@@ -240,15 +307,16 @@ impl Server {
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
+                    let reserve = DescriptorReserve::new(config.descriptor_reserve);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
+                        let Some(ws) = admit_descriptors(&reserve, &ctx.tasks, up.ws, up.peer)
+                        else {
+                            return;
+                        };
                         let span = tracing::info_span!("link", peer = %up.peer);
-                        // A direct link is one client's: an empty handshake budget closes it.
-                        let link = run_link(
-                            up.ws,
-                            up.peer.to_string(),
-                            ctx.clone(),
-                            HandshakeBudgetPolicy::CloseLink,
-                        );
+                        // A direct link is one client's: its address counts toward the
+                        // quotas, it closes when idle, and an empty handshake budget closes it.
+                        let link = run_link(ws, LinkPeer::Direct(up.peer), ctx.clone());
                         let permit = up.permit;
                         ctx.tasks.spawn(
                             async move {
@@ -308,7 +376,8 @@ impl Server {
         stop_accepting.cancel();
         fronts.close();
         fronts.wait().await;
-        // 2. Terminate every process; exit notices reach attached clients (bounded).
+        // 2. Terminate every process; exit notices reach attached clients (bounded by the
+        //    caps); then everything any session started is killed.
         tracing::info!("shutting down: terminating processes");
         registry
             .shutdown(Duration::from_millis(SHUTDOWN_DELIVERY_GRACE_MS))
@@ -317,9 +386,36 @@ impl Server {
         conn_shutdown.cancel();
         tasks.close();
         tasks.wait().await;
-        // 4. Whatever is left (detached sessions) is closed: its process groups terminated.
-        registry.close_all();
+        // 4. Every session is closed (nothing of theirs is left running) and its scope removed.
+        registry.close_all().await;
     }
+}
+
+/// Admit an upgraded connection or link only while more than the descriptor reserve is free
+/// (issue 9 item 10): otherwise close it at once with `1013` ("try again later"), so that
+/// connections run out before a spawn can fail for want of a descriptor. The WebSocket is
+/// handed back when admitted.
+fn admit_descriptors(
+    reserve: &DescriptorReserve,
+    tasks: &TaskTracker,
+    ws: WebSocketStream<TcpStream>,
+    peer: SocketAddr,
+) -> Option<WebSocketStream<TcpStream>> {
+    let Err(low) = reserve.check() else {
+        return Some(ws);
+    };
+    tracing::warn!(%peer, "connection refused: {low}");
+    let mut ws = ws;
+    tasks.spawn(async move {
+        let close = CloseFrame {
+            code: CloseCode::Again,
+            reason: "server is low on file descriptors".into(),
+        };
+        // A peer that does not read its close frame does not hold the socket longer.
+        let reply = Duration::from_millis(REPLY_TIMEOUT_MS);
+        let _ = tokio::time::timeout(reply, ws.close(Some(close))).await;
+    });
+    None
 }
 
 /// The URL to print for a bound listener.

@@ -71,7 +71,11 @@ impl Both {
             ),
         ];
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(Server::new(Arc::new(config)).run(listeners, shutdown.clone()));
+        let task = tokio::spawn(
+            Server::new(Arc::new(config))
+                .expect("server starts")
+                .run(listeners, shutdown.clone()),
+        );
         Both {
             ws_url,
             noise_url,

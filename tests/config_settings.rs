@@ -42,6 +42,33 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("relay_backoff_initial_ms", RELAY_BACKOFF_INITIAL_MS),
     ("relay_backoff_max_ms", RELAY_BACKOFF_MAX_MS),
     ("relay_backoff_reset_ms", RELAY_BACKOFF_RESET_MS),
+    (
+        "max_pending_request_bytes",
+        MAX_PENDING_REQUEST_BYTES as u64,
+    ),
+    ("max_inbound_bytes", MAX_INBOUND_BYTES as u64),
+    (
+        "max_link_reassembly_bytes",
+        MAX_LINK_REASSEMBLY_BYTES as u64,
+    ),
+    ("max_sessions_per_key", MAX_SESSIONS_PER_KEY as u64),
+    ("max_sessions_per_address", MAX_SESSIONS_PER_ADDRESS as u64),
+    ("max_processes_per_key", MAX_PROCESSES_PER_KEY as u64),
+    (
+        "max_processes_per_address",
+        MAX_PROCESSES_PER_ADDRESS as u64,
+    ),
+    ("descriptor_reserve", DESCRIPTOR_RESERVE as u64),
+    ("idle_connection_timeout_ms", IDLE_CONNECTION_TIMEOUT_MS),
+    ("idle_link_timeout_ms", IDLE_LINK_TIMEOUT_MS),
+    ("session_pids_max", DEFAULT_SESSION_PIDS_MAX),
+];
+
+/// Every word setting with its default and two other valid values (for the file and the flag),
+/// written out by hand.
+const WORDS: &[(&str, &str, &str, &str)] = &[
+    ("containment_backend", "auto", "none", "cgroup1"),
+    ("cgroup_name", DEFAULT_CGROUP_NAME, "from-file", "from-flag"),
 ];
 
 fn serve_config(args: &[&str]) -> ServerConfig {
@@ -65,10 +92,35 @@ fn every_default_is_its_constant() {
         assert_eq!(setting.default, *constant, "{name}");
         assert_eq!(defaults.value_of(name), Some(*constant), "{name}");
     }
+    assert_eq!(
+        WORDS.len(),
+        TEXT_SETTINGS.len(),
+        "a word setting is missing here"
+    );
+    for (name, default, _, _) in WORDS {
+        let setting = TEXT_SETTINGS
+            .iter()
+            .find(|s| s.name == *name)
+            .unwrap_or_else(|| panic!("{name} is not a word setting"));
+        assert_eq!(setting.default, *default, "{name}");
+        assert_eq!(
+            defaults.text_value_of(name).as_deref(),
+            Some(*default),
+            "{name}"
+        );
+    }
     // And the command line without flags gives exactly the defaults.
     let parsed = serve_config(&[]);
     for s in SETTINGS {
         assert_eq!(parsed.value_of(s.name), Some(s.default), "{}", s.name);
+    }
+    for s in TEXT_SETTINGS {
+        assert_eq!(
+            parsed.text_value_of(s.name).as_deref(),
+            Some(s.default),
+            "{}",
+            s.name
+        );
     }
 }
 
@@ -86,6 +138,60 @@ fn every_setting_has_a_flag_whose_help_shows_the_real_default() {
         let shown = format!("[default: {}]", s.unit.display(s.default));
         assert!(help.ends_with(&shown), "--{flag}: {help:?} lacks {shown:?}");
     }
+    for s in TEXT_SETTINGS {
+        let flag = s.flag();
+        let arg = serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some(flag.as_str()))
+            .unwrap_or_else(|| panic!("no --{flag}"));
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        let shown = format!("[default: {}]", s.default);
+        assert!(help.ends_with(&shown), "--{flag}: {help:?} lacks {shown:?}");
+    }
+}
+
+#[test]
+fn every_word_setting_has_a_flag_and_a_toml_key_and_flags_win() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, _, from_file, from_flag) in WORDS {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, format!("{name} = \"{from_file}\"\n")).expect("write");
+        let path = path.to_str().expect("utf-8");
+        let flag = format!("--{}", name.replace('_', "-"));
+
+        let c = serve_config(&["--config", path]);
+        assert_eq!(
+            c.text_value_of(name).as_deref(),
+            Some(*from_file),
+            "TOML {name}"
+        );
+        let c = serve_config(&[&flag, from_flag]);
+        assert_eq!(c.text_value_of(name).as_deref(), Some(*from_flag), "{flag}");
+        let c = serve_config(&["--config", path, &flag, from_flag]);
+        assert_eq!(
+            c.text_value_of(name).as_deref(),
+            Some(*from_flag),
+            "{flag} wins over the file"
+        );
+    }
+}
+
+/// Word settings are checked at start: an unknown backend and a cgroup name that cannot be a
+/// directory name are refused by the flag and by the file.
+#[test]
+fn bad_word_settings_are_refused() {
+    assert!(Cli::try_parse_from(["execrelay", "serve", "--containment-backend", "v2"]).is_err());
+    for bad in ["", "a/b", "-x", ".x"] {
+        let flag = format!("--cgroup-name={bad}");
+        let cli = Cli::try_parse_from(["execrelay", "serve", flag.as_str()])
+            .unwrap_or_else(|e| panic!("{bad:?}: {e}"));
+        let Command::Serve(serve) = cli.command else {
+            unreachable!()
+        };
+        assert!(serve.config().is_err(), "cgroup name {bad:?} accepted");
+    }
+    assert!(ServerConfig::from_toml("containment_backend = \"v2\"\n").is_err());
+    assert!(ServerConfig::from_toml("cgroup_name = \"a b\"\n").is_err());
 }
 
 #[test]
@@ -125,6 +231,10 @@ fn the_readme_table_is_generated_from_settings() {
         expected.push_str(&s.readme_row());
         expected.push('\n');
     }
+    for s in TEXT_SETTINGS {
+        expected.push_str(&s.readme_row());
+        expected.push('\n');
+    }
     assert!(
         readme.contains(&format!("{expected}\n")),
         "README.md's configuration table is stale; it should read:\n\n{expected}"
@@ -136,11 +246,14 @@ fn the_readme_table_is_generated_from_settings() {
 fn security_md_names_every_setting() {
     let security = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/SECURITY.md"))
         .expect("SECURITY.md");
-    for s in SETTINGS {
+    let names = SETTINGS
+        .iter()
+        .map(|s| s.name)
+        .chain(TEXT_SETTINGS.iter().map(|s| s.name));
+    for name in names {
         assert!(
-            security.contains(&format!("`{}`", s.name)),
-            "SECURITY.md does not name `{}`",
-            s.name
+            security.contains(&format!("`{name}`")),
+            "SECURITY.md does not name `{name}`"
         );
     }
 }

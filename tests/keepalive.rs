@@ -81,7 +81,7 @@ impl Srv {
         url: String,
         dir: Option<tempfile::TempDir>,
     ) -> Srv {
-        let server = Server::new(Arc::new(config));
+        let server = Server::new(Arc::new(config)).expect("server starts");
         let registry = server.registry().clone();
         let stop = CancellationToken::new();
         let task = tokio::spawn(server.run(vec![listener], stop.clone()));

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("sync", 0),
     ("config", 0),
+    ("bounds", 0),
     ("metrics", 1),
     ("rpc", 1),
     ("transport", 1),

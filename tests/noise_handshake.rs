@@ -173,9 +173,11 @@ async fn the_failure_budget_refills_on_tokios_clock() {
     let limits = ServerConfig {
         handshake_failure_burst: 3,
         handshake_failure_refill_ms: refill.as_millis() as u64,
-        // No other timer may fire while the test waits on the sockets.
+        // No other timer may fire while the test waits on the sockets (nor close the link
+        // for having no stream while the clock is advanced).
         keepalive_interval_ms: 7 * 24 * 3600 * 1000,
         pong_timeout_ms: 14 * 24 * 3600 * 1000,
+        idle_link_timeout_ms: 14 * 24 * 3600 * 1000,
         ..Default::default()
     };
     let (a, _auth, srv) = serve_one(limits).await;

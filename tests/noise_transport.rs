@@ -28,6 +28,16 @@ use execrelay::transport::Transport;
 use execrelay_relay::config::MALFORMED_FRAME_BURST;
 use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
 
+/// The defaults, but one client key (from one address) may hold every session slot: these
+/// tests run 64 sessions of one key, past the per-client quotas (`quotas.rs` tests those).
+fn one_client_many_sessions() -> ServerConfig {
+    ServerConfig {
+        max_sessions_per_key: 64,
+        max_sessions_per_address: 64,
+        ..ServerConfig::default()
+    }
+}
+
 // =============================================================================================
 // 5. Garbage on an established stream resets that stream alone.
 
@@ -287,7 +297,7 @@ async fn run_numbered(t: Transport, n: u32) {
 /// one after another, then all running a process at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_concurrent_streams_on_one_link() {
-    let (a, auth, srv) = serve_one(ServerConfig::default()).await;
+    let (a, auth, srv) = serve_one(one_client_many_sessions()).await;
     let (front, links) = counting_proxy(srv.port).await;
     let url = format!("noise+ws://127.0.0.1:{front}");
     let link = ClientLink::connect(&url, srv.client_config(&a))
@@ -448,7 +458,7 @@ async fn echo_through(c: &Client, n: usize) -> String {
 // counting TCP forwarder; it counts 64 links instead of 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_clients_connecting_at_once_share_one_link() {
-    let (a, _auth, srv) = serve_one(ServerConfig::default()).await;
+    let (a, _auth, srv) = serve_one(one_client_many_sessions()).await;
     let (front, links) = counting_proxy(srv.port).await;
     let target = srv.target_at(front, &a);
     let tasks: Vec<_> = (0..64usize)

@@ -8,13 +8,10 @@ use common::binary::{first_line, http_exchange, serve_cmd, ws_client};
 use common::*;
 
 use std::process::Stdio;
-use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use execrelay::connection::ConnectionEnd;
-use execrelay::metrics::Metrics;
-use execrelay::session::SessionRegistry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_json_is_a_parse_error_with_null_id_and_the_connection_stays_open() {
@@ -325,7 +322,7 @@ async fn initialize_succeeds_once_and_a_failed_one_may_be_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_failures_are_indistinguishable() {
-    let registry = SessionRegistry::new(Arc::new(cfg()), Arc::new(Metrics::new()));
+    let registry = new_registry(cfg());
     let (mut a, sid, token) = open_session(&registry).await;
 
     // The same token with one character changed: still valid base64 of the same length.

@@ -8,15 +8,11 @@
 mod common;
 use common::*;
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::ConnectionEnd;
-use execrelay::metrics::Metrics;
-use execrelay::session::SessionRegistry;
 
 /// A request of exactly `total` bytes (without the line terminator): `method` with params
 /// `{"pad": "aaaa…"}`.
@@ -209,13 +205,10 @@ async fn max_pending_requests_at_its_edge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_sessions_at_its_edge() {
-    let registry = SessionRegistry::new(
-        Arc::new(ServerConfig {
-            max_sessions: 1,
-            ..cfg()
-        }),
-        Arc::new(Metrics::new()),
-    );
+    let registry = new_registry(ServerConfig {
+        max_sessions: 1,
+        ..cfg()
+    });
     let mut a = connect_to(&registry);
     a.client.handshake().await;
     let mut b = connect_to(&registry);

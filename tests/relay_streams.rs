@@ -238,6 +238,9 @@ async fn a_thousand_streams_from_ten_client_links() {
     let clients: Vec<Keypair> = (0..LINKS).map(|_| Keypair::generate().unwrap()).collect();
     let config = ServerConfig {
         max_sessions: LINKS * PER_LINK + 16,
+        // Each client holds 100 sessions (one per stream): above the per-key quotas.
+        max_sessions_per_key: PER_LINK,
+        max_processes_per_key: PER_LINK,
         max_pending_authorizations: 256,
         ..ServerConfig::default()
     };

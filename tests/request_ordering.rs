@@ -18,7 +18,6 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use execrelay::connection::ConnectionEnd;
-use execrelay::metrics::Metrics;
 use execrelay::session::SessionRegistry;
 
 /// The bytes of a base64 `chunk` member.
@@ -49,7 +48,7 @@ struct Held {
 async fn held_session() -> (Held, InProcess) {
     let dir = tempfile::tempdir().expect("tempdir");
     let fifo = make_fifo(dir.path());
-    let registry = SessionRegistry::new(Arc::new(cfg()), Arc::new(Metrics::new()));
+    let registry = new_registry(cfg());
     let (mut conn, sid, token) = open_session(&registry).await;
     let r = conn
         .client
@@ -350,7 +349,7 @@ async fn control_requests_are_not_queued_behind_a_blocked_write() {
     let terminate = c
         .request(
             "process/terminate",
-            json!({"processId": "t", "graceMs": 60000}),
+            json!({"processId": "t", "graceMs": 10000}),
         )
         .await;
     let m = c.response(terminate).await;

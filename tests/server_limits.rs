@@ -109,7 +109,10 @@ async fn max_connections_refuses_one_more_and_a_freed_slot_lets_the_next_in() {
     drop(first);
     let _third = until_admitted(|| connect_websocket(&url, max), is_503).await;
     stop.cancel();
-    guard("server stops", server).await.expect("server task");
+    guard("server stops", server)
+        .await
+        .expect("server task")
+        .expect("server starts");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +129,7 @@ async fn max_links_refuses_one_more_and_a_freed_slot_lets_the_next_in() {
         env_id: String::new(),
     });
     let stop = CancellationToken::new();
-    let server = Server::new(Arc::new(config));
+    let server = Server::new(Arc::new(config)).expect("server starts");
     let links = server.registry().metrics().noise_links.clone();
     let task = tokio::spawn(server.run(vec![Listener::Noise(listener, noise)], stop.clone()));
     let (first, _) = guard("first link", tokio_tungstenite::connect_async(&url))
@@ -177,7 +180,8 @@ async fn one_shutdown_stops_every_listener() {
     stop.cancel();
     guard("server stops with a client connected", task)
         .await
-        .expect("server task");
+        .expect("server task")
+        .expect("server starts");
     drop(client);
     for addr in addrs {
         assert!(

@@ -12,7 +12,6 @@ use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Targe
 use execrelay::config::ServerConfig;
 use execrelay::connection::handlers::start_spec;
 use execrelay::connection::ConnectionEnd;
-use execrelay::metrics::Metrics;
 use execrelay::process::ReadySet;
 use execrelay::session::{ConnHandle, SessionRegistry};
 use serde_json::json;
@@ -20,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 /// A registry with `cfg`, shared by the connections of a test.
 fn shared(cfg: ServerConfig) -> Arc<SessionRegistry> {
-    SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()))
+    new_registry(cfg)
 }
 
 /// A registry whose detached sessions expire after `ms`.
@@ -258,6 +257,7 @@ fn conn(reg: &SessionRegistry) -> ConnHandle {
         ready: Arc::new(ReadySet::default()),
         evict: CancellationToken::new(),
         peer_key: None,
+        peer_addr: None,
     }
 }
 
@@ -307,7 +307,7 @@ async fn a_session_resumed_in_time_is_not_expired_at_all() {
 
 /// A WebSocket server in this process, for the client library.
 async fn ws_server(cfg: ServerConfig) -> (String, Arc<SessionRegistry>, CancellationToken) {
-    let server = execrelay::server::Server::new(Arc::new(cfg));
+    let server = execrelay::server::Server::new(Arc::new(cfg)).expect("server starts");
     let reg = server.registry().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("ws://{}", listener.local_addr().unwrap());
@@ -433,7 +433,7 @@ async fn a_stale_writer_cannot_move_the_cursor_of_a_resumed_session() {
     let (session, token) = reg.create(true, &a).unwrap();
     let params = serde_json::from_value(json!({"processId": "p", "argv": ["echo", "hi"]})).unwrap();
     let p = session
-        .start(start_spec(params).unwrap(), a.conn_id)
+        .start(start_spec(params, reg.config()).unwrap(), a.conn_id)
         .unwrap();
     session.enable_delivery(&p, a.conn_id);
     p.wait_finished().await;

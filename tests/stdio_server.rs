@@ -114,8 +114,9 @@ async fn a_request_stuck_after_end_of_input_is_abandoned_at_the_drain_timeout() 
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio_util::sync::CancellationToken;
 
-    let registry =
-        SessionRegistry::new(Arc::new(ServerConfig::default()), Arc::new(Metrics::new()));
+    let config = ServerConfig::default();
+    let containment = execrelay::server::start_containment(&config).expect("containment starts");
+    let registry = SessionRegistry::new(Arc::new(config), Arc::new(Metrics::new()), containment);
     let (client, server) = tokio::io::duplex(8 << 20);
     let (sr, sw) = tokio::io::split(server);
     let transport = line_transport(sr, sw, ServerConfig::default().max_message_bytes, "test");

@@ -5,7 +5,7 @@
 //! size limit; it never looks inside a payload (a handshake message, a ciphertext, or a reset
 //! reason), which is what lets a relay route frames it cannot read.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 /// Frame format version.
 pub const FRAME_VERSION: u8 = 1;
@@ -242,17 +242,22 @@ impl Frame {
         if len > MAX_FRAME_BYTES {
             return Err(FrameError::TooLarge(len));
         }
-        let mut b = BytesMut::with_capacity(len);
-        b.put_u8(FRAME_VERSION);
-        b.put_u8(self.ftype as u8);
-        b.put_u16(0);
-        b.put_slice(&self.stream);
-        b.put_u64(self.seq);
-        b.put_u64(self.ack);
-        b.put_u32(self.ack_bits);
-        b.put_u32(self.window);
-        b.put_slice(&self.payload);
-        Ok(b.to_vec())
+        // One copy of the payload, straight into the message (this is every forwarded byte's
+        // path through the relay).
+        let mut header = [0u8; HEADER_BYTES];
+        Frame::write_header(
+            &mut header,
+            self.ftype,
+            &self.stream,
+            self.seq,
+            self.ack,
+            self.ack_bits,
+            self.window,
+        );
+        let mut b = Vec::with_capacity(len);
+        b.extend_from_slice(&header);
+        b.extend_from_slice(&self.payload);
+        Ok(b)
     }
 
     /// Check the field rules of a virtual stream's frame (§5, §7): what a relay or an

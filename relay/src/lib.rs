@@ -32,7 +32,6 @@
 //! - [`router`]: the relay role ([`router::Router`]): routing by (environment, stream id)
 //!   behind the [`router::RoutingTable`] interface, window accounting, per-link send queues
 //!   with a control reserve, limits.
-//!
 //! - [`env_handshake`]: the environment link's Noise handshake (§6.2), both roles, and the
 //!   relay's admission of an environment (environments file, message-1 `ts`).
 //!

@@ -493,6 +493,71 @@ fn a_full_send_queue_blocks_then_reports_writable_as_it_drains() {
     assert_eq!(c.send_ready(&sid(2)), Ok(1));
 }
 
+/// A stream blocked on both its window and the link's queue must still hear `Writable` when
+/// the second of the two clears: here the queue drains while it has no credit (so the queue's
+/// wake-up finds it still blocked), then its credit returns while the queue is full again
+/// (refilled by another stream), then the queue drains. Found by the relay benchmark (four
+/// streams, 1 GiB): a sender waited forever for a wake-up that had been spent.
+#[test]
+fn a_stream_blocked_on_window_and_queue_hears_writable_when_both_clear() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let ccfg = tight(|c| {
+        c.send_queue_bytes = MAX_FRAME_BYTES;
+        c.window = 1;
+    });
+    let scfg = tight(|c| c.window = 1);
+    let (mut c, mut s) = (client(now, ccfg), server(now, scfg));
+    for n in 1..=3 {
+        establish(&mut c, &mut s, now, sid(n));
+    }
+    let record = || Bytes::from(vec![1u8; 40_000]);
+    // A and B each take their one record of credit; the queue is over its limit.
+    for n in [1, 2] {
+        assert_eq!(c.send_ready(&sid(n)), Ok(1));
+        c.send(&sid(n), record()).unwrap();
+    }
+    // A: no credit and no room.
+    assert_eq!(c.send_ready(&sid(1)), Err(SendError::Blocked));
+    // The queue drains A's record: room again, but A still has no credit.
+    let f = c.poll_transmit(now).unwrap();
+    let execrelay_relay::transmit::Transmit::Frame(f) = f else {
+        panic!("{f:?}")
+    };
+    assert_eq!(f.stream, sid(1));
+    s.handle_frame(now, f.encode().unwrap());
+    assert!(!events(&mut c)
+        .iter()
+        .any(|e| matches!(e, Event::Writable { stream } if *stream == sid(1))));
+    // C fills the queue again.
+    assert_eq!(c.send_ready(&sid(3)), Ok(1));
+    c.send(&sid(3), record()).unwrap();
+    // The server consumes A's record: its ACK gives A credit while the queue is full.
+    let got = data_of(&events(&mut s));
+    assert_eq!(got.len(), 1);
+    s.consumed(&sid(1), 1).unwrap();
+    while let Some(t) = s.poll_transmit(now) {
+        if let execrelay_relay::transmit::Transmit::Frame(f) = t {
+            c.handle_frame(now, f.encode().unwrap());
+        }
+    }
+    assert_eq!(c.credit(&sid(1)), 1);
+    let _ = events(&mut c);
+    // The queue drains: now A may send, and must be told.
+    while let Some(t) = c.poll_transmit(now) {
+        if let execrelay_relay::transmit::Transmit::Frame(f) = t {
+            s.handle_frame(now, f.encode().unwrap());
+        }
+    }
+    assert!(
+        events(&mut c)
+            .iter()
+            .any(|e| matches!(e, Event::Writable { stream } if *stream == sid(1))),
+        "A was never told it may send"
+    );
+    assert_eq!(c.send_ready(&sid(1)), Ok(2));
+}
+
 #[test]
 fn api_misuse_is_refused_with_a_typed_error() {
     use execrelay_relay::endpoint::UseError;

@@ -1,6 +1,7 @@
 //! `execrelay serve`: parse the flags (one per setting, from `config.rs`, plus `--config
-//! FILE`), bind the listeners, print the bound URL as the first line of stdout, and hand
-//! everything to the composition root ([`crate::server::run`]). Nothing else lives here.
+//! FILE`), start the server (its process containment: [`Server::new`]), bind the listeners,
+//! print the bound URL as the first line of stdout, and hand everything to the composition
+//! root ([`Server::run`]). Nothing else lives here.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ConfigFlags, ServerConfig};
 use crate::link::environment::RelayDial;
 use crate::link::server::NoiseServerConfig;
-use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener};
+use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener, Server};
 use execrelay_relay::http::METRICS_PATH;
 
 /// Log output format.
@@ -200,15 +201,22 @@ pub fn main(args: ServeArgs) -> i32 {
             .as_deref()
             .map(parse_metrics_listen)
             .transpose()?;
-        Ok((config, listen, noise, relay, metrics))
+        // Containment (and its crash sweep) before anything is bound or printed: a backend
+        // named explicitly that cannot work here stops the start with its reason.
+        let server = Server::new(config)?;
+        Ok((server, listen, noise, relay, metrics))
     })();
-    let (config, listen, noise, relay, metrics) = match prepared {
+    let (server, listen, noise, relay, metrics) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             eprintln!("execrelay serve: {e}");
             return 2;
         }
     };
+    if let Err(e) = raise_descriptor_limit(server.registry().config().descriptor_reserve) {
+        eprintln!("execrelay serve: {e}");
+        return 2;
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -227,13 +235,45 @@ pub fn main(args: ServeArgs) -> i32 {
                 return 1;
             }
         };
-        crate::server::run(listeners, config, shutdown).await;
+        server.run(listeners, shutdown).await;
         0
     });
     // Do not wait for blocking helper threads: one may be parked in a read of a terminal
     // stdin that never ends, which would keep a signalled server alive forever.
     rt.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     code
+}
+
+/// Raise the soft limit of open files to the hard limit (issue 9 item 10) and log both; a
+/// limit that leaves nothing above the descriptor reserve would refuse every connection, so
+/// it is an error.
+fn raise_descriptor_limit(reserve: usize) -> anyhow::Result<()> {
+    use crate::bounds::descriptors::raise_nofile_limit;
+    match raise_nofile_limit() {
+        Ok((before, after)) => {
+            if after.soft > before.soft {
+                tracing::info!(
+                    "open files: soft limit raised from {} to {} (the hard limit)",
+                    before.soft,
+                    after.soft
+                );
+            } else {
+                tracing::info!(
+                    "open files: soft limit {} (hard limit {})",
+                    after.soft,
+                    after.hard
+                );
+            }
+            if after.soft <= reserve as u64 {
+                anyhow::bail!(
+                    "the open files limit ({}) is not above --descriptor-reserve ({reserve}): every connection would be refused",
+                    after.soft
+                );
+            }
+        }
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
+    Ok(())
 }
 
 /// Bind every listener; print the metrics URL on stderr and the bound URL as the first line

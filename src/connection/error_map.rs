@@ -18,9 +18,17 @@ impl From<SessionError> for RpcError {
             E::UnknownSession => RpcError::unknown_session(),
             E::TooManySessions(n) => RpcError::limit_reached("maxSessions", n as u64),
             E::TooManyProcesses(n) => RpcError::limit_reached("maxProcesses", n as u64),
+            E::QuotaReached { limit, value } => RpcError::limit_reached(limit, value as u64),
             E::ProcessExists(id) => RpcError::process_exists(&id),
             E::UnknownProcess(id) => RpcError::unknown_process(&id),
+            // Out of descriptors: say so plainly, the OS text alone reads like a client error.
+            E::Spawn(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                RpcError::internal(format!(
+                    "spawn failed: the server is out of file descriptors ({e})"
+                ))
+            }
             E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
+            E::Containment(e) => RpcError::internal(e.to_string()),
         }
     }
 }
@@ -82,6 +90,27 @@ mod tests {
         assert!(
             msg.starts_with("spawn failed: No such file or directory"),
             "{msg}"
+        );
+        let (code, msg) = wire(SessionError::Spawn(std::io::Error::from_raw_os_error(
+            libc::EMFILE,
+        )));
+        assert_eq!(code, -32603);
+        assert!(
+            msg.starts_with(
+                "spawn failed: the server is out of file descriptors (Too many open files"
+            ),
+            "{msg}"
+        );
+        let e: RpcError = SessionError::QuotaReached {
+            limit: "maxProcessesPerKey",
+            value: 5,
+        }
+        .into();
+        assert_eq!(e.code.code(), -32004);
+        assert_eq!(e.message, "limit reached: maxProcessesPerKey (5)");
+        assert_eq!(
+            e.data,
+            Some(json!({"limit": "maxProcessesPerKey", "value": 5}))
         );
     }
 

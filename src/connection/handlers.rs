@@ -14,12 +14,13 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES, MAX_PROCESS_ID_BYTES,
+    ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES,
+    MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES,
 };
 use crate::process::event_log::EventBody;
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
-use crate::process::{ProcessInfo, ProcessOptions};
+use crate::process::{check_term_size, ProcessInfo, ProcessOptions};
 use crate::rpc::jsonrpc::decode_params;
 use crate::rpc::messages::{
     AckParams, ProcessRef, ReadParams, ResizeParams, SignalParams, StartParams, StartResult,
@@ -87,8 +88,12 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
         }
         Method::ProcessTerminate => {
             let p: TerminateParams = decode_params(params)?;
+            let cfg = ctx.registry.config();
+            if let Some(g) = p.grace_ms {
+                within_cap("graceMs", g, "max_kill_grace_ms", cfg.max_kill_grace_ms)?;
+            }
             let running = match ctx.session.get(&p.process_id) {
-                Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)),
+                Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)).await,
                 Err(_) => false,
             };
             Ok(json!({ "running": running }).into())
@@ -106,9 +111,11 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
         Method::ServerInfo => Ok(server_info(&ctx.registry).into()),
         // Extension (not in protocol.md): a client that is done ends its session at once
         // instead of leaving it detached for detachedSessionTtlMs (it would count against
-        // maxSessions meanwhile). Its processes are terminated.
+        // maxSessions meanwhile). Answered once everything the session started is gone
+        // (bounded by max_kill_grace_ms and the kill's own bound).
         Method::SessionClose => {
             ctx.session.close();
+            ctx.session.terminated().await;
             Ok(json!({}).into())
         }
         // The processor routes only requests a client may call here.
@@ -117,7 +124,9 @@ pub async fn dispatch(ctx: &Ctx, method: Method, params: Value) -> Result<Reply,
 }
 
 fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
-    let proc = ctx.session.start(start_spec(p)?, ctx.conn_id)?;
+    let proc = ctx
+        .session
+        .start(start_spec(p, ctx.registry.config())?, ctx.conn_id)?;
     let result = serde_json::to_value(StartResult {
         process_id: proc.id.clone(),
         pid: proc.pid,
@@ -133,7 +142,11 @@ fn start(ctx: &Ctx, p: StartParams) -> Result<Reply, RpcError> {
 
 /// Validate `process/start` params and apply the defaults: the session takes only this
 /// (the messages of the `-32602` errors are part of the protocol).
-pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
+///
+/// Durations a client chooses are refused above the server's caps (`max_kill_grace_ms`,
+/// `max_drain_timeout_ms`, `max_timeout_ms`) with a message naming the cap, rather than
+/// clamped: a client learns at once that its value will not be honoured.
+pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, RpcError> {
     let n = p.process_id.len();
     if n == 0 || n > MAX_PROCESS_ID_BYTES {
         return Err(RpcError::invalid_params(format!(
@@ -151,6 +164,42 @@ pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
     if p.argv.iter().any(|a| a.contains('\0')) {
         return Err(RpcError::invalid_params("argv must not contain NUL"));
     }
+    for (name, value) in &p.env {
+        check_env(name, value.as_deref())?;
+    }
+    // One rule for terminal sizes, the same as `process/resize`'s (and the same error).
+    if let Some(size) = p.size {
+        check_term_size(size)?;
+    }
+    if let Some(t) = p.timeout_ms {
+        within_cap("timeoutMs", t, "max_timeout_ms", config.max_timeout_ms)?;
+    }
+    // A value the client left out is the default, lowered to the cap of a server configured
+    // below it (the client chose nothing that could be refused).
+    let drain = match p.drain_timeout_ms {
+        Some(d) => {
+            within_cap(
+                "drainTimeoutMs",
+                d,
+                "max_drain_timeout_ms",
+                config.max_drain_timeout_ms,
+            )?;
+            d
+        }
+        None => DEFAULT_DRAIN_TIMEOUT_MS.min(config.max_drain_timeout_ms),
+    };
+    let grace = match p.kill_grace_ms {
+        Some(g) => {
+            within_cap(
+                "killGraceMs",
+                g,
+                "max_kill_grace_ms",
+                config.max_kill_grace_ms,
+            )?;
+            g
+        }
+        None => DEFAULT_KILL_GRACE_MS.min(config.max_kill_grace_ms),
+    };
     Ok(StartSpec {
         spawn: SpawnSpec {
             argv: p.argv,
@@ -163,14 +212,43 @@ pub fn start_spec(p: StartParams) -> Result<StartSpec, RpcError> {
         options: ProcessOptions {
             timeout: p.timeout_ms.map(Duration::from_millis),
             output_cap: p.output_bytes_cap,
-            drain_timeout: Duration::from_millis(
-                p.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
-            ),
-            kill_grace: Duration::from_millis(p.kill_grace_ms.unwrap_or(DEFAULT_KILL_GRACE_MS)),
+            drain_timeout: Duration::from_millis(drain),
+            kill_grace: Duration::from_millis(grace),
             kill_group_on_exit: p.kill_process_group_on_exit,
         },
         process_id: p.process_id,
     })
+}
+
+/// `-32602` when a client's `value` of `member` is above the server's `cap` (named by its
+/// setting).
+fn within_cap(member: &str, value: u64, setting: &str, cap: u64) -> Result<(), RpcError> {
+    if value > cap {
+        return Err(RpcError::invalid_params(format!(
+            "{member} {value} is above this server's {setting} ({cap})"
+        )));
+    }
+    Ok(())
+}
+
+/// An environment entry the child can receive as given: a name that is not empty and holds
+/// no `=` (the first `=` of `NAME=value` ends the name, so `{"A=B": "C"}` would set `A` to
+/// `B=C`) and no NUL, and a value without NUL (C strings end there). The error names the
+/// variable.
+fn check_env(name: &str, value: Option<&str>) -> Result<(), RpcError> {
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        return Err(RpcError::invalid_params(format!(
+            "env name {} is invalid: it must be non-empty, without '=' or NUL",
+            json!(name)
+        )));
+    }
+    if value.is_some_and(|v| v.contains('\0')) {
+        return Err(RpcError::invalid_params(format!(
+            "env value of {} contains NUL",
+            json!(name)
+        )));
+    }
+    Ok(())
 }
 
 async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
@@ -199,11 +277,27 @@ async fn read(ctx: &Ctx, p: ReadParams) -> Result<Value, RpcError> {
 }
 
 async fn write(ctx: &Ctx, p: WriteParams) -> Result<Value, RpcError> {
-    let proc = ctx.session.get(&p.process_id)?;
+    let WriteParams {
+        process_id,
+        chunk,
+        write_id,
+    } = p;
+    if write_id
+        .as_ref()
+        .is_some_and(|id| id.len() > MAX_WRITE_ID_BYTES)
+    {
+        return Err(RpcError::invalid_params(format!(
+            "writeId must be at most {MAX_WRITE_ID_BYTES} bytes"
+        )));
+    }
+    let proc = ctx.session.get(&process_id)?;
     let data = base64::engine::general_purpose::STANDARD
-        .decode(p.chunk.as_bytes())
+        .decode(chunk.as_bytes())
         .map_err(|e| RpcError::invalid_params(format!("chunk is not valid base64: {e}")))?;
-    let status = proc.write(&data, p.write_id).await;
+    // The base64 text is not needed while the write waits for pipe space: hold only the
+    // bytes (three quarters of it).
+    drop(chunk);
+    let status = proc.write(&data, write_id).await;
     Ok(json!({ "status": status.as_str() }))
 }
 

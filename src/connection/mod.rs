@@ -20,5 +20,5 @@ pub mod processor;
 pub mod scheduler;
 
 pub use processor::{
-    ConnectionEnd, ConnectionOptions, ConnectionProcessor, HALF_CLOSE_DRAIN_TIMEOUT,
+    parse_cost, ConnectionEnd, ConnectionOptions, ConnectionProcessor, HALF_CLOSE_DRAIN_TIMEOUT,
 };

@@ -2,16 +2,21 @@
 //!
 //! It owns the connection's state machine (`initialize` → `initialized` → ready), the request
 //! classes of `protocol.md` §6 (control requests run at once, per-process requests through the
-//! [`Scheduler`]), the per-connection request limit, and the connection's writer task. When the
-//! connection ends, queued requests are skipped, in-flight ones (long polls included) end at
-//! once, and the session is detached (or closed, for stdio). It must never block its reader on
-//! a request: every request runs in its own task. Method names are parsed here, once, into a
+//! [`Scheduler`]), the per-connection request limits (a count, and a byte budget under the
+//! server's: each request's message is charged when read and given back once it is answered
+//! or skipped), the idle timeout, and the connection's writer task. When the connection ends,
+//! queued requests are skipped, in-flight ones (long polls included) end at once, and the
+//! session is detached (or closed, for stdio). It must never block its reader on a request:
+//! every request runs in its own task. Method names are parsed here, once, into a
 //! [`Method`]; everything after routes on the enum.
 
+use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +25,7 @@ use tracing::Instrument;
 use super::delivery::{run_writer, ControlMessage, OutputForm};
 use super::handlers::{self, Ctx, Reply};
 use super::scheduler::{Class, Scheduler};
+use crate::bounds::{ByteBudget, Charge, IdleTimer, OverBudget};
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
 use crate::rpc::jsonrpc::{decode_params, encode_error, encode_response, parse_inbound, Inbound};
@@ -43,6 +49,35 @@ pub const CONTROL_REQUEST_SLOTS: usize = 64;
 /// How long a closing connection waits for its writer to flush a final error.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A message charged at most this many bytes ([`parse_cost`]) whose method finishes at once
+/// (a control request, `process/ack`, `initialize`, `initialized`) is never refused for
+/// bytes: it is charged even past the budgets, so that a client whose budget is full of
+/// writes stuck on a child can still `terminate` it (such a request is under 1 KiB). Control
+/// requests in flight are capped by [`CONTROL_REQUEST_SLOTS`] and the others are answered by
+/// the reader itself, so a connection forces at most 65 × 16 KiB past its budget.
+pub const SMALL_MESSAGE_BYTES: usize = 16 * 1024;
+
+/// The name clients see in `data.limit` when a connection's request budget is full.
+pub const REQUEST_BUDGET_NAME: &str = "maxPendingRequestBytes";
+
+/// What one JSON value can take once parsed, beyond its text, at most: 128 bytes (a 32-byte
+/// `Value` in an array that may have doubled, or a map entry with its key and B-tree share,
+/// plus the smallest heap block of a short string). A message is charged its length plus this
+/// for every `,` `:` `[` `{` in it (each starts at most one value), *before* it is parsed:
+/// `[0,0,0,…]` would otherwise turn 16 MiB of text into half a gigabyte of tree. A write of
+/// base64 has a dozen such bytes.
+pub const PARSED_VALUE_BYTES: usize = 128;
+
+/// The bytes a message is charged: its text, plus [`PARSED_VALUE_BYTES`] per value it can
+/// hold (an upper bound of its parsed tree; the text is dropped once parsed).
+pub fn parse_cost(bytes: &[u8]) -> usize {
+    let values = memchr::memchr3_iter(b',', b':', b'[', bytes).count()
+        + memchr::memchr_iter(b'{', bytes).count();
+    bytes
+        .len()
+        .saturating_add(values.saturating_mul(PARSED_VALUE_BYTES))
+}
+
 /// Options of one connection.
 #[derive(Clone, Default)]
 pub struct ConnectionOptions {
@@ -55,6 +90,13 @@ pub struct ConnectionOptions {
     /// answered (long polls end at once), for at most [`HALF_CLOSE_DRAIN_TIMEOUT`], before the
     /// connection ends. On a WebSocket the peer is gone and nothing would reach it.
     pub answer_after_eof: bool,
+    /// The peer's IP address (a `ws://` connection's, a Noise link's), for the per-address
+    /// quotas of sessions and processes. `None` on stdio.
+    pub peer_addr: Option<IpAddr>,
+    /// Close the connection once it has been idle this long (`idle_connection_timeout_ms`):
+    /// no inbound message, no request in flight, no process of its session running or with
+    /// output left to write. `None` (stdio) never closes for idleness.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// After a half-close (see [`ConnectionOptions::answer_after_eof`]): how long requests already
@@ -75,6 +117,8 @@ pub enum ConnectionEnd {
     Evicted,
     /// Server shutdown.
     Shutdown,
+    /// Idle past [`ConnectionOptions::idle_timeout`].
+    Idle,
 }
 
 enum State {
@@ -101,6 +145,8 @@ pub struct ConnectionProcessor {
     scheduler: Scheduler,
     pending: Arc<Semaphore>,
     control_pending: Arc<Semaphore>,
+    /// `max_pending_request_bytes`, a child of the server's inbound budget.
+    budget: ByteBudget,
     state: State,
 }
 
@@ -123,6 +169,9 @@ impl ConnectionProcessor {
             );
             let ready = Arc::new(ReadySet::default());
             let form = Arc::new(OutputForm::default());
+            let registry_budget = registry
+                .inbound_budget()
+                .child(REQUEST_BUDGET_NAME, cfg.max_pending_request_bytes);
             let writer_cancel = CancellationToken::new();
             let cancel = CancellationToken::new();
             let binary_capable = transport.binary_messages;
@@ -150,6 +199,7 @@ impl ConnectionProcessor {
                 scheduler: Scheduler::default(),
                 pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
                 control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
+                budget: registry_budget,
                 state: State::AwaitInitialize,
             };
             tracing::debug!("connection open");
@@ -184,13 +234,33 @@ impl ConnectionProcessor {
         shutdown: &CancellationToken,
     ) -> ConnectionEnd {
         let evict = self.evict.clone();
+        let mut idle = self
+            .opts
+            .idle_timeout
+            .map(|timeout| IdleTimer::new(timeout, idle_now()));
         loop {
+            let idle_deadline = idle
+                .as_ref()
+                .map(|i| tokio::time::Instant::from_std(i.deadline()));
             let msg = tokio::select! {
                 biased;
                 _ = evict.cancelled() => return ConnectionEnd::Evicted,
                 _ = shutdown.cancelled() => return ConnectionEnd::Shutdown,
                 m = incoming.next() => m,
+                _ = sleep_until_some(idle_deadline) => {
+                    if let Some(i) = idle.as_mut() {
+                        let now = idle_now();
+                        i.observe(now, self.busy());
+                        if i.expired(now) {
+                            return ConnectionEnd::Idle;
+                        }
+                    }
+                    continue;
+                }
             };
+            if let Some(i) = idle.as_mut() {
+                i.touch(idle_now());
+            }
             match msg {
                 None => return ConnectionEnd::PeerClosed,
                 Some(Err(FramingError::TooLarge { limit })) => {
@@ -202,7 +272,7 @@ impl ConnectionProcessor {
                 }
                 Some(Err(e)) => return ConnectionEnd::FramingError(e.to_string()),
                 Some(Ok(bytes)) => {
-                    if let Some(end) = self.handle_message(&bytes).await {
+                    if let Some(end) = self.handle_message(bytes).await {
                         return end;
                     }
                 }
@@ -210,12 +280,38 @@ impl ConnectionProcessor {
         }
     }
 
+    /// Whether the connection has work: a request in flight, or a process of its session
+    /// running or with output not yet written. A busy connection is never idle.
+    fn busy(&self) -> bool {
+        let requests = self.pending.available_permits()
+            < self.registry.config().max_pending_requests
+            || self.control_pending.available_permits() < CONTROL_REQUEST_SLOTS;
+        if requests {
+            return true;
+        }
+        match &self.state {
+            State::AwaitInitialize => false,
+            State::AwaitInitialized(s) | State::Ready(s) => s
+                .processes()
+                .iter()
+                .any(|p| p.is_running() || p.stats().unwritten_bytes > 0),
+        }
+    }
+
     async fn send(&self, text: String) {
         let _ = self.control.send(ControlMessage::new(text)).await;
     }
 
-    async fn handle_message(&mut self, bytes: &[u8]) -> Option<ConnectionEnd> {
-        let inbound = match parse_inbound(bytes) {
+    async fn handle_message(&mut self, bytes: Vec<u8>) -> Option<ConnectionEnd> {
+        // Charged before it is parsed, for its text and the most its parsed tree can take;
+        // held until the request is answered.
+        let charge = match self.budget.try_charge(parse_cost(&bytes)) {
+            Ok(charge) => charge,
+            Err(over) => self.over_budget(&bytes, over).await?,
+        };
+        let inbound = parse_inbound(&bytes);
+        drop(bytes);
+        let inbound = match inbound {
             Ok(i) => i,
             Err(r) => {
                 self.send(self.error(&r.id, &r.error)).await;
@@ -232,10 +328,41 @@ impl ConnectionProcessor {
                 None
             }
             Inbound::Request { id, method, params } => {
-                self.handle_request(id, method, params).await;
+                self.handle_request(id, method, params, charge).await;
                 None
             }
         }
+    }
+
+    /// A message that does not fit the connection's budget (or the server's). A small one
+    /// that finishes at once is charged anyway ([`SMALL_MESSAGE_BYTES`]); a request is
+    /// answered `-32004` naming the full budget, and dropped unparsed; a notification is
+    /// dropped.
+    async fn over_budget(&self, bytes: &[u8], over: OverBudget) -> Option<Charge> {
+        let peek = serde_json::from_slice::<Peek>(bytes).ok();
+        let method = peek
+            .as_ref()
+            .and_then(|p| p.method.as_deref())
+            .and_then(Method::parse);
+        let finishes_at_once = method.is_some_and(|m| {
+            matches!(
+                m.class(),
+                MethodClass::Control | MethodClass::Ack | MethodClass::Setup
+            )
+        });
+        let cost = parse_cost(bytes);
+        if cost <= SMALL_MESSAGE_BYTES && finishes_at_once {
+            return Some(self.budget.force_charge(cost));
+        }
+        match peek.and_then(|p| p.id) {
+            Some(id) => {
+                tracing::debug!(limit = over.limit, bytes = bytes.len(), "request refused");
+                let e = RpcError::limit_reached(over.limit, over.max as u64);
+                self.send(self.error(&id, &e)).await;
+            }
+            None => tracing::debug!(limit = over.limit, "message dropped over budget"),
+        }
+        None
     }
 
     fn handle_notification(&mut self, method: &str, params: Value) {
@@ -248,7 +375,7 @@ impl ConnectionProcessor {
         }
     }
 
-    async fn handle_request(&mut self, id: Value, name: String, params: Value) {
+    async fn handle_request(&mut self, id: Value, name: String, params: Value, charge: Charge) {
         // The one place a method name is parsed.
         let method = Method::parse(&name);
         let session = match (&self.state, method) {
@@ -334,7 +461,7 @@ impl ConnectionProcessor {
                 }
             },
         };
-        self.spawn_request(id, method, params, session, slot, permit);
+        self.spawn_request(id, method, params, session, slot, (permit, charge));
     }
 
     /// Encode an error response, counting it by code.
@@ -349,7 +476,7 @@ impl ConnectionProcessor {
         params: Value,
         session: Arc<Session>,
         slot: Option<super::scheduler::Slot>,
-        permit: OwnedSemaphorePermit,
+        held: (OwnedSemaphorePermit, Charge),
     ) {
         let ctx = Ctx {
             session,
@@ -362,7 +489,9 @@ impl ConnectionProcessor {
         let span = tracing::debug_span!("request", %method);
         tokio::spawn(
             async move {
-                let _permit = permit;
+                // The request's slot and bytes are given back when this task ends: answered,
+                // or skipped because the connection closed.
+                let _held = held;
                 let mut slot = slot;
                 if let Some(s) = slot.as_mut() {
                     tokio::select! {
@@ -408,6 +537,7 @@ impl ConnectionProcessor {
             ready: self.ready.clone(),
             evict: self.evict.clone(),
             peer_key: self.opts.peer_key.clone(),
+            peer_addr: self.opts.peer_addr,
         };
         let (session, token, resumed) = match &p.resume {
             Some(r) => {
@@ -485,8 +615,58 @@ impl ConnectionProcessor {
     }
 }
 
+/// The idle clock: tokio's (so paused-time tests drive it), as a std instant for the sans-IO
+/// [`IdleTimer`].
+fn idle_now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Sleep until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The envelope of a message that did not fit its budget: enough to answer it, without
+/// building its params (serde skips them without allocating).
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default, borrow)]
+    method: Option<Cow<'a, str>>,
+}
+
 /// Every error response of a connection is encoded here, so each is counted once by code.
 fn counted_error(registry: &SessionRegistry, id: &Value, e: &RpcError) -> String {
     registry.metrics().rpc_error(e.code.code());
     encode_error(id, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_costs_its_text_plus_its_values() {
+        let write = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"process/write","params":{{"processId":"p","chunk":"{}"}}}}"#,
+            "QUJD".repeat(1000)
+        );
+        // `{` ×2, `:` ×6, `,` ×4.
+        assert_eq!(
+            parse_cost(write.as_bytes()),
+            write.len() + 12 * PARSED_VALUE_BYTES
+        );
+        // A tree of tiny values costs far more than its text.
+        let zeros = format!("[{}0]", "0,".repeat(1000));
+        assert_eq!(
+            parse_cost(zeros.as_bytes()),
+            zeros.len() + 1001 * PARSED_VALUE_BYTES
+        );
+        let terminate = r#"{"jsonrpc":"2.0","id":1,"method":"process/terminate","params":{"processId":"some-process","graceMs":2000}}"#;
+        assert!(parse_cost(terminate.as_bytes()) < SMALL_MESSAGE_BYTES);
+    }
 }

@@ -20,6 +20,7 @@ use futures_util::StreamExt;
 
 use super::dial::{dial, DialError, LinkTarget, TlsRoots};
 use super::virtual_stream::noise_transport;
+use crate::bounds::ByteBudget;
 use crate::noise::handshake::ClientHandshake;
 use crate::noise::keys::{fingerprint, Keypair, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
@@ -324,8 +325,14 @@ impl ClientLink {
                 return Err(NoiseError::ServerKey);
             }
         };
-        let (mut t, _end) =
-            noise_transport(stream, keys, self.cfg.max_message_bytes, self.url.clone());
+        // The server's messages are bounded by this client's own requests: no budget.
+        let (mut t, _end) = noise_transport(
+            stream,
+            keys,
+            self.cfg.max_message_bytes,
+            ByteBudget::unlimited(),
+            self.url.clone(),
+        );
         // The link lives as long as any of its streams.
         let keep = self.clone();
         t.incoming = Box::pin(t.incoming.map(move |m| {

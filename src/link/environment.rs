@@ -15,12 +15,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::dial::{dial, environment_url, TlsRoots};
-use super::server::{run_link, LinkContext};
+use super::dial::{dial, environment_url, LinkSocket, TlsRoots};
+use super::server::{run_link, LinkContext, LinkPeer};
 use crate::config::ServerConfig;
 use crate::noise::keys::{fingerprint, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
-use execrelay_relay::config::{HandshakeBudgetPolicy, HANDSHAKE_COOLDOWN};
 use execrelay_relay::driver::{recv_frame, send_frame};
 use execrelay_relay::env_handshake::EnvironmentHandshake;
 
@@ -114,10 +113,9 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
                 return;
             }
             attempt += 1;
-            let lived = tokio::select! {
-                _ = stop.cancelled() => return,
-                r = connect_and_serve(&dial_cfg, &url, &ctx, attempt) => r,
-            };
+            // Not raced against `stop` as a whole: a link that is up ends with the
+            // connections (the context's `shutdown`), after the exit notices went out.
+            let lived = connect_and_serve(&dial_cfg, &url, &ctx, attempt, &stop).await;
             let delay = backoff.delay(lived, random());
             tracing::info!(?delay, "dialling the relay again");
             tokio::select! {
@@ -130,14 +128,34 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
     .await
 }
 
-/// One attempt: dial, handshake, serve until the link ends. How long the link lived, if it
+/// One attempt: dial, handshake (abandoned when `stop` fires), serve until the link ends
+/// (with the context's `shutdown`, like every connection). How long the link lived, if it
 /// came up.
 async fn connect_and_serve(
     dial_cfg: &RelayDial,
     url: &str,
     ctx: &LinkContext,
     attempt: u64,
+    stop: &CancellationToken,
 ) -> Option<Duration> {
+    let ws = tokio::select! {
+        _ = stop.cancelled() => return None,
+        ws = establish(dial_cfg, url, ctx, attempt) => ws?,
+    };
+    let started = tokio::time::Instant::now();
+    let reason = run_link(ws, LinkPeer::Relay(format!("relay {url}")), ctx.clone()).await;
+    let lived = started.elapsed();
+    tracing::warn!(%reason, ?lived, "environment link lost");
+    Some(lived)
+}
+
+/// Dial the relay and run the link handshake: the link's WebSocket, ready for the engine.
+async fn establish(
+    dial_cfg: &RelayDial,
+    url: &str,
+    ctx: &LinkContext,
+    attempt: u64,
+) -> Option<LinkSocket> {
     let keys = &ctx.noise.keys;
     let mut ws = match dial(url, &dial_cfg.tls, LINK_HANDSHAKE_TIMEOUT).await {
         Ok(ws) => ws,
@@ -181,19 +199,7 @@ async fn connect_and_serve(
         return None;
     }
     tracing::info!(attempt, relay = %url, "environment link up");
-    let started = tokio::time::Instant::now();
-    let reason = run_link(
-        ws,
-        format!("relay {url}"),
-        ctx.clone(),
-        HandshakeBudgetPolicy::RefuseOpens {
-            cooldown: HANDSHAKE_COOLDOWN,
-        },
-    )
-    .await;
-    let lived = started.elapsed();
-    tracing::warn!(%reason, ?lived, "environment link lost");
-    Some(lived)
+    Some(ws)
 }
 
 #[cfg(test)]

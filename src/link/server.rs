@@ -21,20 +21,38 @@
 //! ([`HandshakeBudgetPolicy::CloseLink`]) or refuses new `OPEN`s on an environment link for a
 //! cool-down ([`HandshakeBudgetPolicy::RefuseOpens`]), never touching established streams.
 //!
+//! Bounds (issue 9) this module applies per link:
+//!
+//! - **Reassembly**: one budget per link ([`REASSEMBLY_BUDGET_NAME`],
+//!   `max_link_reassembly_bytes`, a child of the server's inbound budget); every stream's
+//!   opener charges its unfinished messages to it (`super::virtual_stream`), and a stream
+//!   whose message cannot grow is reset `busy` alone (counted as a `busy` Noise failure).
+//! - **Quotas and idleness per stream**: each stream's connection gets the client's key, the
+//!   link's peer address on a direct link (none through the relay, which hides the clients'
+//!   addresses) and `idle_connection_timeout_ms`.
+//! - **Idle links**: a direct link that holds no stream (pending or open) for
+//!   `idle_link_timeout_ms` is closed (not a failure). The environment link is never closed
+//!   for idleness: it is how clients reach this server at all.
+//! - The descriptor reserve is checked before a direct link is handed here (`crate::server`).
+//!
 //! Accepting links (the HTTP front, `max_links`) and dialling the relay belong to the
 //! composition root and `super::environment`; this module drives one link it is handed.
 
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::virtual_stream::noise_transport;
+use crate::bounds::{ByteBudget, IdleTimer};
 use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
@@ -44,7 +62,7 @@ use crate::noise::keys::{fingerprint, Keypair};
 use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps, TimestampError};
 use crate::session::SessionRegistry;
 use execrelay_relay::config::{
-    BucketConfig, EndpointConfig, HandshakeBudgetPolicy, KeepaliveConfig,
+    BucketConfig, EndpointConfig, HandshakeBudgetPolicy, KeepaliveConfig, HANDSHAKE_COOLDOWN,
 };
 use execrelay_relay::driver::{EndpointLink, OpenRequest};
 use execrelay_relay::frame::StreamId;
@@ -52,6 +70,97 @@ use execrelay_relay::reason::{CloseReason, Reason};
 
 /// The path physical links connect to.
 pub const LINK_PATH: &str = "/v1/link";
+
+/// The name clients and logs see when a link's reassembly budget is full.
+pub const REASSEMBLY_BUDGET_NAME: &str = "maxLinkReassemblyBytes";
+
+/// Who is at the other end of a link: what the quotas, the idle rule and the handshake budget
+/// make of it.
+#[derive(Debug, Clone)]
+pub enum LinkPeer {
+    /// One client connected directly (`noise+ws://`): its address counts toward the
+    /// per-address quotas of every stream, the link closes when it holds no stream for
+    /// `idle_link_timeout_ms`, and an empty handshake-failure budget closes it.
+    Direct(SocketAddr),
+    /// The relay (the environment link), named for logs: the clients' addresses are not known
+    /// here (the per-key quotas still apply), the link is kept while idle, and an empty
+    /// handshake-failure budget refuses new `OPEN`s for a cool-down instead of closing it
+    /// (other clients share the link).
+    Relay(String),
+}
+
+impl LinkPeer {
+    /// The address counted by the per-address quotas, on a direct link.
+    fn addr(&self) -> Option<IpAddr> {
+        match self {
+            LinkPeer::Direct(a) => Some(a.ip()),
+            LinkPeer::Relay(_) => None,
+        }
+    }
+
+    /// What an empty handshake-failure bucket does.
+    fn policy(&self) -> HandshakeBudgetPolicy {
+        match self {
+            LinkPeer::Direct(_) => HandshakeBudgetPolicy::CloseLink,
+            LinkPeer::Relay(_) => HandshakeBudgetPolicy::RefuseOpens {
+                cooldown: HANDSHAKE_COOLDOWN,
+            },
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            LinkPeer::Direct(a) => a.to_string(),
+            LinkPeer::Relay(name) => name.clone(),
+        }
+    }
+}
+
+/// What one link's streams share beside the [`LinkContext`].
+#[derive(Clone)]
+struct PerLink {
+    link: EndpointLink,
+    /// `max_link_reassembly_bytes` under the server's inbound budget.
+    reassembly: ByteBudget,
+    /// The peer address for the quotas (direct links only).
+    addr: Option<IpAddr>,
+    /// Names the link in logs.
+    name: String,
+    /// The streams this module holds on the link, for the idle rule.
+    live: LiveStreams,
+}
+
+/// The streams of one link this module holds: an `OPEN` being judged or authorized, or an
+/// accepted stream whose connection runs (until its close record and `RESET` are queued).
+/// This is the idle rule's "the link has a stream"; a stream's end wakes the link's loop at
+/// once, so an empty link is timed from the moment its last stream went. (The engine's own
+/// count also holds streams still flushing their last records, which would delay the clock.)
+#[derive(Clone, Default)]
+struct LiveStreams {
+    count: Arc<AtomicUsize>,
+    changed: Arc<Notify>,
+}
+
+impl LiveStreams {
+    fn enter(&self) -> LiveGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        LiveGuard(self.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+}
+
+/// One stream counted in [`LiveStreams`] while it is held.
+struct LiveGuard(LiveStreams);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_one();
+    }
+}
 
 /// What a Noise listener (or environment link) needs besides the [`ServerConfig`], whose
 /// link settings it uses.
@@ -120,21 +229,22 @@ fn ts_reason(e: &TimestampError) -> Reason {
     }
 }
 
+/// The idle clock's now: tokio's, so that paused-time tests drive it.
+fn idle_now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// Drive one physical link until it closes or the context's `shutdown` fires; returns why it
-/// ended. `peer` names it in logs; `policy` is what an empty handshake-failure bucket does
-/// (close a direct link, refuse new `OPEN`s on an environment link).
-pub async fn run_link<S>(
-    ws: WebSocketStream<S>,
-    peer: String,
-    ctx: LinkContext,
-    policy: HandshakeBudgetPolicy,
-) -> CloseReason
+/// ended. `peer` says who is at the other end ([`LinkPeer`]: quotas, idle rule, what an
+/// empty handshake-failure bucket does).
+pub async fn run_link<S>(ws: WebSocketStream<S>, peer: LinkPeer, ctx: LinkContext) -> CloseReason
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let metrics = ctx.registry.metrics().clone();
     let _live = GaugeGuard::new(&metrics.noise_links);
-    let cfg = endpoint_config(ctx.registry.config(), policy);
+    let config = ctx.registry.config();
+    let cfg = endpoint_config(config, peer.policy());
     let (link, mut incoming) = match EndpointLink::spawn_server(ws, cfg) {
         Ok(x) => x,
         Err(e) => {
@@ -142,17 +252,52 @@ where
             return CloseReason::Local;
         }
     };
+    let per_link = PerLink {
+        link: link.clone(),
+        reassembly: ctx
+            .registry
+            .inbound_budget()
+            .child(REASSEMBLY_BUDGET_NAME, config.max_link_reassembly_bytes),
+        addr: peer.addr(),
+        name: peer.name(),
+        live: LiveStreams::default(),
+    };
+    let live = per_link.live.clone();
+    // A direct link that holds no stream (pending or open) for the idle timeout is closed;
+    // the environment link never is (`None`).
+    let mut idle = match peer {
+        LinkPeer::Direct(_) => Some(IdleTimer::new(config.idle_link_timeout(), idle_now())),
+        LinkPeer::Relay(_) => None,
+    };
     tracing::info!("link open");
     loop {
+        // After every event: an `OPEN`, a stream's end, a deadline.
+        if let Some(idle) = idle.as_mut() {
+            idle.observe(idle_now(), live.any());
+        }
+        let idle_deadline = idle
+            .as_ref()
+            .map(|i| tokio::time::Instant::from_std(i.deadline()));
         tokio::select! {
             _ = ctx.shutdown.cancelled() => {
                 link.close();
                 break;
             }
             req = incoming.next() => match req {
-                Some(req) => on_open(&ctx, &link, req, &peer),
+                Some(req) => on_open(&ctx, &per_link, req),
                 None => break,
             },
+            _ = live.changed.notified() => {}
+            _ = sleep_until_some(idle_deadline) => {
+                if let Some(idle) = idle.as_mut() {
+                    idle.observe(idle_now(), live.any());
+                    if idle.expired(idle_now()) {
+                        tracing::info!("closing link: no stream within the idle timeout");
+                        link.close();
+                        break;
+                    }
+                }
+            }
         }
     }
     let reason = link.closed().await;
@@ -166,8 +311,17 @@ where
     reason
 }
 
+/// Sleep until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// One `OPEN`: message 1 and its `ts` here, in order; authorization and the stream in a task.
-fn on_open(ctx: &LinkContext, link: &EndpointLink, req: OpenRequest, peer: &str) {
+fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
+    let live = link.live.enter();
     let sid = req.stream();
     let metrics = ctx.registry.metrics();
     let pending = match read_hello(&ctx.noise.keys, &ctx.noise.env_id, &sid, req.payload()) {
@@ -202,7 +356,8 @@ fn on_open(ctx: &LinkContext, link: &EndpointLink, req: OpenRequest, peer: &str)
         req,
         pending,
         admission,
-        format!("{peer}/{}", short(&sid)),
+        format!("{}/{}", link.name, short(&sid)),
+        live,
     );
     ctx.tasks.spawn(task.in_current_span());
 }
@@ -210,11 +365,12 @@ fn on_open(ctx: &LinkContext, link: &EndpointLink, req: OpenRequest, peer: &str)
 /// Authorize, accept, and serve one stream until its connection ends.
 async fn stream_task(
     ctx: LinkContext,
-    link: EndpointLink,
+    link: PerLink,
     req: OpenRequest,
     pending: PendingHandshake,
     admission: Admission,
     peer: String,
+    _held: LiveGuard,
 ) {
     let sid = req.stream();
     let metrics = ctx.registry.metrics().clone();
@@ -229,7 +385,7 @@ async fn stream_task(
     // which waits for these tasks); dropping the request refuses the stream.
     let verdict = tokio::select! {
         r = authorizer.authorize(auth) => r,
-        _ = link.closed() => return,
+        _ = link.link.closed() => return,
         _ = ctx.shutdown.cancelled() => return,
     };
     if let Err(why) = verdict {
@@ -253,19 +409,33 @@ async fn stream_task(
     };
     let _live = GaugeGuard::new(&metrics.noise_streams);
     tracing::info!(stream = %short(&sid), client = %fingerprint(&client_key), "stream open");
-    let max = ctx.registry.config().max_message_bytes;
-    let (transport, end) = noise_transport(handle, keys, max, peer);
+    let config = ctx.registry.config();
+    // The stream's unfinished messages are charged to the link's reassembly budget, and each
+    // keeps its charge until the connection takes it.
+    let (transport, end) = noise_transport(
+        handle,
+        keys,
+        config.max_message_bytes,
+        link.reassembly.clone(),
+        peer,
+    );
     ConnectionProcessor::run(
         transport,
         ctx.registry.clone(),
         ConnectionOptions {
             close_session_on_end: false,
             peer_key: Some(client_key.to_vec()),
+            peer_addr: link.addr,
+            idle_timeout: Some(config.idle_connection_timeout()),
             ..ConnectionOptions::default()
         },
         ctx.shutdown.clone(),
     )
     .await;
-    // The client always learns its stream is gone: the authenticated close, then RESET.
-    end.close_with_record("closed").await;
+    // The client always learns its stream is gone: the authenticated close, then RESET (or
+    // the RESET alone, with the reason the stream failed for).
+    if let Some(failed) = end.close_with_record("closed").await {
+        tracing::info!(stream = %short(&sid), reason = %failed.as_str(), "stream reset");
+        metrics.noise_failure(failed.as_str());
+    }
 }

@@ -12,7 +12,10 @@
 //!   back to back share a record (one AEAD pass, one frame, one window slot).
 //! - **Inbound** ([`NoiseIncoming`]): the link reader only moves ciphertext into the stream's
 //!   bounded queue; this stream's consumer (the connection's reader task) decrypts and
-//!   reassembles messages when it polls, so several streams decrypt on several cores.
+//!   reassembles messages when it polls, so several streams decrypt on several cores. The
+//!   opener charges each unfinished message to the budget it is given (on the exec server
+//!   the link's reassembly budget; unlimited on a client) before it grows, and a completed
+//!   message keeps its charge until the consumer takes it from the transport.
 //!
 //! Flow control is the engine's: a consumer that stops polling stops acknowledging, so its
 //! peer's sender waits for credit; a writer whose peer stops acknowledging waits in
@@ -23,15 +26,14 @@
 //!
 //! A record that fails to decrypt (or does not reassemble) ends the inbound stream with an
 //! error and marks the stream failed; the sink then resets it (`bad_record`) instead of
-//! writing. When the sink is dropped it hands its sending half back through
+//! writing. So does an unfinished message over its budget (`busy`). When the sink is dropped it hands its sending half back through
 //! [`StreamEnd`], so the exec server can send the authenticated close record (§4) before
 //! the stream's `RESET` (§8).
 
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -39,11 +41,13 @@ use bytes::Bytes;
 use futures_util::{Sink, Stream};
 use tokio::sync::oneshot;
 
+use crate::bounds::{ByteBudget, Charge};
 use crate::noise::handshake::TransportKeys;
 use crate::noise::record::{
     length_prefix, Opened, RecordError, RecordOpener, KIND_CLOSE, KIND_STREAM, MAX_CLOSE_REASON,
     MAX_RECORD_BODY, TAG_BYTES,
 };
+use crate::sync::lock;
 use crate::transport::{FramingError, OutMessage, Transport};
 use execrelay_relay::driver::{StreamHandle, StreamReceiver, StreamSender};
 use execrelay_relay::reason::Reason;
@@ -59,8 +63,20 @@ pub const CLOSE_RECORD_TIMEOUT: Duration = Duration::from_secs(5);
 /// State shared by the two halves of one stream.
 #[derive(Debug, Default)]
 struct Flags {
-    /// A record failed: the stream is reset `bad_record`, never written to again.
-    bad_record: AtomicBool,
+    /// The inbound half failed (`bad_record`: a record that does not open or reassemble;
+    /// `busy`: an unfinished message over its budget): the stream is reset with it, never
+    /// written to again.
+    failed: Mutex<Option<Reason>>,
+}
+
+impl Flags {
+    fn failed(&self) -> Option<Reason> {
+        *lock(&self.failed)
+    }
+
+    fn fail(&self, reason: Reason) {
+        lock(&self.failed).get_or_insert(reason);
+    }
 }
 
 /// What the sink hands back when it is dropped: the sending half (unless the stream was
@@ -68,7 +84,7 @@ struct Flags {
 pub struct SinkReturn {
     sender: Option<StreamSender>,
     keys: TransportKeys,
-    bad_record: bool,
+    failed: Option<Reason>,
 }
 
 /// The owner's grip on a stream's end: receives the sending half back from the sink.
@@ -79,14 +95,17 @@ pub struct StreamEnd {
 impl StreamEnd {
     /// Once the transport's sink is gone: send the authenticated close record with `reason`
     /// (waiting at most [`CLOSE_RECORD_TIMEOUT`] for credit), then finish the stream (its
-    /// `RESET` follows the record). A stream that failed is reset `bad_record` instead.
-    pub async fn close_with_record(self, reason: &str) {
-        let Ok(ret) = self.rx.await else { return };
-        let Some(mut sender) = ret.sender else { return };
-        if ret.bad_record {
-            sender.reset(Reason::BadRecord);
-            return;
+    /// `RESET` follows the record). A stream whose inbound half failed is reset with the
+    /// failure's reason instead (if the sink did not already), which is returned.
+    pub async fn close_with_record(self, reason: &str) -> Option<Reason> {
+        let Ok(ret) = self.rx.await else { return None };
+        if let Some(failed) = ret.failed {
+            if let Some(sender) = ret.sender {
+                sender.reset(failed);
+            }
+            return Some(failed);
         }
+        let mut sender = ret.sender?;
         let mut end = reason.len().min(MAX_CLOSE_REASON);
         while !reason.is_char_boundary(end) {
             end -= 1;
@@ -110,6 +129,7 @@ impl StreamEnd {
             Ok(Err(_)) => {}
             Err(_) => sender.reset(Reason::Closed),
         }
+        None
     }
 }
 
@@ -125,11 +145,13 @@ fn seal(keys: &TransportKeys, seq: u64, kind: u8, body: &[u8]) -> Result<Bytes, 
     Ok(Bytes::from(buf))
 }
 
-/// Build the transport of an established stream. `peer` names it in logs.
+/// Build the transport of an established stream. Unfinished inbound messages are charged to
+/// `budget` (see the module docs); `peer` names the stream in logs.
 pub fn noise_transport(
     handle: StreamHandle,
     keys: TransportKeys,
     max_message_bytes: usize,
+    budget: ByteBudget,
     peer: String,
 ) -> (Transport, StreamEnd) {
     let (receiver, sender) = handle.split();
@@ -137,7 +159,7 @@ pub fn noise_transport(
     let (tx, rx) = oneshot::channel();
     let incoming = NoiseIncoming {
         receiver,
-        opener: RecordOpener::new(keys.clone(), max_message_bytes),
+        opener: RecordOpener::with_budget(keys.clone(), max_message_bytes, budget),
         queue: VecDeque::new(),
         done: false,
         flags: flags.clone(),
@@ -165,7 +187,8 @@ pub fn noise_transport(
 pub struct NoiseIncoming {
     receiver: StreamReceiver,
     opener: RecordOpener,
-    queue: VecDeque<Vec<u8>>,
+    /// Messages one record completed, each with its charge (given back as it is taken).
+    queue: VecDeque<(Vec<u8>, Charge)>,
     done: bool,
     flags: Arc<Flags>,
 }
@@ -176,7 +199,9 @@ impl Stream for NoiseIncoming {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let me = self.get_mut();
         loop {
-            if let Some(m) = me.queue.pop_front() {
+            // The consumer takes the message (and charges it to its own budget): its charge
+            // here is given back.
+            if let Some((m, _charge)) = me.queue.pop_front() {
                 return Poll::Ready(Some(Ok(m)));
             }
             if me.done {
@@ -184,12 +209,26 @@ impl Stream for NoiseIncoming {
             }
             match ready!(me.receiver.poll_recv(cx)) {
                 Ok((seq, payload)) => match me.opener.open_owned(seq, payload) {
-                    Ok(Opened::Messages(msgs)) => me.queue.extend(msgs),
+                    Ok(Opened::Messages(msgs)) => {
+                        // In order: each message takes the oldest charge.
+                        for m in msgs {
+                            let charge = me.opener.take_charge();
+                            me.queue.push_back((m, charge));
+                        }
+                    }
                     // The peer closed on purpose: the end of its messages.
                     Ok(Opened::Close(_)) => me.done = true,
+                    Err(RecordError::OverBudget(e)) => {
+                        // An unfinished message that cannot get its bytes: this stream alone.
+                        me.done = true;
+                        me.flags.fail(Reason::Busy);
+                        return Poll::Ready(Some(Err(FramingError::Protocol(format!(
+                            "stream reset: {e}"
+                        )))));
+                    }
                     Err(e) => {
                         me.done = true;
-                        me.flags.bad_record.store(true, Ordering::Release);
+                        me.flags.fail(Reason::BadRecord);
                         return Poll::Ready(Some(Err(FramingError::Protocol(format!(
                             "bad record: {e}"
                         )))));
@@ -299,11 +338,11 @@ impl NoiseSink {
         Poll::Ready(Ok(()))
     }
 
-    /// A record failed on the inbound half: reset the stream now.
+    /// The inbound half failed: reset the stream now, with its reason.
     fn check_failed(&mut self) -> io::Result<()> {
-        if self.flags.bad_record.load(Ordering::Acquire) {
+        if let Some(reason) = self.flags.failed() {
             if let Some(s) = self.sender.take() {
-                s.reset(Reason::BadRecord);
+                s.reset(reason);
             }
             return Err(gone());
         }
@@ -373,13 +412,13 @@ impl Drop for NoiseSink {
         let ret = SinkReturn {
             sender: self.sender.take(),
             keys: self.keys.clone(),
-            bad_record: self.flags.bad_record.load(Ordering::Acquire),
+            failed: self.flags.failed(),
         };
         if let Some(tx) = self.ret.take() {
             // Nobody waiting: dropping the sender finishes the stream (`RESET closed`).
             if let Err(ret) = tx.send(ret) {
-                if let (Some(s), true) = (ret.sender, ret.bad_record) {
-                    s.reset(Reason::BadRecord);
+                if let (Some(s), Some(failed)) = (ret.sender, ret.failed) {
+                    s.reset(failed);
                 }
             }
         }
@@ -413,8 +452,14 @@ mod tests {
         let Accepted { stream, .. } = opening.await.unwrap();
         let ck = Arc::new(cipher::TransportKeys::from_split(true, [1; 32], [2; 32]).unwrap());
         let sk = Arc::new(cipher::TransportKeys::from_split(false, [1; 32], [2; 32]).unwrap());
-        let (ct, _) = noise_transport(stream, ck, 1 << 24, "c".into());
-        let (st, _) = noise_transport(server_handle, sk, 1 << 24, "s".into());
+        let (ct, _) = noise_transport(stream, ck, 1 << 24, ByteBudget::unlimited(), "c".into());
+        let (st, _) = noise_transport(
+            server_handle,
+            sk,
+            1 << 24,
+            ByteBudget::unlimited(),
+            "s".into(),
+        );
         (ct, st, client)
     }
 

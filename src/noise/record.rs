@@ -5,8 +5,16 @@
 //! stream bytes, kind 1 is the authenticated close with a reason. The stream bytes carry
 //! JSON-RPC messages, each behind a 4-byte big-endian length, cut into records at any point.
 //! This module never logs plaintext.
+//!
+//! The bytes of an unfinished message are charged to a [`ByteBudget`] before the deframer
+//! grows it (the link's, under the server's, on the exec server; unlimited on a client): a
+//! message that cannot get its bytes fails its stream ([`RecordError::OverBudget`]) and
+//! nothing else. A completed message keeps its charge until the caller takes it
+//! ([`RecordOpener::take_charge`], to hand it on with the message until its consumer has it)
+//! or opens the next record (then it is given back).
 
 use super::handshake::TransportKeys;
+use crate::bounds::{ByteBudget, Charge, OverBudget};
 
 /// Noise tag length.
 pub const TAG_BYTES: usize = 16;
@@ -48,6 +56,10 @@ pub enum RecordError {
     /// A message longer than its 4-byte length prefix can declare.
     #[error("message of {0} bytes is too long for a length prefix")]
     MessageTooLong(usize),
+    /// An unfinished message could not get the bytes it needs from its budget (the link's or
+    /// the server's): its stream is reset, the others go on.
+    #[error("unfinished message over budget: {0}")]
+    OverBudget(OverBudget),
 }
 
 /// The 4-byte big-endian length prefix of a message (`secure-transport.md` §4), refused for a
@@ -251,12 +263,20 @@ pub struct RecordOpener {
 }
 
 impl RecordOpener {
-    /// An opener refusing messages over `max_message_bytes`.
+    /// An opener refusing messages over `max_message_bytes`, holding unfinished ones without
+    /// a budget (a client, whose server's messages are bounded by its own requests).
     pub fn new(keys: TransportKeys, max_message_bytes: usize) -> Self {
+        Self::with_budget(keys, max_message_bytes, ByteBudget::unlimited())
+    }
+
+    /// An opener whose unfinished messages are charged to `budget` (on the exec server: the
+    /// link's reassembly budget, a child of the server's inbound budget). A record whose
+    /// message cannot grow within it fails with [`RecordError::OverBudget`].
+    pub fn with_budget(keys: TransportKeys, max_message_bytes: usize, budget: ByteBudget) -> Self {
         RecordOpener {
             keys,
             window: ReplayWindow::default(),
-            deframer: MessageDeframer::new(max_message_bytes),
+            deframer: MessageDeframer::with_budget(max_message_bytes, budget),
             scratch: Vec::new(),
         }
     }
@@ -305,6 +325,14 @@ impl RecordOpener {
     pub fn highest(&self) -> u64 {
         self.window.highest()
     }
+
+    /// The charge of the oldest message the last opened record completed (and not yet
+    /// taken), in the order of [`Opened::Messages`]; nothing once they are all taken. Keep it
+    /// with the message until its consumer holds it: charges not taken are given back when
+    /// the next record is opened.
+    pub fn take_charge(&mut self) -> Charge {
+        self.deframer.take_charge()
+    }
 }
 
 /// What an opened record completed.
@@ -322,7 +350,8 @@ pub const MAX_MESSAGE_RESERVE: usize = 1 << 20;
 
 /// Reassembles length-prefixed messages from stream bytes. A length of 0 or over the limit is
 /// refused as soon as its prefix is read, before any of the message is buffered. Each byte is
-/// copied once, into the message it belongs to.
+/// copied once, into the message it belongs to. The unfinished message's capacity is charged
+/// to the deframer's budget before it is allocated, and given back when it is complete.
 #[derive(Debug)]
 pub struct MessageDeframer {
     max: usize,
@@ -330,35 +359,69 @@ pub struct MessageDeframer {
     prefix_len: usize,
     /// The message being assembled and its declared length.
     partial: Option<(Vec<u8>, usize)>,
+    budget: ByteBudget,
+    /// The partial message's capacity, held against `budget`.
+    charge: Charge,
+    /// The charges of the messages the last `push` completed, oldest first, until taken.
+    completed: std::collections::VecDeque<Charge>,
 }
 
 impl MessageDeframer {
-    /// A deframer refusing messages over `max` bytes.
+    /// A deframer refusing messages over `max` bytes, without a budget.
     pub fn new(max: usize) -> Self {
+        Self::with_budget(max, ByteBudget::unlimited())
+    }
+
+    /// A deframer refusing messages over `max` bytes and charging unfinished ones to
+    /// `budget`.
+    pub fn with_budget(max: usize, budget: ByteBudget) -> Self {
         MessageDeframer {
             max,
             prefix: [0; 4],
             prefix_len: 0,
             partial: None,
+            budget,
+            charge: Charge::none(),
+            completed: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The charge of the oldest message the last `push` completed that was not yet taken.
+    pub fn take_charge(&mut self) -> Charge {
+        self.completed.pop_front().unwrap_or_default()
+    }
+
+    /// Bytes of unfinished message held (and charged) now.
+    pub fn held_bytes(&self) -> usize {
+        self.charge.bytes()
     }
 
     /// Add stream bytes; returns the messages they complete.
     pub fn push(&mut self, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, RecordError> {
+        // Charges of earlier messages nobody took: their messages are the caller's now.
+        self.completed.clear();
         let mut out = Vec::new();
         while !bytes.is_empty() {
             match self.partial.take() {
                 Some((mut msg, want)) => {
                     let take = (want - msg.len()).min(bytes.len());
                     if msg.capacity() - msg.len() < take {
-                        // Grow by doubling, but never past the declared length.
+                        // Grow by doubling, but never past the declared length; charged
+                        // before it is allocated.
                         let target = (msg.len() * 2).max(msg.len() + take).min(want);
+                        let grow = target.saturating_sub(msg.capacity());
+                        if let Err(e) = self.charge.try_grow(grow) {
+                            self.partial = Some((msg, want));
+                            return Err(RecordError::OverBudget(e));
+                        }
                         msg.reserve_exact(target - msg.len());
                     }
                     msg.extend_from_slice(&bytes[..take]);
                     bytes = &bytes[take..];
                     if msg.len() == want {
                         out.push(msg);
+                        // Complete: its charge goes with it, until the caller takes it.
+                        self.completed.push_back(std::mem::take(&mut self.charge));
                     } else {
                         self.partial = Some((msg, want));
                     }
@@ -376,8 +439,12 @@ impl MessageDeframer {
                             Ok(len) if len != 0 && len <= self.max => len,
                             _ => return Err(RecordError::BadLength(u64::from(declared))),
                         };
-                        self.partial =
-                            Some((Vec::with_capacity(len.min(MAX_MESSAGE_RESERVE)), len));
+                        let reserve = len.min(MAX_MESSAGE_RESERVE);
+                        self.charge = self
+                            .budget
+                            .try_charge(reserve)
+                            .map_err(RecordError::OverBudget)?;
+                        self.partial = Some((Vec::with_capacity(reserve), len));
                     }
                 }
             }
@@ -576,6 +643,75 @@ mod tests {
         assert_eq!(length_prefix(u32::MAX as usize), Ok([0xff; 4]));
         let over = u32::MAX as usize + 1;
         assert_eq!(length_prefix(over), Err(RecordError::MessageTooLong(over)));
+    }
+
+    /// Unfinished messages are charged before they grow, the link's budget is shared by its
+    /// streams, a stream that cannot get bytes fails alone, and a completed message gives
+    /// its bytes back.
+    #[test]
+    fn unfinished_messages_are_charged_to_the_budget() {
+        const R: usize = MAX_MESSAGE_RESERVE;
+        let server = ByteBudget::new("maxInboundBytes", 1 << 30);
+        let link = server.child("maxLinkReassemblyBytes", 3 * R);
+        let len = 2 * R;
+        let body = vec![7u8; len];
+        let mut a = MessageDeframer::with_budget(len, link.clone());
+        let mut b = MessageDeframer::with_budget(len, link.clone());
+        assert_eq!(a.push(&(len as u32).to_be_bytes()), Ok(vec![]));
+        assert_eq!(a.held_bytes(), R, "the first reserve is charged");
+        assert_eq!(server.used(), R);
+        assert_eq!(a.push(&body[..R]), Ok(vec![]));
+        assert_eq!(
+            a.held_bytes(),
+            R,
+            "filling the reserve charges nothing more"
+        );
+        // One more byte: it doubles to its declared length, charged first.
+        assert_eq!(a.push(&body[R..R + 1]), Ok(vec![]));
+        assert_eq!(a.held_bytes(), 2 * R);
+        // `b` gets the last MiB of the link's budget, then cannot grow: it fails, `a` goes on.
+        assert_eq!(b.push(&(len as u32).to_be_bytes()), Ok(vec![]));
+        assert_eq!(link.used(), 3 * R);
+        assert_eq!(
+            b.push(&body[..R + 1]),
+            Err(RecordError::OverBudget(OverBudget {
+                limit: "maxLinkReassemblyBytes",
+                max: 3 * R
+            }))
+        );
+        drop(b);
+        assert_eq!(link.used(), 2 * R, "a dropped stream gives back");
+        // `a` completes within its charge; the charge goes with the message until taken.
+        let got = a.push(&body[R + 1..]).unwrap();
+        assert_eq!(got, vec![body]);
+        assert_eq!(a.held_bytes(), 0);
+        let charge = a.take_charge();
+        assert_eq!((charge.bytes(), link.used()), (2 * R, 2 * R));
+        assert_eq!(a.take_charge().bytes(), 0, "one charge per message");
+        drop(charge);
+        assert_eq!((link.used(), server.used()), (0, 0));
+        // A charge nobody takes is given back at the next push.
+        assert_eq!(a.push(&[0, 0, 0, 1, b'x']), Ok(vec![b"x".to_vec()]));
+        assert_eq!(link.used(), 1);
+        assert_eq!(a.push(&[0, 0]), Ok(vec![]));
+        assert_eq!(link.used(), 0);
+    }
+
+    #[test]
+    fn a_full_server_budget_fails_the_stream_at_the_prefix() {
+        let server = ByteBudget::new("maxInboundBytes", 10);
+        let mut d = MessageDeframer::with_budget(100, server.child("link", 100));
+        assert_eq!(
+            d.push(&[0, 0, 0, 11]),
+            Err(RecordError::OverBudget(OverBudget {
+                limit: "maxInboundBytes",
+                max: 10
+            }))
+        );
+        let mut d = MessageDeframer::with_budget(100, server.child("link", 100));
+        assert_eq!(d.push(&[0, 0, 0, 2, b'o', b'k']), Ok(vec![b"ok".to_vec()]));
+        drop(d.take_charge());
+        assert_eq!(server.used(), 0);
     }
 
     #[test]

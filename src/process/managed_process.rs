@@ -1,12 +1,16 @@
 //! One running (or exited) process as the server knows it: its event log, stdin, PTY, and
 //! the control operations of `protocol.md` §4 (signal, terminate, resize, write, read).
 //!
+//! Signals reach the process group by identity only ([`ManagedProcess::signal_group`]):
+//! `killpg` through the [`DirectChild`] while the leader is unreaped (its number cannot name
+//! anyone else's group then), afterwards each member still in the session's scope by pidfd.
+//! It never signals by a bare pid or group id.
+//!
 //! Shared as `Arc<ManagedProcess>` between the session, the output pumps, the supervisor and
 //! connection writers. All state a peer can change sits behind short, non-async locks; the
 //! only async lock is stdin's, held by at most one write at a time. It never spawns (that is
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -17,13 +21,13 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::containment::{ContainmentError, Delivery, DirectChild, SessionScope};
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
-use super::signals;
 use super::spawn::{InputWriter, PtyControl};
-use crate::config::RETAINED_WRITE_IDS;
+use super::write_ids::WriteIds;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
 use crate::rpc::notification::json_string;
@@ -138,21 +142,7 @@ pub(crate) struct Inner {
 struct StdinState {
     writer: Option<InputWriter>,
     closed: bool,
-    ids: HashSet<String>,
-    order: VecDeque<String>,
-}
-
-impl StdinState {
-    fn remember(&mut self, id: String) {
-        if self.ids.insert(id.clone()) {
-            self.order.push_back(id);
-            while self.order.len() > RETAINED_WRITE_IDS {
-                if let Some(old) = self.order.pop_front() {
-                    self.ids.remove(&old);
-                }
-            }
-        }
-    }
+    ids: WriteIds,
 }
 
 /// A process of a session.
@@ -183,6 +173,10 @@ pub struct ManagedProcess {
     stdin: tokio::sync::Mutex<StdinState>,
     pty: Option<PtyControl>,
     delivery: Mutex<Option<Arc<ReadySet>>>,
+    /// The direct child by pidfd: group signals while it is unreaped, and its reap.
+    pub(crate) direct: Arc<DirectChild>,
+    /// The session's scope: the group's members once the leader was reaped.
+    scope: Arc<SessionScope>,
     /// The server's counters (bytes in and out, blocked delivery time).
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -201,6 +195,8 @@ impl ManagedProcess {
         stdin: Option<InputWriter>,
         pty: Option<PtyControl>,
         metrics: Arc<Metrics>,
+        direct: Arc<DirectChild>,
+        scope: Arc<SessionScope>,
     ) -> Self {
         let drain = OutputDrain::new(opts.drain_timeout, streams);
         ManagedProcess {
@@ -227,12 +223,13 @@ impl ManagedProcess {
             stdin: tokio::sync::Mutex::new(StdinState {
                 writer: stdin,
                 closed: false,
-                ids: HashSet::new(),
-                order: VecDeque::new(),
+                ids: WriteIds::default(),
             }),
             pty,
             delivery: Mutex::new(None),
             metrics,
+            direct,
+            scope,
         }
     }
 
@@ -357,22 +354,67 @@ impl ManagedProcess {
         }
     }
 
-    /// `process/signal`: to the process group; nothing once the child exited.
+    /// `process/signal`: to the process group; nothing once the child exited (`protocol.md`
+    /// §4: "a process that already exited: nothing is sent").
     pub fn signal(&self, sig: Signal) -> Result<(), ProcessError> {
         if !self.is_running() {
             return Ok(());
         }
-        signals::signal_group(self.pid, sig)
+        // `Gone`: reaped since the check; nothing is sent, as for an exited process.
+        self.direct
+            .signal_group(sig)
             .map(|_| ())
             .map_err(ProcessError::Signal)
     }
 
-    /// `process/terminate`: SIGTERM to the group now, SIGKILL after `grace` if any member is
-    /// alive. Returns whether the child was still running.
-    pub fn terminate(&self, grace: Option<Duration>) -> bool {
+    /// Send `sig` to the process group by identity: `killpg` while the direct child is
+    /// unreaped, otherwise each member of the group still in the session's scope, by pidfd
+    /// (the group's number may belong to someone else by then). Returns whether any process
+    /// was reached.
+    pub async fn signal_group(&self, sig: Signal) -> Result<bool, ProcessError> {
+        match self
+            .direct
+            .signal_group(sig)
+            .map_err(ProcessError::Signal)?
+        {
+            Delivery::Delivered => Ok(true),
+            Delivery::Gone => {
+                let (scope, pgid) = (self.scope.clone(), self.pid);
+                // A walk of `/proc` or the cgroup's member list: off the runtime's threads.
+                let n = tokio::task::spawn_blocking(move || {
+                    scope.signal_group_members(pgid, Some(sig))
+                })
+                .await
+                .map_err(|e| ProcessError::Signal(std::io::Error::other(e.to_string())))?
+                .map_err(|e| ProcessError::Signal(containment_io(e)))?;
+                Ok(n > 0)
+            }
+        }
+    }
+
+    /// `process/terminate`: SIGTERM to the group now, SIGKILL to what is left of it after
+    /// `grace` (default: the process's `killGraceMs`). Both by identity
+    /// ([`signal_group`](Self::signal_group)): for a process that already exited, only
+    /// members of its group still in the session are reached, never a group that reused its
+    /// number. Returns whether the child was still running.
+    pub async fn terminate(self: &Arc<Self>, grace: Option<Duration>) -> bool {
         let running = self.is_running();
         let grace = grace.unwrap_or(self.opts.kill_grace);
-        terminate_group(self.pid, grace);
+        match self.signal_group(Signal::SIGTERM).await {
+            Ok(true) => {}
+            // Nothing of the group is left: no SIGKILL to schedule.
+            Ok(false) => return running,
+            Err(e) => {
+                tracing::warn!(pgid = self.pid, error = %e, "SIGTERM to the process group failed")
+            }
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if let Err(e) = me.signal_group(Signal::SIGKILL).await {
+                tracing::warn!(pgid = me.pid, error = %e, "SIGKILL to the process group failed");
+            }
+        });
         running
     }
 
@@ -381,12 +423,10 @@ impl ManagedProcess {
         let Some(pty) = &self.pty else {
             return Err(ProcessError::NotTty(self.id.clone()));
         };
-        if size.rows == 0 || size.cols == 0 {
-            return Err(ProcessError::ZeroSize);
-        }
+        check_term_size(size)?;
         pty.resize(size).map_err(ProcessError::Resize)?;
         if self.is_running() {
-            let _ = signals::signal_group(self.pid, Signal::SIGWINCH);
+            let _ = self.direct.signal_group(Signal::SIGWINCH);
         }
         Ok(())
     }
@@ -420,7 +460,7 @@ impl ManagedProcess {
             Ok(()) => {
                 self.metrics.stdin_bytes.inc_by(data.len() as u64);
                 if let Some(id) = write_id {
-                    st.remember(id);
+                    st.ids.remember(&id);
                 }
                 WriteStatus::Accepted
             }
@@ -514,36 +554,28 @@ impl ManagedProcess {
         }
     }
 
-    /// End this process's life in the server: kill the group and stop the pumps.
+    /// The session is over: stop the pumps (nobody will read the output again). Killing is
+    /// the session's business: its scope is killed whole (`Session::close`).
     pub fn abandon(&self) {
-        if self.is_running() || !self.finished.is_cancelled() {
-            terminate_group(self.pid, self.opts.kill_grace);
-        }
         self.abandoned.cancel();
         self.changed.notify_waiters();
     }
 }
 
-/// SIGTERM to the group now; SIGKILL after `grace` if any member is still alive.
-pub(crate) fn terminate_group(pgid: u32, grace: Duration) {
-    match signals::signal_group(pgid, Signal::SIGTERM) {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => tracing::warn!(pgid, error = %e, "SIGTERM to process group failed"),
+/// The one rule for terminal sizes, at `process/start` and `process/resize` alike: rows and
+/// columns are positive (a 0×0 terminal is refused, with the same error, on both paths).
+pub fn check_term_size(size: TermSize) -> Result<(), ProcessError> {
+    if size.rows == 0 || size.cols == 0 {
+        return Err(ProcessError::ZeroSize);
     }
-    let kill = async move {
-        tokio::time::sleep(grace).await;
-        if signals::group_alive(pgid) {
-            let _ = signals::signal_group(pgid, Signal::SIGKILL);
-        }
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => {
-            h.spawn(kill);
-        }
-        Err(_) => {
-            let _ = signals::signal_group(pgid, Signal::SIGKILL);
-        }
+    Ok(())
+}
+
+/// A containment failure as the I/O error it carries (or wraps).
+fn containment_io(e: ContainmentError) -> std::io::Error {
+    match e {
+        ContainmentError::Io(e) => e,
+        other => std::io::Error::other(other.to_string()),
     }
 }
 

@@ -12,7 +12,9 @@
 //! - [`output_pump`]: the pump and supervisor tasks.
 //! - [`managed_process`]: one process's state and control operations.
 //! - [`ready_set`]: the queue of processes with unwritten events, one per connection.
-//! - [`signals`]: signal names and process-group signalling.
+//! - [`write_ids`]: the `writeId`s a process remembers (each stored once).
+//! - [`signals`]: signal names (signalling itself is by identity: `managed_process.rs` through
+//!   `containment/`).
 //! - [`error`]: the typed [`ProcessError`].
 //!
 //! Only this module spawns children. It returns typed values and errors: it must never build
@@ -28,7 +30,10 @@ pub mod output_pump;
 pub mod ready_set;
 pub mod signals;
 pub mod spawn;
+pub mod write_ids;
 
 pub use error::ProcessError;
-pub use managed_process::{ManagedProcess, ProcessInfo, ProcessOptions, ReadOutcome, WriteStatus};
+pub use managed_process::{
+    check_term_size, ManagedProcess, ProcessInfo, ProcessOptions, ReadOutcome, WriteStatus,
+};
 pub use ready_set::ReadySet;

@@ -3,8 +3,9 @@
 //!
 //! The pump stops reading while the log has no room (backpressure: the child blocks in
 //! `write()`), tells the drain state machine how long it was blocked, and stops at the drain
-//! deadline. The supervisor reaps the child, enforces `timeoutMs`, waits for the pumps, and
-//! appends the exit notice last. Neither ever writes to a transport.
+//! deadline. The supervisor reaps the child (through its `DirectChild`, the only reap path),
+//! enforces `timeoutMs`, waits for the pumps, and appends the exit notice last. Neither ever
+//! writes to a transport.
 
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::Ordering;
@@ -16,16 +17,18 @@ use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::containment::SessionScope;
 use super::event_log::LogLimits;
-use super::managed_process::{terminate_group, ManagedProcess, ProcessOptions};
+use super::managed_process::{ManagedProcess, ProcessOptions};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
-use super::spawn::{spawn, OutputReader, SpawnSpec};
+use super::spawn::{spawn_into, OutputReader, SpawnSpec};
 use crate::config::MAX_CHUNK_BYTES;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, StreamName};
 
-/// Spawn a child and start its pumps and supervisor.
+/// Spawn a child into the session's `scope` and start its pumps and supervisor.
+#[allow(clippy::too_many_arguments)]
 pub fn start_process(
     id: String,
     spec: &SpawnSpec,
@@ -33,8 +36,9 @@ pub fn start_process(
     limits: LogLimits,
     acks: bool,
     metrics: Arc<Metrics>,
+    scope: &Arc<SessionScope>,
 ) -> std::io::Result<Arc<ManagedProcess>> {
-    let spawned = spawn(spec)?;
+    let spawned = spawn_into(spec, Some(scope))?;
     let streams = spawned.outputs.len();
     let proc = Arc::new(ManagedProcess::new(
         id,
@@ -48,6 +52,8 @@ pub fn start_process(
         spawned.stdin,
         spawned.pty,
         metrics,
+        spawned.direct,
+        scope.clone(),
     ));
     let span = tracing::info_span!("process", id = %proc.id, pid = proc.pid);
     let pumps: Vec<JoinHandle<(usize, StreamEnd)>> = spawned
@@ -201,7 +207,8 @@ async fn supervise(
 ) {
     let timeout = p.opts.timeout;
     let status = {
-        let wait = child.wait();
+        // The reap goes through the direct child's gate: no group signal can follow it.
+        let wait = p.direct.wait(&mut child);
         tokio::pin!(wait);
         match timeout {
             Some(t) => {
@@ -210,7 +217,7 @@ async fn supervise(
                     _ = tokio::time::sleep(t) => {
                         p.mark_timed_out();
                         tracing::info!("timeout reached; terminating");
-                        p.terminate(None);
+                        p.terminate(None).await;
                         wait.await
                     }
                 }
@@ -258,6 +265,7 @@ async fn supervise(
     p.notify_delivery();
     tracing::info!("exit notice ready");
     if p.opts.kill_group_on_exit {
-        terminate_group(p.pid, p.opts.kill_grace);
+        // The leader is reaped: what is left of its group is reached through the scope.
+        p.terminate(None).await;
     }
 }

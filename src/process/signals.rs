@@ -1,7 +1,8 @@
-//! Signal names of the protocol and signalling a process group.
+//! Signal names of the protocol. Signalling is by identity only: `ManagedProcess` goes
+//! through the child's pidfd and its session scope (`containment/`), never `killpg` by a
+//! number that may have been reused.
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 /// The signals a client may send by name (`protocol.md` §4, `process/signal`).
 pub fn parse_signal(name: &str) -> Option<Signal> {
@@ -27,24 +28,6 @@ pub fn signal_name(signo: i32) -> String {
         Ok(s) => s.as_str().to_string(),
         Err(_) => format!("SIG{signo}"),
     }
-}
-
-/// Send `sig` to the process group `pgid`. `Ok(false)`: the group is empty.
-pub fn signal_group(pgid: u32, sig: Signal) -> std::io::Result<bool> {
-    match killpg(Pid::from_raw(pgid as i32), sig) {
-        Ok(()) => Ok(true),
-        Err(nix::errno::Errno::ESRCH) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Whether any member of the process group is alive (signal 0).
-pub fn group_alive(pgid: u32) -> bool {
-    // EPERM: members exist but belong to someone else; still alive.
-    matches!(
-        killpg(Pid::from_raw(pgid as i32), None),
-        Ok(()) | Err(nix::errno::Errno::EPERM)
-    )
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! With `containment/sys.rs`, this is the only module with `unsafe` (the `pre_exec` hook and
 //! the PTY ioctls). It owns the child's start-up contract of `processes.md` §1 and hands back
 //! plain async readers and writers. It must never read or interpret output, and never reap
-//! the child (the process supervisor does that through `tokio::process::Child`).
+//! the child (the process supervisor does that, through `DirectChild::wait` only).
 //!
 //! Every child is opened as a pidfd right after the fork and registered with the subreaper
 //! under its fork gate (`containment/subreaper.rs` explains why both must happen before the
@@ -203,10 +203,12 @@ fn launch(
         placement.as_ref().map(|p| p.scope_id()),
     ));
     gate.register(direct.clone());
-    drop(gate);
+    // Its session is attributed before the gate opens: a tree walk under the exclusive gate
+    // (shutdown) sees the child and its session's orphans as the scope's.
     if let Some(p) = placement {
         p.placed(&direct);
     }
+    drop(gate);
     Ok((child, direct))
 }
 

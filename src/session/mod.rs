@@ -6,16 +6,19 @@
 //!   create, resume, `maxSessions`, shutdown.
 //! - [`session`]: one [`Session`]: attach, detach and expiry, close, starting processes from a
 //!   typed [`StartSpec`], reaping exited ones.
+//! - [`quota`]: the per-key and per-address quotas of sessions and processes.
 //!
 //! It takes already-decoded, validated options and returns typed [`SessionError`]s (the
 //! connection maps them to JSON-RPC). It must never decode JSON nor write to a transport:
 //! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
 
 // `session::session` is the one session, beside the registry of them all.
+pub mod quota;
 #[allow(clippy::module_inception)]
 pub mod session;
 pub mod session_registry;
 
+pub use quota::AddressKey;
 pub use session::{ConnHandle, Session, StartSpec};
 pub use session_registry::SessionRegistry;
 
@@ -33,6 +36,15 @@ pub enum SessionError {
     /// `maxProcesses` reached for this session.
     #[error("too many processes ({0})")]
     TooManyProcesses(usize),
+    /// A per-client quota reached: `limit` names it (`maxSessionsPerKey`,
+    /// `maxSessionsPerAddress`, `maxProcessesPerKey`, `maxProcessesPerAddress`).
+    #[error("quota reached: {limit} ({value})")]
+    QuotaReached {
+        /// The quota's name.
+        limit: &'static str,
+        /// Its value.
+        value: usize,
+    },
     /// The process id is taken.
     #[error("process id {0:?} already exists")]
     ProcessExists(String),
@@ -42,4 +54,7 @@ pub enum SessionError {
     /// The OS refused to start the child.
     #[error("spawn failed: {0}")]
     Spawn(std::io::Error),
+    /// The session's containment scope could not be made (a cgroup could not be created).
+    #[error("{0}")]
+    Containment(crate::process::containment::ContainmentError),
 }

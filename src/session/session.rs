@@ -2,21 +2,36 @@
 //! connection (if any) it is attached to.
 //!
 //! It owns a session's part of the lifecycle of `processes.md` §5: attach (evicting the
-//! previous holder), detach and arm the expiry timer, close (terminating every process
-//! group), starting processes from a validated [`StartSpec`], and reaping exited ones. It
+//! previous holder), detach and arm the expiry timer, close, starting processes from a
+//! validated [`StartSpec`] into the session's [`SessionScope`], and reaping exited ones. It
 //! never decodes JSON (the connection's handler hands it typed options) and never writes to a
 //! transport: delivery goes through the attached connection's [`ReadySet`].
+//!
+//! # The end of a session
+//!
+//! Close (`session/close`, expiry, the end of a stdio connection, shutdown) ends **everything
+//! the session started**, whatever process group or session it moved to and whether or not
+//! its direct child is still known: SIGTERM to every process of the scope, a grace until the
+//! scope is empty (the largest `killGraceMs` of its processes, never more than
+//! `max_kill_grace_ms`: a client cannot stretch a path it does not control), then SIGKILL to
+//! whatever is left and the scope's removal. That runs in a task the registry tracks
+//! (shutdown waits for it); [`Session::terminated`] resolves when it is over.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
 use super::SessionError;
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, DEFAULT_KILL_GRACE_MS};
+use crate::process::containment::SessionScope;
 use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
@@ -46,6 +61,9 @@ pub struct ConnHandle {
     pub evict: CancellationToken,
     /// The client's static public key on a Noise channel (sessions are bound to it).
     pub peer_key: Option<Vec<u8>>,
+    /// The peer's IP address (the `ws://` connection's, or the Noise link's), for the
+    /// per-address quotas; `None` on stdio.
+    pub peer_addr: Option<IpAddr>,
 }
 
 pub(super) enum Slot {
@@ -67,11 +85,19 @@ pub struct Session {
     /// The client acknowledges events.
     pub acks: bool,
     pub(super) peer_key: Option<Vec<u8>>,
+    /// The creator's address, for the per-address quotas (the session stays its creator's).
+    pub(super) owner_address: Option<AddressKey>,
     pub(super) config: Arc<ServerConfig>,
     pub(super) processes: Mutex<HashMap<String, Slot>>,
     pub(super) attach: Mutex<AttachState>,
     pub(super) registry: Weak<SessionRegistry>,
     pub(super) closed: CancellationToken,
+    /// Everything the session starts is placed here, and killed with it.
+    pub(super) scope: Arc<SessionScope>,
+    /// The registry's tracker of closing sessions (shutdown waits for it).
+    pub(super) closing: TaskTracker,
+    /// Cancelled once close has ended every process of the session.
+    pub(super) terminated: CancellationToken,
 }
 
 impl Session {
@@ -142,21 +168,54 @@ impl Session {
         });
     }
 
-    /// Close: terminate every process group, free the session.
+    /// Close: the session is gone at once (unknown to resume, its slot free), and a tracked
+    /// task ends everything it started (module docs, "The end of a session").
+    /// [`terminated`](Self::terminated) resolves when that is done. Idempotent.
     pub fn close(&self) {
-        self.closed.cancel();
+        // The attach lock orders close against `start`'s insertion: a process is either
+        // taken here or refused there.
+        let procs: Vec<Arc<ManagedProcess>> = {
+            let _st = lock(&self.attach);
+            if self.closed.is_cancelled() {
+                return;
+            }
+            self.closed.cancel();
+            lock(&self.processes)
+                .drain()
+                .filter_map(|(_, s)| match s {
+                    Slot::Ready(p) => Some(p),
+                    Slot::Starting => None,
+                })
+                .collect()
+        };
         if let Some(r) = self.registry.upgrade() {
             r.remove(&self.id);
         }
-        let procs: Vec<Arc<ManagedProcess>> = lock(&self.processes)
-            .drain()
-            .filter_map(|(_, s)| match s {
-                Slot::Ready(p) => Some(p),
-                Slot::Starting => None,
-            })
-            .collect();
-        for p in procs {
+        // Nobody will read their output again.
+        for p in &procs {
             p.abandon();
+        }
+        let grace = end_grace(&procs, &self.config);
+        let (scope, id, done) = (self.scope.clone(), self.id.clone(), self.terminated.clone());
+        self.closing.spawn(async move {
+            end_scope(&scope, grace, &id).await;
+            // The supervisors have reaped the direct children (or will: they are dead).
+            drop(procs);
+            done.cancel();
+        });
+    }
+
+    /// Resolves once close has ended every process of the session (SIGTERM, the grace, then
+    /// SIGKILL and the scope's removal).
+    pub async fn terminated(&self) {
+        self.terminated.cancelled().await
+    }
+
+    /// Who owns the session, for the per-client quotas.
+    pub(super) fn owner(&self) -> Owner {
+        Owner {
+            key: self.peer_key.clone(),
+            address: self.owner_address,
         }
     }
 
@@ -207,11 +266,14 @@ impl Session {
             options: opts,
         } = start;
         // The registry outlives its sessions except while the server shuts down.
-        let metrics = match self.registry.upgrade() {
-            Some(r) => r.metrics().clone(),
-            None => return Err(SessionError::UnknownSession),
+        let Some(registry) = self.registry.upgrade() else {
+            return Err(SessionError::UnknownSession);
         };
+        let metrics = registry.metrics().clone();
         {
+            // The owner's quotas are counted and the slot taken under one admission, so two
+            // starts at once cannot both take the owner's last slot.
+            let _admission = registry.admit_process(self)?;
             let mut procs = lock(&self.processes);
             if procs.contains_key(&id) {
                 return Err(SessionError::ProcessExists(id));
@@ -221,14 +283,28 @@ impl Session {
             }
             procs.insert(id.clone(), Slot::Starting);
         }
+        drop(registry);
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
             delivery_queue_bytes: self.config.delivery_queue_bytes,
         };
-        let proc = match start_process(id.clone(), &spec, opts, limits, self.acks, metrics) {
+        let started = start_process(
+            id.clone(),
+            &spec,
+            opts,
+            limits,
+            self.acks,
+            metrics,
+            &self.scope,
+        );
+        let proc = match started {
             Ok(p) => p,
             Err(e) => {
                 lock(&self.processes).remove(&id);
+                // Closed meanwhile: its scope refused the child.
+                if self.closed.is_cancelled() {
+                    return Err(SessionError::UnknownSession);
+                }
                 return Err(SessionError::Spawn(e));
             }
         };
@@ -238,6 +314,8 @@ impl Session {
             if self.closed.is_cancelled() {
                 drop(procs);
                 drop(st);
+                // The close's kill of the scope takes the child (it was placed before the
+                // scope closed, or the spawn would have failed).
                 proc.abandon();
                 return Err(SessionError::UnknownSession);
             }
@@ -292,5 +370,55 @@ impl Session {
                 }
             }
         });
+    }
+}
+
+/// The grace of a session's end: the largest `killGraceMs` of its known processes (the default
+/// when none is known: what is left is what they started), never more than
+/// `max_kill_grace_ms`, whatever a client asked for.
+fn end_grace(procs: &[Arc<ManagedProcess>], config: &ServerConfig) -> Duration {
+    procs
+        .iter()
+        .map(|p| p.opts.kill_grace)
+        .max()
+        .unwrap_or(Duration::from_millis(DEFAULT_KILL_GRACE_MS))
+        .min(config.max_kill_grace())
+}
+
+/// End everything in `scope`: SIGTERM to every process, up to `grace` for the scope to empty,
+/// then SIGKILL to whatever is left, and remove the scope. Failures are logged: nothing more
+/// can be done for a process that survives SIGKILL (uninterruptible sleep) than to leave the
+/// scope for shutdown or the next start's sweep.
+async fn end_scope(scope: &Arc<SessionScope>, grace: Duration, session: &str) {
+    let s = scope.clone();
+    let reached = tokio::task::spawn_blocking(move || s.signal_all(Signal::SIGTERM)).await;
+    let reached = match reached {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            tracing::warn!(session, error = %e, "SIGTERM to the session's processes failed");
+            1
+        }
+        Err(e) => {
+            tracing::warn!(session, error = %e, "SIGTERM to the session's processes failed");
+            1
+        }
+    };
+    if reached > 0 {
+        if let Err(e) = scope.wait_empty(grace).await {
+            tracing::warn!(session, error = %e, "waiting for the session's processes failed");
+        }
+    }
+    match scope.kill_all().await {
+        Ok(r) if !r.emptied => {
+            tracing::error!(
+                session,
+                "processes of the session survived SIGKILL; left for shutdown"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(session, error = %e, "killing the session's processes failed"),
+    }
+    if let Err(e) = scope.remove() {
+        tracing::warn!(session, error = %e, "removing the session's scope failed");
     }
 }

@@ -1,24 +1,31 @@
 //! The registry every connection of a server shares: sessions by id, their creation (with a
-//! fresh resume token) and resumption (token and client key checked in constant time), the
-//! `maxSessions` limit, the read gauges of the metrics, and shutdown.
+//! fresh resume token and a containment scope) and resumption (token and client key checked
+//! in constant time), the `maxSessions` limit and the per-client quotas of sessions and
+//! processes (`quota.rs`), the server's inbound byte budget, the read gauges of the metrics,
+//! the tasks that end closing sessions, and shutdown.
 //!
-//! It never builds its own [`Metrics`]: the caller passes them in. It must never write to a
-//! transport.
+//! It never builds its own [`Metrics`] nor its [`Containment`]: the caller (the composition
+//! root) passes them in. It must never write to a transport, and never wait on a duration a
+//! client chose beyond the server's caps (`max_kill_grace_ms`, `max_drain_timeout_ms`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use base64::Engine;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::quota::{AddressKey, Owner, Quota, Usage};
 use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
+use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, StateSnapshot};
+use crate::process::containment::Containment;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -28,7 +35,18 @@ pub struct SessionRegistry {
     started: Instant,
     next_conn: AtomicU64,
     metrics: Arc<Metrics>,
+    /// `max_inbound_bytes`: every connection's request budget and every link's reassembly
+    /// budget is a child of it.
+    inbound: ByteBudget,
+    /// Serialises process admissions (quota count + slot), see [`Self::admit_process`].
+    process_admission: Mutex<()>,
+    containment: Containment,
+    /// The tasks ending closed sessions (`Session::close`).
+    closing: TaskTracker,
 }
+
+/// The name clients see in `data.limit` when the server's inbound budget is full.
+pub const INBOUND_BUDGET_NAME: &str = "maxInboundBytes";
 
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
@@ -41,15 +59,35 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 
 impl SessionRegistry {
     /// A fresh registry counting into `metrics` (one per server: the caller builds it, the
-    /// metrics endpoint renders it).
-    pub fn new(config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// metrics endpoint renders it), placing every session's processes in a scope of
+    /// `containment` (started by the caller: reaper, crash sweep).
+    pub fn new(
+        config: Arc<ServerConfig>,
+        metrics: Arc<Metrics>,
+        containment: Containment,
+    ) -> Arc<Self> {
         Arc::new(SessionRegistry {
-            config,
             sessions: Mutex::new(HashMap::new()),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
             metrics,
+            inbound: ByteBudget::new(INBOUND_BUDGET_NAME, config.max_inbound_bytes),
+            process_admission: Mutex::new(()),
+            config,
+            containment,
+            closing: TaskTracker::new(),
         })
+    }
+
+    /// The server's containment.
+    pub fn containment(&self) -> &Containment {
+        &self.containment
+    }
+
+    /// The server's inbound byte budget (`max_inbound_bytes`): connections charge their
+    /// requests, and links their unfinished Noise messages, under children of it.
+    pub fn inbound_budget(&self) -> &ByteBudget {
+        &self.inbound
     }
 
     /// This server's metrics.
@@ -120,11 +158,16 @@ impl SessionRegistry {
     ) -> Result<(Arc<Session>, String), SessionError> {
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));
+        let scope = self
+            .containment
+            .open_scope()
+            .map_err(SessionError::Containment)?;
         let session = Arc::new(Session {
             id: id.clone(),
             token: token.to_vec(),
             acks,
             peer_key: conn.peer_key.clone(),
+            owner_address: conn.peer_addr.map(AddressKey::of),
             config: self.config.clone(),
             processes: Mutex::new(HashMap::new()),
             attach: Mutex::new(AttachState {
@@ -133,12 +176,20 @@ impl SessionRegistry {
             }),
             registry: Arc::downgrade(self),
             closed: CancellationToken::new(),
+            scope,
+            closing: self.closing.clone(),
+            terminated: CancellationToken::new(),
         });
         {
             let mut sessions = lock(&self.sessions);
             if sessions.len() >= self.config.max_sessions {
                 return Err(SessionError::TooManySessions(self.config.max_sessions));
             }
+            let owner = session.owner();
+            let (per_key, per_address) = self.session_quotas();
+            usage_of(&owner, sessions.values(), |_| 1)
+                .admit(&owner, per_key, per_address)
+                .map_err(quota_error)?;
             sessions.insert(id, session.clone());
         }
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
@@ -173,28 +224,95 @@ impl SessionRegistry {
         Ok(session)
     }
 
+    /// The per-key and per-address session quotas.
+    fn session_quotas(&self) -> (Quota, Quota) {
+        (
+            Quota {
+                limit: "maxSessionsPerKey",
+                value: self.config.max_sessions_per_key,
+            },
+            Quota {
+                limit: "maxSessionsPerAddress",
+                value: self.config.max_sessions_per_address,
+            },
+        )
+    }
+
+    /// Admit one more process of `session` under its owner's quotas: count the processes of
+    /// every session of the same key and of the same address. The guard must be held until
+    /// the process's slot is taken in its session, so admissions cannot race past a quota.
+    pub(super) fn admit_process(
+        &self,
+        session: &Session,
+    ) -> Result<MutexGuard<'_, ()>, SessionError> {
+        let guard = lock(&self.process_admission);
+        let owner = session.owner();
+        if owner.key.is_none() && owner.address.is_none() {
+            return Ok(guard);
+        }
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let usage = usage_of(&owner, sessions.iter(), |s| s.process_count());
+        let per_key = Quota {
+            limit: "maxProcessesPerKey",
+            value: self.config.max_processes_per_key,
+        };
+        let per_address = Quota {
+            limit: "maxProcessesPerAddress",
+            value: self.config.max_processes_per_address,
+        };
+        usage
+            .admit(&owner, per_key, per_address)
+            .map_err(quota_error)?;
+        Ok(guard)
+    }
+
     pub(super) fn remove(&self, id: &str) {
         lock(&self.sessions).remove(id);
     }
 
-    /// Close every session (stdio end, server shutdown): every process group is terminated.
-    pub fn close_all(&self) {
+    /// Close every session and wait until each has ended everything it started (SIGTERM,
+    /// the capped grace, SIGKILL), along with every session closed before.
+    pub async fn close_all(&self) {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
         for s in sessions {
             s.close();
         }
+        self.wait_closing().await;
     }
 
-    /// Graceful shutdown: terminate every process with its grace period, wait (bounded) for
-    /// exit notices to reach attached clients, then close everything.
+    /// Wait for the sessions being closed (each is bounded by `max_kill_grace_ms` plus the
+    /// kill's own bound). The tracker is closed for good: this is for shutdown, and a session
+    /// closed later is still tracked and waited for by the next call.
+    async fn wait_closing(&self) {
+        self.closing.close();
+        self.closing.wait().await;
+    }
+
+    /// Graceful shutdown (SIGTERM, SIGINT, the end of stdio), before connections end:
+    ///
+    /// 1. terminate every process (SIGTERM to its group, SIGKILL after its `killGraceMs`,
+    ///    never more than `max_kill_grace_ms`);
+    /// 2. wait until exit notices reached attached clients, at most the longest capped grace
+    ///    plus the longest capped `drainTimeoutMs` plus `delivery_grace`;
+    /// 3. wait for sessions already closing (their own capped grace);
+    /// 4. kill everything any session started, whatever it became
+    ///    ([`Containment::kill_everything`]).
+    ///
+    /// Nothing here waits on a client's number beyond the server's caps.
     pub async fn shutdown(&self, delivery_grace: Duration) {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let max_grace = self.config.max_kill_grace();
+        let max_drain = self.config.max_drain_timeout();
         let mut waits = Vec::new();
+        let mut terminations = Vec::new();
         let mut longest = Duration::ZERO;
         for s in &sessions {
             for p in s.processes() {
-                p.terminate(None);
-                longest = longest.max(p.opts.kill_grace + p.opts.drain_timeout);
+                let grace = p.opts.kill_grace.min(max_grace);
+                let q = p.clone();
+                // All at once: an exited process's group is looked up in its scope (a walk).
+                terminations.push(async move { q.terminate(Some(grace)).await });
+                longest = longest.max(grace + p.opts.drain_timeout.min(max_drain));
                 let attached = s.is_attached();
                 waits.push(async move {
                     p.wait_finished().await;
@@ -206,9 +324,50 @@ impl SessionRegistry {
                 });
             }
         }
+        futures_util::future::join_all(terminations).await;
         let all = futures_util::future::join_all(waits);
         let _ = tokio::time::timeout(longest + delivery_grace, all).await;
-        self.close_all();
+        self.wait_closing().await;
+        match self.containment.kill_everything().await {
+            Ok(r) if !r.emptied => {
+                tracing::error!(?r, "processes survived SIGKILL at shutdown")
+            }
+            Ok(r) => tracing::debug!(?r, "every process of every session is gone"),
+            Err(e) => tracing::error!(error = %e, "killing every session's processes failed"),
+        }
+    }
+}
+
+/// What the sessions of `owner`'s key and of its address hold, counting `count(session)` each.
+fn usage_of<'a>(
+    owner: &Owner,
+    sessions: impl Iterator<Item = &'a Arc<Session>>,
+    count: impl Fn(&Session) -> usize,
+) -> Usage {
+    let mut usage = Usage {
+        by_key: 0,
+        by_address: 0,
+    };
+    for s in sessions {
+        let same_key = owner.key.is_some() && s.peer_key == owner.key;
+        let same_address = owner.address.is_some() && s.owner_address == owner.address;
+        if same_key || same_address {
+            let n = count(s);
+            if same_key {
+                usage.by_key += n;
+            }
+            if same_address {
+                usage.by_address += n;
+            }
+        }
+    }
+    usage
+}
+
+fn quota_error(q: Quota) -> SessionError {
+    SessionError::QuotaReached {
+        limit: q.limit,
+        value: q.value,
     }
 }
 

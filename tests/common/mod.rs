@@ -2,13 +2,15 @@
 //! built binary) driven by a raw JSON-RPC client that records every message in wire order.
 //!
 //! Submodules, each for the test binaries that need it: `binary` (running the built binary),
-//! `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
+//! `contain` (processes recorded by pid and start time, checked in `/proc`; whether cgroups
+//! are here), `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
 //! and what `/proc` says about it), `noise` and `noise_bin` (Noise servers, raw links, key
 //! files), `pty` (a terminal for `run -t`). Every test binary compiles all of them, hence
 //! `dead_code` is allowed for the whole module.
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod contain;
 pub mod fifo;
 pub mod noise;
 pub mod noise_bin;
@@ -334,10 +336,17 @@ pub struct InProcess {
     pub shutdown: CancellationToken,
 }
 
+/// A registry for `cfg` as the composition root makes one: its own metrics, and process
+/// containment started (`server::start_containment`: backend, crash sweep, subreaper).
+pub fn new_registry(cfg: ServerConfig) -> Arc<SessionRegistry> {
+    let containment = execrelay::server::start_containment(&cfg).expect("containment starts");
+    SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()), containment)
+}
+
 /// Start a connection over a duplex with `cfg`; `pipe_bytes` is the in-memory transport's
 /// buffer (small values make the transport itself fill up).
 pub fn in_process(cfg: ServerConfig, pipe_bytes: usize) -> InProcess {
-    let registry = SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()));
+    let registry = new_registry(cfg);
     in_process_with(registry, pipe_bytes, ConnectionOptions::default())
 }
 
@@ -353,7 +362,7 @@ pub fn in_process_with(
 /// Like [`in_process`], but the client ignores write errors: when the server closes the
 /// connection on a framing error it may do so while the client is still writing the line.
 pub fn in_process_lenient(cfg: ServerConfig) -> InProcess {
-    let registry = SessionRegistry::new(Arc::new(cfg), Arc::new(Metrics::new()));
+    let registry = new_registry(cfg);
     in_process_wrapped(registry, 1 << 20, ConnectionOptions::default(), Lenient)
 }
 

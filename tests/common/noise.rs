@@ -141,7 +141,7 @@ pub async fn start_server(auth: Arc<dyn Authorizer>, config: ServerConfig) -> Te
         env_id: String::new(),
     });
     let shutdown = CancellationToken::new();
-    let server = Server::new(Arc::new(config));
+    let server = Server::new(Arc::new(config)).expect("server starts");
     let task = tokio::spawn(server.run(vec![Listener::Noise(listener, cfg)], shutdown.clone()));
     TestServer {
         port,

@@ -145,6 +145,11 @@ impl BinServer {
         BinServer::start(&args, &dir.join("server.log"), rust_log).await
     }
 
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("server still running")
+    }
+
     /// SIGTERM, wait for the exit, return the log.
     pub async fn stop(mut self) -> String {
         let pid = self.child.id().expect("server still running") as i32;

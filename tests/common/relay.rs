@@ -205,7 +205,7 @@ impl InEnv {
             authorizer: auth,
             env_id: dial.env_id.clone(),
         });
-        let server = Server::new(Arc::new(config));
+        let server = Server::new(Arc::new(config)).expect("server starts");
         let registry = server.registry().clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(server.run(vec![Listener::Relay(dial, noise)], shutdown.clone()));

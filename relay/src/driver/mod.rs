@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -220,11 +221,23 @@ where
                 Some(Ok(Message::Frame(_))) => {}
                 // tungstenite refuses a message over `max_message_size` / `max_frame_size`
                 // from its header, before buffering it (`link_websocket_config`).
-                Some(Err(WsError::Capacity(_))) => C::on_closed(core, CloseReason::OversizedFrame),
-                Some(Err(WsError::Protocol(_))) => C::on_closed(core, CloseReason::Protocol),
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                Some(Err(WsError::Capacity(e))) => {
+                    tracing::debug!(error = %e, "link read refused");
+                    C::on_closed(core, CloseReason::OversizedFrame)
+                }
+                // The peer's TCP connection ended without a close frame: the transport ended.
+                Some(Err(WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake))) => {
                     C::on_closed(core, CloseReason::Transport)
                 }
+                Some(Err(WsError::Protocol(e))) => {
+                    tracing::debug!(error = %e, "WebSocket protocol error on a link");
+                    C::on_closed(core, CloseReason::Protocol)
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "link read failed");
+                    C::on_closed(core, CloseReason::Transport)
+                }
+                Some(Ok(Message::Close(_))) | None => C::on_closed(core, CloseReason::Transport),
             },
             _ = sleep => C::on_timer(core, now()),
             // The writer took a ping: the next deadline moved; look again.

@@ -507,20 +507,21 @@ impl Endpoint {
         }
     }
 
-    /// Report `Writable` for `stream` if it wants it and now may send. A stream that has
-    /// credit but finds the link's queue full waits for the queue (it joins its wait list):
-    /// otherwise credit that returns while the queue is full would wake no one.
+    /// Report `Writable` for `stream` if it wants it and now may send. If only the link's
+    /// queue stops it (credit is back, room is not), it waits for room again: the queue's
+    /// earlier wake-up may have been spent while it still lacked credit.
     fn maybe_writable(&mut self, stream: &StreamId) {
         let room = self.queued_data_bytes < self.cfg.send_queue_bytes;
         if let Some(s) = self.streams.get_mut(stream) {
-            if s.wants_writable && s.state == StreamState::Open && s.send.credit() > 0 {
-                if room {
-                    s.wants_writable = false;
-                    self.events.push_back(Event::Writable { stream: *stream });
-                } else if !s.in_link_waiters {
-                    s.in_link_waiters = true;
-                    self.link_waiters.push_back(*stream);
-                }
+            if !s.wants_writable || s.state != StreamState::Open || s.send.credit() == 0 {
+                return;
+            }
+            if room {
+                s.wants_writable = false;
+                self.events.push_back(Event::Writable { stream: *stream });
+            } else if !s.in_link_waiters {
+                s.in_link_waiters = true;
+                self.link_waiters.push_back(*stream);
             }
         }
     }

@@ -7,7 +7,7 @@
 //!
 //! # What this module owns
 //!
-//! - The listener's routes, and what happens to each upgrade ([`links`]).
+//! - The listener's routes, and what happens to each upgrade (`links.rs`).
 //! - The environments file and the link handshakes' timestamps, behind one lock each. An
 //!   environment is admitted and registered with the hub under the environments file's lock,
 //!   and a reload revokes under the same lock, so a removed key can never slip a link in

@@ -1,6 +1,6 @@
 //! Every setting of the relay server: the limits of `secure-transport.md` §6.4 (the engine's
 //! [`RelayConfig`] constants, one source of truth) and the server's own (HTTP front, link
-//! handshake, environments file), each declared once by [`relay_settings!`]: a field of
+//! handshake, environments file), each declared once by `relay_settings!`: a field of
 //! [`RelaySettings`] (and so a key of the `--config` TOML file), its default (the named
 //! constant), its `execrelay-relay` flag in [`RelayFlags`], and its row in [`SETTINGS`].
 //!
@@ -270,7 +270,7 @@ relay_settings! {
         "a link whose ping is unanswered this long, or whose write takes this long, is closed";
     /// See [`MAX_PENDING_LINK_HANDSHAKES`].
     max_pending_link_handshakes: usize = MAX_PENDING_LINK_HANDSHAKES, Count,
-        "environment links upgraded and not yet through their handshake; more are closed at once";
+        "environment links upgraded and not yet through their handshake; more are refused (`RESET busy`) at once";
     /// See [`LINK_HANDSHAKE_TIMEOUT_MS`].
     link_handshake_timeout_ms: u64 = LINK_HANDSHAKE_TIMEOUT_MS, Millis,
         "how long an environment link has to send its message 1 after the upgrade";

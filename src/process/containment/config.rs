@@ -1,44 +1,12 @@
 //! Containment settings and errors: which backend, the instance cgroup's name, the
-//! per-session `pids.max`, and what can go wrong. Plain data, validated once at start.
+//! per-session `pids.max`, and what can go wrong. Plain data, validated once at start. The
+//! settings themselves are declared in `crate::config` (with every other setting); this file
+//! turns them into a [`ContainmentConfig`].
 
 use serde::Deserialize;
 
-/// Longest `cgroup_name`, in bytes (a directory name, with `-<pid>-<start>` appended).
-pub const MAX_CGROUP_NAME_BYTES: usize = 64;
-/// Default `cgroup_name`.
-pub const DEFAULT_CGROUP_NAME: &str = "execrelay";
-
-/// Which containment backend to use (`containment_backend` in the configuration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendChoice {
-    /// The first of `cgroup2`, `cgroup1`, `none` that works here.
-    #[default]
-    Auto,
-    /// cgroup v2 or fail.
-    Cgroup2,
-    /// cgroup v1 `freezer` (and `pids`) or fail.
-    Cgroup1,
-    /// No cgroups: process-tree tracking only.
-    None,
-}
-
-impl std::str::FromStr for BackendChoice {
-    type Err = ContainmentError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "auto" => BackendChoice::Auto,
-            "cgroup2" => BackendChoice::Cgroup2,
-            "cgroup1" => BackendChoice::Cgroup1,
-            "none" => BackendChoice::None,
-            _ => {
-                return Err(ContainmentError::Config(format!(
-                    "unknown containment backend {s:?} (auto, cgroup2, cgroup1, none)"
-                )))
-            }
-        })
-    }
-}
+use crate::config::{check_cgroup_name, ServerConfig};
+pub use crate::config::{BackendChoice, DEFAULT_CGROUP_NAME, MAX_CGROUP_NAME_BYTES};
 
 /// The backend in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +19,8 @@ pub enum BackendKind {
     None,
 }
 
-/// Containment settings (to become `ServerConfig` keys: `containment_backend`,
-/// `cgroup_name`, `session_pids_max`).
+/// Containment settings: the `ServerConfig` keys `containment_backend`, `cgroup_name` and
+/// `session_pids_max` ([`ContainmentConfig::from_server`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContainmentConfig {
@@ -81,21 +49,18 @@ impl Default for ContainmentConfig {
 }
 
 impl ContainmentConfig {
+    /// The containment settings of a server's configuration.
+    pub fn from_server(c: &ServerConfig) -> ContainmentConfig {
+        ContainmentConfig {
+            backend: c.containment_backend,
+            cgroup_name: c.cgroup_name.clone(),
+            session_pids_max: c.session_pids_limit(),
+        }
+    }
+
     /// Check the settings.
     pub fn validate(&self) -> Result<(), ContainmentError> {
-        let n = &self.cgroup_name;
-        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-        if n.is_empty()
-            || n.len() > MAX_CGROUP_NAME_BYTES
-            || !n.chars().all(ok_char)
-            || n.starts_with('.')
-            || n.starts_with('-')
-        {
-            return Err(ContainmentError::Config(format!(
-                "cgroup_name must be 1 to {MAX_CGROUP_NAME_BYTES} bytes of [A-Za-z0-9_.-], \
-                 not starting with '.' or '-'"
-            )));
-        }
+        check_cgroup_name(&self.cgroup_name).map_err(ContainmentError::Config)?;
         if self.session_pids_max == Some(0) {
             return Err(ContainmentError::Config(
                 "session_pids_max must be at least 1".into(),
@@ -113,7 +78,7 @@ pub enum ContainmentError {
     #[error("containment configuration: {0}")]
     Config(String),
     /// The requested backend cannot work here.
-    #[error("containment backend {backend:?} unavailable: {reason}")]
+    #[error("containment backend {backend} unavailable: {reason}")]
     Unavailable {
         /// What was asked for.
         backend: BackendChoice,

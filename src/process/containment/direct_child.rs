@@ -8,10 +8,10 @@
 //! group signals must then stop. This type makes that rule hold: the reap and every group
 //! signal take the same lock, and the reap marks the child reaped under it.
 //!
-//! It must never signal by number after the reap, and never reap through any other path
-//! than [`DirectChild::wait`] once the supervisor is wired to it (until then the group signal
-//! also checks the pidfd, which leaves a window of a few instructions between the check and
-//! `killpg`; see the wiring plan in `containment/mod.rs`).
+//! It must never signal by number after the reap, and nothing may reap the child through any
+//! other path than [`DirectChild::wait`] (the process supervisor's only reap; the subreaper
+//! never reaps a registered direct child). The group signal also checks the pidfd, for a
+//! child reaped by some other path against that rule.
 
 use std::io;
 use std::process::ExitStatus;

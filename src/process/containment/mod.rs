@@ -46,15 +46,25 @@
 //! would do the same in the kernel, but std's `Command` cannot use it and it exists only for
 //! v2; the pre-exec write works for both hierarchies and keeps std's exec-error reporting.
 //!
-//! # Wiring plan (second step, after the `layers` restructuring lands)
+//! # Who uses what
 //!
-//! See the report of this branch; in short: `Containment` lives beside the session registry;
-//! each `Session` owns an `Arc<SessionScope>`; `spawn::spawn_into(spec, Some(&scope))`
-//! replaces `spawn(spec)`; the supervisor reaps through [`DirectChild::wait`]; terminate and
-//! signal use [`DirectChild::signal_group`] and, once the leader was reaped,
-//! [`SessionScope::signal_group_members`]; close and expiry call [`SessionScope::kill_all`]
-//! then [`SessionScope::remove`]; shutdown calls [`Containment::kill_everything`]; startup
-//! calls [`Containment::new`], [`Containment::sweep_stale`] and [`subreaper::start_reaper`].
+//! - **Start** (`server::start_containment`, the composition root, before the first spawn):
+//!   [`Containment::new`] from the `containment_backend`, `cgroup_name` and
+//!   `session_pids_max` settings ([`ContainmentConfig::from_server`]), then
+//!   [`Containment::sweep_stale`], then [`subreaper::start_reaper`]. The `SessionRegistry`
+//!   holds the `Containment`.
+//! - **Session create**: [`Containment::open_scope`]; the `Session` owns the scope.
+//! - **Process start**: `spawn::spawn_into(spec, Some(&scope))`; the supervisor
+//!   (`output_pump.rs`) reaps only through [`DirectChild::wait`].
+//! - **Signals** (`managed_process.rs`): [`DirectChild::signal_group`] while the leader is
+//!   unreaped; after that, for `terminate`, `timeoutMs` and `killProcessGroupOnExit`,
+//!   [`SessionScope::signal_group_members`]; `process/signal` and resize send nothing once the
+//!   child exited.
+//! - **Session close and expiry** (`session.rs`, in tasks the registry tracks):
+//!   [`SessionScope::signal_all`] (SIGTERM), [`SessionScope::wait_empty`] for the capped
+//!   grace, [`SessionScope::kill_all`], [`SessionScope::remove`].
+//! - **Shutdown** (`SessionRegistry::shutdown`): after the processes' own capped grace and
+//!   the exit notices, [`Containment::kill_everything`].
 
 pub mod cgroup;
 pub mod config;
@@ -81,7 +91,7 @@ pub use config::{
 pub use direct_child::DirectChild;
 pub use pidfd::{Delivery, Pidfd};
 pub(crate) use scope::enter_in_child;
-pub use scope::{Placement, SessionScope, MAX_PLACEMENT_FDS};
+pub use scope::{Placement, SessionScope, EMPTY_POLL_BACKOFF, MAX_PLACEMENT_FDS};
 
 use scope::ScopeCgroups;
 pub use sweep::SweepReport;
@@ -100,9 +110,30 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Identifies a session scope, unique in the process (across [`Containment`]s).
+/// Identifies a session scope, unique in the process (across [`Containment`]s), and the
+/// containment that opened it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ScopeId(u64);
+pub struct ScopeId {
+    /// The opening containment's number (`NEXT_INSTANCE`).
+    instance: u64,
+    /// Unique in the process (`NEXT_SCOPE`).
+    n: u64,
+}
+
+/// Every live containment of the process, so that a tree walk attributes the orphans of
+/// *every* containment's sessions (one server's shutdown must not take another's processes
+/// for unattributed). Pruned of dead entries whenever a containment is created.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// The session map (session id → scope) of every live containment of the process.
+fn all_sessions() -> HashMap<u32, ScopeId> {
+    let live: Vec<Arc<Shared>> = lock(&LIVE).iter().filter_map(Weak::upgrade).collect();
+    let mut out = HashMap::new();
+    for s in live {
+        out.extend(s.sessions());
+    }
+    out
+}
 
 static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
 /// Numbers the containments of this process (part of the instance cgroup's name).
@@ -121,6 +152,8 @@ enum Tree {
 }
 
 struct Shared {
+    /// This containment's number: part of its instance cgroup's name and of its scopes' ids.
+    instance: u64,
     backend: BackendKind,
     tree: Tree,
     pids_max: Option<u64>,
@@ -257,18 +290,23 @@ impl Containment {
             match tree {
                 Ok(tree) => {
                     tracing::info!(backend = ?kind, "process containment ready");
-                    return Ok(Containment {
-                        shared: Arc::new(Shared {
-                            backend: *kind,
-                            tree,
-                            pids_max: cfg.session_pids_max,
-                            sessions: Mutex::new(HashMap::new()),
-                            sessions_pruned_len: Mutex::new(0),
-                            scopes: Mutex::new(HashMap::new()),
-                            sweep_roots,
-                            cgroup_name: cfg.cgroup_name.clone(),
-                        }),
+                    let shared = Arc::new(Shared {
+                        instance: seq,
+                        backend: *kind,
+                        tree,
+                        pids_max: cfg.session_pids_max,
+                        sessions: Mutex::new(HashMap::new()),
+                        sessions_pruned_len: Mutex::new(0),
+                        scopes: Mutex::new(HashMap::new()),
+                        sweep_roots,
+                        cgroup_name: cfg.cgroup_name.clone(),
                     });
+                    {
+                        let mut live = lock(&LIVE);
+                        live.retain(|w| w.strong_count() > 0);
+                        live.push(Arc::downgrade(&shared));
+                    }
+                    return Ok(Containment { shared });
                 }
                 Err(e) => reasons.push(format!("{kind:?}: {e}")),
             }
@@ -309,8 +347,11 @@ impl Containment {
 
     /// Open a scope for a new session.
     pub fn open_scope(&self) -> Result<Arc<SessionScope>, ContainmentError> {
-        let id = ScopeId(NEXT_SCOPE.fetch_add(1, Ordering::Relaxed));
-        let name = format!("s{}", id.0);
+        let id = ScopeId {
+            instance: self.shared.instance,
+            n: NEXT_SCOPE.fetch_add(1, Ordering::Relaxed),
+        };
+        let name = format!("s{}", id.n);
         let cgroups = match &self.shared.tree {
             Tree::V2 {
                 instance,
@@ -361,9 +402,14 @@ impl Containment {
         Ok(scope)
     }
 
-    /// Shutdown: close every scope, kill everything any session started (all scopes, and
-    /// every unattributed process in the server's tree), wait (bounded by
-    /// [`KILL_WAIT_TIMEOUT`]) and remove the scopes' and the instance's cgroups.
+    /// Shutdown: close every scope, kill everything any session of this containment started
+    /// (all its scopes, and every unattributed process in the server's tree), wait (bounded
+    /// by [`KILL_WAIT_TIMEOUT`]) and remove the scopes' and the instance's cgroups.
+    ///
+    /// Processes of *another* live containment of the same process (tests, embedders running
+    /// several servers) are left alone: its direct children and their subtrees, and orphans
+    /// whose session one of its direct children started. What nobody can attribute (a `setsid`
+    /// double fork of the `none` backend) is killed by whichever shuts down first.
     pub async fn kill_everything(&self) -> Result<KillReport, ContainmentError> {
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || kill_everything_blocking(&shared))
@@ -456,8 +502,20 @@ fn kill_everything_blocking(shared: &Arc<Shared>) -> Result<KillReport, Containm
         Tree::None => {}
     }
     // Whatever is in the tree outside any cgroup: processes of the `none` backend, children
-    // spawned without a scope, and anything that left its cgroup.
-    let t = tree::kill(&|| shared.sessions(), &|o| o != Owner::Foreign, deadline)?;
+    // spawned without a scope, and anything that left its cgroup. Attribution uses every live
+    // containment's sessions, so that another one's orphans are not taken for unattributed.
+    let me = shared.instance;
+    let want = |o: Owner| match o {
+        Owner::Scope(id) => id.instance == me,
+        Owner::Unattributed => true,
+        Owner::Foreign => false,
+    };
+    // No spawn of any containment is between fork and registration meanwhile: a child that
+    // has called `setsid` but is not registered yet would look unattributed.
+    let gate = subreaper::fork_exclusive();
+    let t = tree::kill(&all_sessions, &want, deadline);
+    drop(gate);
+    let t = t?;
     report.signalled += t.signalled;
     report.emptied &= t.emptied;
     for s in &scopes {

@@ -8,7 +8,7 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
@@ -56,6 +56,13 @@ pub struct Placement<'a> {
 
 /// Most `cgroup.procs` descriptors one placement uses (v1: `freezer` and `pids`).
 pub const MAX_PLACEMENT_FDS: usize = 2;
+
+/// First and longest pause between two looks at a scope while [`SessionScope::wait_empty`]
+/// waits for its processes to end after SIGTERM (no backend notifies: v1 has no event file,
+/// and the `none` backend is a `/proc` walk). Short at first, because most processes die at
+/// once on SIGTERM; then at most ten looks a second for one that takes its grace.
+pub const EMPTY_POLL_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(5), Duration::from_millis(100));
 
 impl Placement<'_> {
     /// The descriptors the child must write `"0"` to, padded with -1.
@@ -165,6 +172,9 @@ impl SessionScope {
             ..KillReport::default()
         };
         match &self.cgroups {
+            // Removed already (by `Containment::kill_everything`, or an earlier kill and
+            // remove): nothing can be in it.
+            ScopeCgroups::V2 { cg, .. } | ScopeCgroups::V1 { freezer: cg, .. } if !cg.exists() => {}
             ScopeCgroups::V2 { cg, kill_file } => {
                 report.add_cgroup(cgroup::kill_v2(cg, *kill_file, deadline)?)
             }
@@ -185,6 +195,30 @@ impl SessionScope {
         Ok(report)
     }
 
+    /// Wait until nothing of the scope is alive, at most `within`: the grace of a session's
+    /// end, between SIGTERM ([`signal_all`](Self::signal_all)) and
+    /// [`kill_all`](Self::kill_all). Looks every [`EMPTY_POLL_BACKOFF`] (on tokio's clock,
+    /// each look off the runtime's threads). Returns whether the scope emptied.
+    pub async fn wait_empty(self: &Arc<Self>, within: Duration) -> Result<bool, ContainmentError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut pause = EMPTY_POLL_BACKOFF.0;
+        loop {
+            let me = self.clone();
+            let empty = tokio::task::spawn_blocking(move || me.is_empty())
+                .await
+                .map_err(|e| ContainmentError::Io(std::io::Error::other(e.to_string())))??;
+            if empty {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(EMPTY_POLL_BACKOFF.1);
+        }
+    }
+
     /// Whether nothing of the scope is alive (zombies do not count).
     pub fn is_empty(&self) -> Result<bool, ContainmentError> {
         Ok(match &self.cgroups {
@@ -199,6 +233,46 @@ impl SessionScope {
                     .is_empty()
             }
         })
+    }
+
+    /// Send `sig` to every live process of the scope, each by pidfd after verifying its
+    /// membership (the gentle first step of a session's end: SIGTERM to everything, as
+    /// systemd's `KillMode=control-group` does, before [`kill_all`](Self::kill_all)). A
+    /// process forked meanwhile may be missed; the kill that follows is exhaustive. Returns
+    /// how many processes were reached. Blocking (`/proc`, cgroup files): call it from
+    /// `spawn_blocking`.
+    pub fn signal_all(&self, sig: Signal) -> Result<usize, ContainmentError> {
+        let (cg, h) = match &self.cgroups {
+            ScopeCgroups::V2 { cg, .. } => (cg, Hierarchy::V2),
+            ScopeCgroups::V1 { freezer, .. } => (freezer, Hierarchy::V1Freezer),
+            ScopeCgroups::None => {
+                let id = self.id;
+                let w = tree::walk(&self.shared.sessions(), &|o| o == Owner::Scope(id))?;
+                let mut n = 0;
+                for m in &w.members {
+                    if m.pidfd.signal(sig)? == Delivery::Delivered {
+                        n += 1;
+                    }
+                }
+                return Ok(n);
+            }
+        };
+        let pids = match cg.procs_recursive() {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let mut n = 0;
+        for pid in pids {
+            let Ok(fd) = Pidfd::open(pid) else { continue };
+            if !cgroup::is_member(pid, cg, h) || !fd.is_unreaped() {
+                continue;
+            }
+            if fd.signal(sig)? == Delivery::Delivered {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Send `sig` (`None`: only count) to every live process of the scope in process group
@@ -223,8 +297,13 @@ impl SessionScope {
                 )?);
             }
         };
+        let pids = match cg.procs_recursive() {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
         let mut n = 0;
-        for pid in cg.procs_recursive()? {
+        for pid in pids {
             let Ok(fd) = Pidfd::open(pid) else { continue };
             let Ok(st) = procfs::read_stat(pid) else {
                 continue;

@@ -91,6 +91,18 @@ pub struct ForkGuard {
     _gate: RwLockReadGuard<'static, ()>,
 }
 
+/// Hold the fork gate exclusively: while held, no spawn is between its fork and its
+/// registration (nor starts one), so every child of the server is either a registered direct
+/// child or not one of ours. A reaper pass holds it; so does the tree part of
+/// `Containment::kill_everything`, which must not take another containment's child in the
+/// instant after its `setsid` and before its registration for an unattributed process.
+pub(crate) fn fork_exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    REGISTRY
+        .fork_gate
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
 /// Take the fork gate (shared between spawns; excludes reaper passes).
 pub fn fork_guard() -> ForkGuard {
     ForkGuard {
@@ -131,10 +143,7 @@ pub fn orphans_reaped() -> u64 {
 /// One reaper pass: reap every exited child of the server that is not a registered direct
 /// child and not in the server's own session. Returns how many were reaped.
 pub fn reap_orphans() -> io::Result<usize> {
-    let _gate = REGISTRY
-        .fork_gate
-        .write()
-        .unwrap_or_else(|p| p.into_inner());
+    let _gate = fork_exclusive();
     let me = std::process::id();
     let own_sid = sys::own_session_id();
     let kids = procfs::children(me)?;

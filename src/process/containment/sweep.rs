@@ -78,11 +78,20 @@ pub fn sweep(parent: &Cgroup, h: Hierarchy, base: &str) -> SweepReport {
             Ok(killed) => {
                 report.instances_removed += 1;
                 report.processes_killed += killed;
-                tracing::warn!(
-                    cgroup = %inst.dir.display(),
-                    killed,
-                    "removed the cgroup of a server that did not shut down cleanly"
-                );
+                // Processes outlived their server: worth an operator's attention. An empty
+                // directory (a server killed after its sessions had ended) is housekeeping.
+                if killed > 0 {
+                    tracing::warn!(
+                        cgroup = %inst.dir.display(),
+                        killed,
+                        "killed what a server that did not shut down cleanly left running"
+                    );
+                } else {
+                    tracing::debug!(
+                        cgroup = %inst.dir.display(),
+                        "removed the empty cgroup of a server that did not shut down cleanly"
+                    );
+                }
             }
             Err(why) => {
                 tracing::error!(cgroup = %inst.dir.display(), error = %why, "crash sweep failed");

@@ -1,0 +1,253 @@
+//! The `execrelay-relay` binary: it prints its bound URL first, answers `/readyz` and
+//! `/metrics`, admits a listed environment, logs refusals clearly on stderr, refuses bad
+//! flags and files before serving, and exits 0 on SIGTERM after closing its links.
+
+mod harness;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+
+use execrelay_relay::config::EndpointConfig;
+use execrelay_relay::driver::EndpointLink;
+use execrelay_relay::env_handshake::LinkRefusal;
+use execrelay_relay::keys::{public_line, Keypair};
+use harness::{env_handshake, guard, http_get, metric_of, next_ts, GUARD};
+
+const BIN: &str = env!("CARGO_BIN_EXE_execrelay-relay");
+
+struct Running {
+    child: Child,
+    url: String,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    stderr: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    /// Wait for a stderr line containing every needle.
+    fn wait_stderr(&mut self, needles: &[&str]) -> String {
+        loop {
+            if let Some(l) = self
+                .seen
+                .iter()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+            {
+                return l.clone();
+            }
+            match self.stderr.recv_timeout(GUARD) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "no stderr line with {needles:?} in:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+}
+
+fn start(dir: &std::path::Path, env_keys: &Keypair) -> (Running, Keypair) {
+    let relay_keys = Keypair::generate().unwrap();
+    let key = dir.join("relay.key");
+    relay_keys.write(&key, "relay").unwrap();
+    let envs = dir.join("environments");
+    std::fs::write(
+        &envs,
+        format!(
+            "# test fleet\nsandbox-1 {}\n",
+            public_line(&env_keys.public, "box")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--key")
+        .arg(&key)
+        .arg("--environments")
+        .arg(&envs)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let url = first.trim_end().to_string();
+    let addr: SocketAddr = url
+        .strip_prefix("ws://")
+        .unwrap_or_else(|| panic!("first stdout line {url:?}"))
+        .parse()
+        .unwrap();
+    let (tx, stderr) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut running = Running {
+        child,
+        url,
+        addr,
+        metrics: "127.0.0.1:1".parse().unwrap(),
+        stderr,
+        seen: Vec::new(),
+    };
+    let line = running.wait_stderr(&["execrelay-relay metrics: http://"]);
+    running.metrics = line
+        .rsplit("http://")
+        .next()
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .parse()
+        .unwrap();
+    (running, relay_keys)
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_prints_its_url_serves_readyz_and_metrics_and_exits_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    let (mut r, relay_keys) = start(dir.path(), &env_keys);
+    assert!(r.url.starts_with("ws://127.0.0.1:"), "{}", r.url);
+    assert_ne!(r.addr.port(), 0, "the real port is printed");
+
+    assert_eq!(http_get(r.addr, "/readyz").await.0, 200);
+    let (status, body) = http_get(r.metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(metric_of(&body, "execrelay_relay_environments_listed"), 1);
+
+    // A listed environment is admitted; a stranger is refused, and the log says why.
+    let mut ws = harness::connect(r.addr, "/v1/env/sandbox-1").await;
+    env_handshake(
+        &mut ws,
+        &env_keys,
+        &relay_keys.public,
+        "sandbox-1",
+        next_ts(),
+    )
+    .await
+    .unwrap();
+    let (env, _incoming) = EndpointLink::spawn_server(ws, EndpointConfig::default()).unwrap();
+    r.wait_stderr(&["environment link up", "sandbox-1"]);
+    let stranger = Keypair::generate().unwrap();
+    let mut ws = harness::connect(r.addr, "/v1/env/sandbox-1").await;
+    let refused = env_handshake(
+        &mut ws,
+        &stranger,
+        &relay_keys.public,
+        "sandbox-1",
+        next_ts(),
+    )
+    .await;
+    assert_eq!(refused, Err(LinkRefusal::Refused("unauthorized".into())));
+    r.wait_stderr(&["environment link refused (unauthorized)", "SHA256:"]);
+
+    sigterm(&r.child);
+    r.wait_stderr(&["shutting down"]);
+    let mut child = r.child;
+    let status = guard("exit", tokio::task::spawn_blocking(move || child.wait()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    guard("the environment link closes", env.closed()).await;
+}
+
+#[test]
+fn bad_flags_and_files_are_refused_before_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("relay.key");
+    Keypair::generate().unwrap().write(&key, "relay").unwrap();
+    let envs = dir.path().join("environments");
+    std::fs::write(&envs, "sandbox-1 execrelay-x25519 not-base64\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            out.stdout,
+        )
+    };
+    let (key_s, envs_s) = (key.to_str().unwrap(), envs.to_str().unwrap());
+    // The environments file's error names its line.
+    let (code, err, out) = run(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        key_s,
+        "--environments",
+        envs_s,
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains(&format!("{envs_s}:1:")), "{err}");
+    assert!(out.is_empty(), "nothing printed on stdout before serving");
+    // wss:// is not ours to serve.
+    std::fs::write(&envs, "# none yet\n").unwrap();
+    let (code, err, _) = run(&[
+        "--listen",
+        "wss://127.0.0.1:0",
+        "--key",
+        key_s,
+        "--environments",
+        envs_s,
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("TLS-terminating proxy"), "{err}");
+    // A bad setting.
+    let (code, err, _) = run(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        key_s,
+        "--environments",
+        envs_s,
+        "--max-frame-bytes",
+        "100",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("max_frame_bytes"), "{err}");
+    // A private key others can read.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, err, _) = run(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        key_s,
+        "--environments",
+        envs_s,
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("permissions"), "{err}");
+    // --help lists the limits with their defaults.
+    let (code, _, out) = run(&["--help"]);
+    assert_eq!(code, Some(0));
+    let help = String::from_utf8_lossy(&out);
+    assert!(help.contains("--max-streams-per-environment"), "{help}");
+    assert!(help.contains("[default: 8 192]"), "{help}");
+}

@@ -1,0 +1,28 @@
+//! Resource bounds shared by several layers (layer 0): byte budgets that travel with what
+//! they pay for, the process's descriptor limit and reserve, and the idle clock of
+//! connections and links.
+//!
+//! # What it owns
+//!
+//! - [`byte_budget`]: [`ByteBudget`] (a limit in bytes, optionally under a parent: a
+//!   connection's budget under the server's) and [`Charge`] (bytes held against it, given back
+//!   on drop). The connection processor charges each request's message here; the Noise
+//!   deframer charges each unfinished message before it grows.
+//! - [`descriptors`]: `RLIMIT_NOFILE` (raised to the hard limit at start), the count of open
+//!   descriptors, and the [`DescriptorReserve`] that refuses a new connection or link while
+//!   fewer than the reserve are free, so a spawn never fails for a connection's sake.
+//! - [`idle`]: [`IdleTimer`], the sans-IO rule "idle since when, closed at which deadline"
+//!   that connections and link drivers apply.
+//!
+//! # What it must never do
+//!
+//! Import another module of the crate (it is below all of them), read a clock itself (callers
+//! pass `now`), or block.
+
+pub mod byte_budget;
+pub mod descriptors;
+pub mod idle;
+
+pub use byte_budget::{ByteBudget, Charge, OverBudget};
+pub use descriptors::{DescriptorReserve, LowOnDescriptors, NofileLimit};
+pub use idle::IdleTimer;
