@@ -2,7 +2,8 @@
 //! tests): a second environment link replaces the first; the relay killed and restarted five
 //! times under `seq 1 3000000`, the client resuming with nothing lost or repeated; 1,000
 //! streams from 10 client links, every output exact; hostile senders on a client link,
-//! handled without touching another client's established stream.
+//! handled without touching another client's established stream; the environment link kept
+//! while idle; quotas through the relay counted per key, not per address.
 //!
 //! Every wait is on a message, an exit, a reset or a gauge, bounded by a hang guard.
 
@@ -293,9 +294,10 @@ async fn a_thousand_streams_from_ten_client_links() {
     relay.stop().await;
 }
 
-/// Hostile frames on one client link through the relay: a sender past its window, a flood of
-/// `OPEN`s, an oversized authorization payload. Each is handled as specified, and another
-/// client's established stream carries on throughout.
+/// Hostile frames on one client link through the relay: a sender past its window, an
+/// oversized authorization payload, early `DATA` and a second `OPEN` while an authorization is
+/// pending, a flood of `OPEN`s. Each is handled as specified, and another client's
+/// established stream carries on throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_senders_through_the_relay_leave_other_streams_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -348,7 +350,32 @@ async fn hostile_senders_through_the_relay_leave_other_streams_alone() {
     raw.expect_reset(&sid, "handshake_failed").await;
     alive(&mut bystander).await;
 
-    // 3. A flood of OPENs whose authorizations never answer: the exec server holds at most
+    // 3. While an authorization is pending (the flooder's never answer): early DATA resets
+    // that stream alone; the relay catches it first, as a record past a window the exec
+    // server has not granted yet (no ACCEPT, no window: `window_exceeded`, §7), and resets
+    // the route on both of its links. A second OPEN of a pending id resets that stream alone
+    // too (`duplicate_open`, by the relay, which holds the route). Neither reaches the exec
+    // server's handshake budget as a failure: the environment link still takes new streams.
+    let (sid, _) = raw.send_hello(&flooder, &server.public).await;
+    eventually("the authorization is pending", || {
+        auth.calls_for(&flooder) == 1
+    })
+    .await;
+    raw.send_data(sid, 1, vec![0u8; 40]).await;
+    raw.expect_reset(&sid, "window_exceeded").await;
+    let (sid, m1) = raw.send_hello(&flooder, &server.public).await;
+    eventually("the authorization is pending", || {
+        auth.calls_for(&flooder) == 2
+    })
+    .await;
+    raw.send_open(sid, m1).await;
+    raw.expect_reset(&sid, "duplicate_open").await;
+    alive(&mut bystander).await;
+    let mut fresh = stream(&blink).await;
+    init(&mut fresh, json!({})).await;
+    let authorized = auth.calls_for(&flooder);
+
+    // 4. A flood of OPENs whose authorizations never answer: the exec server holds at most
     // `max_pending_authorizations` of them and turns the rest away (busy), unprocessed; the
     // relay's per-link OPEN rate turns some away first. The link and the bystander carry on.
     let mut flood = Vec::new();
@@ -375,11 +402,85 @@ async fn hostile_senders_through_the_relay_leave_other_streams_alone() {
         }
     }
     eventually("the pending ones reach the authorizer", || {
-        auth.calls_for(&flooder) == pending
+        auth.calls_for(&flooder) == authorized + pending
     })
     .await;
     alive(&mut bystander).await;
     assert!(env.links() == 1, "the environment link is untouched");
+    env.stop().await;
+    relay.stop().await;
+}
+
+/// The environment link is never closed for idleness (a direct link without a stream is, after
+/// `idle_link_timeout_ms`; `tests/idle.rs`): it is how clients reach the server at all. With a
+/// link timeout of 100 ms and a redial delay of an hour, an environment link that had been
+/// closed for idleness would leave the environment offline; after ten timeouts without a
+/// stream, a client still opens one and is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_link_is_never_closed_for_idleness() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Keypair::generate().unwrap();
+    let hour = 3_600_000;
+    let config = ServerConfig {
+        idle_link_timeout_ms: 100,
+        relay_backoff_initial_ms: hour,
+        relay_backoff_max_ms: hour,
+        ..ServerConfig::default()
+    };
+    let (relay, env, server, _auth) = relay_and_env(dir.path(), &[&client], config).await;
+    // The time without a stream is what is under test (no event to wait for): ten timeouts.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(env.links(), 1, "the environment link is still up");
+    let cfg = NoiseClientConfig::new(client.clone(), server.public);
+    let link = ClientLink::connect(&relay.client_url("env"), cfg)
+        .await
+        .unwrap();
+    let mut t = stream(&link).await;
+    init(&mut t, json!({})).await;
+    alive(&mut t).await;
+    env.stop().await;
+    relay.stop().await;
+}
+
+/// Through the relay the exec server does not know its clients' addresses: the per-address
+/// quotas do not count them (every client would share the relay's), the per-key ones do.
+/// With one session per address and two per key: two clients hold a session each, and a
+/// third session of one key is refused naming the per-key quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_relay_quotas_count_keys_not_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Keypair::generate().unwrap(), Keypair::generate().unwrap());
+    let config = ServerConfig {
+        max_sessions_per_address: 1,
+        max_processes_per_address: 1,
+        max_sessions_per_key: 2,
+        ..ServerConfig::default()
+    };
+    let (relay, env, server, _auth) = relay_and_env(dir.path(), &[&a, &b], config).await;
+    let mut held = Vec::new();
+    for key in [&a, &b, &a] {
+        let cfg = NoiseClientConfig::new(key.clone(), server.public);
+        let link = ClientLink::connect(&relay.client_url("env"), cfg)
+            .await
+            .unwrap();
+        let mut t = stream(&link).await;
+        let r = init(&mut t, json!({})).await;
+        assert!(r["sessionId"].is_string(), "{r}");
+        held.push((link, t));
+    }
+    // A third session of `a`: over its key's quota of two.
+    let cfg = NoiseClientConfig::new(a.clone(), server.public);
+    let link = ClientLink::connect(&relay.client_url("env"), cfg)
+        .await
+        .unwrap();
+    let mut t = stream(&link).await;
+    t.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"clientName": "relay-test", "capabilities": {}}}))
+        .await;
+    let r = t.recv().await;
+    assert_eq!(r["id"], 1, "{r}");
+    assert_eq!(r["error"]["code"], -32004, "{r}");
+    assert_eq!(r["error"]["data"]["limit"], "maxSessionsPerKey", "{r}");
     env.stop().await;
     relay.stop().await;
 }
