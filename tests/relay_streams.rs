@@ -2,8 +2,9 @@
 //! tests): a second environment link replaces the first; the relay killed and restarted five
 //! times under `seq 1 3000000`, the client resuming with nothing lost or repeated; 1,000
 //! streams from 10 client links, every output exact; hostile senders on a client link,
-//! handled without touching another client's established stream; the environment link kept
-//! while idle; quotas through the relay counted per key, not per address.
+//! handled without touching another client's established stream; an empty handshake bucket
+//! on the environment link refusing new streams only; the environment link kept while idle;
+//! quotas through the relay counted per key, not per address.
 //!
 //! Every wait is on a message, an exit, a reset or a gauge, bounded by a hang guard.
 
@@ -481,6 +482,45 @@ async fn through_the_relay_quotas_count_keys_not_addresses() {
     assert_eq!(r["id"], 1, "{r}");
     assert_eq!(r["error"]["code"], -32004, "{r}");
     assert_eq!(r["error"]["data"]["limit"], "maxSessionsPerKey", "{r}");
+    env.stop().await;
+    relay.stop().await;
+}
+
+/// §8 on the environment link: handshake failures are charged to the link's bucket, and an
+/// empty bucket refuses new `OPEN`s (`busy`) for a cool-down without closing the link (it
+/// carries every client's streams) or touching an established stream. (The cool-down's end is
+/// tested on the engine, on paused time: `relay/tests/endpoint_pair.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_handshake_bucket_refuses_new_streams_and_keeps_the_environment_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = Keypair::generate().unwrap();
+    let config = ServerConfig {
+        handshake_failure_burst: 2,
+        // No refill within the test.
+        handshake_failure_refill_ms: 3_600_000,
+        ..ServerConfig::default()
+    };
+    let (relay, env, server, _auth) = relay_and_env(dir.path(), &[&good], config).await;
+    let cfg = NoiseClientConfig::new(good.clone(), server.public);
+    let blink = ClientLink::connect(&relay.client_url("env"), cfg)
+        .await
+        .unwrap();
+    let mut bystander = stream(&blink).await;
+    init(&mut bystander, json!({})).await;
+
+    // Two OPENs whose message 1 is garbage: two failures, the bucket is empty.
+    let mut raw = RawLink::connect_path(relay.port, "/v1/connect/env", "env").await;
+    for _ in 0..2 {
+        let sid = random_sid();
+        raw.send_open(sid, vec![7u8; 96]).await;
+        raw.expect_reset(&sid, "handshake_failed").await;
+    }
+    // A valid OPEN, from an authorized key, is now refused `busy`, unprocessed.
+    let (sid, _) = raw.send_hello(&good, &server.public).await;
+    raw.expect_reset(&sid, "busy").await;
+    // The established stream carries on, and the environment link is the same one.
+    alive(&mut bystander).await;
+    assert_eq!(env.links(), 1, "the environment link is kept");
     env.stop().await;
     relay.stop().await;
 }
