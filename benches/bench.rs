@@ -143,13 +143,10 @@ fn noise_keys() -> NoiseKeys {
     )
     .expect("authorized keys");
     NoiseKeys {
-        config: std::sync::Arc::new(execrelay::link::client::NoiseClientConfig {
-            keys: client,
-            server_public: server.public,
-            token: None,
-            env_id: String::new(),
-            max_message_bytes: execrelay::config::MAX_MESSAGE_BYTES,
-        }),
+        config: std::sync::Arc::new(execrelay::link::client::NoiseClientConfig::new(
+            client,
+            server.public,
+        )),
         dir,
     }
 }
@@ -774,6 +771,7 @@ async fn main() {
     };
     let mut cpu_per_gb = HashMap::new();
     let mut server_cpu_per_gb = HashMap::new();
+    let mut mbps_of: HashMap<String, f64> = HashMap::new();
     for kind in kinds.split(',').filter(|k| !k.is_empty()) {
         for form in forms.split(',').filter(|f| !f.is_empty()) {
             // stdio cannot carry binary messages: the server answers binaryOutput false.
@@ -798,6 +796,7 @@ async fn main() {
             println!("{key}_server_peak_rss_KiB {}", med.server_rss_kib);
             ratios(&key, med.mbps);
             cpu_per_gb.insert(key.clone(), med.cpu_per_gb);
+            mbps_of.insert(key.clone(), med.mbps);
             server_cpu_per_gb.insert(key, med.server_cpu_per_gb);
         }
     }
@@ -880,9 +879,7 @@ async fn main() {
         // its guaranteed chunk, the process itself (64 KiB), what its client has not yet
         // acknowledged (ACK_EVERY_BYTES) and the one sealed message its stream sink may hold.
         let budget_kib = (execrelay::config::OUTPUT_BUDGET_BYTES / 1024) as u64;
-        let link_queue_kib = (execrelay::link::server::LINK_SEND_QUEUE
-            * execrelay_relay::frame::MAX_FRAME_BYTES
-            / 1024) as u64;
+        let link_queue_kib = (execrelay_relay::config::LINK_SEND_QUEUE_BYTES / 1024) as u64;
         let per_stream_kib = ((execrelay::process::output_budget::GUARANTEED_OUTPUT_BYTES
             + 64 * 1024
             + execrelay::client::ACK_EVERY_BYTES as usize
@@ -891,6 +888,12 @@ async fn main() {
         let bound = idle + budget_kib + link_queue_kib + fan as u64 * per_stream_kib;
         println!("fanin_server_idle_rss_KiB {idle}");
         println!("fanin_server_rss_bound_KiB {bound}");
+    }
+
+    // Through one relay (issue 10's benchmark): its own section, apart from the relay-alone
+    // figures. Skipped with BENCH_RELAY=0.
+    if env_u64("BENCH_RELAY", 1) > 0 {
+        relay_section(&keys, n, runs.min(200), &mbps_of, &base).await;
     }
 
     let connects = env_u64("CONNECT_LATENCY_RUNS", 200);
@@ -915,4 +918,175 @@ async fn main() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through one relay: throughput, exec latency and new-connection latency, with the relay's
+// CPU-s/GB and peak RSS (`execrelay-relay` next to `execrelay`; `benches/run.sh` builds both).
+
+/// A relay binary, and an exec server registered with it as environment `bench`.
+struct RelayRig {
+    relay: tokio::process::Child,
+    _server: ServerProc,
+    /// `relay+ws://127.0.0.1:PORT/bench`.
+    url: String,
+}
+
+async fn start_relay_rig(keys: &NoiseKeys) -> RelayRig {
+    use execrelay::noise::keys::{public_line, Keypair};
+    let relay_keys = Keypair::generate().expect("keygen");
+    relay_keys
+        .write(&keys.dir.join("relay"), "bench-relay")
+        .expect("write key");
+    std::fs::write(
+        keys.dir.join("environments"),
+        format!(
+            "bench {}\n",
+            public_line(&keys.config.server_public, "bench-server")
+        ),
+    )
+    .expect("environments");
+    let relay_bin = server_bin().with_file_name("execrelay-relay");
+    let mut relay = tokio::process::Command::new(&relay_bin)
+        .args(["--listen", "ws://127.0.0.1:0", "--key"])
+        .arg(keys.dir.join("relay"))
+        .arg("--environments")
+        .arg(keys.dir.join("environments"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", relay_bin.display()));
+    let out = relay.stdout.take().expect("stdout");
+    let relay_url = tokio::io::BufReader::new(out)
+        .lines()
+        .next_line()
+        .await
+        .expect("relay url")
+        .expect("relay url line");
+    let (key, auth) = (keys.dir.join("server"), keys.dir.join("authorized"));
+    let server = start_server([
+        std::ffi::OsString::from("--relay"),
+        relay_url.into(),
+        "--environment-id".into(),
+        "bench".into(),
+        "--relay-key".into(),
+        keys.dir.join("relay.pub").into_os_string(),
+        "--key".into(),
+        key.into_os_string(),
+        "--authorized-keys".into(),
+        auth.into_os_string(),
+    ])
+    .await;
+    let url = server.url.clone();
+    RelayRig {
+        relay,
+        _server: server,
+        url,
+    }
+}
+
+fn relay_target(rig: &RelayRig, keys: &NoiseKeys) -> Target {
+    Target::Noise {
+        url: rig.url.clone(),
+        config: keys.config.clone(),
+        pool: execrelay::link::client::LinkPool::new(),
+    }
+}
+
+/// Connect through the relay, waiting (bounded) for the exec server to register.
+async fn relay_client(rig: &RelayRig, keys: &NoiseKeys) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match Client::connect(relay_target(rig, keys), ClientOptions::default()).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("offline") => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("connect through the relay: {e}"),
+        }
+    }
+}
+
+async fn relay_section(
+    keys: &NoiseKeys,
+    n: u64,
+    runs: u64,
+    mbps_of: &HashMap<String, f64>,
+    base: &HashMap<String, f64>,
+) {
+    let mut rig = start_relay_rig(keys).await;
+    let relay_pid = rig.relay.id().unwrap_or(0);
+    let client = relay_client(&rig, keys).await;
+    let argv = vec![
+        "head".to_string(),
+        "-c".to_string(),
+        n.to_string(),
+        "/dev/zero".to_string(),
+    ];
+    let cpu0 = proc_cpu_secs(relay_pid);
+    let (bytes, took) = drain(&client, "tp", argv).await;
+    let relay_cpu = proc_cpu_secs(relay_pid) - cpu0;
+    assert_eq!(bytes, n, "every byte must arrive through the relay");
+    let mbps = n as f64 / 1e6 / took.as_secs_f64();
+    println!("relay_MBps {mbps:.1}");
+    println!("relay_cpu_s_per_GB {:.3}", relay_cpu / (n as f64 / 1e9));
+    if let Some(noise) = mbps_of.get("noise_binary") {
+        println!("relay_vs_noise_direct_ratio {:.2}", mbps / noise);
+    }
+    if let Some(ssh) = base.get("ssh_chacha_MBps") {
+        println!("relay_vs_ssh_chacha_ratio {:.2}", mbps / ssh);
+    }
+
+    // Exec latency through the relay: `true` from start to exit notice on one stream.
+    let mut samples = Vec::new();
+    for i in 0..(runs + 5) {
+        let t0 = Instant::now();
+        let _ = drain(&client, &format!("x{i}"), vec!["true".into()]).await;
+        if i >= 5 {
+            samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "relay_exec_latency_p50_ms {:.3}",
+        percentile(&samples, 50.0)
+    );
+    println!(
+        "relay_exec_latency_p99_ms {:.3}",
+        percentile(&samples, 99.0)
+    );
+    client.close();
+
+    // New-connection latency through the relay: link, handshake, `initialize`, `true`.
+    let mut samples = Vec::new();
+    for i in 0..(runs.min(100) + 5) {
+        let t0 = Instant::now();
+        let link = execrelay::link::client::ClientLink::connect(&rig.url, (*keys.config).clone())
+            .await
+            .expect("link");
+        let transport = link.open_stream().await.expect("stream");
+        let c = Client::connect_transport(transport, ClientOptions::default())
+            .await
+            .expect("initialize");
+        let _ = drain(&c, "c", vec!["true".into()]).await;
+        let took = t0.elapsed();
+        c.shutdown().await;
+        link.kill();
+        if i >= 5 {
+            samples.push(took.as_secs_f64() * 1000.0);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "relay_connect_latency_p50_ms {:.3}",
+        percentile(&samples, 50.0)
+    );
+    println!(
+        "relay_connect_latency_p99_ms {:.3}",
+        percentile(&samples, 99.0)
+    );
+    println!("relay_peak_rss_KiB {}", peak_rss_kib(relay_pid));
+    let _ = rig.relay.start_kill();
+    let _ = rig.relay.wait().await;
 }

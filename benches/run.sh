@@ -5,7 +5,8 @@
 # Prints KEY VALUE lines; ratios compare against OpenSSH measured moments before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked --quiet
+# --workspace: the relay's binary too (the relay section of the benchmark).
+cargo build --release --locked --quiet --workspace
 base=$(mktemp)
 trap 'rm -f "$base"' EXIT
 echo "== OpenSSH and raw pipe baselines (benches/ssh_baseline.sh)" >&2

@@ -188,10 +188,21 @@ pub const MAX_STREAMS_PER_LINK: usize = 1024;
 pub const HANDSHAKE_FAILURE_BURST: u32 = 8;
 /// One handshake failure is forgiven per this many milliseconds (the bucket's refill).
 pub const HANDSHAKE_FAILURE_REFILL_MS: u64 = 2_000;
-/// Interval of WebSocket pings on a Noise link.
+/// Interval of WebSocket pings on every link and WebSocket of the server (`noise+ws://`
+/// links, the environment link, plain `ws://` connections; `secure-transport.md` §6.4), less
+/// a jitter of up to a tenth.
 pub const KEEPALIVE_INTERVAL_MS: u64 = 15_000;
-/// A Noise link without any inbound traffic (pongs included) for this long is dead.
+/// A link or WebSocket whose oldest unanswered ping is this old is dead, even if it keeps
+/// sending data; a write that has not completed after this long kills it too (§6.4).
 pub const PONG_TIMEOUT_MS: u64 = 30_000;
+/// First delay before the environment link dials its relay again (§6.1: 1 s).
+pub const RELAY_BACKOFF_INITIAL_MS: u64 = 1_000;
+/// Longest delay between two dials of the relay (§6.1: doubling to 30 s).
+pub const RELAY_BACKOFF_MAX_MS: u64 = 30_000;
+/// An environment link that lived this long sets the delay back to the first one (§6.1:
+/// 60 s); one that died younger keeps doubling it, so a relay that accepts and drops at once
+/// is not hammered.
+pub const RELAY_BACKOFF_RESET_MS: u64 = 60_000;
 
 /// Bytes of requests one connection may have read and not yet answered (their JSON-RPC
 /// messages, charged when read and given back when answered or skipped): 64 MiB, four
@@ -230,8 +241,10 @@ pub const DESCRIPTOR_RESERVE: usize = 128;
 /// output still to write. 5 minutes; a client that wants to keep an idle connection sends
 /// something (`server/info`).
 pub const IDLE_CONNECTION_TIMEOUT_MS: u64 = 300_000;
-/// A Noise link without any stream (pending or open) for this long is closed: 1,000 links
-/// that never open a stream, kept alive by their pongs, once held 1,000 descriptors forever.
+/// A direct `noise+ws://` link without any stream (pending or open) for this long is closed:
+/// 1,000 links that never open a stream, kept alive by their pongs, once held 1,000
+/// descriptors forever. The environment link to a relay is never closed for idleness (it is
+/// how clients reach the server at all; the relay bounds its own links).
 pub const IDLE_LINK_TIMEOUT_MS: u64 = 60_000;
 /// How long a `process/approve` request may stay unanswered before it is withdrawn and its
 /// `process/start` fails with `-32006` (`protocol.md` §7): five minutes, a person's time to
@@ -546,19 +559,28 @@ settings! {
         "Noise handshakes waiting for authorization per link; more are reset (`busy`)";
     /// See [`MAX_STREAMS_PER_LINK`].
     max_streams_per_link: usize = MAX_STREAMS_PER_LINK, Count,
-        "established Noise streams per link; more are reset (`too_many_streams`)";
+        "Noise streams per link (pending ones count); more are reset (`too_many_streams`)";
     /// See [`HANDSHAKE_FAILURE_BURST`].
     handshake_failure_burst: u32 = HANDSHAKE_FAILURE_BURST, Count,
-        "Noise handshake failures tolerated back to back per link; an empty budget closes the link";
+        "Noise handshake failures tolerated back to back per link; an empty budget closes a direct link, or refuses new streams on the relay link for 10 s";
     /// See [`HANDSHAKE_FAILURE_REFILL_MS`].
     handshake_failure_refill_ms: u64 = HANDSHAKE_FAILURE_REFILL_MS, Millis,
         "one Noise handshake failure forgiven per this interval";
     /// See [`KEEPALIVE_INTERVAL_MS`].
     keepalive_interval_ms: u64 = KEEPALIVE_INTERVAL_MS, Millis,
-        "WebSocket ping interval on a Noise link";
+        "WebSocket ping interval on every link and WebSocket (`noise+ws://`, the relay link, `ws://`)";
     /// See [`PONG_TIMEOUT_MS`].
     pong_timeout_ms: u64 = PONG_TIMEOUT_MS, Millis,
-        "a Noise link silent (no traffic, no pong) this long is closed";
+        "a link whose ping is unanswered this long is closed (data does not count), and so is one whose write takes this long";
+    /// See [`RELAY_BACKOFF_INITIAL_MS`].
+    relay_backoff_initial_ms: u64 = RELAY_BACKOFF_INITIAL_MS, Millis,
+        "first delay before dialling the relay again (`serve --relay`); doubles after each failure";
+    /// See [`RELAY_BACKOFF_MAX_MS`].
+    relay_backoff_max_ms: u64 = RELAY_BACKOFF_MAX_MS, Millis,
+        "longest delay between two dials of the relay";
+    /// See [`RELAY_BACKOFF_RESET_MS`].
+    relay_backoff_reset_ms: u64 = RELAY_BACKOFF_RESET_MS, Millis,
+        "a relay link that lived this long sets the delay back to the first";
     /// See [`MAX_PENDING_REQUEST_BYTES`].
     max_pending_request_bytes: usize = MAX_PENDING_REQUEST_BYTES, Bytes,
         "bytes of requests read and not yet answered per connection → `-32004`";
@@ -588,7 +610,7 @@ settings! {
         "a `ws://` connection or Noise stream with no inbound message, request, running process or unwritten output this long is closed";
     /// See [`IDLE_LINK_TIMEOUT_MS`].
     idle_link_timeout_ms: u64 = IDLE_LINK_TIMEOUT_MS, Millis,
-        "a Noise link without any stream this long is closed";
+        "a direct `noise+ws://` link without any stream this long is closed (never the environment link to a relay)";
     /// See [`APPROVAL_TIMEOUT_MS`].
     approval_timeout_ms: u64 = APPROVAL_TIMEOUT_MS, Millis,
         "an unanswered `process/approve` is withdrawn after this long and its start fails (`-32006`)";
@@ -662,6 +684,8 @@ impl ServerConfig {
             ),
             ("keepalive_interval_ms", self.keepalive_interval_ms),
             ("pong_timeout_ms", self.pong_timeout_ms),
+            ("relay_backoff_initial_ms", self.relay_backoff_initial_ms),
+            ("relay_backoff_max_ms", self.relay_backoff_max_ms),
             (
                 "idle_connection_timeout_ms",
                 self.idle_connection_timeout_ms,

@@ -5,10 +5,11 @@
 //!
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
-//!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose routes
-//!   and upgrade hand-off are wired here. A new kind (the relay's dial-out) is one more
-//!   [`Listener`] variant and one more arm in [`Server::run`].
+//!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`), the
+//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff) and
+//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose
+//!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
+//!   and one more arm in [`Server::run`].
 //! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
 //!   session where the server may create one), the crash sweep of instances left by a server
 //!   that died, and the subreaper, all before the first spawn.
@@ -27,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use execrelay_relay::frame::MAX_FRAME_BYTES;
+use execrelay_relay::driver::link_websocket_config;
 use execrelay_relay::http::{
     self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
     REPLY_TIMEOUT_MS,
@@ -44,14 +45,17 @@ use tracing::Instrument;
 use crate::bounds::DescriptorReserve;
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
-use crate::link::server::{run_link, NoiseServerConfig, LINK_PATH};
+use crate::link::environment::{run_environment, RelayDial};
+use crate::link::server::{
+    keepalive_config, run_link, LinkContext, LinkPeer, NoiseServerConfig, LINK_PATH,
+};
 use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
 use crate::policy::PolicyFile;
 pub use crate::process::containment::{start_containment, StartError};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
-use crate::transport::websocket::{framed, websocket_config};
+use crate::transport::websocket::{framed_with_keepalive, websocket_config};
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +120,9 @@ pub enum Listener {
     Noise(TcpListener, Arc<NoiseServerConfig>),
     /// The Prometheus endpoint (`GET /metrics`).
     Metrics(TcpListener),
+    /// The environment link: dial a relay and keep one link up (`serve --relay`), serving
+    /// its streams as a `noise+ws://` listener serves its links' (`secure-transport.md` §6).
+    Relay(RelayDial, Arc<NoiseServerConfig>),
 }
 
 /// What the server's HTTP fronts upgrade.
@@ -224,13 +231,16 @@ impl Server {
                     let (registry, stop, spawner) =
                         (registry.clone(), conn_shutdown.clone(), tasks.clone());
                     let max = config.max_message_bytes;
+                    // The server pings every plain WebSocket too (§6.4).
+                    let keepalive = keepalive_config(&config);
                     let idle = config.idle_connection_timeout();
                     let reserve = DescriptorReserve::new(config.descriptor_reserve);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
                         let Some(ws) = admit_descriptors(&reserve, &spawner, up.ws, up.peer) else {
                             return;
                         };
-                        let transport = framed(ws, max, up.peer.to_string());
+                        let transport =
+                            framed_with_keepalive(ws, max, up.peer.to_string(), Some(keepalive));
                         let (registry, stop, permit) = (registry.clone(), stop.clone(), up.permit);
                         let options = ConnectionOptions {
                             peer_addr: Some(up.peer.ip()),
@@ -261,30 +271,30 @@ impl Server {
                             capacity: Some(links.clone()),
                         }],
                     };
-                    let (registry, stop, spawner) =
-                        (registry.clone(), conn_shutdown.clone(), tasks.clone());
                     // Message-1 timestamps, shared by every link of the listener: a message 1
                     // replayed on another link is refused too.
                     let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
                         HelloTimestamps::new(TRACKED_CLIENT_KEYS),
                     ));
+                    let ctx = LinkContext {
+                        noise,
+                        registry: registry.clone(),
+                        timestamps,
+                        shutdown: conn_shutdown.clone(),
+                        tasks: tasks.clone(),
+                    };
                     let reserve = DescriptorReserve::new(config.descriptor_reserve);
                     let on_upgrade: OnUpgrade<Route> = Arc::new(move |up: Upgrade<Route>| {
-                        let Some(ws) = admit_descriptors(&reserve, &spawner, up.ws, up.peer) else {
+                        let Some(ws) = admit_descriptors(&reserve, &ctx.tasks, up.ws, up.peer)
+                        else {
                             return;
                         };
                         let span = tracing::info_span!("link", peer = %up.peer);
-                        let link = run_link(
-                            ws,
-                            up.peer,
-                            noise.clone(),
-                            registry.clone(),
-                            timestamps.clone(),
-                            stop.clone(),
-                            spawner.clone(),
-                        );
+                        // A direct link is one client's: its address counts toward the
+                        // quotas, it closes when idle, and an empty handshake budget closes it.
+                        let link = run_link(ws, LinkPeer::Direct(up.peer), ctx.clone());
                         let permit = up.permit;
-                        spawner.spawn(
+                        ctx.tasks.spawn(
                             async move {
                                 link.await;
                                 // The slot of `max_links` is free once the link ends.
@@ -296,10 +306,24 @@ impl Server {
                     let front = Front {
                         routes,
                         limits: config.websocket_front_limits(),
-                        websocket: websocket_config(MAX_FRAME_BYTES),
+                        websocket: link_websocket_config(),
                         on_upgrade,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+                Listener::Relay(dial, noise) => {
+                    let ctx = LinkContext {
+                        noise,
+                        registry: registry.clone(),
+                        // Its own table: the environment link is a listener of its own.
+                        timestamps: Arc::new(std::sync::Mutex::new(HelloTimestamps::new(
+                            TRACKED_CLIENT_KEYS,
+                        ))),
+                        shutdown: conn_shutdown.clone(),
+                        tasks: tasks.clone(),
+                    };
+                    // Redialling stops with accepting; the link up ends with the connections.
+                    tasks.spawn(run_environment(dial, ctx, stop_accepting.clone()));
                 }
                 Listener::Metrics(listener) => {
                     let reg = registry.clone();

@@ -79,13 +79,7 @@ impl Both {
         Both {
             ws_url,
             noise_url,
-            noise: NoiseClientConfig {
-                keys: client_keys,
-                server_public: server_keys.public,
-                token: None,
-                env_id: String::new(),
-                max_message_bytes: execrelay::config::MAX_MESSAGE_BYTES,
-            },
+            noise: NoiseClientConfig::new(client_keys, server_keys.public),
             shutdown,
             task,
         }

@@ -39,6 +39,9 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
     ("keepalive_interval_ms", KEEPALIVE_INTERVAL_MS),
     ("pong_timeout_ms", PONG_TIMEOUT_MS),
+    ("relay_backoff_initial_ms", RELAY_BACKOFF_INITIAL_MS),
+    ("relay_backoff_max_ms", RELAY_BACKOFF_MAX_MS),
+    ("relay_backoff_reset_ms", RELAY_BACKOFF_RESET_MS),
     (
         "max_pending_request_bytes",
         MAX_PENDING_REQUEST_BYTES as u64,

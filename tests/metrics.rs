@@ -299,15 +299,8 @@ async fn noise_links_streams_and_refusals_are_counted() {
         ],
     )
     .await;
-    let config = |keys: Keypair| {
-        std::sync::Arc::new(NoiseClientConfig {
-            keys,
-            server_public: server_key.public,
-            token: None,
-            env_id: String::new(),
-            max_message_bytes: execrelay::config::MAX_MESSAGE_BYTES,
-        })
-    };
+    let config =
+        |keys: Keypair| std::sync::Arc::new(NoiseClientConfig::new(keys, server_key.public));
     let opts = ClientOptions {
         reconnect: false,
         ..ClientOptions::default()

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use tokio::process::Command;
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
-use execrelay::config::MAX_MESSAGE_BYTES;
 use execrelay::link::client::NoiseClientConfig;
 use execrelay::noise::keys::{load_public, Keypair};
 use execrelay::rpc::messages::StreamName;
@@ -208,13 +207,10 @@ async fn wrong_server_key_unauthorized_client_and_revocation() {
     let b_keys = Keypair::load(&b.private).unwrap();
     let target = Target::Noise {
         url: srv.url.clone(),
-        config: Arc::new(NoiseClientConfig {
-            keys: b_keys,
-            server_public: load_public(server.pubs()).unwrap(),
-            token: None,
-            env_id: String::new(),
-            max_message_bytes: MAX_MESSAGE_BYTES,
-        }),
+        config: Arc::new(NoiseClientConfig::new(
+            b_keys,
+            load_public(server.pubs()).unwrap(),
+        )),
         pool: execrelay::link::client::LinkPool::new(),
     };
     let client_b = Client::connect(target, ClientOptions::default())

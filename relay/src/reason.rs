@@ -37,11 +37,16 @@ pub enum Reason {
     EnvironmentGone,
     /// Relay: the client link that opened the stream died.
     ClientGone,
+    /// Handshake message 1 whose `ts` is not above one already accepted for its key (the
+    /// exec server's verdict, `secure-transport.md` §3).
+    ReplayedHandshake,
+    /// Handshake message 1 whose `ts` is more than 10 minutes from the server's clock.
+    ClockSkew,
 }
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 16] = [
         Reason::WindowExceeded,
         Reason::MalformedFrame,
         Reason::Busy,
@@ -56,6 +61,8 @@ impl Reason {
         Reason::EnvironmentOffline,
         Reason::EnvironmentGone,
         Reason::ClientGone,
+        Reason::ReplayedHandshake,
+        Reason::ClockSkew,
     ];
 
     /// The wire text (and metrics label).
@@ -75,6 +82,8 @@ impl Reason {
             Reason::EnvironmentOffline => "environment_offline",
             Reason::EnvironmentGone => "environment_gone",
             Reason::ClientGone => "client_gone",
+            Reason::ReplayedHandshake => "replayed_handshake",
+            Reason::ClockSkew => "clock_skew",
         }
     }
 

@@ -386,3 +386,27 @@ async fn a_relay_hub_shutdown_closes_every_link() {
     );
     assert_eq!(hub.snapshot().links, 0);
 }
+
+/// A peer that goes silent (stopped: it neither sends nor answers pings) is dead at the
+/// pong timeout too. The reader had no deadline while a ping waited for the writer and, with
+/// no frame arriving, never looked again: the link lived forever.
+#[tokio::test(start_paused = true)]
+async fn a_silent_peer_that_never_answers_pings_is_dead_at_the_pong_timeout() {
+    let (mut raw, sws) = ws_pair().await;
+    let (server, mut incoming) = EndpointLink::spawn_server(sws, cfg()).unwrap();
+    let t0 = Instant::now();
+    let mut open = Frame::new(FrameType::Open, sid(1), 0, Bytes::from_static(b"msg1"));
+    open.window = 16;
+    send_frame(&mut raw, &open, GUARD).await.unwrap();
+    let req = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    let _stream = req.accept(Bytes::from_static(b"msg2")).unwrap();
+    // From here the peer does nothing at all (and keeps its socket open).
+    let reason = timeout(GUARD, server.closed()).await.unwrap();
+    let elapsed = t0.elapsed();
+    assert_eq!(reason, CloseReason::KeepaliveTimeout);
+    assert!(
+        elapsed >= Duration::from_secs(45) && elapsed < Duration::from_secs(46),
+        "first ping at 15 s, unanswered: dead at 45 s, not {elapsed:?}"
+    );
+    drop(raw);
+}

@@ -11,6 +11,7 @@ use execrelay_relay::config::{BucketConfig, EndpointConfig, HandshakeBudgetPolic
 use execrelay_relay::endpoint::{Event, ResetCause, SendError};
 use execrelay_relay::frame::{FrameType, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES};
 use execrelay_relay::reason::{CloseReason, DropReason, Reason};
+use execrelay_relay::transmit::Transmit;
 
 #[test]
 fn open_accept_then_data_both_ways_with_exact_bytes_and_seqs() {
@@ -651,4 +652,47 @@ fn a_silent_link_that_answers_pings_lives_through_many_intervals() {
         s.stream_state(&sid(1)),
         Some(execrelay_relay::endpoint::StreamState::Open)
     );
+}
+
+/// A stream blocked by its window whose credit returns while the link's send queue is full
+/// must still be told it may send once the queue drains (the credit alone woke no one: the
+/// stream was in neither the credit nor the queue's wait list, and its sender waited forever).
+#[test]
+fn credit_that_returns_while_the_send_queue_is_full_wakes_the_stream_when_it_drains() {
+    let clock = Clock::new();
+    let ccfg = tight(|c| c.send_queue_bytes = MAX_FRAME_BYTES);
+    let scfg = tight(|c| c.window = 1);
+    let (mut c, mut s) = (client(clock.now, ccfg), server(clock.now, scfg));
+    establish(&mut c, &mut s, clock.now, sid(1));
+    establish(&mut c, &mut s, clock.now, sid(2));
+    // Stream 2 spends its one record of credit; the record goes out.
+    assert_eq!(c.send_ready(&sid(2)), Ok(1));
+    c.send(&sid(2), Bytes::from_static(b"r1")).unwrap();
+    while let Some(t) = c.poll_transmit(clock.now) {
+        if let Transmit::Frame(f) = t {
+            s.handle_frame(clock.now, f.encode().unwrap());
+        }
+    }
+    assert_eq!(c.send_ready(&sid(2)), Err(SendError::Blocked), "no credit");
+    // Stream 1 fills the link's send queue.
+    assert_eq!(c.send_ready(&sid(1)), Ok(1));
+    c.send(&sid(1), Bytes::from(vec![7; MAX_PAYLOAD_BYTES]))
+        .unwrap();
+    // The server consumes stream 2's record: its ACK brings credit while the queue is full.
+    let _ = events(&mut s);
+    s.consumed(&sid(2), 1).unwrap();
+    while let Some(t) = s.poll_transmit(clock.now) {
+        if let Transmit::Frame(f) = t {
+            c.handle_frame(clock.now, f.encode().unwrap());
+        }
+    }
+    assert_eq!(c.credit(&sid(2)), 1);
+    assert!(
+        events(&mut c).is_empty(),
+        "not writable yet: the queue is full"
+    );
+    // The queue drains: stream 2 is told.
+    while c.poll_transmit(clock.now).is_some() {}
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(2) }]);
+    assert_eq!(c.send_ready(&sid(2)), Ok(2));
 }

@@ -21,8 +21,9 @@ use crate::rpc::messages::TermSize;
 /// Flags of `execrelay run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Server URL (`ws://HOST:PORT`). Omit it (or pass `--local`) to run an exec server in
-    /// this process.
+    /// Server URL: `ws://HOST:PORT`, `noise+ws://HOST:PORT`, or through a relay
+    /// `relay+ws://RELAY:PORT/ENVIRONMENT_ID` (`relay+wss://` over TLS). Omit it (or pass
+    /// `--local`) to run an exec server in this process.
     pub target: Option<String>,
     /// Run the command through an exec server in this process (`Client::in_process`).
     #[arg(long)]
@@ -39,19 +40,24 @@ pub struct RunArgs {
     /// Terminate the command after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
-    /// noise+ws: the server's public key (a `.pub` file or the key line itself).
+    /// noise+ws and relay+ws: the exec server's public key (a `.pub` file or the key line
+    /// itself; through a relay, still the exec server's, never the relay's).
     #[arg(long, value_name = "KEY_OR_FILE")]
     pub server_key: Option<String>,
-    /// noise+ws: this client's private key file.
+    /// noise+ws and relay+ws: this client's private key file.
     #[arg(long, value_name = "FILE")]
     pub key: Option<std::path::PathBuf>,
-    /// noise+ws: a token to present in the handshake (read from the file).
+    /// noise+ws and relay+ws: a token to present in the handshake (read from the file).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
     /// Approve every process the server's exec policy asks about, without asking. Without
     /// it, `run` asks on the controlling terminal, and denies when there is none.
     #[arg(long)]
     pub approve_all: bool,
+    /// relay+wss: trust only the CA certificates (PEM) in this file instead of the platform's
+    /// roots (a relay behind a proxy with a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Receive output as JSON with base64 instead of binary messages (the default where the
     /// transport carries them; `protocol.md` §5.1).
     #[arg(long)]
@@ -97,18 +103,26 @@ fn parse_remote(args: &RunArgs) -> Result<Target, String> {
     match &args.target {
         None => Err("no target".into()),
         Some(t) if t.starts_with("ws://") => Ok(Target::Ws(t.clone())),
-        Some(t) if t.starts_with("noise+ws://") => {
+        Some(t)
+            if t.starts_with("noise+ws://")
+                || t.starts_with("relay+ws://")
+                || t.starts_with("relay+wss://") =>
+        {
+            use crate::link::client::{LinkPool, NoiseClientConfig};
+            use crate::link::dial::{LinkTarget, TlsRoots};
             use crate::noise::keys::{load_public, Keypair};
+            LinkTarget::parse(t).map_err(|e| e.to_string())?;
             let server = args.server_key.as_deref().ok_or(
-                "noise+ws:// needs --server-key (the server's public key; no trust on first use)",
+                "noise+ws:// and relay+ws:// need --server-key (the exec server's public key; no trust on first use)",
             )?;
             let server_public = load_public(server).map_err(|e| e.to_string())?;
             let key = args
                 .key
                 .as_ref()
-                .ok_or("noise+ws:// needs --key (this client's private key)")?;
+                .ok_or("noise+ws:// and relay+ws:// need --key (this client's private key)")?;
             let keys = Keypair::load(key).map_err(|e| e.to_string())?;
-            let token = match &args.token_file {
+            let mut config = NoiseClientConfig::new(keys, server_public);
+            config.token = match &args.token_file {
                 Some(p) => Some(
                     std::fs::read_to_string(p)
                         .map_err(|e| format!("{}: {e}", p.display()))?
@@ -117,21 +131,21 @@ fn parse_remote(args: &RunArgs) -> Result<Target, String> {
                 ),
                 None => None,
             };
+            if let Some(ca) = &args.ca_file {
+                let roots = TlsRoots::CaFile(ca.clone());
+                // Checked now, so a bad file is reported before anything is dialled.
+                roots.client_config().map_err(|e| e.to_string())?;
+                config.tls = roots;
+            }
             Ok(Target::Noise {
                 url: t.clone(),
-                config: std::sync::Arc::new(crate::link::client::NoiseClientConfig {
-                    keys,
-                    server_public,
-                    token,
-                    env_id: String::new(),
-                    max_message_bytes: crate::config::MAX_MESSAGE_BYTES,
-                }),
+                config: std::sync::Arc::new(config),
                 // One client per run: the pool holds its link across resumes.
-                pool: crate::link::client::LinkPool::new(),
+                pool: LinkPool::new(),
             })
         }
         Some(t) => Err(format!(
-            "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT or --local"
+            "unsupported target {t:?}: expected ws://HOST:PORT, noise+ws://HOST:PORT, relay+ws://RELAY:PORT/ENVIRONMENT_ID, relay+wss://RELAY:PORT/ENVIRONMENT_ID or --local"
         )),
     }
 }
@@ -447,9 +461,12 @@ fn signal_number(name: &str) -> i32 {
         .unwrap_or(0)
 }
 
-/// `execrelay demo`: a local WebSocket server and a client streaming a command's output.
+/// `execrelay demo`: the whole path on one machine. Throwaway keys; a relay in this process;
+/// an exec server (`execrelay serve --relay …`, a child process) registered with it; and the
+/// demo client running a command through the relay over Noise.
 pub fn demo_main(args: DemoArgs) -> i32 {
-    crate::cli::init_logging("warn", false);
+    // The relay's own link notices (a link closing at shutdown) are not the demo's story.
+    crate::cli::init_logging("warn,execrelay_relay=error", false);
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -457,54 +474,137 @@ pub fn demo_main(args: DemoArgs) -> i32 {
             return 1;
         }
     };
-    rt.block_on(demo(args))
-}
-
-async fn demo(args: DemoArgs) -> i32 {
-    use tokio::io::AsyncBufReadExt;
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
+    match rt.block_on(demo(args)) {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("execrelay demo: {e}");
-            return 1;
+            1
         }
+    }
+}
+
+/// How long the demo waits for the exec server to register with the relay.
+const DEMO_REGISTER_TIMEOUT: Duration = Duration::from_secs(15);
+
+async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
+    use crate::link::client::{LinkPool, NoiseClientConfig};
+    use crate::noise::keys::{fingerprint, public_line, Keypair};
+    use execrelay_relay::keys::environments::EnvironmentsFile;
+    use execrelay_relay::server::settings::RelaySettings;
+    use execrelay_relay::server::RelayServerConfig;
+    use tokio::io::AsyncBufReadExt;
+
+    // 1. Throwaway keys, as `execrelay keygen` writes them.
+    let dir = std::env::temp_dir().join(format!("execrelay-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(dir.clone());
+    let (relay_keys, server_keys, client_keys) = (
+        Keypair::generate()?,
+        Keypair::generate()?,
+        Keypair::generate()?,
+    );
+    relay_keys.write(&dir.join("relay"), "demo-relay")?;
+    server_keys.write(&dir.join("server"), "demo-server")?;
+    let env_id = "demo";
+    std::fs::write(
+        dir.join("environments"),
+        format!(
+            "{env_id} {}\n",
+            public_line(&server_keys.public, "demo-server")
+        ),
+    )?;
+    std::fs::write(
+        dir.join("authorized_keys"),
+        format!("{}\n", public_line(&client_keys.public, "demo-client")),
+    )?;
+    println!(
+        "demo: keys in {} (relay, exec server, client; deleted at the end)",
+        dir.display()
+    );
+
+    // 2. The relay, in this process.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let relay_url = format!("ws://{}", listener.local_addr()?);
+    let relay_config = RelayServerConfig {
+        keys: relay_keys.clone(),
+        environments: EnvironmentsFile::load(&dir.join("environments"))?,
+        settings: RelaySettings::default(),
     };
+    let relay_stop = tokio_util::sync::CancellationToken::new();
+    let relay = tokio::spawn(execrelay_relay::server::run(
+        listener,
+        relay_config,
+        relay_stop.clone(),
+    ));
+    println!(
+        "demo: relay listening on {relay_url} (key {}); it routes frames and reads none",
+        fingerprint(&relay_keys.public)
+    );
+
+    // 3. The exec server, a child process that dials out to the relay.
+    let exe = std::env::current_exe()?;
     let mut cmd = tokio::process::Command::new(exe);
     if std::env::var_os("RUST_LOG").is_none() {
         // Keep the demo's own output readable; RUST_LOG=info shows the server's logs.
         cmd.env("RUST_LOG", "warn");
     }
-    let mut server = match cmd
-        .args(["serve", "--listen", "ws://127.0.0.1:0"])
+    let mut server = cmd
+        .arg("serve")
+        .args(["--relay", &relay_url, "--environment-id", env_id])
+        .arg("--relay-key")
+        .arg(dir.join("relay.pub"))
+        .arg("--key")
+        .arg(dir.join("server"))
+        .arg("--authorized-keys")
+        .arg(dir.join("authorized_keys"))
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("execrelay demo: cannot start server: {e}");
-            return 1;
-        }
-    };
-    let Some(out) = server.stdout.take() else {
-        return 1;
-    };
+        .map_err(|e| anyhow::anyhow!("cannot start the exec server: {e}"))?;
+    let out = server
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let mut lines = tokio::io::BufReader::new(out).lines();
-    let url = match lines.next_line().await {
-        Ok(Some(u)) => u,
-        _ => {
-            eprintln!("execrelay demo: server did not print its URL");
-            return 1;
+    let url = lines
+        .next_line()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the exec server did not print its URL"))?;
+    println!(
+        "demo: exec server (pid {}) dialled out as environment {env_id:?}; clients reach it at {url}",
+        server.id().unwrap_or(0)
+    );
+
+    // 4. The client, through the relay, end to end encrypted to the exec server's key.
+    let config = NoiseClientConfig::new(client_keys, server_keys.public);
+    let target = Target::Noise {
+        url: url.clone(),
+        config: std::sync::Arc::new(config),
+        pool: LinkPool::new(),
+    };
+    let deadline = tokio::time::Instant::now() + DEMO_REGISTER_TIMEOUT;
+    let client = loop {
+        match Client::connect(target.clone(), ClientOptions::default()).await {
+            Ok(c) => break c,
+            // The exec server may not have registered yet.
+            Err(e)
+                if tokio::time::Instant::now() < deadline && e.to_string().contains("offline") =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
         }
     };
-    println!("demo: exec server listening on {url}");
-    let client = match Client::connect(Target::Ws(url.clone()), ClientOptions::default()).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("execrelay demo: {e}");
-            return 1;
-        }
-    };
+    println!(
+        "demo: client -> relay -> exec server: Noise_IK stream open, session {}",
+        client.session_id().unwrap_or_default()
+    );
     let argv = if args.argv.is_empty() {
         vec![
             "sh".to_string(),
@@ -515,13 +615,7 @@ async fn demo(args: DemoArgs) -> i32 {
         args.argv
     };
     println!("demo: running {argv:?}");
-    let mut p = match client.start(StartOptions::new("demo-1", argv)).await {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("execrelay demo: {e}");
-            return 1;
-        }
-    };
+    let mut p = client.start(StartOptions::new("demo-1", argv)).await?;
     let mut status = 1;
     while let Some(ev) = p.next_event().await {
         match ev {
@@ -553,8 +647,10 @@ async fn demo(args: DemoArgs) -> i32 {
         );
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), server.wait()).await;
-    println!("demo: done");
-    status
+    relay_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), relay).await;
+    println!("demo: done (every byte between client and exec server crossed the relay encrypted)");
+    Ok(status)
 }
 
 #[cfg(test)]

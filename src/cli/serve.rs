@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigFlags, ServerConfig};
+use crate::link::environment::RelayDial;
 use crate::link::server::NoiseServerConfig;
 use crate::policy::PolicyFile;
 use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener, Server};
@@ -32,9 +33,24 @@ pub enum LogFormat {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// `stdio`, `ws://HOST:PORT` or `noise+ws://HOST:PORT` (port 0 picks one; the bound URL is
-    /// printed first).
-    #[arg(long, default_value = "stdio")]
-    pub listen: String,
+    /// printed first) [default: stdio, unless --relay is given].
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Also (or only) serve through a relay: its base URL, `ws://RELAY:PORT` or
+    /// `wss://RELAY:PORT`; the server dials `URL/v1/env/ID` and keeps that link up. Needs
+    /// --environment-id, --relay-key, --key and --authorized-keys.
+    #[arg(long, value_name = "URL")]
+    pub relay: Option<String>,
+    /// --relay: this environment's id (as listed in the relay's environments file).
+    #[arg(long, value_name = "ID")]
+    pub environment_id: Option<String>,
+    /// --relay: the relay's public key (a `.pub` file or the key line itself), pinned.
+    #[arg(long, value_name = "KEY_OR_FILE")]
+    pub relay_key: Option<String>,
+    /// --relay with wss://: trust only the CA certificates (PEM) in this file instead of the
+    /// platform's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Allow plain `ws://` on a non-loopback address (traffic is unencrypted).
     #[arg(long)]
     pub danger_plaintext: bool,
@@ -49,13 +65,13 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
-    /// noise+ws: the server's private key file (from `execrelay keygen`).
+    /// noise+ws and --relay: the server's private key file (from `execrelay keygen`).
     #[arg(long)]
     pub key: Option<PathBuf>,
-    /// noise+ws: the authorized-keys file (re-read when it changes).
+    /// noise+ws and --relay: the authorized-keys file (re-read when it changes).
     #[arg(long)]
     pub authorized_keys: Option<PathBuf>,
-    /// noise+ws: also require this token (read from the file) in every handshake.
+    /// noise+ws and --relay: also require this token (read from the file) in every handshake.
     #[arg(long)]
     pub auth_token_file: Option<PathBuf>,
     /// The exec policy: a TOML file of rules that allow, deny or ask (the client) about each
@@ -69,18 +85,21 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The Noise listener's keys and authorizer (loaded and checked here, at start).
-    pub fn noise_config(&self) -> anyhow::Result<NoiseServerConfig> {
+    /// The Noise listener's keys and authorizer (loaded and checked here, at start), for
+    /// environment `env_id` (empty for a direct `noise+ws://` listener).
+    pub fn noise_config(&self, env_id: &str) -> anyhow::Result<NoiseServerConfig> {
         use crate::noise::authorizer::KeysAuthorizer;
         use crate::noise::keys::{AuthorizedKeys, Keypair};
         let key = self.key.as_ref().ok_or_else(|| {
-            anyhow::anyhow!("noise+ws needs --key (create one with `execrelay keygen -o FILE`)")
+            anyhow::anyhow!(
+                "noise+ws and --relay need --key (create one with `execrelay keygen -o FILE`)"
+            )
         })?;
         let keys = Keypair::load(key)?;
         let auth = self
             .authorized_keys
             .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("noise+ws needs --authorized-keys FILE"))?;
+            .ok_or_else(|| anyhow::anyhow!("noise+ws and --relay need --authorized-keys FILE"))?;
         let authorized = AuthorizedKeys::load(auth)?;
         let token = match &self.auth_token_file {
             Some(p) => {
@@ -97,8 +116,56 @@ impl ServeArgs {
         Ok(NoiseServerConfig {
             keys,
             authorizer: Arc::new(KeysAuthorizer::new(authorized, token)),
-            env_id: String::new(),
+            env_id: env_id.to_string(),
         })
+    }
+
+    /// The `--listen` address: the flag, or `stdio` unless `--relay` is given.
+    pub fn listen(&self) -> anyhow::Result<Option<ListenAddr>> {
+        match (&self.listen, &self.relay) {
+            (Some(l), _) => Ok(Some(parse_listen(l, self.danger_plaintext)?)),
+            (None, Some(_)) => Ok(None),
+            (None, None) => Ok(Some(ListenAddr::Stdio)),
+        }
+    }
+
+    /// The environment link (`--relay`), checked at start: its flags, the relay's key, the
+    /// URL and the CA file.
+    pub fn relay_dial(&self) -> anyhow::Result<Option<RelayDial>> {
+        use crate::link::dial::{check_env_id, environment_url, TlsRoots};
+        let Some(relay) = &self.relay else {
+            if self.environment_id.is_some() || self.relay_key.is_some() {
+                anyhow::bail!("--environment-id and --relay-key go with --relay URL");
+            }
+            return Ok(None);
+        };
+        let env_id = self
+            .environment_id
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--relay needs --environment-id ID"))?;
+        check_env_id(env_id)?;
+        let relay_key = self.relay_key.as_deref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--relay needs --relay-key (the relay's public key: a .pub file or the key line)"
+            )
+        })?;
+        let relay_public = crate::noise::keys::load_public(relay_key)
+            .map_err(|e| anyhow::anyhow!("--relay-key: {e}"))?;
+        environment_url(relay, env_id)?;
+        let tls = match &self.ca_file {
+            Some(p) => {
+                let roots = TlsRoots::CaFile(p.clone());
+                roots.client_config()?;
+                roots
+            }
+            None => TlsRoots::Platform,
+        };
+        Ok(Some(RelayDial {
+            relay_url: relay.clone(),
+            env_id: env_id.to_string(),
+            relay_public,
+            tls,
+        }))
     }
 
     /// Build the configuration: defaults, then the file, then flags.
@@ -167,28 +234,36 @@ pub fn main(args: ServeArgs) -> i32 {
     crate::cli::init_logging("info", matches!(args.log_format, LogFormat::Json));
     let prepared = (|| -> anyhow::Result<_> {
         let config = Arc::new(args.config()?);
-        let listen = parse_listen(&args.listen, args.danger_plaintext)?;
+        let listen = args.listen()?;
+        let relay = args.relay_dial()?;
         // The policy file before containment: a file that does not parse stops the start
         // (naming the file and the rule) before any cgroup is made or swept.
         let policy = args.exec_policy()?;
         if let Some(p) = &policy {
             tracing::info!(path = %p.path().display(), rules = p.current().rule_count(), "exec policy loaded");
         }
-        // Containment (and its crash sweep) before anything is bound or printed: a backend
-        // named explicitly that cannot work here stops the start with its reason.
-        let server = Server::with_exec_policy(config, policy)?;
         let noise = match listen {
-            ListenAddr::Noise(_) => Some(Arc::new(args.noise_config()?)),
+            Some(ListenAddr::Noise(_)) => Some(Arc::new(args.noise_config("")?)),
             _ => None,
+        };
+        let relay = match relay {
+            Some(dial) => {
+                let noise = Arc::new(args.noise_config(&dial.env_id)?);
+                Some((dial, noise))
+            }
+            None => None,
         };
         let metrics = args
             .metrics_listen
             .as_deref()
             .map(parse_metrics_listen)
             .transpose()?;
-        Ok((server, listen, noise, metrics))
+        // Containment (and its crash sweep) before anything is bound or printed: a backend
+        // named explicitly that cannot work here stops the start with its reason.
+        let server = Server::with_exec_policy(config, policy)?;
+        Ok((server, listen, noise, relay, metrics))
     })();
-    let (server, listen, noise, metrics) = match prepared {
+    let (server, listen, noise, relay, metrics) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             eprintln!("execrelay serve: {e}");
@@ -210,7 +285,7 @@ pub fn main(args: ServeArgs) -> i32 {
         // Installed before the URL is printed: a client may signal us as soon as it reads it.
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
-        let listeners = match bind(listen, noise, metrics).await {
+        let listeners = match bind(listen, noise, relay, metrics).await {
             Ok(listeners) => listeners,
             Err(e) => {
                 eprintln!("execrelay serve: {e}");
@@ -259,10 +334,13 @@ fn raise_descriptor_limit(reserve: usize) -> anyhow::Result<()> {
 }
 
 /// Bind every listener; print the metrics URL on stderr and the bound URL as the first line
-/// of stdout (scripts and tests read both, so they bypass the log filter).
+/// of stdout (scripts and tests read both, so they bypass the log filter). With `--relay`,
+/// the URL clients use through the relay (`relay+ws://RELAY:PORT/ID`) follows (or, without
+/// `--listen`, is the first line).
 async fn bind(
-    listen: ListenAddr,
+    listen: Option<ListenAddr>,
     noise: Option<Arc<NoiseServerConfig>>,
+    relay: Option<(RelayDial, Arc<NoiseServerConfig>)>,
     metrics: Option<SocketAddr>,
 ) -> anyhow::Result<Vec<Listener>> {
     let mut listeners = Vec::new();
@@ -274,29 +352,38 @@ async fn bind(
         eprintln!("execrelay metrics: http://{local}{METRICS_PATH}");
         listeners.push(Listener::Metrics(listener));
     }
-    let (listener, url) = match (listen, noise) {
-        (ListenAddr::Stdio, _) => {
-            listeners.push(Listener::Stdio);
-            return Ok(listeners);
-        }
-        (ListenAddr::Ws(addr), _) => {
+    let mut urls = Vec::new();
+    match (listen, noise) {
+        (None, _) => {}
+        (Some(ListenAddr::Stdio), _) => listeners.push(Listener::Stdio),
+        (Some(ListenAddr::Ws(addr)), _) => {
             let tcp = bind_tcp(addr).await?;
-            let url = bound_url(tcp.local_addr()?);
-            (Listener::Ws(tcp), url)
+            urls.push(bound_url(tcp.local_addr()?));
+            listeners.push(Listener::Ws(tcp));
         }
-        (ListenAddr::Noise(addr), Some(noise)) => {
+        (Some(ListenAddr::Noise(addr)), Some(noise)) => {
             let tcp = bind_tcp(addr).await?;
-            let url = bound_noise_url(tcp.local_addr()?);
-            (Listener::Noise(tcp, noise), url)
+            urls.push(bound_noise_url(tcp.local_addr()?));
+            listeners.push(Listener::Noise(tcp, noise));
         }
-        (ListenAddr::Noise(_), None) => anyhow::bail!("noise+ws needs --key"),
-    };
+        (Some(ListenAddr::Noise(_)), None) => anyhow::bail!("noise+ws needs --key"),
+    }
+    if let Some((dial, noise)) = relay {
+        urls.push(relay_client_url(&dial.relay_url, &dial.env_id));
+        listeners.push(Listener::Relay(dial, noise));
+    }
     let mut out = std::io::stdout();
-    let _ = writeln!(out, "{url}");
+    for url in &urls {
+        let _ = writeln!(out, "{url}");
+        tracing::info!(%url, "listening");
+    }
     let _ = out.flush();
-    tracing::info!(%url, "listening");
-    listeners.push(listener);
     Ok(listeners)
+}
+
+/// The URL clients use to reach this server through the relay: `ws://R` → `relay+ws://R/ID`.
+fn relay_client_url(relay: &str, env_id: &str) -> String {
+    format!("relay+{}/{env_id}", relay.trim_end_matches('/'))
 }
 
 async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {

@@ -1,33 +1,36 @@
-//! The client's side of a physical link: many virtual streams over one WebSocket, shared on
-//! purpose through a [`LinkPool`] by the clients that talk to the same server with the same
-//! keys.
+//! The client's side of a physical link, on the link engine: many Noise virtual streams over
+//! one WebSocket to a server (`noise+ws://`) or to a relay (`relay+ws://RELAY:PORT/ID`,
+//! `relay+wss://…`), shared on purpose through a [`LinkPool`] by the clients that talk to the
+//! same place with the same keys.
 //!
-//! `open_stream` sends `OPEN` (handshake message 1), waits for `ACCEPT`, verifies message 2
-//! and only then hands out a [`Transport`]: the client sends no application data before the
-//! server is authenticated. There is no process-wide state here except the message-1
-//! timestamp counter ([`next_hello_ts`]): links are shared only through a pool the caller
-//! owns, so two pools (two tests in one process, say) never share a link by accident.
+//! `open_stream` sends `OPEN` (handshake message 1, with the environment id in the prologue
+//! for a relay target), waits for `ACCEPT`, verifies message 2 and only then hands out a
+//! [`Transport`]: the client sends no application data before the server is authenticated.
+//! The engine (`execrelay_relay::driver::EndpointLink`) owns frames, windows, keepalive and
+//! the write deadline; a stream whose consumer stops reading holds back its server's sender
+//! and nothing else. There is no process-wide state here except the message-1 timestamp
+//! counter ([`next_hello_ts`]): links are shared only through a pool the caller owns.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_util::sync::CancellationToken;
+use bytes::Bytes;
+use futures_util::StreamExt;
 
-use super::virtual_stream::open_stream;
+use super::dial::{dial, DialError, LinkTarget, TlsRoots};
+use super::virtual_stream::noise_transport;
+use crate::bounds::ByteBudget;
 use crate::noise::handshake::ClientHandshake;
 use crate::noise::keys::{fingerprint, Keypair, KEY_BYTES};
-use crate::noise::record::{Opened, RecordOpener};
 use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
-use crate::transport::websocket::websocket_config;
 use crate::transport::Transport;
-use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
+use execrelay_relay::config::{EndpointConfig, KeepaliveConfig};
+use execrelay_relay::driver::{Accepted, EndpointLink, StreamError};
+use execrelay_relay::reason::Reason;
 
-/// How long `open_stream` waits for `ACCEPT`.
+/// How long connecting a link, and each `OPEN` waiting for its `ACCEPT`, may take.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
 /// Handshakes a client keeps in flight on one link, below the server's default
 /// `MAX_PENDING_AUTHORIZATIONS` (32) so that a burst of streams is not turned away as busy.
@@ -39,24 +42,36 @@ const BUSY_RETRIES: u32 = 6;
 /// another pool) had a handshake stamped later accepted before this one was checked; the next
 /// handshake, stamped after that, passes.
 const REPLAYED_RETRIES: u32 = 2;
-/// Frames queued for the link writer.
-const SEND_QUEUE: usize = 1024;
-/// Inbound messages queued per stream.
-const INBOUND_QUEUE: usize = 1024;
 
 /// Client-side Noise settings.
 #[derive(Clone)]
 pub struct NoiseClientConfig {
     /// The client's static key.
     pub keys: Keypair,
-    /// The pinned server key.
+    /// The pinned server key (for a relay target: the exec server's, not the relay's).
     pub server_public: [u8; KEY_BYTES],
     /// Optional token for servers that require one.
     pub token: Option<String>,
-    /// Environment id (empty for a direct connection).
-    pub env_id: String,
     /// Largest message accepted.
     pub max_message_bytes: usize,
+    /// Keepalive and write deadline of the link (§6.4).
+    pub keepalive: KeepaliveConfig,
+    /// How `relay+wss://` verifies the relay's certificate.
+    pub tls: TlsRoots,
+}
+
+impl NoiseClientConfig {
+    /// Settings for `keys` pinning `server_public`, everything else at its default.
+    pub fn new(keys: Keypair, server_public: [u8; KEY_BYTES]) -> Self {
+        NoiseClientConfig {
+            keys,
+            server_public,
+            token: None,
+            max_message_bytes: crate::config::MAX_MESSAGE_BYTES,
+            keepalive: KeepaliveConfig::default(),
+            tls: TlsRoots::Platform,
+        }
+    }
 }
 
 impl std::fmt::Debug for NoiseClientConfig {
@@ -93,6 +108,11 @@ pub enum NoiseError {
     /// accepted for this key (retried by `open_stream` with a fresh handshake).
     #[error("the server refused the handshake as a replay (a later one with the same key was accepted first)")]
     Replayed,
+    /// The relay has no link from this environment now (`environment_offline`), or it went
+    /// away while the handshake was under way (`environment_gone`). Transient: the exec
+    /// server reconnects on its own.
+    #[error("environment {0:?} is offline: the relay has no link from its exec server ({1})")]
+    EnvironmentOffline(String, String),
     /// No answer in time.
     #[error("no answer to the handshake within {0:?}")]
     Timeout(Duration),
@@ -108,29 +128,23 @@ fn explain_reset(reason: &str) -> String {
     }
 }
 
-enum Entry {
-    Opening {
-        hs: Box<ClientHandshake>,
-        reply: oneshot::Sender<Result<Transport, NoiseError>>,
-    },
-    Open {
-        inbound: super::virtual_stream::InboundSender,
-        opener: RecordOpener,
-    },
-}
-
-/// One physical link to a server.
+/// One physical link to a server or a relay. Dropping the last handle (the pool holds only
+/// weak ones; every stream's transport holds one) closes it.
 pub struct ClientLink {
     cfg: NoiseClientConfig,
     url: String,
-    ctrl: mpsc::Sender<Vec<u8>>,
-    data: mpsc::Sender<Vec<u8>>,
-    streams: Mutex<HashMap<StreamId, Entry>>,
-    dead: CancellationToken,
+    target: LinkTarget,
+    link: EndpointLink,
     opening: tokio::sync::Semaphore,
     /// Held from stamping a message 1 until its `OPEN` is queued, so that `OPEN`s leave in
     /// the order of their `ts`: the server refuses a `ts` below one it has seen.
-    stamp_order: tokio::sync::Mutex<()>,
+    stamp_order: Mutex<()>,
+}
+
+impl Drop for ClientLink {
+    fn drop(&mut self) {
+        self.link.close();
+    }
 }
 
 type LinkKey = (String, [u8; KEY_BYTES], [u8; KEY_BYTES]);
@@ -142,9 +156,9 @@ struct PoolInner {
     connecting: tokio::sync::Mutex<()>,
 }
 
-/// The physical links a group of clients share: one per (server URL, client key, server
-/// key), kept while any of its streams lives. The caller owns the pool and decides who shares
-/// it (clone it to share: clones are the same pool); nothing is shared outside a pool.
+/// The physical links a group of clients share: one per (URL, client key, server key), kept
+/// while any of its streams lives. The caller owns the pool and decides who shares it (clone
+/// it to share: clones are the same pool); nothing is shared outside a pool.
 #[derive(Clone, Default)]
 pub struct LinkPool {
     inner: Arc<PoolInner>,
@@ -175,7 +189,7 @@ impl LinkPool {
             lock(&self.inner.links)
                 .get(key)
                 .and_then(Weak::upgrade)
-                .filter(|l| !l.dead.is_cancelled())
+                .filter(|l| !l.is_dead())
         };
         if let Some(l) = live(&key) {
             return Ok(l);
@@ -187,7 +201,7 @@ impl LinkPool {
         let link = ClientLink::connect(url, cfg.clone()).await?;
         let mut links = lock(&self.inner.links);
         // Forget links that are gone, so the map holds no more entries than live links.
-        links.retain(|_, l| l.upgrade().is_some_and(|l| !l.dead.is_cancelled()));
+        links.retain(|_, l| l.upgrade().is_some_and(|l| !l.is_dead()));
         links.insert(key, Arc::downgrade(&link));
         Ok(link)
     }
@@ -196,191 +210,42 @@ impl LinkPool {
     pub fn live_links(&self) -> usize {
         lock(&self.inner.links)
             .values()
-            .filter(|l| l.upgrade().is_some_and(|l| !l.dead.is_cancelled()))
+            .filter(|l| l.upgrade().is_some_and(|l| !l.is_dead()))
             .count()
     }
 }
 
-/// `noise+ws://HOST:PORT` → `ws://HOST:PORT/v1/link`.
+/// `noise+ws://HOST:PORT` → `ws://HOST:PORT/v1/link`; `relay+ws://RELAY:PORT/ID` →
+/// `ws://RELAY:PORT/v1/connect/ID`; `relay+wss://…` → `wss://…`.
 pub fn link_url(url: &str) -> Option<String> {
-    let rest = url.strip_prefix("noise+ws://")?;
-    let hostport = rest.trim_end_matches('/');
-    Some(format!("ws://{hostport}{}", super::server::LINK_PATH))
+    LinkTarget::parse(url).ok().map(|t| t.ws_url)
 }
 
 impl ClientLink {
     /// A new link of its own.
     pub async fn connect(url: &str, cfg: NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
-        let ws_url = link_url(url).ok_or_else(|| {
-            NoiseError::Connect(url.into(), "expected noise+ws://HOST:PORT".into())
-        })?;
-        let connect = tokio_tungstenite::connect_async_with_config(
-            ws_url.as_str(),
-            Some(websocket_config(MAX_FRAME_BYTES)),
-            true,
-        );
-        let (ws, _) = tokio::time::timeout(OPEN_TIMEOUT, connect)
-            .await
-            .map_err(|_| NoiseError::Timeout(OPEN_TIMEOUT))?
+        let target =
+            LinkTarget::parse(url).map_err(|e| NoiseError::Connect(url.into(), e.to_string()))?;
+        let ws = match dial(&target.ws_url, &cfg.tls, OPEN_TIMEOUT).await {
+            Ok(ws) => ws,
+            Err(DialError::Timeout(_, d)) => return Err(NoiseError::Timeout(d)),
+            Err(e) => return Err(NoiseError::Connect(url.into(), e.to_string())),
+        };
+        let ecfg = EndpointConfig {
+            keepalive: cfg.keepalive,
+            ..EndpointConfig::default()
+        };
+        let link = EndpointLink::spawn_client(ws, ecfg)
             .map_err(|e| NoiseError::Connect(url.into(), e.to_string()))?;
-        let (mut sink, mut stream) = ws.split();
-        let (ctrl_tx, mut ctrl_rx) = mpsc::channel::<Vec<u8>>(SEND_QUEUE);
-        let (data_tx, mut data_rx) = mpsc::channel::<Vec<u8>>(SEND_QUEUE);
-        let link = Arc::new(ClientLink {
+        tracing::debug!(%url, "noise link connected");
+        Ok(Arc::new(ClientLink {
             cfg,
             url: url.to_string(),
-            ctrl: ctrl_tx,
-            data: data_tx,
-            streams: Mutex::new(HashMap::new()),
-            dead: CancellationToken::new(),
+            target,
+            link,
             opening: tokio::sync::Semaphore::new(MAX_OPENING_STREAMS),
-            stamp_order: tokio::sync::Mutex::new(()),
-        });
-
-        // Writer: never tied to the reader.
-        let dead = link.dead.clone();
-        tokio::spawn(async move {
-            loop {
-                let m = tokio::select! {
-                    biased;
-                    _ = dead.cancelled() => break,
-                    m = ctrl_rx.recv() => m,
-                    m = data_rx.recv() => m,
-                };
-                let Some(m) = m else { break };
-                if sink.feed(Message::Binary(m)).await.is_err() {
-                    break;
-                }
-                let mut ok = true;
-                while let Ok(m) = ctrl_rx.try_recv().or_else(|_| data_rx.try_recv()) {
-                    if sink.feed(Message::Binary(m)).await.is_err() {
-                        ok = false;
-                        break;
-                    }
-                }
-                if !ok || sink.flush().await.is_err() {
-                    break;
-                }
-            }
-            let _ = tokio::time::timeout(super::server::LINK_CLOSE_TIMEOUT, sink.close()).await;
-            dead.cancel();
-        });
-
-        // Reader.
-        let weak = Arc::downgrade(&link);
-        let dead = link.dead.clone();
-        tokio::spawn(async move {
-            loop {
-                let m = tokio::select! {
-                    _ = dead.cancelled() => break,
-                    m = stream.next() => m,
-                };
-                let bytes = match m {
-                    Some(Ok(Message::Binary(b))) => b,
-                    Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => continue,
-                    _ => break,
-                };
-                let Some(link) = weak.upgrade() else { break };
-                let Ok(frame) = Frame::decode_owned(bytes) else {
-                    continue;
-                };
-                link.on_frame(frame).await;
-            }
-            dead.cancel();
-            if let Some(link) = weak.upgrade() {
-                // Ending every stream: their transports report the loss.
-                let entries: Vec<Entry> = lock(&link.streams).drain().map(|(_, e)| e).collect();
-                for e in entries {
-                    if let Entry::Opening { reply, .. } = e {
-                        let _ = reply.send(Err(NoiseError::LinkLost));
-                    }
-                }
-            }
-        });
-        tracing::debug!(%url, "noise link connected");
-        Ok(link)
-    }
-
-    async fn on_frame(&self, frame: Frame) {
-        let sid = frame.stream;
-        match frame.ftype {
-            FrameType::Accept => {
-                let entry = lock(&self.streams).remove(&sid);
-                let Some(Entry::Opening { hs, reply }) = entry else {
-                    return;
-                };
-                match hs.finish(&frame.payload) {
-                    Ok((keys, _welcome)) => {
-                        let parts = open_stream(
-                            sid,
-                            keys,
-                            self.cfg.max_message_bytes,
-                            self.data.clone(),
-                            INBOUND_QUEUE,
-                            self.url.clone(),
-                        );
-                        lock(&self.streams).insert(
-                            sid,
-                            Entry::Open {
-                                inbound: parts.inbound,
-                                opener: parts.opener,
-                            },
-                        );
-                        let _ = reply.send(Ok(parts.transport));
-                    }
-                    Err(_) => {
-                        let _ = reply.send(Err(NoiseError::ServerKey));
-                        if let Ok(r) = Frame::reset(sid, "handshake_failed").encode() {
-                            let _ = self.ctrl.try_send(r);
-                        }
-                    }
-                }
-            }
-            FrameType::Data => {
-                let delivery = {
-                    let mut streams = lock(&self.streams);
-                    match streams.get_mut(&sid) {
-                        Some(Entry::Open { inbound, opener }) => {
-                            match opener.open_owned(frame.seq, frame.payload) {
-                                Ok(Opened::Messages(m)) => Some((inbound.clone(), m)),
-                                Ok(Opened::Close(_)) | Err(_) => {
-                                    // Closed on purpose, or garbage: the stream is over.
-                                    streams.remove(&sid);
-                                    None
-                                }
-                            }
-                        }
-                        _ => None,
-                    }
-                };
-                if let Some((tx, msgs)) = delivery {
-                    for m in msgs {
-                        // The client's opener has no budget: nothing to carry.
-                        if tx
-                            .send(Ok((m, crate::bounds::Charge::none())))
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                }
-            }
-            FrameType::Reset => {
-                let entry = lock(&self.streams).remove(&sid);
-                if let Some(Entry::Opening { reply, .. }) = entry {
-                    let reason = frame.reset_reason();
-                    let err = match reason.as_str() {
-                        "busy" => NoiseError::Busy,
-                        "replayed_handshake" => NoiseError::Replayed,
-                        _ => NoiseError::Refused(explain_reset(&reason)),
-                    };
-                    let _ = reply.send(Err(err));
-                }
-                // An open stream's inbound sender is dropped: its transport ends.
-            }
-            _ => {}
-        }
+            stamp_order: Mutex::new(()),
+        }))
     }
 
     /// Open a new virtual stream: handshake, then a transport. At most
@@ -408,64 +273,92 @@ impl ClientLink {
         }
     }
 
+    fn refusal(&self, e: StreamError) -> NoiseError {
+        match e {
+            StreamError::PeerReset(reason) => match reason.as_str() {
+                "busy" => NoiseError::Busy,
+                "replayed_handshake" => NoiseError::Replayed,
+                "environment_offline" | "environment_gone" => {
+                    NoiseError::EnvironmentOffline(self.target.env_id.clone(), reason)
+                }
+                _ => NoiseError::Refused(explain_reset(&reason)),
+            },
+            _ => NoiseError::LinkLost,
+        }
+    }
+
     async fn open_stream_once(self: &Arc<Self>) -> Result<Transport, NoiseError> {
-        if self.dead.is_cancelled() {
+        if self.is_dead() {
             return Err(NoiseError::LinkLost);
         }
         let mut sid = [0u8; 16];
         getrandom::getrandom(&mut sid)
             .map_err(|e| NoiseError::Connect(self.url.clone(), e.to_string()))?;
-        let order = self.stamp_order.lock().await;
-        let (hs, msg1) = ClientHandshake::start(
-            &self.cfg.keys,
-            &self.cfg.server_public,
-            &self.cfg.env_id,
-            &sid,
-            self.cfg.token.as_deref(),
-            next_hello_ts(),
-        )
-        .map_err(|e| NoiseError::Refused(e.to_string()))?;
-        let open = Frame::new(FrameType::Open, sid, 0, bytes::Bytes::from(msg1))
-            .encode()
+        let (hs, opening) = {
+            // Stamp and queue under one lock: OPENs leave in the order of their `ts`.
+            let _order = lock(&self.stamp_order);
+            let (hs, msg1) = ClientHandshake::start(
+                &self.cfg.keys,
+                &self.cfg.server_public,
+                &self.target.env_id,
+                &sid,
+                self.cfg.token.as_deref(),
+                next_hello_ts(),
+            )
             .map_err(|e| NoiseError::Refused(e.to_string()))?;
-        let (tx, rx) = oneshot::channel();
-        lock(&self.streams).insert(
-            sid,
-            Entry::Opening {
-                hs: Box::new(hs),
-                reply: tx,
-            },
-        );
-        if self.ctrl.send(open).await.is_err() {
-            return Err(NoiseError::LinkLost);
-        }
-        drop(order);
-        match tokio::time::timeout(OPEN_TIMEOUT, rx).await {
-            Ok(Ok(Ok(mut t))) => {
-                // The link lives as long as any of its streams.
-                let keep = self.clone();
-                t.incoming = Box::pin(t.incoming.map(move |m| {
-                    let _ = &keep;
-                    m
-                }));
-                Ok(t)
-            }
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(_)) => Err(NoiseError::LinkLost),
+            let opening = self
+                .link
+                .open(sid, Bytes::from(msg1))
+                .map_err(|e| self.refusal(e))?;
+            (hs, opening)
+        };
+        let Accepted { payload, stream } = match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return Err(self.refusal(e)),
+            // Dropping the opening abandons the stream.
+            Err(_) => return Err(NoiseError::Timeout(OPEN_TIMEOUT)),
+        };
+        let keys = match hs.finish(&payload) {
+            Ok((keys, _welcome)) => keys,
             Err(_) => {
-                lock(&self.streams).remove(&sid);
-                Err(NoiseError::Timeout(OPEN_TIMEOUT))
+                stream.sender.reset(Reason::HandshakeFailed);
+                return Err(NoiseError::ServerKey);
             }
-        }
+        };
+        // The server's messages are bounded by this client's own requests: no budget.
+        let (mut t, _end) = noise_transport(
+            stream,
+            keys,
+            self.cfg.max_message_bytes,
+            ByteBudget::unlimited(),
+            self.url.clone(),
+        );
+        // The link lives as long as any of its streams.
+        let keep = self.clone();
+        t.incoming = Box::pin(t.incoming.map(move |m| {
+            let _ = &keep;
+            m
+        }));
+        Ok(t)
     }
 
     /// Whether the link is gone.
     pub fn is_dead(&self) -> bool {
-        self.dead.is_cancelled()
+        self.link.close_reason().is_some()
     }
 
     /// Drop the physical link (tests: a network failure).
     pub fn kill(&self) {
-        self.dead.cancel();
+        self.link.close();
+    }
+
+    /// A copy of the link's counters (frames and bytes by type and direction, resets, drops).
+    pub fn counters(&self) -> execrelay_relay::reason::Counters {
+        self.link.counters()
+    }
+
+    /// The environment id this link's handshakes are bound to (empty for a direct server).
+    pub fn env_id(&self) -> &str {
+        &self.target.env_id
     }
 }

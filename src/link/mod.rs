@@ -1,16 +1,23 @@
-//! Noise physical links (layer 5): the drivers that carry many encrypted virtual streams over
-//! one WebSocket (`secure-transport.md` §2–§5, §8).
+//! Noise physical links (layer 5): the exec server's and the client's ends of links that
+//! carry many encrypted virtual streams over one WebSocket (`secure-transport.md` §2–§8),
+//! built on the link engine of the `relay/` crate (`execrelay_relay::driver::EndpointLink`).
 //!
 //! # Layout
 //!
-//! - [`server`]: the exec server's link driver (`noise+ws://`, `/v1/link`): one
-//!   `ConnectionProcessor` per stream.
-//! - [`client`]: the client's link, shared by the streams of one process.
-//! - [`virtual_stream`]: a stream as a [`Transport`](crate::transport::Transport).
+//! - [`server`]: the exec server's end of one link (direct `noise+ws://` on `/v1/link`, or the
+//!   environment link): handshakes, `ts`, authorization, one `ConnectionProcessor` per stream.
+//! - [`client`]: the client's link (direct or through a relay), shared through a
+//!   [`client::LinkPool`].
+//! - [`virtual_stream`]: one stream as a [`Transport`](crate::transport::Transport): sealing
+//!   in the writer's task, decryption in the reader's task.
+//! - [`dial`]: URL forms and dialling (`ws://`, `wss://` through rustls).
 //!
-//! The cryptography (keys, handshake, records) lives in [`crate::noise`], the frame codec in
-//! `execrelay_relay::frame`. These drivers never tie reading to writing.
+//! The engine owns frames, windows (§7), keepalive and write deadlines (§6.4) and budgets
+//! (§8); the cryptography (keys, handshake, records) lives in [`crate::noise`]. Nothing here
+//! ties reading to writing, and no reader waits on a stream's consumer.
 
 pub mod client;
+pub mod dial;
+pub mod environment;
 pub mod server;
 pub mod virtual_stream;

@@ -1,89 +1,169 @@
-//! The exec server's side of a physical link (`noise+ws://`, path `/v1/link`): frames in,
-//! handshakes, authorization, one `ConnectionProcessor` per virtual stream, budgets.
+//! The exec server's side of a physical link, on the link engine: a direct `noise+ws://` link
+//! (path `/v1/link`) or the environment link to a relay (`super::environment`). The engine
+//! (`execrelay_relay::driver::EndpointLink`) owns frames, streams, windows, keepalive, the
+//! write deadline and the budgets; this module owns what sits above it: the Noise handshake,
+//! the message-1 `ts` check, authorization, and one `ConnectionProcessor` per stream.
 //!
-//! Two tasks per link: the reader (this module's loop) and the writer. The reader never waits
-//! on the writer or on a stream's consumer: control frames and inbound messages are queued
-//! with `try_send`, and a stream whose inbound queue is full is reset alone. Authorization runs
-//! in its own task per stream. A stream's `ConnectionProcessor` shares the server's
-//! `SessionRegistry`; its session is bound to the client's static key.
+//! # Tasks
 //!
-//! Accepting links (the HTTP front, `max_links`) and shutting them down belong to the
-//! composition root (`server.rs`); this module drives one link it is handed.
+//! - The engine's two tasks per link (reader, writer). The reader never waits on a stream.
+//! - This module's accept loop ([`run_link`]): one [`OpenRequest`] per `OPEN`; it reads
+//!   message 1 and checks its `ts` in order (so `OPEN`s of one key are judged in the order
+//!   they were stamped), then hands the stream to its own task.
+//! - One task per stream: authorization (the engine caps pending ones at
+//!   `max_pending_authorizations`), then the stream's `ConnectionProcessor`, whose reader
+//!   decrypts (in that task) and whose writer seals (in that task)
+//!   (`super::virtual_stream`). When the processor ends, the stream gets an authenticated
+//!   close record and then its `RESET` (§8).
+//!
+//! Budgets (§8) are the engine's: handshake failures are charged through
+//! [`OpenRequest::handshake_failed`]; an empty bucket closes a direct link
+//! ([`HandshakeBudgetPolicy::CloseLink`]) or refuses new `OPEN`s on an environment link for a
+//! cool-down ([`HandshakeBudgetPolicy::RefuseOpens`]), never touching established streams.
+//!
+//! Bounds (issue 9) this module applies per link:
+//!
+//! - **Reassembly**: one budget per link ([`REASSEMBLY_BUDGET_NAME`],
+//!   `max_link_reassembly_bytes`, a child of the server's inbound budget); every stream's
+//!   opener charges its unfinished messages to it (`super::virtual_stream`), and a stream
+//!   whose message cannot grow is reset `busy` alone (counted as a `busy` Noise failure).
+//! - **Quotas and idleness per stream**: each stream's connection gets the client's key, the
+//!   link's peer address on a direct link (none through the relay, which hides the clients'
+//!   addresses) and `idle_connection_timeout_ms`.
+//! - **Idle links**: a direct link that holds no stream (pending or open) for
+//!   `idle_link_timeout_ms` is closed (not a failure). The environment link is never closed
+//!   for idleness: it is how clients reach this server at all.
+//! - The descriptor reserve is checked before a direct link is handed here (`crate::server`).
+//!
+//! Accepting links (the HTTP front, `max_links`) and dialling the relay belong to the
+//! composition root and `super::environment`; this module drives one link it is handed.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures_util::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
-use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::virtual_stream::{data_frame, open_stream, InboundSender};
+use super::virtual_stream::noise_transport;
 use crate::bounds::{ByteBudget, IdleTimer};
 use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
 use crate::noise::authorizer::{AuthRequest, Authorizer};
-use crate::noise::budget::FailureBudget;
 use crate::noise::handshake::{read_hello, PendingHandshake};
 use crate::noise::keys::{fingerprint, Keypair};
-use crate::noise::record::{Opened, RecordError, RecordOpener, RecordSealer};
-use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps};
+use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps, TimestampError};
 use crate::session::SessionRegistry;
-use crate::sync::lock;
-use execrelay_relay::frame::{Frame, FrameType, StreamId};
+use execrelay_relay::config::{
+    BucketConfig, EndpointConfig, HandshakeBudgetPolicy, KeepaliveConfig, HANDSHAKE_COOLDOWN,
+};
+use execrelay_relay::driver::{EndpointLink, OpenRequest};
+use execrelay_relay::frame::StreamId;
+use execrelay_relay::reason::{CloseReason, Reason};
 
 /// The path physical links connect to.
 pub const LINK_PATH: &str = "/v1/link";
-/// Whole inbound messages queued per stream before its processor takes them; a stream that
-/// overflows it is reset (its peer ignored its own flow of replies).
-pub const STREAM_INBOUND_QUEUE: usize = 1024;
-/// Frames queued for the link writer from all streams.
-pub const LINK_SEND_QUEUE: usize = 1024;
-/// Control frames (ACCEPT, RESET) queued for the writer; a link that lets it fill is closed.
-pub const LINK_CONTROL_QUEUE: usize = 256;
-/// How long a closing link waits for its close frame to go out before the socket is dropped.
-pub const LINK_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The link settings of [`ServerConfig`] as one link uses them (every one is a config field,
-/// with a flag and a TOML key; see `config.rs` for what each bounds).
+/// The name clients and logs see when a link's reassembly budget is full.
+pub const REASSEMBLY_BUDGET_NAME: &str = "maxLinkReassemblyBytes";
+
+/// Who is at the other end of a link: what the quotas, the idle rule and the handshake budget
+/// make of it.
 #[derive(Debug, Clone)]
-pub struct LinkLimits {
-    /// `max_pending_authorizations`.
-    pub max_pending_authorizations: usize,
-    /// `max_streams_per_link`.
-    pub max_streams_per_link: usize,
-    /// `handshake_failure_burst`.
-    pub failure_burst: u32,
-    /// `handshake_failure_refill_ms`.
-    pub failure_refill: Duration,
-    /// `keepalive_interval_ms`.
-    pub keepalive_interval: Duration,
-    /// `pong_timeout_ms`.
-    pub pong_timeout: Duration,
+pub enum LinkPeer {
+    /// One client connected directly (`noise+ws://`): its address counts toward the
+    /// per-address quotas of every stream, the link closes when it holds no stream for
+    /// `idle_link_timeout_ms`, and an empty handshake-failure budget closes it.
+    Direct(SocketAddr),
+    /// The relay (the environment link), named for logs: the clients' addresses are not known
+    /// here (the per-key quotas still apply), the link is kept while idle, and an empty
+    /// handshake-failure budget refuses new `OPEN`s for a cool-down instead of closing it
+    /// (other clients share the link).
+    Relay(String),
 }
 
-impl LinkLimits {
-    /// The link limits of `config`.
-    pub fn from_config(config: &ServerConfig) -> LinkLimits {
-        LinkLimits {
-            max_pending_authorizations: config.max_pending_authorizations,
-            max_streams_per_link: config.max_streams_per_link,
-            failure_burst: config.handshake_failure_burst,
-            failure_refill: Duration::from_millis(config.handshake_failure_refill_ms),
-            keepalive_interval: Duration::from_millis(config.keepalive_interval_ms.max(1)),
-            pong_timeout: Duration::from_millis(config.pong_timeout_ms.max(1)),
+impl LinkPeer {
+    /// The address counted by the per-address quotas, on a direct link.
+    fn addr(&self) -> Option<IpAddr> {
+        match self {
+            LinkPeer::Direct(a) => Some(a.ip()),
+            LinkPeer::Relay(_) => None,
+        }
+    }
+
+    /// What an empty handshake-failure bucket does.
+    fn policy(&self) -> HandshakeBudgetPolicy {
+        match self {
+            LinkPeer::Direct(_) => HandshakeBudgetPolicy::CloseLink,
+            LinkPeer::Relay(_) => HandshakeBudgetPolicy::RefuseOpens {
+                cooldown: HANDSHAKE_COOLDOWN,
+            },
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            LinkPeer::Direct(a) => a.to_string(),
+            LinkPeer::Relay(name) => name.clone(),
         }
     }
 }
 
-/// What a Noise listener needs besides the [`ServerConfig`] (whose link settings it uses).
+/// What one link's streams share beside the [`LinkContext`].
+#[derive(Clone)]
+struct PerLink {
+    link: EndpointLink,
+    /// `max_link_reassembly_bytes` under the server's inbound budget.
+    reassembly: ByteBudget,
+    /// The peer address for the quotas (direct links only).
+    addr: Option<IpAddr>,
+    /// Names the link in logs.
+    name: String,
+    /// The streams this module holds on the link, for the idle rule.
+    live: LiveStreams,
+}
+
+/// The streams of one link this module holds: an `OPEN` being judged or authorized, or an
+/// accepted stream whose connection runs (until its close record and `RESET` are queued).
+/// This is the idle rule's "the link has a stream"; a stream's end wakes the link's loop at
+/// once, so an empty link is timed from the moment its last stream went. (The engine's own
+/// count also holds streams still flushing their last records, which would delay the clock.)
+#[derive(Clone, Default)]
+struct LiveStreams {
+    count: Arc<AtomicUsize>,
+    changed: Arc<Notify>,
+}
+
+impl LiveStreams {
+    fn enter(&self) -> LiveGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        LiveGuard(self.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+}
+
+/// One stream counted in [`LiveStreams`] while it is held.
+struct LiveGuard(LiveStreams);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_one();
+    }
+}
+
+/// What a Noise listener (or environment link) needs besides the [`ServerConfig`], whose
+/// link settings it uses.
 pub struct NoiseServerConfig {
     /// The server's static key.
     pub keys: Keypair,
@@ -93,491 +173,269 @@ pub struct NoiseServerConfig {
     pub env_id: String,
 }
 
-enum Entry {
-    /// Authorization under way; its message-1 timestamp is held until then.
-    Pending(Admission),
-    /// Established.
-    Open {
-        inbound: Option<InboundSender>,
-        opener: crate::noise::record::RecordOpener,
-        sealer: Arc<Mutex<RecordSealer>>,
-        /// Keeps the open-streams gauge raised while the entry exists.
-        _live: GaugeGuard,
-    },
+/// The keepalive of every link and WebSocket of an exec server, from its settings
+/// (`keepalive_interval_ms`, `pong_timeout_ms`; the write deadline is the pong timeout, the
+/// jitter a tenth of the interval).
+pub fn keepalive_config(config: &ServerConfig) -> KeepaliveConfig {
+    let interval = Duration::from_millis(config.keepalive_interval_ms.max(1));
+    let pong = Duration::from_millis(config.pong_timeout_ms.max(1));
+    KeepaliveConfig {
+        interval,
+        jitter: interval / 10,
+        pong_timeout: pong,
+        write_timeout: pong,
+    }
 }
 
-struct Link {
-    cfg: Arc<NoiseServerConfig>,
-    limits: LinkLimits,
-    registry: Arc<SessionRegistry>,
-    timestamps: SharedHelloTimestamps,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-    peer: SocketAddr,
-    ctrl: mpsc::Sender<Vec<u8>>,
-    data: mpsc::Sender<Vec<u8>>,
-    streams: HashMap<StreamId, Entry>,
-    pending: usize,
-    budget: FailureBudget,
-    auth_tx: mpsc::Sender<(StreamId, Result<PendingHandshake, String>)>,
-    ended_tx: mpsc::UnboundedSender<StreamId>,
-    /// Cancelled when the link ends: pending authorizations are abandoned.
-    closed: CancellationToken,
-    /// `max_link_reassembly_bytes` under the server's inbound budget: every stream's
-    /// unfinished messages are charged here (a stream that cannot grow is reset `busy`).
-    reassembly: ByteBudget,
+/// The engine settings of one server link: the server's limits, and what an empty handshake
+/// budget does (`policy`).
+pub fn endpoint_config(config: &ServerConfig, policy: HandshakeBudgetPolicy) -> EndpointConfig {
+    EndpointConfig {
+        max_streams: config.max_streams_per_link,
+        max_pending_opens: config.max_pending_authorizations,
+        handshake_failures: BucketConfig {
+            burst: config.handshake_failure_burst,
+            refill: Duration::from_millis(config.handshake_failure_refill_ms),
+        },
+        on_handshake_budget_empty: policy,
+        keepalive: keepalive_config(config),
+        ..EndpointConfig::default()
+    }
 }
 
-/// The name clients and logs see when a link's reassembly budget is full.
-pub const REASSEMBLY_BUDGET_NAME: &str = "maxLinkReassemblyBytes";
+/// What every link of one listener (or of the environment dialer) shares.
+#[derive(Clone)]
+pub struct LinkContext {
+    /// Keys, authorizer, environment id.
+    pub noise: Arc<NoiseServerConfig>,
+    /// The server's sessions.
+    pub registry: Arc<SessionRegistry>,
+    /// Message-1 timestamps, one table per listener.
+    pub timestamps: SharedHelloTimestamps,
+    /// Fires when connections must end (the server's shutdown).
+    pub shutdown: CancellationToken,
+    /// Every task a link starts (authorizations, stream processors), awaited at shutdown.
+    pub tasks: TaskTracker,
+}
 
 fn short(sid: &StreamId) -> String {
     sid.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Why the reader closes a link.
-#[derive(Debug)]
-enum Close {
-    Budget,
-    Protocol(&'static str),
-    ControlQueueFull,
-    /// No stream for `idle_link_timeout_ms`.
-    Idle,
-}
-
-impl Close {
-    fn describe(&self) -> &'static str {
-        match self {
-            Close::Budget => "handshake failure budget exhausted",
-            Close::Protocol(why) => why,
-            Close::ControlQueueFull => "peer does not read its control frames",
-            Close::Idle => "no stream within the idle timeout",
-        }
-    }
-
-    /// The metrics label of a link closed for this reason (budget closes are counted where
-    /// the budget runs out).
-    fn reason(&self) -> Option<&'static str> {
-        match self {
-            Close::Budget | Close::Idle => None,
-            Close::Protocol(_) => Some("link_protocol"),
-            Close::ControlQueueFull => Some("link_control_queue_full"),
-        }
+fn ts_reason(e: &TimestampError) -> Reason {
+    match e {
+        TimestampError::ClockSkew { .. } => Reason::ClockSkew,
+        TimestampError::Replayed { .. } => Reason::ReplayedHandshake,
     }
 }
 
-/// Drive one physical link until it closes or `shutdown` fires. Every task it starts (stream
-/// processors, authorizations) goes on `tasks`, which the caller waits for at shutdown.
-pub async fn run_link(
-    ws: WebSocketStream<TcpStream>,
-    peer: SocketAddr,
-    cfg: Arc<NoiseServerConfig>,
-    registry: Arc<SessionRegistry>,
-    timestamps: SharedHelloTimestamps,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-) {
-    let _live = GaugeGuard::new(&registry.metrics().noise_links);
-    let (mut sink, mut stream) = ws.split();
-    let (ctrl_tx, mut ctrl_rx) = mpsc::channel::<Vec<u8>>(LINK_CONTROL_QUEUE);
-    let (data_tx, mut data_rx) = mpsc::channel::<Vec<u8>>(LINK_SEND_QUEUE);
-    let dead = CancellationToken::new();
-    let limits = LinkLimits::from_config(registry.config());
-    let keepalive = limits.keepalive_interval;
-
-    // Writer: control frames first, then data; pings on the keepalive interval.
-    let d = dead.clone();
-    let writer = tokio::spawn(
-        async move {
-            let mut ping = tokio::time::interval(keepalive);
-            ping.tick().await;
-            loop {
-                let msg = tokio::select! {
-                    biased;
-                    _ = d.cancelled() => break,
-                    m = ctrl_rx.recv() => m.map(Message::Binary),
-                    m = data_rx.recv() => m.map(Message::Binary),
-                    _ = ping.tick() => Some(Message::Ping(Vec::new())),
-                };
-                let Some(msg) = msg else { break };
-                if sink.feed(msg).await.is_err() {
-                    break;
-                }
-                while let Ok(m) = ctrl_rx.try_recv().or_else(|_| data_rx.try_recv()) {
-                    if sink.feed(Message::Binary(m)).await.is_err() {
-                        d.cancel();
-                        return;
-                    }
-                }
-                if sink.flush().await.is_err() {
-                    break;
-                }
-            }
-            // A peer that does not read must not keep a closing link alive.
-            let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, sink.close()).await;
-            d.cancel();
-        }
-        .in_current_span(),
-    );
-
-    let registry_reassembly = registry.inbound_budget().child(
-        REASSEMBLY_BUDGET_NAME,
-        registry.config().max_link_reassembly_bytes,
-    );
-    let idle_link_timeout = registry.config().idle_link_timeout();
-    let (auth_tx, mut auth_rx) = mpsc::channel(limits.max_pending_authorizations + 1);
-    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
-    let mut link = Link {
-        budget: FailureBudget::new(limits.failure_burst, limits.failure_refill, budget_now()),
-        limits,
-        cfg,
-        registry,
-        timestamps,
-        shutdown,
-        tasks,
-        peer,
-        ctrl: ctrl_tx,
-        data: data_tx,
-        streams: HashMap::new(),
-        pending: 0,
-        auth_tx,
-        ended_tx,
-        closed: dead.clone(),
-        reassembly: registry_reassembly,
-    };
-    tracing::info!("link open");
-    let pong_timeout = link.limits.pong_timeout;
-    let mut last_heard = tokio::time::Instant::now();
-    // A link that holds no stream (pending or open) for the idle timeout is closed.
-    let mut idle = IdleTimer::new(idle_link_timeout, budget_now());
-    let close = loop {
-        let silence = tokio::time::sleep_until(last_heard + pong_timeout);
-        let idle_deadline = tokio::time::Instant::from_std(idle.deadline());
-        let r = tokio::select! {
-            _ = link.shutdown.cancelled() => break None,
-            _ = dead.cancelled() => break None,
-            _ = silence => break Some(Close::Protocol("no traffic or pong within the timeout")),
-            _ = tokio::time::sleep_until(idle_deadline) => {
-                idle.observe(budget_now(), !link.streams.is_empty());
-                if idle.expired(budget_now()) {
-                    break Some(Close::Idle);
-                }
-                Ok(())
-            }
-            m = stream.next() => {
-                last_heard = tokio::time::Instant::now();
-                match m {
-                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break None,
-                    Some(Ok(Message::Binary(b))) => link.on_frame(b),
-                    Some(Ok(Message::Text(_))) => Err(Close::Protocol("text message on a link")),
-                    Some(Ok(_)) => Ok(()),
-                }
-            }
-            Some((sid, res)) = auth_rx.recv() => link.on_auth(sid, res),
-            Some(sid) = ended_rx.recv() => { link.on_ended(sid); Ok(()) }
-        };
-        if let Err(c) = r {
-            break Some(c);
-        }
-        idle.observe(budget_now(), !link.streams.is_empty());
-    };
-    if let Some(Close::Idle) = &close {
-        tracing::info!(reason = Close::Idle.describe(), "closing link");
-    } else if let Some(c) = &close {
-        tracing::warn!(reason = c.describe(), "closing link");
-        if let Some(r) = c.reason() {
-            link.registry.metrics().noise_failure(r);
-        }
-    } else {
-        tracing::info!("link closed");
-    }
-    // Dropping the streams' inbound senders ends their processors; sessions detach.
-    link.streams.clear();
-    dead.cancel();
-    // The writer may be stuck writing to a peer that stopped reading: bound the wait, then
-    // drop both halves so the socket closes whatever the peer does.
-    let mut writer = writer;
-    if tokio::time::timeout(LINK_CLOSE_TIMEOUT * 2, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
-}
-
-/// The failure budget's clock: tokio's, like the keepalive's, so that paused-time tests
-/// drive both.
-fn budget_now() -> std::time::Instant {
+/// The idle clock's now: tokio's, so that paused-time tests drive it.
+fn idle_now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
-impl Link {
-    fn send_ctrl(&self, frame: Frame) -> Result<(), Close> {
-        let bytes = frame
-            .encode()
-            .map_err(|_| Close::Protocol("frame encode"))?;
-        self.ctrl
-            .try_send(bytes)
-            .map_err(|_| Close::ControlQueueFull)
-    }
-
-    /// Reset a stream for a failure, counted by `reason`.
-    fn reset(&mut self, sid: StreamId, reason: &'static str) -> Result<(), Close> {
-        tracing::debug!(stream = %short(&sid), reason, "reset stream");
-        self.streams.remove(&sid);
-        self.refuse(sid, reason)
-    }
-
-    /// Refuse a frame for a stream we hold nothing for, counted by `reason`.
-    fn refuse(&self, sid: StreamId, reason: &'static str) -> Result<(), Close> {
-        self.registry.metrics().noise_failure(reason);
-        self.send_ctrl(Frame::reset(sid, reason))
-    }
-
-    /// Charge the failure budget; an empty bucket closes a direct link.
-    fn charge(&mut self) -> Result<(), Close> {
-        if self.budget.charge(budget_now()) {
-            Ok(())
-        } else {
-            self.registry.metrics().noise_failure("budget_exhausted");
-            Err(Close::Budget)
+/// Drive one physical link until it closes or the context's `shutdown` fires; returns why it
+/// ended. `peer` says who is at the other end ([`LinkPeer`]: quotas, idle rule, what an
+/// empty handshake-failure bucket does).
+pub async fn run_link<S>(ws: WebSocketStream<S>, peer: LinkPeer, ctx: LinkContext) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let metrics = ctx.registry.metrics().clone();
+    let _live = GaugeGuard::new(&metrics.noise_links);
+    let config = ctx.registry.config();
+    let cfg = endpoint_config(config, peer.policy());
+    let (link, mut incoming) = match EndpointLink::spawn_server(ws, cfg) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!(error = %e, "link settings refused");
+            return CloseReason::Local;
         }
-    }
-
-    fn on_frame(&mut self, bytes: Vec<u8>) -> Result<(), Close> {
-        let frame = match Frame::decode_owned(bytes) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::debug!(error = %e, "malformed frame");
-                self.registry.metrics().noise_failure("malformed_frame");
-                return self.charge();
+    };
+    let per_link = PerLink {
+        link: link.clone(),
+        reassembly: ctx
+            .registry
+            .inbound_budget()
+            .child(REASSEMBLY_BUDGET_NAME, config.max_link_reassembly_bytes),
+        addr: peer.addr(),
+        name: peer.name(),
+        live: LiveStreams::default(),
+    };
+    let live = per_link.live.clone();
+    // A direct link that holds no stream (pending or open) for the idle timeout is closed;
+    // the environment link never is (`None`).
+    let mut idle = match peer {
+        LinkPeer::Direct(_) => Some(IdleTimer::new(config.idle_link_timeout(), idle_now())),
+        LinkPeer::Relay(_) => None,
+    };
+    tracing::info!("link open");
+    loop {
+        // After every event: an `OPEN`, a stream's end, a deadline.
+        if let Some(idle) = idle.as_mut() {
+            idle.observe(idle_now(), live.any());
+        }
+        let idle_deadline = idle
+            .as_ref()
+            .map(|i| tokio::time::Instant::from_std(i.deadline()));
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => {
+                link.close();
+                break;
             }
-        };
-        let sid = frame.stream;
-        match frame.ftype {
-            FrameType::Open => self.on_open(sid, &frame.payload),
-            FrameType::Data => match self.streams.get_mut(&sid) {
-                None => {
-                    // Not charged: data in flight when we reset a stream lands here.
-                    self.send_ctrl(Frame::reset(sid, "unknown_stream"))
-                }
-                Some(Entry::Pending(_)) => {
-                    self.reset(sid, "data_before_accept")?;
-                    self.charge()
-                }
-                Some(Entry::Open {
-                    inbound, opener, ..
-                }) => match opener.open_owned(frame.seq, frame.payload) {
-                    Ok(Opened::Messages(msgs)) => {
-                        let Some(tx) = inbound.as_ref() else {
-                            return Ok(());
-                        };
-                        for m in msgs {
-                            // The message stays charged until its connection takes it.
-                            if tx.try_send(Ok((m, opener.take_charge()))).is_err() {
-                                return self.reset(sid, "inbound_overflow");
-                            }
-                        }
-                        Ok(())
-                    }
-                    Ok(Opened::Close(_)) => {
-                        // The client closed on purpose: end its processor (the session detaches).
-                        *inbound = None;
-                        Ok(())
-                    }
-                    Err(RecordError::OverBudget(e)) => {
-                        // An unfinished message that cannot get its bytes: this stream alone.
-                        tracing::info!(stream = %short(&sid), "stream reset: {e}");
-                        self.reset(sid, "busy")
-                    }
-                    Err(e) => {
-                        // Garbage on an established stream resets that stream alone.
-                        tracing::debug!(stream = %short(&sid), error = %e, "bad record");
-                        self.reset(sid, "bad_record")
-                    }
-                },
+            req = incoming.next() => match req {
+                Some(req) => on_open(&ctx, &per_link, req),
+                None => break,
             },
-            FrameType::Reset => {
-                if let Some(Entry::Open { inbound, .. }) = self.streams.get_mut(&sid) {
-                    *inbound = None;
-                } else {
-                    self.streams.remove(&sid);
+            _ = live.changed.notified() => {}
+            _ = sleep_until_some(idle_deadline) => {
+                if let Some(idle) = idle.as_mut() {
+                    idle.observe(idle_now(), live.any());
+                    if idle.expired(idle_now()) {
+                        tracing::info!("closing link: no stream within the idle timeout");
+                        link.close();
+                        break;
+                    }
                 }
-                Ok(())
-            }
-            // The reliability layer (acks, resume) is not implemented yet: ignored.
-            FrameType::Ack | FrameType::Resume => Ok(()),
-            FrameType::Accept => {
-                self.registry.metrics().noise_failure("unexpected_accept");
-                self.charge()
             }
         }
     }
-
-    fn on_open(&mut self, sid: StreamId, payload: &[u8]) -> Result<(), Close> {
-        if self.streams.contains_key(&sid) {
-            // A second OPEN on a pending or open stream.
-            self.reset(sid, "duplicate_open")?;
-            return self.charge();
+    let reason = link.closed().await;
+    match reason {
+        CloseReason::Local | CloseReason::Transport => tracing::info!(%reason, "link closed"),
+        _ => {
+            tracing::warn!(%reason, "link closed");
+            metrics.noise_failure(reason.as_str());
         }
-        if self.pending >= self.limits.max_pending_authorizations {
-            return self.refuse(sid, "busy");
-        }
-        if self.streams.len() >= self.limits.max_streams_per_link {
-            return self.refuse(sid, "too_many_streams");
-        }
-        let pending = match read_hello(&self.cfg.keys, &self.cfg.env_id, &sid, payload) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::info!(stream = %short(&sid), error = %e, "handshake failed");
-                self.refuse(sid, "handshake_failed")?;
-                return self.charge();
-            }
-        };
-        // After decryption and the payload's shape, before authorization: a replayed message
-        // 1 learns nothing about the key's authorization and takes no slot.
-        let now = unix_micros(SystemTime::now());
-        let admission =
-            match Admission::admit(&self.timestamps, &pending.client_key, pending.hello.ts, now) {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(
-                        stream = %short(&sid),
-                        client = %fingerprint(&pending.client_key),
-                        "handshake refused: {e}"
-                    );
-                    self.refuse(sid, e.reset_reason())?;
-                    return self.charge();
-                }
-            };
-        let req = AuthRequest {
-            client_key: pending.client_key,
-            token: pending.hello.token.clone(),
-            env_id: self.cfg.env_id.clone(),
-        };
-        tracing::debug!(stream = %short(&sid), client = %fingerprint(&req.client_key), "authorizing");
-        self.streams.insert(sid, Entry::Pending(admission));
-        self.pending += 1;
-        let authorizer = self.cfg.authorizer.clone();
-        let tx = self.auth_tx.clone();
-        let closed = self.closed.clone();
-        self.tasks.spawn(
-            async move {
-                // An authorizer that never answers must not outlive its link (nor hold up
-                // shutdown, which waits for these tasks).
-                let res = tokio::select! {
-                    r = authorizer.authorize(req) => r.map_err(|e| e.0),
-                    _ = closed.cancelled() => return,
-                };
-                let _ = tx.send((sid, res.map(|()| pending))).await;
-            }
-            .in_current_span(),
-        );
-        Ok(())
     }
+    reason
+}
 
-    fn on_auth(
-        &mut self,
-        sid: StreamId,
-        res: Result<PendingHandshake, String>,
-    ) -> Result<(), Close> {
-        self.pending = self.pending.saturating_sub(1);
-        let admission = match self.streams.remove(&sid) {
-            Some(Entry::Pending(a)) => a,
-            Some(other) => {
-                self.streams.insert(sid, other);
-                return Ok(());
-            }
-            None => return Ok(()), // reset while waiting
-        };
-        let pending = match res {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::info!(stream = %short(&sid), %why, "authorization refused");
-                drop(admission);
-                self.reset(sid, "unauthorized")?;
-                return self.charge();
-            }
-        };
-        admission.accept();
-        let client_key = pending.client_key;
-        let (msg2, keys) = match pending.accept(env!("CARGO_PKG_VERSION")) {
-            Ok(x) => x,
-            Err(_) => return self.reset(sid, "handshake_failed"),
-        };
-        let accept = Frame::new(FrameType::Accept, sid, 0, bytes::Bytes::from(msg2));
-        self.send_ctrl(accept)?;
-        let max = self.registry.config().max_message_bytes;
-        let peer = format!("{}/{}", self.peer, short(&sid));
-        // Unfinished messages of the stream are charged to the link's reassembly budget.
-        let opener = RecordOpener::with_budget(keys.clone(), max, self.reassembly.clone());
-        let parts = open_stream(
-            sid,
-            keys,
-            max,
-            self.data.clone(),
-            STREAM_INBOUND_QUEUE,
-            peer,
-        );
-        self.streams.insert(
-            sid,
-            Entry::Open {
-                inbound: Some(parts.inbound),
-                opener,
-                sealer: parts.sealer,
-                _live: GaugeGuard::new(&self.registry.metrics().noise_streams),
-            },
-        );
-        tracing::info!(stream = %short(&sid), client = %fingerprint(&client_key), "stream open");
-        let registry = self.registry.clone();
-        let shutdown = self.shutdown.clone();
-        let ended = self.ended_tx.clone();
-        let peer_ip = self.peer.ip();
-        let idle_timeout = self.registry.config().idle_connection_timeout();
-        self.tasks.spawn(
-            async move {
-                ConnectionProcessor::run(
-                    parts.transport,
-                    registry,
-                    ConnectionOptions {
-                        close_session_on_end: false,
-                        peer_key: Some(client_key.to_vec()),
-                        peer_addr: Some(peer_ip),
-                        idle_timeout: Some(idle_timeout),
-                        ..ConnectionOptions::default()
-                    },
-                    shutdown,
-                )
-                .await;
-                let _ = ended.send(sid);
-            }
-            .in_current_span(),
-        );
-        Ok(())
+/// Sleep until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
+}
 
-    /// The stream's processor ended: authenticated close, then RESET, so the client always
-    /// learns its stream is gone.
-    fn on_ended(&mut self, sid: StreamId) {
-        let Some(Entry::Open { sealer, .. }) = self.streams.remove(&sid) else {
+/// One `OPEN`: message 1 and its `ts` here, in order; authorization and the stream in a task.
+fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
+    let live = link.live.enter();
+    let sid = req.stream();
+    let metrics = ctx.registry.metrics();
+    let pending = match read_hello(&ctx.noise.keys, &ctx.noise.env_id, &sid, req.payload()) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::info!(stream = %short(&sid), error = %e, "handshake failed");
+            metrics.noise_failure("handshake_failed");
+            req.handshake_failed(Reason::HandshakeFailed);
             return;
+        }
+    };
+    // After decryption and the payload's shape, before authorization: a replayed message 1
+    // learns nothing about the key's authorization and takes no slot.
+    let now = unix_micros(SystemTime::now());
+    let admission =
+        match Admission::admit(&ctx.timestamps, &pending.client_key, pending.hello.ts, now) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(
+                    stream = %short(&sid),
+                    client = %fingerprint(&pending.client_key),
+                    "handshake refused: {e}"
+                );
+                metrics.noise_failure(e.reset_reason());
+                req.handshake_failed(ts_reason(&e));
+                return;
+            }
         };
-        let close = lock(&sealer)
-            .seal_close("closed")
-            .map_err(|e| e.to_string())
-            .and_then(|(n, ct)| data_frame(sid, n, ct).map_err(|e| e.to_string()));
-        let data = self.data.clone();
-        self.tasks.spawn(async move {
-            match close {
-                Ok(frame) => {
-                    let _ = data.send(frame).await;
-                }
-                // The RESET below still tells the client its stream is gone.
-                Err(e) => tracing::warn!(stream = %short(&sid), error = %e, "no close record"),
-            }
-            if let Ok(reset) = Frame::reset(sid, "closed").encode() {
-                let _ = data.send(reset).await;
-            }
-        });
+    let task = stream_task(
+        ctx.clone(),
+        link.clone(),
+        req,
+        pending,
+        admission,
+        format!("{}/{}", link.name, short(&sid)),
+        live,
+    );
+    ctx.tasks.spawn(task.in_current_span());
+}
+
+/// Authorize, accept, and serve one stream until its connection ends.
+async fn stream_task(
+    ctx: LinkContext,
+    link: PerLink,
+    req: OpenRequest,
+    pending: PendingHandshake,
+    admission: Admission,
+    peer: String,
+    _held: LiveGuard,
+) {
+    let sid = req.stream();
+    let metrics = ctx.registry.metrics().clone();
+    let auth = AuthRequest {
+        client_key: pending.client_key,
+        token: pending.hello.token.clone(),
+        env_id: ctx.noise.env_id.clone(),
+    };
+    tracing::debug!(stream = %short(&sid), client = %fingerprint(&auth.client_key), "authorizing");
+    let authorizer = ctx.noise.authorizer.clone();
+    // An authorizer that never answers must not outlive its link (nor hold up shutdown,
+    // which waits for these tasks); dropping the request refuses the stream.
+    let verdict = tokio::select! {
+        r = authorizer.authorize(auth) => r,
+        _ = link.link.closed() => return,
+        _ = ctx.shutdown.cancelled() => return,
+    };
+    if let Err(why) = verdict {
+        tracing::info!(stream = %short(&sid), %why, "authorization refused");
+        metrics.noise_failure("unauthorized");
+        drop(admission);
+        req.handshake_failed(Reason::Unauthorized);
+        return;
+    }
+    admission.accept();
+    let client_key = pending.client_key;
+    let (msg2, keys) = match pending.accept(env!("CARGO_PKG_VERSION")) {
+        Ok(x) => x,
+        Err(_) => {
+            req.handshake_failed(Reason::HandshakeFailed);
+            return;
+        }
+    };
+    let Ok(handle) = req.accept(Bytes::from(msg2)) else {
+        return; // the link closed meanwhile
+    };
+    let _live = GaugeGuard::new(&metrics.noise_streams);
+    tracing::info!(stream = %short(&sid), client = %fingerprint(&client_key), "stream open");
+    let config = ctx.registry.config();
+    // The stream's unfinished messages are charged to the link's reassembly budget, and each
+    // keeps its charge until the connection takes it.
+    let (transport, end) = noise_transport(
+        handle,
+        keys,
+        config.max_message_bytes,
+        link.reassembly.clone(),
+        peer,
+    );
+    ConnectionProcessor::run(
+        transport,
+        ctx.registry.clone(),
+        ConnectionOptions {
+            close_session_on_end: false,
+            peer_key: Some(client_key.to_vec()),
+            peer_addr: link.addr,
+            idle_timeout: Some(config.idle_connection_timeout()),
+            ..ConnectionOptions::default()
+        },
+        ctx.shutdown.clone(),
+    )
+    .await;
+    // The client always learns its stream is gone: the authenticated close, then RESET (or
+    // the RESET alone, with the reason the stream failed for).
+    if let Some(failed) = end.close_with_record("closed").await {
+        tracing::info!(stream = %short(&sid), reason = %failed.as_str(), "stream reset");
+        metrics.noise_failure(failed.as_str());
     }
 }

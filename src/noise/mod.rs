@@ -11,7 +11,6 @@
 //!   ChaCha20-Poly1305 on records (the hot path of every encrypted byte).
 //! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
 //!   close, and length-prefixed messages cut into records.
-//! - [`budget`]: sans-IO token bucket for handshake failures.
 //! - [`timestamp`]: the `ts` of handshake message 1: the client's increasing stamp and the
 //!   server's replay check (sans-IO, a bounded LRU per client key).
 //! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
@@ -20,7 +19,6 @@
 //! that the relay routes exactly the frames these modules produce.
 
 pub mod authorizer;
-pub mod budget;
 pub mod cipher;
 pub mod handshake;
 pub use execrelay_relay::keys;

@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use futures_util::stream::{SplitSink, SplitStream};
+use execrelay_relay::config::KeepaliveConfig;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
@@ -33,6 +33,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tracing::debug;
 
+use super::ws_keepalive::{split, WsSink, WsStream};
 use super::{FramingError, OutMessage, Transport};
 
 /// How long a client's connect and WebSocket handshake may take together: 10 s.
@@ -71,7 +72,13 @@ pub async fn connect_websocket(
     }
     .unwrap_or_else(|| url.to_owned());
     debug!(%peer, "connected over plain WebSocket");
-    Ok(framed(ws, max_message_bytes, peer))
+    // The client pings too (§6.4): a server that stopped answering is found dead.
+    Ok(framed_with_keepalive(
+        ws,
+        max_message_bytes,
+        peer,
+        Some(KeepaliveConfig::default()),
+    ))
 }
 
 /// Tungstenite settings shared by both ends.
@@ -87,17 +94,34 @@ pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
     }
 }
 
-/// Splits an upgraded WebSocket into the two halves of a [`Transport`]. Inbound messages
-/// larger than `limit` end the connection with [`FramingError::TooLarge`]; `peer` names the
-/// peer in logs.
+/// Splits an upgraded WebSocket into the two halves of a [`Transport`], without keepalive.
+/// Inbound messages larger than `limit` end the connection with [`FramingError::TooLarge`];
+/// `peer` names the peer in logs.
 pub fn framed<S>(ws: WebSocketStream<S>, limit: usize, peer: String) -> Transport
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    framed_with_keepalive(ws, limit, peer, None)
+}
+
+/// [`framed`], with keepalive and a write deadline (`secure-transport.md` §6.4): the
+/// inbound half pings every `keepalive.interval` and ends with an I/O error
+/// ([`io::ErrorKind::TimedOut`]) when a ping goes unanswered for `keepalive.pong_timeout`,
+/// even if the peer keeps sending; a write stuck for `keepalive.write_timeout` fails the same
+/// way (see `ws_keepalive`).
+pub fn framed_with_keepalive<S>(
+    ws: WebSocketStream<S>,
+    limit: usize,
+    peer: String,
+    keepalive: Option<KeepaliveConfig>,
+) -> Transport
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     // Split rather than drive both directions from one future: each half takes the shared lock
     // only for the duration of one poll, so a write blocked on a slow peer never stops the
     // reader (which keeps answering pings), and vice versa.
-    let (sink, stream) = ws.split();
+    let (sink, stream) = split(ws, keepalive);
     Transport {
         incoming: Box::pin(Incoming {
             inner: stream,
@@ -112,7 +136,7 @@ where
 
 /// Inbound half: text and binary messages as bytes; control frames are tungstenite's business.
 struct Incoming<S> {
-    inner: SplitStream<WebSocketStream<S>>,
+    inner: WsStream<S>,
     limit: usize,
     /// Set once the stream has ended or failed; every later poll yields `None`, since every
     /// [`FramingError`] ends the connection.
@@ -171,7 +195,7 @@ fn framing_error(error: WsError, limit: usize) -> Option<FramingError> {
 
 /// Outbound half: a JSON text becomes one text message, a binary message one binary message.
 struct Outgoing<S> {
-    inner: SplitSink<WebSocketStream<S>, Message>,
+    inner: WsSink<S>,
 }
 
 /// The one binary frame of a binary message. tungstenite takes a frame's payload as one `Vec`

@@ -17,6 +17,7 @@ pub mod noise;
 pub mod noise_bin;
 pub mod process;
 pub mod pty;
+pub mod relay;
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;

@@ -192,13 +192,7 @@ pub fn block_a_allow_b() -> (
 impl TestServer {
     /// A client configuration for `keys`, pinning this server.
     pub fn client_config(&self, keys: &Keypair) -> NoiseClientConfig {
-        NoiseClientConfig {
-            keys: keys.clone(),
-            server_public: self.keys.public,
-            token: None,
-            env_id: String::new(),
-            max_message_bytes: MAX_MESSAGE_BYTES,
-        }
+        NoiseClientConfig::new(keys.clone(), self.keys.public)
     }
 
     /// A `Target::Noise` for `keys` to this server, with a link pool of its own (its clones
@@ -284,35 +278,53 @@ pub enum Ev {
     Reset(String),
 }
 
-/// One established stream of a raw link.
+/// The receive window a raw link advertises (§7), as the library does.
+pub const RAW_WINDOW: u32 = 16;
+
+/// One established stream of a raw link. It keeps the flow control of §7 as a well-behaved
+/// peer does: its `OPEN` advertises [`RAW_WINDOW`], every `DATA` it sends carries its report,
+/// and it sends a bare `ACK` once it has consumed half a window since its last report.
 pub struct RawStream {
     pub sid: StreamId,
     pub sealer: RecordSealer,
     pub opener: RecordOpener,
+    /// Highest record of the server consumed (opened) in order.
+    pub consumed: u64,
+    /// The last `ack` reported to the server.
+    pub reported: u64,
     inbox: VecDeque<Value>,
     /// Messages received while waiting for a response (notifications).
     pub other: Vec<Value>,
     pub next_id: u64,
 }
 
-/// A physical link to `/v1/link` driven frame by frame.
+/// A physical link to `/v1/link` (or a relay's `/v1/connect/ID`) driven frame by frame.
 pub struct RawLink {
     ws: Ws,
     /// Frames read while waiting for another stream's.
     pub backlog: VecDeque<Frame>,
+    /// The environment id of its handshakes' prologue (empty for a direct server).
+    pub env_id: String,
 }
 
 impl RawLink {
     /// Open a link to the server on `port`.
     pub async fn connect(port: u16) -> RawLink {
-        let url = format!("ws://127.0.0.1:{port}/v1/link");
+        RawLink::connect_path(port, "/v1/link", "").await
+    }
+
+    /// Open a link to `path` on `port` whose handshakes name environment `env_id` (a relay's
+    /// client link: `/v1/connect/ID`).
+    pub async fn connect_path(port: u16, path: &str, env_id: &str) -> RawLink {
+        let url = format!("ws://127.0.0.1:{port}{path}");
         let (ws, _) = tokio::time::timeout(PROMPT, tokio_tungstenite::connect_async(url))
             .await
             .expect("connect (hang guard)")
-            .expect("connect to /v1/link");
+            .expect("connect the raw link");
         RawLink {
             ws,
             backlog: VecDeque::new(),
+            env_id: env_id.to_string(),
         }
     }
 
@@ -332,13 +344,14 @@ impl RawLink {
             .await;
     }
 
-    /// Send an `OPEN` frame for `sid` carrying `msg1`.
+    /// Send an `OPEN` frame for `sid` carrying `msg1` and the initial window.
     pub async fn send_open(&mut self, sid: StreamId, msg1: Vec<u8>) {
-        self.send_frame(&Frame::new(FrameType::Open, sid, 0, Bytes::from(msg1)))
-            .await;
+        let mut f = Frame::new(FrameType::Open, sid, 0, Bytes::from(msg1));
+        f.window = RAW_WINDOW;
+        self.send_frame(&f).await;
     }
 
-    /// The next frame off the wire; `None` once the link has ended.
+    /// The next frame off the wire other than a bare `ACK`; `None` once the link has ended.
     pub async fn read_frame(&mut self) -> Option<Frame> {
         // One deadline for the whole wait: the server's keepalive pings must not re-arm it.
         let deadline = tokio::time::Instant::now() + GUARD;
@@ -349,7 +362,13 @@ impl RawLink {
             match m {
                 None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,
                 Some(Ok(Message::Binary(b))) => {
-                    return Some(Frame::decode(&b).expect("the server sent a malformed frame"))
+                    let f = Frame::decode(&b).expect("the server sent a malformed frame");
+                    // Bare ACKs report the server's consumption (§7): this client never sends
+                    // past a window, so it has no use for them.
+                    if f.ftype == FrameType::Ack {
+                        continue;
+                    }
+                    return Some(f);
                 }
                 Some(Ok(Message::Text(t))) => panic!("the server sent a text message: {t:?}"),
                 Some(Ok(_)) => continue, // ping, pong
@@ -387,7 +406,8 @@ impl RawLink {
     pub async fn open(&mut self, client: &Keypair, server: &[u8; KEY_BYTES]) -> RawStream {
         let sid = random_sid();
         let (hs, m1) =
-            ClientHandshake::start(client, server, "", &sid, None, next_hello_ts()).unwrap();
+            ClientHandshake::start(client, server, &self.env_id, &sid, None, next_hello_ts())
+                .unwrap();
         self.send_open(sid, m1).await;
         let f = self.frame_for(&sid).await;
         assert_eq!(
@@ -403,6 +423,8 @@ impl RawLink {
             sid,
             sealer: RecordSealer::new(keys.clone()),
             opener: RecordOpener::new(keys, MAX_MESSAGE_BYTES),
+            consumed: 0,
+            reported: 0,
             inbox: VecDeque::new(),
             other: Vec::new(),
             next_id: 0,
@@ -425,7 +447,8 @@ impl RawLink {
     ) -> (StreamId, Vec<u8>) {
         let sid = random_sid();
         let (_hs, m1) =
-            ClientHandshake::start(client, server, "", &sid, None, next_hello_ts()).unwrap();
+            ClientHandshake::start(client, server, &self.env_id, &sid, None, next_hello_ts())
+                .unwrap();
         self.send_open(sid, m1.clone()).await;
         (sid, m1)
     }
@@ -440,12 +463,25 @@ impl RawLink {
         );
     }
 
-    /// Seal `v` as records of `st` and send their DATA frames.
+    /// Seal `v` as records of `st` and send their DATA frames (each carrying the stream's
+    /// report).
     pub async fn send_json(&mut self, st: &mut RawStream, v: &Value) {
         let records = st.sealer.seal_message(v.to_string().as_bytes()).unwrap();
         for (n, ct) in records {
-            self.send_frame(&Frame::new(FrameType::Data, st.sid, n, Bytes::from(ct)))
-                .await;
+            let mut f = Frame::new(FrameType::Data, st.sid, n, Bytes::from(ct));
+            (f.ack, f.window) = (st.consumed, RAW_WINDOW);
+            st.reported = st.consumed;
+            self.send_frame(&f).await;
+        }
+    }
+
+    /// After consuming a record: a bare `ACK` once half a window is unreported (§7).
+    async fn maybe_ack(&mut self, st: &mut RawStream) {
+        if st.consumed - st.reported >= u64::from(RAW_WINDOW / 2) {
+            let mut f = Frame::new(FrameType::Ack, st.sid, 0, Bytes::new());
+            (f.ack, f.window) = (st.consumed, RAW_WINDOW);
+            st.reported = st.consumed;
+            self.send_frame(&f).await;
         }
     }
 
@@ -457,6 +493,7 @@ impl RawLink {
             }
             let f = self.frame_for(&st.sid).await;
             match f.ftype {
+                FrameType::Ack => continue,
                 FrameType::Data => match st.opener.open(f.seq, &f.payload) {
                     Ok(Opened::Messages(ms)) => {
                         for m in ms {
@@ -464,6 +501,8 @@ impl RawLink {
                                 serde_json::from_slice(&m).expect("server sent invalid JSON"),
                             );
                         }
+                        st.consumed = f.seq;
+                        self.maybe_ack(st).await;
                     }
                     Ok(Opened::Close(reason)) => return Ev::Close(f.seq, reason),
                     Err(e) => panic!("a record from the server did not open: {e}"),
@@ -534,7 +573,18 @@ pub fn raw_msg1(
     sid: &StreamId,
     payload: &[u8],
 ) -> Vec<u8> {
-    let pro = prologue("", sid);
+    raw_msg1_env(client, server, "", sid, payload)
+}
+
+/// [`raw_msg1`] for environment `env_id` (through a relay).
+pub fn raw_msg1_env(
+    client: &Keypair,
+    server: &[u8; KEY_BYTES],
+    env_id: &str,
+    sid: &StreamId,
+    payload: &[u8],
+) -> Vec<u8> {
+    let pro = prologue(env_id, sid);
     let mut hs = snow::Builder::new(NOISE_PARAMS.parse().unwrap())
         .local_private_key(&client.private)
         .unwrap()

@@ -107,6 +107,9 @@ pub(crate) fn seed() -> u64 {
 #[derive(Debug)]
 pub(crate) struct LinkSignals {
     pub writer: Notify,
+    /// Wakes the reader to recompute its timer: the writer took a ping, which moves the
+    /// core's next deadline (the pong timeout) while the reader may be waiting with none.
+    pub timer: Notify,
     pub closed: watch::Sender<Option<CloseReason>>,
 }
 
@@ -114,6 +117,7 @@ impl LinkSignals {
     pub fn new() -> Self {
         LinkSignals {
             writer: Notify::new(),
+            timer: Notify::new(),
             closed: watch::channel(None).0,
         }
     }
@@ -236,6 +240,8 @@ where
                 Some(Ok(Message::Close(_))) | None => C::on_closed(core, CloseReason::Transport),
             },
             _ = sleep => C::on_timer(core, now()),
+            // The writer took a ping: the next deadline moved; look again.
+            _ = C::signals(core).timer.notified() => {}
         }
     }
 }
@@ -265,6 +271,11 @@ async fn write_loop<S, C>(
                 _ = closed.changed() => {}
             }
             continue;
+        }
+        if batch.iter().any(|t| matches!(t, Transmit::Ping(_))) {
+            // While a ping waited for us the core had no deadline for the reader's timer; now
+            // it has one (the pong timeout): a silent peer must still be found dead.
+            C::signals(&core).timer.notify_one();
         }
         for t in batch.drain(..) {
             let msg = match t {

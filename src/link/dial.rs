@@ -1,0 +1,298 @@
+//! Dialling a physical link: the URL forms of `secure-transport.md` §1 and §6.1, and the
+//! WebSocket (`ws://`, or `wss://` through rustls) under a deadline.
+//!
+//! Both dialers use it: the client's (`noise+ws://HOST:PORT`, `relay+ws://RELAY:PORT/ID`,
+//! `relay+wss://…`) and the exec server's environment link (`--relay ws://RELAY:PORT` or
+//! `wss://…`, to which `/v1/env/ID` is appended). TLS verifies the relay's certificate against
+//! the platform's roots (`rustls-native-certs`) or a private CA (`--ca-file`); the `ring`
+//! provider, no OpenSSL.
+//!
+//! It never reads a payload: what travels on the link is the engine's and the Noise layer's.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use rustls::{ClientConfig, RootCertStore};
+use tokio::net::TcpStream;
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+
+use execrelay_relay::driver::link_websocket_config;
+use execrelay_relay::http::MAX_ROUTE_ID_BYTES;
+
+/// A dialled link's WebSocket.
+pub type LinkSocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// The path a client link connects to on a relay, before the environment id.
+pub const CONNECT_PATH: &str = "/v1/connect/";
+/// The path an environment link connects to on a relay, before the environment id.
+pub const ENV_PATH: &str = "/v1/env/";
+
+/// Why a link could not be dialled.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum DialError {
+    /// Not a URL form this dialer knows.
+    #[error("{0}")]
+    Url(String),
+    /// TCP, TLS or the WebSocket handshake failed.
+    #[error("cannot connect to {url}: {why}")]
+    Connect {
+        /// The URL dialled.
+        url: String,
+        /// What failed.
+        why: String,
+    },
+    /// No answer within the deadline.
+    #[error("cannot connect to {0}: no answer within {1:?}")]
+    Timeout(String, Duration),
+    /// The TLS settings could not be built (`--ca-file`).
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// Where a client link goes: the WebSocket URL and the environment id bound into every
+/// handshake's prologue (empty for a direct `noise+ws://` server).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkTarget {
+    /// `ws://HOST:PORT/v1/link`, `ws://RELAY:PORT/v1/connect/ID` or `wss://…`.
+    pub ws_url: String,
+    /// The environment id (`relay+…` targets), or empty.
+    pub env_id: String,
+}
+
+/// Check an environment id: 1 to [`MAX_ROUTE_ID_BYTES`] bytes of letters, digits, `.`, `_`,
+/// `-` and `~` (URL-unreserved: it travels in a URL path, which the relay's front checks the
+/// same way, and in every handshake's prologue).
+pub fn check_env_id(id: &str) -> Result<(), DialError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_ROUTE_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~'));
+    if ok {
+        Ok(())
+    } else {
+        Err(DialError::Url(format!(
+            "bad environment id {id:?}: 1 to {MAX_ROUTE_ID_BYTES} letters, digits, '.', '_', '-' or '~'"
+        )))
+    }
+}
+
+fn host_port(rest: &str, form: &str) -> Result<String, DialError> {
+    if rest.is_empty() || rest.contains(['/', '?', '#', ' ']) {
+        return Err(DialError::Url(format!("expected {form}")));
+    }
+    Ok(rest.to_string())
+}
+
+impl LinkTarget {
+    /// Parse `noise+ws://HOST:PORT`, `relay+ws://RELAY:PORT/ID` or `relay+wss://RELAY:PORT/ID`.
+    pub fn parse(url: &str) -> Result<LinkTarget, DialError> {
+        if let Some(rest) = url.strip_prefix("noise+ws://") {
+            let hp = host_port(rest.trim_end_matches('/'), "noise+ws://HOST:PORT")?;
+            return Ok(LinkTarget {
+                ws_url: format!("ws://{hp}{}", super::server::LINK_PATH),
+                env_id: String::new(),
+            });
+        }
+        let (scheme, rest) = if let Some(rest) = url.strip_prefix("relay+ws://") {
+            ("ws", rest)
+        } else if let Some(rest) = url.strip_prefix("relay+wss://") {
+            ("wss", rest)
+        } else {
+            return Err(DialError::Url(format!(
+                "unsupported link URL {url:?}: expected noise+ws://HOST:PORT, relay+ws://RELAY:PORT/ID or relay+wss://RELAY:PORT/ID"
+            )));
+        };
+        let form = format!("relay+{scheme}://RELAY:PORT/ENVIRONMENT_ID");
+        let (hp, id) = rest
+            .trim_end_matches('/')
+            .split_once('/')
+            .ok_or_else(|| DialError::Url(format!("{url:?}: expected {form}")))?;
+        let hp = host_port(hp, &form)?;
+        check_env_id(id)?;
+        Ok(LinkTarget {
+            ws_url: format!("{scheme}://{hp}{CONNECT_PATH}{id}"),
+            env_id: id.to_string(),
+        })
+    }
+
+    /// Whether this goes through a relay.
+    pub fn is_relay(&self) -> bool {
+        !self.env_id.is_empty()
+    }
+}
+
+/// The environment link's URL: the relay's base URL (`ws://RELAY:PORT` or `wss://…`) with
+/// `/v1/env/ID` appended.
+pub fn environment_url(relay: &str, env_id: &str) -> Result<String, DialError> {
+    check_env_id(env_id)?;
+    let base = relay.trim_end_matches('/');
+    let rest = base
+        .strip_prefix("ws://")
+        .or_else(|| base.strip_prefix("wss://"))
+        .ok_or_else(|| {
+            DialError::Url(format!(
+                "unsupported --relay {relay:?}: expected ws://RELAY:PORT or wss://RELAY:PORT"
+            ))
+        })?;
+    if rest.is_empty() || rest.contains(['?', '#', ' ']) {
+        return Err(DialError::Url(format!("bad --relay {relay:?}")));
+    }
+    Ok(format!("{base}{ENV_PATH}{env_id}"))
+}
+
+/// How `wss://` verifies the server: the platform's roots, or one CA file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TlsRoots {
+    /// The platform's trust store (`rustls-native-certs`).
+    #[default]
+    Platform,
+    /// Only the certificates (PEM) in this file (`--ca-file`, for a private CA).
+    CaFile(PathBuf),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn client_config(roots: RootCertStore) -> Result<Arc<ClientConfig>, DialError> {
+    let cfg = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| DialError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
+}
+
+/// The certificates of a PEM file, as a root store.
+pub fn load_ca_file(path: &Path) -> Result<RootCertStore, DialError> {
+    let what = |e: String| DialError::Tls(format!("--ca-file {}: {e}", path.display()));
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| what(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| what(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(what("no certificate in the file".into()));
+    }
+    let mut roots = RootCertStore::empty();
+    for c in certs {
+        roots.add(c).map_err(|e| what(e.to_string()))?;
+    }
+    Ok(roots)
+}
+
+impl TlsRoots {
+    /// The rustls settings for these roots (the platform's are loaded once per process).
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, DialError> {
+        match self {
+            TlsRoots::CaFile(path) => client_config(load_ca_file(path)?),
+            TlsRoots::Platform => {
+                static PLATFORM: OnceLock<Result<Arc<ClientConfig>, DialError>> = OnceLock::new();
+                PLATFORM
+                    .get_or_init(|| {
+                        let loaded = rustls_native_certs::load_native_certs();
+                        let mut roots = RootCertStore::empty();
+                        let (added, _) = roots.add_parsable_certificates(loaded.certs);
+                        if added == 0 {
+                            return Err(DialError::Tls(
+                                "no trusted root certificate found on this system; pass --ca-file"
+                                    .into(),
+                            ));
+                        }
+                        client_config(roots)
+                    })
+                    .clone()
+            }
+        }
+    }
+}
+
+/// Dial `ws_url` (`ws://` or `wss://`) within `deadline`, with the link's WebSocket settings
+/// (a frame over the maximum is refused before it is buffered).
+pub async fn dial(
+    ws_url: &str,
+    tls: &TlsRoots,
+    deadline: Duration,
+) -> Result<LinkSocket, DialError> {
+    let connector = if ws_url.starts_with("wss://") {
+        Some(Connector::Rustls(tls.client_config()?))
+    } else {
+        None
+    };
+    let connect = tokio_tungstenite::connect_async_tls_with_config(
+        ws_url,
+        Some(link_websocket_config()),
+        // Frames are written in batches already; do not delay the last one.
+        true,
+        connector,
+    );
+    match tokio::time::timeout(deadline, connect).await {
+        Ok(Ok((ws, _))) => Ok(ws),
+        Ok(Err(e)) => Err(DialError::Connect {
+            url: ws_url.to_string(),
+            why: e.to_string(),
+        }),
+        Err(_) => Err(DialError::Timeout(ws_url.to_string(), deadline)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        let t = LinkTarget::parse("noise+ws://127.0.0.1:7000").unwrap();
+        assert_eq!(t.ws_url, "ws://127.0.0.1:7000/v1/link");
+        assert!(!t.is_relay());
+        let t = LinkTarget::parse("relay+ws://relay.example:443/env-1").unwrap();
+        assert_eq!(t.ws_url, "ws://relay.example:443/v1/connect/env-1");
+        assert_eq!(t.env_id, "env-1");
+        let t = LinkTarget::parse("relay+wss://r:8443/a.b_c/").unwrap();
+        assert_eq!(t.ws_url, "wss://r:8443/v1/connect/a.b_c");
+        for bad in [
+            "relay+ws://r:1",
+            "relay+ws://r:1/",
+            "relay+ws://r:1/a/b",
+            "relay+ws://r:1/a b",
+            "relay+ws:///id",
+            "ws://r:1",
+            "noise+ws://",
+        ] {
+            assert!(LinkTarget::parse(bad).is_err(), "{bad}");
+        }
+        let long = "x".repeat(MAX_ROUTE_ID_BYTES);
+        assert!(LinkTarget::parse(&format!("relay+ws://r:1/{long}")).is_ok());
+        assert!(LinkTarget::parse(&format!("relay+ws://r:1/{long}x")).is_err());
+    }
+
+    #[test]
+    fn environment_urls() {
+        assert_eq!(
+            environment_url("ws://r:9/", "e1").unwrap(),
+            "ws://r:9/v1/env/e1"
+        );
+        assert_eq!(
+            environment_url("wss://r:9", "e1").unwrap(),
+            "wss://r:9/v1/env/e1"
+        );
+        assert!(environment_url("http://r:9", "e1").is_err());
+        assert!(environment_url("ws://r:9", "").is_err());
+        assert!(environment_url("ws://r:9", "a/b").is_err());
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let dir = std::env::temp_dir().join(format!("execrelay-dial-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("empty.pem");
+        std::fs::write(&p, "not a certificate\n").unwrap();
+        let e = TlsRoots::CaFile(p.clone()).client_config().unwrap_err();
+        assert!(e.to_string().contains("--ca-file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,277 @@
+//! Keepalive and a write deadline for a plain WebSocket (`ws://`, `secure-transport.md` §6.4):
+//! the two halves of a split WebSocket, where the reading half also sends pings.
+//!
+//! A JSON-RPC WebSocket has no task of its own: the connection's reader polls the inbound
+//! half and its writer the outbound half, and the writer sleeps while there is nothing to
+//! write. So the **reader** runs the keepalive (its poll also waits on the keepalive timer):
+//! when a ping is due it queues one on the shared socket and pushes it out, with a waker that
+//! wakes both halves so the writer's own wake-up is never lost. A pong echoing one of our pings
+//! is the only answer; a peer that keeps sending data but never answers is dead at the pong
+//! timeout, and its reader ends with [`io::ErrorKind::TimedOut`]. The **writer** gets a
+//! deadline: a write (ready, flush, close) that has waited the write timeout fails with
+//! [`io::ErrorKind::TimedOut`].
+//!
+//! The socket sits behind a `std::sync::Mutex` held only for one poll, never across an
+//! `.await`; each half registers its own waker kind with tokio-tungstenite (read or write), as
+//! the crate's own split does. The schedule and the death rule are the link engine's
+//! (`execrelay_relay::keepalive::Keepalive`), so plain WebSockets and links behave alike.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Instant;
+
+use futures_util::{Sink, Stream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Sleep;
+use tokio_tungstenite::tungstenite::error::Error as WsError;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+use execrelay_relay::config::KeepaliveConfig;
+use execrelay_relay::keepalive::Keepalive;
+
+struct Shared<S> {
+    ws: Mutex<WebSocketStream<S>>,
+    /// The writer's last waker, so a flush started by the reader wakes it too.
+    writer: Mutex<Option<Waker>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poll that panicked leaves the socket as tungstenite left it: keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn timed_out(what: &str) -> WsError {
+    WsError::Io(io::Error::new(io::ErrorKind::TimedOut, what.to_string()))
+}
+
+/// Split `ws` into its two halves; with `keepalive`, the reading half pings and declares the
+/// peer dead, and the writing half has a deadline.
+pub fn split<S>(
+    ws: WebSocketStream<S>,
+    keepalive: Option<KeepaliveConfig>,
+) -> (WsSink<S>, WsStream<S>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let shared = Arc::new(Shared {
+        ws: Mutex::new(ws),
+        writer: Mutex::new(None),
+    });
+    let seed = {
+        let mut b = [0u8; 8];
+        let _ = getrandom::getrandom(&mut b);
+        u64::from_le_bytes(b)
+    };
+    let stream = WsStream {
+        shared: shared.clone(),
+        keepalive: keepalive.map(|cfg| KeepaliveState {
+            core: Keepalive::new(cfg, now(), seed),
+            timer: Box::pin(tokio::time::sleep(cfg.interval)),
+            ping: None,
+            unflushed: false,
+        }),
+    };
+    let sink = WsSink {
+        shared,
+        write_timeout: keepalive.map(|k| k.write_timeout),
+        deadline: None,
+    };
+    (sink, stream)
+}
+
+struct KeepaliveState {
+    core: Keepalive,
+    timer: Pin<Box<Sleep>>,
+    /// A ping taken from the core, not yet handed to the socket.
+    ping: Option<[u8; 8]>,
+    /// A ping handed to the socket, not yet flushed.
+    unflushed: bool,
+}
+
+/// Wakes the reader and the writer.
+struct Both(Waker, Option<Waker>);
+
+impl Wake for Both {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.wake_by_ref();
+        if let Some(w) = &self.1 {
+            w.wake_by_ref();
+        }
+    }
+}
+
+/// The reading half (and the keepalive).
+pub struct WsStream<S> {
+    shared: Arc<Shared<S>>,
+    keepalive: Option<KeepaliveState>,
+}
+
+impl<S> WsStream<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    /// Run the keepalive: death, a due ping out, the timer armed. `Err` once the peer is dead.
+    // The error is tungstenite's own, returned as the stream's item: boxing it here would
+    // only be undone there.
+    #[allow(clippy::result_large_err)]
+    fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Result<(), WsError> {
+        let Some(ka) = self.keepalive.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            let t = now();
+            ka.core.handle_timeout(t);
+            if ka.core.is_dead() {
+                return Err(timed_out(
+                    "the peer did not answer a ping within the pong timeout",
+                ));
+            }
+            if ka.ping.is_none() {
+                ka.ping = ka.core.poll_ping(t);
+            }
+            if ka.ping.is_some() || ka.unflushed {
+                let writer = locked(&self.shared.writer).clone();
+                let waker = Waker::from(Arc::new(Both(cx.waker().clone(), writer)));
+                let mut wcx = Context::from_waker(&waker);
+                let mut ws = locked(&self.shared.ws);
+                let mut ws = Pin::new(&mut *ws);
+                if let Some(p) = ka.ping {
+                    match Sink::poll_ready(ws.as_mut(), &mut wcx) {
+                        Poll::Ready(Ok(())) => {
+                            ws.as_mut().start_send(Message::Ping(p.to_vec()))?;
+                            ka.ping = None;
+                            ka.unflushed = true;
+                        }
+                        Poll::Ready(Err(e)) => return Err(e),
+                        // The writer's data is in the way; its flush (or ours, on the wake-up)
+                        // makes room.
+                        Poll::Pending => {}
+                    }
+                }
+                if ka.unflushed {
+                    match Sink::poll_flush(ws.as_mut(), &mut wcx) {
+                        Poll::Ready(Ok(())) => ka.unflushed = false,
+                        Poll::Ready(Err(e)) => return Err(e),
+                        Poll::Pending => {}
+                    }
+                }
+            }
+            if let Some(at) = ka.core.poll_timeout() {
+                ka.timer.as_mut().reset(tokio::time::Instant::from_std(at));
+                if ka.timer.as_mut().poll(cx).is_ready() {
+                    continue; // already due: handle it now
+                }
+            }
+            return Ok(());
+        }
+    }
+}
+
+impl<S> Stream for WsStream<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    type Item = Result<Message, WsError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let me = self.get_mut();
+        loop {
+            if let Err(e) = me.poll_keepalive(cx) {
+                return Poll::Ready(Some(Err(e)));
+            }
+            let next = {
+                let mut ws = locked(&me.shared.ws);
+                Pin::new(&mut *ws).poll_next(cx)
+            };
+            match next {
+                Poll::Ready(Some(Ok(Message::Pong(p)))) => {
+                    if let Some(ka) = me.keepalive.as_mut() {
+                        ka.core.on_pong(&p);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// The writing half, with a deadline on every write.
+pub struct WsSink<S> {
+    shared: Arc<Shared<S>>,
+    write_timeout: Option<std::time::Duration>,
+    /// Armed while a write waits.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WsSink<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    fn poll_write<F>(&mut self, cx: &mut Context<'_>, op: F) -> Poll<Result<(), WsError>>
+    where
+        F: FnOnce(Pin<&mut WebSocketStream<S>>, &mut Context<'_>) -> Poll<Result<(), WsError>>,
+    {
+        *locked(&self.shared.writer) = Some(cx.waker().clone());
+        let r = {
+            let mut ws = locked(&self.shared.ws);
+            op(Pin::new(&mut *ws), cx)
+        };
+        match r {
+            Poll::Ready(r) => {
+                self.deadline = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let Some(limit) = self.write_timeout else {
+                    return Poll::Pending;
+                };
+                let d = self
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                if d.as_mut().poll(cx).is_ready() {
+                    self.deadline = None;
+                    return Poll::Ready(Err(timed_out(
+                        "a write did not complete within the write timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S> Sink<Message> for WsSink<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    type Error = WsError;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        self.get_mut().poll_write(cx, Sink::poll_ready)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), WsError> {
+        let mut ws = locked(&self.shared.ws);
+        Pin::new(&mut *ws).start_send(item)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        self.get_mut().poll_write(cx, Sink::poll_flush)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        self.get_mut().poll_write(cx, Sink::poll_close)
+    }
+}

@@ -1,0 +1,200 @@
+//! Through the relay with the real binaries (issue 10's tests): `execrelay keygen` for the
+//! relay, the exec server and the client; `execrelay-relay`; `execrelay serve --relay`;
+//! `execrelay run relay+ws://…`. Output and exit status are the remote ones; what the relay
+//! reads and writes on every link holds no plaintext; a client of an environment that is
+//! not (or no longer) linked gets `environment_offline` and a clear error.
+//!
+//! Every wait is on a line, an exit or a log entry, bounded by a hang guard.
+
+mod common;
+use common::noise_bin::{keygen, run_bin};
+use common::relay::{capturing_proxy, BinEnv, BinRelay};
+use common::text;
+
+/// One run through relay and exec server, with every byte on both of the relay's links
+/// captured by TCP proxies in front of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_through_the_relay_with_the_real_binaries_and_no_plaintext_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay_keys = keygen(dir.path(), "relay").await;
+    let server = keygen(dir.path(), "server").await;
+    let client = keygen(dir.path(), "client").await;
+    let envs = dir.path().join("environments");
+    std::fs::write(&envs, format!("env-1 {}\n", server.public_line())).unwrap();
+    let auth = dir.path().join("auth");
+    std::fs::write(&auth, format!("{}\n", client.public_line())).unwrap();
+
+    let relay = BinRelay::start(
+        &relay_keys.private,
+        &envs,
+        &[],
+        &dir.path().join("relay.log"),
+    )
+    .await;
+    let port: u16 = relay.url.rsplit(':').next().unwrap().parse().unwrap();
+    // The exec server's link and the client's link each through a proxy of their own.
+    let (env_port, env_cap) = capturing_proxy(port).await;
+    let (client_port, client_cap) = capturing_proxy(port).await;
+    let env = BinEnv::start(
+        &format!("ws://127.0.0.1:{env_port}"),
+        "env-1",
+        &relay_keys.public,
+        &server.private,
+        &auth,
+        &[],
+        &dir.path().join("server.log"),
+    )
+    .await;
+
+    let url = format!("relay+ws://127.0.0.1:{client_port}/env-1");
+    // The output is not in the argv (OUT""PUT), so each is looked for on its own.
+    let out = run_bin(
+        &url,
+        server.pubs(),
+        client.p(),
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo OUT\"\"PUT-MARK-61; echo err-line >&2; exit 3 # ARGV-MARK-93",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "OUTPUT-MARK-61\n");
+    assert!(
+        text(&out.stderr).contains("err-line"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    assert!(
+        env_cap.len() > 0 && client_cap.len() > 0,
+        "both links carried frames"
+    );
+    for cap in [&env_cap, &client_cap] {
+        for needle in [
+            &b"process/start"[..],
+            b"initialize",
+            b"ARGV-MARK-93",
+            b"OUTPUT-MARK-61",
+            b"err-line",
+            b"execrelay-client",
+        ] {
+            assert!(
+                !cap.contains(needle),
+                "the relay saw {:?} in the clear",
+                String::from_utf8_lossy(needle)
+            );
+        }
+    }
+    drop(env);
+    drop(relay);
+}
+
+/// A client of an environment with no link gets `environment_offline`, and so does one whose
+/// environment was removed from the relay's environments file while its link was up (the
+/// relay closes that link at once and refuses it when it redials).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay_keys = keygen(dir.path(), "relay").await;
+    let server = keygen(dir.path(), "server").await;
+    let client = keygen(dir.path(), "client").await;
+    let envs = dir.path().join("environments");
+    std::fs::write(&envs, format!("env-1 {}\n", server.public_line())).unwrap();
+    let auth = dir.path().join("auth");
+    std::fs::write(&auth, format!("{}\n", client.public_line())).unwrap();
+    let relay = BinRelay::start(
+        &relay_keys.private,
+        &envs,
+        &["--environments-poll-ms", "100"],
+        &dir.path().join("relay.log"),
+    )
+    .await;
+    let server_log = dir.path().join("server.log");
+    let env = BinEnv::start(
+        &relay.url,
+        "env-1",
+        &relay_keys.public,
+        &server.private,
+        &auth,
+        &[
+            "--relay-backoff-initial-ms",
+            "50",
+            "--relay-backoff-max-ms",
+            "200",
+        ],
+        &server_log,
+    )
+    .await;
+    let ok = run_bin(
+        &env.client_url,
+        server.pubs(),
+        client.p(),
+        &[],
+        &["echo", "up"],
+        None,
+    )
+    .await;
+    assert_eq!(text(&ok.stdout), "up\n", "{}", text(&ok.stderr));
+
+    // An id the relay has no link for.
+    let nope = env.client_url.replace("/env-1", "/env-2");
+    let out = run_bin(&nope, server.pubs(), client.p(), &[], &["true"], None).await;
+    assert_eq!(out.status.code(), Some(255));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("environment \"env-2\" is offline") && err.contains("environment_offline"),
+        "{err}"
+    );
+
+    // The line removed while the link is up: the relay closes it, the server's redials are
+    // refused (its log says so and what to check), clients get environment_offline.
+    std::fs::write(&envs, "# nobody\n").unwrap();
+    common::eventually("the server's log shows its link refused", || {
+        std::fs::read_to_string(&server_log)
+            .unwrap_or_default()
+            .contains("the relay refused this environment link")
+    })
+    .await;
+    let out = run_bin(
+        &env.client_url,
+        server.pubs(),
+        client.p(),
+        &[],
+        &["true"],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(255));
+    assert!(
+        text(&out.stderr).contains("environment_offline"),
+        "{}",
+        text(&out.stderr)
+    );
+    let log = std::fs::read_to_string(&server_log).unwrap();
+    assert!(log.contains("unauthorized"), "{log}");
+    drop(env);
+    drop(relay);
+}
+
+/// `execrelay demo` shows the whole path: a relay, an exec server registered with it, and
+/// the demo command run through the relay over Noise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_its_command_through_a_relay() {
+    let out =
+        common::binary::output_of(tokio::process::Command::new(common::bin()).arg("demo")).await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    for line in [
+        "demo: relay listening on ws://127.0.0.1:",
+        "clients reach it at relay+ws://127.0.0.1:",
+        "[stdout] tick 5 from pid",
+        "[stderr] a line on stderr",
+        "demo: exited: code=Some(7)",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
