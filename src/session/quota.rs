@@ -13,34 +13,9 @@
 //! so that two at once cannot both pass the last slot. This module holds the rule; it must
 //! never decide a JSON-RPC code (that is `connection/error_map.rs`).
 
-use std::net::IpAddr;
-
 /// The unit the per-address quotas count: an IPv4 address, or the /64 prefix of an IPv6
-/// address (one host usually owns a whole /64, as for the HTTP front's handshake slots).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AddressKey {
-    /// An IPv4 address (an IPv4-mapped IPv6 address counts as its IPv4 address).
-    V4([u8; 4]),
-    /// The first 64 bits of an IPv6 address.
-    V6Prefix([u8; 8]),
-}
-
-impl AddressKey {
-    /// The key of `ip`.
-    pub fn of(ip: IpAddr) -> AddressKey {
-        match ip {
-            IpAddr::V4(v4) => AddressKey::V4(v4.octets()),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => AddressKey::V4(v4.octets()),
-                None => {
-                    let mut prefix = [0u8; 8];
-                    prefix.copy_from_slice(&v6.octets()[..8]);
-                    AddressKey::V6Prefix(prefix)
-                }
-            },
-        }
-    }
-}
+/// address — the HTTP front's own key for its handshake slots, so both count a host alike.
+pub use execrelay_relay::http::AddressKey;
 
 /// Who owns a session, for the quotas.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -90,6 +65,7 @@ impl Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     #[test]
     fn ipv6_counts_by_its_64_prefix_and_mapped_ipv4_as_ipv4() {
