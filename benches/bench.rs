@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use execrelay::client::{
     Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions, Target,
 };
+use execrelay::config::BackendChoice;
 use tokio::io::AsyncBufReadExt;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -171,8 +172,9 @@ async fn start_noise_server_with(keys: &NoiseKeys, extra: &[&str]) -> ServerProc
 
 /// Fan-in: `procs` clients, each a virtual stream with its own session on one shared Noise
 /// link, each running one process that writes `per` bytes, all at once. Returns aggregate
-/// MB/s, the server's peak RSS and its CPU seconds per GB.
-async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64) {
+/// MB/s, the server's peak RSS, its CPU seconds per GB, its RSS with the sessions idle and its
+/// RSS before any session.
+async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64, u64) {
     let limit = (procs + 16).to_string();
     // Every client is one key from one address: the per-client quotas must allow them all.
     let s = start_noise_server_with(
@@ -192,6 +194,8 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
     )
     .await;
     let server_pid = s.child.id().unwrap_or(0);
+    // Before any session: the per-session figure is the growth from here.
+    let rss_empty = peak_rss_kib(server_pid);
     let opts = ClientOptions {
         reconnect: false,
         ..ClientOptions::default()
@@ -270,6 +274,7 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
         rss,
         cpu / (bytes / 1e9),
         rss_idle,
+        rss_empty,
     )
 }
 
@@ -487,9 +492,13 @@ async fn exec_latency(runs: u64) -> (f64, f64) {
 // ---------------------------------------------------------------------------------------------
 // In-process (issue 12): `Client::in_process` beside plain WebSocket, in the same run.
 
-/// p50/p99 exec latency (ms) of `true` → exit notice on one in-process client.
-async fn in_process_exec_latency(runs: u64) -> (f64, f64) {
-    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+/// p50/p99 exec latency (ms) of `true` → exit notice on one in-process client, with the
+/// containment backend `backend` (`auto` as a server runs by default; `none` shows what the
+/// cgroup placement costs).
+async fn in_process_exec_latency(runs: u64, backend: BackendChoice) -> (f64, f64) {
+    let mut config = InProcessConfig::default();
+    config.server.containment_backend = backend;
+    let client = Client::in_process(config, ClientOptions::default())
         .await
         .expect("in-process client");
     let mut samples = Vec::with_capacity(runs as usize);
@@ -549,11 +558,13 @@ async fn in_process_section(keys: &NoiseKeys) {
     let runs = env_u64("INPROC_RUNS", 1000);
     if runs > 0 {
         let (r50, r99) = raw_spawn_latency(runs).await;
-        let (i50, i99) = in_process_exec_latency(runs).await;
+        let (i50, i99) = in_process_exec_latency(runs, BackendChoice::Auto).await;
+        let (n50, _) = in_process_exec_latency(runs, BackendChoice::None).await;
         let (w50, w99) = exec_latency(runs).await;
         println!("inproc_raw_spawn_p50_ms {r50:.3}");
         println!("inproc_raw_spawn_p99_ms {r99:.3}");
         println!("inproc_exec_latency_p50_ms {i50:.3}");
+        println!("inproc_exec_latency_no_cgroup_p50_ms {n50:.3}");
         println!("inproc_exec_latency_p99_ms {i99:.3}");
         println!("inproc_ws_exec_latency_p50_ms {w50:.3}");
         println!("inproc_ws_exec_latency_p99_ms {w99:.3}");
@@ -862,7 +873,7 @@ async fn main() {
     let fan = env_u64("FANIN_PROCS", 1000) as usize;
     if fan > 0 && kinds.split(',').any(|k| k == "noise") {
         let per = env_u64("FANIN_BYTES", 1 << 20);
-        let (mbps, rss, cpu, idle) = fan_in(&keys, fan, per).await;
+        let (mbps, rss, cpu, idle, empty) = fan_in(&keys, fan, per).await;
         println!("fanin_procs {fan}");
         println!("fanin_MBps {mbps:.1}");
         println!("fanin_server_own_cpu_s_per_GB {cpu:.2}");
@@ -887,6 +898,11 @@ async fn main() {
             / 1024) as u64;
         let bound = idle + budget_kib + link_queue_kib + fan as u64 * per_stream_kib;
         println!("fanin_server_idle_rss_KiB {idle}");
+        // Each idle session is a client on its own Noise stream, initialized, no process yet.
+        println!(
+            "server_rss_per_idle_session_KiB {:.2}",
+            idle.saturating_sub(empty) as f64 / fan.max(1) as f64
+        );
         println!("fanin_server_rss_bound_KiB {bound}");
     }
 

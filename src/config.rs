@@ -275,92 +275,8 @@ pub const IN_PROCESS_EVENT_QUEUE: usize = 256;
 /// application stopped reading.
 pub const IN_PROCESS_SHUTDOWN_MS: u64 = 5_000;
 
-/// How a setting's value reads, for `--help`, the README table and error messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    /// A number of things.
-    Count,
-    /// Bytes.
-    Bytes,
-    /// Milliseconds.
-    Millis,
-}
-
-impl Unit {
-    /// The flag's value name in `--help`.
-    pub const fn value_name(self) -> &'static str {
-        match self {
-            Unit::Count => "N",
-            Unit::Bytes => "BYTES",
-            Unit::Millis => "MS",
-        }
-    }
-
-    /// A value of this unit for people: `16 MiB`, `60 000 ms`, `256`.
-    pub fn display(self, value: u64) -> String {
-        const KIB: u64 = 1024;
-        const MIB: u64 = 1024 * 1024;
-        match self {
-            Unit::Bytes if value >= MIB && value % MIB == 0 => format!("{} MiB", value / MIB),
-            Unit::Bytes if value >= KIB && value % KIB == 0 => format!("{} KiB", value / KIB),
-            Unit::Bytes => format!("{value} bytes"),
-            Unit::Millis => format!("{} ms", group_thousands(value)),
-            Unit::Count => group_thousands(value),
-        }
-    }
-}
-
-/// `86400000` → `86 400 000` (a thin grouping that reads the same in every locale).
-fn group_thousands(value: u64) -> String {
-    let digits = value.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(' ');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// One setting of [`ServerConfig`], as the flag, the TOML key, `--help` and the README show it.
-#[derive(Debug, Clone, Copy)]
-pub struct Setting {
-    /// The field and TOML key (`snake_case`); the flag is the same in `kebab-case`.
-    pub name: &'static str,
-    /// Its default: the named constant.
-    pub default: u64,
-    /// How the value reads.
-    pub unit: Unit,
-    /// What it bounds, in one line (the flag's help, the README's table).
-    pub bounds: &'static str,
-}
-
-impl Setting {
-    /// The flag, without the leading dashes.
-    pub fn flag(&self) -> String {
-        self.name.replace('_', "-")
-    }
-
-    /// The flag's help line: what it bounds, and the real default.
-    pub fn help(&self) -> String {
-        format!(
-            "{} [default: {}]",
-            self.bounds,
-            self.unit.display(self.default)
-        )
-    }
-
-    /// The setting's row of the README's configuration table.
-    pub fn readme_row(&self) -> String {
-        format!(
-            "| `{}` | {} | {} |",
-            self.name,
-            self.unit.display(self.default),
-            self.bounds
-        )
-    }
-}
+/// How a setting reads (`--help`, the README table): shared with the relay's settings.
+pub use execrelay_relay::setting::{Setting, Unit};
 
 /// One setting of [`ServerConfig`] whose value is a word, not a number (a backend, a name):
 /// the flag, the TOML key, `--help` and the README show it as [`Setting`] does.
@@ -814,7 +730,7 @@ mod tests {
     fn values_read_for_people() {
         assert_eq!(Unit::Bytes.display(16 * 1024 * 1024), "16 MiB");
         assert_eq!(Unit::Bytes.display(16 * 1024), "16 KiB");
-        assert_eq!(Unit::Bytes.display(1000), "1000 bytes");
+        assert_eq!(Unit::Bytes.display(1000), "1 000 bytes");
         assert_eq!(Unit::Millis.display(86_400_000), "86 400 000 ms");
         assert_eq!(Unit::Millis.display(500), "500 ms");
         assert_eq!(Unit::Count.display(1024), "1 024");

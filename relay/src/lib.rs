@@ -114,4 +114,5 @@ pub mod keys;
 pub mod reason;
 pub mod router;
 pub mod server;
+pub mod setting;
 pub mod transmit;
