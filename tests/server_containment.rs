@@ -16,8 +16,10 @@ use serde_json::json;
 use tokio::process::{Child, ChildStdout};
 
 use common::binary::{first_line, output_of, serve_cmd, ws_client};
-use common::contain::{all_gone, assert_gone, cgroups_here, number_after, start_pty_job, Tracked};
-use common::process::{contains, read_until, sleeping_with_term_ignored};
+use common::contain::{
+    all_gone, assert_gone, cgroups_here, number_after, start_pty_job, start_stubborn_child, Tracked,
+};
+use common::process::read_until;
 use common::*;
 use execrelay::config::BackendChoice;
 use execrelay::process::containment::{Containment, ContainmentConfig};
@@ -123,37 +125,7 @@ async fn sigterm_to_the_server_ends_within_the_caps() {
         "1000",
     ])
     .await;
-    let c = &mut s.client;
-    let script = "trap '' TERM; echo ready; exec sleep 1000";
-    let e = c
-        .call_err(
-            "process/start",
-            json!({"processId": "s", "argv": ["sh", "-c", script],
-                   "killGraceMs": 1_000_000_000_000u64}),
-        )
-        .await;
-    assert_eq!(e["code"], -32602, "{e}");
-    assert!(
-        e["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("max_kill_grace_ms")),
-        "{e}"
-    );
-    let r = c
-        .start(json!({"processId": "s", "argv": ["sh", "-c", script],
-                      "killGraceMs": 1000, "drainTimeoutMs": 1000}))
-        .await;
-    let mut acc = Collected::default();
-    read_until(c, "s", &mut acc, "ready", |a| {
-        contains(&a.stdout, b"ready\n")
-    })
-    .await;
-    let child = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
-    // "ready" comes just before the `exec`: wait (hang guard) until `sleep` runs.
-    eventually("the sleep runs with SIGTERM ignored", || {
-        sleeping_with_term_ignored(child.pid as i32)
-    })
-    .await;
+    let child = start_stubborn_child(&mut s.client, 1000, json!({"drainTimeoutMs": 1000})).await;
 
     let t0 = tokio::time::Instant::now();
     signal(&s.child, libc::SIGTERM);

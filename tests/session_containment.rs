@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::contain::{all_gone, assert_gone, number_after, start_pty_job, Tracked};
-use common::process::{contains, read_until, sleeping_with_term_ignored};
+use common::contain::{
+    all_gone, assert_gone, number_after, start_pty_job, start_stubborn_child, Tracked,
+};
 use common::*;
 use execrelay::config::{BackendChoice, ServerConfig};
 
@@ -305,36 +306,7 @@ const CAP_MS: u64 = 1000;
 /// A child that ignores SIGTERM (the `exec`ed `sleep` keeps the ignored disposition), started
 /// with the largest grace the server allows, after a start with a huge one was refused.
 async fn stubborn_child(t: &mut InProcess) -> Tracked {
-    let c = &mut t.client;
-    let script = "trap '' TERM; echo ready; exec sleep 1000";
-    let e = c
-        .call_err(
-            "process/start",
-            json!({"processId": "s", "argv": ["sh", "-c", script],
-                   "killGraceMs": 1_000_000_000_000u64}),
-        )
-        .await;
-    assert_eq!(e["code"], -32602, "{e}");
-    let msg = e["message"].as_str().expect("message");
-    assert!(
-        msg.contains("killGraceMs") && msg.contains("max_kill_grace_ms") && msg.contains("1000"),
-        "the refusal names the cap: {msg}"
-    );
-    let r = c
-        .start(json!({"processId": "s", "argv": ["sh", "-c", script], "killGraceMs": CAP_MS}))
-        .await;
-    let mut acc = Collected::default();
-    read_until(c, "s", &mut acc, "ready", |a| {
-        contains(&a.stdout, b"ready\n")
-    })
-    .await;
-    let child = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
-    // "ready" comes just before the `exec`: wait (hang guard) until `sleep` runs.
-    eventually("the sleep runs with SIGTERM ignored", || {
-        sleeping_with_term_ignored(child.pid as i32)
-    })
-    .await;
-    child
+    start_stubborn_child(&mut t.client, CAP_MS, json!({})).await
 }
 
 fn capped() -> ServerConfig {

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use execrelay::config::BackendChoice;
 use execrelay::process::containment::procfs::{self, ProcStat};
 use execrelay::process::containment::{BackendKind, Containment, ContainmentConfig};
 
-use super::process::read_until;
-use super::{text, Collected, RawClient, GUARD};
+use super::process::{contains, read_until, sleeping_with_term_ignored};
+use super::{eventually, text, Collected, RawClient, GUARD};
 
 /// A process a test saw running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,4 +144,44 @@ pub async fn start_pty_job(c: &mut RawClient, id: &str, kill_grace_ms: u64) -> (
     );
     assert_eq!(st.sid, shell.pid, "the job stays in the shell's session");
     (shell, job)
+}
+
+/// A child that ignores SIGTERM (the `exec`ed `sleep` keeps the ignored disposition), started
+/// with the largest grace the server allows (`cap_ms`, its `max_kill_grace_ms`) and with
+/// `extra` fields in its params, after a start with a huge grace was refused naming the cap.
+/// Returns once the `sleep` runs with SIGTERM ignored.
+pub async fn start_stubborn_child(c: &mut RawClient, cap_ms: u64, extra: Value) -> Tracked {
+    let script = "trap '' TERM; echo ready; exec sleep 1000";
+    let e = c
+        .call_err(
+            "process/start",
+            json!({"processId": "s", "argv": ["sh", "-c", script],
+                   "killGraceMs": 1_000_000_000_000u64}),
+        )
+        .await;
+    assert_eq!(e["code"], -32602, "{e}");
+    let msg = e["message"].as_str().expect("message");
+    assert!(
+        msg.contains("killGraceMs")
+            && msg.contains("max_kill_grace_ms")
+            && msg.contains(&cap_ms.to_string()),
+        "the refusal names the cap: {msg}"
+    );
+    let mut params = json!({"processId": "s", "argv": ["sh", "-c", script], "killGraceMs": cap_ms});
+    if let (Some(p), Value::Object(more)) = (params.as_object_mut(), extra) {
+        p.extend(more);
+    }
+    let r = c.start(params).await;
+    let mut acc = Collected::default();
+    read_until(c, "s", &mut acc, "ready", |a| {
+        contains(&a.stdout, b"ready\n")
+    })
+    .await;
+    let child = Tracked::of(r["pid"].as_u64().expect("pid") as u32);
+    // "ready" comes just before the `exec`: wait (hang guard) until `sleep` runs.
+    eventually("the sleep runs with SIGTERM ignored", || {
+        sleeping_with_term_ignored(child.pid as i32)
+    })
+    .await;
+    child
 }
