@@ -91,16 +91,4 @@ pub fn main() -> i32 {
 }
 
 /// Install the tracing subscriber: stderr, `RUST_LOG` (default `default`), text or JSON.
-pub fn init_logging(default: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
-}
+pub use execrelay_relay::server::cli::init_logging;

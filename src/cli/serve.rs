@@ -18,6 +18,7 @@ use crate::link::server::NoiseServerConfig;
 use crate::policy::PolicyFile;
 use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener, Server};
 use execrelay_relay::http::METRICS_PATH;
+use execrelay_relay::server::cli::spawn_signal_handler;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -405,25 +406,4 @@ fn parse_metrics_listen(s: &str) -> anyhow::Result<SocketAddr> {
     s.parse().map_err(|_| {
         anyhow::anyhow!("bad --metrics-listen {s:?}: expected HOST:PORT, e.g. 127.0.0.1:9464")
     })
-}
-
-/// Cancel `shutdown` on SIGTERM or SIGINT. The handlers are registered before this returns
-/// (not in the spawned task), so a signal sent right after is never lost to the default action.
-fn spawn_signal_handler(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers");
-        return;
-    };
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("signal received: shutting down");
-        shutdown.cancel();
-    });
 }

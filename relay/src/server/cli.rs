@@ -118,9 +118,11 @@ impl RelayArgs {
     }
 }
 
-fn init_logging(json: bool) {
+/// Install the tracing subscriber: stderr, `RUST_LOG` (default `default`), text or JSON. The
+/// exec server's binary uses it too, so both log alike.
+pub fn init_logging(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -151,7 +153,7 @@ pub fn main() -> i32 {
 
 /// Run with parsed arguments.
 pub fn run(args: RelayArgs) -> i32 {
-    init_logging(matches!(args.log_format, LogFormat::Json));
+    init_logging("info", matches!(args.log_format, LogFormat::Json));
     let prepared = (|| -> anyhow::Result<_> {
         let listen = parse_listen(&args.listen)?;
         let metrics = args
@@ -222,7 +224,10 @@ pub fn run(args: RelayArgs) -> i32 {
 
 /// Cancel `shutdown` on SIGTERM or SIGINT. The handlers are registered before this returns,
 /// so a signal sent right after is never lost to the default action.
-fn spawn_signal_handler(shutdown: CancellationToken) {
+/// Cancel `shutdown` on SIGTERM or SIGINT (both binaries' graceful shutdown). The handlers are
+/// registered before this returns (not in the spawned task), so a signal sent right after is
+/// never lost to the default action.
+pub fn spawn_signal_handler(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
