@@ -120,7 +120,10 @@ pub const MAX_QUEUED_BYTES: usize = 256 << 20;
 /// Bytes of control frames a relay link's queue reserves beside its data (§6.3 "a reserved
 /// share for control frames"). `ACCEPT`, `ACK` (one coalesced per stream) and `RESET` are
 /// bounded by the link's streams and always admitted; an `OPEN` that would push the control
-/// share past this is refused `busy`. Sixteen full-size frames.
+/// share past this is refused `busy`. The refusals themselves (`RESET busy` of a client's
+/// `OPEN`s, the one control frame a client can make the relay queue without holding a stream)
+/// are held to it too: a client link whose unread refusals would pass it is closed
+/// (`control_queue_full`). Sixteen full-size frames.
 pub const CONTROL_RESERVE_BYTES: usize = 16 * MAX_FRAME_BYTES;
 
 /// The largest receive window (records) a relay honours. A receiver advertising more is held

@@ -97,15 +97,26 @@ impl<T: RoutingTable> Router<T> {
         }
     }
 
-    /// Refuse a client's `OPEN` with `reason`, touching nothing else.
+    /// Refuse a client's `OPEN` with `reason`, touching nothing else. Refusals are the one
+    /// control frame a client can make the relay queue without holding a stream, so they are
+    /// held to the link's control reserve: a client that sends `OPEN`s faster than it reads
+    /// their refusals (its control lane already past [`RelayConfig::control_reserve_bytes`])
+    /// is not reading its link, and the link is closed (`control_queue_full`).
     fn refuse(&mut self, link: LinkId, stream: StreamId, reason: Reason) {
         self.counters.dropped(DropReason::RefusedOpen);
         self.counters.reset(reason);
         self.stream_event(link, stream, StreamChange::Refused(reason));
-        if let Some(l) = self.links.get_mut(&link) {
-            l.closed_streams.insert(stream);
+        let reset = Frame::reset(stream, reason.as_str());
+        let reserve = self.cfg.control_reserve_bytes;
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if l.out.control_bytes().saturating_add(reset.wire_len()) > reserve {
+            self.close_link(link, CloseReason::ControlQueueFull);
+            return;
         }
-        self.enqueue(link, Frame::reset(stream, reason.as_str()), Lane::Control);
+        l.closed_streams.insert(stream);
+        self.enqueue(link, reset, Lane::Control);
     }
 
     fn on_open(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
@@ -230,9 +241,28 @@ impl<T: RoutingTable> Router<T> {
             self.enqueue(dest, f, Lane::AfterData);
             return;
         }
+        // Records of the other direction still in this link's queue have not reached its
+        // end: a report that acknowledges one is a lie (an honest receiver acknowledges only
+        // what it consumed), and believing it would let the relay queue more than one window
+        // for a receiver that does not read. The stream is reset, alone.
+        let undelivered = self
+            .links
+            .get(&link)
+            .map_or(0, |l| l.out.stream_frames(&key.stream));
+        let undelivered = u64::try_from(undelivered).unwrap_or(u64::MAX);
         let Some(r) = self.table.get_mut(&key) else {
             return;
         };
+        let delivered = if from_client {
+            r.to_client.highest()
+        } else {
+            r.to_env.highest()
+        }
+        .saturating_sub(undelivered);
+        if f.ack > delivered {
+            self.reset_route(&key, Reason::MalformedFrame);
+            return;
+        }
         // The frame's report is about the other direction, whose receiver is its sender.
         let window = f.window.min(self.cfg.max_window_records);
         let (reverse, dest) = if from_client {

@@ -1,0 +1,180 @@
+//! Hostile peers against the relay's routing core, on a simulated clock: what a client or an
+//! environment can make the relay hold by sending frames that each look harmless. Every test
+//! names the bound it checks, and failed before its fix.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use execrelay_relay::frame::{FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
+use execrelay_relay::reason::{CloseReason, Reason};
+
+/// `control_reserve_bytes` also bounds the refusals a client link can pile up: a client that
+/// floods `OPEN`s past its rate and never reads the `RESET busy` answers used to make the
+/// relay queue one `RESET` per `OPEN`, without bound (48 bytes each on the wire, more in
+/// memory), for as long as its link's writes kept completing. Now its link closes
+/// (`control_queue_full`) as soon as a refusal would push its control lane past the reserve;
+/// nobody else notices.
+#[test]
+fn a_client_that_floods_opens_and_never_reads_the_refusals_is_closed_at_the_control_reserve() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut rcfg = relay_cfg();
+    rcfg.opens_per_second = 1;
+    rcfg.control_reserve_bytes = MAX_FRAME_BYTES;
+    let mut net = Net::new(rcfg);
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 1, 0, 200);
+    let bad = net.clients[0].1;
+    let reset_bytes = HEADER_BYTES + "busy".len();
+    // The refusals that fit the reserve: the first OPEN is admitted (the bucket's one token),
+    // the rest are refused and queued, unread.
+    let fit = MAX_FRAME_BYTES / reset_bytes;
+    for n in 0..=fit {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&(n as u64 + 1).to_be_bytes());
+        net.router
+            .handle_frame(now, bad, raw(FrameType::Open, id, 0, 0, 16, b"msg1"));
+        assert!(net.router.is_live(bad), "closed after {n} OPENs");
+    }
+    assert_eq!(net.router.counters().resets(Reason::Busy), fit as u64);
+    assert!(net.router.link_queued_bytes(bad) <= MAX_FRAME_BYTES);
+    // One more refusal would pass the reserve: the link closes instead, its queue freed and
+    // its admitted stream reset on the environment.
+    net.router.handle_frame(
+        now,
+        bad,
+        raw(FrameType::Open, [0xee; 16], 0, 0, 16, b"msg1"),
+    );
+    assert!(!net.router.is_live(bad));
+    assert_eq!(
+        net.router.counters().closes(CloseReason::ControlQueueFull),
+        1
+    );
+    net.pump(now);
+    assert_eq!(net.closed, vec![(bad, CloseReason::ControlQueueFull)]);
+    // The other client's stream carries on both ways.
+    net.client(1)
+        .send(&sid(200), Bytes::from_static(b"up"))
+        .unwrap();
+    net.env(0)
+        .send(&sid(200), Bytes::from_static(b"down"))
+        .unwrap();
+    net.pump(now);
+    let env_events = events(net.env(0));
+    assert!(data_of(&env_events).contains(&(sid(200), 1, b"up".to_vec())));
+    assert_eq!(
+        data_of(&events(net.client(1))),
+        vec![(sid(200), 1, b"down".to_vec())]
+    );
+    assert_eq!(net.router.queued_bytes(), 0);
+}
+
+/// The window bound holds against a receiver that lies about what it consumed: a client that
+/// never reads its link but sends `ACK`s for records still in the relay's queue used to open
+/// the environment's window again and again, so the relay queued the environment's output
+/// for it without bound (the window check trusts the receiver's report). A report that
+/// acknowledges a record the relay has not yet written to that receiver now resets the
+/// stream (`malformed_frame`) on both links, and its queue is freed.
+#[test]
+fn a_receiver_that_acknowledges_records_it_was_never_given_is_reset_and_the_queue_stays_within_one_window(
+) {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut net = Net::new(relay_cfg());
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 0, 0, 1);
+    establish_via(&mut net, now, 0, 0, 2);
+    let (c, e) = (net.clients[0].1, net.envs[0].1);
+    let record = 1000;
+    // The environment fills the client's window of 16; nothing is written to the client.
+    for seq in 1..=16 {
+        net.router.handle_frame(
+            now,
+            e,
+            raw(FrameType::Data, sid(1), seq, 0, 16, &vec![7; record]),
+        );
+    }
+    let one_window = 16 * (HEADER_BYTES + record);
+    assert_eq!(net.router.stream_queued_bytes(c, &sid(1)), one_window);
+    // The client acknowledges all 16 without having read one.
+    net.router
+        .handle_frame(now, c, raw(FrameType::Ack, sid(1), 0, 16, 16, b""));
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 1);
+    assert_eq!(net.router.stream_queued_bytes(c, &sid(1)), 0);
+    // More records from the environment are no longer routed (late frames, dropped free).
+    net.router.handle_frame(
+        now,
+        e,
+        raw(FrameType::Data, sid(1), 17, 0, 16, &vec![7; record]),
+    );
+    assert_eq!(net.router.stream_queued_bytes(c, &sid(1)), 0);
+    assert_eq!(net.router.route_count(), 1);
+    // An honest acknowledgement of records the relay did write is still taken: stream 2.
+    for seq in 1..=16 {
+        net.router
+            .handle_frame(now, e, raw(FrameType::Data, sid(2), seq, 0, 16, b"x"));
+    }
+    let written = drain(&mut net.router, c, now);
+    let data2 = written
+        .iter()
+        .filter(|f| f.ftype == FrameType::Data && f.stream == sid(2))
+        .count();
+    assert_eq!(data2, 16);
+    net.router
+        .handle_frame(now, c, raw(FrameType::Ack, sid(2), 0, 16, 16, b""));
+    net.router
+        .handle_frame(now, e, raw(FrameType::Data, sid(2), 17, 0, 16, b"x"));
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 1);
+    assert_eq!(
+        net.router.counters().resets(Reason::WindowExceeded),
+        0,
+        "record 17 is inside the window the honest report opened"
+    );
+    assert!(net.router.is_live(c) && net.router.is_live(e));
+}
+
+/// The same lie from the environment's side (about the client's records) is reset the same
+/// way, and only that stream.
+#[test]
+fn an_environment_that_acknowledges_records_it_was_never_given_is_reset_alone() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut net = Net::new(relay_cfg());
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 0, 0, 1);
+    establish_via(&mut net, now, 0, 0, 2);
+    let (c, e) = (net.clients[0].1, net.envs[0].1);
+    for seq in 1..=3 {
+        net.router
+            .handle_frame(now, c, raw(FrameType::Data, sid(1), seq, 0, 16, b"in"));
+    }
+    // Two of three written to the environment; it acknowledges three.
+    assert_eq!(
+        net.router.stream_queued_bytes(e, &sid(1)),
+        3 * (HEADER_BYTES + 2)
+    );
+    let mut written = 0;
+    while written < 2 {
+        match net.router.poll_transmit(now, e) {
+            Some(execrelay_relay::transmit::Transmit::Frame(f)) => {
+                if f.ftype == FrameType::Data {
+                    written += 1;
+                }
+            }
+            Some(_) => {}
+            None => panic!("the relay wrote fewer than 2 records"),
+        }
+    }
+    net.router
+        .handle_frame(now, e, raw(FrameType::Ack, sid(1), 0, 2, 16, b""));
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 0);
+    net.router
+        .handle_frame(now, e, raw(FrameType::Ack, sid(1), 0, 3, 16, b""));
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 1);
+    assert_eq!(net.router.route_count(), 1, "stream 2 is untouched");
+}
