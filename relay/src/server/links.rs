@@ -72,7 +72,7 @@ pub(crate) async fn environment_link(
     stop: CancellationToken,
 ) {
     let span = tracing::info_span!("env_link", env = %id, %peer);
-    environment_link_inner(hub, shared, ws, id, stop)
+    environment_link_inner(hub, shared, ws, id, peer, stop)
         .instrument(span)
         .await
 }
@@ -82,9 +82,20 @@ async fn environment_link_inner(
     shared: Arc<Shared>,
     mut ws: Ws,
     id: String,
+    peer: SocketAddr,
     stop: CancellationToken,
 ) {
     let timeout = shared.settings.link_handshake_timeout();
+    // The address's share first: one host cannot take every slot.
+    let Some(address_slot) = shared.link_handshake_addresses.try_take(peer.ip()) else {
+        shared.stats.link_handshake(LinkOutcome::Busy);
+        tracing::warn!(
+            max = shared.settings.max_pending_link_handshakes_per_address,
+            "environment link refused: too many environment links in their handshake from this address"
+        );
+        refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+        return;
+    };
     let Ok(slot) = shared.link_handshakes.clone().try_acquire_owned() else {
         shared.stats.link_handshake(LinkOutcome::Busy);
         tracing::warn!("environment link refused: too many environment links in their handshake");
@@ -169,7 +180,7 @@ async fn environment_link_inner(
         return;
     }
     shared.stats.link_handshake(LinkOutcome::Accepted);
-    drop(slot);
+    drop((slot, address_slot));
     tracing::info!(
         key = %fingerprint(&admitted.env_key),
         link = link.id(),
