@@ -178,3 +178,71 @@ fn an_environment_that_acknowledges_records_it_was_never_given_is_reset_alone() 
     assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 1);
     assert_eq!(net.router.route_count(), 1, "stream 2 is untouched");
 }
+
+/// `RESET`s that cross are never charged, however many streams closed meanwhile. Reproduce
+/// (before): one address, no key, 20 client links (of its 64) each send a burst of 64
+/// `OPEN`s (their rate) and then `RESET` them all. The relay forwards 1,280 `OPEN`s and then
+/// the 1,280 `RESET`s; the environment refuses the `OPEN`s past its pending cap (`busy`) and
+/// remembers only the last 1,024 closed ids, so the clients' `RESET`s of the first refused
+/// ones were charged to the environment's unknown-stream budget (64) and the environment's
+/// engine closed its link to the relay; the relay likewise remembered only 1,024 ids on the
+/// environment link, so the environment's crossing `RESET busy` answers were charged there
+/// and the relay closed the environment link too. Every client of that environment lost its
+/// streams, and the attack could be repeated as soon as the environment came back. A `RESET`
+/// for a stream a link does not hold asks for nothing and is now dropped free (counted).
+#[test]
+fn crossing_resets_beyond_the_closed_set_cannot_close_an_environment_link() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut net = Net::new(relay_cfg());
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 0, 0, 1);
+    let e = net.envs[0].1;
+    let links: Vec<_> = (0..20)
+        .map(|_| {
+            net.router
+                .add_client_link(now, "env1", ADDR, 9)
+                .expect("a client link")
+        })
+        .collect();
+    let id = |k: usize, j: usize| {
+        let mut id = [0xa5u8; 16];
+        id[..8].copy_from_slice(&((k * 64 + j) as u64).to_be_bytes());
+        id
+    };
+    for (k, &l) in links.iter().enumerate() {
+        for j in 0..64 {
+            net.router
+                .handle_frame(now, l, raw(FrameType::Open, id(k, j), 0, 0, 16, b"msg1"));
+        }
+    }
+    for (k, &l) in links.iter().enumerate() {
+        for j in 0..64 {
+            net.router
+                .handle_frame(now, l, raw(FrameType::Reset, id(k, j), 0, 0, 0, b"bye"));
+        }
+    }
+    net.pump(now);
+    assert!(net.closed.is_empty(), "links closed: {:?}", net.closed);
+    assert!(net.router.is_live(e));
+    assert_eq!(net.env(0).is_closed(), None);
+    // The bystander's stream carries on both ways.
+    let _ = events(net.env(0));
+    let _ = events(net.client(0));
+    net.client(0)
+        .send(&sid(1), Bytes::from_static(b"up"))
+        .unwrap();
+    net.env(0)
+        .send(&sid(1), Bytes::from_static(b"down"))
+        .unwrap();
+    net.pump(now);
+    assert_eq!(
+        data_of(&events(net.env(0))),
+        vec![(sid(1), 1, b"up".to_vec())]
+    );
+    assert_eq!(
+        data_of(&events(net.client(0))),
+        vec![(sid(1), 1, b"down".to_vec())]
+    );
+}

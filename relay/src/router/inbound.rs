@@ -81,9 +81,12 @@ impl<T: RoutingTable> Router<T> {
     }
 
     /// A frame for a stream this link is not an end of: free if the stream closed recently
-    /// on this link, else charged to the unknown-stream budget. Never answered (a relay
-    /// resets only streams it routes).
-    fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId) {
+    /// on this link or if it is a `RESET` (it asks for nothing, and an environment's `RESET`s
+    /// cross the clients' for the same streams: clients that reset more streams than the
+    /// closed set remembers must not get the environment link charged and closed), else
+    /// charged to the unknown-stream budget. Never answered (a relay resets only streams it
+    /// routes).
+    fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId, ftype: FrameType) {
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
@@ -92,6 +95,9 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         self.counters.dropped(DropReason::UnknownStream);
+        if ftype == FrameType::Reset {
+            return;
+        }
         if !l.unknown.take(now) {
             self.close_link(link, CloseReason::UnknownStreamBudget);
         }
@@ -186,7 +192,7 @@ impl<T: RoutingTable> Router<T> {
 
     fn on_accept(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
         if !self.owns(link, LinkKind::Environment, &key) {
-            self.unknown(now, link, &key.stream);
+            self.unknown(now, link, &key.stream, f.ftype);
             return;
         }
         let Some(r) = self.table.get_mut(&key) else {
@@ -213,7 +219,7 @@ impl<T: RoutingTable> Router<T> {
         f: Frame,
     ) {
         if !self.owns(link, kind, &key) {
-            self.unknown(now, link, &key.stream);
+            self.unknown(now, link, &key.stream, f.ftype);
             return;
         }
         let from_client = kind == LinkKind::Client;
