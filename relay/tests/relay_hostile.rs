@@ -192,6 +192,22 @@ fn an_environment_that_acknowledges_records_it_was_never_given_is_reset_alone() 
 /// for a stream a link does not hold asks for nothing and is now dropped free (counted).
 #[test]
 fn crossing_resets_beyond_the_closed_set_cannot_close_an_environment_link() {
+    flood_then_cross(FrameType::Reset);
+}
+
+/// The same with `ACK`s in place of the `RESET`s: the relay used to forward a client's `ACK`
+/// before the environment's `ACCEPT`, so those `ACK`s reached the environment after its
+/// refusals and were charged there (an `ACK` is rightly charged when it names a stream
+/// never known). A client has nothing to acknowledge before the `ACCEPT`: the relay now
+/// resets a stream whose client sends an `ACK` first (`malformed_frame`; its `DATA` first
+/// was already reset `window_exceeded`), so no frame of a client reaches an environment for
+/// a stream the environment has not accepted, except its `OPEN` and `RESET`.
+#[test]
+fn a_client_ack_before_the_accept_is_not_forwarded_and_cannot_close_an_environment_link() {
+    flood_then_cross(FrameType::Ack);
+}
+
+fn flood_then_cross(second: FrameType) {
     let clock = Clock::new();
     let now = clock.now;
     let mut net = Net::new(relay_cfg());
@@ -219,8 +235,9 @@ fn crossing_resets_beyond_the_closed_set_cannot_close_an_environment_link() {
     }
     for (k, &l) in links.iter().enumerate() {
         for j in 0..64 {
+            let window = if second == FrameType::Ack { 16 } else { 0 };
             net.router
-                .handle_frame(now, l, raw(FrameType::Reset, id(k, j), 0, 0, 0, b"bye"));
+                .handle_frame(now, l, raw(second, id(k, j), 0, 0, window, b""));
         }
     }
     net.pump(now);

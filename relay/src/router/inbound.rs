@@ -247,6 +247,18 @@ impl<T: RoutingTable> Router<T> {
             self.enqueue(dest, f, Lane::AfterData);
             return;
         }
+        if from_client
+            && f.ftype == FrameType::Ack
+            && self.table.get_mut(&key).is_some_and(|r| !r.accepted)
+        {
+            // A client has received nothing before the ACCEPT, so it has nothing to report.
+            // Forwarded, such an ACK would reach an environment that may already have refused
+            // the stream and forgotten it (charged there as an unknown stream: a flood of them
+            // could close the environment's link). Its DATA before the ACCEPT is past a
+            // window not yet granted (`window_exceeded`, below); only its RESET goes through.
+            self.reset_route(&key, Reason::MalformedFrame);
+            return;
+        }
         // Records of the other direction still in this link's queue have not reached its
         // end: a report that acknowledges one is a lie (an honest receiver acknowledges only
         // what it consumed), and believing it would let the relay queue more than one window
