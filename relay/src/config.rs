@@ -196,6 +196,13 @@ pub struct EndpointConfig {
     pub malformed_frames: BucketConfig,
     /// See [`UNKNOWN_STREAM_BURST`], [`UNKNOWN_STREAM_REFILL`].
     pub unknown_stream_frames: BucketConfig,
+    /// Whether an empty unknown-stream budget closes the link (the default). Not on an
+    /// environment link: its frames come from every client of the environment through the
+    /// relay, and any client can make the environment close more streams than
+    /// [`CLOSED_STREAMS_REMEMBERED`] (refusals cost it nothing), so that other clients' frames
+    /// crossing their streams' ends would be charged and the link (every client's) closed.
+    /// There, unknown-stream frames are counted and dropped (`DATA` still answered `RESET`).
+    pub unknown_streams_close_link: bool,
     /// See [`CLOSED_STREAMS_REMEMBERED`].
     pub closed_streams_remembered: usize,
     /// See [`LINK_SEND_QUEUE_BYTES`].
@@ -227,6 +234,7 @@ impl Default for EndpointConfig {
                 burst: UNKNOWN_STREAM_BURST,
                 refill: UNKNOWN_STREAM_REFILL,
             },
+            unknown_streams_close_link: true,
             closed_streams_remembered: CLOSED_STREAMS_REMEMBERED,
             send_queue_bytes: LINK_SEND_QUEUE_BYTES,
             control_queue_frames: CONTROL_QUEUE_FRAMES,

@@ -263,3 +263,100 @@ fn flood_then_cross(second: FrameType) {
         vec![(sid(1), 1, b"down".to_vec())]
     );
 }
+
+/// An environment link is never closed for frames of streams it does not hold. Reproduce
+/// (before): honest clients reset streams while the environment's records are in flight
+/// (at most a window each: normal at every interrupted download); those late frames are free
+/// only while the link's closed set remembers the ids, and any client (no key) evicts them by
+/// opening and resetting streams at its rate. Five interrupted streams then cost the
+/// environment link 80 charges against a budget of 64, and the relay closed it, cutting every
+/// client of the environment. The same held on the environment's side of its link.
+#[test]
+fn late_frames_of_forgotten_streams_never_close_an_environment_link() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut rcfg = relay_cfg();
+    rcfg.closed_streams_remembered = 4;
+    let mut net = Net::new(rcfg);
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 0, 0, 9);
+    for n in 1..=5 {
+        establish_via(&mut net, now, 1, 0, n);
+    }
+    let (c, e) = (net.clients[1].1, net.envs[0].1);
+    for n in 1..=5 {
+        net.router.handle_frame(
+            now,
+            c,
+            raw(FrameType::Reset, sid(n), 0, 0, 0, b"interrupted"),
+        );
+    }
+    // Another client churns streams: the relay forgets the five ids.
+    let churn = net.router.add_client_link(now, "env1", ADDR, 7).unwrap();
+    for n in 100..110 {
+        net.router
+            .handle_frame(now, churn, raw(FrameType::Open, sid(n), 0, 0, 16, b"msg1"));
+        net.router
+            .handle_frame(now, churn, raw(FrameType::Reset, sid(n), 0, 0, 0, b"bye"));
+    }
+    // The environment's records that were in flight: a window of each stream.
+    for n in 1..=5 {
+        for seq in 1..=16 {
+            net.router
+                .handle_frame(now, e, raw(FrameType::Data, sid(n), seq, 0, 16, b"late"));
+        }
+    }
+    assert!(net.router.is_live(e), "the environment link was closed");
+    assert_eq!(
+        net.router
+            .counters()
+            .closes(CloseReason::UnknownStreamBudget),
+        0
+    );
+    // The bystander carries on.
+    net.pump(now);
+    let _ = events(net.env(0));
+    net.client(0)
+        .send(&sid(9), Bytes::from_static(b"up"))
+        .unwrap();
+    net.pump(now);
+    assert_eq!(
+        data_of(&events(net.env(0))),
+        vec![(sid(9), 1, b"up".to_vec())]
+    );
+}
+
+/// The environment's engine on a link to a relay (`unknown_streams_close_link: false`)
+/// drops frames of streams it does not hold instead of closing; `DATA` is still answered
+/// with `RESET`. A direct link (the default) still closes past the budget.
+#[test]
+fn an_environment_endpoint_drops_unknown_stream_frames_instead_of_closing() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let env_cfg = execrelay_relay::config::EndpointConfig {
+        unknown_streams_close_link: false,
+        ..cfg()
+    };
+    let mut env = server(now, env_cfg);
+    let mut direct = server(now, cfg());
+    for n in 0..100u8 {
+        env.handle_frame(now, raw(FrameType::Ack, [n + 1; 16], 0, 0, 16, b""));
+        direct.handle_frame(now, raw(FrameType::Ack, [n + 1; 16], 0, 0, 16, b""));
+    }
+    assert_eq!(env.is_closed(), None);
+    assert_eq!(direct.is_closed(), Some(CloseReason::UnknownStreamBudget));
+    env.handle_frame(now, raw(FrameType::Data, sid(200), 1, 0, 16, b"?"));
+    let out: Vec<_> = std::iter::from_fn(|| env.poll_transmit(now))
+        .filter_map(|t| match t {
+            execrelay_relay::transmit::Transmit::Frame(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].ftype, out[0].stream, &out[0].payload[..]),
+        (FrameType::Reset, sid(200), &b"unknown_stream"[..])
+    );
+}

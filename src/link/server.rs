@@ -198,6 +198,9 @@ pub fn endpoint_config(config: &ServerConfig, policy: HandshakeBudgetPolicy) -> 
             refill: Duration::from_millis(config.handshake_failure_refill_ms),
         },
         on_handshake_budget_empty: policy,
+        // The environment link (`RefuseOpens`) carries every client's streams: frames for
+        // streams it no longer remembers are dropped, never a reason to close it.
+        unknown_streams_close_link: matches!(policy, HandshakeBudgetPolicy::CloseLink),
         keepalive: keepalive_config(config),
         ..EndpointConfig::default()
     }

@@ -69,7 +69,7 @@ impl Endpoint {
         if f.ftype == FrameType::Reset {
             return;
         }
-        if !self.unknown.take(now) {
+        if self.cfg.unknown_streams_close_link && !self.unknown.take(now) {
             self.close_link(CloseReason::UnknownStreamBudget);
             return;
         }

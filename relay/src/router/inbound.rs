@@ -81,10 +81,8 @@ impl<T: RoutingTable> Router<T> {
     }
 
     /// A frame for a stream this link is not an end of: free if the stream closed recently
-    /// on this link or if it is a `RESET` (it asks for nothing, and an environment's `RESET`s
-    /// cross the clients' for the same streams: clients that reset more streams than the
-    /// closed set remembers must not get the environment link charged and closed), else
-    /// charged to the unknown-stream budget. Never answered (a relay resets only streams it
+    /// on this link, if it is a `RESET` (it asks for nothing, and `RESET`s cross), or if the
+    /// link is an environment's (below), else charged to the unknown-stream budget. Never answered (a relay resets only streams it
     /// routes).
     fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId, ftype: FrameType) {
         let Some(l) = self.links.get_mut(&link) else {
@@ -95,7 +93,11 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         self.counters.dropped(DropReason::UnknownStream);
-        if ftype == FrameType::Reset {
+        // An environment link is never charged: it is authenticated, its junk costs the relay
+        // no more than its traffic, and its late frames (crossing a client's RESET) are
+        // forgotten as soon as clients close more streams than the closed set remembers,
+        // which any client can do; closing it would cut every client of the environment.
+        if ftype == FrameType::Reset || l.kind == LinkKind::Environment {
             return;
         }
         if !l.unknown.take(now) {
