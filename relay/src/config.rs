@@ -103,7 +103,9 @@ pub const MAX_STREAMS_PER_ENVIRONMENT: usize = 8192;
 pub const MAX_STREAMS_PER_CLIENT_LINK: usize = MAX_STREAMS_PER_LINK;
 
 /// Client links a relay accepts from one address (§6.4): enough for every process on a busy
-/// host behind one NAT, few enough that one address cannot hold the relay's link table.
+/// host behind one NAT, few enough that one address cannot hold the relay's link table. An
+/// address is an IPv4 address or an IPv6 /64 (one host owns a whole /64), as for the HTTP
+/// front's handshake slots.
 pub const MAX_CLIENT_LINKS_PER_ADDRESS: usize = 64;
 
 /// `OPEN`s per second a client link may send through a relay (§6.4 "handshakes per second per

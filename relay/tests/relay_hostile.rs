@@ -360,3 +360,45 @@ fn an_environment_endpoint_drops_unknown_stream_frames_instead_of_closing() {
         (FrameType::Reset, sid(200), &b"unknown_stream"[..])
     );
 }
+
+/// `max_client_links_per_address` counts an IPv6 /64 as one address (as the HTTP front does):
+/// one host owns a whole /64, and counting single IPv6 addresses let it take every client
+/// link of the relay (`max_client_links`), one source address per link. An IPv4-mapped
+/// address counts as its IPv4 address.
+#[test]
+fn client_links_per_address_count_an_ipv6_slash_64_as_one_address() {
+    use std::net::IpAddr;
+    let now = Clock::new().now;
+    let mut rcfg = relay_cfg();
+    rcfg.max_client_links_per_address = 2;
+    let mut router = execrelay_relay::router::Router::new(rcfg).unwrap();
+    let v6 = |s: &str| -> IpAddr { s.parse().unwrap() };
+    router
+        .add_client_link(now, "env1", v6("2001:db8:1:2::1"), 1)
+        .unwrap();
+    router
+        .add_client_link(now, "env1", v6("2001:db8:1:2:ffff::2"), 1)
+        .unwrap();
+    assert!(router
+        .add_client_link(now, "env1", v6("2001:db8:1:2::3"), 1)
+        .is_err());
+    // Another /64 is another address.
+    router
+        .add_client_link(now, "env1", v6("2001:db8:1:3::1"), 1)
+        .unwrap();
+    // IPv4-mapped: the same address as its IPv4 form.
+    router
+        .add_client_link(now, "env1", v6("192.0.2.7"), 1)
+        .unwrap();
+    let first = router
+        .add_client_link(now, "env1", v6("::ffff:192.0.2.7"), 1)
+        .unwrap();
+    assert!(router
+        .add_client_link(now, "env1", v6("192.0.2.7"), 1)
+        .is_err());
+    // A freed slot lets the next in.
+    router.link_closed(first, CloseReason::Transport);
+    router
+        .add_client_link(now, "env1", v6("192.0.2.7"), 1)
+        .unwrap();
+}

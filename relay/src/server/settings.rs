@@ -235,7 +235,7 @@ relay_settings! {
         "streams one client link holds; more `OPEN`s are reset `busy`";
     /// See [`MAX_CLIENT_LINKS_PER_ADDRESS`].
     max_client_links_per_address: usize = MAX_CLIENT_LINKS_PER_ADDRESS, Count,
-        "client links from one address; one more is closed after its upgrade (close code 1013)";
+        "client links from one address (IPv4 address or IPv6 /64); one more is closed after its upgrade (close code 1013)";
     /// See [`MAX_CLIENT_LINKS`].
     max_client_links: usize = MAX_CLIENT_LINKS, Count,
         "client links at once; one more is refused with `503` before the upgrade";
