@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::metrics::{ClientRefusal, LinkOutcome};
 use super::{lock, unix_micros, Shared, RELAY_VERSION};
 use crate::driver::{recv_frame, send_frame, FrameIoError, RelayHub, LINK_CLOSE_TIMEOUT};
-use crate::env_handshake::admit_link;
+use crate::env_handshake::{finish_admission, precheck_link_open, read_link_open};
 use crate::frame::{Frame, LINK_STREAM};
 use crate::keys::fingerprint;
 use crate::reason::CloseReason;
@@ -123,24 +123,26 @@ async fn environment_link_inner(
             return;
         }
     };
-    // Admission and registration under the environments file's lock: a reload (which
-    // revokes under the same lock) sees this link registered, or this admission sees the
-    // reload. No `.await` while it is held.
+    // The checks before any cryptography (an OPEN on stream id 0, a listed id) under the
+    // environments file's lock; message 1's Diffie-Hellman outside it (a stranger can ask for
+    // it at its connection rate: it must not hold up reloads and other admissions, nor a
+    // runtime thread waiting on the lock); then admission and registration under the lock
+    // again, against the file as it is then: a reload (which revokes under the same lock)
+    // sees this link registered, or this admission sees the reload. No `.await` while it is
+    // held.
+    let pre = {
+        let mut file = lock(&shared.environments);
+        shared.apply_reload(&mut file, &hub);
+        precheck_link_open(&id, &open, &file)
+    };
+    let read = pre.and_then(|()| read_link_open(&shared.keys, &id, &open));
     let admitted = {
         let mut file = lock(&shared.environments);
         shared.apply_reload(&mut file, &hub);
-        let checked = {
+        let checked = read.and_then(|hs| {
             let mut ts = lock(&shared.timestamps);
-            admit_link(
-                &shared.keys,
-                &id,
-                &open,
-                &file,
-                &mut ts,
-                unix_micros(),
-                RELAY_VERSION,
-            )
-        };
+            finish_admission(hs, &id, &file, &mut ts, unix_micros(), RELAY_VERSION)
+        });
         match checked {
             Ok(a) if !stop.is_cancelled() => hub.add_environment(&id).map(|p| (a, p)).map_err(Err),
             Ok(_) => return,
