@@ -248,6 +248,67 @@ async fn shutdown_is_not_held_up_by_a_pending_authorization() {
     link.until_closed().await;
 }
 
+/// An authorizer that never answers and reports when its call is dropped (the server gave
+/// up on the authorization).
+struct Hangs(tokio::sync::mpsc::UnboundedSender<&'static str>);
+
+struct Reports(tokio::sync::mpsc::UnboundedSender<&'static str>);
+
+impl Drop for Reports {
+    fn drop(&mut self) {
+        let _ = self.0.send("dropped");
+    }
+}
+
+impl execrelay::noise::authorizer::Authorizer for Hangs {
+    fn authorize(
+        self: std::sync::Arc<Self>,
+        _req: execrelay::noise::authorizer::AuthRequest,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<(), execrelay::noise::authorizer::AuthDenied>>
+                + Send,
+        >,
+    > {
+        let _ = self.0.send("entered");
+        let reports = Reports(self.0.clone());
+        Box::pin(async move {
+            let _reports = reports;
+            std::future::pending().await
+        })
+    }
+}
+
+async fn next_report(rx: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>) -> &'static str {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("hang guard: the authorizer's call was never dropped")
+        .expect("authorizer gone")
+}
+
+// Reproduce (fixed): a client whose authorization is pending resets its stream; the engine
+// frees the pending slot at once, but the server kept awaiting the authorizer until the link
+// closed. A client repeating OPEN + RESET made the server run unboundedly many
+// authorizations (tasks and authorizer calls, each maybe an outside request) on one link,
+// past `max_pending_authorizations`. Now the authorization is dropped with its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_while_its_authorization_is_pending_ends_the_authorization() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let srv = start_server(std::sync::Arc::new(Hangs(tx)), ServerConfig::default()).await;
+    let a = Keypair::generate().unwrap();
+    let mut link = RawLink::connect(srv.port).await;
+    for _ in 0..3 {
+        let (sid, _) = link.send_hello(&a, &srv.keys.public).await;
+        assert_eq!(next_report(&mut rx).await, "entered");
+        link.send_frame(&Frame::reset(sid, "gave up")).await;
+        assert_eq!(next_report(&mut rx).await, "dropped");
+    }
+    // The link is fine: a new handshake still reaches the authorizer.
+    link.send_hello(&a, &srv.keys.public).await;
+    assert_eq!(next_report(&mut rx).await, "entered");
+    srv.stop().await;
+}
+
 // =============================================================================================
 // 7. Oversized or malformed message 1: reset before authorization.
 

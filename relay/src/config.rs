@@ -103,7 +103,9 @@ pub const MAX_STREAMS_PER_ENVIRONMENT: usize = 8192;
 pub const MAX_STREAMS_PER_CLIENT_LINK: usize = MAX_STREAMS_PER_LINK;
 
 /// Client links a relay accepts from one address (§6.4): enough for every process on a busy
-/// host behind one NAT, few enough that one address cannot hold the relay's link table.
+/// host behind one NAT, few enough that one address cannot hold the relay's link table. An
+/// address is an IPv4 address or an IPv6 /64 (one host owns a whole /64), as for the HTTP
+/// front's handshake slots.
 pub const MAX_CLIENT_LINKS_PER_ADDRESS: usize = 64;
 
 /// `OPEN`s per second a client link may send through a relay (§6.4 "handshakes per second per
@@ -120,7 +122,10 @@ pub const MAX_QUEUED_BYTES: usize = 256 << 20;
 /// Bytes of control frames a relay link's queue reserves beside its data (§6.3 "a reserved
 /// share for control frames"). `ACCEPT`, `ACK` (one coalesced per stream) and `RESET` are
 /// bounded by the link's streams and always admitted; an `OPEN` that would push the control
-/// share past this is refused `busy`. Sixteen full-size frames.
+/// share past this is refused `busy`. The refusals themselves (`RESET busy` of a client's
+/// `OPEN`s, the one control frame a client can make the relay queue without holding a stream)
+/// are held to it too: a client link whose unread refusals would pass it is closed
+/// (`control_queue_full`). Sixteen full-size frames.
 pub const CONTROL_RESERVE_BYTES: usize = 16 * MAX_FRAME_BYTES;
 
 /// The largest receive window (records) a relay honours. A receiver advertising more is held
@@ -193,6 +198,13 @@ pub struct EndpointConfig {
     pub malformed_frames: BucketConfig,
     /// See [`UNKNOWN_STREAM_BURST`], [`UNKNOWN_STREAM_REFILL`].
     pub unknown_stream_frames: BucketConfig,
+    /// Whether an empty unknown-stream budget closes the link (the default). Not on an
+    /// environment link: its frames come from every client of the environment through the
+    /// relay, and any client can make the environment close more streams than
+    /// [`CLOSED_STREAMS_REMEMBERED`] (refusals cost it nothing), so that other clients' frames
+    /// crossing their streams' ends would be charged and the link (every client's) closed.
+    /// There, unknown-stream frames are counted and dropped (`DATA` still answered `RESET`).
+    pub unknown_streams_close_link: bool,
     /// See [`CLOSED_STREAMS_REMEMBERED`].
     pub closed_streams_remembered: usize,
     /// See [`LINK_SEND_QUEUE_BYTES`].
@@ -224,6 +236,7 @@ impl Default for EndpointConfig {
                 burst: UNKNOWN_STREAM_BURST,
                 refill: UNKNOWN_STREAM_REFILL,
             },
+            unknown_streams_close_link: true,
             closed_streams_remembered: CLOSED_STREAMS_REMEMBERED,
             send_queue_bytes: LINK_SEND_QUEUE_BYTES,
             control_queue_frames: CONTROL_QUEUE_FRAMES,

@@ -428,6 +428,20 @@ pub fn admit_link(
     now: u64,
     relay_version: &str,
 ) -> Result<AdmittedLink, LinkRefusal> {
+    precheck_link_open(env_id, open, environments)?;
+    let hs = read_link_open(relay_keys, env_id, open)?;
+    finish_admission(hs, env_id, environments, timestamps, now, relay_version)
+}
+
+/// [`admit_link`]'s checks before any cryptography: the first frame is an `OPEN` on stream
+/// id 0 and the id is listed. A caller that holds a lock on the environments file releases it
+/// for [`read_link_open`] (two Diffie-Hellman operations a stranger can ask for at its
+/// connection rate), then calls [`finish_admission`] under the lock again.
+pub fn precheck_link_open(
+    env_id: &str,
+    open: &Frame,
+    environments: &EnvironmentsFile,
+) -> Result<(), LinkRefusal> {
     if open.stream != LINK_STREAM || open.ftype != FrameType::Open {
         return Err(LinkRefusal::UnexpectedFrame {
             expected: "OPEN",
@@ -441,7 +455,20 @@ pub fn admit_link(
         }
         .into());
     }
-    let hs = read_link_open(relay_keys, env_id, open)?;
+    Ok(())
+}
+
+/// [`admit_link`]'s checks after message 1 decrypted, against the environments file as it
+/// is now (it may have changed since [`precheck_link_open`]): the proven key is the one
+/// listed for the id, the `ts` is fresh (recorded on success); then message 2.
+pub fn finish_admission(
+    hs: RelayHandshake,
+    env_id: &str,
+    environments: &EnvironmentsFile,
+    timestamps: &mut LinkTimestamps,
+    now: u64,
+    relay_version: &str,
+) -> Result<AdmittedLink, LinkRefusal> {
     environments.admits(env_id, &hs.env_key)?;
     timestamps.admit(env_id, hs.ts, now)?;
     let (env_key, ts) = (hs.env_key, hs.ts);

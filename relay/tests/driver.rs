@@ -410,3 +410,69 @@ async fn a_silent_peer_that_never_answers_pings_is_dead_at_the_pong_timeout() {
     );
     drop(raw);
 }
+
+/// A pending `OPEN` whose stream ends before it is answered: its request learns it at once
+/// (`cancelled`), so authorization work can stop instead of waiting for the link to close;
+/// and a late answer never touches a newer stream that reuses the id. Before `cancelled`,
+/// a server's authorization of a reset stream ran until the link closed (one task and one
+/// authorizer call per reset `OPEN`, beyond the pending-`OPEN` cap), and a late `accept`
+/// of the old request answered the new `OPEN` with the old handshake's message 2.
+#[tokio::test(start_paused = true)]
+async fn a_pending_open_reset_by_the_peer_cancels_its_request_and_a_late_answer_is_a_no_op() {
+    let (mut raw, sws) = ws_pair().await;
+    let (server, mut incoming) = EndpointLink::spawn_server(sws, cfg()).unwrap();
+    let mut open = Frame::new(FrameType::Open, sid(1), 0, Bytes::from_static(b"msg1"));
+    open.window = 16;
+    send_frame(&mut raw, &open, GUARD).await.unwrap();
+    let mut old = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    // The peer gives up on it.
+    send_frame(&mut raw, &Frame::reset(sid(1), "bye"), GUARD)
+        .await
+        .unwrap();
+    timeout(GUARD, old.cancelled())
+        .await
+        .expect("the request learns its stream is gone");
+    // Resolves again at once.
+    timeout(Duration::from_millis(1), old.cancelled())
+        .await
+        .unwrap();
+    // The same id again: a new request.
+    let mut open2 = open.clone();
+    open2.payload = Bytes::from_static(b"msg1 again");
+    send_frame(&mut raw, &open2, GUARD).await.unwrap();
+    let new = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    assert_eq!(&new.payload()[..], b"msg1 again");
+    // The old request's late answer is refused and sends nothing.
+    assert!(old.accept(Bytes::from_static(b"old msg2")).is_err());
+    let _stream = new.accept(Bytes::from_static(b"new msg2")).unwrap();
+    let f = recv_frame(&mut raw, GUARD).await.unwrap();
+    assert_eq!(
+        (f.ftype, f.stream, &f.payload[..]),
+        (FrameType::Accept, sid(1), &b"new msg2"[..])
+    );
+    assert_eq!(server.stream_count(), 1);
+    // A request dropped after its stream was replaced refuses nothing either.
+    let mut open3 = open.clone();
+    open3.stream = sid(2);
+    send_frame(&mut raw, &open3, GUARD).await.unwrap();
+    let third = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    send_frame(&mut raw, &Frame::reset(sid(2), "bye"), GUARD)
+        .await
+        .unwrap();
+    send_frame(&mut raw, &open3, GUARD).await.unwrap();
+    let fourth = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    drop(third);
+    let _s4 = fourth.accept(Bytes::from_static(b"fourth")).unwrap();
+    let f = recv_frame(&mut raw, GUARD).await.unwrap();
+    assert_eq!(
+        (f.ftype, f.stream, &f.payload[..]),
+        (FrameType::Accept, sid(2), &b"fourth"[..])
+    );
+    // The link closing cancels a pending request too.
+    let mut open5 = open.clone();
+    open5.stream = sid(5);
+    send_frame(&mut raw, &open5, GUARD).await.unwrap();
+    let mut fifth = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
+    drop(raw);
+    timeout(GUARD, fifth.cancelled()).await.unwrap();
+}

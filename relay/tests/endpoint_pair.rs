@@ -350,7 +350,14 @@ fn unknown_stream_frames_are_budgeted_but_frames_of_recently_closed_streams_are_
         "DATA is answered"
     );
     assert!(!resets.iter().any(|(id, _)| *id == sid(8)), "an ACK is not");
-    s.handle_frame(clock.now, raw(FrameType::Reset, sid(9), 0, 0, 0, b"x"));
+    // A RESET for a stream we never knew asks for nothing: counted, never charged (RESETs
+    // cross ours, more than the closed set may remember).
+    for _ in 0..100 {
+        s.handle_frame(clock.now, raw(FrameType::Reset, sid(9), 0, 0, 0, b"x"));
+    }
+    assert_eq!(s.is_closed(), None);
+    assert_eq!(s.counters().drops(DropReason::UnknownStream), 102);
+    s.handle_frame(clock.now, raw(FrameType::Ack, sid(9), 0, 0, 16, b""));
     assert_eq!(s.is_closed(), Some(CloseReason::UnknownStreamBudget));
 }
 

@@ -152,8 +152,12 @@ fn budgets_close_only_the_offending_client_link() {
             .handle_frame(now, bad_u, raw(FrameType::Data, sid(1), 1, 0, 16, b"x"));
     }
     assert!(net.router.is_live(bad_u));
+    // A RESET of a stream it does not hold is dropped free (RESETs cross; never forwarded).
     net.router
         .handle_frame(now, bad_u, raw(FrameType::Reset, sid(1), 0, 0, 0, b"x"));
+    assert!(net.router.is_live(bad_u));
+    net.router
+        .handle_frame(now, bad_u, raw(FrameType::Ack, sid(1), 0, 0, 16, b""));
     assert!(!net.router.is_live(bad_u));
     net.pump(now);
     assert_eq!(
@@ -167,7 +171,7 @@ fn budgets_close_only_the_offending_client_link() {
         events(net.env(0)).is_empty(),
         "nothing reached the environment"
     );
-    assert_eq!(net.router.counters().drops(DropReason::UnknownStream), 3);
+    assert_eq!(net.router.counters().drops(DropReason::UnknownStream), 4);
     net.client(0)
         .send(&sid(1), Bytes::from_static(b"fine"))
         .unwrap();

@@ -650,3 +650,60 @@ async fn shutdown_closes_every_link() {
         Err(StreamError::LinkClosed(_) | StreamError::PeerReset(_))
     ));
 }
+
+/// A WebSocket to the relay from `source` (another loopback address: another peer address).
+async fn ws_from(source: std::net::Ipv4Addr, relay: &Relay, path: &str) -> Ws {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    let tcp = guard("connect", socket.connect(relay.addr)).await.unwrap();
+    let (ws, _) = guard(
+        "upgrade",
+        tokio_tungstenite::client_async_with_config(
+            format!("ws://{}{path}", relay.addr),
+            tcp,
+            Some(execrelay_relay::driver::link_websocket_config()),
+        ),
+    )
+    .await
+    .unwrap();
+    ws
+}
+
+// Reproduce (before `max_pending_link_handshakes_per_address`): one host opens
+// `max_pending_link_handshakes` upgrades to `/v1/env/ID` (any id, no key needed) and never
+// sends message 1; every slot is held for `link_handshake_timeout_ms`, and every
+// environment's reconnection meanwhile is refused `RESET busy`. Repeated, that keeps every
+// environment off the relay. Now one address holds at most its share of the slots.
+#[tokio::test]
+async fn one_address_cannot_hold_every_environment_handshake_slot() {
+    let env_keys = Keypair::generate().unwrap();
+    let relay = Relay::start(
+        execrelay_relay::server::settings::RelaySettings {
+            max_pending_link_handshakes: 3,
+            max_pending_link_handshakes_per_address: 2,
+            ..settings()
+        },
+        &[(ENV, &env_keys)],
+    )
+    .await;
+    let squatter = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(ws_from(squatter, &relay, &format!("/v1/env/{ENV}")).await);
+    }
+    // One over the address's share is refused at once.
+    let busy = "execrelay_relay_environment_handshakes_total{result=\"busy\"}";
+    relay.wait_metric(busy, 1).await;
+    // The environment (another address) still gets a slot and is admitted: its share and the
+    // squatter's two fill the relay's three exactly.
+    let (env, incoming) = environment(&relay, &env_keys, ENV, EndpointConfig::default()).await;
+    echo_environment(incoming);
+    let c = client(&relay, ENV).await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, "with a squatter").await;
+    assert_eq!(relay.metric(busy).await, 1);
+    drop((silent, env));
+    relay.stop().await;
+}

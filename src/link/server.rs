@@ -198,6 +198,9 @@ pub fn endpoint_config(config: &ServerConfig, policy: HandshakeBudgetPolicy) -> 
             refill: Duration::from_millis(config.handshake_failure_refill_ms),
         },
         on_handshake_budget_empty: policy,
+        // The environment link (`RefuseOpens`) carries every client's streams: frames for
+        // streams it no longer remembers are dropped, never a reason to close it.
+        unknown_streams_close_link: matches!(policy, HandshakeBudgetPolicy::CloseLink),
         keepalive: keepalive_config(config),
         ..EndpointConfig::default()
     }
@@ -366,7 +369,7 @@ fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
 async fn stream_task(
     ctx: LinkContext,
     link: PerLink,
-    req: OpenRequest,
+    mut req: OpenRequest,
     pending: PendingHandshake,
     admission: Admission,
     peer: String,
@@ -381,10 +384,16 @@ async fn stream_task(
     };
     tracing::debug!(stream = %short(&sid), client = %fingerprint(&auth.client_key), "authorizing");
     let authorizer = ctx.noise.authorizer.clone();
-    // An authorizer that never answers must not outlive its link (nor hold up shutdown,
-    // which waits for these tasks); dropping the request refuses the stream.
+    // An authorizer that never answers must not outlive its stream, its link, or shutdown
+    // (which waits for these tasks): a client that resets its pending stream (or breaks a
+    // rule on it) ends the authorization at once, so the engine's cap on pending `OPEN`s
+    // also caps the authorizations in flight. Dropping the request refuses the stream.
     let verdict = tokio::select! {
         r = authorizer.authorize(auth) => r,
+        () = req.cancelled() => {
+            tracing::debug!(stream = %short(&sid), "stream gone while authorizing");
+            return;
+        }
         _ = link.link.closed() => return,
         _ = ctx.shutdown.cancelled() => return,
     };

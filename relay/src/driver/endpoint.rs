@@ -42,7 +42,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::stream::{EndCell, StreamError, StreamHandle, StreamReceiver, StreamSender};
 use super::{now, run_io, seed, LinkCore, LinkSignals};
 use crate::config::{ConfigError, EndpointConfig};
-use crate::endpoint::{Endpoint, Event, ResetCause, Side};
+use crate::endpoint::{Endpoint, Event, ResetCause, Side, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Counters, Reason};
 use crate::transmit::Transmit;
@@ -53,8 +53,8 @@ pub(crate) enum Dropped {
     /// A receiver, with the last `seq` it discarded.
     Receiver(StreamId, Option<u64>),
     Sender(StreamId),
-    /// An `OpenRequest` never answered.
-    Unanswered(StreamId),
+    /// An `OpenRequest` never answered, with its generation.
+    Unanswered(StreamId, u64),
     /// An `Opening` abandoned before its answer.
     Opening(StreamId),
 }
@@ -73,6 +73,19 @@ pub(crate) struct Inner {
     pub(crate) slots: HashMap<StreamId, Slot>,
     openings: HashMap<StreamId, OpenReply>,
     incoming: Option<mpsc::Sender<OpenRequest>>,
+    /// Server: the `OPEN`s reported and not yet answered, each with the generation of its
+    /// [`OpenRequest`] and the sender whose drop tells it the stream is gone.
+    pending: HashMap<StreamId, PendingOpen>,
+    /// The generation of the next [`OpenRequest`].
+    next_generation: u64,
+}
+
+/// One unanswered `OPEN`, beside the core.
+struct PendingOpen {
+    generation: u64,
+    /// Dropped when the stream ends before its answer (peer `RESET`, a broken rule, the link
+    /// closing): [`OpenRequest::cancelled`] resolves.
+    _cancel: oneshot::Sender<()>,
 }
 
 /// The state of one link shared by its tasks and handles.
@@ -170,14 +183,31 @@ impl Inner {
                 self.half_gone(id);
             }
             Dropped::Sender(id) => self.half_gone(id),
-            Dropped::Unanswered(id) => {
-                let _ = self.ep.refuse(id, Reason::Closed);
+            Dropped::Unanswered(id, generation) => {
+                if self.take_pending(&id, generation) {
+                    let _ = self.ep.refuse(id, Reason::Closed);
+                }
             }
             Dropped::Opening(id) => {
                 if self.openings.remove(&id).is_some() {
                     let _ = self.ep.reset(id, Reason::Closed);
                 }
             }
+        }
+    }
+
+    /// Whether `generation` is the unanswered `OPEN` of `id` now (not a request for an
+    /// earlier stream that used the same id and was reset meanwhile); if so, it is answered.
+    fn take_pending(&mut self, id: &StreamId, generation: u64) -> bool {
+        if self
+            .pending
+            .get(id)
+            .is_some_and(|p| p.generation == generation)
+        {
+            self.pending.remove(id);
+            true
+        } else {
+            false
         }
     }
 
@@ -195,10 +225,22 @@ impl Inner {
         while let Some(ev) = self.ep.poll_event() {
             match ev {
                 Event::OpenRequested { stream, payload } => {
+                    let generation = self.next_generation;
+                    self.next_generation += 1;
+                    let (cancel, cancelled) = oneshot::channel();
+                    self.pending.insert(
+                        stream,
+                        PendingOpen {
+                            generation,
+                            _cancel: cancel,
+                        },
+                    );
                     let req = OpenRequest {
                         link: link.clone(),
                         stream,
+                        generation,
                         payload,
+                        cancelled: Some(cancelled),
                         answered: false,
                     };
                     let refused = match &self.incoming {
@@ -210,6 +252,7 @@ impl Inner {
                     };
                     if let Some(mut req) = refused {
                         req.answered = true;
+                        self.pending.remove(&stream);
                         let _ = self.ep.refuse(stream, Reason::Busy);
                     }
                 }
@@ -262,6 +305,8 @@ impl Inner {
                     if let Some(reply) = self.openings.remove(&stream) {
                         let _ = reply.send(Err(why.clone()));
                     }
+                    // An unanswered OPEN: its request learns it is gone.
+                    self.pending.remove(&stream);
                     self.end_slot(&stream, why);
                 }
                 Event::Closed { reason } => {
@@ -272,6 +317,7 @@ impl Inner {
                     for (_, reply) in self.openings.drain() {
                         let _ = reply.send(Err(StreamError::LinkClosed(reason)));
                     }
+                    self.pending.clear();
                     self.incoming = None;
                 }
             }
@@ -362,6 +408,8 @@ impl EndpointLink {
                 slots: HashMap::new(),
                 openings: HashMap::new(),
                 incoming,
+                pending: HashMap::new(),
+                next_generation: 0,
             }),
             graveyard: Mutex::new(Vec::new()),
             signals: LinkSignals::new(),
@@ -479,11 +527,20 @@ impl Drop for Opening {
 }
 
 /// Server: one `OPEN` of the peer, to accept or refuse. Dropping it unanswered refuses it.
+///
+/// If the stream ends before it is answered (the peer resets it, breaks a rule on it, or the
+/// link closes), [`cancelled`](Self::cancelled) resolves and every answer is a no-op: work
+/// done for it (authorization) can stop at once, and an answer that comes late never touches
+/// a newer stream that reuses the id.
 #[derive(Debug)]
 pub struct OpenRequest {
     link: Arc<Shared>,
     stream: StreamId,
+    /// Which `OPEN` of `stream` this is (ids may be reused after a reset).
+    generation: u64,
     payload: Bytes,
+    /// Resolves (the sender dropped) once the stream is gone unanswered.
+    cancelled: Option<oneshot::Receiver<()>>,
     answered: bool,
 }
 
@@ -498,11 +555,25 @@ impl OpenRequest {
         &self.payload
     }
 
-    /// Accept with handshake message 2 as payload.
+    /// Resolves once the stream ended before its answer (the peer reset it, broke a rule on
+    /// it, or the link closed); then every answer is a no-op. Cancel-safe; resolves at once
+    /// every time after the first.
+    pub async fn cancelled(&mut self) {
+        if let Some(rx) = self.cancelled.as_mut() {
+            let _ = rx.await;
+            self.cancelled = None;
+        }
+    }
+
+    /// Accept with handshake message 2 as payload. `UseError::UnknownStream` if the stream
+    /// ended meanwhile ([`cancelled`](Self::cancelled)).
     pub fn accept(mut self, msg2: Bytes) -> Result<StreamHandle, StreamError> {
         self.answered = true;
-        let (id, link) = (self.stream, self.link.clone());
+        let (id, generation, link) = (self.stream, self.generation, self.link.clone());
         Shared::with(&self.link, |i| {
+            if !i.take_pending(&id, generation) {
+                return Err(UseError::UnknownStream.into());
+            }
             i.ep.accept(id, msg2)?;
             Ok(i.new_handle(&link, id))
         })
@@ -511,19 +582,24 @@ impl OpenRequest {
     /// Refuse without charge (`busy`, limits).
     pub fn refuse(mut self, reason: Reason) {
         self.answered = true;
-        let id = self.stream;
+        let (id, generation) = (self.stream, self.generation);
         Shared::with(&self.link, |i| {
-            let _ = i.ep.refuse(id, reason);
+            if i.take_pending(&id, generation) {
+                let _ = i.ep.refuse(id, reason);
+            }
         });
     }
 
     /// The handshake failed (bad message 1, refused authorization): refused and charged to
-    /// the link's handshake-failure bucket (§8).
+    /// the link's handshake-failure bucket (§8). A stream that ended meanwhile is not
+    /// charged.
     pub fn handshake_failed(mut self, reason: Reason) {
         self.answered = true;
-        let id = self.stream;
+        let (id, generation) = (self.stream, self.generation);
         Shared::with(&self.link, |i| {
-            let _ = i.ep.handshake_failed(now(), id, reason);
+            if i.take_pending(&id, generation) {
+                let _ = i.ep.handshake_failed(now(), id, reason);
+            }
         });
     }
 }
@@ -531,7 +607,8 @@ impl OpenRequest {
 impl Drop for OpenRequest {
     fn drop(&mut self) {
         if !self.answered {
-            self.link.bury(Dropped::Unanswered(self.stream));
+            self.link
+                .bury(Dropped::Unanswered(self.stream, self.generation));
         }
     }
 }

@@ -55,15 +55,21 @@ impl Endpoint {
     }
 
     /// A frame for a stream we do not hold. Free if the stream closed recently (it was in
-    /// flight); otherwise charged to the unknown-stream budget, and `DATA` is answered with
-    /// `RESET` so the peer stops.
+    /// flight), or if it is a `RESET` (it asks for nothing, and `RESET`s cross ours: a peer
+    /// that makes us refuse more streams than the closed set remembers would otherwise have
+    /// its crossing `RESET`s charged, and through a relay that peer can be any client of the
+    /// environment); otherwise charged to the unknown-stream budget, and `DATA` is answered
+    /// with `RESET` so the peer stops.
     fn unknown(&mut self, now: Instant, f: &Frame) {
         if self.closed_streams.contains(&f.stream) {
             self.counters.dropped(DropReason::ClosedStream);
             return;
         }
         self.counters.dropped(DropReason::UnknownStream);
-        if !self.unknown.take(now) {
+        if f.ftype == FrameType::Reset {
+            return;
+        }
+        if self.cfg.unknown_streams_close_link && !self.unknown.take(now) {
             self.close_link(CloseReason::UnknownStreamBudget);
             return;
         }

@@ -81,9 +81,10 @@ impl<T: RoutingTable> Router<T> {
     }
 
     /// A frame for a stream this link is not an end of: free if the stream closed recently
-    /// on this link, else charged to the unknown-stream budget. Never answered (a relay
-    /// resets only streams it routes).
-    fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId) {
+    /// on this link, if it is a `RESET` (it asks for nothing, and `RESET`s cross), or if the
+    /// link is an environment's (below), else charged to the unknown-stream budget. Never answered (a relay resets only streams it
+    /// routes).
+    fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId, ftype: FrameType) {
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
@@ -92,20 +93,38 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         self.counters.dropped(DropReason::UnknownStream);
+        // An environment link is never charged: it is authenticated, its junk costs the relay
+        // no more than its traffic, and its late frames (crossing a client's RESET) are
+        // forgotten as soon as clients close more streams than the closed set remembers,
+        // which any client can do; closing it would cut every client of the environment.
+        if ftype == FrameType::Reset || l.kind == LinkKind::Environment {
+            return;
+        }
         if !l.unknown.take(now) {
             self.close_link(link, CloseReason::UnknownStreamBudget);
         }
     }
 
-    /// Refuse a client's `OPEN` with `reason`, touching nothing else.
+    /// Refuse a client's `OPEN` with `reason`, touching nothing else. Refusals are the one
+    /// control frame a client can make the relay queue without holding a stream, so they are
+    /// held to the link's control reserve: a client that sends `OPEN`s faster than it reads
+    /// their refusals (its control lane already past [`RelayConfig::control_reserve_bytes`])
+    /// is not reading its link, and the link is closed (`control_queue_full`).
     fn refuse(&mut self, link: LinkId, stream: StreamId, reason: Reason) {
         self.counters.dropped(DropReason::RefusedOpen);
         self.counters.reset(reason);
         self.stream_event(link, stream, StreamChange::Refused(reason));
-        if let Some(l) = self.links.get_mut(&link) {
-            l.closed_streams.insert(stream);
+        let reset = Frame::reset(stream, reason.as_str());
+        let reserve = self.cfg.control_reserve_bytes;
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if l.out.control_bytes().saturating_add(reset.wire_len()) > reserve {
+            self.close_link(link, CloseReason::ControlQueueFull);
+            return;
         }
-        self.enqueue(link, Frame::reset(stream, reason.as_str()), Lane::Control);
+        l.closed_streams.insert(stream);
+        self.enqueue(link, reset, Lane::Control);
     }
 
     fn on_open(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
@@ -175,7 +194,7 @@ impl<T: RoutingTable> Router<T> {
 
     fn on_accept(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
         if !self.owns(link, LinkKind::Environment, &key) {
-            self.unknown(now, link, &key.stream);
+            self.unknown(now, link, &key.stream, f.ftype);
             return;
         }
         let Some(r) = self.table.get_mut(&key) else {
@@ -202,7 +221,7 @@ impl<T: RoutingTable> Router<T> {
         f: Frame,
     ) {
         if !self.owns(link, kind, &key) {
-            self.unknown(now, link, &key.stream);
+            self.unknown(now, link, &key.stream, f.ftype);
             return;
         }
         let from_client = kind == LinkKind::Client;
@@ -230,9 +249,40 @@ impl<T: RoutingTable> Router<T> {
             self.enqueue(dest, f, Lane::AfterData);
             return;
         }
+        if from_client
+            && f.ftype == FrameType::Ack
+            && self.table.get_mut(&key).is_some_and(|r| !r.accepted)
+        {
+            // A client has received nothing before the ACCEPT, so it has nothing to report.
+            // Forwarded, such an ACK would reach an environment that may already have refused
+            // the stream and forgotten it (charged there as an unknown stream: a flood of them
+            // could close the environment's link). Its DATA before the ACCEPT is past a
+            // window not yet granted (`window_exceeded`, below); only its RESET goes through.
+            self.reset_route(&key, Reason::MalformedFrame);
+            return;
+        }
+        // Records of the other direction still in this link's queue have not reached its
+        // end: a report that acknowledges one is a lie (an honest receiver acknowledges only
+        // what it consumed), and believing it would let the relay queue more than one window
+        // for a receiver that does not read. The stream is reset, alone.
+        let undelivered = self
+            .links
+            .get(&link)
+            .map_or(0, |l| l.out.stream_frames(&key.stream));
+        let undelivered = u64::try_from(undelivered).unwrap_or(u64::MAX);
         let Some(r) = self.table.get_mut(&key) else {
             return;
         };
+        let delivered = if from_client {
+            r.to_client.highest()
+        } else {
+            r.to_env.highest()
+        }
+        .saturating_sub(undelivered);
+        if f.ack > delivered {
+            self.reset_route(&key, Reason::MalformedFrame);
+            return;
+        }
         // The frame's report is about the other direction, whose receiver is its sender.
         let window = f.window.min(self.cfg.max_window_records);
         let (reverse, dest) = if from_client {

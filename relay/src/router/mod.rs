@@ -42,6 +42,7 @@ use crate::bucket::TokenBucket;
 use crate::closed_set::ClosedSet;
 use crate::config::{ConfigError, RelayConfig};
 use crate::frame::{Frame, StreamId};
+use crate::http::AddressKey;
 use crate::keepalive::Keepalive;
 use crate::reason::{CloseReason, Counters, Reason};
 use crate::transmit::Transmit;
@@ -118,7 +119,7 @@ pub enum AddLinkError {
 struct Link {
     kind: LinkKind,
     env: Arc<str>,
-    addr: Option<IpAddr>,
+    addr: Option<AddressKey>,
     /// Client link: the streams it opened.
     streams: HashSet<StreamId>,
     out: OutQueue,
@@ -145,7 +146,9 @@ pub struct Router<T: RoutingTable = MemoryTable> {
     table: T,
     links: HashMap<LinkId, Link>,
     envs: HashMap<Arc<str>, EnvState>,
-    per_addr: HashMap<IpAddr, usize>,
+    /// Client links per address (IPv4 address or IPv6 /64, as the HTTP front counts them:
+    /// one host owns a whole /64).
+    per_addr: HashMap<AddressKey, usize>,
     next_id: LinkId,
     queued_bytes: usize,
     events: VecDeque<RouterEvent>,
@@ -246,7 +249,7 @@ impl<T: RoutingTable> Router<T> {
         &mut self,
         kind: LinkKind,
         env: Arc<str>,
-        addr: Option<IpAddr>,
+        addr: Option<AddressKey>,
         now: Instant,
         seed: u64,
     ) -> LinkId {
@@ -304,6 +307,7 @@ impl<T: RoutingTable> Router<T> {
         addr: IpAddr,
         seed: u64,
     ) -> Result<LinkId, AddLinkError> {
+        let addr = AddressKey::of(addr);
         let n = self.per_addr.get(&addr).copied().unwrap_or(0);
         if n >= self.cfg.max_client_links_per_address {
             return Err(AddLinkError::TooManyLinksFromAddress);

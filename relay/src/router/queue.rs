@@ -52,6 +52,11 @@ impl OutQueue {
         self.data.get(stream).map_or(0, |d| d.bytes)
     }
 
+    /// `DATA` frames queued for `stream` (records the relay forwarded that have not left).
+    pub fn stream_frames(&self, stream: &StreamId) -> usize {
+        self.data.get(stream).map_or(0, |d| d.frames.len())
+    }
+
     /// Whether anything waits.
     pub fn is_empty(&self) -> bool {
         self.control.is_empty() && self.acks.is_empty() && self.ready.is_empty()

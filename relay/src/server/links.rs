@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::metrics::{ClientRefusal, LinkOutcome};
 use super::{lock, unix_micros, Shared, RELAY_VERSION};
 use crate::driver::{recv_frame, send_frame, FrameIoError, RelayHub, LINK_CLOSE_TIMEOUT};
-use crate::env_handshake::admit_link;
+use crate::env_handshake::{finish_admission, precheck_link_open, read_link_open};
 use crate::frame::{Frame, LINK_STREAM};
 use crate::keys::fingerprint;
 use crate::reason::CloseReason;
@@ -72,7 +72,7 @@ pub(crate) async fn environment_link(
     stop: CancellationToken,
 ) {
     let span = tracing::info_span!("env_link", env = %id, %peer);
-    environment_link_inner(hub, shared, ws, id, stop)
+    environment_link_inner(hub, shared, ws, id, peer, stop)
         .instrument(span)
         .await
 }
@@ -82,9 +82,20 @@ async fn environment_link_inner(
     shared: Arc<Shared>,
     mut ws: Ws,
     id: String,
+    peer: SocketAddr,
     stop: CancellationToken,
 ) {
     let timeout = shared.settings.link_handshake_timeout();
+    // The address's share first: one host cannot take every slot.
+    let Some(address_slot) = shared.link_handshake_addresses.try_take(peer.ip()) else {
+        shared.stats.link_handshake(LinkOutcome::Busy);
+        tracing::warn!(
+            max = shared.settings.max_pending_link_handshakes_per_address,
+            "environment link refused: too many environment links in their handshake from this address"
+        );
+        refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+        return;
+    };
     let Ok(slot) = shared.link_handshakes.clone().try_acquire_owned() else {
         shared.stats.link_handshake(LinkOutcome::Busy);
         tracing::warn!("environment link refused: too many environment links in their handshake");
@@ -112,24 +123,26 @@ async fn environment_link_inner(
             return;
         }
     };
-    // Admission and registration under the environments file's lock: a reload (which
-    // revokes under the same lock) sees this link registered, or this admission sees the
-    // reload. No `.await` while it is held.
+    // The checks before any cryptography (an OPEN on stream id 0, a listed id) under the
+    // environments file's lock; message 1's Diffie-Hellman outside it (a stranger can ask for
+    // it at its connection rate: it must not hold up reloads and other admissions, nor a
+    // runtime thread waiting on the lock); then admission and registration under the lock
+    // again, against the file as it is then: a reload (which revokes under the same lock)
+    // sees this link registered, or this admission sees the reload. No `.await` while it is
+    // held.
+    let pre = {
+        let mut file = lock(&shared.environments);
+        shared.apply_reload(&mut file, &hub);
+        precheck_link_open(&id, &open, &file)
+    };
+    let read = pre.and_then(|()| read_link_open(&shared.keys, &id, &open));
     let admitted = {
         let mut file = lock(&shared.environments);
         shared.apply_reload(&mut file, &hub);
-        let checked = {
+        let checked = read.and_then(|hs| {
             let mut ts = lock(&shared.timestamps);
-            admit_link(
-                &shared.keys,
-                &id,
-                &open,
-                &file,
-                &mut ts,
-                unix_micros(),
-                RELAY_VERSION,
-            )
-        };
+            finish_admission(hs, &id, &file, &mut ts, unix_micros(), RELAY_VERSION)
+        });
         match checked {
             Ok(a) if !stop.is_cancelled() => hub.add_environment(&id).map(|p| (a, p)).map_err(Err),
             Ok(_) => return,
@@ -169,7 +182,7 @@ async fn environment_link_inner(
         return;
     }
     shared.stats.link_handshake(LinkOutcome::Accepted);
-    drop(slot);
+    drop((slot, address_slot));
     tracing::info!(
         key = %fingerprint(&admitted.env_key),
         link = link.id(),

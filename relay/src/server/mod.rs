@@ -37,7 +37,8 @@ use tokio_util::task::TaskTracker;
 use crate::driver::{link_websocket_config_with, RelayHub};
 use crate::env_handshake::{LinkTimestamps, TRACKED_ENVIRONMENTS};
 use crate::http::{
-    self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
+    self, AddressSlots, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    UpgradeRoute,
 };
 use crate::keys::environments::{EnvironmentsFile, Reload};
 use crate::keys::{fingerprint, Keypair};
@@ -85,6 +86,8 @@ pub(crate) struct Shared {
     pub stats: ServerStats,
     /// Slots of environment links between their upgrade and their admission.
     pub link_handshakes: Arc<Semaphore>,
+    /// The same slots, counted per peer address.
+    pub link_handshake_addresses: Arc<AddressSlots>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,6 +180,9 @@ impl RelayServer {
             environments: Mutex::new(config.environments),
             timestamps: Mutex::new(LinkTimestamps::new(TRACKED_ENVIRONMENTS)),
             link_handshakes: Arc::new(Semaphore::new(config.settings.max_pending_link_handshakes)),
+            link_handshake_addresses: AddressSlots::new(
+                config.settings.max_pending_link_handshakes_per_address,
+            ),
             settings: config.settings,
             stats: ServerStats::default(),
         });

@@ -33,6 +33,13 @@ pub const MAX_CLIENT_LINKS: usize = 4096;
 /// upgrades to `/v1/env/ID` cannot hold sockets or make the relay do Diffie-Hellman
 /// operations without bound.
 pub const MAX_PENDING_LINK_HANDSHAKES: usize = 64;
+/// Environment links in their handshake from one peer address (IPv4 address or IPv6 /64),
+/// beside [`MAX_PENDING_LINK_HANDSHAKES`] in all. Without it one host opening upgrades to
+/// `/v1/env/ID` that never send message 1 holds every slot, and every environment's
+/// reconnection is refused `busy` for as long as it keeps doing so. A quarter of the slots:
+/// a fleet behind one NAT that reconnects together after a relay restart is refused only in
+/// part, and its environments retry after their backoff.
+pub const MAX_PENDING_LINK_HANDSHAKES_PER_ADDRESS: usize = 16;
 /// How long an upgraded environment link has to send its message 1 (an `OPEN` on stream id
 /// 0). An exec server sends it at once; 10 s absorbs a slow network.
 pub const LINK_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
@@ -144,7 +151,7 @@ relay_settings! {
         "streams one client link holds; more `OPEN`s are reset `busy`";
     /// See [`MAX_CLIENT_LINKS_PER_ADDRESS`].
     max_client_links_per_address: usize = MAX_CLIENT_LINKS_PER_ADDRESS, Count,
-        "client links from one address; one more is closed after its upgrade (close code 1013)";
+        "client links from one address (IPv4 address or IPv6 /64); one more is closed after its upgrade (close code 1013)";
     /// See [`MAX_CLIENT_LINKS`].
     max_client_links: usize = MAX_CLIENT_LINKS, Count,
         "client links at once; one more is refused with `503` before the upgrade";
@@ -171,7 +178,7 @@ relay_settings! {
         "bytes queued on all links together; above it new streams are reset `busy`";
     /// See [`CONTROL_RESERVE_BYTES`].
     control_reserve_bytes: usize = CONTROL_RESERVE_BYTES, Bytes,
-        "control-frame share of a link's queue; an `OPEN` past it is reset `busy`";
+        "control-frame share of a link's queue; an `OPEN` past it is reset `busy`, and a client link whose unread refusals would pass it is closed";
     /// See [`MAX_RELAY_WINDOW_RECORDS`].
     max_window_records: u32 = MAX_RELAY_WINDOW_RECORDS, Count,
         "largest receive window (records) honoured per stream; records past it are reset `window_exceeded`";
@@ -187,6 +194,9 @@ relay_settings! {
     /// See [`MAX_PENDING_LINK_HANDSHAKES`].
     max_pending_link_handshakes: usize = MAX_PENDING_LINK_HANDSHAKES, Count,
         "environment links upgraded and not yet through their handshake; more are refused (`RESET busy`) at once";
+    /// See [`MAX_PENDING_LINK_HANDSHAKES_PER_ADDRESS`].
+    max_pending_link_handshakes_per_address: usize = MAX_PENDING_LINK_HANDSHAKES_PER_ADDRESS, Count,
+        "the same, from one peer address (IPv4 address or IPv6 /64)";
     /// See [`LINK_HANDSHAKE_TIMEOUT_MS`].
     link_handshake_timeout_ms: u64 = LINK_HANDSHAKE_TIMEOUT_MS, Millis,
         "how long an environment link has to send its message 1 after the upgrade";
