@@ -8,7 +8,7 @@ use common::*;
 use std::path::Path;
 use std::sync::Arc;
 
-use execrelay::config::ServerConfig;
+use execrelay::config::{ServerConfig, MAX_ARGV_BYTES};
 use execrelay::metrics::Metrics;
 use execrelay::policy::resolve::MAX_PATH_LOOKUP_ENTRIES;
 use execrelay::policy::PolicyFile;
@@ -98,4 +98,110 @@ async fn a_path_too_long_to_look_up_is_denied_not_searched() {
         .run(json!({"processId": "past", "argv": ["true"], "env": {"PATH": long_path(MAX_PATH_LOOKUP_ENTRIES)}}))
         .await;
     assert_eq!(c.exit["exitCode"], 0, "{:?}", c.exit);
+}
+
+/// `VmRSS` and `VmHWM` of this process, in bytes.
+fn memory() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// An argv of exactly `bytes` as `MAX_ARGV_BYTES` counts them (each argument with its NUL):
+/// a shell that execs `sleep`, and padding arguments it ignores.
+fn argv_of(bytes: usize) -> Vec<String> {
+    let mut argv: Vec<String> = ["sh", "-c", "exec sleep 1000"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut used: usize = argv.iter().map(|a| a.len() + 1).sum();
+    while used < bytes {
+        // Under the kernel's 128 KiB per argument.
+        let n = (bytes - used - 1).min(100 * 1024);
+        argv.push("a".repeat(n));
+        used += n + 1;
+    }
+    argv
+}
+
+/// A process keeps its argv for `process/list`, and every list answer carried a copy of every
+/// process's argv: 64 processes with 1.8 MiB of argv each (122 MiB held) and 16
+/// `process/list`s the client did not read took the server to 2.2 GiB; the control lane holds
+/// 1,152 answers. Now argv is at most `MAX_ARGV_BYTES` and shared between the process and the
+/// answers: queued answers cost no argv, and the writer encodes one at a time. (With a copy
+/// per answer, this test's 48 answers took 112 MiB above the start; shared, 17 MiB.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_list_answers_share_argv_and_argv_is_bounded() {
+    let mut t = ready_with(cfg()).await;
+    // The bound's edge: at it, the start runs; one byte over, -32602 naming it.
+    let e = t
+        .client
+        .call_err(
+            "process/start",
+            json!({"processId": "over", "argv": argv_of(MAX_ARGV_BYTES + 1), "inheritEnv": false}),
+        )
+        .await;
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("argv must be at most {MAX_ARGV_BYTES} bytes")),
+        "{e}"
+    );
+    const PROCS: usize = 8;
+    // Under CONTROL_REQUEST_SLOTS (64), so that none is refused.
+    const LISTS: usize = 48;
+    let argv = argv_of(MAX_ARGV_BYTES);
+    for i in 0..PROCS {
+        t.client
+            .start(json!({"processId": format!("p{i:02}"), "argv": argv, "inheritEnv": false}))
+            .await;
+    }
+    // From here, the peak: every list answer queued at once (the client reads nothing until
+    // it sent them all), then read back.
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM");
+    let (before, _) = memory();
+    let mut ids = Vec::new();
+    for _ in 0..LISTS {
+        ids.push(t.client.request("process/list", json!({})).await);
+    }
+    // Read back unparsed (parsing them all is the slow part of this test, not the server's).
+    let mut line = Vec::new();
+    for _ in 0..ids.len() {
+        let n = t.client.skip_line(&mut line).await.expect("a list answer");
+        assert!(
+            n > PROCS * MAX_ARGV_BYTES * 9 / 10,
+            "{n}: {}",
+            String::from_utf8_lossy(&line)
+        );
+    }
+    let (_, peak) = memory();
+    drop(line);
+    let r = t.client.call("process/list", json!({})).await;
+    let procs = r["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), PROCS);
+    assert_eq!(procs[0]["argv"].as_array().unwrap().len(), argv.len());
+    let argv_all = (PROCS * MAX_ARGV_BYTES) as u64;
+    // One answer at a time in the writer (its JSON tree and text), and the client's copy of
+    // it as it parses: a few times one answer, far from one copy per answer (LISTS ×).
+    let bound = 16 * argv_all;
+    assert!(
+        peak.saturating_sub(before) < bound,
+        "{LISTS} list answers took {} MiB above {} MiB (bound {} MiB)",
+        peak.saturating_sub(before) >> 20,
+        before >> 20,
+        bound >> 20
+    );
+    for i in 0..PROCS {
+        t.client.terminate(&format!("p{i:02}"), Some(0)).await;
+    }
 }

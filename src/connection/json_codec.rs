@@ -220,7 +220,7 @@ fn list_entry(p: &ListedProcess) -> Value {
     json!({
         "processId": p.process_id,
         "pid": p.pid,
-        "argv": p.argv,
+        "argv": &p.argv[..],
         "tty": p.tty,
         "state": p.state.as_str(),
         "nextSeq": p.next_seq,
@@ -342,7 +342,7 @@ pub fn decode_reply(method: Method, v: Value) -> Result<Reply, String> {
                         .get("pid")
                         .and_then(Value::as_u64)
                         .and_then(|n| u32::try_from(n).ok()),
-                    argv: from(p.get("argv").cloned().unwrap_or(json!([])))?,
+                    argv: from::<Vec<String>>(p.get("argv").cloned().unwrap_or(json!([])))?.into(),
                     tty: bool_of(p, "tty"),
                     state,
                     next_seq: u64_of(p, "nextSeq"),
@@ -439,7 +439,7 @@ mod tests {
         let list = Reply::List(vec![ListedProcess {
             process_id: "a".into(),
             pid: None,
-            argv: vec!["x".into()],
+            argv: vec!["x".to_string()].into(),
             tty: false,
             state: ListedState::PendingApproval,
             next_seq: 1,

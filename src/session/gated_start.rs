@@ -39,6 +39,8 @@ type Outcome = Option<Result<Arc<ManagedProcess>, Arc<SessionError>>>;
 /// A start waiting for the client's approval.
 pub(crate) struct PendingStart {
     spec: StartSpec,
+    /// Its argv, shared with every `process/list` answer that shows it.
+    argv: Arc<[String]>,
     /// Its outcome, for starts that joined it; `None` until decided.
     done: watch::Sender<Outcome>,
     /// Connections of the starts that joined: each opens delivery after writing its result.
@@ -74,8 +76,8 @@ pub struct ListedProcess {
     pub process_id: String,
     /// OS pid; `None` while pending approval.
     pub pid: Option<u32>,
-    /// What was (or would be) started.
-    pub argv: Vec<String>,
+    /// What was (or would be) started, shared with the process (or the pending start).
+    pub argv: Arc<[String]>,
     /// On a PTY.
     pub tty: bool,
     /// Its state.
@@ -114,7 +116,7 @@ impl Session {
                 Slot::Pending(ps) => Some(ListedProcess {
                     process_id: id.clone(),
                     pid: None,
-                    argv: ps.spec.spawn.argv.clone(),
+                    argv: ps.argv.clone(),
                     tty: ps.spec.spawn.tty.is_some(),
                     state: ListedState::PendingApproval,
                     next_seq: 1,
@@ -220,6 +222,7 @@ impl Session {
         let id = spec.process_id.clone();
         let pending = Arc::new(PendingStart {
             spec: spec.clone(),
+            argv: Arc::from(spec.spawn.argv.as_slice()),
             done: watch::channel(None).0,
             joined: Mutex::new(Vec::new()),
         });
