@@ -6,14 +6,20 @@ mod common;
 use common::*;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use execrelay::config::{ServerConfig, MAX_ARGV_BYTES};
+use execrelay::connection::handlers::start_spec;
 use execrelay::metrics::Metrics;
 use execrelay::policy::resolve::MAX_PATH_LOOKUP_ENTRIES;
 use execrelay::policy::PolicyFile;
-use execrelay::session::SessionRegistry;
+use execrelay::process::ReadySet;
+use execrelay::rpc::messages::StartParams;
+use execrelay::session::{
+    Caller, ConnHandle, RequestSink, ServerRequest, SessionError, SessionRegistry,
+};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 fn registry_with_policy(policy: &str, dir: &Path, cfg: ServerConfig) -> Arc<SessionRegistry> {
     let path = dir.join("policy.toml");
@@ -204,4 +210,68 @@ async fn process_list_answers_share_argv_and_argv_is_bounded() {
     for i in 0..PROCS {
         t.client.terminate(&format!("p{i:02}"), Some(0)).await;
     }
+}
+
+const ASK_SLEEP: &str = r#"
+default = "allow"
+[[rule]]
+program = "sleep"
+action = "ask"
+"#;
+
+/// A connection handle as a connection brings it; `sink` receives the server requests sent to
+/// it, `None` for a client that did not declare `serverRequests`.
+fn conn(conn_id: u64, sink: Option<RequestSink>) -> ConnHandle {
+    ConnHandle {
+        conn_id,
+        ready: Arc::new(ReadySet::default()),
+        evict: CancellationToken::new(),
+        peer_key: None,
+        peer_addr: None,
+        requests: sink,
+    }
+}
+
+/// A start that began on a connection that can answer approvals, and asks after a client that
+/// cannot resumed the session (it evicted that connection, whose started requests run to
+/// their end): it was registered and sent nowhere, holding its process slot until
+/// `approvalTimeoutMs` (5 minutes by default), and only the client that cannot answer could
+/// still answer it. It is refused at once, as `attach` refuses the requests pending when
+/// such a client resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_after_a_resume_by_a_client_that_cannot_answer_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg();
+    c.approval_timeout_ms = 60_000;
+    let reg = registry_with_policy(ASK_SLEEP, dir.path(), c);
+    let sent = Arc::new(Mutex::new(Vec::<ServerRequest>::new()));
+    let sink: RequestSink = {
+        let sent = sent.clone();
+        Arc::new(move |r| sent.lock().unwrap().push(r))
+    };
+    let (session, token) = reg.create(true, &conn(1, Some(sink))).expect("session");
+    // Resumed by a client without `serverRequests`.
+    reg.resume(&session.id, &token, &conn(2, None))
+        .expect("resume");
+    // The start connection 1 had begun.
+    let params: StartParams =
+        serde_json::from_value(json!({"processId": "late", "argv": ["sleep", "3001.5"]})).unwrap();
+    let spec = start_spec(params, reg.config()).unwrap();
+    let caller = Caller {
+        conn_id: 1,
+        can_approve: true,
+    };
+    let r = tokio::time::timeout(PROMPT, session.start_checked(spec, caller))
+        .await
+        .expect("refused at once, not after approvalTimeoutMs");
+    match r {
+        Err(SessionError::NotApproved { reason, .. }) => assert_eq!(
+            reason,
+            "the session was resumed by a client that cannot answer approval requests"
+        ),
+        other => panic!("{:?}", other.map(|p| p.pid)),
+    }
+    assert!(sent.lock().unwrap().is_empty(), "sent to nobody");
+    assert!(session.list().is_empty(), "its process id is free again");
+    session.close();
 }

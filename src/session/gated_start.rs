@@ -236,18 +236,32 @@ impl Session {
             });
             if self.closed.is_cancelled() {
                 // Closed before we registered: `close` could not withdraw us.
-                (request, approvals.take_last())
+                (
+                    request,
+                    approvals.take_last().map(|t| (t, reason::SESSION_CLOSED)),
+                )
             } else {
-                if let Some(sink) = st.current.as_ref().and_then(|c| c.requests.as_ref()) {
-                    sink(request.clone());
+                match st.current.as_ref().map(|c| c.requests.as_ref()) {
+                    Some(Some(sink)) => {
+                        sink(request.clone());
+                        (request, None)
+                    }
+                    // Resumed meanwhile by a client that cannot answer (this start began on
+                    // the connection it evicted): nobody can answer, as `attach` decided for
+                    // the requests pending then.
+                    Some(None) => (
+                        request,
+                        approvals
+                            .take_last()
+                            .map(|t| (t, reason::RESUMED_WITHOUT_CAPABILITY)),
+                    ),
+                    // Detached: sent to the connection that resumes it.
+                    None => (request, None),
                 }
-                (request, None)
             }
         };
-        if let Some(t) = closed_meanwhile {
-            t.resolve(Resolution::Refused {
-                reason: reason::SESSION_CLOSED,
-            });
+        if let Some((t, why)) = closed_meanwhile {
+            t.resolve(Resolution::Refused { reason: why });
         }
         metrics.approval(ApprovalOutcome::Requested);
         tracing::info!(process = %id, request = %request.id, %rule, "approval requested");
