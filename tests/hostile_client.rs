@@ -14,6 +14,8 @@ use execrelay::metrics::Metrics;
 use execrelay::policy::resolve::MAX_PATH_LOOKUP_ENTRIES;
 use execrelay::policy::PolicyFile;
 use execrelay::process::ReadySet;
+use execrelay::rpc::error::MAX_ERROR_MESSAGE_BYTES;
+use execrelay::rpc::jsonrpc::MAX_REQUEST_ID_BYTES;
 use execrelay::rpc::messages::StartParams;
 use execrelay::session::{
     Caller, ConnHandle, RequestSink, ServerRequest, SessionError, SessionRegistry,
@@ -274,4 +276,55 @@ async fn an_ask_after_a_resume_by_a_client_that_cannot_answer_is_refused_at_once
     assert!(sent.lock().unwrap().is_empty(), "sent to nobody");
     assert!(session.list().is_empty(), "its process id is free again");
     session.close();
+}
+
+/// Every response echoes its request's id, and error messages quote what the client sent (a
+/// method name, a process id, a value a decode refused). Responses wait in the control lane,
+/// bounded by count (1,152 by default), after the request's bytes were given back: 200
+/// unread requests with a 4 MiB id and a 4 MiB unknown method took 1.7 GiB, and the lane
+/// holds 1,152 such errors. Ids are now at most `MAX_REQUEST_ID_BYTES` and messages at most
+/// `MAX_ERROR_MESSAGE_BYTES`: no response is larger than about 1.5 KiB however large the
+/// request was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_never_echo_more_than_a_bounded_id_and_message() {
+    let mut t = ready_with(cfg()).await;
+    // An id at the bound is echoed; one byte more is refused with id null.
+    let at = "i".repeat(MAX_REQUEST_ID_BYTES);
+    t.client
+        .send(&json!({"jsonrpc": "2.0", "id": at, "method": "server/info"}))
+        .await;
+    let r = t.client.next_message().await.unwrap();
+    assert_eq!(r["id"], at, "{r}");
+    assert!(r.get("result").is_some(), "{r}");
+    let over = "i".repeat(MAX_REQUEST_ID_BYTES + 1);
+    t.client
+        .send(&json!({"jsonrpc": "2.0", "id": over, "method": "server/info"}))
+        .await;
+    let r = t.client.next_message().await.unwrap();
+    assert_eq!(r["id"], serde_json::Value::Null, "{r}");
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    assert_eq!(
+        r["error"]["message"],
+        "id must be an integer or a string of at most 256 bytes"
+    );
+
+    // Messages that quote the request are cut at MAX_ERROR_MESSAGE_BYTES.
+    let big = "x".repeat(1 << 20);
+    let requests = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": big}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "process/read", "params": {"processId": big}}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "process/start", "params": {"processId": "p", "argv": big}}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "process/signal", "params": {"processId": "p", "signal": big}}),
+    ];
+    let mut line = Vec::new();
+    for req in &requests {
+        t.client.send(req).await;
+        let n = t.client.skip_line(&mut line).await.expect("an answer");
+        let r: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(r["id"], req["id"], "{r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.len() <= MAX_ERROR_MESSAGE_BYTES, "{}", msg.len());
+        assert!(msg.ends_with('…'), "{msg}");
+        assert!(n < MAX_ERROR_MESSAGE_BYTES + 512, "{n} bytes");
+    }
 }
