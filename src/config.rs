@@ -53,6 +53,13 @@ pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 2000;
 pub const DEFAULT_KILL_GRACE_MS: u64 = 2000;
 /// Longest `processId`, in bytes.
 pub const MAX_PROCESS_ID_BYTES: usize = 256;
+/// Most bytes of a `process/start`'s `argv`, each argument counted with its terminating NUL
+/// as the kernel counts it: `-32602` beyond. A process keeps its argv for `process/list` as
+/// long as it is known, and one `process/list` answer carries the argv of every process of
+/// the session, so this bounds both (`maxProcesses` × 256 KiB = 64 MiB per session, shared
+/// between the processes and the answers, never copied per answer). Above `xargs`' default
+/// command line (128 KiB); `execve` allows 2 MiB with the default stack limit.
+pub const MAX_ARGV_BYTES: usize = 256 * 1024;
 /// Longest `writeId`, in bytes: `-32602` beyond. A process remembers
 /// [`RETAINED_WRITE_IDS`] of them, so this bounds that memory to 1 MiB per process; a client's
 /// ids (`w-17`) are a few bytes.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::message::{Call, ReadReply, Reply, ServerInfo, WriteCall};
 use crate::config::{
     ServerConfig, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_READ_MAX_BYTES,
-    MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES,
+    MAX_ARGV_BYTES, MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES,
 };
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
@@ -157,6 +157,11 @@ pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, Rp
     if p.argv.iter().any(|a| a.contains('\0')) {
         return Err(RpcError::invalid_params("argv must not contain NUL"));
     }
+    if argv_bytes(&p.argv) > MAX_ARGV_BYTES {
+        return Err(RpcError::invalid_params(format!(
+            "argv must be at most {MAX_ARGV_BYTES} bytes (each argument counted with its NUL)"
+        )));
+    }
     for (name, value) in &p.env {
         check_env(name, value.as_deref())?;
     }
@@ -211,6 +216,12 @@ pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, Rp
         },
         process_id: p.process_id,
     })
+}
+
+/// The bytes `argv` takes as the kernel counts them: each argument and its NUL.
+pub fn argv_bytes(argv: &[String]) -> usize {
+    argv.iter()
+        .fold(0usize, |n, a| n.saturating_add(a.len()).saturating_add(1))
 }
 
 /// `-32602` when a client's `value` of `member` is above the server's `cap` (named by its

@@ -20,7 +20,8 @@ use crate::process::event_log::{Event, EventBody};
 use crate::process::{ManagedProcess, WriteStatus};
 use crate::rpc::binary_output::encode_output_head;
 use crate::rpc::jsonrpc::{
-    decode_params, encode_error, encode_request, encode_response, parse_inbound, Inbound as Raw,
+    decode_params, encode_error, encode_request, encode_response, parse_inbound, valid_id,
+    Inbound as Raw, ID_RULE,
 };
 use crate::rpc::messages::{ApprovalDecision, ApproveResult, StartResult, WriteParams};
 use crate::rpc::notification::{
@@ -32,11 +33,12 @@ use crate::rpc::{Method, RpcError};
 use crate::session::{ApprovalAnswer, ListedProcess, ListedState};
 use crate::transport::OutMessage;
 
-/// A JSON id as a [`RequestId`] (`None` for anything else: `parse_inbound` lets only strings
-/// and integers through as request ids).
+/// A JSON id as a [`RequestId`] (`None` for anything else: `parse_inbound` lets only integers
+/// and strings of at most `MAX_REQUEST_ID_BYTES` through as request ids).
 pub fn request_id(v: &Value) -> Option<RequestId> {
     match v {
-        Value::String(s) => Some(RequestId::Str(s.clone())),
+        Value::String(s) if valid_id(v) => Some(RequestId::Str(s.clone())),
+        Value::String(_) => None,
         Value::Number(n) => match (n.as_i64(), n.as_u64()) {
             (Some(i), _) => Some(RequestId::Int(i)),
             (None, Some(u)) => Some(RequestId::UInt(u)),
@@ -70,7 +72,7 @@ pub fn decode_inbound(bytes: &[u8]) -> Inbound {
             },
             None => Inbound::Rejected {
                 id: None,
-                error: RpcError::invalid_request("id must be a string or an integer"),
+                error: RpcError::invalid_request(ID_RULE),
             },
         },
         Ok(Raw::Notification { method, params }) => {
@@ -220,7 +222,7 @@ fn list_entry(p: &ListedProcess) -> Value {
     json!({
         "processId": p.process_id,
         "pid": p.pid,
-        "argv": p.argv,
+        "argv": &p.argv[..],
         "tty": p.tty,
         "state": p.state.as_str(),
         "nextSeq": p.next_seq,
@@ -342,7 +344,7 @@ pub fn decode_reply(method: Method, v: Value) -> Result<Reply, String> {
                         .get("pid")
                         .and_then(Value::as_u64)
                         .and_then(|n| u32::try_from(n).ok()),
-                    argv: from(p.get("argv").cloned().unwrap_or(json!([])))?,
+                    argv: from::<Vec<String>>(p.get("argv").cloned().unwrap_or(json!([])))?.into(),
                     tty: bool_of(p, "tty"),
                     state,
                     next_seq: u64_of(p, "nextSeq"),
@@ -439,7 +441,7 @@ mod tests {
         let list = Reply::List(vec![ListedProcess {
             process_id: "a".into(),
             pid: None,
-            argv: vec!["x".into()],
+            argv: vec!["x".to_string()].into(),
             tty: false,
             state: ListedState::PendingApproval,
             next_seq: 1,

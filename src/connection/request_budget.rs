@@ -191,6 +191,15 @@ mod tests {
             admit(&budget, msg),
             Admission::Refuse { id: None, .. }
         ));
+        // So is a string id over MAX_REQUEST_ID_BYTES: the refusal never echoes it.
+        let long = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"process/read","params":{{}}}}"#,
+            "i".repeat(crate::rpc::jsonrpc::MAX_REQUEST_ID_BYTES + 1)
+        );
+        assert!(matches!(
+            admit(&budget, long.as_bytes()),
+            Admission::Refuse { id: None, .. }
+        ));
     }
 
     #[test]

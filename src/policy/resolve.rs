@@ -24,17 +24,47 @@ use std::path::{Component, Path, PathBuf};
 /// glibc's `PATH` for `execvp` when the variable is unset (`confstr(_CS_PATH)`).
 pub const DEFAULT_EXEC_PATH: &str = "/bin:/usr/bin";
 
+/// The most `PATH` entries one lookup examines. Each costs a `stat` (and a path built from
+/// the entry and the program) on the server's runtime, and the client chooses `PATH`: without
+/// a bound, one `process/start` of a few MiB held a worker thread for seconds. A lookup that
+/// reaches this many entries without finding the program fails with [`PathTooLong`]: the
+/// child's `execvp` would go on looking, so answering "not found" would let a client hide the
+/// program from every rule on its resolved path behind junk entries. A real `PATH` has tens.
+pub const MAX_PATH_LOOKUP_ENTRIES: usize = 1024;
+
+/// The longest program name (`argv[0]` without a `/`) `execvp` looks up: glibc and musl fail
+/// with `ENAMETOOLONG` above `NAME_MAX`, so nothing can run and nothing is looked up.
+pub const MAX_LOOKUP_NAME_BYTES: usize = 255;
+
+/// The lookup reached [`MAX_PATH_LOOKUP_ENTRIES`] entries of `PATH` without finding the
+/// program: what the child would run cannot be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("PATH has more than {MAX_PATH_LOOKUP_ENTRIES} entries")]
+pub struct PathTooLong;
+
 /// The file `execvp(program)` runs for a child whose `PATH` is `path_var` (`None`: unset) and
-/// whose working directory is `cwd` (absolute). `None` when the lookup finds nothing.
-pub fn resolve_program(program: &str, cwd: &Path, path_var: Option<&OsStr>) -> Option<PathBuf> {
+/// whose working directory is `cwd` (absolute). `Ok(None)` when the lookup finds nothing (or
+/// the name is too long for `execvp`); [`PathTooLong`] when it gave up (see
+/// [`MAX_PATH_LOOKUP_ENTRIES`]).
+pub fn resolve_program(
+    program: &str,
+    cwd: &Path,
+    path_var: Option<&OsStr>,
+) -> Result<Option<PathBuf>, PathTooLong> {
     if program.is_empty() {
-        return None;
+        return Ok(None);
     }
     if program.contains('/') {
-        return Some(clean(&cwd.join(program)));
+        return Ok(Some(clean(&cwd.join(program))));
+    }
+    if program.len() > MAX_LOOKUP_NAME_BYTES {
+        return Ok(None);
     }
     let path_var = path_var.unwrap_or(OsStr::new(DEFAULT_EXEC_PATH));
-    for entry in std::env::split_paths(path_var) {
+    for (i, entry) in std::env::split_paths(path_var).enumerate() {
+        if i == MAX_PATH_LOOKUP_ENTRIES {
+            return Err(PathTooLong);
+        }
         let dir = if entry.as_os_str().is_empty() {
             cwd.to_path_buf()
         } else {
@@ -42,10 +72,10 @@ pub fn resolve_program(program: &str, cwd: &Path, path_var: Option<&OsStr>) -> O
         };
         let candidate = clean(&dir.join(program));
         if is_executable_file(&candidate) {
-            return Some(candidate);
+            return Ok(Some(candidate));
         }
     }
-    None
+    Ok(None)
 }
 
 /// `path` without `.` components (`Path::components` drops the inner ones; a leading one goes
@@ -84,15 +114,18 @@ mod tests {
         let path = std::env::join_paths([&a, &b]).unwrap();
         assert_eq!(
             resolve_program("tool", Path::new("/"), Some(&path)),
-            Some(b.join("tool"))
+            Ok(Some(b.join("tool")))
         );
         // The first entry wins once it has the program too.
         exe(&a, "tool");
         assert_eq!(
             resolve_program("tool", Path::new("/"), Some(&path)),
-            Some(a.join("tool"))
+            Ok(Some(a.join("tool")))
         );
-        assert_eq!(resolve_program("nope", Path::new("/"), Some(&path)), None);
+        assert_eq!(
+            resolve_program("nope", Path::new("/"), Some(&path)),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -108,7 +141,7 @@ mod tests {
         let path = std::env::join_paths([&a, &b, &c]).unwrap();
         assert_eq!(
             resolve_program("tool", Path::new("/"), Some(&path)),
-            Some(c.join("tool"))
+            Ok(Some(c.join("tool")))
         );
     }
 
@@ -120,11 +153,11 @@ mod tests {
         exe(t.path(), "here");
         assert_eq!(
             resolve_program("tool", t.path(), Some(OsStr::new("sub"))),
-            Some(t.path().join("sub/tool"))
+            Ok(Some(t.path().join("sub/tool")))
         );
         assert_eq!(
             resolve_program("here", t.path(), Some(OsStr::new("/nonexistent:"))),
-            Some(t.path().join("here"))
+            Ok(Some(t.path().join("here")))
         );
     }
 
@@ -136,33 +169,65 @@ mod tests {
         std::os::unix::fs::symlink(&real, &link).unwrap();
         assert_eq!(
             resolve_program("./link", t.path(), None),
-            Some(link.clone()),
+            Ok(Some(link.clone())),
             "the symlink's own path, not its target"
         );
         assert_eq!(
             resolve_program("/x/./y", Path::new("/"), None),
-            Some(PathBuf::from("/x/y"))
+            Ok(Some(PathBuf::from("/x/y")))
         );
         assert_eq!(
             resolve_program("a/../b", Path::new("/w"), None),
-            Some(PathBuf::from("/w/a/../b")),
+            Ok(Some(PathBuf::from("/w/a/../b"))),
             "`..` is never resolved lexically"
         );
         let path = std::env::join_paths([t.path()]).unwrap();
         assert_eq!(
             resolve_program("link", Path::new("/"), Some(&path)),
-            Some(link)
+            Ok(Some(link))
+        );
+    }
+
+    #[test]
+    fn a_lookup_gives_up_after_its_bound_and_skips_names_execvp_refuses() {
+        let t = tempfile::tempdir().unwrap();
+        exe(t.path(), "tool");
+        let junk = |n: usize| vec![PathBuf::from("/nonexistent"); n];
+        // Found in the last entry the bound allows.
+        let mut entries = junk(MAX_PATH_LOOKUP_ENTRIES - 1);
+        entries.push(t.path().to_path_buf());
+        let path = std::env::join_paths(&entries).unwrap();
+        assert_eq!(
+            resolve_program("tool", Path::new("/"), Some(&path)),
+            Ok(Some(t.path().join("tool")))
+        );
+        // One entry further: the lookup gives up, it does not say "not found".
+        let mut entries = junk(MAX_PATH_LOOKUP_ENTRIES);
+        entries.push(t.path().to_path_buf());
+        let path = std::env::join_paths(&entries).unwrap();
+        assert_eq!(
+            resolve_program("tool", Path::new("/"), Some(&path)),
+            Err(PathTooLong)
+        );
+        // A name longer than NAME_MAX is never looked up (execvp fails with ENAMETOOLONG).
+        let long = "x".repeat(MAX_LOOKUP_NAME_BYTES + 1);
+        assert_eq!(
+            resolve_program(&long, Path::new("/"), Some(&path)),
+            Ok(None)
         );
     }
 
     #[test]
     fn an_unset_path_is_glibcs_default() {
         // `sh` is in /bin or /usr/bin on every system these tests run on.
-        let r = resolve_program("sh", Path::new("/"), None).expect("sh in /bin:/usr/bin");
+        let r = resolve_program("sh", Path::new("/"), None)
+            .ok()
+            .flatten()
+            .expect("sh in /bin:/usr/bin");
         assert!(
             r == Path::new("/bin/sh") || r == Path::new("/usr/bin/sh"),
             "{r:?}"
         );
-        assert_eq!(resolve_program("", Path::new("/"), None), None);
+        assert_eq!(resolve_program("", Path::new("/"), None), Ok(None));
     }
 }

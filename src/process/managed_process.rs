@@ -79,8 +79,8 @@ pub struct ProcessInfo {
     pub process_id: String,
     /// OS pid (also the process group id).
     pub pid: u32,
-    /// What was started.
-    pub argv: Vec<String>,
+    /// What was started (shared with the process: a `process/list` answer copies no argv).
+    pub argv: Arc<[String]>,
     /// Runs on a PTY.
     pub tty: bool,
     /// Next seq to assign.
@@ -154,8 +154,9 @@ pub struct ManagedProcess {
     pub(crate) id_json: String,
     /// OS pid, also the process group id.
     pub pid: u32,
-    /// What was started.
-    pub argv: Vec<String>,
+    /// What was started (at most `MAX_ARGV_BYTES`), shared with every `process/list`
+    /// answer that shows it.
+    pub argv: Arc<[String]>,
     /// Runs on a PTY.
     pub tty: bool,
     pub(crate) opts: ProcessOptions,
@@ -189,7 +190,7 @@ impl ManagedProcess {
     pub(crate) fn new(
         id: String,
         pid: u32,
-        argv: Vec<String>,
+        argv: Arc<[String]>,
         tty: bool,
         opts: ProcessOptions,
         limits: LogLimits,

@@ -47,7 +47,7 @@ pub fn start_process(
     let proc = Arc::new(ManagedProcess::new(
         id,
         spawned.pid,
-        spec.argv.clone(),
+        Arc::from(spec.argv.as_slice()),
         spec.tty.is_some(),
         opts,
         limits,

@@ -55,6 +55,13 @@ impl ErrorCode {
     }
 }
 
+/// The longest error message sent, in bytes: longer ones are cut (on a character boundary)
+/// and end with `…`. Messages quote what the peer sent (a method name, a process id, the
+/// value a decode refused), and an error waits in the connection's control lane, bounded by
+/// count, after the request's bytes were given back: without a cut, a client that did not
+/// read its responses made the server hold a copy of each of its (16 MiB) requests.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
+
 /// An error to send to the peer as a JSON-RPC error object.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message} ({code:?})")]
@@ -68,11 +75,20 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    /// A new error without data.
+    /// A new error without data; a message over [`MAX_ERROR_MESSAGE_BYTES`] is cut.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_ERROR_MESSAGE_BYTES {
+            let mut end = MAX_ERROR_MESSAGE_BYTES - '…'.len_utf8();
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
         RpcError {
             code,
-            message: message.into(),
+            message,
             data: None,
         }
     }
@@ -174,6 +190,21 @@ impl RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let at = "a".repeat(MAX_ERROR_MESSAGE_BYTES);
+        assert_eq!(RpcError::invalid_params(at.clone()).message, at);
+        // Two-byte characters: the cut may not split one.
+        let e = RpcError::method_not_found(&"é".repeat(MAX_ERROR_MESSAGE_BYTES));
+        assert!(
+            e.message.len() <= MAX_ERROR_MESSAGE_BYTES,
+            "{}",
+            e.message.len()
+        );
+        assert!(e.message.starts_with("method not found: éé"));
+        assert!(e.message.ends_with("é…"), "{}", e.message);
+    }
 
     #[test]
     fn codes_match_the_protocol_table() {

@@ -13,7 +13,8 @@ use super::error::RpcError;
 pub enum Inbound {
     /// A request: it gets exactly one response with `id`.
     Request {
-        /// The id, echoed unchanged (a string or an integer).
+        /// The id, echoed unchanged (an integer, or a string of at most
+        /// [`MAX_REQUEST_ID_BYTES`]).
         id: Value,
         /// The method name.
         method: String,
@@ -47,9 +48,18 @@ pub struct Rejected {
     pub error: RpcError,
 }
 
-fn valid_id(id: &Value) -> bool {
+/// The longest string id a peer may give a request, in bytes (`-32600` with id `null`
+/// beyond): every response echoes its id, and responses wait in the connection's control
+/// lane, bounded by count, after the request's bytes were given back.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// The `-32600` message of an id that is not [`valid_id`].
+pub const ID_RULE: &str = "id must be an integer or a string of at most 256 bytes";
+
+/// An id a request may carry: an integer, or a string of at most [`MAX_REQUEST_ID_BYTES`].
+pub fn valid_id(id: &Value) -> bool {
     match id {
-        Value::String(_) => true,
+        Value::String(s) => s.len() <= MAX_REQUEST_ID_BYTES,
         Value::Number(n) => n.is_i64() || n.is_u64(),
         _ => false,
     }
@@ -85,7 +95,7 @@ fn classify(mut obj: Map<String, Value>) -> Result<Inbound, Rejected> {
         if !valid_id(id) {
             return Err(Rejected {
                 id: Value::Null,
-                error: RpcError::invalid_request("id must be a string or an integer"),
+                error: RpcError::invalid_request(ID_RULE),
             });
         }
     }

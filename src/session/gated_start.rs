@@ -39,6 +39,8 @@ type Outcome = Option<Result<Arc<ManagedProcess>, Arc<SessionError>>>;
 /// A start waiting for the client's approval.
 pub(crate) struct PendingStart {
     spec: StartSpec,
+    /// Its argv, shared with every `process/list` answer that shows it.
+    argv: Arc<[String]>,
     /// Its outcome, for starts that joined it; `None` until decided.
     done: watch::Sender<Outcome>,
     /// Connections of the starts that joined: each opens delivery after writing its result.
@@ -74,8 +76,8 @@ pub struct ListedProcess {
     pub process_id: String,
     /// OS pid; `None` while pending approval.
     pub pid: Option<u32>,
-    /// What was (or would be) started.
-    pub argv: Vec<String>,
+    /// What was (or would be) started, shared with the process (or the pending start).
+    pub argv: Arc<[String]>,
     /// On a PTY.
     pub tty: bool,
     /// Its state.
@@ -114,7 +116,7 @@ impl Session {
                 Slot::Pending(ps) => Some(ListedProcess {
                     process_id: id.clone(),
                     pid: None,
-                    argv: ps.spec.spawn.argv.clone(),
+                    argv: ps.argv.clone(),
                     tty: ps.spec.spawn.tty.is_some(),
                     state: ListedState::PendingApproval,
                     next_seq: 1,
@@ -220,6 +222,7 @@ impl Session {
         let id = spec.process_id.clone();
         let pending = Arc::new(PendingStart {
             spec: spec.clone(),
+            argv: Arc::from(spec.spawn.argv.as_slice()),
             done: watch::channel(None).0,
             joined: Mutex::new(Vec::new()),
         });
@@ -233,18 +236,32 @@ impl Session {
             });
             if self.closed.is_cancelled() {
                 // Closed before we registered: `close` could not withdraw us.
-                (request, approvals.take_last())
+                (
+                    request,
+                    approvals.take_last().map(|t| (t, reason::SESSION_CLOSED)),
+                )
             } else {
-                if let Some(sink) = st.current.as_ref().and_then(|c| c.requests.as_ref()) {
-                    sink(request.clone());
+                match st.current.as_ref().map(|c| c.requests.as_ref()) {
+                    Some(Some(sink)) => {
+                        sink(request.clone());
+                        (request, None)
+                    }
+                    // Resumed meanwhile by a client that cannot answer (this start began on
+                    // the connection it evicted): nobody can answer, as `attach` decided for
+                    // the requests pending then.
+                    Some(None) => (
+                        request,
+                        approvals
+                            .take_last()
+                            .map(|t| (t, reason::RESUMED_WITHOUT_CAPABILITY)),
+                    ),
+                    // Detached: sent to the connection that resumes it.
+                    None => (request, None),
                 }
-                (request, None)
             }
         };
-        if let Some(t) = closed_meanwhile {
-            t.resolve(Resolution::Refused {
-                reason: reason::SESSION_CLOSED,
-            });
+        if let Some((t, why)) = closed_meanwhile {
+            t.resolve(Resolution::Refused { reason: why });
         }
         metrics.approval(ApprovalOutcome::Requested);
         tracing::info!(process = %id, request = %request.id, %rule, "approval requested");

@@ -115,7 +115,11 @@ impl SessionRegistry {
 
     /// What the exec policy in force says about `spec` (the file is re-read if it changed):
     /// its `argv[0]` and the path `execvp` would resolve it to with the child's `PATH` and
-    /// working directory. Everything is allowed without a policy.
+    /// working directory. Everything is allowed without a policy. A `PATH` too long to look
+    /// the program up in ([`MAX_PATH_LOOKUP_ENTRIES`]) is denied: the policy cannot be
+    /// checked against what the child would run (fail closed).
+    ///
+    /// [`MAX_PATH_LOOKUP_ENTRIES`]: crate::policy::resolve::MAX_PATH_LOOKUP_ENTRIES
     pub fn exec_verdict(&self, spec: &SpawnSpec) -> Verdict {
         let Some(file) = &self.policy else {
             return crate::policy::ExecPolicy::allow_all().decide("", None);
@@ -131,8 +135,13 @@ impl SessionRegistry {
             Some(c) => std::path::PathBuf::from(c),
             None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
         };
-        let resolved = resolve_program(program, &cwd, path_var.as_deref());
-        policy.decide(program, resolved.as_deref())
+        match resolve_program(program, &cwd, path_var.as_deref()) {
+            Ok(resolved) => policy.decide(program, resolved.as_deref()),
+            Err(e) => Verdict {
+                action: crate::policy::Action::Deny,
+                rule: e.to_string(),
+            },
+        }
     }
 
     /// The server-wide output budget: unwritten output of every process, its peak.

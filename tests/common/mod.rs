@@ -109,6 +109,17 @@ impl RawClient {
         Some(serde_json::from_str(&line).expect("server sent invalid JSON"))
     }
 
+    /// Read the next line from the wire without parsing it (a test that only counts large
+    /// answers); its length, `None` at end of stream.
+    pub async fn skip_line(&mut self, buf: &mut Vec<u8>) -> Option<usize> {
+        buf.clear();
+        let n = tokio::time::timeout(GUARD, self.reader.read_until(b'\n', buf))
+            .await
+            .expect("timed out waiting for a message")
+            .expect("read");
+        (n > 0).then_some(n)
+    }
+
     /// The next message, from the backlog first.
     pub async fn next_message(&mut self) -> Option<Value> {
         if let Some(v) = self.backlog.pop_front() {
