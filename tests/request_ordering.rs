@@ -437,7 +437,7 @@ async fn a_long_poll_does_not_hold_back_a_later_write_to_the_same_process() {
 
 // Regression (fixed): a write in progress when the connection closes is cut off mid-way, and its retry with
 // the same `writeId` is written again in full, so the child receives the cut-off prefix twice.
-// ConnectionProcessor::spawn_request (src/connection/processor.rs) races every request against
+// ConnectionProcessor::spawn_request (src/connection/processor/mod.rs) races every request against
 // the connection's cancel token, so a running `process/write` is dropped inside
 // `ManagedProcess::write` after part of the chunk went into the pipe, and the `writeId` is
 // only remembered after a complete write. The client never got an answer, so it must retry

@@ -11,75 +11,31 @@
 //! parsed here, once, into a [`Method`](crate::rpc::Method); everything after routes on the
 //! enum.
 
+mod initialize;
+mod inlet;
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::delivery::{run_writer, ControlMessage};
 use super::handlers::{self, Ctx, Handled};
-use super::json_codec::decode_inbound;
 use super::local::LocalServerEnd;
 use super::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
 use super::outlet::{Outlet, OutputForm};
-use super::request_budget::{admit, Admission, REQUEST_BUDGET_NAME};
+use super::request_budget::REQUEST_BUDGET_NAME;
 use super::scheduler::{Class, Scheduler};
-use crate::bounds::{ByteBudget, Charge, IdleTimer};
+use crate::bounds::{Charge, IdleTimer};
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
-use crate::rpc::messages::{
-    AdvertisedLimits, Capabilities, InitializeParams, InitializeResult, PROTOCOL_VERSION,
-};
 use crate::rpc::{MethodClass, RpcError};
-use crate::session::{
-    AnswerOutcome, ApprovalAnswer, ConnHandle, RequestSink, ServerRequest, Session, SessionRegistry,
-};
-use crate::transport::{FramingError, MessageStream, Transport};
-
-/// Where a connection's messages come from: a network transport's framed messages, charged
-/// to the connection's byte budget and decoded by the JSON codec at this edge, or the
-/// in-process transport's typed ones (not charged: see `request_budget.rs`).
-enum Inlet {
-    Json {
-        incoming: MessageStream,
-        /// `max_pending_request_bytes`, a child of the server's inbound budget.
-        budget: ByteBudget,
-    },
-    Local(mpsc::Receiver<Inbound>),
-}
-
-/// One message read, as the inlet lets it in: the message with the bytes it holds charged
-/// (nothing in process), to be held until it is answered; or `None`, a message over budget with
-/// nothing to answer (a notification or a response), gone. (An `Option` rather than an enum
-/// with an empty variant: the message is large and this is moved once per read.)
-type Arrival = Option<(Inbound, Charge)>;
-
-impl Inlet {
-    async fn next(&mut self) -> Option<Result<Arrival, FramingError>> {
-        match self {
-            Inlet::Json { incoming, budget } => {
-                let bytes = match incoming.next().await? {
-                    Ok(bytes) => bytes,
-                    Err(e) => return Some(Err(e)),
-                };
-                // Charged before it is parsed, for its text and the most its parsed tree can
-                // take; the text is dropped as soon as it is decoded.
-                Some(Ok(match admit(budget, &bytes) {
-                    Admission::Admit(charge) => Some((decode_inbound(&bytes), charge)),
-                    Admission::Refuse { id, error } => {
-                        Some((Inbound::Rejected { id, error }, Charge::none()))
-                    }
-                    Admission::Drop => None,
-                }))
-            }
-            Inlet::Local(rx) => rx.recv().await.map(|m| Ok(Some((m, Charge::none())))),
-        }
-    }
-}
+use crate::session::{AnswerOutcome, ApprovalAnswer, Session, SessionRegistry};
+use crate::transport::{FramingError, Transport};
+use inlet::Inlet;
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
 /// (parse errors, limit errors). When even these are full the reader waits: the client is not
@@ -592,60 +548,6 @@ impl ConnectionProcessor {
         );
     }
 
-    fn initialize(&mut self, p: InitializeParams) -> Result<InitializeResult, RpcError> {
-        let can_approve = p.capabilities.server_requests.approve;
-        // Decided before the session is attached, so that every delta of this connection,
-        // replays included, goes out in this form (§5.1). stdio cannot carry binary messages
-        // and answers `false`.
-        let binary = p.capabilities.binary_output && self.binary_capable;
-        self.form.set_binary(binary);
-        let conn = ConnHandle {
-            conn_id: self.conn_id,
-            ready: self.ready.clone(),
-            evict: self.evict.clone(),
-            peer_key: self.opts.peer_key.clone(),
-            peer_addr: self.opts.peer_addr,
-            requests: can_approve.then(|| request_sink(self.control.clone())),
-        };
-        let (session, token, resumed) = match &p.resume {
-            Some(r) => {
-                let s = self
-                    .registry
-                    .resume(&r.session_id, &r.resume_token, &conn)?;
-                (s, r.resume_token.clone(), true)
-            }
-            None => {
-                let (s, t) = self.registry.create(p.capabilities.acks, &conn)?;
-                (s, t, false)
-            }
-        };
-        tracing::info!(session = %session.id, resumed, binary, "initialized");
-        self.can_approve = can_approve;
-        let cfg = self.registry.config();
-        let result = InitializeResult {
-            protocol_version: PROTOCOL_VERSION,
-            server_version: env!("CARGO_PKG_VERSION").to_string(),
-            session_id: session.id.clone(),
-            resume_token: token,
-            resumed,
-            limits: AdvertisedLimits {
-                max_message_bytes: cfg.max_message_bytes as u64,
-                max_processes: cfg.max_processes as u64,
-                retained_output_bytes: cfg.retained_output_bytes as u64,
-                detached_session_ttl_ms: cfg.detached_session_ttl_ms,
-            },
-            capabilities: Capabilities {
-                // A resumed session keeps the acks it was created with.
-                acks: session.acks,
-                binary_output: binary,
-                // The server requests this connection will receive (`protocol.md` §7).
-                server_requests: p.capabilities.server_requests,
-            },
-        };
-        self.state = State::AwaitInitialized(session);
-        Ok(result)
-    }
-
     /// Let every request already read run and send its answer: long polls end now, queued
     /// requests are not skipped. Bounded by [`HALF_CLOSE_DRAIN_TIMEOUT`] and by shutdown.
     async fn finish_read_requests(&self, shutdown: &CancellationToken) {
@@ -684,23 +586,6 @@ impl ConnectionProcessor {
             }
         }
     }
-}
-
-/// Server requests of the session this connection holds go out on its control lane, so they
-/// never wait behind output (and, queued before a resume's replay starts, precede it). The
-/// lane is bounded; a request that finds it full (a client that reads nothing) stays pending
-/// in the session, to be sent again on resume or to time out.
-fn request_sink(control: mpsc::Sender<ControlMessage>) -> RequestSink {
-    Arc::new(move |r: ServerRequest| {
-        let id = r.id.clone();
-        let msg = Outbound::Request {
-            id: r.id,
-            params: r.params,
-        };
-        if control.try_send(ControlMessage::new(msg)).is_err() {
-            tracing::warn!(request = %id, "control lane full or closed: server request not sent");
-        }
-    })
 }
 
 /// The idle clock: tokio's (so paused-time tests drive it), as a std instant for the sans-IO
