@@ -2,8 +2,9 @@
 //! survive transport failures by resuming the session.
 //!
 //! Layout: [`rpc_connection`] is one JSON-RPC connection; this module owns the session
-//! (`initialize`, resume with backoff inside the server's TTL), its options, errors and
-//! targets, and starting processes. `event_stream.rs` holds the per-process event streams that
+//! (`initialize`, resume with backoff inside the server's TTL) and starting processes;
+//! `options.rs` what an application sets, `error.rs` what it gets back when something fails,
+//! `target.rs` where the server is and how one transport to it is opened. `event_stream.rs` holds the per-process event streams that
 //! hand out every event exactly once and in order (deduplicated by `seq`, gaps filled with
 //! `process/read`) and the acks; `process_handle.rs` holds [`ProcessHandle`] and
 //! [`ProcessController`], the application's grip on one process. It must never show a byte
@@ -22,13 +23,14 @@
 //! ```
 
 mod approval;
+mod error;
 mod event_stream;
+mod options;
 mod process_handle;
 pub mod rpc_connection;
+mod target;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,17 +38,14 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ServerConfig, IN_PROCESS_SHUTDOWN_MS, MAX_MESSAGE_BYTES};
+use crate::config::MAX_MESSAGE_BYTES;
 use crate::connection::local::{LocalLimits, LocalServer};
 use crate::connection::message::{Call, Note, Reply};
-use crate::policy::PolicyFile;
 use crate::rpc::messages::{
-    AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartParams,
-    StartResult,
+    AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartResult,
 };
-use crate::rpc::{Method, RpcError};
+use crate::rpc::Method;
 use crate::sync::lock;
-use crate::transport::stdio::line_transport;
 use crate::transport::Transport;
 use event_stream::ProcSlot;
 use rpc_connection::{Notification, RpcConnection};
@@ -54,11 +53,15 @@ use rpc_connection::{Notification, RpcConnection};
 pub use crate::connection::local::LocalLimits as InProcessLimits;
 pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
 pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
+pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
+pub use options::{ClientOptions, InProcessConfig, StartOptions};
 pub use process_handle::{
     ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
     STDIN_WRITE_BYTES,
 };
+use target::open_transport;
+pub use target::Target;
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
@@ -69,223 +72,10 @@ pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
 /// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
 pub const START_LOOKUPS: u32 = 20;
 
-/// Client failures.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// The server answered with a JSON-RPC error.
-    #[error("server error {code}: {message}")]
-    Rpc {
-        /// JSON-RPC code.
-        code: i64,
-        /// Message.
-        message: String,
-        /// Data member.
-        data: Option<Value>,
-    },
-    /// The connection dropped while a call was in flight.
-    #[error("connection lost")]
-    ConnectionLost,
-    /// The transport could not be set up.
-    #[error("cannot connect: {0}")]
-    Connect(String),
-    /// The server sent something this client does not understand.
-    #[error("protocol error: {0}")]
-    Protocol(String),
-    /// The server refused this client (handshake or authorization); not retried.
-    #[error("{0}")]
-    Refused(String),
-    /// The session could not be resumed within its TTL.
-    #[error("session lost: {0}")]
-    SessionLost(String),
-}
-
-impl ClientError {
-    /// A server error as the client reports it (data included).
-    pub(crate) fn from_rpc(e: RpcError) -> ClientError {
-        ClientError::Rpc {
-            code: e.code.code(),
-            message: e.message,
-            data: e.data,
-        }
-    }
-
-    pub(crate) fn from_error_object(v: Value) -> ClientError {
-        ClientError::Rpc {
-            code: v.get("code").and_then(Value::as_i64).unwrap_or(0),
-            message: v
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            data: v.get("data").cloned(),
-        }
-    }
-
-    /// The JSON-RPC code, if this is a server error.
-    pub fn code(&self) -> Option<i64> {
-        match self {
-            ClientError::Rpc { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
-}
-
-/// Where the server is.
-#[derive(Debug, Clone)]
-pub enum Target {
-    /// Spawn `program args…` and speak over its stdin/stdout (e.g. `execrelay serve --listen
-    /// stdio`). The server lives as long as the connection: no reconnection.
-    Spawn {
-        /// Program.
-        program: PathBuf,
-        /// Arguments.
-        args: Vec<String>,
-    },
-    /// A plain WebSocket URL, `ws://HOST:PORT`.
-    Ws(String),
-    /// A Noise-encrypted server, `noise+ws://HOST:PORT`: one virtual stream on a physical
-    /// link shared with every other client of the same `pool` talking to the same server
-    /// with the same keys (clones of a target share its pool).
-    Noise {
-        /// `noise+ws://HOST:PORT`.
-        url: String,
-        /// Keys and pinned server key.
-        config: Arc<crate::link::client::NoiseClientConfig>,
-        /// The links this client may share (a fresh pool: a link of its own).
-        pool: crate::link::client::LinkPool,
-    },
-}
-
-/// An exec server in this process (`Client::in_process`): its configuration, exec policy,
-/// channel capacities and shutdown deadline.
-#[derive(Debug, Clone)]
-pub struct InProcessConfig {
-    /// The server's limits.
-    pub server: ServerConfig,
-    /// Its exec policy (`None`: everything is allowed).
-    pub policy: Option<Arc<PolicyFile>>,
-    /// The transport's channel capacities (`None`: [`LocalLimits::for_config`]).
-    pub limits: Option<LocalLimits>,
-    /// How long [`Client::shutdown`] may take at most (default `IN_PROCESS_SHUTDOWN_MS`).
-    pub shutdown_deadline: Duration,
-}
-
-impl Default for InProcessConfig {
-    fn default() -> Self {
-        InProcessConfig {
-            server: ServerConfig::default(),
-            policy: None,
-            limits: None,
-            shutdown_deadline: Duration::from_millis(IN_PROCESS_SHUTDOWN_MS),
-        }
-    }
-}
-
-impl Target {
-    /// Spawn this very binary as a stdio server.
-    pub fn local() -> Result<Target, ClientError> {
-        let exe = std::env::current_exe().map_err(|e| ClientError::Connect(e.to_string()))?;
-        Ok(Target::Spawn {
-            program: exe,
-            args: vec!["serve".into(), "--listen".into(), "stdio".into()],
-        })
-    }
-
-    fn can_reconnect(&self) -> bool {
-        matches!(self, Target::Ws(_) | Target::Noise { .. })
-    }
-}
-
 /// The in-process server a client owns (`Client::in_process`).
 struct OwnedServer {
     server: LocalServer,
     deadline: Duration,
-}
-
-/// Client settings.
-#[derive(Clone)]
-pub struct ClientOptions {
-    /// Sent in `initialize`.
-    pub client_name: String,
-    /// Declare `capabilities.acks` (lossless retention across reconnects).
-    pub acks: bool,
-    /// Ask for output deltas as binary messages (`capabilities.binaryOutput`, `protocol.md`
-    /// §5.1): no base64 and no JSON on the output path. On by default; the server answers
-    /// `false` where the transport cannot carry them (stdio), and the client accepts both
-    /// forms either way.
-    pub binary_output: bool,
-    /// Resume automatically after a transport failure.
-    pub reconnect: bool,
-    /// Give up resuming after this long (default: the server's TTL).
-    pub reconnect_deadline: Option<Duration>,
-    /// Largest message accepted from the server.
-    pub max_message_bytes: usize,
-    /// Answers the server's `process/approve` requests (`protocol.md` §7). With one, the
-    /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
-    /// server denies every start its exec policy would ask about.
-    pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
-}
-
-impl std::fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("client_name", &self.client_name)
-            .field("acks", &self.acks)
-            .field("reconnect", &self.reconnect)
-            .field("reconnect_deadline", &self.reconnect_deadline)
-            .field("max_message_bytes", &self.max_message_bytes)
-            .field("approval_handler", &self.approval_handler.is_some())
-            .finish()
-    }
-}
-
-impl Default for ClientOptions {
-    fn default() -> Self {
-        ClientOptions {
-            client_name: "execrelay-client".into(),
-            acks: true,
-            binary_output: true,
-            reconnect: true,
-            reconnect_deadline: None,
-            max_message_bytes: MAX_MESSAGE_BYTES,
-            approval_handler: None,
-        }
-    }
-}
-
-/// What to start; see `process/start`.
-#[derive(Debug, Clone)]
-pub struct StartOptions {
-    /// The params sent.
-    pub params: StartParams,
-}
-
-impl StartOptions {
-    /// A process `id` running `argv` with every other setting at its default.
-    pub fn new<I, S>(id: &str, argv: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        StartOptions {
-            params: StartParams {
-                process_id: id.to_string(),
-                argv: argv.into_iter().map(Into::into).collect(),
-                cwd: None,
-                env: Default::default(),
-                inherit_env: true,
-                tty: false,
-                pipe_stdin: false,
-                size: None,
-                timeout_ms: None,
-                output_bytes_cap: None,
-                drain_timeout_ms: None,
-                kill_grace_ms: None,
-                kill_process_group_on_exit: false,
-            },
-        }
-    }
 }
 
 struct Shared {
@@ -311,60 +101,6 @@ struct Shared {
 #[derive(Clone)]
 pub struct Client {
     shared: Arc<Shared>,
-}
-
-async fn open_transport(target: &Target, max: usize) -> Result<Transport, ClientError> {
-    match target {
-        Target::Spawn { program, args } => {
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args);
-            // A local server is plumbing: keep its logs to warnings unless asked otherwise.
-            if std::env::var_os("RUST_LOG").is_none() {
-                cmd.env("RUST_LOG", "warn");
-            }
-            // Its own process group: a Ctrl-C at the terminal is the client's to forward,
-            // not a shutdown request for the server.
-            cmd.process_group(0);
-            let mut child = cmd
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| ClientError::Connect(format!("{}: {e}", program.display())))?;
-            let stdin = child
-                .stdin
-                .take()
-                .ok_or_else(|| ClientError::Connect("no stdin".into()))?;
-            let stdout = child
-                .stdout
-                .take()
-                .ok_or_else(|| ClientError::Connect("no stdout".into()))?;
-            // Reap the server when it exits; kill_on_drop covers an abandoned client.
-            tokio::spawn(async move {
-                let _ = child.wait().await;
-            });
-            Ok(line_transport(stdout, stdin, max, "spawned server"))
-        }
-        Target::Ws(url) => crate::transport::websocket::connect_websocket(url, max)
-            .await
-            .map_err(|e| ClientError::Connect(e.to_string())),
-        Target::Noise { url, config, pool } => {
-            use crate::link::client::NoiseError;
-            let link = pool
-                .link(url, config)
-                .await
-                .map_err(|e| ClientError::Connect(e.to_string()))?;
-            match link.open_stream().await {
-                Ok(t) => Ok(t),
-                // A refusal is final: retrying the same keys will not help.
-                Err(e @ (NoiseError::Refused(_) | NoiseError::ServerKey)) => {
-                    Err(ClientError::Refused(e.to_string()))
-                }
-                Err(e) => Err(ClientError::Connect(e.to_string())),
-            }
-        }
-    }
 }
 
 impl Client {

@@ -1,0 +1,67 @@
+//! What the client library reports when a call, a connection or a session fails.
+
+use serde_json::Value;
+
+use crate::rpc::RpcError;
+
+/// Client failures.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The server answered with a JSON-RPC error.
+    #[error("server error {code}: {message}")]
+    Rpc {
+        /// JSON-RPC code.
+        code: i64,
+        /// Message.
+        message: String,
+        /// Data member.
+        data: Option<Value>,
+    },
+    /// The connection dropped while a call was in flight.
+    #[error("connection lost")]
+    ConnectionLost,
+    /// The transport could not be set up.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The server sent something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The server refused this client (handshake or authorization); not retried.
+    #[error("{0}")]
+    Refused(String),
+    /// The session could not be resumed within its TTL.
+    #[error("session lost: {0}")]
+    SessionLost(String),
+}
+
+impl ClientError {
+    /// A server error as the client reports it (data included).
+    pub(crate) fn from_rpc(e: RpcError) -> ClientError {
+        ClientError::Rpc {
+            code: e.code.code(),
+            message: e.message,
+            data: e.data,
+        }
+    }
+
+    pub(crate) fn from_error_object(v: Value) -> ClientError {
+        ClientError::Rpc {
+            code: v.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: v
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            data: v.get("data").cloned(),
+        }
+    }
+
+    /// The JSON-RPC code, if this is a server error.
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            ClientError::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! What an application sets: the client's options ([`ClientOptions`]), what to start
+//! ([`StartOptions`]) and an in-process server's configuration ([`InProcessConfig`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ApprovalHandler;
+use crate::config::{ServerConfig, IN_PROCESS_SHUTDOWN_MS, MAX_MESSAGE_BYTES};
+use crate::connection::local::LocalLimits;
+use crate::policy::PolicyFile;
+use crate::rpc::messages::StartParams;
+
+/// An exec server in this process (`Client::in_process`): its configuration, exec policy,
+/// channel capacities and shutdown deadline.
+#[derive(Debug, Clone)]
+pub struct InProcessConfig {
+    /// The server's limits.
+    pub server: ServerConfig,
+    /// Its exec policy (`None`: everything is allowed).
+    pub policy: Option<Arc<PolicyFile>>,
+    /// The transport's channel capacities (`None`: [`LocalLimits::for_config`]).
+    pub limits: Option<LocalLimits>,
+    /// How long [`Client::shutdown`](super::Client::shutdown) may take at most (default `IN_PROCESS_SHUTDOWN_MS`).
+    pub shutdown_deadline: Duration,
+}
+
+impl Default for InProcessConfig {
+    fn default() -> Self {
+        InProcessConfig {
+            server: ServerConfig::default(),
+            policy: None,
+            limits: None,
+            shutdown_deadline: Duration::from_millis(IN_PROCESS_SHUTDOWN_MS),
+        }
+    }
+}
+
+/// Client settings.
+#[derive(Clone)]
+pub struct ClientOptions {
+    /// Sent in `initialize`.
+    pub client_name: String,
+    /// Declare `capabilities.acks` (lossless retention across reconnects).
+    pub acks: bool,
+    /// Ask for output deltas as binary messages (`capabilities.binaryOutput`, `protocol.md`
+    /// §5.1): no base64 and no JSON on the output path. On by default; the server answers
+    /// `false` where the transport cannot carry them (stdio), and the client accepts both
+    /// forms either way.
+    pub binary_output: bool,
+    /// Resume automatically after a transport failure.
+    pub reconnect: bool,
+    /// Give up resuming after this long (default: the server's TTL).
+    pub reconnect_deadline: Option<Duration>,
+    /// Largest message accepted from the server.
+    pub max_message_bytes: usize,
+    /// Answers the server's `process/approve` requests (`protocol.md` §7). With one, the
+    /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
+    /// server denies every start its exec policy would ask about.
+    pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("client_name", &self.client_name)
+            .field("acks", &self.acks)
+            .field("reconnect", &self.reconnect)
+            .field("reconnect_deadline", &self.reconnect_deadline)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("approval_handler", &self.approval_handler.is_some())
+            .finish()
+    }
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            client_name: "execrelay-client".into(),
+            acks: true,
+            binary_output: true,
+            reconnect: true,
+            reconnect_deadline: None,
+            max_message_bytes: MAX_MESSAGE_BYTES,
+            approval_handler: None,
+        }
+    }
+}
+
+/// What to start; see `process/start`.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// The params sent.
+    pub params: StartParams,
+}
+
+impl StartOptions {
+    /// A process `id` running `argv` with every other setting at its default.
+    pub fn new<I, S>(id: &str, argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        StartOptions {
+            params: StartParams {
+                process_id: id.to_string(),
+                argv: argv.into_iter().map(Into::into).collect(),
+                cwd: None,
+                env: Default::default(),
+                inherit_env: true,
+                tty: false,
+                pipe_stdin: false,
+                size: None,
+                timeout_ms: None,
+                output_bytes_cap: None,
+                drain_timeout_ms: None,
+                kill_grace_ms: None,
+                kill_process_group_on_exit: false,
+            },
+        }
+    }
+}
