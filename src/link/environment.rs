@@ -22,6 +22,7 @@ use crate::noise::keys::{fingerprint, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
 use execrelay_relay::driver::{recv_frame, send_frame};
 use execrelay_relay::env_handshake::EnvironmentHandshake;
+use execrelay_relay::reason::CloseReason;
 
 /// How long the link handshake (message 1 out, message 2 or a refusal back) may take.
 pub const LINK_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,7 +146,12 @@ async fn connect_and_serve(
     let started = tokio::time::Instant::now();
     let reason = run_link(ws, LinkPeer::Relay(format!("relay {url}")), ctx.clone()).await;
     let lived = started.elapsed();
-    tracing::warn!(%reason, ?lived, "environment link lost");
+    if reason == CloseReason::Local {
+        // Our own shutdown closed it: nothing was lost.
+        tracing::info!(?lived, "environment link closed");
+    } else {
+        tracing::warn!(%reason, ?lived, "environment link lost");
+    }
     Some(lived)
 }
 
