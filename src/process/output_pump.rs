@@ -198,14 +198,6 @@ async fn wait_admitted(p: &ManagedProcess, mut want: Want) -> bool {
 /// read on.
 pub const FIRST_READ_BYTES: usize = 4096;
 
-/// After a pipe's read that left its chunk partly empty, the pump gives the other tasks (and
-/// the child, on another core) up to this many turns, reading what arrived after each, before
-/// it appends the chunk. It stops at once when a turn brought nothing (the pipe is empty: the
-/// child is not writing in bulk) or the chunk is full, so interactive output waits for a few
-/// scheduler turns at most, never for a timer; a stream in bulk makes whole chunks instead of
-/// one per `write()` of the child (each chunk costs a message, all the way to the client).
-pub const COALESCE_TURNS: usize = 4;
-
 /// A chunk in a buffer of `PUMP_CHUNK_BYTES`: kept as it is when it filled half of it or
 /// more, else moved to an allocation of its size, so a log of small chunks does not hold
 /// 64 KiB buffers.
@@ -220,8 +212,8 @@ fn sized(chunk: BytesMut) -> Bytes {
 /// A child's output as its pump reads it.
 enum Source {
     /// A pipe on the reactor: the pump waits until it is readable (holding no buffer), then
-    /// for room, then reads straight into the chunk's own buffer: one read, then at most
-    /// [`COALESCE_TURNS`] more while each brings bytes and the chunk is not full.
+    /// for room, then reads once, straight into the chunk's own buffer: one read, so one
+    /// wake-up of a child blocked on a full pipe, per chunk.
     Pipe(tokio::net::unix::pipe::Receiver),
     /// Anything else (the PTY master): read through `AsyncRead`, [`FIRST_READ_BYTES`] first.
     Reader(OutputReader),
@@ -240,8 +232,8 @@ enum Ready {
 
 /// What [`Source::read_chunk`] read.
 enum Chunk {
-    /// Bytes of output (in a buffer of `PUMP_CHUNK_BYTES`, for [`Source::read_more`]).
-    Data(BytesMut),
+    /// Bytes of output.
+    Data(Bytes),
     /// End of file.
     Eof,
     /// Nothing after all (a spurious readiness): wait again.
@@ -284,7 +276,7 @@ impl Source {
         match self {
             Source::Pipe(pipe) => match pipe.try_read_buf(&mut chunk) {
                 Ok(0) => Ok(Chunk::Eof),
-                Ok(_) => Ok(Chunk::Data(chunk)),
+                Ok(_) => Ok(Chunk::Data(sized(chunk))),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Chunk::Nothing),
                 Err(e) => Err(e),
             },
@@ -293,24 +285,9 @@ impl Source {
                 // Whatever is readable now; not readable, end of file or an error: the chunk
                 // is what we have, and the next read in the pump's loop sees the rest.
                 let _ = reader.read_buf(&mut chunk).now_or_never();
-                Ok(Chunk::Data(chunk))
+                Ok(Chunk::Data(sized(chunk)))
             }
             Source::Lost => Ok(Chunk::Eof),
-        }
-    }
-
-    /// A pipe: read what is there now into the rest of `chunk` (never past
-    /// `PUMP_CHUNK_BYTES`), without waiting; whether it read anything. Anything else reads
-    /// nothing here. The end of file, an error or an empty pipe read nothing: the pump's next
-    /// turn sees them.
-    fn read_more(&mut self, chunk: &mut BytesMut) -> bool {
-        use bytes::BufMut;
-        let room = PUMP_CHUNK_BYTES.saturating_sub(chunk.len());
-        match self {
-            Source::Pipe(pipe) if room > 0 => {
-                matches!(pipe.try_read_buf(&mut (&mut *chunk).limit(room)), Ok(n) if n > 0)
-            }
-            _ => false,
         }
     }
 }
@@ -361,19 +338,7 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, reader: OutputReader) 
                             Ready::Readable => &[][..],
                         };
                         match source.read_chunk(first_read) {
-                            Ok(Chunk::Data(mut chunk)) => {
-                                // A partly filled chunk from a pipe: more may be arriving.
-                                for _ in 0..COALESCE_TURNS {
-                                    if chunk.len() >= PUMP_CHUNK_BYTES {
-                                        break;
-                                    }
-                                    tokio::task::yield_now().await;
-                                    if !source.read_more(&mut chunk) {
-                                        break;
-                                    }
-                                }
-                                sized(chunk)
-                            }
+                            Ok(Chunk::Data(chunk)) => chunk,
                             Ok(Chunk::Eof) => return StreamEnd::Eof,
                             Ok(Chunk::Nothing) => continue,
                             Err(e) => {
