@@ -30,10 +30,10 @@ use std::time::Duration;
 
 use execrelay_relay::driver::link_websocket_config;
 use execrelay_relay::http::{
-    self, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade, UpgradeRoute,
-    REPLY_TIMEOUT_MS,
+    self, Front, FrontStream, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    UpgradeRoute, REPLY_TIMEOUT_MS,
 };
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -374,9 +374,9 @@ impl Server {
 fn admit_descriptors(
     reserve: &DescriptorReserve,
     tasks: &TaskTracker,
-    ws: WebSocketStream<TcpStream>,
+    ws: WebSocketStream<FrontStream>,
     peer: SocketAddr,
-) -> Option<WebSocketStream<TcpStream>> {
+) -> Option<WebSocketStream<FrontStream>> {
     let Err(low) = reserve.check() else {
         return Some(ws);
     };

@@ -16,14 +16,15 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
-use tokio::net::TcpStream;
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::Connector;
 
+use crate::transport::websocket::{connect_websocket_stream, ClientSocket};
 use execrelay_relay::driver::link_websocket_config;
 use execrelay_relay::http::MAX_ROUTE_ID_BYTES;
 
-/// A dialled link's WebSocket.
-pub type LinkSocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// A dialled link's WebSocket (over the read-ahead buffer of
+/// [`crate::transport::websocket::ClientSocket`]).
+pub type LinkSocket = ClientSocket;
 
 /// The path a client link connects to on a relay, before the environment id.
 pub const CONNECT_PATH: &str = "/v1/connect/";
@@ -223,13 +224,8 @@ pub async fn dial(
     } else {
         None
     };
-    let connect = tokio_tungstenite::connect_async_tls_with_config(
-        ws_url,
-        Some(link_websocket_config()),
-        // Frames are written in batches already; do not delay the last one.
-        true,
-        connector,
-    );
+    // Frames are written in batches already: no Nagle delay for the last one.
+    let connect = connect_websocket_stream(ws_url, link_websocket_config(), connector);
     match tokio::time::timeout(deadline, connect).await {
         Ok(Ok((ws, _))) => Ok(ws),
         Ok(Err(e)) => Err(DialError::Connect {

@@ -25,12 +25,16 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use execrelay_relay::config::KeepaliveConfig;
+use execrelay_relay::driver::ReadAhead;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError, UrlError};
+use tokio_tungstenite::tungstenite::handshake::client::Response;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use tracing::debug;
 
 use super::ws_keepalive::{split, WsSink, WsStream};
@@ -49,12 +53,9 @@ pub async fn connect_websocket(
     url: &str,
     max_message_bytes: usize,
 ) -> Result<Transport, FramingError> {
-    let connect = tokio_tungstenite::connect_async_with_config(
-        url,
-        Some(websocket_config(max_message_bytes)),
-        // JSON-RPC messages are small and latency-sensitive: do not wait to coalesce them.
-        true,
-    );
+    // JSON-RPC messages are small and latency-sensitive: no Nagle delay (the dialer sets
+    // `TCP_NODELAY`); the socket is read through a read-ahead buffer.
+    let connect = connect_websocket_stream(url, websocket_config(max_message_bytes), None);
     let (ws, _response) = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(connected)) => connected,
         Ok(Err(WsError::Io(error))) => return Err(FramingError::Io(error)),
@@ -67,7 +68,7 @@ pub async fn connect_websocket(
         }
     };
     let peer = match ws.get_ref() {
-        MaybeTlsStream::Plain(tcp) => tcp.peer_addr().ok().map(|addr| addr.to_string()),
+        MaybeTlsStream::Plain(tcp) => tcp.get_ref().peer_addr().ok().map(|addr| addr.to_string()),
         _ => None,
     }
     .unwrap_or_else(|| url.to_owned());
@@ -79,6 +80,48 @@ pub async fn connect_websocket(
         peer,
         Some(KeepaliveConfig::default()),
     ))
+}
+
+/// A dialled WebSocket (a link's, or a plain JSON-RPC client's): TLS for `wss://`, over the TCP
+/// stream under a read-ahead buffer (`execrelay_relay::driver::read_ahead`: tungstenite reads
+/// 4 KiB at a time, which would otherwise be one system call each).
+pub type ClientSocket = WebSocketStream<MaybeTlsStream<ReadAhead<TcpStream>>>;
+
+/// Connect to `url` (`ws://` or `wss://`): TCP (without Nagle's delay: callers write whole
+/// batches), then TLS for `wss://` (through `connector`, or tokio-tungstenite's default one),
+/// then the WebSocket handshake with `config`; as `tokio_tungstenite::connect_async_tls_with_config`
+/// does, with the read-ahead buffer under it all. No deadline: the caller sets one.
+pub async fn connect_websocket_stream(
+    url: &str,
+    config: WebSocketConfig,
+    connector: Option<Connector>,
+) -> Result<(ClientSocket, Response), WsError> {
+    let request = url.into_client_request()?;
+    let host = request
+        .uri()
+        .host()
+        .ok_or(WsError::Url(UrlError::NoHostName))?
+        .to_string();
+    let port = request
+        .uri()
+        .port_u16()
+        .or_else(|| match request.uri().scheme_str() {
+            Some("wss") => Some(443),
+            Some("ws") => Some(80),
+            _ => None,
+        })
+        .ok_or(WsError::Url(UrlError::UnsupportedUrlScheme))?;
+    let tcp = TcpStream::connect(format!("{host}:{port}"))
+        .await
+        .map_err(WsError::Io)?;
+    tcp.set_nodelay(true).map_err(WsError::Io)?;
+    tokio_tungstenite::client_async_tls_with_config(
+        request,
+        ReadAhead::new(tcp),
+        Some(config),
+        connector,
+    )
+    .await
 }
 
 /// Tungstenite settings shared by both ends.

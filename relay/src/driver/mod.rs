@@ -31,6 +31,7 @@
 //!   [`WRITE_BATCH_BYTES`], the WebSocket's write buffer by [`link_websocket_config`].
 
 pub mod endpoint;
+pub mod read_ahead;
 pub mod relay;
 pub mod stream;
 
@@ -48,6 +49,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
+pub use read_ahead::{ReadAhead, READ_AHEAD_BYTES};
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
 pub use stream::{StreamError, StreamHandle, StreamReceiver, StreamSender};
 

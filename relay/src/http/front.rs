@@ -12,9 +12,11 @@
 //! - **Bytes**: hyper reads at most [`MAX_REQUEST_HEAD_BYTES`] of head and
 //!   [`MAX_REQUEST_HEADERS`] fields (`431` beyond, `400` for a malformed head); it re-parses a
 //!   partial head only when the new bytes may end it, so a trickled head costs linear time.
-//! - **The hand-off**: an accepted upgrade becomes a `WebSocketStream` on the bare
-//!   `TcpStream` (no wrapper left on the data path) with the listener's `WebSocketConfig`, and
-//!   goes to the caller's [`OnUpgrade`] with its route, captured id and capacity permit.
+//! - **The hand-off**: an accepted upgrade becomes a `WebSocketStream` on the `TcpStream`
+//!   under a read-ahead buffer ([`FrontStream`]: hyper's wrappers are gone from the data path;
+//!   the buffer only makes tungstenite's 4 KiB reads cheap) with the listener's
+//!   `WebSocketConfig`, and goes to the caller's [`OnUpgrade`] with its route, captured id and
+//!   capacity permit.
 //!
 //! # What it must never do
 //!
@@ -52,6 +54,7 @@ use super::limits::{
     REPLY_TIMEOUT_MS,
 };
 use super::routes::{decide, Accepted, Decision, Routes};
+use crate::driver::ReadAhead;
 
 /// Pause after a failed `accept`: 100 ms. Failures such as running out of file descriptors
 /// repeat immediately; without a pause the accept loop would spin a core while they last.
@@ -89,10 +92,14 @@ impl FrontLimits {
     }
 }
 
+/// The stream under an upgraded WebSocket: the TCP stream, read through a read-ahead buffer
+/// (`crate::driver::read_ahead`).
+pub type FrontStream = ReadAhead<TcpStream>;
+
 /// An upgraded WebSocket, handed to the caller.
 pub struct Upgrade<R> {
-    /// The WebSocket, on the bare TCP stream.
-    pub ws: WebSocketStream<TcpStream>,
+    /// The WebSocket, on the TCP stream under a read-ahead buffer ([`FrontStream`]).
+    pub ws: WebSocketStream<FrontStream>,
     /// The peer's address.
     pub peer: SocketAddr,
     /// The caller's tag of the route it came in by.
@@ -298,8 +305,12 @@ where
                 return None;
             }
             let stream = parts.io.into_inner().into_stream()?;
-            let ws =
-                WebSocketStream::from_raw_socket(stream, Role::Server, Some(front.websocket)).await;
+            let ws = WebSocketStream::from_raw_socket(
+                ReadAhead::new(stream),
+                Role::Server,
+                Some(front.websocket),
+            )
+            .await;
             debug!("upgraded to WebSocket");
             Some(Upgrade {
                 ws,

@@ -18,7 +18,7 @@ pub mod limits;
 mod routes;
 
 pub use address_slots::{AddressKey, AddressSlot, AddressSlots};
-pub use front::{serve, Front, FrontLimits, OnUpgrade, Upgrade, ACCEPT_ERROR_BACKOFF};
+pub use front::{serve, Front, FrontLimits, FrontStream, OnUpgrade, Upgrade, ACCEPT_ERROR_BACKOFF};
 pub use limits::{
     CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
     MAX_ROUTE_ID_BYTES, REPLY_TIMEOUT_MS,

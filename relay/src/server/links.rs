@@ -12,7 +12,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::WebSocketStream;
@@ -24,11 +23,12 @@ use super::{lock, unix_micros, Shared, RELAY_VERSION};
 use crate::driver::{recv_frame, send_frame, FrameIoError, RelayHub, LINK_CLOSE_TIMEOUT};
 use crate::env_handshake::{finish_admission, precheck_link_open, read_link_open};
 use crate::frame::{Frame, LINK_STREAM};
+use crate::http::FrontStream;
 use crate::keys::fingerprint;
 use crate::reason::CloseReason;
 use crate::router::AddLinkError;
 
-type Ws = WebSocketStream<TcpStream>;
+type Ws = WebSocketStream<FrontStream>;
 
 /// Close a WebSocket with `code` and a fixed `reason`, bounded by [`LINK_CLOSE_TIMEOUT`].
 async fn close(mut ws: Ws, code: CloseCode, reason: &'static str) {
