@@ -257,6 +257,7 @@ async fn hold_unfinished(link: &mut RawLink, sid: StreamId, sealer: &mut RecordS
     let mut records = sealer.seal_message(msg).unwrap();
     records.pop();
     for (n, ct) in records {
+        link.wait_credit(&sid, n).await;
         link.send_frame(&Frame::new(FrameType::Data, sid, n, Bytes::from(ct)))
             .await;
     }

@@ -183,6 +183,7 @@ async fn send_all_but_last(link: &mut RawLink, st: &mut RawStream, msg: &[u8]) -
     let mut records = st.sealer.seal_message(msg).unwrap();
     let (n, ct) = records.pop().expect("at least one record");
     for (n, ct) in records {
+        link.wait_credit(&st.sid, n).await;
         link.send_frame(&Frame::new(FrameType::Data, st.sid, n, Bytes::from(ct)))
             .await;
     }
@@ -228,6 +229,7 @@ async fn unfinished_noise_messages_are_bounded_per_link() {
     other.assert_alive(&mut d).await;
     // A and B finish their messages and are answered.
     for (st, last) in [(&mut a, last_a), (&mut b, last_b)] {
+        link.wait_credit(&st.sid, last.seq).await;
         link.send_frame(&last).await;
         loop {
             match link.next_ev(st).await {

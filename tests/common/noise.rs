@@ -2,7 +2,7 @@
 //! authorizer, a counting TCP forwarder, a raw link client that crafts every frame byte itself
 //! (so that it can misbehave), and a JSON-RPC speaker over one library virtual stream.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -305,6 +305,9 @@ pub struct RawLink {
     pub backlog: VecDeque<Frame>,
     /// The environment id of its handshakes' prologue (empty for a direct server).
     pub env_id: String,
+    /// Per stream, the last record the server accepts: the largest `ack + window` it reported
+    /// (§7; in `ACCEPT`, `DATA` and bare `ACK` frames).
+    send_limits: HashMap<StreamId, u64>,
 }
 
 impl RawLink {
@@ -325,6 +328,7 @@ impl RawLink {
             ws,
             backlog: VecDeque::new(),
             env_id: env_id.to_string(),
+            send_limits: HashMap::new(),
         }
     }
 
@@ -356,6 +360,18 @@ impl RawLink {
         // One deadline for the whole wait: the server's keepalive pings must not re-arm it.
         let deadline = tokio::time::Instant::now() + GUARD;
         loop {
+            let f = self.read_any(deadline).await?;
+            // Bare ACKs only report the server's consumption (§7), recorded by `read_any`.
+            if f.ftype != FrameType::Ack {
+                return Some(f);
+            }
+        }
+    }
+
+    /// The next frame off the wire, bare `ACK`s included, with the server's window reports
+    /// recorded; `None` once the link has ended. Panics at `deadline` (hang guard).
+    async fn read_any(&mut self, deadline: tokio::time::Instant) -> Option<Frame> {
+        loop {
             let m = tokio::time::timeout_at(deadline, self.ws.next())
                 .await
                 .expect("no frame and no close within the hang guard");
@@ -363,10 +379,13 @@ impl RawLink {
                 None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,
                 Some(Ok(Message::Binary(b))) => {
                     let f = Frame::decode(&b).expect("the server sent a malformed frame");
-                    // Bare ACKs report the server's consumption (§7): this client never sends
-                    // past a window, so it has no use for them.
-                    if f.ftype == FrameType::Ack {
-                        continue;
+                    if matches!(
+                        f.ftype,
+                        FrameType::Accept | FrameType::Data | FrameType::Ack
+                    ) {
+                        let limit = f.ack.saturating_add(u64::from(f.window));
+                        let known = self.send_limits.entry(f.stream).or_insert(0);
+                        *known = (*known).max(limit);
                     }
                     return Some(f);
                 }
@@ -463,11 +482,27 @@ impl RawLink {
         );
     }
 
+    /// Wait until the server's window lets record `seq` of `sid` out (§7): frames read
+    /// meanwhile are kept for later. A well-behaved peer never sends past `ack + window`.
+    pub async fn wait_credit(&mut self, sid: &StreamId, seq: u64) {
+        let deadline = tokio::time::Instant::now() + GUARD;
+        while self.send_limits.get(sid).copied().unwrap_or(0) < seq {
+            let f = self
+                .read_any(deadline)
+                .await
+                .expect("the link ended while waiting for the server's window");
+            if f.ftype != FrameType::Ack {
+                self.backlog.push_back(f);
+            }
+        }
+    }
+
     /// Seal `v` as records of `st` and send their DATA frames (each carrying the stream's
-    /// report).
+    /// report), each once the server's window allows it.
     pub async fn send_json(&mut self, st: &mut RawStream, v: &Value) {
         let records = st.sealer.seal_message(v.to_string().as_bytes()).unwrap();
         for (n, ct) in records {
+            self.wait_credit(&st.sid, n).await;
             let mut f = Frame::new(FrameType::Data, st.sid, n, Bytes::from(ct));
             (f.ack, f.window) = (st.consumed, RAW_WINDOW);
             st.reported = st.consumed;
