@@ -214,7 +214,7 @@ async fn run(args: RunArgs) -> i32 {
             return 255;
         }
     };
-    let mut start = StartOptions::new("run-1", args.argv.clone());
+    let mut start = StartOptions::new(RUN_PROCESS_ID, args.argv.clone());
     for kv in &args.env {
         match kv.split_once('=') {
             Some((k, v)) => {
@@ -247,7 +247,11 @@ async fn run(args: RunArgs) -> i32 {
         }
     };
     let opts = ClientOptions {
-        approval_handler: Some(approval_handler(args.approve_all)),
+        approval_handler: Some(approval_handler(
+            args.approve_all,
+            RUN_PROCESS_ID,
+            args.argv.clone(),
+        )),
         binary_output: !args.json_output,
         ..ClientOptions::default()
     };
@@ -370,17 +374,46 @@ async fn run(args: RunArgs) -> i32 {
     code
 }
 
+/// The id of the one process `run` starts.
+const RUN_PROCESS_ID: &str = "run-1";
+
 /// `run`'s answer to the server's approval requests: `--approve-all`, or a question on the
-/// controlling terminal (like ssh's host-key question), denied when there is no terminal.
-fn approval_handler(approve_all: bool) -> std::sync::Arc<dyn ApprovalHandler> {
-    std::sync::Arc::new(move |request: ApproveParams| async move {
-        if approve_all {
-            return ApprovalDecision::Approve;
+/// controlling terminal (like ssh's host-key question), denied when there is no terminal. A
+/// request for anything but the one start `run` made (`process_id` running `argv`) is denied
+/// without a question: a hostile or confused server cannot fill the terminal with prompts,
+/// nor get "yes" for a command the user never typed, even under `--approve-all`.
+fn approval_handler(
+    approve_all: bool,
+    process_id: &'static str,
+    argv: Vec<String>,
+) -> std::sync::Arc<dyn ApprovalHandler> {
+    let argv = std::sync::Arc::new(argv);
+    std::sync::Arc::new(move |request: ApproveParams| {
+        let argv = argv.clone();
+        async move {
+            if !is_our_start(&request, process_id, &argv) {
+                static WARNED: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!(
+                        "execrelay run: the server asked to approve a start this command did not make; denied (and every such request after it)"
+                    );
+                }
+                return ApprovalDecision::Deny;
+            }
+            if approve_all {
+                return ApprovalDecision::Approve;
+            }
+            tokio::task::spawn_blocking(move || ask_on_terminal(&request))
+                .await
+                .unwrap_or(ApprovalDecision::Deny)
         }
-        tokio::task::spawn_blocking(move || ask_on_terminal(&request))
-            .await
-            .unwrap_or(ApprovalDecision::Deny)
     })
+}
+
+/// Whether `request` asks about the start `run` made: its process id, running its argv.
+fn is_our_start(request: &ApproveParams, process_id: &str, argv: &[String]) -> bool {
+    request.process_id == process_id && request.argv == argv
 }
 
 /// One question at a time on the terminal.
@@ -656,6 +689,46 @@ async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(id: &str, argv: &[&str]) -> ApproveParams {
+        ApproveParams {
+            process_id: id.into(),
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            cwd: "/".into(),
+            env_names: Vec::new(),
+            tty: false,
+            rule: "default".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn approvals_for_starts_run_did_not_make_are_denied_without_asking() {
+        let argv = vec!["make".to_string(), "test".to_string()];
+        // --approve-all: only what `run` started is approved; no terminal is touched.
+        let h = approval_handler(true, RUN_PROCESS_ID, argv.clone());
+        assert_eq!(
+            h.decide(request(RUN_PROCESS_ID, &["make", "test"])).await,
+            ApprovalDecision::Approve
+        );
+        assert_eq!(
+            h.decide(request("other", &["make", "test"])).await,
+            ApprovalDecision::Deny
+        );
+        assert_eq!(
+            h.decide(request(RUN_PROCESS_ID, &["rm", "-rf", "/"])).await,
+            ApprovalDecision::Deny
+        );
+        assert!(is_our_start(
+            &request(RUN_PROCESS_ID, &["make", "test"]),
+            RUN_PROCESS_ID,
+            &argv
+        ));
+        assert!(!is_our_start(
+            &request(RUN_PROCESS_ID, &["make"]),
+            RUN_PROCESS_ID,
+            &argv
+        ));
+    }
 
     #[test]
     fn prompts_show_argv_as_a_shell_reads_it_and_never_control_characters() {
