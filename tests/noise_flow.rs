@@ -8,14 +8,12 @@
 //! Every wait is on a message or an exit notice, bounded by a hang guard.
 
 mod common;
-use common::noise::{serve_one, TransportRpc};
-use common::{GUARD, PROMPT};
-
-use std::sync::Arc;
+use common::noise::{drain_binary, flow_stream, running, serve_one};
+use common::GUARD;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use execrelay::config::ServerConfig;
 use execrelay::link::client::{ClientLink, NoiseClientConfig};
@@ -29,61 +27,6 @@ const BIG: u64 = 40_000_001;
 /// What the second stream completes while the first is stalled.
 const SMALL: u64 = 4_000_000;
 
-/// Whether a process runs with exactly this argv.
-fn running(argv: &[&str]) -> bool {
-    let want: Vec<u8> = argv
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
-}
-
-/// A stream of `link`, initialized with binary output and acks.
-async fn stream(link: &Arc<ClientLink>) -> TransportRpc {
-    let t = tokio::time::timeout(PROMPT, link.open_stream())
-        .await
-        .expect("open (hang guard)")
-        .expect("a stream");
-    let mut t = TransportRpc { t, next_id: 0 };
-    let init = json!({"clientName": "flow", "capabilities": {"binaryOutput": true, "acks": true}});
-    t.call("initialize", init).await;
-    t.send(json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
-        .await;
-    t
-}
-
-/// Output bytes of `process_id` until its exit notice (acknowledged as they come); the
-/// notice.
-async fn drain(t: &mut TransportRpc, process_id: &str, mut got: u64) -> (u64, Value) {
-    let mut acked = got;
-    loop {
-        let m = tokio::time::timeout(GUARD, t.t.incoming.next())
-            .await
-            .expect("no message within the hang guard")
-            .expect("the stream ended: it was reset")
-            .expect("framing error");
-        if is_binary_message(&m) {
-            let d = decode_output_message(Bytes::from(m)).expect("a valid binary delta");
-            assert_eq!(d.process_id, process_id);
-            got += d.data.len() as u64;
-            if got - acked >= 1 << 20 {
-                acked = got;
-                let ack = json!({"processId": process_id, "seq": d.seq});
-                t.send(json!({"jsonrpc": "2.0", "method": "process/ack", "params": ack}))
-                    .await;
-            }
-            continue;
-        }
-        let v: Value = serde_json::from_slice(&m).unwrap();
-        if v["method"] == "process/exited" {
-            return (got, v["params"].clone());
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_stream_holds_back_its_process_and_not_its_link() {
     let (key, _auth, srv) = serve_one(ServerConfig::default()).await;
@@ -91,7 +34,7 @@ async fn a_stalled_stream_holds_back_its_process_and_not_its_link() {
     let link = ClientLink::connect(&srv.url, cfg).await.unwrap();
 
     // The first stream starts the big process, reads its first output, then stops reading.
-    let mut first = stream(&link).await;
+    let mut first = flow_stream(&link).await;
     let big = BIG.to_string();
     let argv = ["head", "-c", big.as_str(), "/dev/zero"];
     first
@@ -106,11 +49,11 @@ async fn a_stalled_stream_holds_back_its_process_and_not_its_link() {
     let head = decode_output_message(Bytes::from(m)).unwrap().data.len() as u64;
 
     // The second stream, on the same link, completes a fixed amount meanwhile.
-    let mut second = stream(&link).await;
+    let mut second = flow_stream(&link).await;
     let small = SMALL.to_string();
     let start = json!({"processId": "small", "argv": ["head", "-c", small, "/dev/zero"]});
     second.call("process/start", start).await;
-    let (got, exit) = drain(&mut second, "small", 0).await;
+    let (got, exit) = drain_binary(&mut second, "small", 0).await;
     assert_eq!(got, SMALL);
     assert_eq!(exit["exitCode"], 0, "{exit}");
 
@@ -121,7 +64,7 @@ async fn a_stalled_stream_holds_back_its_process_and_not_its_link() {
     );
 
     // Reading again, the first stream gets every byte, then the exit notice.
-    let (got, exit) = drain(&mut first, "big", head).await;
+    let (got, exit) = drain_binary(&mut first, "big", head).await;
     assert_eq!(got, BIG, "every byte of the held-back process");
     assert_eq!(exit["exitCode"], 0, "{exit}");
     assert_eq!(exit["stdoutBytes"], BIG, "{exit}");

@@ -9,14 +9,14 @@
 //! are library streams in this process, so the test decides when one stops reading.
 
 mod common;
-use common::noise::TransportRpc;
+use common::noise::{drain_binary, flow_stream, running, TransportRpc};
 use common::noise_bin::keygen;
 use common::relay::{BinEnv, BinRelay};
-use common::{GUARD, PROMPT};
+use common::GUARD;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use execrelay::link::client::{ClientLink, NoiseClientConfig};
 use execrelay::noise::keys::{load_public, Keypair};
@@ -44,61 +44,10 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .expect("VmHWM in /proc/PID/status")
 }
 
-/// Whether a process runs with exactly this argv.
-fn running(argv: &[&str]) -> bool {
-    let want: Vec<u8> = argv
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
-}
-
-/// Output bytes of `process_id` until its exit notice (acknowledged as they come); the
-/// notice.
-async fn drain(t: &mut TransportRpc, process_id: &str, mut got: u64) -> (u64, Value) {
-    let mut acked = got;
-    loop {
-        let m = tokio::time::timeout(GUARD, t.t.incoming.next())
-            .await
-            .expect("no message within the hang guard")
-            .expect("the stream ended: it was reset")
-            .expect("framing error");
-        if is_binary_message(&m) {
-            let d = decode_output_message(Bytes::from(m)).expect("a valid binary delta");
-            assert_eq!(d.process_id, process_id);
-            got += d.data.len() as u64;
-            if got - acked >= 1 << 20 {
-                acked = got;
-                let ack = json!({"processId": process_id, "seq": d.seq});
-                t.send(json!({"jsonrpc": "2.0", "method": "process/ack", "params": ack}))
-                    .await;
-            }
-            continue;
-        }
-        let v: Value = serde_json::from_slice(&m).unwrap();
-        if v["method"] == "process/exited" {
-            return (got, v["params"].clone());
-        }
-    }
-}
-
+/// A stream on a link of its own, initialized for binary output and acks.
 async fn open(url: &str, cfg: NoiseClientConfig) -> TransportRpc {
     let link = ClientLink::connect(url, cfg).await.unwrap();
-    let t = tokio::time::timeout(PROMPT, link.open_stream())
-        .await
-        .expect("open (hang guard)")
-        .unwrap();
-    let mut t = TransportRpc { t, next_id: 0 };
-    // Binary output (protocol.md §5.1) and acks. A client that stops reading its stream
-    // stops the stream's window first (1 MiB): that is what holds the process back here.
-    let init = json!({"clientName": "flow", "capabilities": {"binaryOutput": true, "acks": true}});
-    t.call("initialize", init).await;
-    t.send(json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
-        .await;
-    t
+    flow_stream(&link).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +106,7 @@ async fn a_stalled_reader_holds_back_its_process_and_nothing_else() {
     let start =
         json!({"processId": "small", "argv": ["head", "-c", SMALL.to_string(), "/dev/zero"]});
     second.call("process/start", start).await;
-    let (got, exit) = drain(&mut second, "small", 0).await;
+    let (got, exit) = drain_binary(&mut second, "small", 0).await;
     assert_eq!(got, SMALL);
     assert_eq!(exit["exitCode"], 0, "{exit}");
 
@@ -180,7 +129,7 @@ async fn a_stalled_reader_holds_back_its_process_and_nothing_else() {
     );
 
     // Reading again, the first client gets every byte, then the exit notice.
-    let (got, exit) = drain(&mut first, "big", head).await;
+    let (got, exit) = drain_binary(&mut first, "big", head).await;
     assert_eq!(got, BIG, "every byte of the held-back process");
     assert_eq!(exit["exitCode"], 0, "{exit}");
     assert_eq!(exit["stdoutBytes"], BIG, "{exit}");

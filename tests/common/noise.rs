@@ -679,6 +679,64 @@ impl TransportRpc {
     }
 }
 
+/// A stream of `link`, initialized with binary output (`protocol.md` §5.1) and acks. A
+/// client that stops reading such a stream stops its window first (1 MiB): that is what holds
+/// its process back in the flow-control tests.
+pub async fn flow_stream(link: &Arc<execrelay::link::client::ClientLink>) -> TransportRpc {
+    let t = tokio::time::timeout(PROMPT, link.open_stream())
+        .await
+        .expect("open (hang guard)")
+        .expect("a stream");
+    let mut t = TransportRpc { t, next_id: 0 };
+    let init = json!({"clientName": "flow", "capabilities": {"binaryOutput": true, "acks": true}});
+    t.call("initialize", init).await;
+    t.send(json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
+        .await;
+    t
+}
+
+/// Output bytes of `process_id` on `t` until its exit notice, counted from `got` and
+/// acknowledged every MiB as they come; returns the total and the notice's params.
+pub async fn drain_binary(t: &mut TransportRpc, process_id: &str, mut got: u64) -> (u64, Value) {
+    use execrelay::rpc::binary_output::{decode_output_message, is_binary_message};
+    let mut acked = got;
+    loop {
+        let m = tokio::time::timeout(GUARD, t.t.incoming.next())
+            .await
+            .expect("no message within the hang guard")
+            .expect("the stream ended: it was reset")
+            .expect("framing error");
+        if is_binary_message(&m) {
+            let d = decode_output_message(Bytes::from(m)).expect("a valid binary delta");
+            assert_eq!(d.process_id, process_id);
+            got += d.data.len() as u64;
+            if got - acked >= 1 << 20 {
+                acked = got;
+                let ack = json!({"processId": process_id, "seq": d.seq});
+                t.send(json!({"jsonrpc": "2.0", "method": "process/ack", "params": ack}))
+                    .await;
+            }
+            continue;
+        }
+        let v: Value = serde_json::from_slice(&m).expect("invalid JSON");
+        if v["method"] == "process/exited" {
+            return (got, v["params"].clone());
+        }
+    }
+}
+
+/// Whether a process runs with exactly this argv (read from `/proc/PID/cmdline`).
+pub fn running(argv: &[&str]) -> bool {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+}
+
 /// Bytes that reveal any reordering or loss: a xorshift stream.
 pub fn pattern(len: usize, mut seed: u64) -> Vec<u8> {
     let mut v = Vec::with_capacity(len);
