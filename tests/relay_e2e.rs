@@ -7,7 +7,7 @@
 //! Every wait is on a line, an exit or a log entry, bounded by a hang guard.
 
 mod common;
-use common::noise_bin::{keygen, run_bin};
+use common::noise_bin::{relay_server_and_client, run_bin};
 use common::relay::{capturing_proxy, BinEnv, BinRelay};
 use common::text;
 
@@ -16,13 +16,8 @@ use common::text;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_through_the_relay_with_the_real_binaries_and_no_plaintext_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
-    let relay_keys = keygen(dir.path(), "relay").await;
-    let server = keygen(dir.path(), "server").await;
-    let client = keygen(dir.path(), "client").await;
-    let envs = dir.path().join("environments");
-    std::fs::write(&envs, format!("env-1 {}\n", server.public_line())).unwrap();
-    let auth = dir.path().join("auth");
-    std::fs::write(&auth, format!("{}\n", client.public_line())).unwrap();
+    let (relay_keys, server, client, envs, auth) =
+        relay_server_and_client(dir.path(), "env-1").await;
 
     let relay = BinRelay::start(
         &relay_keys.private,
@@ -99,13 +94,8 @@ async fn run_through_the_relay_with_the_real_binaries_and_no_plaintext_on_the_wi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline() {
     let dir = tempfile::tempdir().unwrap();
-    let relay_keys = keygen(dir.path(), "relay").await;
-    let server = keygen(dir.path(), "server").await;
-    let client = keygen(dir.path(), "client").await;
-    let envs = dir.path().join("environments");
-    std::fs::write(&envs, format!("env-1 {}\n", server.public_line())).unwrap();
-    let auth = dir.path().join("auth");
-    std::fs::write(&auth, format!("{}\n", client.public_line())).unwrap();
+    let (relay_keys, server, client, envs, auth) =
+        relay_server_and_client(dir.path(), "env-1").await;
     let relay = BinRelay::start(
         &relay_keys.private,
         &envs,

@@ -58,6 +58,20 @@ pub async fn keygen(dir: &Path, name: &str) -> Keys {
     }
 }
 
+/// [`server_and_client`], plus keys for a relay (`DIR/relay`) and its environments file
+/// (`DIR/environments`) listing the server's key for `env_id`: what a test of the real
+/// binaries through a relay needs. Returns (relay, server, client, environments, auth).
+pub async fn relay_server_and_client(
+    dir: &Path,
+    env_id: &str,
+) -> (Keys, Keys, Keys, PathBuf, PathBuf) {
+    let relay = keygen(dir, "relay").await;
+    let (server, client, auth) = server_and_client(dir).await;
+    let envs = dir.join("environments");
+    std::fs::write(&envs, format!("{env_id} {}\n", server.public_line())).unwrap();
+    (relay, server, client, envs, auth)
+}
+
 /// Keys for `server` and `client` in `dir`, and an authorized-keys file `DIR/auth` holding
 /// the client's public key line.
 pub async fn server_and_client(dir: &Path) -> (Keys, Keys, PathBuf) {
