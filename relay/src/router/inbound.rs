@@ -82,8 +82,8 @@ impl<T: RoutingTable> Router<T> {
 
     /// A frame for a stream this link is not an end of: free if the stream closed recently
     /// on this link, if it is a `RESET` (it asks for nothing, and `RESET`s cross), or if the
-    /// link is an environment's (below), else charged to the unknown-stream budget. Never answered (a relay resets only streams it
-    /// routes).
+    /// link is an environment's (below), else charged to the unknown-stream budget. Never
+    /// answered (a relay resets only streams it routes).
     fn unknown(&mut self, now: Instant, link: LinkId, stream: &StreamId, ftype: FrameType) {
         let Some(l) = self.links.get_mut(&link) else {
             return;
