@@ -3,7 +3,7 @@
 //!
 //! Submodules, each for the test binaries that need it: `binary` (running the built binary),
 //! `contain` (processes recorded by pid and start time, checked in `/proc`; whether cgroups
-//! are here), `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
+//! are here), `fifo` (holding a child back), `interop` (the Python clients written from the spec, in their own venv), `process` (one process from start to exit notice, checked,
 //! and what `/proc` says about it), `noise` and `noise_bin` (Noise servers, raw links, key
 //! files), `pty` (a terminal for `run -t`). Every test binary compiles all of them, hence
 //! `dead_code` is allowed for the whole module.
@@ -12,6 +12,7 @@
 pub mod binary;
 pub mod contain;
 pub mod fifo;
+pub mod interop;
 pub mod local;
 pub mod noise;
 pub mod noise_bin;
