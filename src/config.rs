@@ -42,6 +42,10 @@ pub const DETACHED_SESSION_TTL_MS: u64 = 60_000;
 pub const MAX_READ_WAIT_MS: u64 = 60_000;
 /// How long an exited process stays known after its exit notice was written, without acks.
 pub const EXITED_RETENTION_MS: u64 = 300_000;
+/// How long a process's output may stand still for no reason outside the server (its client
+/// reads, owes no acknowledgement, its transport has room) before the stall watchdog reports
+/// it (`process/stall_watch.rs`). Far above any scheduling delay: a report is a bug.
+pub const STALL_WATCHDOG_MS: u64 = 10_000;
 /// Requests in flight per connection; one more is answered `-32004`. Bounds the tasks and the
 /// control lane of one connection.
 pub const MAX_PENDING_REQUESTS: usize = 1024;
@@ -450,6 +454,9 @@ settings! {
     /// See [`EXITED_RETENTION_MS`].
     exited_retention_ms: u64 = EXITED_RETENTION_MS, Millis,
         "how long an exited process stays known after its exit notice was written (without acks)";
+    /// See [`STALL_WATCHDOG_MS`].
+    stall_watchdog_ms: u64 = STALL_WATCHDOG_MS, Millis,
+        "output standing still this long while nothing outside the server holds it back is reported as a stall (a log line with the stream's flow-control state, `execrelay_stalled_streams`); 0 turns the watchdog off";
     /// See [`MAX_PENDING_REQUESTS`].
     max_pending_requests: usize = MAX_PENDING_REQUESTS, Count,
         "requests in flight per connection → `-32004`";

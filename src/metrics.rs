@@ -129,6 +129,11 @@ pub struct Metrics {
     pub approvals: Family<OutcomeLabel, Counter>,
     /// Processes refused by a `deny` rule of the exec policy (no client asked).
     pub policy_denials: Counter,
+    /// Processes whose output stands still for no reason outside the server, now (the stall
+    /// watchdog, `process/stall_watch.rs`). Anything but 0 is a bug.
+    pub stalled_streams: Gauge,
+    /// Stalls the watchdog reported since the server started.
+    pub stalls: Counter,
     sessions: Family<StateLabel, Gauge>,
     processes: Family<StateLabel, Gauge>,
     retained_output_bytes: Gauge,
@@ -162,6 +167,8 @@ impl Metrics {
             noise_streams: Gauge::default(),
             approvals: Family::default(),
             policy_denials: Counter::default(),
+            stalled_streams: Gauge::default(),
+            stalls: Counter::default(),
             sessions: Family::default(),
             processes: Family::default(),
             retained_output_bytes: Gauge::default(),
@@ -170,6 +177,16 @@ impl Metrics {
             "connections",
             "Live JSON-RPC connections",
             m.connections.clone(),
+        );
+        registry.register(
+            "stalled_streams",
+            "Processes whose output stands still although nothing outside the server holds it back (the stall watchdog; anything but 0 is a bug)",
+            m.stalled_streams.clone(),
+        );
+        registry.register(
+            "stalls",
+            "Stalls reported by the stall watchdog",
+            m.stalls.clone(),
         );
         registry.register(
             "sessions",

@@ -64,3 +64,234 @@ async fn a_log_exactly_at_its_limit_with_everything_written_keeps_flowing() {
     assert_eq!(c.exit["exitCode"], 0, "{}", c.exit);
     assert_eq!(c.exit["outputDrainTimedOut"], false, "{}", c.exit);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The stall watchdog: wake-ups broken on purpose (debug builds' `EXECRELAY_DEBUG_FAULTS`), seen.
+
+/// `execrelay serve --listen LISTEN --metrics-listen 127.0.0.1:0 --stall-watchdog-ms 400
+/// EXTRA…` with `faults` injected; `abort`: whether the debug build may stop at a stall.
+/// Returns the child, its listener URL, its metrics address and its log file.
+async fn faulty_server(
+    dir: &std::path::Path,
+    listen: &str,
+    faults: &str,
+    abort: bool,
+    extra: &[&str],
+) -> (tokio::process::Child, String, String, std::path::PathBuf) {
+    use common::binary::{first_line, serve_cmd};
+    let log = dir.join("server.log");
+    let mut c = serve_cmd(listen, std::fs::File::create(&log).unwrap());
+    c.args([
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--stall-watchdog-ms",
+        "400",
+    ])
+    .args(extra)
+    .env("RUST_LOG", "info")
+    .env("EXECRELAY_DEBUG_FAULTS", faults);
+    if !abort {
+        c.env("EXECRELAY_STALL_ABORT", "0");
+    }
+    let mut child = c.spawn().expect("spawn serve");
+    let (url, lines) = first_line(&mut child, PROMPT).await;
+    let url = url.expect("serve prints its URL");
+    // Keep stdout open.
+    tokio::spawn(async move {
+        let mut lines = lines;
+        while let Ok(Some(_)) = lines.next_line().await {}
+    });
+    let mut metrics = None;
+    eventually("the metrics address in the log", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        metrics = text
+            .lines()
+            .find_map(|l| l.split("metrics: http://").nth(1))
+            .map(|a| a.trim_end_matches("/metrics").trim().to_string());
+        metrics.is_some()
+    })
+    .await;
+    (child, url, metrics.unwrap(), log)
+}
+
+/// `GET /metrics`: the value of `name` (a line `name value`).
+async fn metric(addr: &str, name: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut out = Vec::new();
+    tokio::time::timeout(PROMPT, s.read_to_end(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    String::from_utf8_lossy(&out)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+}
+
+/// A plain `ws://` client to `url`, initialized.
+async fn ws_session(url: &str) -> RawClient {
+    let t = execrelay::transport::websocket::connect_websocket(url, 1 << 24)
+        .await
+        .expect("connect");
+    let mut c = common::binary::ws_client(t);
+    c.handshake().await;
+    c
+}
+
+/// A lost wake-up between the pump and the writer (the ready queue drops its pushes): the
+/// output waits unwritten while the writer sleeps. The watchdog reports it once, with the
+/// log's counters and the writer's phase, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_reports_a_lost_wakeup_between_pump_and_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut srv, url, metrics, log) = faulty_server(
+        dir.path(),
+        "ws://127.0.0.1:0",
+        "lose-ready-push",
+        false,
+        &[],
+    )
+    .await;
+    assert_eq!(
+        metric(&metrics, "execrelay_stalled_streams").await,
+        Some(0.0)
+    );
+    let mut c = ws_session(&url).await;
+    c.start(json!({"processId": "lost", "argv": ["sh", "-c", "echo hello; sleep 600"]}))
+        .await;
+    let mut text = String::new();
+    eventually("the watchdog's report", || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("stalled stream")
+    })
+    .await;
+    let line = text.lines().find(|l| l.contains("stalled stream")).unwrap();
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(
+        line.contains("events wait and the transport has room, nothing is written"),
+        "{line}"
+    );
+    assert!(line.contains("process \"lost\""), "{line}");
+    assert!(line.contains("written 0"), "{line}");
+    assert!(line.contains("writer Idle"), "{line}");
+    assert!(line.contains("process queued for it: false"), "{line}");
+    assert_eq!(
+        metric(&metrics, "execrelay_stalled_streams").await,
+        Some(1.0)
+    );
+    assert_eq!(metric(&metrics, "execrelay_stalls_total").await, Some(1.0));
+    assert_eq!(
+        text.matches("stalled stream").count(),
+        1,
+        "reported once: {text}"
+    );
+    c.terminate("lost", Some(0)).await;
+    srv.kill().await.unwrap();
+}
+
+/// The dead end that stopped streams for good, injected again (release only past the
+/// limit), seen as such: the child waits for room and the client owes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_reports_the_dead_end_of_a_full_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let retained = output_cost(4096).to_string();
+    let (mut srv, url, metrics, log) = faulty_server(
+        dir.path(),
+        "ws://127.0.0.1:0",
+        "release-past-limit",
+        false,
+        &["--retained-output-bytes", &retained],
+    )
+    .await;
+    let mut c = ws_session(&url).await;
+    c.start(json!({
+        "processId": "full",
+        "argv": ["sh", "-c", "printf '%4096s' x; read go; echo done; read stop"],
+        "pipeStdin": true,
+    }))
+    .await;
+    let first = c.next_notification().await.expect("first delta");
+    assert_eq!(
+        unb64(first["params"]["chunk"].as_str().unwrap()).len(),
+        4096
+    );
+    c.write("full", b"go\n").await;
+    let mut text = String::new();
+    eventually("the watchdog's report", || {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("stalled stream")
+    })
+    .await;
+    let line = text.lines().find(|l| l.contains("stalled stream")).unwrap();
+    assert!(
+        line.contains("the child waits for room and the client owes nothing"),
+        "{line}"
+    );
+    assert!(line.contains("pump waiting for Some(Retention)"), "{line}");
+    assert!(line.contains(&format!("retained {retained} B")), "{line}");
+    assert_eq!(
+        metric(&metrics, "execrelay_stalled_streams").await,
+        Some(1.0)
+    );
+    c.terminate("full", Some(0)).await;
+    srv.kill().await.unwrap();
+}
+
+/// Over Noise the report carries the stream's flow-control state (sent, acked, window,
+/// queued); and a debug build stops at a stall (abort, after the report on stderr), so that a
+/// test that runs into one fails loudly instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debug_build_stops_at_a_stall_with_the_streams_flow_state() {
+    use common::noise_bin::server_and_client;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, client, auth) = server_and_client(dir.path()).await;
+    let (mut srv, url, _metrics, log) = faulty_server(
+        dir.path(),
+        "noise+ws://127.0.0.1:0",
+        "lose-ready-push",
+        true,
+        &[
+            "--key",
+            server.p(),
+            "--authorized-keys",
+            auth.to_str().unwrap(),
+        ],
+    )
+    .await;
+    // `execrelay run` waits for output that never comes; the server stops itself.
+    let mut run = tokio::process::Command::new(bin())
+        .args([
+            "run",
+            &url,
+            "--server-key",
+            server.pubs(),
+            "--key",
+            client.p(),
+        ])
+        .args(["--", "sh", "-c", "echo hello; sleep 600"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let status = tokio::time::timeout(GUARD, srv.wait())
+        .await
+        .expect("the debug server stops at the stall (hang guard)")
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("execrelay (debug build): stalled stream"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("transport: sent "), "{line}");
+    assert!(line.contains(" acked "), "{line}");
+    assert!(line.contains(" window 16 "), "{line}");
+    assert!(line.contains(" queued "), "{line}");
+    let _ = run.kill().await;
+}

@@ -86,6 +86,10 @@ pub struct LogLimits {
     /// also the point at which the pump must stop appending. Both rules take the limit
     /// itself as full, so they never leave a log in between, full and unreleasable.
     pub retained_bytes: usize,
+    /// Debug builds' fault injection only (`faults::Fault::ReleasePastLimit`): release only
+    /// past the limit, the old dead end, so that tests can see the stall watchdog catch it.
+    #[doc(hidden)]
+    pub fault_release_past_limit: bool,
 }
 
 /// The event log of one process.
@@ -209,6 +213,11 @@ impl EventLog {
     /// Whether the exit notice has been acknowledged.
     pub fn exit_acked(&self) -> bool {
         self.exit_seq.is_some_and(|s| self.acked_through >= s)
+    }
+
+    /// Whether the client acknowledges events (they are released by its acks).
+    pub fn acks(&self) -> bool {
+        self.acks
     }
 
     /// Highest seq written so far.
@@ -341,8 +350,12 @@ impl EventLog {
                 // (`admit_output`), so a log that stops there with every event written must
                 // release, or its pump would wait for room no one will make. The two rules
                 // are each other's complement: a log owed nothing always admits a chunk.
-                front.seq <= self.written_through
-                    && self.retained_cost >= self.limits.retained_bytes
+                let full = if self.limits.fault_release_past_limit {
+                    self.retained_cost > self.limits.retained_bytes
+                } else {
+                    self.retained_cost >= self.limits.retained_bytes
+                };
+                front.seq <= self.written_through && full
             };
             if !releasable {
                 break;
@@ -364,6 +377,7 @@ mod tests {
     fn limits(retained: usize) -> LogLimits {
         LogLimits {
             retained_bytes: retained,
+            fault_release_past_limit: false,
         }
     }
 

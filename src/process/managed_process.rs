@@ -24,11 +24,13 @@ use tokio_util::sync::CancellationToken;
 use super::containment::{ContainmentError, Delivery, DirectChild, SessionScope};
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
-use super::output_budget::OutputBudget;
+use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
 use super::spawn::{InputWriter, PtyControl};
+use super::stall_watch::Observation;
 use super::write_ids::WriteIds;
+use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, TermSize};
 use crate::rpc::notification::json_string;
@@ -138,6 +140,8 @@ pub(crate) struct Inner {
     pub(crate) stderr_bytes: u64,
     pub(crate) dropped_bytes: u64,
     pub(crate) exit: Option<ExitInfo>,
+    /// What a pump waits for, while one waits for room (the stall watchdog's account).
+    pub(crate) waiting_for: Option<Blocked>,
 }
 
 struct StdinState {
@@ -219,6 +223,7 @@ impl ManagedProcess {
                 stderr_bytes: 0,
                 dropped_bytes: 0,
                 exit: None,
+                waiting_for: None,
             }),
             changed: Notify::new(),
             exited: CancellationToken::new(),
@@ -297,6 +302,42 @@ impl ManagedProcess {
                 r.push(self.clone());
             }
         }
+    }
+
+    /// One look at this process for the stall watchdog, if it delivers to a connection (a
+    /// detached process holds its output on purpose). With the connection's ready set, for
+    /// the account of a stall.
+    pub fn stall_observation(&self) -> Option<(Observation, Arc<ReadySet>)> {
+        let ready = lock(&self.delivery).clone()?;
+        let (progress, unwritten, owed, pump_waiting, would_admit) = {
+            let inner = self.inner();
+            let log = &inner.log;
+            let pump_waiting = inner
+                .waiting_for
+                .filter(|_| inner.drain.blocked_pumps() > 0);
+            (
+                [
+                    log.next_seq(),
+                    log.written_through(),
+                    log.released_through(),
+                    log.acked_through(),
+                ],
+                log.has_unwritten(),
+                log.acks() && log.acked_through() < log.written_through(),
+                pump_waiting,
+                log.would_admit_output(PUMP_CHUNK_BYTES).is_ok(),
+            )
+        };
+        let o = Observation {
+            progress,
+            unwritten,
+            owed_by_client: owed,
+            pump_waiting,
+            would_admit,
+            writer: ready.phase(),
+            transport_can_send: ready.flow().and_then(|f| f.can_send()),
+        };
+        Some((o, ready))
     }
 
     /// Whether `ready` is the current delivery target.

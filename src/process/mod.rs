@@ -13,7 +13,10 @@
 //! - [`output_drain`]: sans-IO drain deadline.
 //! - [`output_pump`]: the pump and supervisor tasks.
 //! - [`managed_process`]: one process's state and control operations.
-//! - [`ready_set`]: the queue of processes with unwritten events, one per connection.
+//! - [`ready_set`]: the queue of processes with unwritten events, one per connection, and
+//!   what that connection's writer is doing.
+//! - [`stall_watch`]: sans-IO rule of the stall watchdog (output stopped for no reason
+//!   outside the server).
 //! - [`write_ids`]: the `writeId`s a process remembers (each stored once).
 //! - [`signals`]: signal names (signalling itself is by identity: `managed_process.rs` through
 //!   `containment/`).
@@ -33,6 +36,7 @@ pub mod output_pump;
 pub mod ready_set;
 pub mod signals;
 pub mod spawn;
+pub mod stall_watch;
 pub mod write_ids;
 
 pub use error::ProcessError;

@@ -97,7 +97,7 @@ impl Want {
     /// Try once, under the process's lock: appended (or room found), or what blocks it.
     fn attempt(self, p: &ManagedProcess) -> Result<(), (Want, Blocked)> {
         let mut inner = p.inner();
-        match self {
+        let r = match self {
             Want::Append(stream, chunk) => inner
                 .log
                 .try_append_output(stream, chunk)
@@ -107,7 +107,10 @@ impl Want {
                 .log
                 .would_admit_output(len)
                 .map_err(|why| (Want::Room(len), why)),
-        }
+        };
+        // What it waits for, for the stall watchdog (meaningful while a pump is blocked).
+        inner.waiting_for = r.as_ref().err().map(|(_, why)| *why);
+        r
     }
 }
 

@@ -11,6 +11,8 @@
 //!   wait (`process/list` shows `pendingApproval`); a start retried for a pending id joins it.
 //! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
 //!   ids, callbacks, and the `-32006` reasons.
+//! - `stall_watchdog.rs`: the task that watches every attached process for a stall (the
+//!   rule is `process::stall_watch`) and reports it.
 //!
 //! It takes already-decoded, validated options and returns typed [`SessionError`]s (the
 //! connection maps them to JSON-RPC). It must never decode JSON nor write to a transport:
@@ -23,6 +25,7 @@ pub mod quota;
 #[allow(clippy::module_inception)]
 pub mod session;
 pub mod session_registry;
+mod stall_watchdog;
 
 pub use approvals::{AnswerOutcome, ApprovalAnswer, RequestSink, ServerRequest};
 pub use gated_start::{Caller, ListedProcess, ListedState};

@@ -359,6 +359,7 @@ impl Session {
         };
         let limits = LogLimits {
             retained_bytes: self.config.retained_output_bytes,
+            fault_release_past_limit: crate::faults::active(crate::faults::Fault::ReleasePastLimit),
         };
         let started = start_process(
             id.clone(),

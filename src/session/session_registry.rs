@@ -30,7 +30,7 @@ use crate::policy::resolve::resolve_program;
 use crate::policy::{PolicyFile, Verdict};
 use crate::process::containment::Containment;
 use crate::process::spawn::SpawnSpec;
-use crate::process::OutputBudget;
+use crate::process::{ManagedProcess, OutputBudget};
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -52,6 +52,9 @@ pub struct SessionRegistry {
     containment: Containment,
     /// The tasks ending closed sessions (`Session::close`).
     closing: TaskTracker,
+    /// The stall watchdog starts with the first session (on the runtime that serves it: a
+    /// registry may be built before its runtime runs).
+    watchdog: std::sync::Once,
 }
 
 /// The name clients see in `data.limit` when the server's inbound budget is full.
@@ -99,6 +102,7 @@ impl SessionRegistry {
             config,
             containment,
             closing: TaskTracker::new(),
+            watchdog: std::sync::Once::new(),
         })
     }
 
@@ -197,6 +201,15 @@ impl SessionRegistry {
         lock(&self.sessions).get(id).cloned()
     }
 
+    /// Every process of every session, with its session's id (the stall watchdog's round).
+    pub fn all_processes(&self) -> Vec<(String, Arc<ManagedProcess>)> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        sessions
+            .iter()
+            .flat_map(|s| s.processes().into_iter().map(|p| (s.id.clone(), p)))
+            .collect()
+    }
+
     /// Number of sessions.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
@@ -215,6 +228,8 @@ impl SessionRegistry {
         acks: bool,
         conn: &ConnHandle,
     ) -> Result<(Arc<Session>, String), SessionError> {
+        self.watchdog
+            .call_once(|| super::stall_watchdog::spawn(self));
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));
         let scope = self

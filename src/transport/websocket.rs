@@ -174,6 +174,7 @@ where
         outgoing: Box::pin(Outgoing { inner: sink }),
         peer,
         binary_messages: true,
+        flow: None,
     }
 }
 

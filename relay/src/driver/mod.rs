@@ -51,7 +51,7 @@ use tokio_tungstenite::WebSocketStream;
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
 pub use read_ahead::{ReadAhead, READ_AHEAD_BYTES};
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
-pub use stream::{StreamError, StreamHandle, StreamReceiver, StreamSender};
+pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
 
 use crate::frame::{Frame, FrameError, MAX_FRAME_BYTES};
 use crate::reason::CloseReason;
