@@ -18,6 +18,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("detached_session_ttl_ms", DETACHED_SESSION_TTL_MS),
     ("max_read_wait_ms", MAX_READ_WAIT_MS),
     ("exited_retention_ms", EXITED_RETENTION_MS),
+    ("stall_watchdog_ms", STALL_WATCHDOG_MS),
     ("max_pending_requests", MAX_PENDING_REQUESTS as u64),
     ("max_kill_grace_ms", MAX_KILL_GRACE_MS),
     ("max_drain_timeout_ms", MAX_DRAIN_TIMEOUT_MS),

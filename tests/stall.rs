@@ -69,7 +69,7 @@ async fn a_log_exactly_at_its_limit_with_everything_written_keeps_flowing() {
 // The stall watchdog: wake-ups broken on purpose (debug builds' `EXECRELAY_DEBUG_FAULTS`), seen.
 
 /// `execrelay serve --listen LISTEN --metrics-listen 127.0.0.1:0 --stall-watchdog-ms 400
-/// EXTRA…` with `faults` injected; `abort`: whether the debug build may stop at a stall.
+/// EXTRA…` (EXTRA may set the watchdog's bound itself) with `faults` injected; `abort`: whether the debug build may stop at a stall.
 /// Returns the child, its listener URL, its metrics address and its log file.
 async fn faulty_server(
     dir: &std::path::Path,
@@ -81,15 +81,13 @@ async fn faulty_server(
     use common::binary::{first_line, serve_cmd};
     let log = dir.join("server.log");
     let mut c = serve_cmd(listen, std::fs::File::create(&log).unwrap());
-    c.args([
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--stall-watchdog-ms",
-        "400",
-    ])
-    .args(extra)
-    .env("RUST_LOG", "info")
-    .env("EXECRELAY_DEBUG_FAULTS", faults);
+    c.args(["--metrics-listen", "127.0.0.1:0"]);
+    if !extra.contains(&"--stall-watchdog-ms") {
+        c.args(["--stall-watchdog-ms", "400"]);
+    }
+    c.args(extra)
+        .env("RUST_LOG", "info")
+        .env("EXECRELAY_DEBUG_FAULTS", faults);
     if !abort {
         c.env("EXECRELAY_STALL_ABORT", "0");
     }
@@ -294,4 +292,247 @@ async fn a_debug_build_stops_at_a_stall_with_the_streams_flow_state() {
     assert!(line.contains(" window 16 "), "{line}");
     assert!(line.contains(" queued "), "{line}");
     let _ = run.kill().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wake-ups found by the audit of every wait (ARCHITECTURE.md, "Wake-ups").
+
+/// An acknowledgement carried by `process/read` (`afterSeq`, acks on) wakes what waits on the
+/// log like a `process/ack` does: here the reaper, which removes a process once its exit
+/// notice is acknowledged. It used to wake nobody: the process stayed listed, its slot taken,
+/// until the session closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_carried_by_a_read_wakes_the_reaper() {
+    let mut t = in_process(cfg(), 1 << 20);
+    t.client
+        .call(
+            "initialize",
+            json!({"clientName": "test", "capabilities": {"acks": true}}),
+        )
+        .await;
+    t.client.notify("initialized", json!({})).await;
+    let c = t
+        .client
+        .run(json!({"processId": "r", "argv": ["echo", "hi"]}))
+        .await;
+    let exit_seq = c.exit["seq"].as_u64().expect("exit seq");
+    let listed = t.client.call("process/list", json!({})).await;
+    assert_eq!(listed["processes"].as_array().unwrap().len(), 1, "{listed}");
+    // The exit notice acknowledged by a read, not by process/ack.
+    t.client
+        .call(
+            "process/read",
+            json!({"processId": "r", "afterSeq": exit_seq}),
+        )
+        .await;
+    // The reaper runs on its own: poll the list (bounded) until it lets the process go.
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    loop {
+        let listed = t.client.call("process/list", json!({})).await;
+        if listed["processes"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still listed after its exit notice was acknowledged by a read: {listed}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The client library against a server that keeps little per process (its retention far
+/// below the library's ack interval) and output of tiny events: the server waits for acks
+/// once its retention is full, so the library must never wait for output while it owes an
+/// ack for everything it consumed. It used to ack only every 64 KiB of bytes consumed: with
+/// short lines the server's retention (counting 64 bytes per event) filled first, and both
+/// sides waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_library_owes_no_ack_while_it_waits_for_output() {
+    use execrelay::client::{Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions};
+    for retained in [32 * 1024, 128 * 1024] {
+        let config = InProcessConfig {
+            server: ServerConfig {
+                retained_output_bytes: retained,
+                ..cfg()
+            },
+            ..InProcessConfig::default()
+        };
+        let client = Client::in_process(config, ClientOptions::default())
+            .await
+            .unwrap();
+        let script = "i=0; while [ $i -lt 20000 ]; do echo $i; i=$((i+1)); done";
+        let mut p = client
+            .start(StartOptions::new("lines", ["sh", "-c", script]))
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let exit = loop {
+            match tokio::time::timeout(GUARD, p.next_event()).await {
+                Ok(Some(ProcessEvent::Output { data, .. })) => out.extend_from_slice(&data),
+                Ok(Some(ProcessEvent::Exited(info))) => break info,
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => panic!(
+                    "retention {retained}: no output for {GUARD:?} after {} bytes (both sides \
+                     waiting)",
+                    out.len()
+                ),
+            }
+        };
+        assert_eq!(exit.exit_code, Some(0));
+        let expected: String = (0..20000).map(|i| format!("{i}\n")).collect();
+        assert_eq!(out, expected.as_bytes(), "retention {retained}");
+        client.shutdown().await;
+    }
+}
+
+/// Starting an id that a live handle of this client holds is refused here, and that handle
+/// keeps its events: the start used to replace the handle's slot (and remove it when the
+/// server refused the duplicate), leaving the handle waiting on a slot no event reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_start_of_a_live_id_leaves_the_first_handle_its_events() {
+    use execrelay::client::{
+        Client, ClientError, ClientOptions, InProcessConfig, ProcessEvent, StartOptions,
+    };
+    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+        .await
+        .unwrap();
+    let mut opts = StartOptions::new("dup", ["sh", "-c", "read x; echo got $x"]);
+    opts.params.pipe_stdin = true;
+    let mut first = client.start(opts).await.unwrap();
+    match client.start(StartOptions::new("dup", ["true"])).await {
+        Err(ClientError::ProcessIdInUse(id)) => assert_eq!(id, "dup"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a second handle for a live id"),
+    }
+    first.write(b"one\n").await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(GUARD, first.next_event())
+            .await
+            .expect("the first handle still gets its events")
+        {
+            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
+            Some(ProcessEvent::Exited(info)) => {
+                assert_eq!(info.exit_code, Some(0));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(out, b"got one\n");
+    // Its exit taken, the id is free here; the server lets it go once the exit's ack
+    // arrives (a moment later): start it again as soon as the server allows.
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    let mut again = loop {
+        match client
+            .start(StartOptions::new("dup", ["echo", "again"]))
+            .await
+        {
+            Ok(h) => break h,
+            Err(ClientError::Rpc { code: -32002, .. }) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the server kept the id"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    drop(first);
+    let mut out = Vec::new();
+    while let Some(ev) = tokio::time::timeout(GUARD, again.next_event())
+        .await
+        .unwrap()
+    {
+        if let ProcessEvent::Output { data, .. } = ev {
+            out.extend_from_slice(&data);
+        }
+    }
+    assert_eq!(
+        out, b"again\n",
+        "dropping the old handle left the new one its slot"
+    );
+    client.shutdown().await;
+}
+
+/// The client never hangs on a live connection: with the server's delivery broken on purpose
+/// (its ready queue drops every push, and the watchdog is off so the debug server runs on),
+/// the library asks about a process that stays quiet while it waits, and gets every event
+/// that way, in order, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_asks_about_a_quiet_process_and_gets_what_the_server_held() {
+    use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+    let dir = tempfile::tempdir().unwrap();
+    let (mut srv, url, _metrics, _log) = faulty_server(
+        dir.path(),
+        "ws://127.0.0.1:0",
+        "lose-ready-push",
+        false,
+        &["--stall-watchdog-ms", "0"],
+    )
+    .await;
+    let opts = ClientOptions {
+        silence_probe: Some(std::time::Duration::from_millis(300)),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(Target::Ws(url), opts).await.unwrap();
+    let mut p = client
+        .start(StartOptions::new(
+            "quiet",
+            ["sh", "-c", "echo one; sleep 0.5; echo two; exit 3"],
+        ))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let exit = loop {
+        match tokio::time::timeout(GUARD, p.next_event())
+            .await
+            .expect("events arrive although delivery is broken")
+        {
+            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
+            Some(ProcessEvent::Exited(info)) => break info,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(out, b"one\ntwo\n");
+    assert_eq!(exit.exit_code, Some(3));
+    client.close();
+    srv.kill().await.unwrap();
+}
+
+/// A process that is merely silent for longer than the probe interval loses and repeats
+/// nothing: the probe finds nothing new, and the output that follows arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_process_is_asked_about_and_nothing_is_repeated() {
+    use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+    let (mut srv, url) = {
+        let dir = tempfile::tempdir().unwrap();
+        let (srv, url, _m, _l) =
+            faulty_server(dir.path(), "ws://127.0.0.1:0", "", false, &[]).await;
+        (srv, url)
+    };
+    let opts = ClientOptions {
+        silence_probe: Some(std::time::Duration::from_millis(50)),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(Target::Ws(url), opts).await.unwrap();
+    let mut p = client
+        .start(StartOptions::new(
+            "silent",
+            ["sh", "-c", "echo a; sleep 0.6; echo b; sleep 0.6; echo c"],
+        ))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(ev) = tokio::time::timeout(GUARD, p.next_event()).await.unwrap() {
+        match ev {
+            ProcessEvent::Output { data, .. } => out.extend_from_slice(&data),
+            ProcessEvent::Exited(info) => assert_eq!(info.exit_code, Some(0)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(out, b"a\nb\nc\n");
+    client.close();
+    srv.kill().await.unwrap();
 }

@@ -21,6 +21,10 @@ pub enum ClientError {
     /// The connection dropped while a call was in flight.
     #[error("connection lost")]
     ConnectionLost,
+    /// A process id this client still holds a live handle for (its events go to that
+    /// handle): drop the handle before starting the id again.
+    #[error("process id {0:?} is in use by a live handle of this client")]
+    ProcessIdInUse(String),
     /// The transport could not be set up.
     #[error("cannot connect: {0}")]
     Connect(String),

@@ -4,7 +4,9 @@
 //! Layout: [`rpc_connection`] is one JSON-RPC connection; this module owns the session
 //! (`initialize`, resume with backoff inside the server's TTL) and starting processes;
 //! `options.rs` what an application sets, `error.rs` what it gets back when something fails,
-//! `target.rs` where the server is and how one transport to it is opened. `event_stream.rs` holds the per-process event streams that
+//! `target.rs` where the server is and how one transport to it is opened; `silence.rs` asks
+//! the server about a process that has been quiet for long, so that a client never waits
+//! forever on a live connection. `event_stream.rs` holds the per-process event streams that
 //! hand out every event exactly once and in order (deduplicated by `seq`, gaps filled with
 //! `process/read`) and the acks; `process_handle.rs` holds [`ProcessHandle`] and
 //! [`ProcessController`], the application's grip on one process. It must never show a byte
@@ -28,6 +30,7 @@ mod event_stream;
 mod options;
 mod process_handle;
 pub mod rpc_connection;
+mod silence;
 mod target;
 
 use std::collections::HashMap;
@@ -60,6 +63,7 @@ pub use process_handle::{
     ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
     STDIN_WRITE_BYTES,
 };
+pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
 use target::open_transport;
 pub use target::Target;
 
@@ -95,6 +99,9 @@ struct Shared {
     local: Mutex<Option<OwnedServer>>,
     /// The server's `maxMessageBytes`, from its last `initialize` result.
     server_max_message: std::sync::atomic::AtomicUsize,
+    /// Consumed output (in the server's cost units) after which an ack goes out: at most
+    /// [`ACK_EVERY_BYTES`], and at most half the server's `retainedOutputBytes`.
+    ack_every: std::sync::atomic::AtomicU64,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -120,6 +127,7 @@ impl Client {
             approvals: Arc::new(Mutex::new(approval::Approvals::default())),
             local: Mutex::new(None),
             server_max_message: std::sync::atomic::AtomicUsize::new(MAX_MESSAGE_BYTES),
+            ack_every: std::sync::atomic::AtomicU64::new(ACK_EVERY_BYTES),
         });
         Client { shared }
     }
@@ -128,6 +136,7 @@ impl Client {
     pub async fn connect(target: Target, opts: ClientOptions) -> Result<Client, ClientError> {
         let client = Client::unconnected(target, opts);
         client.establish(None).await?;
+        tokio::spawn(client.clone().watch_silence());
         let c = client.clone();
         if client.shared.opts.reconnect && client.shared.target.can_reconnect() {
             tokio::spawn(async move { c.supervise().await });
@@ -159,6 +168,7 @@ impl Client {
         opts.reconnect = false;
         let client = Client::unconnected(Target::Ws(transport.peer.clone()), opts);
         client.establish_over(transport, None).await?;
+        tokio::spawn(client.clone().watch_silence());
         Ok(client)
     }
 
@@ -335,6 +345,10 @@ impl Client {
             usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.shared.ack_every.store(
+            event_stream::ack_threshold(init.limits.retained_output_bytes),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,
@@ -444,12 +458,14 @@ impl Client {
     /// Current connection, waiting for a reconnect if one is under way.
     async fn connection(&self) -> Result<RpcConnection, ClientError> {
         loop {
-            if let Some(why) = lock(&self.shared.lost).clone() {
-                return Err(ClientError::SessionLost(why));
-            }
+            // Registered before `lost` is looked at: `fail` sets it, then wakes the waiters
+            // (`notify_waiters` stores nothing for a waiter that registers later).
             let notified = self.shared.reconnected.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if let Some(why) = lock(&self.shared.lost).clone() {
+                return Err(ClientError::SessionLost(why));
+            }
             let c = lock(&self.shared.conn).clone();
             match c {
                 Some(c) if !c.is_closed() => return Ok(c),
@@ -495,7 +511,19 @@ impl Client {
     /// Start a process and get a handle streaming its events.
     pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
         let id = opts.params.process_id.clone();
-        lock(&self.shared.procs).insert(id.clone(), ProcSlot::new());
+        // A live handle owns its id's slot: replacing it would leave that handle waiting on a
+        // slot no event reaches any more.
+        let slot = {
+            let mut procs = lock(&self.shared.procs);
+            match procs.entry(id.clone()) {
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    return Err(ClientError::ProcessIdInUse(id));
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(ProcSlot::new()).notify.clone()
+                }
+            }
+        };
         let mut retried = false;
         let mut lookups = 0;
         let result = loop {
@@ -555,7 +583,7 @@ impl Client {
                 }
             }
         };
-        Ok(ProcessHandle::new(id, result.pid, self.clone()))
+        Ok(ProcessHandle::new(id, result.pid, self.clone(), slot))
     }
 
     /// `server/info`.

@@ -57,6 +57,13 @@ pub struct ClientOptions {
     /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
     /// server denies every start its exec policy would ask about.
     pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
+    /// A running process that delivers nothing for this long on a live connection, while the
+    /// application waits for it, is asked about (`process/read` after the last event
+    /// received): output the server holds arrives that way even if its delivery stopped, and
+    /// a connection that does not answer within [`PROBE_REPLY_TIMEOUT`](super::PROBE_REPLY_TIMEOUT)
+    /// is closed and resumed. `None`: never ask. Default
+    /// [`SILENCE_PROBE_AFTER`](super::SILENCE_PROBE_AFTER).
+    pub silence_probe: Option<Duration>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -68,6 +75,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("reconnect_deadline", &self.reconnect_deadline)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("approval_handler", &self.approval_handler.is_some())
+            .field("silence_probe", &self.silence_probe)
             .finish()
     }
 }
@@ -82,6 +90,7 @@ impl Default for ClientOptions {
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
             approval_handler: None,
+            silence_probe: Some(super::SILENCE_PROBE_AFTER),
         }
     }
 }

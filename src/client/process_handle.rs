@@ -21,9 +21,11 @@
 //!   [`Client::call`], and a write carries its idempotency key.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::Notify;
 
 use super::rpc_connection::{PendingCall, RpcConnection};
 use super::{Client, ClientError, ProcessEvent};
@@ -56,11 +58,13 @@ pub struct ProcessHandle {
     /// same requests.
     control: ProcessController,
     write_seq: u64,
+    /// Its event slot's identity (the slot's `Notify`): a handle removes only its own slot.
+    slot: Arc<Notify>,
 }
 
 impl ProcessHandle {
     /// A handle for the process `id` just started by `client`.
-    pub(super) fn new(id: String, pid: u32, client: Client) -> Self {
+    pub(super) fn new(id: String, pid: u32, client: Client, slot: Arc<Notify>) -> Self {
         ProcessHandle {
             control: ProcessController {
                 id: id.clone(),
@@ -69,6 +73,7 @@ impl ProcessHandle {
             id,
             pid,
             write_seq: 0,
+            slot,
         }
     }
 
@@ -121,7 +126,15 @@ impl Drop for ProcessHandle {
     /// Stop buffering this process's events. Its output is no longer acknowledged, so with
     /// acks the server eventually holds the child back: terminate it if it should not run on.
     fn drop(&mut self) {
-        lock(&self.control.client.shared.procs).remove(&self.id);
+        // Only its own slot: after its exit the id may have been started again, and that
+        // slot is another handle's.
+        let mut procs = lock(&self.control.client.shared.procs);
+        if procs
+            .get(&self.id)
+            .is_some_and(|s| Arc::ptr_eq(&s.notify, &self.slot))
+        {
+            procs.remove(&self.id);
+        }
     }
 }
 

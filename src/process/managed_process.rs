@@ -578,15 +578,18 @@ impl ManagedProcess {
         cancel: &CancellationToken,
     ) -> Result<ReadOutcome, ProcessError> {
         let deadline = Instant::now() + wait;
+        if acks && after_seq > 0 {
+            // An ack like `process/ack`'s, and like it, it wakes whoever waits on this
+            // process's log: a pump waiting for room, the reaper waiting for the exit
+            // notice to be acknowledged.
+            self.ack(after_seq);
+        }
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let mut inner = self.inner();
-                if acks && after_seq > 0 {
-                    inner.log.ack(after_seq);
-                }
+                let inner = self.inner();
                 let events = inner.log.read(after_seq, max_bytes)?;
                 let done = inner.exit.is_some();
                 if !events.is_empty() || done || Instant::now() >= deadline {
