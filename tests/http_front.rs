@@ -26,7 +26,7 @@ use execrelay::config::{
     REQUEST_HEAD_TIMEOUT_MS,
 };
 use execrelay_relay::http::{
-    serve, Front, FrontLimits, MetricsRenderer, PathPattern, Routes, Upgrade, UpgradeRoute,
+    serve, Front, FrontLimits, Health, MetricsRenderer, PathPattern, Routes, Upgrade, UpgradeRoute,
     MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
 };
 
@@ -56,7 +56,7 @@ impl TestFront {
         Self::start_with(
             limits,
             Routes {
-                readyz: true,
+                health: Health::always(),
                 metrics,
                 upgrades: vec![UpgradeRoute {
                     path: PathPattern::Any,
@@ -80,6 +80,7 @@ impl TestFront {
             on_upgrade: Arc::new(move |up| {
                 let _ = tx.send(up);
             }),
+            tls: None,
         };
         let task = tokio::spawn(serve(listener, front, shutdown.clone()));
         TestFront {
@@ -450,7 +451,7 @@ async fn a_reply_the_peer_does_not_read_is_abandoned_at_its_bound() {
 #[tokio::test]
 async fn routes_with_ids_and_exact_paths() {
     let routes = Routes {
-        readyz: false,
+        health: None,
         metrics: None,
         upgrades: vec![
             UpgradeRoute {

@@ -363,7 +363,7 @@ async fn copy_log(stderr: ChildStderr, log: PathBuf, up: tokio::sync::oneshot::S
     let mut lines = BufReader::new(stderr).lines();
     let mut file = tokio::fs::File::create(&log).await.unwrap();
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains("environment link up") {
+        if line.contains("connected to relay ") {
             if let Some(tx) = up.take() {
                 let _ = tx.send(());
             }

@@ -7,8 +7,10 @@
 //!   and whatever it asks to switch to; a WebSocket upgrade goes to the first
 //!   [`UpgradeRoute`] whose [`PathPattern`] matches its path (`404` when none does), is
 //!   checked against RFC 6455 §4.2.1 and takes a slot of the route's capacity (`503` when
-//!   full); `GET /readyz` (where served) is `200`, `GET /metrics` (where served) the metrics
-//!   text, another method on those paths `405`, anything else `404`.
+//!   full); where a listener serves [`Health`], `GET /readyz` is `200` while the caller's
+//!   [`ReadinessCheck`] says ready and `503` with its reason otherwise, `GET /livez` is
+//!   `200`, `GET /status` the caller's JSON; `GET /metrics` (where served) the metrics text;
+//!   another method on those paths `405`, anything else `404`.
 //! - The plain replies ([`Reply`]) and the `101` of an accepted upgrade.
 //!
 //! # What it must never do
@@ -31,6 +33,10 @@ use super::limits::MAX_ROUTE_ID_BYTES;
 
 /// The readiness probe path (secure-transport.md §1).
 pub const READYZ_PATH: &str = "/readyz";
+/// The liveness probe path: `200` whenever the process answers at all.
+pub const LIVEZ_PATH: &str = "/livez";
+/// The status path: a JSON document of what the process holds (where served).
+pub const STATUS_PATH: &str = "/status";
 /// The metrics scrape path.
 pub const METRICS_PATH: &str = "/metrics";
 /// The content type of the OpenMetrics text format, which Prometheus negotiates.
@@ -40,6 +46,27 @@ const FORBIDDEN_BODY: &str = "cross-origin WebSocket requests are refused\n";
 
 /// Renders the metrics text at scrape time.
 pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+/// Whether the process is ready now: `Ok`, or why not (one line, for the `503`'s body).
+pub type ReadinessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Renders the `/status` JSON document at request time.
+pub type StatusRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The health routes of a listener: `/readyz`, `/livez` and (when given) `/status`.
+#[derive(Clone, Default)]
+pub struct Health {
+    /// Decides `/readyz`; `None`: ready whenever the listener answers.
+    pub ready: Option<ReadinessCheck>,
+    /// Serves `/status`; `None`: `404`.
+    pub status: Option<StatusRenderer>,
+}
+
+impl Health {
+    /// `/readyz` always `200`, `/livez`, no `/status`: a listener that is ready when it
+    /// answers.
+    pub fn always() -> Option<Health> {
+        Some(Health::default())
+    }
+}
 
 /// Which request paths a route upgrades.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,8 +116,8 @@ pub struct UpgradeRoute<R> {
 
 /// What one listener serves besides its upgrades.
 pub struct Routes<R> {
-    /// Answer `GET /readyz` with `200` (the WebSocket listeners do; the metrics listener not).
-    pub readyz: bool,
+    /// Serve `GET /readyz`, `/livez` and `/status` ([`Health`]), or not (`404`).
+    pub health: Option<Health>,
     /// Serve `GET /metrics` with this renderer's text.
     pub metrics: Option<MetricsRenderer>,
     /// The upgrades, tried in order.
@@ -100,8 +127,12 @@ pub struct Routes<R> {
 /// A plain HTTP reply, always followed by closing the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// `GET /readyz`: `200 ok`.
+    /// `GET /readyz` or `/livez`: `200 ok`.
     Ready,
+    /// `GET /readyz` while not ready: `503` with why.
+    NotReady(String),
+    /// `GET /status`: `200` with a JSON document.
+    Status(String),
     /// `GET /metrics`: `200` with the metrics text.
     Metrics(String),
     /// `400`: an upgrade that breaks RFC 6455 §4.2.1 (why, for the body).
@@ -122,7 +153,8 @@ impl Reply {
     /// The status of this reply.
     pub fn status(&self) -> StatusCode {
         match self {
-            Reply::Ready | Reply::Metrics(_) => StatusCode::OK,
+            Reply::Ready | Reply::Metrics(_) | Reply::Status(_) => StatusCode::OK,
+            Reply::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Reply::BadRequest(_) => StatusCode::BAD_REQUEST,
             Reply::Forbidden => StatusCode::FORBIDDEN,
             Reply::NotFound => StatusCode::NOT_FOUND,
@@ -138,6 +170,12 @@ impl Reply {
         let (content_type, extra, body): (&str, Option<(header::HeaderName, &str)>, Bytes) =
             match self {
                 Reply::Ready => (TEXT, None, Bytes::from_static(b"ok\n")),
+                Reply::NotReady(why) => (
+                    TEXT,
+                    Some((header::RETRY_AFTER, "5")),
+                    Bytes::from(format!("not ready: {why}\n")),
+                ),
+                Reply::Status(json) => (JSON, None, Bytes::from(json)),
                 Reply::Metrics(text) => (METRICS_CONTENT_TYPE, None, Bytes::from(text)),
                 Reply::BadRequest(why) => (TEXT, None, Bytes::from(format!("{why}\n"))),
                 Reply::Forbidden => (TEXT, None, Bytes::from_static(FORBIDDEN_BODY.as_bytes())),
@@ -172,6 +210,7 @@ impl Reply {
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
 
 /// What the front does with a request.
 pub enum Decision<R> {
@@ -246,12 +285,26 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
         });
     }
     let get = request.method() == Method::GET;
-    if routes.readyz && path == READYZ_PATH {
-        return Decision::Reply(if get {
-            Reply::Ready
-        } else {
-            Reply::MethodNotAllowed
-        });
+    if let Some(health) = &routes.health {
+        let served = match path {
+            READYZ_PATH | LIVEZ_PATH => true,
+            STATUS_PATH => health.status.is_some(),
+            _ => false,
+        };
+        if served && !get {
+            return Decision::Reply(Reply::MethodNotAllowed);
+        }
+        match (path, &health.ready, &health.status) {
+            (READYZ_PATH, Some(ready), _) => {
+                return Decision::Reply(match ready() {
+                    Ok(()) => Reply::Ready,
+                    Err(why) => Reply::NotReady(why),
+                })
+            }
+            (READYZ_PATH | LIVEZ_PATH, _, _) => return Decision::Reply(Reply::Ready),
+            (STATUS_PATH, _, Some(render)) => return Decision::Reply(Reply::Status(render())),
+            _ => {}
+        }
     }
     if let (Some(render), true) = (&routes.metrics, path == METRICS_PATH) {
         return Decision::Reply(if get {
@@ -338,7 +391,7 @@ mod tests {
 
     fn relay_routes(capacity: Option<Arc<Semaphore>>) -> Routes<Tag> {
         Routes {
-            readyz: true,
+            health: Health::always(),
             metrics: None,
             upgrades: vec![
                 UpgradeRoute {
@@ -462,7 +515,7 @@ mod tests {
         assert_eq!(reply_of(decide(&routes, &h2c)), Reply::Ready);
 
         let metrics: Routes<Tag> = Routes {
-            readyz: false,
+            health: None,
             metrics: Some(Arc::new(|| "# EOF\n".to_owned())),
             upgrades: Vec::new(),
         };
@@ -477,6 +530,68 @@ mod tests {
             reply_of(decide(&metrics, &upgrade("/metrics").body(()).unwrap())),
             Reply::NotFound
         );
+    }
+
+    #[test]
+    fn health_routes_follow_the_callers_check() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let up = Arc::new(AtomicBool::new(false));
+        let check = up.clone();
+        let routes: Routes<Tag> = Routes {
+            health: Some(Health {
+                ready: Some(Arc::new(move || {
+                    if check.load(Ordering::SeqCst) {
+                        Ok(())
+                    } else {
+                        Err("environment link connecting".into())
+                    }
+                })),
+                status: Some(Arc::new(|| "{\"ok\":true}".to_owned())),
+            }),
+            metrics: None,
+            upgrades: Vec::new(),
+        };
+        let get = |p: &str| Request::get(p).body(()).unwrap();
+        let reply = reply_of(decide(&routes, &get("/readyz")));
+        assert_eq!(reply, Reply::NotReady("environment link connecting".into()));
+        let response = reply.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "5");
+        // Liveness does not depend on readiness.
+        assert_eq!(reply_of(decide(&routes, &get("/livez"))), Reply::Ready);
+        up.store(true, Ordering::SeqCst);
+        assert_eq!(reply_of(decide(&routes, &get("/readyz"))), Reply::Ready);
+        let status = reply_of(decide(&routes, &get("/status")));
+        assert_eq!(status, Reply::Status("{\"ok\":true}".into()));
+        assert_eq!(status.into_response().headers()[header::CONTENT_TYPE], JSON);
+        for path in ["/readyz", "/livez", "/status"] {
+            let post = Request::post(path).body(()).unwrap();
+            assert_eq!(
+                reply_of(decide(&routes, &post)),
+                Reply::MethodNotAllowed,
+                "{path}"
+            );
+        }
+        // Without a status renderer, /status is not served; without health, nothing is.
+        let plain: Routes<Tag> = Routes {
+            health: Health::always(),
+            metrics: None,
+            upgrades: Vec::new(),
+        };
+        assert_eq!(reply_of(decide(&plain, &get("/status"))), Reply::NotFound);
+        assert_eq!(reply_of(decide(&plain, &get("/readyz"))), Reply::Ready);
+        let none: Routes<Tag> = Routes {
+            health: None,
+            metrics: None,
+            upgrades: Vec::new(),
+        };
+        for path in ["/readyz", "/livez", "/status"] {
+            assert_eq!(
+                reply_of(decide(&none, &get(path))),
+                Reply::NotFound,
+                "{path}"
+            );
+        }
     }
 
     #[test]
