@@ -159,10 +159,19 @@ pub async fn dial(
     let connect = connect_websocket_stream(ws_url, link_websocket_config(), connector);
     match tokio::time::timeout(deadline, connect).await {
         Ok(Ok((ws, _))) => Ok(ws),
-        Ok(Err(e)) => Err(DialError::Connect {
-            url: ws_url.to_string(),
-            why: e.to_string(),
-        }),
+        Ok(Err(e)) => {
+            // A certificate the dialer does not trust: its own words, not rustls' wrapping.
+            let why = match &e {
+                tokio_tungstenite::tungstenite::Error::Io(io) => {
+                    super::trust::untrusted_certificate(io).map(|w| format!("TLS: {w}"))
+                }
+                _ => None,
+            };
+            Err(DialError::Connect {
+                url: ws_url.to_string(),
+                why: why.unwrap_or_else(|| e.to_string()),
+            })
+        }
         Err(_) => Err(DialError::Timeout(ws_url.to_string(), deadline)),
     }
 }

@@ -121,6 +121,38 @@ fn client_config(verifier: RelayCertVerifier) -> Result<Arc<ClientConfig>, DialE
     Ok(Arc::new(cfg))
 }
 
+/// A name as rustls presents it (`DnsName("relay.example")`, `IpAddress(…)`) as it reads in
+/// a certificate (`relay.example`).
+fn bare_name(presented: &str) -> &str {
+    match (presented.find("(\""), presented.rfind("\")")) {
+        (Some(start), Some(end)) if start + 2 <= end => &presented[start + 2..end],
+        _ => presented,
+    }
+}
+
+/// The words of a refusal by [`RelayCertVerifier`] inside a failed TLS handshake's error, if
+/// that is what failed (rustls shows its own wrapper's debug form otherwise).
+pub fn untrusted_certificate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(rustls::Error::InvalidCertificate(CertificateError::Other(other))) =
+            e.downcast_ref::<rustls::Error>()
+        {
+            if let Some(u) = other.0.downcast_ref::<UntrustedCertificate>() {
+                return Some(u.0.clone());
+            }
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner);
+                continue;
+            }
+        }
+        cause = e.source();
+    }
+    None
+}
+
 /// Why a relay's certificate was refused: the words of the dial error.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -173,7 +205,11 @@ impl RelayCertVerifier {
                 if presented.is_empty() {
                     "nothing in its subjectAltName".to_string()
                 } else {
-                    presented.join(", ")
+                    presented
+                        .iter()
+                        .map(|n| bare_name(n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 }
             ),
             CertificateError::NotValidForName => {
@@ -280,6 +316,22 @@ impl ServerCertVerifier for RelayCertVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_read_as_in_a_certificate() {
+        assert_eq!(bare_name("DnsName(\"relay.example\")"), "relay.example");
+        assert_eq!(bare_name("relay.example"), "relay.example");
+        assert_eq!(bare_name("IpAddress(10.0.0.1)"), "IpAddress(10.0.0.1)");
+    }
+
+    #[test]
+    fn a_refusal_is_found_inside_the_io_error_that_carries_it() {
+        let refusal = RelayCertVerifier::refuse("the words".into());
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, refusal);
+        assert_eq!(untrusted_certificate(&io).as_deref(), Some("the words"));
+        let other = std::io::Error::new(std::io::ErrorKind::InvalidData, "plain");
+        assert_eq!(untrusted_certificate(&other), None);
+    }
 
     #[test]
     fn a_ca_file_without_certificates_is_refused() {
