@@ -69,7 +69,7 @@ Priority: optional
 Depends: libc6 (>= $(glibc_of "$root/usr/bin/$bin")), passwd
 Installed-Size: $(du -sk --exclude=DEBIAN "$root" | cut -f1)
 Description: $summary
-$(printf '%s\n' "$description" | fold -s -w 78 | sed 's/^/ /')
+$(printf '%s\n' "$description" | fold -s -w 78 | sed 's/ *$//; s/^/ /')
 CONTROL
     dpkg-deb --root-owner-group --build "$root" "$out/${name}_${version}_${arch}.deb" >/dev/null
     echo "$out/${name}_${version}_${arch}.deb"
