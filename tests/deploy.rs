@@ -119,7 +119,7 @@ fn the_sample_exec_server_configuration_loads() {
             Some("127.0.0.1:9466".parse().unwrap())
         )
     );
-    let err = s.relay_dial().err().expect("no relay key here").to_string();
+    let err = s.relay_dial().expect_err("no relay key here").to_string();
     assert!(
         err.starts_with("relay_key (in --config ") && err.contains("/etc/execrelay/relay.pub"),
         "{err}"
