@@ -6,8 +6,10 @@
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
 //!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`), the
-//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose
+//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff), the
+//!   metrics endpoint and the health endpoint (`/readyz`, `/livez`, `/status`, also on the
+//!   metrics endpoint: ready while accepting and, with a relay link, while it is up); every
+//!   TCP listener is an HTTP front (`execrelay_relay::http`) whose
 //!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
 //!   and one more arm in [`Server::run`].
 //! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per

@@ -62,7 +62,6 @@ fn the_sample_relay_configuration_loads() {
     let s = args.settings().unwrap();
     assert_eq!(s.max_environments, 10_000);
     assert_eq!(s.max_queued_bytes, 256 << 20);
-    assert_eq!(s, RelaySettings { ..s.clone() });
     // As shipped, its files are the installed host's: the first one missing is named by its
     // key in the file.
     let err = args.prepare().err().expect("no relay key here").to_string();
