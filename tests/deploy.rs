@@ -487,3 +487,46 @@ fn every_missing_file_names_its_flag() {
         );
     }
 }
+
+/// The units' `ExecStartPre`: `keygen --if-missing` makes the key once and keeps it after
+/// (both binaries); plain `keygen` never overwrites a key.
+#[test]
+fn keygen_if_missing_makes_a_key_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    for (bin, name) in [
+        (common::relay::relay_bin(), "relay.key"),
+        (PathBuf::from(common::bin()), "server.key"),
+    ] {
+        let key = dir.path().join(name);
+        let keygen = |extra: &[&str]| {
+            std::process::Command::new(&bin)
+                .arg("keygen")
+                .args(extra)
+                .arg("-o")
+                .arg(&key)
+                .output()
+                .unwrap()
+        };
+        let first = keygen(&["--if-missing"]);
+        assert!(first.status.success(), "{first:?}");
+        let line = String::from_utf8(first.stdout).unwrap();
+        assert!(line.starts_with("execrelay-x25519 "), "{line}");
+        let public = std::fs::read_to_string(key.with_extension("key.pub")).unwrap();
+        assert_eq!(public, line);
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let again = keygen(&["--if-missing"]);
+        assert!(again.status.success(), "{again:?}");
+        assert!(String::from_utf8_lossy(&again.stderr).contains("exists; kept"));
+        assert_eq!(
+            std::fs::read_to_string(key.with_extension("key.pub")).unwrap(),
+            public,
+            "kept"
+        );
+        let overwrite = keygen(&[]);
+        assert_eq!(overwrite.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&overwrite.stderr);
+        assert!(err.contains("-o ") && err.contains(name), "{err}");
+    }
+}
