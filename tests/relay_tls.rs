@@ -271,6 +271,28 @@ async fn a_self_signed_certificate_is_pinned_by_the_real_binaries() {
             && err.contains("it is a CA certificate (basicConstraints CA:TRUE"),
         "{err}"
     );
+
+    // A broken replacement: kept out, and the relay's log says why; the certificate in force
+    // still serves new links.
+    replace(&files.key, &self_signed("relay.example").key, 0o600);
+    let log = dir.path().join("relay.log");
+    eventually("the relay logs the replacement it kept out", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains(
+            "TLS certificate files changed but cannot be used: keeping the previous certificate",
+        ) && text.contains("is not the private key of --tls-cert")
+    })
+    .await;
+    let out = run_bin(
+        &url,
+        server.pubs(),
+        client.p(),
+        &["--ca-file", ca],
+        &["echo", "still"],
+        None,
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "still\n", "{}", text(&out.stderr));
     drop(env);
     drop(relay);
 }
