@@ -2,8 +2,8 @@
 //! --tls-cert FILE --tls-key FILE`) and the dialers that trust it:
 //!
 //! - a certificate for `localhost` from a private CA (the README's first recipe), trusted with
-//!   the CA as `--ca-file`, by the exec server's environment link and by a client, with the
-//!   name checked;
+//!   the CA as `--ca-file`, by the exec server's environment link and by clients (the library
+//!   and `execrelay run relay+wss://…`), with the name checked;
 //! - a single self-signed certificate marked `CA:TRUE` (what `openssl req -x509` makes, the
 //!   README's second recipe) given itself as `--ca-file`: pinned, with the real binaries
 //!   (`execrelay-relay`, `execrelay serve --relay wss://…`, `execrelay run relay+wss://…`);
@@ -177,6 +177,24 @@ async fn a_relay_on_wss_with_a_ca_signed_leaf_serves_both_dialers() {
     let url = format!("relay+wss://localhost:{port}/env");
     let mut t = stream(&url, &client, &server, &ca_file).await.unwrap();
     assert_is_server(&mut t).await;
+    // The same through `execrelay run relay+wss://… --ca-file`.
+    client.write(&dir.path().join("client"), "client").unwrap();
+    let server_pub = write_file(
+        dir.path(),
+        "server.pub",
+        &execrelay::noise::keys::public_line(&server.public, "server"),
+    );
+    let out = run_bin(
+        &url,
+        server_pub.to_str().unwrap(),
+        dir.path().join("client").to_str().unwrap(),
+        &["--ca-file", ca_file.to_str().unwrap()],
+        &["sh", "-c", "echo through-a-private-ca; exit 3"],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "through-a-private-ca\n");
 
     // Dialled by an address the certificate does not name: refused, saying so.
     let by_ip = format!("relay+wss://127.0.0.1:{port}/env");
