@@ -1,7 +1,9 @@
 //! `execrelay serve`: parse the flags (one per setting, from `config.rs`, plus `--config
-//! FILE`), start the server (its process containment: [`Server::new`]), bind the listeners,
-//! print the bound URL as the first line of stdout, and hand everything to the composition
-//! root ([`Server::run`]). Nothing else lives here.
+//! FILE`, whose keys also give the listen addresses and the files; every error about a file
+//! names its flag or key), start the server (its process containment: [`Server::new`]),
+//! bind the listeners (metrics and health included), print the bound URL as the first line
+//! of stdout, and hand everything to the composition root ([`Server::run`]). Nothing else
+//! lives here.
 
 use std::io::Write;
 use std::net::SocketAddr;
