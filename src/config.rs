@@ -214,6 +214,11 @@ pub const RELAY_BACKOFF_MAX_MS: u64 = 30_000;
 /// 60 s); one that died younger keeps doubling it, so a relay that accepts and drops at once
 /// is not hammered.
 pub const RELAY_BACKOFF_RESET_MS: u64 = 60_000;
+/// Longest delay between two dials of the relay after the relay *refused* the environment
+/// link (its key not listed for the id, the relay's key not the pinned one, clocks apart):
+/// 5 minutes. Such a refusal lasts until an operator fixes a file, so the retries slow down
+/// further than after a network failure, and still pick up the fix without a restart.
+pub const RELAY_REFUSED_BACKOFF_MAX_MS: u64 = 300_000;
 
 /// Bytes of requests one connection may have read and not yet answered (their JSON-RPC
 /// messages, charged when read and given back when answered or skipped): 64 MiB, four
@@ -511,6 +516,9 @@ settings! {
     /// See [`RELAY_BACKOFF_RESET_MS`].
     relay_backoff_reset_ms: u64 = RELAY_BACKOFF_RESET_MS, Millis,
         "a relay link that lived this long sets the delay back to the first";
+    /// See [`RELAY_REFUSED_BACKOFF_MAX_MS`].
+    relay_refused_backoff_max_ms: u64 = RELAY_REFUSED_BACKOFF_MAX_MS, Millis,
+        "longest delay between two dials after the relay refused the link (unauthorized, wrong relay key, clocks apart)";
     /// See [`MAX_PENDING_REQUEST_BYTES`].
     max_pending_request_bytes: usize = MAX_PENDING_REQUEST_BYTES, Bytes,
         "bytes of requests read and not yet answered per connection → `-32004`";
@@ -616,6 +624,10 @@ impl ServerConfig {
             ("pong_timeout_ms", self.pong_timeout_ms),
             ("relay_backoff_initial_ms", self.relay_backoff_initial_ms),
             ("relay_backoff_max_ms", self.relay_backoff_max_ms),
+            (
+                "relay_refused_backoff_max_ms",
+                self.relay_refused_backoff_max_ms,
+            ),
             (
                 "idle_connection_timeout_ms",
                 self.idle_connection_timeout_ms,

@@ -6,8 +6,10 @@
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
 //!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`), the
-//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose
+//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff), the
+//!   metrics endpoint and the health endpoint (`/readyz`, `/livez`, `/status`, also on the
+//!   metrics endpoint: ready while accepting and, with a relay link, while it is up); every
+//!   TCP listener is an HTTP front (`execrelay_relay::http`) whose
 //!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
 //!   and one more arm in [`Server::run`].
 //! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
@@ -30,7 +32,7 @@ use std::time::Duration;
 
 use execrelay_relay::driver::link_websocket_config;
 use execrelay_relay::http::{
-    self, Front, FrontStream, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    self, Front, FrontStream, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute, REPLY_TIMEOUT_MS,
 };
 use tokio::net::TcpListener;
@@ -46,6 +48,7 @@ use crate::bounds::DescriptorReserve;
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
+use crate::link::health::EnvironmentHealth;
 use crate::link::server::{
     keepalive_config, run_link, LinkContext, LinkPeer, NoiseServerConfig, LINK_PATH,
 };
@@ -118,8 +121,11 @@ pub enum Listener {
     Ws(TcpListener),
     /// Noise physical links (`noise+ws://`, path `/v1/link`).
     Noise(TcpListener, Arc<NoiseServerConfig>),
-    /// The Prometheus endpoint (`GET /metrics`).
+    /// The Prometheus endpoint (`GET /metrics`), with the health routes (`/readyz`,
+    /// `/livez`, `/status`).
     Metrics(TcpListener),
+    /// The health routes alone (`--health-listen`): `/readyz`, `/livez`, `/status`.
+    Health(TcpListener),
     /// The environment link: dial a relay and keep one link up (`serve --relay`), serving
     /// its streams as a `noise+ws://` listener serves its links' (`secure-transport.md` §6).
     Relay(RelayDial, Arc<NoiseServerConfig>),
@@ -202,6 +208,16 @@ impl Server {
         let tasks = TaskTracker::new();
         let connections = Arc::new(Semaphore::new(config.max_connections));
         let links = Arc::new(Semaphore::new(config.max_links));
+        // The environment link's health, if the server has one: `/readyz` follows it.
+        let environment = listeners.iter().find_map(|l| match l {
+            Listener::Relay(dial, _) => Some(EnvironmentHealth::new(
+                &dial.relay_url,
+                &dial.env_id,
+                registry.metrics().clone(),
+            )),
+            _ => None,
+        });
+        let health = server_health(&registry, environment.clone(), stop_accepting.clone());
         for listener in listeners {
             match listener {
                 Listener::Stdio => {
@@ -220,7 +236,7 @@ impl Server {
                 }
                 Listener::Ws(listener) => {
                     let routes = Routes {
-                        readyz: true,
+                        health: Health::always(),
                         metrics: None,
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Any,
@@ -258,12 +274,13 @@ impl Server {
                         limits: config.websocket_front_limits(),
                         websocket: websocket_config(max),
                         on_upgrade,
+                        tls: None,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
                 }
                 Listener::Noise(listener, noise) => {
                     let routes = Routes {
-                        readyz: true,
+                        health: Health::always(),
                         metrics: None,
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Exact(LINK_PATH),
@@ -308,6 +325,7 @@ impl Server {
                         limits: config.websocket_front_limits(),
                         websocket: link_websocket_config(),
                         on_upgrade,
+                        tls: None,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
                 }
@@ -322,8 +340,16 @@ impl Server {
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
+                    let health = match &environment {
+                        Some(h) => h.clone(),
+                        None => EnvironmentHealth::new(
+                            &dial.relay_url,
+                            &dial.env_id,
+                            registry.metrics().clone(),
+                        ),
+                    };
                     // Redialling stops with accepting; the link up ends with the connections.
-                    tasks.spawn(run_environment(dial, ctx, stop_accepting.clone()));
+                    tasks.spawn(run_environment(dial, ctx, health, stop_accepting.clone()));
                 }
                 Listener::Metrics(listener) => {
                     let reg = registry.clone();
@@ -331,13 +357,28 @@ impl Server {
                         Arc::new(move || reg.metrics().render(&reg.stats()));
                     let front: Front<Route> = Front {
                         routes: Routes {
-                            readyz: false,
+                            health: Some(health.clone()),
                             metrics: Some(render),
                             upgrades: Vec::new(),
                         },
                         limits: config.metrics_front_limits(),
                         websocket: websocket_config(config.max_message_bytes),
                         on_upgrade: Arc::new(|_| {}),
+                        tls: None,
+                    };
+                    fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+                Listener::Health(listener) => {
+                    let front: Front<Route> = Front {
+                        routes: Routes {
+                            health: Some(health.clone()),
+                            metrics: None,
+                            upgrades: Vec::new(),
+                        },
+                        limits: config.metrics_front_limits(),
+                        websocket: websocket_config(config.max_message_bytes),
+                        on_upgrade: Arc::new(|_| {}),
+                        tls: None,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
                 }
@@ -365,6 +406,80 @@ impl Server {
         // 4. Every session is closed (nothing of theirs is left running) and its scope removed.
         registry.close_all().await;
     }
+}
+
+/// The health routes of the metrics and health listeners: ready while the server accepts
+/// (not shutting down) and, with an environment link, while that link is up and
+/// authenticated; `/status` from the registry, the metrics' gauges and the link's health.
+fn server_health(
+    registry: &Arc<SessionRegistry>,
+    environment: Option<Arc<EnvironmentHealth>>,
+    stopping: CancellationToken,
+) -> Health {
+    let ready = {
+        let (environment, stopping) = (environment.clone(), stopping.clone());
+        move || -> Result<(), String> {
+            if stopping.is_cancelled() {
+                return Err("shutting down".into());
+            }
+            match &environment {
+                Some(h) => h.readiness(),
+                None => Ok(()),
+            }
+        }
+    };
+    let status = {
+        let (registry, ready) = (registry.clone(), ready.clone());
+        move || status_document(&registry, environment.as_deref(), ready()).to_string()
+    };
+    Health {
+        ready: Some(Arc::new(ready)),
+        status: Some(Arc::new(status)),
+    }
+}
+
+/// The `/status` document: what the server holds now, against its limits.
+fn status_document(
+    registry: &SessionRegistry,
+    environment: Option<&EnvironmentHealth>,
+    ready: Result<(), String>,
+) -> serde_json::Value {
+    let st = registry.stats();
+    let config = registry.config();
+    let metrics = registry.metrics();
+    let budget = registry.output_budget();
+    serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": registry.uptime().as_secs(),
+        "ready": ready.is_ok(),
+        "not_ready_reason": ready.err(),
+        "sessions": {
+            "attached": st.sessions_attached,
+            "detached": st.sessions_detached,
+            "limit": config.max_sessions,
+        },
+        "processes": {
+            "running": st.processes_running,
+            "exited": st.processes_exited,
+            "largest_session": st.largest_session_processes,
+            "limit_per_session": config.max_processes,
+        },
+        "connections": {
+            "open": metrics.connections.get(),
+            "limit": config.max_connections,
+        },
+        "links": {
+            "open": metrics.noise_links.get(),
+            "streams": metrics.noise_streams.get(),
+            "limit": config.max_links,
+        },
+        "output": {
+            "retained_bytes": st.retained_output_bytes,
+            "unwritten_bytes": budget.unwritten(),
+            "budget_bytes": config.output_budget_bytes,
+        },
+        "environment_link": environment.map(EnvironmentHealth::status),
+    })
 }
 
 /// Admit an upgraded connection or link only while more than the descriptor reserve is free

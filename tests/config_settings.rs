@@ -43,6 +43,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("relay_backoff_initial_ms", RELAY_BACKOFF_INITIAL_MS),
     ("relay_backoff_max_ms", RELAY_BACKOFF_MAX_MS),
     ("relay_backoff_reset_ms", RELAY_BACKOFF_RESET_MS),
+    ("relay_refused_backoff_max_ms", RELAY_REFUSED_BACKOFF_MAX_MS),
     (
         "max_pending_request_bytes",
         MAX_PENDING_REQUEST_BYTES as u64,

@@ -220,7 +220,25 @@ async fn bad_requests_get_http_errors() {
     let r = raw(addr, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
     assert!(r.contains("Allow: GET\r\n"), "{r}");
+    // The health routes are served beside the metrics: a server without a relay link is
+    // ready while it accepts.
     let r = raw(addr, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(
+        r.starts_with("HTTP/1.1 200 ") && r.ends_with("\r\n\r\nok\n"),
+        "{r}"
+    );
+    let r = raw(addr, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200 "), "{r}");
+    let r = raw(addr, b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(
+        r.starts_with("HTTP/1.1 200 ") && r.contains("application/json"),
+        "{r}"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(r.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(status["ready"], true);
+    assert!(status["environment_link"].is_null(), "{status}");
+    let r = raw(addr, b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
     let r = raw(addr, b"\x16\x03\x01 not http\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 400 "), "{r}");

@@ -146,7 +146,7 @@ async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline(
     common::eventually("the server's log shows its link refused", || {
         std::fs::read_to_string(&server_log)
             .unwrap_or_default()
-            .contains("the relay refused this environment link")
+            .contains("refused environment env-1 (unauthorized): check that")
     })
     .await;
     let out = run_bin(

@@ -47,6 +47,8 @@
 //!   per-stream handles) and [`driver::RelayHub`] (the relay's links around one router), over any
 //!   `WebSocketStream`.
 //! - [`http`]: the HTTP front of every TCP listener (exec server and relay), on hyper.
+//! - [`tls`]: TLS at the relay's listener (`wss://`): certificate files, their reload when
+//!   they change, the server side of the handshake (rustls, `ring`).
 //! - [`server`]: the relay server (`execrelay-relay`): routes, link admission, the
 //!   environments-file watcher, metrics, shutdown ([`server::run`]).
 //!
@@ -115,4 +117,5 @@ pub mod reason;
 pub mod router;
 pub mod server;
 pub mod setting;
+pub mod tls;
 pub mod transmit;

@@ -206,7 +206,7 @@ fn bad_flags_and_files_are_refused_before_serving() {
     assert_eq!(code, Some(2));
     assert!(err.contains(&format!("{envs_s}:1:")), "{err}");
     assert!(out.is_empty(), "nothing printed on stdout before serving");
-    // wss:// is not ours to serve.
+    // wss:// needs its certificate and key.
     std::fs::write(&envs, "# none yet\n").unwrap();
     let (code, err, _) = run(&[
         "--listen",
@@ -217,7 +217,7 @@ fn bad_flags_and_files_are_refused_before_serving() {
         envs_s,
     ]);
     assert_eq!(code, Some(2));
-    assert!(err.contains("TLS-terminating proxy"), "{err}");
+    assert!(err.contains("--tls-cert FILE and --tls-key FILE"), "{err}");
     // A bad setting.
     let (code, err, _) = run(&[
         "--listen",

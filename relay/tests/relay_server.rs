@@ -97,6 +97,19 @@ async fn readyz_answers_and_an_environment_is_admitted_and_routed() {
         80
     );
     assert!(metric_of(&m, "execrelay_relay_data_bytes_total{direction=\"out\"}") > 0);
+    // Liveness and the status document, on both listeners.
+    for addr in [relay.addr, relay.metrics] {
+        assert_eq!(http_get(addr, "/livez").await, (200, "ok\n".to_string()));
+        let (code, body) = http_get(addr, "/status").await;
+        assert_eq!(code, 200);
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["environments"]["online"], 1, "{status}");
+        assert_eq!(status["environments"]["listed"], 1, "{status}");
+        assert_eq!(status["client_links"]["open"], 1, "{status}");
+        assert_eq!(status["streams"], 1, "{status}");
+        assert_eq!(status["environments"]["file_ok"], true, "{status}");
+        assert!(status["tls"].is_null(), "{status}");
+    }
     // Per-stream span (debug): the stream's id and its routing.
     logs.wait_for(&["stream{id=", "OPEN routed to the environment"])
         .await;

@@ -36,9 +36,17 @@ pub struct KeygenArgs {
     /// Comment on the public key line [default: user@host].
     #[arg(short = 'c', long)]
     pub comment: Option<String>,
+    /// Do nothing (and succeed) when NAME exists already: for a service's first start, as
+    /// sshd makes its host keys.
+    #[arg(long)]
+    pub if_missing: bool,
 }
 
 fn keygen(args: KeygenArgs) -> i32 {
+    if args.if_missing && args.output.exists() {
+        eprintln!("execrelay keygen: {} exists; kept", args.output.display());
+        return 0;
+    }
     let comment = args.comment.unwrap_or_else(|| {
         let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
         let host = nix::unistd::gethostname()
@@ -60,7 +68,7 @@ fn keygen(args: KeygenArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("execrelay keygen: {e}");
+            eprintln!("execrelay keygen: -o {e}");
             1
         }
     }

@@ -115,17 +115,17 @@ fn parse_remote(args: &RunArgs) -> Result<Target, String> {
             let server = args.server_key.as_deref().ok_or(
                 "noise+ws:// and relay+ws:// need --server-key (the exec server's public key; no trust on first use)",
             )?;
-            let server_public = load_public(server).map_err(|e| e.to_string())?;
+            let server_public = load_public(server).map_err(|e| format!("--server-key: {e}"))?;
             let key = args
                 .key
                 .as_ref()
                 .ok_or("noise+ws:// and relay+ws:// need --key (this client's private key)")?;
-            let keys = Keypair::load(key).map_err(|e| e.to_string())?;
+            let keys = Keypair::load(key).map_err(|e| format!("--key: {e}"))?;
             let mut config = NoiseClientConfig::new(keys, server_public);
             config.token = match &args.token_file {
                 Some(p) => Some(
                     std::fs::read_to_string(p)
-                        .map_err(|e| format!("{}: {e}", p.display()))?
+                        .map_err(|e| format!("--token-file {}: {e}", p.display()))?
                         .trim()
                         .to_string(),
                 ),

@@ -11,6 +11,9 @@
 //! - [`virtual_stream`]: one stream as a [`Transport`](crate::transport::Transport): sealing
 //!   in the writer's task, decryption in the reader's task.
 //! - [`dial`]: URL forms and dialling (`ws://`, `wss://` through rustls).
+//! - [`trust`]: what a `wss://` dialer trusts: the platform's roots, or a `--ca-file` whose
+//!   certificates are CAs or pinned certificates (a self-signed relay certificate).
+//! - [`health`]: the environment link's health (`/readyz`, `/status`, its metrics).
 //!
 //! The engine owns frames, windows (§7), keepalive and write deadlines (§6.4) and budgets
 //! (§8); the cryptography (keys, handshake, records) lives in [`crate::noise`]. Nothing here
@@ -19,5 +22,7 @@
 pub mod client;
 pub mod dial;
 pub mod environment;
+pub mod health;
 pub mod server;
+pub mod trust;
 pub mod virtual_stream;

@@ -459,6 +459,9 @@ async fn supervise(
             dropped_bytes: inner.dropped_bytes,
             duration_ms: p.started.elapsed().as_millis() as u64,
         };
+        if info.output_drain_timed_out {
+            p.metrics.output_drain_timeouts.inc();
+        }
         inner.log.append_exit(info.clone());
         inner.exit = Some(info);
     }

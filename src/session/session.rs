@@ -33,6 +33,7 @@ use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
 use super::SessionError;
 use crate::config::{ServerConfig, DEFAULT_KILL_GRACE_MS};
+use crate::metrics::ContainmentStage;
 use crate::process::containment::SessionScope;
 use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
@@ -243,8 +244,14 @@ impl Session {
         }
         let grace = end_grace(&procs, &self.config);
         let (scope, id, done) = (self.scope.clone(), self.id.clone(), self.terminated.clone());
+        let metrics = self.registry.upgrade().map(|r| r.metrics().clone());
         self.closing.spawn(async move {
-            end_scope(&scope, grace, &id).await;
+            let failed = |stage| {
+                if let Some(m) = &metrics {
+                    m.containment_failure(stage);
+                }
+            };
+            end_scope(&scope, grace, &id, failed).await;
             // The supervisors have reaped the direct children (or will: they are dead).
             drop(procs);
             done.cancel();
@@ -463,36 +470,49 @@ fn end_grace(procs: &[Arc<ManagedProcess>], config: &ServerConfig) -> Duration {
 /// then SIGKILL to whatever is left, and remove the scope. Failures are logged: nothing more
 /// can be done for a process that survives SIGKILL (uninterruptible sleep) than to leave the
 /// scope for shutdown or the next start's sweep.
-async fn end_scope(scope: &Arc<SessionScope>, grace: Duration, session: &str) {
+async fn end_scope(
+    scope: &Arc<SessionScope>,
+    grace: Duration,
+    session: &str,
+    failed: impl Fn(ContainmentStage),
+) {
     let s = scope.clone();
     let reached = tokio::task::spawn_blocking(move || s.signal_all(Signal::SIGTERM)).await;
     let reached = match reached {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {
+            failed(ContainmentStage::Signal);
             tracing::warn!(session, error = %e, "SIGTERM to the session's processes failed");
             1
         }
         Err(e) => {
+            failed(ContainmentStage::Signal);
             tracing::warn!(session, error = %e, "SIGTERM to the session's processes failed");
             1
         }
     };
     if reached > 0 {
         if let Err(e) = scope.wait_empty(grace).await {
+            failed(ContainmentStage::Signal);
             tracing::warn!(session, error = %e, "waiting for the session's processes failed");
         }
     }
     match scope.kill_all().await {
         Ok(r) if !r.emptied => {
+            failed(ContainmentStage::Kill);
             tracing::error!(
                 session,
                 "processes of the session survived SIGKILL; left for shutdown"
             )
         }
         Ok(_) => {}
-        Err(e) => tracing::error!(session, error = %e, "killing the session's processes failed"),
+        Err(e) => {
+            failed(ContainmentStage::Kill);
+            tracing::error!(session, error = %e, "killing the session's processes failed")
+        }
     }
     if let Err(e) = scope.remove() {
+        failed(ContainmentStage::RemoveScope);
         tracing::warn!(session, error = %e, "removing the session's scope failed");
     }
 }

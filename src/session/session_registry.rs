@@ -25,7 +25,7 @@ use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
 use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
-use crate::metrics::{Metrics, StateSnapshot};
+use crate::metrics::{ContainmentStage, Metrics, StateSnapshot};
 use crate::policy::resolve::resolve_program;
 use crate::policy::{PolicyFile, Verdict};
 use crate::process::containment::Containment;
@@ -161,14 +161,23 @@ impl SessionRegistry {
     /// Count what the registry holds now (the read gauges of the metrics).
     pub fn stats(&self) -> StateSnapshot {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        let mut st = StateSnapshot::default();
+        let c = &self.config;
+        let mut st = StateSnapshot {
+            sessions_limit: c.max_sessions,
+            processes_limit: c.max_processes,
+            connections_limit: c.max_connections,
+            links_limit: c.max_links,
+            ..StateSnapshot::default()
+        };
         for s in sessions {
             if s.is_attached() {
                 st.sessions_attached += 1;
             } else {
                 st.sessions_detached += 1;
             }
-            for p in s.processes() {
+            let processes = s.processes();
+            st.largest_session_processes = st.largest_session_processes.max(processes.len());
+            for p in processes {
                 let ps = p.stats();
                 if ps.exited {
                     st.processes_exited += 1;
@@ -232,10 +241,11 @@ impl SessionRegistry {
             .call_once(|| super::stall_watchdog::spawn(self));
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));
-        let scope = self
-            .containment
-            .open_scope()
-            .map_err(SessionError::Containment)?;
+        let scope = self.containment.open_scope().map_err(|e| {
+            self.metrics
+                .containment_failure(ContainmentStage::OpenScope);
+            SessionError::Containment(e)
+        })?;
         let session = Arc::new(Session {
             id: id.clone(),
             token: token.to_vec(),
@@ -421,10 +431,14 @@ impl SessionRegistry {
         self.wait_closing().await;
         match self.containment.kill_everything().await {
             Ok(r) if !r.emptied => {
+                self.metrics.containment_failure(ContainmentStage::Shutdown);
                 tracing::error!(?r, "processes survived SIGKILL at shutdown")
             }
             Ok(r) => tracing::debug!(?r, "every process of every session is gone"),
-            Err(e) => tracing::error!(error = %e, "killing every session's processes failed"),
+            Err(e) => {
+                self.metrics.containment_failure(ContainmentStage::Shutdown);
+                tracing::error!(error = %e, "killing every session's processes failed")
+            }
         }
     }
 }

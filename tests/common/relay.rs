@@ -23,6 +23,7 @@ use execrelay::session::SessionRegistry;
 use execrelay_relay::keys::environments::EnvironmentsFile;
 use execrelay_relay::server::settings::RelaySettings;
 use execrelay_relay::server::{RelayServer, RelayServerConfig};
+use execrelay_relay::tls::TlsListener;
 
 use super::binary::first_line;
 use super::{bin, eventually, PROMPT};
@@ -112,6 +113,29 @@ impl InRelay {
         port: u16,
         settings: RelaySettings,
     ) -> InRelay {
+        InRelay::start_full(envs, keys, port, settings, None).await
+    }
+
+    /// A relay speaking TLS (`wss://`) with `tls`'s certificate, serving `envs`.
+    pub async fn start_tls(envs: &Path, tls: TlsListener) -> InRelay {
+        InRelay::start_full(
+            envs,
+            Keypair::generate().unwrap(),
+            0,
+            RelaySettings::default(),
+            Some(tls),
+        )
+        .await
+    }
+
+    /// A relay with `keys` on `port` (0: any), serving `envs`, with TLS if given.
+    pub async fn start_full(
+        envs: &Path,
+        keys: Keypair,
+        port: u16,
+        settings: RelaySettings,
+        tls: Option<TlsListener>,
+    ) -> InRelay {
         // A restarted relay takes its old port back; the old listener's socket may close a
         // moment after its server returned.
         let deadline = tokio::time::Instant::now() + PROMPT;
@@ -135,7 +159,10 @@ impl InRelay {
             settings,
         };
         let shutdown = CancellationToken::new();
-        let server = RelayServer::new(config).unwrap();
+        let mut server = RelayServer::new(config).unwrap();
+        if let Some(tls) = tls {
+            server = server.with_tls(tls);
+        }
         let task = tokio::spawn(server.run(listener, None, shutdown.clone()));
         InRelay {
             port,
@@ -253,8 +280,19 @@ impl BinRelay {
     /// `execrelay-relay --listen ws://127.0.0.1:0 --key KEY --environments ENVS EXTRA…`,
     /// stderr to `log`.
     pub async fn start(key: &Path, envs: &Path, extra: &[&str], log: &Path) -> BinRelay {
+        BinRelay::start_on("ws://127.0.0.1:0", key, envs, extra, log).await
+    }
+
+    /// The same on `listen` (`ws://…` or `wss://…`, whose flags go in `extra`).
+    pub async fn start_on(
+        listen: &str,
+        key: &Path,
+        envs: &Path,
+        extra: &[&str],
+        log: &Path,
+    ) -> BinRelay {
         let mut child = Command::new(relay_bin())
-            .args(["--listen", "ws://127.0.0.1:0", "--key"])
+            .args(["--listen", listen, "--key"])
             .arg(key)
             .arg("--environments")
             .arg(envs)
@@ -273,7 +311,8 @@ impl BinRelay {
                 std::fs::read_to_string(log).unwrap_or_default()
             )
         });
-        assert!(url.starts_with("ws://127.0.0.1:"), "{url}");
+        let scheme = listen.split("://").next().unwrap_or("ws");
+        assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
         BinRelay {
             child,
             url,
@@ -363,7 +402,7 @@ async fn copy_log(stderr: ChildStderr, log: PathBuf, up: tokio::sync::oneshot::S
     let mut lines = BufReader::new(stderr).lines();
     let mut file = tokio::fs::File::create(&log).await.unwrap();
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains("environment link up") {
+        if line.contains("connected to relay ") {
             if let Some(tx) = up.take() {
                 let _ = tx.send(());
             }

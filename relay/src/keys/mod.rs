@@ -209,19 +209,28 @@ pub fn parse_public(line: &str) -> Result<[u8; KEY_BYTES], String> {
         .map_err(|_| "a public key must be 32 bytes".to_string())
 }
 
-/// `--server-key KEY_OR_FILE`: a file holding the public key line, or the line itself.
+/// A public key given as `KEY_OR_FILE` (`--server-key`, `--relay-key`): a file holding the
+/// public key line, or the line itself. The caller's error names its flag.
 pub fn load_public(arg: &str) -> Result<[u8; KEY_BYTES], KeyError> {
     let path = Path::new(arg);
-    let (text, name) = if path.exists() {
-        (read_bounded(path)?, path.display().to_string())
-    } else {
-        (arg.to_string(), "--server-key".to_string())
-    };
+    if !path.exists() {
+        // Not a file: the key line itself, or a file that is missing (say both).
+        return parse_public(arg).map_err(|why| KeyError::Format {
+            path: arg.to_string(),
+            why: format!(
+                "no such file, nor a public key line (`{PUBLIC_KEY_TAG} <base64> [comment]`): {why}"
+            ),
+        });
+    }
+    let text = read_bounded(path)?;
     let line = text
         .lines()
         .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .unwrap_or("");
-    parse_public(line).map_err(|why| KeyError::Format { path: name, why })
+    parse_public(line).map_err(|why| KeyError::Format {
+        path: path.display().to_string(),
+        why,
+    })
 }
 
 pub(crate) fn read_bounded(path: &Path) -> Result<String, KeyError> {

@@ -1,8 +1,9 @@
 //! The relay server (`secure-transport.md` §6): one HTTP front whose WebSocket upgrades become
 //! environment links (`/v1/env/ID`, admitted by the §6.2 handshake against the environments
 //! file) and client links (`/v1/connect/ID`), all driven by one [`RelayHub`]; the environments
-//! file watched for revocations; `GET /readyz`; Prometheus metrics on their own listener; and
-//! one shutdown sequence. The `execrelay-relay` binary only parses flags and calls
+//! file watched for revocations; TLS on the listener when given ([`RelayServer::with_tls`],
+//! its certificate files watched for renewal); `GET /readyz`, `/livez` and `/status`;
+//! Prometheus metrics on their own listener; and one shutdown sequence. The `execrelay-relay` binary only parses flags and calls
 //! [`RelayServer::run`]; the exec server's `demo` runs a relay in-process through [`run`].
 //!
 //! # What this module owns
@@ -37,11 +38,12 @@ use tokio_util::task::TaskTracker;
 use crate::driver::{link_websocket_config_with, RelayHub};
 use crate::env_handshake::{LinkTimestamps, TRACKED_ENVIRONMENTS};
 use crate::http::{
-    self, AddressSlots, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    self, AddressSlots, Front, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute,
 };
 use crate::keys::environments::{EnvironmentsFile, Reload};
 use crate::keys::{fingerprint, Keypair};
+use crate::tls::{TlsListener, CERTIFICATE_POLL_MS};
 use metrics::{Figures, ServerStats};
 use settings::{RelaySettings, SettingsError};
 
@@ -140,6 +142,7 @@ impl Shared {
 pub struct RelayServer {
     hub: RelayHub,
     shared: Arc<Shared>,
+    tls: Option<TlsListener>,
 }
 
 /// What a relay's HTTP front upgrades.
@@ -186,7 +189,18 @@ impl RelayServer {
             settings: config.settings,
             stats: ServerStats::default(),
         });
-        Ok(RelayServer { hub, shared })
+        Ok(RelayServer {
+            hub,
+            shared,
+            tls: None,
+        })
+    }
+
+    /// Speak TLS on the links' listener (`wss://`) with `tls`'s certificate, re-read when its
+    /// files change (checked every [`CERTIFICATE_POLL_MS`] while the relay runs).
+    pub fn with_tls(mut self, tls: TlsListener) -> RelayServer {
+        self.tls = Some(tls);
+        self
     }
 
     /// The hub (tests and embedders read its figures).
@@ -196,7 +210,12 @@ impl RelayServer {
 
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render_metrics(&self) -> String {
-        render(&self.hub, &self.shared)
+        render(&self.hub, &self.shared, self.tls.as_ref())
+    }
+
+    /// The `/status` document now.
+    pub fn render_status(&self) -> String {
+        status(&self.hub, &self.shared, self.tls.as_ref())
     }
 
     /// Serve relay links on `listener` (and metrics on `metrics`, if given) until `shutdown`
@@ -208,15 +227,32 @@ impl RelayServer {
         metrics: Option<TcpListener>,
         shutdown: CancellationToken,
     ) {
-        let RelayServer { hub, shared } = self;
+        let RelayServer { hub, shared, tls } = self;
         let settings = &shared.settings;
         let stop_accepting = CancellationToken::new();
         let fronts = TaskTracker::new();
         let tasks = TaskTracker::new();
         let client_links = Arc::new(Semaphore::new(settings.max_client_links));
 
+        // Ready while the relay accepts links: once shutdown begins, every listener stops, and
+        // nothing else makes a relay unable to serve (a broken environments file keeps the
+        // links up and is its own metric and alert).
+        let health = {
+            let (h, s, t) = (hub.clone(), shared.clone(), tls.clone());
+            let stopping = shutdown.clone();
+            Health {
+                ready: Some(Arc::new(move || {
+                    if stopping.is_cancelled() {
+                        Err("shutting down".into())
+                    } else {
+                        Ok(())
+                    }
+                })),
+                status: Some(Arc::new(move || status(&h, &s, t.as_ref()))),
+            }
+        };
         let routes = Routes {
-            readyz: true,
+            health: Some(health.clone()),
             metrics: None,
             upgrades: vec![
                 UpgradeRoute {
@@ -261,21 +297,29 @@ impl RelayServer {
             limits: settings.front_limits(),
             websocket: link_websocket_config_with(settings.max_frame_bytes),
             on_upgrade,
+            tls: tls.clone(),
         };
         fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+        if let Some(tls) = &tls {
+            tasks.spawn(
+                tls.clone()
+                    .watch(Duration::from_millis(CERTIFICATE_POLL_MS), shutdown.clone()),
+            );
+        }
 
         if let Some(listener) = metrics {
-            let (h, s) = (hub.clone(), shared.clone());
-            let renderer: MetricsRenderer = Arc::new(move || render(&h, &s));
+            let (h, s, t) = (hub.clone(), shared.clone(), tls.clone());
+            let renderer: MetricsRenderer = Arc::new(move || render(&h, &s, t.as_ref()));
             let front: Front<Route> = Front {
                 routes: Routes {
-                    readyz: true,
+                    health: Some(health),
                     metrics: Some(renderer),
                     upgrades: Vec::new(),
                 },
                 limits: settings.metrics_front_limits(),
                 websocket: link_websocket_config_with(settings.max_frame_bytes),
                 on_upgrade: Arc::new(|_| {}),
+                tls: None,
             };
             fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
         }
@@ -302,20 +346,33 @@ impl RelayServer {
     }
 }
 
-fn render(hub: &RelayHub, shared: &Shared) -> String {
+fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figures {
     let (listed, ok) = {
         let file = lock(&shared.environments);
         (file.current().len(), file.broken().is_none())
     };
-    let figures = Figures {
+    Figures {
         hub: hub.snapshot(),
         environments_listed: listed,
         environments_file_ok: ok,
-    };
-    metrics::render(&figures, &shared.stats)
+        tls: tls.map(|t| t.store().figures()),
+    }
 }
 
-/// The URL to print for the bound relay listener.
+fn render(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> String {
+    metrics::render(&figures(hub, shared, tls), &shared.stats, &shared.settings)
+}
+
+fn status(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> String {
+    metrics::status(&figures(hub, shared, tls), &shared.settings)
+}
+
+/// The URL to print for the bound relay listener (`wss://` when it speaks TLS).
 pub fn bound_url(addr: std::net::SocketAddr) -> String {
     format!("ws://{addr}")
+}
+
+/// The URL to print for a bound relay listener that speaks TLS.
+pub fn bound_tls_url(addr: std::net::SocketAddr) -> String {
+    format!("wss://{addr}")
 }
