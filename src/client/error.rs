@@ -61,10 +61,14 @@ impl ClientError {
         }
     }
 
-    /// The JSON-RPC code, if this is a server error.
+    /// The JSON-RPC code, if this is a server error (or a local refusal the server would
+    /// have answered with that code).
     pub fn code(&self) -> Option<i64> {
         match self {
             ClientError::Rpc { code, .. } => Some(*code),
+            // What the server answers for the same mistake (`protocol.md` §2): the id is
+            // taken, here by a live handle before the request is even sent.
+            ClientError::ProcessIdInUse(_) => Some(-32002),
             _ => None,
         }
     }
