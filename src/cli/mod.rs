@@ -1,5 +1,6 @@
 //! The `execrelay` command line: `serve`, `run`, `demo`. `main.rs` only calls [`main`].
 
+pub mod duration;
 pub mod run;
 pub mod serve;
 

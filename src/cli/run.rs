@@ -351,6 +351,15 @@ async fn run(args: RunArgs) -> i32 {
             ProcessEvent::Lost { from, to } => {
                 eprintln!("execrelay run: output events {from}..={to} were lost");
             }
+            ProcessEvent::Omitted {
+                stream,
+                omitted_bytes,
+            } => {
+                eprintln!(
+                    "execrelay: {omitted_bytes} bytes of {} omitted",
+                    stream.as_str()
+                );
+            }
             ProcessEvent::Exited(info) => {
                 code = match (info.exit_code, info.signal.as_deref()) {
                     (Some(c), _) => c,
@@ -658,6 +667,12 @@ async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
                 }
             }
             ProcessEvent::Lost { from, to } => println!("[lost] events {from}..={to}"),
+            ProcessEvent::Omitted {
+                stream,
+                omitted_bytes,
+            } => {
+                println!("[{}] ({omitted_bytes} bytes omitted)", stream.as_str())
+            }
             ProcessEvent::Exited(info) => {
                 println!(
                     "demo: exited: code={:?} signal={:?} stdout={}B stderr={}B in {} ms",

@@ -20,6 +20,7 @@
 //!   release it and keep reading the child.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,13 +28,13 @@ use serde_json::Value;
 use tokio::sync::{mpsc, Notify};
 
 use super::rpc_connection::{Notification, RpcConnection};
-use super::{Client, ClientError, Shared};
+use super::{AckPolicy, Client, ClientError, Shared};
 use crate::connection::message::{Call, Note, Reply};
 use crate::process::event_log::EventBody;
 use crate::rpc::messages::ExitInfo;
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::{AckParams, ReadParams};
-use crate::rpc::notification::{decode_exit_info, decode_output_params};
+use crate::rpc::notification::{decode_exit_info, decode_omitted_params, decode_output_params};
 use crate::rpc::Method;
 use crate::sync::lock;
 
@@ -54,6 +55,14 @@ pub enum ProcessEvent {
         stream: StreamName,
         /// The bytes.
         data: Bytes,
+    },
+    /// The server read `omitted_bytes` of `stream` and did not keep them
+    /// (`outputCapKeep: "headAndTail"`): the kept tail follows.
+    Omitted {
+        /// Which stream.
+        stream: StreamName,
+        /// How many bytes.
+        omitted_bytes: u64,
     },
     /// The server no longer had events `from..=to` (only possible without acks).
     Lost {
@@ -81,17 +90,23 @@ pub(super) struct ProcSlot {
     unacked_bytes: u64,
     /// The exit notice was received.
     done: bool,
+    /// Shared with the process's controllers: set when the exit notice is received, after
+    /// which they send nothing more (the server forgets the process once its exit is
+    /// acknowledged, and a request then would only be answered "unknown process").
+    pub(super) finished: Arc<AtomicBool>,
     pub(super) notify: Arc<Notify>,
 }
 
 impl ProcSlot {
-    pub(super) fn new() -> Self {
+    /// A slot expecting events after `after` (0: from the first).
+    pub(super) fn new(after: u64) -> Self {
         ProcSlot {
             buf: VecDeque::new(),
-            received: 0,
-            consumed: 0,
+            received: after,
+            consumed: after,
             unacked_bytes: 0,
             done: false,
+            finished: Arc::new(AtomicBool::new(false)),
             notify: Arc::new(Notify::new()),
         }
     }
@@ -152,6 +167,18 @@ impl Client {
                     self.deliver(&conn, &process_id, seq, ProcessEvent::Exited(info))
                         .await;
                 }
+                Notification::Omitted {
+                    process_id,
+                    seq,
+                    stream,
+                    omitted_bytes,
+                } => {
+                    let ev = ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
+                    };
+                    self.deliver(&conn, &process_id, seq, ev).await;
+                }
                 Notification::Other { method, params } => {
                     let Some(pid) = params.get("processId").and_then(Value::as_str) else {
                         continue;
@@ -168,6 +195,15 @@ impl Client {
                             Some(info) => ProcessEvent::Exited(info),
                             None => continue,
                         },
+                        Some(Method::ProcessOutputOmitted) => {
+                            match decode_omitted_params(&params) {
+                                Some((stream, omitted_bytes)) => ProcessEvent::Omitted {
+                                    stream,
+                                    omitted_bytes,
+                                },
+                                None => continue,
+                            }
+                        }
                         _ => continue,
                     };
                     self.deliver(&conn, pid, seq, ev).await;
@@ -204,6 +240,7 @@ impl Client {
     fn push(slot: &mut ProcSlot, seq: u64, ev: ProcessEvent) {
         if matches!(ev, ProcessEvent::Exited(_)) {
             slot.done = true;
+            slot.finished.store(true, Ordering::Release);
         }
         slot.received = seq;
         slot.buf.push_back((seq, ev));
@@ -265,6 +302,13 @@ impl Client {
                         stream,
                         data: chunk,
                     },
+                    EventBody::Omitted {
+                        stream,
+                        omitted_bytes,
+                    } => ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
+                    },
                     EventBody::Exited(info) => ProcessEvent::Exited(info),
                 };
                 let mut procs = lock(&self.shared.procs);
@@ -297,7 +341,19 @@ impl Client {
             };
             slot.consumed = seq;
             slot.unacked_bytes += bytes;
-            if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
+            let (every, at_exit) = match self.shared.opts.ack_policy {
+                AckPolicy::Eager => (ACK_EVERY_BYTES, true),
+                AckPolicy::Lazy => (
+                    (self
+                        .shared
+                        .server_retained
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                        / 2)
+                    .max(1),
+                    false,
+                ),
+            };
+            if (exited && at_exit) || slot.unacked_bytes >= every {
                 slot.unacked_bytes = 0;
                 true
             } else {

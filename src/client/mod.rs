@@ -55,7 +55,7 @@ pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
 pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
 pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
-pub use options::{ClientOptions, InProcessConfig, StartOptions};
+pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};
 pub use process_handle::{
     ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
     STDIN_WRITE_BYTES,
@@ -95,6 +95,23 @@ struct Shared {
     local: Mutex<Option<OwnedServer>>,
     /// The server's `maxMessageBytes`, from its last `initialize` result.
     server_max_message: std::sync::atomic::AtomicUsize,
+    /// The server's `retainedOutputBytes`, from its last `initialize` result.
+    server_retained: std::sync::atomic::AtomicU64,
+    /// How long the session survives detached, as the server granted it.
+    granted_ttl_ms: std::sync::atomic::AtomicU64,
+    /// The connection's state, for an application that shows it (`execrelay run`).
+    state: tokio::sync::watch::Sender<ConnectionState>,
+}
+
+/// Where a client's connection stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Connected (the first connection, or a resumed one).
+    Connected,
+    /// The connection was lost; resuming the session.
+    Resuming,
+    /// Given up: the session is lost ([`Client::lost_reason`] says why).
+    Lost,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -120,6 +137,11 @@ impl Client {
             approvals: Arc::new(Mutex::new(approval::Approvals::default())),
             local: Mutex::new(None),
             server_max_message: std::sync::atomic::AtomicUsize::new(MAX_MESSAGE_BYTES),
+            server_retained: std::sync::atomic::AtomicU64::new(
+                crate::config::RETAINED_OUTPUT_BYTES as u64,
+            ),
+            granted_ttl_ms: std::sync::atomic::AtomicU64::new(0),
+            state: tokio::sync::watch::Sender::new(ConnectionState::Connected),
         });
         Client { shared }
     }
@@ -210,6 +232,30 @@ impl Client {
     /// The session id.
     pub fn session_id(&self) -> Option<String> {
         lock(&self.shared.session).as_ref().map(|s| s.0.clone())
+    }
+
+    /// Where the connection stands now and, through the receiver, each change (a lost
+    /// connection being resumed, resumed, or given up).
+    pub fn connection_state(&self) -> tokio::sync::watch::Receiver<ConnectionState> {
+        self.shared.state.subscribe()
+    }
+
+    /// How long the session survives detached, as the server granted it (`limits.
+    /// detachedSessionTtlMs` of the last `initialize`).
+    pub fn granted_session_ttl(&self) -> Duration {
+        Duration::from_millis(
+            self.shared
+                .granted_ttl_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// The session's id and resume token: what a later client needs to resume it
+    /// ([`ClientOptions`] aside), e.g. after this one is gone.
+    pub fn session_credentials(&self) -> Option<(String, String)> {
+        lock(&self.shared.session)
+            .as_ref()
+            .map(|(id, token, _)| (id.clone(), token.clone()))
     }
 
     /// Why the session was lost, if it was.
@@ -321,6 +367,11 @@ impl Client {
                     approve: self.shared.opts.approval_handler.is_some(),
                 },
             },
+            session_ttl_ms: self
+                .shared
+                .opts
+                .session_ttl
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         };
         let init = match conn.call_typed(Call::Initialize(params)).await? {
             Reply::Initialize(init) => init,
@@ -335,13 +386,27 @@ impl Client {
             usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.shared.server_retained.store(
+            init.limits.retained_output_bytes,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.shared.granted_ttl_ms.store(
+            init.limits.detached_session_ttl_ms,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *lock(&self.shared.session) = Some((
             init.session_id,
             init.resume_token,
             init.limits.detached_session_ttl_ms,
         ));
         *lock(&self.shared.conn) = Some(conn.clone());
-        if resume.is_some() && self.shared.opts.acks {
+        // (Lazy acks repeat nothing: what was consumed and not acknowledged is kept on
+        // purpose, and its bytes still count towards the next ack, so the server is never
+        // left waiting with a full retention.)
+        if resume.is_some()
+            && self.shared.opts.acks
+            && self.shared.opts.ack_policy == AckPolicy::Eager
+        {
             // An ack sent on the dead connection may be lost. Were it not repeated, the server
             // would replay only events this client already consumed (and drops as duplicates,
             // so they never count towards a new ack): with its retention full of them, it would
@@ -386,6 +451,7 @@ impl Client {
             let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
                 return;
             };
+            self.shared.state.send_replace(ConnectionState::Resuming);
             let deadline = tokio::time::Instant::now()
                 + self
                     .shared
@@ -399,6 +465,7 @@ impl Client {
                 match self.establish(Some((sid.clone(), tok.clone()))).await {
                     Ok(()) => {
                         tracing::info!(attempt, "session resumed");
+                        self.shared.state.send_replace(ConnectionState::Connected);
                         break;
                     }
                     Err(ClientError::Rpc {
@@ -434,6 +501,7 @@ impl Client {
     async fn fail(&self, why: String) {
         tracing::warn!(%why, "session lost");
         *lock(&self.shared.lost) = Some(why);
+        self.shared.state.send_replace(ConnectionState::Lost);
         // Ending every event stream tells the application.
         for slot in lock(&self.shared.procs).values() {
             slot.notify.notify_waiters();
@@ -495,7 +563,9 @@ impl Client {
     /// Start a process and get a handle streaming its events.
     pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
         let id = opts.params.process_id.clone();
-        lock(&self.shared.procs).insert(id.clone(), ProcSlot::new());
+        let slot = ProcSlot::new(0);
+        let finished = slot.finished.clone();
+        lock(&self.shared.procs).insert(id.clone(), slot);
         let mut retried = false;
         let mut lookups = 0;
         let result = loop {
@@ -555,7 +625,7 @@ impl Client {
                 }
             }
         };
-        Ok(ProcessHandle::new(id, result.pid, self.clone()))
+        Ok(ProcessHandle::new(id, result.pid, self.clone(), finished))
     }
 
     /// `server/info`.

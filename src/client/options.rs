@@ -57,6 +57,26 @@ pub struct ClientOptions {
     /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
     /// server denies every start its exec policy would ask about.
     pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
+    /// How long the session may stay detached (`sessionTtlMs`, `protocol.md` §3); `None`:
+    /// the server's default. Sent again on every resume. Above the server's
+    /// `max_session_ttl_ms`, `initialize` fails with `-32602` (its `data.max` says the most).
+    pub session_ttl: Option<Duration>,
+    /// When consumed events are acknowledged (with [`acks`](Self::acks)).
+    pub ack_policy: AckPolicy,
+}
+
+/// When a client acknowledges the events its application consumed (`process/ack`): what the
+/// server may release, and so what another client resuming the session can still be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckPolicy {
+    /// Every `ACK_EVERY_BYTES` of output and at the exit notice: the server holds little.
+    #[default]
+    Eager,
+    /// Only when half the server's `retainedOutputBytes` were consumed since the last ack,
+    /// and never the exit notice: the server keeps what it can, so a later client resuming
+    /// the session (`execrelay attach`) is shown it again; the process stays known (exited)
+    /// until its session is closed.
+    Lazy,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -68,6 +88,8 @@ impl std::fmt::Debug for ClientOptions {
             .field("reconnect_deadline", &self.reconnect_deadline)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("approval_handler", &self.approval_handler.is_some())
+            .field("session_ttl", &self.session_ttl)
+            .field("ack_policy", &self.ack_policy)
             .finish()
     }
 }
@@ -82,6 +104,8 @@ impl Default for ClientOptions {
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
             approval_handler: None,
+            session_ttl: None,
+            ack_policy: AckPolicy::Eager,
         }
     }
 }
@@ -115,6 +139,7 @@ impl StartOptions {
                 drain_timeout_ms: None,
                 kill_grace_ms: None,
                 kill_process_group_on_exit: false,
+                output_cap_keep: Default::default(),
             },
         }
     }
