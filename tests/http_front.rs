@@ -58,6 +58,7 @@ impl TestFront {
             Routes {
                 readyz: true,
                 metrics,
+                not_found_hint: None,
                 upgrades: vec![UpgradeRoute {
                     path: PathPattern::Any,
                     route: "rpc",
@@ -452,6 +453,7 @@ async fn routes_with_ids_and_exact_paths() {
     let routes = Routes {
         readyz: false,
         metrics: None,
+        not_found_hint: None,
         upgrades: vec![
             UpgradeRoute {
                 path: PathPattern::Exact("/v1/link"),

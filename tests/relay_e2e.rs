@@ -92,7 +92,7 @@ async fn run_through_the_relay_with_the_real_binaries_and_no_plaintext_on_the_wi
 /// environment was removed from the relay's environments file while its link was up (the
 /// relay closes that link at once and refuses it when it redials).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline() {
+async fn a_client_of_an_offline_or_removed_environment_is_told_which() {
     let dir = tempfile::tempdir().unwrap();
     let (relay_keys, server, client, envs, auth) =
         relay_server_and_client(dir.path(), "env-1").await;
@@ -141,7 +141,8 @@ async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline(
     );
 
     // The line removed while the link is up: the relay closes it, the server's redials are
-    // refused (its log says so and what to check), clients get environment_offline.
+    // refused (its log says so and what to check), clients are told it was revoked (and stop
+    // at once: nothing will bring it back).
     std::fs::write(&envs, "# nobody\n").unwrap();
     common::eventually("the server's log shows its link refused", || {
         std::fs::read_to_string(&server_log)
@@ -160,7 +161,7 @@ async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline(
     .await;
     assert_eq!(out.status.code(), Some(255));
     assert!(
-        text(&out.stderr).contains("environment_offline"),
+        text(&out.stderr).contains("environment \"env-1\" was revoked at the relay"),
         "{}",
         text(&out.stderr)
     );
@@ -177,13 +178,18 @@ async fn the_demo_runs_its_command_through_a_relay() {
     let out =
         common::binary::output_of(tokio::process::Command::new(common::bin()).arg("demo")).await;
     let stdout = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "the demo command's own status; {stdout}{}",
+        text(&out.stderr)
+    );
     for line in [
         "demo: relay listening on ws://127.0.0.1:",
         "clients reach it at relay+ws://127.0.0.1:",
         "[stdout] tick 5 from pid",
         "[stderr] a line on stderr",
-        "demo: exited: code=Some(7)",
+        "demo: the command exited with status 7",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
     }

@@ -377,7 +377,9 @@ impl Client {
         }
     }
 
-    pub(super) async fn next_event_of(&self, pid: &str) -> Option<ProcessEvent> {
+    /// The next event of `pid` and its seq (a [`ProcessEvent::Lost`] carries the last seq of
+    /// its range).
+    pub(super) async fn next_event_of(&self, pid: &str) -> Option<(u64, ProcessEvent)> {
         loop {
             let notify = {
                 let mut procs = lock(&self.shared.procs);
@@ -393,7 +395,7 @@ impl Client {
                     if exited {
                         lock(&self.shared.procs).remove(pid);
                     }
-                    return Some(ev);
+                    return Some((seq, ev));
                 }
                 if lock(&self.shared.lost).is_some() {
                     return None;

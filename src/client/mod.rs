@@ -86,7 +86,7 @@ struct Shared {
     procs: Mutex<HashMap<String, ProcSlot>>,
     reconnected: Notify,
     shutdown: CancellationToken,
-    lost: Mutex<Option<String>>,
+    lost: Mutex<Option<ClientError>>,
     connects: std::sync::atomic::AtomicU64,
     /// Decisions on the server's approval requests, by id (a re-sent request is not asked
     /// again).
@@ -150,8 +150,44 @@ impl Client {
     pub async fn connect(target: Target, opts: ClientOptions) -> Result<Client, ClientError> {
         let client = Client::unconnected(target, opts);
         client.establish(None).await?;
-        let c = client.clone();
-        if client.shared.opts.reconnect && client.shared.target.can_reconnect() {
+        client.watch_connection();
+        Ok(client)
+    }
+
+    /// Connect and resume a session that another client started (its id and resume token,
+    /// e.g. kept in a file by `execrelay run --detach`), handing out the events of its
+    /// processes `attach`: each a process id and the last seq already shown (0: from the
+    /// first event the server still holds; a range it no longer holds is
+    /// [`ProcessEvent::Lost`]). One handle per entry of `attach`, in order (their `pid` is 0:
+    /// `process/list` has it).
+    pub async fn resume(
+        target: Target,
+        opts: ClientOptions,
+        session_id: &str,
+        resume_token: &str,
+        attach: &[(String, u64)],
+    ) -> Result<(Client, Vec<ProcessHandle>), ClientError> {
+        let client = Client::unconnected(target, opts);
+        let mut handles = Vec::new();
+        for (id, after) in attach {
+            // Registered before the resume: its replay starts at once.
+            let slot = ProcSlot::new(*after);
+            let finished = slot.finished.clone();
+            lock(&client.shared.procs).insert(id.clone(), slot);
+            handles.push(ProcessHandle::new(id.clone(), 0, client.clone(), finished).after(*after));
+        }
+        client
+            .establish(Some((session_id.to_string(), resume_token.to_string())))
+            .await?;
+        client.watch_connection();
+        Ok((client, handles))
+    }
+
+    /// After the first connection: resume it when it is lost (or, for a target that cannot
+    /// be reached again, end the event streams).
+    fn watch_connection(&self) {
+        let c = self.clone();
+        if self.shared.opts.reconnect && self.shared.target.can_reconnect() {
             tokio::spawn(async move { c.supervise().await });
         } else {
             // Nothing to resume: when the connection ends, so do the event streams.
@@ -161,15 +197,16 @@ impl Client {
                     conn.closed().await;
                     if !c.shared.shutdown.is_cancelled() {
                         let why = match conn.failure() {
-                            Some(e) => e.to_string(),
-                            None => "the connection to the server was lost".into(),
+                            Some(e) => e,
+                            None => ClientError::SessionLost(
+                                "the connection to the server was lost".into(),
+                            ),
                         };
                         c.fail(why).await;
                     }
                 }
             });
         }
-        Ok(client)
     }
 
     /// A client over an already-open transport (no reconnection: the caller owns the
@@ -222,7 +259,10 @@ impl Client {
             if let Some(conn) = conn {
                 conn.closed().await;
                 if !c.shared.shutdown.is_cancelled() {
-                    c.fail("the in-process server ended".into()).await;
+                    c.fail(ClientError::SessionLost(
+                        "the in-process server ended".into(),
+                    ))
+                    .await;
                 }
             }
         });
@@ -260,6 +300,14 @@ impl Client {
 
     /// Why the session was lost, if it was.
     pub fn lost_reason(&self) -> Option<String> {
+        lock(&self.shared.lost).as_ref().map(ToString::to_string)
+    }
+
+    /// Why the session was lost, typed: [`ClientError::SessionExpired`] (the server no longer
+    /// knows it), [`ClientError::Revoked`], [`ClientError::Refused`] (this client's key is no
+    /// longer authorized), [`ClientError::SessionLost`] (no resume within the TTL), or the
+    /// protocol error of a server that broke the protocol.
+    pub fn loss(&self) -> Option<ClientError> {
         lock(&self.shared.lost).clone()
     }
 
@@ -445,7 +493,7 @@ impl Client {
             // A server that broke the protocol (a malformed binary message) is not resumed:
             // it would only send the same again.
             if let Some(e) = conn.failure() {
-                self.fail(e.to_string()).await;
+                self.fail(e).await;
                 return;
             }
             let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
@@ -458,6 +506,7 @@ impl Client {
                     .opts
                     .reconnect_deadline
                     .unwrap_or(Duration::from_millis(ttl));
+            let started = tokio::time::Instant::now();
             let mut delay = RECONNECT_INITIAL_DELAY;
             let mut attempt = 0u32;
             loop {
@@ -468,23 +517,29 @@ impl Client {
                         self.shared.state.send_replace(ConnectionState::Connected);
                         break;
                     }
-                    Err(ClientError::Rpc {
-                        code: -32003,
-                        message,
-                        ..
-                    }) => {
-                        self.fail(format!("server refused resume: {message}")).await;
+                    Err(ClientError::Rpc { code: -32003, .. }) => {
+                        self.fail(ClientError::SessionExpired).await;
                         return;
                     }
-                    Err(e @ ClientError::Protocol(_)) => {
-                        self.fail(e.to_string()).await;
+                    // Final: a server that broke the protocol, a key no longer authorized, an
+                    // environment the relay revoked. Retrying would only meet the same.
+                    Err(
+                        e @ (ClientError::Protocol(_)
+                        | ClientError::Refused(_)
+                        | ClientError::Revoked(_)),
+                    ) => {
+                        self.fail(e).await;
                         return;
                     }
                     Err(e) => {
                         tracing::debug!(attempt, error = %e, "reconnect failed");
                         if tokio::time::Instant::now() + delay > deadline {
-                            self.fail(format!("could not reconnect within the session TTL: {e}"))
-                                .await;
+                            let within = deadline.saturating_duration_since(started);
+                            self.fail(ClientError::SessionLost(format!(
+                                "could not resume within {} ms: {e}",
+                                within.as_millis()
+                            )))
+                            .await;
                             return;
                         }
                         tokio::select! {
@@ -498,7 +553,7 @@ impl Client {
         }
     }
 
-    async fn fail(&self, why: String) {
+    async fn fail(&self, why: ClientError) {
         tracing::warn!(%why, "session lost");
         *lock(&self.shared.lost) = Some(why);
         self.shared.state.send_replace(ConnectionState::Lost);
@@ -513,7 +568,7 @@ impl Client {
     async fn connection(&self) -> Result<RpcConnection, ClientError> {
         loop {
             if let Some(why) = lock(&self.shared.lost).clone() {
-                return Err(ClientError::SessionLost(why));
+                return Err(why);
             }
             let notified = self.shared.reconnected.notified();
             tokio::pin!(notified);

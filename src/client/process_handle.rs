@@ -58,6 +58,8 @@ pub struct ProcessHandle {
     /// same requests.
     control: ProcessController,
     write_seq: u64,
+    /// The seq of the last event handed out.
+    last_seq: u64,
 }
 
 impl ProcessHandle {
@@ -72,13 +74,28 @@ impl ProcessHandle {
             id,
             pid,
             write_seq: 0,
+            last_seq: 0,
         }
+    }
+
+    /// A handle whose events after `seq` are the ones still to come (a resumed attach).
+    pub(super) fn after(mut self, seq: u64) -> Self {
+        self.last_seq = seq;
+        self
     }
 
     /// The next event; `None` after the exit notice, or if the session was lost (see
     /// [`Client::lost_reason`]).
     pub async fn next_event(&mut self) -> Option<ProcessEvent> {
-        self.control.client.next_event_of(&self.id).await
+        let (seq, ev) = self.control.client.next_event_of(&self.id).await?;
+        self.last_seq = seq;
+        Some(ev)
+    }
+
+    /// The seq of the last event handed out by [`next_event`](Self::next_event) (0: none
+    /// yet), e.g. to resume from there later (`execrelay attach --since-last`).
+    pub fn consumed_seq(&self) -> u64 {
+        self.last_seq
     }
 
     /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`).

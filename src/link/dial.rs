@@ -230,7 +230,7 @@ pub async fn dial(
         Ok(Ok((ws, _))) => Ok(ws),
         Ok(Err(e)) => Err(DialError::Connect {
             url: ws_url.to_string(),
-            why: e.to_string(),
+            why: crate::transport::websocket::handshake_error(&e),
         }),
         Err(_) => Err(DialError::Timeout(ws_url.to_string(), deadline)),
     }

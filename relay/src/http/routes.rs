@@ -95,6 +95,10 @@ pub struct Routes<R> {
     pub metrics: Option<MetricsRenderer>,
     /// The upgrades, tried in order.
     pub upgrades: Vec<UpgradeRoute<R>>,
+    /// What this listener is and which URL form reaches it, sent as the body of the `404` to
+    /// an upgrade on a path it does not serve: a client dialling the wrong URL form (`ws://`
+    /// or `noise+ws://` at a relay) can tell its user what to type instead.
+    pub not_found_hint: Option<&'static str>,
 }
 
 /// A plain HTTP reply, always followed by closing the connection.
@@ -110,6 +114,9 @@ pub enum Reply {
     Forbidden,
     /// `404`.
     NotFound,
+    /// `404` for an upgrade on a path this listener does not serve, with the listener's hint
+    /// ([`Routes::not_found_hint`]) as the body.
+    NotServedHere(&'static str),
     /// `405` with `Allow: GET`.
     MethodNotAllowed,
     /// `426` with `Sec-WebSocket-Version: 13`: a WebSocket version we do not speak.
@@ -125,7 +132,7 @@ impl Reply {
             Reply::Ready | Reply::Metrics(_) => StatusCode::OK,
             Reply::BadRequest(_) => StatusCode::BAD_REQUEST,
             Reply::Forbidden => StatusCode::FORBIDDEN,
-            Reply::NotFound => StatusCode::NOT_FOUND,
+            Reply::NotFound | Reply::NotServedHere(_) => StatusCode::NOT_FOUND,
             Reply::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Reply::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
             Reply::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -142,6 +149,7 @@ impl Reply {
                 Reply::BadRequest(why) => (TEXT, None, Bytes::from(format!("{why}\n"))),
                 Reply::Forbidden => (TEXT, None, Bytes::from_static(FORBIDDEN_BODY.as_bytes())),
                 Reply::NotFound => (TEXT, None, Bytes::from_static(b"not found\n")),
+                Reply::NotServedHere(hint) => (TEXT, None, Bytes::from(format!("{hint}\n"))),
                 Reply::MethodNotAllowed => (
                     TEXT,
                     Some((header::ALLOW, "GET")),
@@ -225,7 +233,10 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
             .iter()
             .find_map(|r| r.path.matches(path).map(|id| (r, id)))
         else {
-            return Decision::Reply(Reply::NotFound);
+            return Decision::Reply(match routes.not_found_hint {
+                Some(hint) => Reply::NotServedHere(hint),
+                None => Reply::NotFound,
+            });
         };
         let accept = match check_websocket_handshake(request.method(), request.version(), headers) {
             Ok(accept) => accept,
@@ -329,6 +340,20 @@ mod tests {
             .header("Sec-WebSocket-Key", KEY)
     }
 
+    /// An upgrade on a path the listener does not serve gets its hint as the body of the
+    /// `404` (a client dialled the wrong URL form); other requests keep the plain `404`.
+    #[test]
+    fn an_upgrade_elsewhere_is_told_what_this_listener_is() {
+        let mut routes = relay_routes(None);
+        routes.not_found_hint = Some("this is a relay");
+        let d = decide(&routes, &upgrade("/").body(()).unwrap());
+        let reply = reply_of(d);
+        assert_eq!(reply, Reply::NotServedHere("this is a relay"));
+        assert_eq!(reply.status(), StatusCode::NOT_FOUND);
+        let get = Request::get("/nothing").body(()).unwrap();
+        assert_eq!(reply_of(decide(&routes, &get)), Reply::NotFound);
+    }
+
     #[derive(Clone, Debug, PartialEq, Eq)]
     enum Tag {
         Link,
@@ -340,6 +365,7 @@ mod tests {
         Routes {
             readyz: true,
             metrics: None,
+            not_found_hint: None,
             upgrades: vec![
                 UpgradeRoute {
                     path: PathPattern::Exact("/v1/link"),
@@ -465,6 +491,7 @@ mod tests {
             readyz: false,
             metrics: Some(Arc::new(|| "# EOF\n".to_owned())),
             upgrades: Vec::new(),
+            not_found_hint: None,
         };
         assert_eq!(
             reply_of(decide(&metrics, &get("/metrics?x=1"))),
