@@ -500,13 +500,12 @@ impl Client {
                 return;
             };
             self.shared.state.send_replace(ConnectionState::Resuming);
-            let deadline = tokio::time::Instant::now()
-                + self
-                    .shared
-                    .opts
-                    .reconnect_deadline
-                    .unwrap_or(Duration::from_millis(ttl));
-            let started = tokio::time::Instant::now();
+            let window = self
+                .shared
+                .opts
+                .reconnect_deadline
+                .unwrap_or(Duration::from_millis(ttl));
+            let deadline = tokio::time::Instant::now() + window;
             let mut delay = RECONNECT_INITIAL_DELAY;
             let mut attempt = 0u32;
             loop {
@@ -534,10 +533,9 @@ impl Client {
                     Err(e) => {
                         tracing::debug!(attempt, error = %e, "reconnect failed");
                         if tokio::time::Instant::now() + delay > deadline {
-                            let within = deadline.saturating_duration_since(started);
                             self.fail(ClientError::SessionLost(format!(
                                 "could not resume within {} ms: {e}",
-                                within.as_millis()
+                                window.as_millis()
                             )))
                             .await;
                             return;
@@ -554,7 +552,8 @@ impl Client {
     }
 
     async fn fail(&self, why: ClientError) {
-        tracing::warn!(%why, "session lost");
+        // The application is told (`loss`, the ended event streams) and says it its way.
+        tracing::info!(%why, "session lost");
         *lock(&self.shared.lost) = Some(why);
         self.shared.state.send_replace(ConnectionState::Lost);
         // Ending every event stream tells the application.

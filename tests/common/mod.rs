@@ -11,6 +11,7 @@
 
 pub mod binary;
 pub mod contain;
+pub mod cut_proxy;
 pub mod fifo;
 pub mod local;
 pub mod noise;
