@@ -32,10 +32,11 @@ use crate::rpc::messages::StreamName;
 /// Exit status of a copy that failed on a path (as scp): connection failures are 255.
 pub const COPY_FAILED: i32 = 1;
 /// Chunks of the tar stream in flight between the thread that reads or writes the archive
-/// and the connection: with 64 KiB pieces, 4 MiB.
-const PIPE_CHUNKS: usize = 64;
-/// The size of those pieces.
-const PIPE_CHUNK_BYTES: usize = 64 * 1024;
+/// and the connection: 16, at most 4 MiB of pieces (uploads) or of output chunks (downloads).
+const PIPE_CHUNKS: usize = 16;
+/// The size of an upload's pieces: one `process/write` each (`STDIN_WRITE_BYTES`), so the
+/// per-request costs vanish beside the bytes.
+const PIPE_CHUNK_BYTES: usize = crate::client::STDIN_WRITE_BYTES;
 /// The remote `tar`'s stderr kept for the error message, at most.
 const MAX_REMOTE_ERROR_BYTES: usize = 16 * 1024;
 /// A transfer shorter than this draws no progress bar.
@@ -129,9 +130,15 @@ pub fn main(args: CpArgs) -> i32 {
 }
 
 fn copy_failed(words: impl Into<String>) -> Failure {
+    let words: String = words.into();
+    // `No such file or directory (os error 2)`: the number says nothing more to a person.
+    let words = match words.rfind(" (os error ") {
+        Some(i) if words.ends_with(')') => words[..i].to_string(),
+        _ => words,
+    };
     Failure {
         status: COPY_FAILED,
-        words: words.into(),
+        words,
     }
 }
 
