@@ -557,8 +557,8 @@ async fn a_broken_configuration_file_names_the_file_the_line_and_the_key() {
 async fn dash_n_leaves_a_shell_loops_stdin_alone() {
     let (_server, url, _) = ws_server(&[]).await;
     let home = Home::new();
-    let script =
-        format!("printf 'a\\nb\\nc\\n' | while read h; do \"$0\" run -n \"$1\" \"echo $h\"; done",);
+    let script = "printf 'a\\nb\\nc\\n' | while read h; do \"$0\" run -n \"$1\" \"echo $h\"; done"
+        .to_string();
     let o = output_of(
         Command::new("sh")
             .args(["-c", &script, bin(), &url])
