@@ -686,3 +686,54 @@ async fn run_help_shows_examples_and_serve_help_groups_its_limits() {
         "limits only under their heading"
     );
 }
+
+#[tokio::test]
+async fn no_command_is_a_login_shell_on_a_terminal_when_stdin_is_one() {
+    let (_server, url, _) = ws_server(&[]).await;
+    let home = Home::new();
+    let pty = open_pty(24, 80);
+    let mut screen = Screen::new(&pty.master);
+    let fd = || Stdio::from(pty.slave.try_clone().unwrap());
+    let mut child = home
+        .cmd(&["run", &url])
+        .env("TERM", "xterm-i19")
+        .stdin(fd())
+        .stdout(fd())
+        .stderr(fd())
+        .spawn()
+        .unwrap();
+    drop(pty.slave);
+    common::pty::type_keys(
+        &pty.master,
+        b"echo \"term=$TERM tty=$(tty >/dev/null && echo yes)\"; exit 3\n",
+    );
+    let shown = screen.read_to_end().await;
+    let status = tokio::time::timeout(GUARD, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "{shown}");
+    assert!(shown.contains("term=xterm-i19 tty=yes"), "{shown:?}");
+    // Not a terminal here: the shell reads its commands from stdin, without one (as ssh).
+    let mut child = home
+        .cmd(&["run", &url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stdin,
+        b"echo \"tty=$(tty >/dev/null && echo yes || echo no)\"; exit 4\n",
+    )
+    .await
+    .unwrap();
+    drop(stdin);
+    let o = tokio::time::timeout(GUARD, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "tty=no\n");
+}
