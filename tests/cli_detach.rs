@@ -237,6 +237,8 @@ async fn ps_lists_and_kill_signals_detached_commands() {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{listing}");
+        // Pacing of the poll (each `ps` resumes both sessions), not a synchronisation.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let o = home.out(&["attach", &url, &b]).await;
     assert_eq!(o.status.code(), Some(128 + 15));

@@ -207,9 +207,15 @@ async fn figures_follow_sessions_processes_bytes_and_errors() {
     assert!(get(&m, "execrelay_retained_output_bytes") > 0.0);
 
     // The client goes away without closing its session: the session is detached, not gone.
-    // The server learns of the disconnect on its own schedule, so poll the figure (bounded).
+    // The server learns of the disconnect on its own schedule, so poll the figures (bounded).
+    // Both: a scrape takes the sessions' snapshot before it reads the connection gauge, so
+    // one scrape may show the connection gone and the session still attached.
     client.close();
-    let m = scrape_until(&server.metrics, |m| get(m, "execrelay_connections") == 0.0).await;
+    let m = scrape_until(&server.metrics, |m| {
+        get(m, "execrelay_connections") == 0.0
+            && get(m, "execrelay_sessions{state=\"attached\"}") == 0.0
+    })
+    .await;
     assert_eq!(get(&m, "execrelay_sessions{state=\"attached\"}"), 0.0);
     assert_eq!(get(&m, "execrelay_sessions{state=\"detached\"}"), 1.0);
 }
