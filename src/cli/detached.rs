@@ -377,6 +377,19 @@ async fn attach(args: AttachArgs) -> Result<i32, Failure> {
     let Some(mut proc) = proc else {
         return Err(Failure::cause("no process handle after the resume"));
     };
+    // A process the session no longer knows would never send anything: say so instead.
+    let listed = client
+        .call("process/list", json!({}))
+        .await
+        .map_err(|e| failure_of(&remote, &e))?;
+    if state_of(&listed, &d.process_id).0 == "gone" {
+        client.shutdown().await;
+        d.forget();
+        return Err(Failure::cause(format!(
+            "{}: the command is no longer known on {}; forgotten here",
+            d.handle, args.target
+        )));
+    }
     announce_resumes(&client);
     let ctl = proc.controller();
     let ended = tokio::select! {
