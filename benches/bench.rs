@@ -320,6 +320,7 @@ async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) 
             }
             ProcessEvent::Exited(_) => break,
             ProcessEvent::Lost { .. } => panic!("lost output"),
+            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
         }
     }
     if bytes > 1 << 20 {
@@ -629,7 +630,7 @@ async fn resume_bench(kills: usize) -> (f64, f64, i64) {
                 }
             }
             ProcessEvent::Exited(_) => break,
-            ProcessEvent::Lost { .. } => break,
+            ProcessEvent::Lost { .. } | ProcessEvent::Omitted { .. } => break,
         }
     }
     let _ = std::fs::remove_file(&path);

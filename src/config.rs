@@ -36,8 +36,19 @@ pub const RETAINED_OUTPUT_BYTES: usize = 8 * 1024 * 1024;
 /// ahead, whatever the number of processes. 256 MiB keeps a few hundred fast streams busy
 /// (about 1 MiB each) on a machine where the server may take a few hundred MB.
 pub const OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
-/// How long a detached session survives (`processes.md` §5).
+/// How long a detached session survives (`processes.md` §5) unless its client asked for
+/// another TTL (`sessionTtlMs`, `protocol.md` §3).
 pub const DETACHED_SESSION_TTL_MS: u64 = 60_000;
+/// The longest `sessionTtlMs` a client may ask for: 24 hours, so a command started with
+/// `execrelay run --detach` outlives a night, while a forgotten session (its processes, their
+/// retained output, its place under `max_sessions`) still goes away by itself within a day.
+/// Above it, `initialize` is answered `-32602` naming this setting.
+pub const MAX_SESSION_TTL_MS: u64 = 86_400_000;
+/// The largest tail `outputCapKeep: "headAndTail"` may keep per stream (half the
+/// `outputBytesCap`, rounded up): 8 MiB, the default retention of a whole process. The tail is
+/// held in memory until its stream ends (beside the event log), so a client cannot make the
+/// server hold more than this per stream: a larger tail is refused with `-32602`.
+pub const MAX_OUTPUT_TAIL_BYTES: usize = 8 * 1024 * 1024;
 /// Longest `process/read` long poll (`protocol.md` §4).
 pub const MAX_READ_WAIT_MS: u64 = 60_000;
 /// How long an exited process stays known after its exit notice was written, without acks.
@@ -453,6 +464,12 @@ settings! {
     /// See [`DETACHED_SESSION_TTL_MS`].
     detached_session_ttl_ms: u64 = DETACHED_SESSION_TTL_MS, Millis,
         "how long a detached session survives";
+    /// See [`MAX_SESSION_TTL_MS`].
+    max_session_ttl_ms: u64 = MAX_SESSION_TTL_MS, Millis,
+        "longest `sessionTtlMs` a client may ask for in `initialize` (also `--max-session-ttl DURATION`) → `-32602`";
+    /// See [`MAX_OUTPUT_TAIL_BYTES`].
+    max_output_tail_bytes: usize = MAX_OUTPUT_TAIL_BYTES, Bytes,
+        "largest tail `outputCapKeep: \"headAndTail\"` keeps per stream (half the cap), held in memory until the stream ends → `-32602`";
     /// See [`MAX_READ_WAIT_MS`].
     max_read_wait_ms: u64 = MAX_READ_WAIT_MS, Millis,
         "longest `process/read` long poll";
@@ -651,6 +668,12 @@ impl ServerConfig {
                     self.max_message_bytes
                 )));
             }
+        }
+        if self.detached_session_ttl_ms > self.max_session_ttl_ms {
+            return Err(ConfigError(format!(
+                "detached_session_ttl_ms ({}) must be at most max_session_ttl_ms ({})",
+                self.detached_session_ttl_ms, self.max_session_ttl_ms
+            )));
         }
         check_cgroup_name(&self.cgroup_name).map_err(ConfigError)?;
         Ok(())

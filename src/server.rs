@@ -60,6 +60,11 @@ use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed_with_keepalive, websocket_config};
 
+/// The body of the `404` a WebSocket upgrade on another path gets from a `noise+ws://`
+/// listener: a client that dialled it with `ws://` or `relay+ws://` learns what to use.
+pub const NOISE_SERVER_HINT: &str =
+    "this is an execrelay exec server speaking Noise; use noise+ws://HOST:PORT";
+
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -238,6 +243,8 @@ impl Server {
                     let routes = Routes {
                         health: Health::always(),
                         metrics: None,
+                        // Every path is served: no hint needed.
+                        not_found_hint: None,
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Any,
                             route: Route::JsonRpc,
@@ -282,6 +289,7 @@ impl Server {
                     let routes = Routes {
                         health: Health::always(),
                         metrics: None,
+                        not_found_hint: Some(NOISE_SERVER_HINT),
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Exact(LINK_PATH),
                             route: Route::Link,
@@ -360,6 +368,7 @@ impl Server {
                             health: Some(health.clone()),
                             metrics: Some(render),
                             upgrades: Vec::new(),
+                            not_found_hint: None,
                         },
                         limits: config.metrics_front_limits(),
                         websocket: websocket_config(config.max_message_bytes),
@@ -373,6 +382,7 @@ impl Server {
                         routes: Routes {
                             health: Some(health.clone()),
                             metrics: None,
+                            not_found_hint: None,
                             upgrades: Vec::new(),
                         },
                         limits: config.metrics_front_limits(),

@@ -65,6 +65,8 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("idle_link_timeout_ms", IDLE_LINK_TIMEOUT_MS),
     ("approval_timeout_ms", APPROVAL_TIMEOUT_MS),
     ("session_pids_max", DEFAULT_SESSION_PIDS_MAX),
+    ("max_session_ttl_ms", MAX_SESSION_TTL_MS),
+    ("max_output_tail_bytes", MAX_OUTPUT_TAIL_BYTES as u64),
 ];
 
 /// Every word setting with its default and two other valid values (for the file and the flag),

@@ -189,6 +189,7 @@ async fn relay_restarts_lose_and_repeat_nothing() {
                     let _ = progress_tx.send(len);
                 }
                 ProcessEvent::Lost { from, to } => panic!("events {from}..={to} lost"),
+                ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
                 ProcessEvent::Exited(info) => {
                     exit = Some(info);
                     break;

@@ -35,6 +35,10 @@ pub enum Reason {
     EnvironmentOffline,
     /// Relay: the environment's link died or was replaced.
     EnvironmentGone,
+    /// Relay: the environment is no longer listed (its key was removed from the
+    /// environments file): its streams are reset, and `OPEN`s for it refused, with this
+    /// reason, so that its clients stop at once instead of waiting for it to come back.
+    EnvironmentRevoked,
     /// Relay: the client link that opened the stream died.
     ClientGone,
     /// Handshake message 1 whose `ts` is not above one already accepted for its key (the
@@ -46,7 +50,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::WindowExceeded,
         Reason::MalformedFrame,
         Reason::Busy,
@@ -60,6 +64,7 @@ impl Reason {
         Reason::Closed,
         Reason::EnvironmentOffline,
         Reason::EnvironmentGone,
+        Reason::EnvironmentRevoked,
         Reason::ClientGone,
         Reason::ReplayedHandshake,
         Reason::ClockSkew,
@@ -81,6 +86,7 @@ impl Reason {
             Reason::Closed => "closed",
             Reason::EnvironmentOffline => "environment_offline",
             Reason::EnvironmentGone => "environment_gone",
+            Reason::EnvironmentRevoked => "environment_revoked",
             Reason::ClientGone => "client_gone",
             Reason::ReplayedHandshake => "replayed_handshake",
             Reason::ClockSkew => "clock_skew",

@@ -116,6 +116,42 @@ fn environment_offline_then_gone_then_offline_again() {
     assert_eq!(net.router.counters().resets(Reason::EnvironmentOffline), 2);
 }
 
+/// A revoked environment's streams are reset `environment_revoked`, and so are its `OPEN`s
+/// until it is listed (and links) again: its clients stop instead of waiting for it.
+#[test]
+fn a_revoked_environment_says_so_to_its_streams_and_its_opens() {
+    let clock = Clock::new();
+    let mut net = Net::new(relay_cfg());
+    net.add_client(clock.now, "env1", cfg());
+    net.add_env(clock.now, "env1", cfg());
+    establish_via(&mut net, clock.now, 0, 0, 1);
+    net.router.remove_environment("env1");
+    net.pump(clock.now);
+    assert_eq!(
+        events(net.client(0)),
+        vec![peer_reset(1, "environment_revoked")]
+    );
+    assert!(net.router.is_revoked("env1"));
+    net.client(0).open(sid(2), Bytes::new()).unwrap();
+    net.pump(clock.now);
+    assert_eq!(
+        events(net.client(0)),
+        vec![peer_reset(2, "environment_revoked")]
+    );
+    assert_eq!(net.router.counters().resets(Reason::EnvironmentRevoked), 2);
+    // Listed again and linked: streams flow, and a later loss of its link is `environment_gone`.
+    net.add_env(clock.now, "env1", cfg());
+    assert!(!net.router.is_revoked("env1"));
+    establish_via(&mut net, clock.now, 0, 1, 3);
+    let env_link = net.envs[1].1;
+    net.router.link_closed(env_link, CloseReason::Transport);
+    net.pump(clock.now);
+    assert_eq!(
+        events(net.client(0)),
+        vec![peer_reset(3, "environment_gone")]
+    );
+}
+
 #[test]
 fn a_client_link_death_resets_its_streams_on_the_environment_and_nothing_else() {
     let clock = Clock::new();

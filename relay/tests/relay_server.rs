@@ -240,14 +240,14 @@ async fn a_removed_line_closes_the_link_at_once_and_resets_its_streams() {
     assert_eq!(reason, CloseReason::Transport, "closed by the relay");
     assert_eq!(
         guard("reset", s.receiver.recv()).await,
-        Err(StreamError::PeerReset("environment_gone".into()))
+        Err(StreamError::PeerReset("environment_revoked".into()))
     );
     logs.wait_for(&["environment no longer listed", ENV]).await;
     logs.wait_for(&["environment link closed", "revoked"]).await;
     // The other environment and its stream carry on.
     round_trip(&mut s2, "after").await;
     assert_eq!(kept.close_reason(), None);
-    // The environment cannot come back, and its clients are told it is offline.
+    // The environment cannot come back, and its clients are told it was revoked.
     let mut ws = relay.ws(&format!("/v1/env/{ENV}")).await;
     let r = env_handshake(&mut ws, &env_keys, &relay.keys.public, ENV, next_ts()).await;
     assert_eq!(r, Err(LinkRefusal::Refused("unauthorized".into())));
@@ -258,7 +258,7 @@ async fn a_removed_line_closes_the_link_at_once_and_resets_its_streams() {
     .await;
     assert_eq!(
         refused.err(),
-        Some(StreamError::PeerReset("environment_offline".into()))
+        Some(StreamError::PeerReset("environment_revoked".into()))
     );
     let m = relay.metrics().await;
     assert_eq!(
@@ -268,9 +268,9 @@ async fn a_removed_line_closes_the_link_at_once_and_resets_its_streams() {
     assert_eq!(
         metric_of(
             &m,
-            "execrelay_relay_resets_total{reason=\"environment_gone\"}"
+            "execrelay_relay_resets_total{reason=\"environment_revoked\"}"
         ),
-        1
+        2
     );
     assert_eq!(
         metric_of(&m, "execrelay_relay_environments_revoked_total"),

@@ -37,6 +37,13 @@ pub enum ClientError {
     /// The session could not be resumed within its TTL.
     #[error("session lost: {0}")]
     SessionLost(String),
+    /// The server no longer knows the session (it expired while detached, or was closed):
+    /// resuming it was refused with `-32003`.
+    #[error("the session expired on the server (or was closed)")]
+    SessionExpired,
+    /// The relay revoked the environment (its key is no longer listed): nothing retries.
+    #[error("{0}")]
+    Revoked(String),
 }
 
 impl ClientError {

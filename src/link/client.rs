@@ -116,6 +116,10 @@ pub enum NoiseError {
     /// No answer in time.
     #[error("no answer to the handshake within {0:?}")]
     Timeout(Duration),
+    /// The relay no longer lists this environment (`environment_revoked`): it will not come
+    /// back, so nothing retries.
+    #[error("environment {0:?} was revoked at the relay: its key is no longer listed there")]
+    EnvironmentRevoked(String),
 }
 
 fn explain_reset(reason: &str) -> String {
@@ -281,6 +285,7 @@ impl ClientLink {
                 "environment_offline" | "environment_gone" => {
                     NoiseError::EnvironmentOffline(self.target.env_id.clone(), reason)
                 }
+                "environment_revoked" => NoiseError::EnvironmentRevoked(self.target.env_id.clone()),
                 _ => NoiseError::Refused(explain_reset(&reason)),
             },
             _ => NoiseError::LinkLost,

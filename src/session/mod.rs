@@ -34,6 +34,7 @@ pub use session::{ConnHandle, Session, StartSpec};
 pub use session_registry::SessionRegistry;
 
 use crate::process::containment::ContainmentError;
+use crate::process::StartError;
 
 /// Failures of session and process bookkeeping; mapped to JSON-RPC codes in
 /// `connection/error_map.rs`.
@@ -64,9 +65,9 @@ pub enum SessionError {
     /// No such process.
     #[error("unknown process id {0:?}")]
     UnknownProcess(String),
-    /// The OS refused to start the child.
-    #[error("spawn failed: {0}")]
-    Spawn(std::io::Error),
+    /// The child could not be started: what failed, which path, the OS error.
+    #[error("{0}")]
+    Start(StartError),
     /// The exec policy denied it, or its approval was refused, timed out or withdrawn.
     #[error("not approved: {reason}")]
     NotApproved {
@@ -94,8 +95,7 @@ impl SessionError {
                 limit,
                 value: *value,
             },
-            // An OS error keeps its number (EMFILE is mapped apart in `error_map.rs`).
-            SessionError::Spawn(e) => SessionError::Spawn(duplicate_io(e)),
+            SessionError::Start(e) => SessionError::Start(e.clone()),
             SessionError::Containment(e) => SessionError::Containment(duplicate_containment(e)),
             SessionError::NotApproved { reason, rule } => SessionError::NotApproved {
                 reason,

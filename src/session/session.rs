@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
 use crate::process::{ManagedProcess, ProcessOptions, ReadySet};
+use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
 
 /// A validated `process/start`: what to spawn and how to run it. The connection's handler
@@ -110,9 +112,24 @@ pub struct Session {
     pub(super) closing: TaskTracker,
     /// Cancelled once close has ended every process of the session.
     pub(super) terminated: CancellationToken,
+    /// How long the session survives detached, in milliseconds: the server's default, or
+    /// what the client's `sessionTtlMs` asked for (within `max_session_ttl_ms`).
+    pub(super) detached_ttl_ms: AtomicU64,
 }
 
 impl Session {
+    /// How long the session survives detached.
+    pub fn detached_ttl(&self) -> Duration {
+        Duration::from_millis(self.detached_ttl_ms.load(Ordering::Relaxed))
+    }
+
+    /// Set how long the session survives detached (`sessionTtlMs`, already checked against
+    /// the server's `max_session_ttl_ms`); takes effect at the next detach.
+    pub fn set_detached_ttl(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.detached_ttl_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Whether a connection holds the session.
     pub fn is_attached(&self) -> bool {
         lock(&self.attach).current.is_some()
@@ -184,7 +201,7 @@ impl Session {
             }
             st.generation
         };
-        let ttl = self.config.detached_ttl();
+        let ttl = self.detached_ttl();
         // The deadline is fixed now, not when the timer task first runs.
         let deadline = Instant::now() + ttl;
         let me = Arc::downgrade(self);
@@ -198,7 +215,7 @@ impl Session {
             };
             if !stale {
                 tracing::info!(session = %s.id, "detached session expired");
-                s.close_with(reason::SESSION_EXPIRED);
+                s.close_with(reason::SESSION_EXPIRED, ExitReason::SessionExpired);
             }
         });
     }
@@ -208,11 +225,12 @@ impl Session {
     /// end of a session"). [`terminated`](Self::terminated) resolves when that is done.
     /// Idempotent.
     pub fn close(&self) {
-        self.close_with(reason::SESSION_CLOSED)
+        self.close_with(reason::SESSION_CLOSED, ExitReason::SessionClosed)
     }
 
-    /// Close, telling pending approvals `why` (one of [`reason`]'s phrases).
-    fn close_with(&self, why: &'static str) {
+    /// Close, telling pending approvals `why` (one of [`reason`]'s phrases) and the exit
+    /// notices of the processes it ends `ended` (unless something else was ending them).
+    fn close_with(&self, why: &'static str, ended: ExitReason) {
         // The attach lock orders close against `start`'s insertion: a process is either
         // taken here or refused there.
         let procs: Vec<Arc<ManagedProcess>> = {
@@ -240,6 +258,7 @@ impl Session {
         }
         // Nobody will read their output again.
         for p in &procs {
+            p.mark_ending(ended);
             p.abandon();
         }
         let grace = end_grace(&procs, &self.config);
@@ -386,7 +405,7 @@ impl Session {
                 if self.closed.is_cancelled() {
                     return Err(SessionError::UnknownSession);
                 }
-                return Err(SessionError::Spawn(e));
+                return Err(SessionError::Start(e));
             }
         };
         {

@@ -150,7 +150,12 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         let Some(env_link) = self.envs.get(&key.env).and_then(|e| e.link) else {
-            self.refuse(link, s, Reason::EnvironmentOffline);
+            let why = if self.is_revoked(&key.env) {
+                Reason::EnvironmentRevoked
+            } else {
+                Reason::EnvironmentOffline
+            };
+            self.refuse(link, s, why);
             return;
         };
         let env_full = self

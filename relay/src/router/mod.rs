@@ -153,7 +153,16 @@ pub struct Router<T: RoutingTable = MemoryTable> {
     queued_bytes: usize,
     events: VecDeque<RouterEvent>,
     counters: Counters,
+    /// Environments revoked since this relay started and not listed again, oldest first (at
+    /// most [`REVOKED_REMEMBERED`]): their `OPEN`s are refused `environment_revoked`, not
+    /// `environment_offline`, so a client stops instead of waiting for a link that will not
+    /// come.
+    revoked: VecDeque<Arc<str>>,
 }
+
+/// Revoked environment ids the router remembers (each a short string): beyond it the oldest
+/// is forgotten and its `OPEN`s read `environment_offline` again, as after a restart.
+pub const REVOKED_REMEMBERED: usize = 4096;
 
 impl Router<MemoryTable> {
     /// A relay with an in-memory routing table.
@@ -176,6 +185,7 @@ impl<T: RoutingTable> Router<T> {
             queued_bytes: 0,
             events: VecDeque::new(),
             counters: Counters::default(),
+            revoked: VecDeque::new(),
         })
     }
 
@@ -294,6 +304,7 @@ impl<T: RoutingTable> Router<T> {
             }
         }
         let id = self.new_link(LinkKind::Environment, env.clone(), None, now, seed);
+        self.revoked.retain(|r| *r != env);
         self.envs.entry(env).or_default().link = Some(id);
         Ok(id)
     }
@@ -316,11 +327,23 @@ impl<T: RoutingTable> Router<T> {
         Ok(self.new_link(LinkKind::Client, Arc::from(env), Some(addr), now, seed))
     }
 
-    /// The environment is no longer listed: close its link at once (its streams reset).
+    /// The environment is no longer listed: close its link at once (its streams reset
+    /// `environment_revoked`), and refuse its `OPEN`s so from now on.
     pub fn remove_environment(&mut self, env: &str) {
+        if !self.revoked.iter().any(|r| &**r == env) {
+            if self.revoked.len() >= REVOKED_REMEMBERED {
+                self.revoked.pop_front();
+            }
+            self.revoked.push_back(Arc::from(env));
+        }
         if let Some(link) = self.envs.get(env).and_then(|e| e.link) {
             self.close_link(link, CloseReason::Revoked);
         }
+    }
+
+    /// Whether `env` was revoked (and not listed again since).
+    pub fn is_revoked(&self, env: &str) -> bool {
+        self.revoked.iter().any(|r| &**r == env)
     }
 
     /// The driver saw `link` end (socket closed, write deadline, shutdown): reset its streams
@@ -474,6 +497,11 @@ impl<T: RoutingTable> Router<T> {
                     }
                     _ => HashSet::new(),
                 };
+                let why = if self.is_revoked(&l.env) {
+                    Reason::EnvironmentRevoked
+                } else {
+                    Reason::EnvironmentGone
+                };
                 for s in streams {
                     let key = RouteKey {
                         env: l.env.clone(),
@@ -484,13 +512,9 @@ impl<T: RoutingTable> Router<T> {
                             c.streams.remove(&s);
                             c.closed_streams.insert(s);
                         }
-                        self.counters.reset(Reason::EnvironmentGone);
-                        self.stream_event(
-                            route.client,
-                            s,
-                            StreamChange::Reset(Reason::EnvironmentGone),
-                        );
-                        let reset = Frame::reset(s, Reason::EnvironmentGone.as_str());
+                        self.counters.reset(why);
+                        self.stream_event(route.client, s, StreamChange::Reset(why));
+                        let reset = Frame::reset(s, why.as_str());
                         self.enqueue(route.client, reset, Lane::AfterData);
                     }
                 }

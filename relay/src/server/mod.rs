@@ -49,6 +49,11 @@ use settings::{RelaySettings, SettingsError};
 
 /// The path prefix of environment links: `/v1/env/ID`.
 pub const ENV_PATH_PREFIX: &str = "/v1/env/";
+/// The body of the `404` a WebSocket upgrade on another path gets: a client that dialled the
+/// relay with `ws://` or `noise+ws://` learns what to use (its CLI shows it).
+pub const RELAY_HINT: &str =
+    "this is an execrelay relay; clients use relay+ws://HOST:PORT/ENVIRONMENT_ID (relay+wss:// over TLS)";
+
 /// The path prefix of client links: `/v1/connect/ID`.
 pub const CONNECT_PATH_PREFIX: &str = "/v1/connect/";
 /// The relay's version, sent in message 2 of every environment link.
@@ -254,6 +259,7 @@ impl RelayServer {
         let routes = Routes {
             health: Some(health.clone()),
             metrics: None,
+            not_found_hint: Some(RELAY_HINT),
             upgrades: vec![
                 UpgradeRoute {
                     path: PathPattern::WithId(ENV_PATH_PREFIX),
@@ -315,6 +321,7 @@ impl RelayServer {
                     health: Some(health),
                     metrics: Some(renderer),
                     upgrades: Vec::new(),
+                    not_found_hint: None,
                 },
                 limits: settings.metrics_front_limits(),
                 websocket: link_websocket_config_with(settings.max_frame_bytes),
