@@ -155,7 +155,7 @@ async fn keys_given_in_the_wrong_place_are_named_and_bad_authorized_lines_skippe
     assert_eq!(
         text(&o.stderr),
         format!(
-            "execrelay: {}: this is a public key (execrelay-x25519 …), and a private key is needed here: give the file without .pub\n",
+            "execrelay: --key: {}: this is a public key (execrelay-x25519 …), and a private key is needed here: give the file without .pub\n",
             client.pubs()
         )
     );

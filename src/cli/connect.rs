@@ -154,7 +154,7 @@ fn build(
     };
     let (keys, key_path) = match (&flags.key, entry(|h| &h.key, "key")) {
         (Some(p), _) => (
-            Keypair::load(p).map_err(|e| Failure::cause(e.to_string()))?,
+            Keypair::load(p).map_err(|e| From::Flag("--key").fail(e))?,
             p.clone(),
         ),
         (None, Some((from, v))) => {

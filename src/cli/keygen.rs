@@ -79,6 +79,7 @@ fn keygen(args: KeygenArgs) -> Result<(), Failure> {
         );
         return Ok(());
     }
+    let named = args.output.is_some();
     let output = match args.output {
         Some(p) => p,
         None => {
@@ -111,7 +112,8 @@ fn keygen(args: KeygenArgs) -> Result<(), Failure> {
     if !taken.is_empty() {
         if !args.force {
             return Err(Failure::cause(format!(
-                "{} exists: not overwritten (--force replaces {} and {})",
+                "{}{} exists: not overwritten (--force replaces {} and {})",
+                if named { "-o " } else { "" },
                 taken[0].display(),
                 output.display(),
                 public.display()
