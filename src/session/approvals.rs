@@ -97,10 +97,10 @@ struct Pending {
 
 /// A request taken out of the registry; [`Taken::resolve`] runs its callback. Taken under the
 /// session's lock, resolved after it is released (the callback may wake other tasks).
-pub(super) struct Taken(Pending);
+pub(crate) struct Taken(Pending);
 
 impl Taken {
-    pub(super) fn resolve(self, r: Resolution) {
+    pub(crate) fn resolve(self, r: Resolution) {
         (self.0.callback)(r)
     }
 }

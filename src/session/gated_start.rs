@@ -11,15 +11,17 @@
 //! It never decodes JSON and never writes to a transport: requests leave through the attached
 //! connection's [`RequestSink`](super::RequestSink).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tokio::sync::{oneshot, watch};
-use tokio::time::Instant;
+use tokio::sync::oneshot;
 
 use super::approvals::{reason, AnswerOutcome, ApprovalAnswer, Resolution};
-use super::session::{Slot, StartSpec};
-use super::{Session, SessionError};
-use crate::metrics::ApprovalOutcome;
+use super::error::SessionError;
+use super::pending::PendingStart;
+use super::session::{now, Session, StartSpec};
+use super::table::{Registered, Slot};
+use super::verdict::exec_verdict;
+use crate::metrics::{ApprovalOutcome, Metrics};
 use crate::policy::Action;
 use crate::process::ManagedProcess;
 use crate::rpc::messages::ApproveParams;
@@ -32,19 +34,6 @@ pub struct Caller {
     pub conn_id: u64,
     /// It declared `serverRequests: ["process/approve"]`.
     pub can_approve: bool,
-}
-
-type Outcome = Option<Result<Arc<ManagedProcess>, Arc<SessionError>>>;
-
-/// A start waiting for the client's approval.
-pub(crate) struct PendingStart {
-    spec: StartSpec,
-    /// Its argv, shared with every `process/list` answer that shows it.
-    argv: Arc<[String]>,
-    /// Its outcome, for starts that joined it; `None` until decided.
-    done: watch::Sender<Outcome>,
-    /// Connections of the starts that joined: each opens delivery after writing its result.
-    joined: Mutex<Vec<u64>>,
 }
 
 /// How `process/list` shows a process.
@@ -93,8 +82,13 @@ pub struct ListedProcess {
 impl Session {
     /// Every known process, pending approvals included, sorted by id.
     pub fn list(&self) -> Vec<ListedProcess> {
-        let mut out: Vec<ListedProcess> = lock(&self.processes)
-            .iter()
+        let slots = self
+            .shared
+            .upgrade()
+            .map(|sh| lock(&sh.table).slots(&self.id))
+            .unwrap_or_default();
+        let mut out: Vec<ListedProcess> = slots
+            .into_iter()
             .filter_map(|(id, slot)| match slot {
                 Slot::Ready(p) => {
                     let info = p.info();
@@ -114,7 +108,7 @@ impl Session {
                     })
                 }
                 Slot::Pending(ps) => Some(ListedProcess {
-                    process_id: id.clone(),
+                    process_id: id,
                     pid: None,
                     argv: ps.argv.clone(),
                     tty: ps.spec.spawn.tty.is_some(),
@@ -134,7 +128,10 @@ impl Session {
     /// request counts; a late or repeated one is ignored (and logged); an id this session
     /// never sent is for the connection to treat as a protocol error.
     pub fn answer(&self, id: &str, answer: ApprovalAnswer) -> AnswerOutcome {
-        let (outcome, taken) = lock(&self.approvals).take_by_id(id);
+        let (outcome, taken) = match self.shared.upgrade() {
+            Some(sh) => lock(&sh.table).answer(&self.id, id),
+            None => (AnswerOutcome::LateOrDuplicate, None),
+        };
         match (outcome, taken) {
             (AnswerOutcome::Answered, Some(t)) => t.resolve(match answer {
                 ApprovalAnswer::Approve => Resolution::Approved,
@@ -161,16 +158,18 @@ impl Session {
         caller: Caller,
     ) -> Result<Arc<ManagedProcess>, SessionError> {
         if let Some(pending) = self.join_pending(&spec, caller.conn_id)? {
-            return wait_outcome(&pending).await;
+            return pending.outcome().await;
         }
-        let Some(registry) = self.registry.upgrade() else {
+        let Some(shared) = self.shared.upgrade() else {
             return Err(SessionError::UnknownSession);
         };
-        let verdict = registry.exec_verdict(&spec.spawn);
+        let verdict = exec_verdict(shared.policy.as_deref(), &spec.spawn);
+        let metrics = shared.metrics.clone();
+        drop(shared);
         match verdict.action {
             Action::Allow => self.start(spec, caller.conn_id),
             Action::Deny => {
-                registry.metrics().policy_denials.inc();
+                metrics.policy_denials.inc();
                 tracing::info!(process = %spec.process_id, rule = %verdict.rule, "denied by the exec policy");
                 Err(SessionError::NotApproved {
                     reason: reason::POLICY_DENIED,
@@ -178,15 +177,13 @@ impl Session {
                 })
             }
             Action::Ask if !caller.can_approve => {
-                registry.metrics().approval(ApprovalOutcome::Denied);
+                metrics.approval(ApprovalOutcome::Denied);
                 Err(SessionError::NotApproved {
                     reason: reason::CANNOT_ASK,
                     rule: Some(verdict.rule),
                 })
             }
             Action::Ask => {
-                let metrics = registry.metrics().clone();
-                drop(registry);
                 self.start_after_approval(spec, verdict.rule, caller.conn_id, &metrics)
                     .await
             }
@@ -200,14 +197,19 @@ impl Session {
         spec: &StartSpec,
         conn_id: u64,
     ) -> Result<Option<Arc<PendingStart>>, SessionError> {
-        let procs = lock(&self.processes);
-        match procs.get(&spec.process_id) {
-            Some(Slot::Pending(p)) if p.spec == *spec => {
-                lock(&p.joined).push(conn_id);
+        let Some(shared) = self.shared.upgrade() else {
+            return Ok(None);
+        };
+        let t = lock(&shared.table);
+        match t.slot(&self.id, &spec.process_id) {
+            Some((Slot::Pending(p), _)) if p.spec == *spec => {
+                p.join(conn_id);
                 tracing::info!(process = %spec.process_id, "start joins the one waiting for approval");
                 Ok(Some(p.clone()))
             }
-            Some(Slot::Pending(_)) => Err(SessionError::ProcessExists(spec.process_id.clone())),
+            Some((Slot::Pending(_), _)) => {
+                Err(SessionError::ProcessExists(spec.process_id.clone()))
+            }
             _ => Ok(None),
         }
     }
@@ -217,71 +219,57 @@ impl Session {
         spec: StartSpec,
         rule: String,
         conn_id: u64,
-        metrics: &crate::metrics::Metrics,
+        metrics: &Metrics,
     ) -> Result<Arc<ManagedProcess>, SessionError> {
         let id = spec.process_id.clone();
-        let pending = Arc::new(PendingStart {
-            spec: spec.clone(),
-            argv: Arc::from(spec.spawn.argv.as_slice()),
-            done: watch::channel(None).0,
-            joined: Mutex::new(Vec::new()),
-        });
-        self.reserve(&id, Slot::Pending(pending.clone()))?;
-        let (tx, mut rx) = oneshot::channel();
-        let (request, closed_meanwhile) = {
-            let st = lock(&self.attach);
-            let mut approvals = lock(&self.approvals);
-            let request = approvals.register(approve_params(&spec, &rule), move |r| {
+        let pending = PendingStart::new(&spec);
+        let serial = self.reserve(&id, Slot::Pending(pending.clone()))?;
+        let (tx, rx) = oneshot::channel();
+        // The table arms the request's deadline (`approval_timeout_ms`); its timer resolves
+        // it as timed out unless an answer, a withdrawal or the session's end comes first.
+        let registered = self.shared.upgrade().and_then(|sh| {
+            let mut t = lock(&sh.table);
+            let r = t.register_approval(now(), &self.id, approve_params(&spec, &rule), move |r| {
                 let _ = tx.send(r);
             });
-            if self.closed.is_cancelled() {
-                // Closed before we registered: `close` could not withdraw us.
-                (
-                    request,
-                    approvals.take_last().map(|t| (t, reason::SESSION_CLOSED)),
-                )
-            } else {
-                match st.current.as_ref().map(|c| c.requests.as_ref()) {
-                    Some(Some(sink)) => {
-                        sink(request.clone());
-                        (request, None)
-                    }
-                    // Resumed meanwhile by a client that cannot answer (this start began on
-                    // the connection it evicted): nobody can answer, as `attach` decided for
-                    // the requests pending then.
-                    Some(None) => (
-                        request,
-                        approvals
-                            .take_last()
-                            .map(|t| (t, reason::RESUMED_WITHOUT_CAPABILITY)),
-                    ),
-                    // Detached: sent to the connection that resumes it.
-                    None => (request, None),
+            if let Some(Registered::Send(request)) = &r {
+                if let Some(sink) = t.holder(&self.id).and_then(|h| h.conn.requests.clone()) {
+                    sink(request.clone());
                 }
             }
+            drop(t);
+            sh.wake.notify_one();
+            r
+        });
+        let request = match registered {
+            Some(Registered::Send(r)) | Some(Registered::Held(r)) => r,
+            // Resumed meanwhile by a client that cannot answer (this start began on the
+            // connection it evicted): nobody can answer, as `attach` decided for the requests
+            // pending then.
+            Some(Registered::Refused(r, taken)) => {
+                taken.resolve(Resolution::Refused {
+                    reason: reason::RESUMED_WITHOUT_CAPABILITY,
+                });
+                r
+            }
+            // Closed before we registered: nothing will answer.
+            None => {
+                metrics.approval(ApprovalOutcome::Requested);
+                metrics.approval(ApprovalOutcome::Withdrawn);
+                return self.decided(
+                    &pending,
+                    Err(SessionError::NotApproved {
+                        reason: reason::SESSION_CLOSED,
+                        rule: Some(rule),
+                    }),
+                );
+            }
         };
-        if let Some((t, why)) = closed_meanwhile {
-            t.resolve(Resolution::Refused { reason: why });
-        }
         metrics.approval(ApprovalOutcome::Requested);
         tracing::info!(process = %id, request = %request.id, %rule, "approval requested");
 
-        let deadline = Instant::now() + self.config.approval_timeout();
-        let resolution = match tokio::time::timeout_at(deadline, &mut rx).await {
-            Ok(r) => r,
-            Err(_) => {
-                let taken = lock(&self.approvals).take_id(&request.id);
-                if let Some(t) = taken {
-                    t.resolve(Resolution::Refused {
-                        reason: reason::TIMED_OUT,
-                    });
-                }
-                // Whatever came first (the answer may have won the race) is in the channel.
-                rx.await
-            }
-        }
         // The callback always sends; a dropped one would mean the session vanished.
-        .unwrap_or(Resolution::Refused {
+        let resolution = rx.await.unwrap_or(Resolution::Refused {
             reason: reason::SESSION_CLOSED,
         });
         metrics.approval(match &resolution {
@@ -300,22 +288,24 @@ impl Session {
 
         // Our slot, if it is still ours (a closed session dropped it): Starting to spawn,
         // gone to refuse.
-        let answering = {
-            let mut procs = lock(&self.processes);
-            match procs.get(&id) {
-                Some(Slot::Pending(p)) if Arc::ptr_eq(p, &pending) => {
-                    if resolution == Resolution::Approved {
-                        procs.insert(id.clone(), Slot::Starting);
-                    } else {
-                        procs.remove(&id);
-                    }
-                    Some(std::mem::take(&mut *lock(&pending.joined)))
+        let approved = resolution == Resolution::Approved;
+        let ours = self
+            .shared
+            .upgrade()
+            .map(|sh| {
+                let mut t = lock(&sh.table);
+                if approved {
+                    t.replace(&self.id, &id, serial, Slot::Starting)
+                } else {
+                    t.free(&self.id, &id, serial).is_some()
                 }
-                _ => None,
-            }
-        };
+            })
+            .unwrap_or(false);
+        let answering = ours.then(|| pending.take_joined());
         let result = match (resolution, answering) {
-            (Resolution::Approved, Some(answering)) => self.launch(spec, conn_id, &answering),
+            (Resolution::Approved, Some(answering)) => {
+                self.launch(spec, serial, conn_id, &answering)
+            }
             (Resolution::Approved, None) => Err(SessionError::NotApproved {
                 reason: reason::SESSION_CLOSED,
                 rule: Some(rule),
@@ -325,27 +315,21 @@ impl Session {
                 rule: Some(rule),
             }),
         };
+        self.decided(&pending, result)
+    }
+
+    /// Publish `result` to the starts that joined `pending`, and return it.
+    fn decided(
+        &self,
+        pending: &PendingStart,
+        result: Result<Arc<ManagedProcess>, SessionError>,
+    ) -> Result<Arc<ManagedProcess>, SessionError> {
         let shared = match &result {
             Ok(p) => Ok(p.clone()),
             Err(e) => Err(Arc::new(e.duplicate())),
         };
         pending.done.send_replace(Some(shared));
         result
-    }
-}
-
-/// The outcome of a pending start, once decided.
-async fn wait_outcome(pending: &PendingStart) -> Result<Arc<ManagedProcess>, SessionError> {
-    let mut rx = pending.done.subscribe();
-    let outcome = match rx.wait_for(Option::is_some).await {
-        Ok(v) => v.clone(),
-        // The sender lives in the pending start, which we hold: never taken.
-        Err(_) => None,
-    };
-    match outcome {
-        Some(Ok(p)) => Ok(p),
-        Some(Err(e)) => Err(e.duplicate()),
-        None => Err(SessionError::UnknownSession),
     }
 }
 

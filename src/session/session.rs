@@ -1,11 +1,13 @@
-//! One session: processes and their retained output, outliving connections, and which
-//! connection (if any) it is attached to.
+//! One session, and the driver state every session of a server shares: the one lock over
+//! the [`SessionTable`] (the sans-IO core: slots, holders, deadlines, quotas, approvals), the
+//! server's metrics, output budget and exec policy, and the tracker of closing sessions.
 //!
-//! It owns a session's part of the lifecycle of `processes.md` §5: attach (evicting the
-//! previous holder), detach and arm the expiry timer, close, starting processes from a
-//! validated [`StartSpec`] into the session's [`SessionScope`], and reaping exited ones. It
-//! never decodes JSON (the connection's handler hands it typed options) and never writes to a
-//! transport: delivery goes through the attached connection's [`ReadySet`].
+//! A [`Session`] is the handle connections hold. Its methods feed the table what happened
+//! (attach, detach, a start, an exit delivered) and do, under the same lock where order
+//! matters, what the table answers: evict a connection, point processes at a connection's
+//! [`ReadySet`](crate::process::ReadySet), send pending requests again. Spawning goes through
+//! `process::output_pump::start_process` into the session's [`SessionScope`]. It never decodes
+//! JSON (the connection's handler hands it typed options) and never writes to a transport.
 //!
 //! # The end of a session
 //!
@@ -17,207 +19,173 @@
 //! whatever is left and the scope's removal. That runs in a task the registry tracks
 //! (shutdown waits for it); [`Session::terminated`] resolves when it is over.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tokio::time::Instant;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::approvals::{reason, Approvals, RequestSink, Resolution};
-use super::gated_start::PendingStart;
-use super::quota::{AddressKey, Owner};
-use super::session_registry::SessionRegistry;
-use super::SessionError;
+use super::approvals::{reason, Resolution, Taken};
+use super::error::SessionError;
+use super::pending::PendingStart;
+pub use super::spec::{ConnHandle, StartSpec};
+use super::table::{Attached, Closed, Handles, Holder, SessionTable, Slot};
 use crate::config::{ServerConfig, DEFAULT_KILL_GRACE_MS};
-use crate::metrics::ContainmentStage;
+use crate::metrics::{ContainmentStage, Metrics};
+use crate::policy::PolicyFile;
 use crate::process::containment::SessionScope;
 use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
-use crate::process::spawn::SpawnSpec;
-use crate::process::{ManagedProcess, ProcessOptions, ReadySet};
+use crate::process::{ManagedProcess, OutputBudget};
 use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
 
-/// A validated `process/start`: what to spawn and how to run it. The connection's handler
-/// decodes and validates the params and applies the defaults; the session never sees JSON.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StartSpec {
-    /// The client-chosen id (1 to `MAX_PROCESS_ID_BYTES` bytes).
-    pub process_id: String,
-    /// What to spawn.
-    pub spawn: SpawnSpec,
-    /// How to run it (timeouts, caps, grace).
-    pub options: ProcessOptions,
+/// The driver's handles in the [`SessionTable`].
+pub(super) struct Live;
+
+impl Handles for Live {
+    type Session = Arc<Session>;
+    type Process = Arc<ManagedProcess>;
+    type Pending = Arc<PendingStart>;
+    type Conn = ConnHandle;
 }
 
-/// What a connection brings when it attaches a session.
-#[derive(Clone)]
-pub struct ConnHandle {
-    /// Unique per server.
-    pub conn_id: u64,
-    /// Where the session's events go while attached.
-    pub ready: Arc<ReadySet>,
-    /// Cancelled when another connection takes the session over.
-    pub evict: CancellationToken,
-    /// The client's static public key on a Noise channel (sessions are bound to it).
-    pub peer_key: Option<Vec<u8>>,
-    /// The peer's IP address (the `ws://` connection's, or the Noise link's), for the
-    /// per-address quotas; `None` on stdio.
-    pub peer_addr: Option<IpAddr>,
-    /// Where server requests (`process/approve`) go while this connection holds the session;
-    /// `None` when the client did not declare it can answer them.
-    pub requests: Option<RequestSink>,
+/// What every session of a server shares: the table under its one lock, and what starting a
+/// process needs. The registry owns it; sessions hold it weakly.
+pub(super) struct Shared {
+    pub(super) config: Arc<ServerConfig>,
+    /// The sans-IO core. Lock order: this lock, then a process's own locks; a
+    /// [`RequestSink`](super::RequestSink) and [`ManagedProcess::set_delivery`] are called under it (both are
+    /// short and never call back).
+    pub(super) table: Mutex<SessionTable<Live>>,
+    /// Wakes the timer task when a deadline was armed.
+    pub(super) wake: Arc<Notify>,
+    pub(super) metrics: Arc<Metrics>,
+    /// The server-wide output budget (`output_budget_bytes`) every process draws on.
+    pub(super) budget: Arc<OutputBudget>,
+    /// `--exec-policy`; `None` allows everything.
+    pub(super) policy: Option<Arc<PolicyFile>>,
 }
 
-pub(super) enum Slot {
-    /// Being spawned: the id is taken, nothing to show yet.
-    Starting,
-    /// Waiting for the client's approval (`process/list` shows it as `pendingApproval`).
-    Pending(Arc<PendingStart>),
-    Ready(Arc<ManagedProcess>),
+impl Drop for Shared {
+    /// The timer task holds the wake-up, not the table: it wakes, finds the table gone, and
+    /// ends.
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
 }
 
-pub(super) struct AttachState {
-    pub(super) current: Option<ConnHandle>,
-    /// Bumped on every attach and detach, so an old expiry timer can tell it is stale.
-    pub(super) generation: u64,
+/// The present time for the table: tokio's clock (paused in tests), as a std `Instant`.
+pub(super) fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// A session: processes and their retained output, outliving connections.
 pub struct Session {
     /// Public id.
     pub id: String,
-    pub(super) token: Vec<u8>,
     /// The client acknowledges events.
     pub acks: bool,
-    pub(super) peer_key: Option<Vec<u8>>,
-    /// The creator's address, for the per-address quotas (the session stays its creator's).
-    pub(super) owner_address: Option<AddressKey>,
-    pub(super) config: Arc<ServerConfig>,
-    pub(super) processes: Mutex<HashMap<String, Slot>>,
-    pub(super) attach: Mutex<AttachState>,
-    pub(super) registry: Weak<SessionRegistry>,
+    pub(super) shared: Weak<Shared>,
+    /// Cancelled when the session is taken out of the table (closed or expired).
     pub(super) closed: CancellationToken,
-    /// Pending server → client requests (`process/approve`). Lock order: `attach`, then
-    /// `approvals`; `processes` is never held while taking either.
-    pub(super) approvals: Mutex<Approvals>,
     /// Everything the session starts is placed here, and killed with it.
     pub(super) scope: Arc<SessionScope>,
     /// The registry's tracker of closing sessions (shutdown waits for it).
     pub(super) closing: TaskTracker,
     /// Cancelled once close has ended every process of the session.
     pub(super) terminated: CancellationToken,
-    /// How long the session survives detached, in milliseconds: the server's default, or
-    /// what the client's `sessionTtlMs` asked for (within `max_session_ttl_ms`).
-    pub(super) detached_ttl_ms: AtomicU64,
+}
+
+impl ConnHandle {
+    /// This connection as a session's holder in the table.
+    pub(super) fn holder(&self) -> Holder<ConnHandle> {
+        Holder {
+            conn_id: self.conn_id,
+            can_answer: self.requests.is_some(),
+            conn: self.clone(),
+        }
+    }
 }
 
 impl Session {
+    /// Run `f` on the table, if the server still runs.
+    fn with_table<R>(&self, f: impl FnOnce(&mut SessionTable<Live>) -> R) -> Option<R> {
+        let shared = self.shared.upgrade()?;
+        let mut t = lock(&shared.table);
+        Some(f(&mut t))
+    }
+
     /// How long the session survives detached.
     pub fn detached_ttl(&self) -> Duration {
-        Duration::from_millis(self.detached_ttl_ms.load(Ordering::Relaxed))
+        self.with_table(|t| t.ttl(&self.id))
+            .flatten()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// Set how long the session survives detached (`sessionTtlMs`, already checked against
     /// the server's `max_session_ttl_ms`); takes effect at the next detach.
     pub fn set_detached_ttl(&self, ttl: Duration) {
-        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        self.detached_ttl_ms.store(ms, Ordering::Relaxed);
+        self.with_table(|t| t.set_ttl(&self.id, ttl));
     }
 
     /// Whether a connection holds the session.
     pub fn is_attached(&self) -> bool {
-        lock(&self.attach).current.is_some()
+        self.with_table(|t| t.holder(&self.id).is_some())
+            .unwrap_or(false)
     }
 
     /// Whether `conn_id` holds the session.
     pub fn is_attached_to(&self, conn_id: u64) -> bool {
-        lock(&self.attach)
-            .current
-            .as_ref()
-            .is_some_and(|c| c.conn_id == conn_id)
+        self.with_table(|t| t.holder(&self.id).is_some_and(|h| h.conn_id == conn_id))
+            .unwrap_or(false)
     }
 
-    /// Attach to `conn`: evict the previous holder, send `conn` every pending server request
-    /// again (same ids), then re-deliver every unacknowledged retained event, then live ones.
-    /// The requests are queued on `conn`'s control lane before its processes are marked
-    /// ready, and the writer serves that lane first, so they precede every replayed event.
-    pub(super) fn attach(&self, conn: &ConnHandle) {
-        let withdrawn = {
-            let mut st = lock(&self.attach);
-            if let Some(old) = st.current.take() {
-                if old.conn_id != conn.conn_id {
-                    old.evict.cancel();
-                }
-            }
-            st.current = Some(conn.clone());
-            st.generation += 1;
-            let withdrawn = {
-                let mut approvals = lock(&self.approvals);
-                match &conn.requests {
-                    Some(sink) => {
-                        for r in approvals.pending() {
-                            sink(r);
-                        }
-                        Vec::new()
-                    }
-                    // A client that cannot answer holds the session now: nobody can.
-                    None => approvals.take_all(),
-                }
-            };
-            for p in self.processes() {
-                p.attach_delivery(Some(conn.ready.clone()), true);
-            }
-            withdrawn
-        };
-        for t in withdrawn {
-            t.resolve(Resolution::Refused {
-                reason: reason::RESUMED_WITHOUT_CAPABILITY,
-            });
+    /// Do what the table answered to an attach by `conn`: evict the previous holder, send
+    /// `conn` every pending server request again (same ids), then re-deliver every
+    /// unacknowledged retained event, then live ones. Called under the table's lock, so
+    /// attaches are done in the order the table saw them; the requests are queued on `conn`'s
+    /// control lane before its processes are marked ready, and the writer serves that lane
+    /// first, so they precede every replayed event. Returns the requests to refuse (after
+    /// the lock is released).
+    pub(super) fn apply_attach(a: Attached<Live>, conn: &ConnHandle) -> Vec<Taken> {
+        if let Some(old) = a.evicted {
+            old.evict.cancel();
         }
+        if let Some(sink) = &conn.requests {
+            for r in a.resend {
+                sink(r);
+            }
+        }
+        for p in a.processes {
+            p.attach_delivery(Some(conn.ready.clone()), true);
+        }
+        a.withdrawn
     }
 
     /// The connection `conn_id` ended. If it still held the session, detach and arm the
-    /// expiry timer.
+    /// expiry deadline.
     pub fn detach(self: &Arc<Self>, conn_id: u64) {
         if self.closed.is_cancelled() {
             return; // closed on purpose (`session/close`): nothing to keep
         }
-        let generation = {
-            let mut st = lock(&self.attach);
-            match &st.current {
-                Some(c) if c.conn_id == conn_id => {}
-                _ => return,
-            }
-            st.current = None;
-            st.generation += 1;
-            for p in self.processes() {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let ttl = {
+            let mut t = lock(&shared.table);
+            let Some(processes) = t.detach(now(), &self.id, conn_id) else {
+                return;
+            };
+            for p in processes {
                 p.set_delivery(None);
             }
-            st.generation
+            t.ttl(&self.id).unwrap_or_default()
         };
-        let ttl = self.detached_ttl();
-        // The deadline is fixed now, not when the timer task first runs.
-        let deadline = Instant::now() + ttl;
-        let me = Arc::downgrade(self);
+        shared.wake.notify_one();
         tracing::info!(session = %self.id, ttl_ms = ttl.as_millis() as u64, "session detached");
-        tokio::spawn(async move {
-            tokio::time::sleep_until(deadline).await;
-            let Some(s) = me.upgrade() else { return };
-            let stale = {
-                let st = lock(&s.attach);
-                st.generation != generation || st.current.is_some()
-            };
-            if !stale {
-                tracing::info!(session = %s.id, "detached session expired");
-                s.close_with(reason::SESSION_EXPIRED, ExitReason::SessionExpired);
-            }
-        });
     }
 
     /// Close: the session is gone at once (unknown to resume, its slot free), every pending
@@ -225,45 +193,48 @@ impl Session {
     /// end of a session"). [`terminated`](Self::terminated) resolves when that is done.
     /// Idempotent.
     pub fn close(&self) {
-        self.close_with(reason::SESSION_CLOSED, ExitReason::SessionClosed)
+        let closed = self.with_table(|t| {
+            let c = t.close(&self.id);
+            // Under the lock: a start that finds the session gone sees `closed` set.
+            self.closed.cancel();
+            c
+        });
+        match closed {
+            Some(Some(c)) => {
+                self.finish_close(c, reason::SESSION_CLOSED, ExitReason::SessionClosed)
+            }
+            Some(None) => {}
+            // The server is gone with its table: end what the scope holds all the same.
+            None => {
+                if !self.closed.is_cancelled() {
+                    self.closed.cancel();
+                }
+                self.end(Vec::new(), ExitReason::SessionClosed);
+            }
+        }
     }
 
-    /// Close, telling pending approvals `why` (one of [`reason`]'s phrases) and the exit
-    /// notices of the processes it ends `ended` (unless something else was ending them).
-    fn close_with(&self, why: &'static str, ended: ExitReason) {
-        // The attach lock orders close against `start`'s insertion: a process is either
-        // taken here or refused there.
-        let procs: Vec<Arc<ManagedProcess>> = {
-            let _st = lock(&self.attach);
-            if self.closed.is_cancelled() {
-                return;
-            }
-            self.closed.cancel();
-            lock(&self.processes)
-                .drain()
-                .filter_map(|(_, s)| match s {
-                    Slot::Ready(p) => Some(p),
-                    // A start waiting for approval spawned nothing: dropping its slot is all.
-                    Slot::Starting | Slot::Pending(_) => None,
-                })
-                .collect()
-        };
-        // After `closed` is set: a request registered later sees it and withdraws itself.
-        let withdrawn = lock(&self.approvals).take_all();
-        for t in withdrawn {
+    /// End what the table took out on close: tell pending approvals `why` (one of
+    /// [`reason`]'s phrases) and the exit notices of the processes it ends `ended` (unless
+    /// something else was ending them), and end the scope in a tracked task.
+    pub(super) fn finish_close(&self, c: Closed<Live>, why: &'static str, ended: ExitReason) {
+        self.closed.cancel();
+        for t in c.withdrawn {
             t.resolve(Resolution::Refused { reason: why });
         }
-        if let Some(r) = self.registry.upgrade() {
-            r.remove(&self.id);
-        }
+        self.end(c.processes, ended);
+    }
+
+    fn end(&self, procs: Vec<Arc<ManagedProcess>>, ended: ExitReason) {
         // Nobody will read their output again.
         for p in &procs {
             p.mark_ending(ended);
             p.abandon();
         }
-        let grace = end_grace(&procs, &self.config);
+        let shared = self.shared.upgrade();
+        let grace = end_grace(&procs, shared.as_ref().map(|s| &*s.config));
         let (scope, id, done) = (self.scope.clone(), self.id.clone(), self.terminated.clone());
-        let metrics = self.registry.upgrade().map(|r| r.metrics().clone());
+        let metrics = shared.map(|s| s.metrics.clone());
         self.closing.spawn(async move {
             let failed = |stage| {
                 if let Some(m) = &metrics {
@@ -283,14 +254,6 @@ impl Session {
         self.terminated.cancelled().await
     }
 
-    /// Who owns the session, for the per-client quotas.
-    pub(super) fn owner(&self) -> Owner {
-        Owner {
-            key: self.peer_key.clone(),
-            address: self.owner_address,
-        }
-    }
-
     /// Whether the session was closed.
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
@@ -303,24 +266,19 @@ impl Session {
 
     /// Processes currently known.
     pub fn processes(&self) -> Vec<Arc<ManagedProcess>> {
-        lock(&self.processes)
-            .values()
-            .filter_map(|s| match s {
-                Slot::Ready(p) => Some(p.clone()),
-                Slot::Starting | Slot::Pending(_) => None,
-            })
-            .collect()
+        self.with_table(|t| t.processes(&self.id))
+            .unwrap_or_default()
     }
 
     /// How many process ids are taken.
     pub fn process_count(&self) -> usize {
-        lock(&self.processes).len()
+        self.with_table(|t| t.slot_count(&self.id)).unwrap_or(0)
     }
 
     /// Find a process.
     pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, SessionError> {
-        match lock(&self.processes).get(id) {
-            Some(Slot::Ready(p)) => Ok(p.clone()),
+        match self.with_table(|t| t.slot(&self.id, id).map(|(s, _)| s.clone())) {
+            Some(Some(Slot::Ready(p))) => Ok(p),
             _ => Err(SessionError::UnknownProcess(id.to_string())),
         }
     }
@@ -333,40 +291,26 @@ impl Session {
         start: StartSpec,
         conn_id: u64,
     ) -> Result<Arc<ManagedProcess>, SessionError> {
-        self.reserve(&start.process_id, Slot::Starting)?;
-        self.launch(start, conn_id, &[])
+        let serial = self.reserve(&start.process_id, Slot::Starting)?;
+        self.launch(start, serial, conn_id, &[])
     }
 
-    /// Take `id` as `slot` if it may be taken now: under the owner's per-key and per-address
-    /// quotas, unknown, and under `maxProcesses`. The quotas are counted and the slot taken
-    /// under one admission, so two starts at once cannot both take the owner's last slot; a
-    /// start waiting for approval holds its slot (and counts against the quotas) as a running
-    /// one does.
-    pub(super) fn reserve(&self, id: &str, slot: Slot) -> Result<(), SessionError> {
+    /// Take `id` as `slot` if it may be taken now (the table counts the owner's quotas and
+    /// takes the slot in one step); a start waiting for approval holds its slot (and counts
+    /// against the quotas) as a running one does. Returns the slot's serial.
+    pub(super) fn reserve(&self, id: &str, slot: Slot<Live>) -> Result<u64, SessionError> {
         // The registry outlives its sessions except while the server shuts down.
-        let Some(registry) = self.registry.upgrade() else {
-            return Err(SessionError::UnknownSession);
-        };
-        // Lock order: the admission, then `processes` (the admission counts every session's
-        // processes, this one's included, so `processes` must not be held while taking it).
-        let _admission = registry.admit_process(self)?;
-        let mut procs = lock(&self.processes);
-        if procs.contains_key(id) {
-            return Err(SessionError::ProcessExists(id.to_string()));
-        }
-        if procs.len() >= self.config.max_processes {
-            return Err(SessionError::TooManyProcesses(self.config.max_processes));
-        }
-        procs.insert(id.to_string(), slot);
-        Ok(())
+        self.with_table(|t| t.reserve(&self.id, id, slot))
+            .unwrap_or(Err(SessionError::UnknownSession))
     }
 
-    /// Spawn the process whose id is already reserved as [`Slot::Starting`]. Its events go to
-    /// the attached connection at once unless that is `conn_id` or one of `answering` (they
-    /// open delivery after writing their start result, so the result comes first).
+    /// Spawn the process whose id is reserved as [`Slot::Starting`] with `serial`. Its events
+    /// go to the attached connection at once unless that is `conn_id` or one of `answering`
+    /// (they open delivery after writing their start result, so the result comes first).
     pub(super) fn launch(
         self: &Arc<Self>,
         start: StartSpec,
+        serial: u64,
         conn_id: u64,
         answering: &[u64],
     ) -> Result<Arc<ManagedProcess>, SessionError> {
@@ -376,15 +320,11 @@ impl Session {
             options: opts,
         } = start;
         // The registry outlives its sessions except while the server shuts down.
-        let (metrics, budget) = match self.registry.upgrade() {
-            Some(r) => (r.metrics().clone(), r.output_budget().clone()),
-            None => {
-                lock(&self.processes).remove(&id);
-                return Err(SessionError::UnknownSession);
-            }
+        let Some(shared) = self.shared.upgrade() else {
+            return Err(SessionError::UnknownSession);
         };
         let limits = LogLimits {
-            retained_bytes: self.config.retained_output_bytes,
+            retained_bytes: shared.config.retained_output_bytes,
             fault_release_past_limit: crate::faults::active(crate::faults::Fault::ReleasePastLimit),
         };
         let started = start_process(
@@ -393,14 +333,14 @@ impl Session {
             opts,
             limits,
             self.acks,
-            metrics,
-            budget,
+            shared.metrics.clone(),
+            shared.budget.clone(),
             &self.scope,
         );
         let proc = match started {
             Ok(p) => p,
             Err(e) => {
-                lock(&self.processes).remove(&id);
+                lock(&shared.table).free(&self.id, &id, serial);
                 // Closed meanwhile: its scope refused the child.
                 if self.closed.is_cancelled() {
                     return Err(SessionError::UnknownSession);
@@ -409,65 +349,55 @@ impl Session {
             }
         };
         {
-            let st = lock(&self.attach);
-            let mut procs = lock(&self.processes);
-            if self.closed.is_cancelled() {
-                drop(procs);
-                drop(st);
-                // The close's kill of the scope takes the child (it was placed before the
-                // scope closed, or the spawn would have failed).
+            let mut t = lock(&shared.table);
+            if !t.replace(&self.id, &id, serial, Slot::Ready(proc.clone())) {
+                drop(t);
+                // Closed meanwhile: the close's kill of the scope takes the child (it was
+                // placed before the scope closed, or the spawn would have failed).
                 proc.abandon();
                 return Err(SessionError::UnknownSession);
             }
-            procs.insert(id.clone(), Slot::Ready(proc.clone()));
             // If the session moved to another connection while we spawned, the start result
             // will never reach that client's stream in order anyway: deliver there now.
-            if let Some(cur) = &st.current {
+            if let Some(cur) = t.holder(&self.id) {
                 if cur.conn_id != conn_id && !answering.contains(&cur.conn_id) {
-                    proc.set_delivery(Some(cur.ready.clone()));
+                    proc.set_delivery(Some(cur.conn.ready.clone()));
                 }
             }
         }
-        self.spawn_reaper(proc.clone());
+        self.spawn_reaper(proc.clone(), serial);
         Ok(proc)
     }
 
     /// Open event delivery of `p` to connection `conn_id`, if it still holds the session.
     pub fn enable_delivery(&self, p: &Arc<ManagedProcess>, conn_id: u64) {
-        let st = lock(&self.attach);
-        if let Some(cur) = &st.current {
-            if cur.conn_id == conn_id {
-                p.set_delivery(Some(cur.ready.clone()));
+        self.with_table(|t| {
+            if let Some(cur) = t.holder(&self.id) {
+                if cur.conn_id == conn_id {
+                    p.set_delivery(Some(cur.conn.ready.clone()));
+                }
             }
-        }
+        });
     }
 
-    /// Remove an exited process once its exit notice was acknowledged (acks) or
-    /// `exitedRetentionMs` after it was written (no acks).
-    fn spawn_reaper(self: &Arc<Self>, p: Arc<ManagedProcess>) {
-        let me = Arc::downgrade(self);
-        let acks = self.acks;
-        let retention = Duration::from_millis(self.config.exited_retention_ms);
+    /// Tell the table once `p`'s exit notice was acknowledged (acks) or written (no acks):
+    /// it forgets the process then, or `exitedRetentionMs` later.
+    fn spawn_reaper(self: &Arc<Self>, p: Arc<ManagedProcess>, serial: u64) {
+        let shared = self.shared.clone();
+        let (acks, session) = (self.acks, self.id.clone());
         let closed = self.closed.clone();
         tokio::spawn(async move {
             let wait = async {
                 p.wait_finished().await;
                 p.wait_exit_delivered(acks).await;
-                if !acks {
-                    tokio::time::sleep(retention).await;
-                }
             };
             tokio::select! {
                 _ = wait => {}
                 _ = closed.cancelled() => return,
             }
-            if let Some(s) = me.upgrade() {
-                let mut procs = lock(&s.processes);
-                if let Some(Slot::Ready(cur)) = procs.get(&p.id) {
-                    if Arc::ptr_eq(cur, &p) {
-                        procs.remove(&p.id);
-                    }
-                }
+            if let Some(shared) = shared.upgrade() {
+                lock(&shared.table).exit_delivered(now(), &session, &p.id, serial, acks);
+                shared.wake.notify_one();
             }
         });
     }
@@ -476,13 +406,16 @@ impl Session {
 /// The grace of a session's end: the largest `killGraceMs` of its known processes (the default
 /// when none is known: what is left is what they started), never more than
 /// `max_kill_grace_ms`, whatever a client asked for.
-fn end_grace(procs: &[Arc<ManagedProcess>], config: &ServerConfig) -> Duration {
-    procs
+fn end_grace(procs: &[Arc<ManagedProcess>], config: Option<&ServerConfig>) -> Duration {
+    let grace = procs
         .iter()
         .map(|p| p.opts.kill_grace)
         .max()
-        .unwrap_or(Duration::from_millis(DEFAULT_KILL_GRACE_MS))
-        .min(config.max_kill_grace())
+        .unwrap_or(Duration::from_millis(DEFAULT_KILL_GRACE_MS));
+    match config {
+        Some(c) => grace.min(c.max_kill_grace()),
+        None => grace,
+    }
 }
 
 /// End everything in `scope`: SIGTERM to every process, up to `grace` for the scope to empty,

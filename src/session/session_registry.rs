@@ -8,54 +8,44 @@
 //! root) passes them in. It must never write to a transport, and never wait on a duration a
 //! client chose beyond the server's caps (`max_kill_grace_ms`, `max_drain_timeout_ms`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use base64::Engine;
-use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::approvals::Approvals;
-use super::quota::{AddressKey, Owner, Quota, Usage};
-use super::session::{AttachState, ConnHandle, Session};
-use super::SessionError;
+use super::approvals::{reason, Resolution};
+use super::error::SessionError;
+use super::quota::{AddressKey, Owner};
+use super::session::{now, ConnHandle, Session, Shared};
+use super::table::{Action, Limits, SessionTable};
 use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
 use crate::metrics::{ContainmentStage, Metrics, StateSnapshot};
-use crate::policy::resolve::resolve_program;
-use crate::policy::{PolicyFile, Verdict};
+use crate::policy::PolicyFile;
 use crate::process::containment::Containment;
-use crate::process::spawn::SpawnSpec;
 use crate::process::{ManagedProcess, OutputBudget};
 use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
 
 /// All sessions of one server.
 pub struct SessionRegistry {
-    config: Arc<ServerConfig>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    shared: Arc<Shared>,
     started: Instant,
     next_conn: AtomicU64,
-    metrics: Arc<Metrics>,
     /// `max_inbound_bytes`: every connection's request budget and every link's reassembly
     /// budget is a child of it.
     inbound: ByteBudget,
-    /// Serialises process admissions (quota count + slot), see [`Self::admit_process`].
-    process_admission: Mutex<()>,
-    /// `--exec-policy`; `None` allows everything.
-    policy: Option<Arc<PolicyFile>>,
-    /// The server-wide output budget (`output_budget_bytes`) every process draws on.
-    budget: Arc<OutputBudget>,
     containment: Containment,
     /// The tasks ending closed sessions (`Session::close`).
     closing: TaskTracker,
-    /// The stall watchdog starts with the first session (on the runtime that serves it: a
-    /// registry may be built before its runtime runs).
-    watchdog: std::sync::Once,
+    /// The timer task and the stall watchdog start with the first session (on the runtime
+    /// that serves it: a registry may be built before its runtime runs).
+    tasks: std::sync::Once,
 }
 
 /// The name clients see in `data.limit` when the server's inbound budget is full.
@@ -91,19 +81,31 @@ impl SessionRegistry {
         containment: Containment,
         policy: Option<Arc<PolicyFile>>,
     ) -> Arc<Self> {
+        let limits = Limits {
+            max_sessions: config.max_sessions,
+            max_processes: config.max_processes,
+            max_sessions_per_key: config.max_sessions_per_key,
+            max_sessions_per_address: config.max_sessions_per_address,
+            max_processes_per_key: config.max_processes_per_key,
+            max_processes_per_address: config.max_processes_per_address,
+            exited_retention: Duration::from_millis(config.exited_retention_ms),
+            approval_timeout: config.approval_timeout(),
+        };
         Arc::new(SessionRegistry {
-            budget: OutputBudget::new(config.output_budget_bytes),
-            sessions: Mutex::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                budget: OutputBudget::new(config.output_budget_bytes),
+                table: Mutex::new(SessionTable::new(limits)),
+                wake: Arc::new(Notify::new()),
+                metrics,
+                policy,
+                config: config.clone(),
+            }),
             started: Instant::now(),
             next_conn: AtomicU64::new(1),
-            metrics,
             inbound: ByteBudget::new(INBOUND_BUDGET_NAME, config.max_inbound_bytes),
-            process_admission: Mutex::new(()),
-            policy,
-            config,
             containment,
             closing: TaskTracker::new(),
-            watchdog: std::sync::Once::new(),
+            tasks: std::sync::Once::new(),
         })
     }
 
@@ -118,51 +120,20 @@ impl SessionRegistry {
         &self.inbound
     }
 
-    /// What the exec policy in force says about `spec` (the file is re-read if it changed):
-    /// its `argv[0]` and the path `execvp` would resolve it to with the child's `PATH` and
-    /// working directory. Everything is allowed without a policy. A `PATH` too long to look
-    /// the program up in ([`MAX_PATH_LOOKUP_ENTRIES`]) is denied: the policy cannot be
-    /// checked against what the child would run (fail closed).
-    ///
-    /// [`MAX_PATH_LOOKUP_ENTRIES`]: crate::policy::resolve::MAX_PATH_LOOKUP_ENTRIES
-    pub fn exec_verdict(&self, spec: &SpawnSpec) -> Verdict {
-        let Some(file) = &self.policy else {
-            return crate::policy::ExecPolicy::allow_all().decide("", None);
-        };
-        let policy = file.current();
-        let program = spec.argv.first().map(String::as_str).unwrap_or("");
-        let path_var = match spec.env.iter().rev().find(|(k, _)| k == "PATH") {
-            Some((_, v)) => v.as_ref().map(std::ffi::OsString::from),
-            None if spec.inherit_env => std::env::var_os("PATH"),
-            None => None,
-        };
-        let cwd = match &spec.cwd {
-            Some(c) => std::path::PathBuf::from(c),
-            None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
-        };
-        match resolve_program(program, &cwd, path_var.as_deref()) {
-            Ok(resolved) => policy.decide(program, resolved.as_deref()),
-            Err(e) => Verdict {
-                action: crate::policy::Action::Deny,
-                rule: e.to_string(),
-            },
-        }
-    }
-
     /// The server-wide output budget: unwritten output of every process, its peak.
     pub fn output_budget(&self) -> &Arc<OutputBudget> {
-        &self.budget
+        &self.shared.budget
     }
 
     /// This server's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+        &self.shared.metrics
     }
 
     /// Count what the registry holds now (the read gauges of the metrics).
     pub fn stats(&self) -> StateSnapshot {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        let c = &self.config;
+        let sessions = self.all_sessions();
+        let c = &self.shared.config;
         let mut st = StateSnapshot {
             sessions_limit: c.max_sessions,
             processes_limit: c.max_processes,
@@ -193,7 +164,7 @@ impl SessionRegistry {
 
     /// The configuration in force.
     pub fn config(&self) -> &Arc<ServerConfig> {
-        &self.config
+        &self.shared.config
     }
 
     /// A new connection id.
@@ -208,13 +179,16 @@ impl SessionRegistry {
 
     /// Look a session up by id (operators' tools and tests; clients resume instead).
     pub fn session(&self, id: &str) -> Option<Arc<Session>> {
-        lock(&self.sessions).get(id).cloned()
+        lock(&self.shared.table).session(id)
+    }
+
+    fn all_sessions(&self) -> Vec<Arc<Session>> {
+        lock(&self.shared.table).sessions()
     }
 
     /// Every process of every session, with its session's id (the stall watchdog's round).
     pub fn all_processes(&self) -> Vec<(String, Arc<ManagedProcess>)> {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        sessions
+        self.all_sessions()
             .iter()
             .flat_map(|s| s.processes().into_iter().map(|p| (s.id.clone(), p)))
             .collect()
@@ -222,12 +196,12 @@ impl SessionRegistry {
 
     /// Number of sessions.
     pub fn session_count(&self) -> usize {
-        lock(&self.sessions).len()
+        lock(&self.shared.table).session_count()
     }
 
     /// Number of processes known across sessions.
     pub fn process_count(&self) -> usize {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let sessions = self.all_sessions();
         sessions.iter().map(|s| s.process_count()).sum()
     }
 
@@ -238,47 +212,39 @@ impl SessionRegistry {
         acks: bool,
         conn: &ConnHandle,
     ) -> Result<(Arc<Session>, String), SessionError> {
-        self.watchdog
-            .call_once(|| super::stall_watchdog::spawn(self));
+        self.tasks.call_once(|| {
+            spawn_timers(Arc::downgrade(&self.shared), self.shared.wake.clone());
+            super::stall_watchdog::spawn(self);
+        });
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));
         let scope = self.containment.open_scope().map_err(|e| {
-            self.metrics
+            self.shared
+                .metrics
                 .containment_failure(ContainmentStage::OpenScope);
             SessionError::Containment(e)
         })?;
         let session = Arc::new(Session {
             id: id.clone(),
-            token: token.to_vec(),
             acks,
-            peer_key: conn.peer_key.clone(),
-            owner_address: conn.peer_addr.map(AddressKey::of),
-            config: self.config.clone(),
-            processes: Mutex::new(HashMap::new()),
-            attach: Mutex::new(AttachState {
-                current: Some(conn.clone()),
-                generation: 1,
-            }),
-            registry: Arc::downgrade(self),
+            shared: Arc::downgrade(&self.shared),
             closed: CancellationToken::new(),
-            approvals: Mutex::new(Approvals::default()),
             scope,
             closing: self.closing.clone(),
             terminated: CancellationToken::new(),
-            detached_ttl_ms: AtomicU64::new(self.config.detached_session_ttl_ms),
         });
-        {
-            let mut sessions = lock(&self.sessions);
-            if sessions.len() >= self.config.max_sessions {
-                return Err(SessionError::TooManySessions(self.config.max_sessions));
-            }
-            let owner = session.owner();
-            let (per_key, per_address) = self.session_quotas();
-            usage_of(&owner, sessions.values(), |_| 1)
-                .admit(&owner, per_key, per_address)
-                .map_err(quota_error)?;
-            sessions.insert(id, session.clone());
-        }
+        let owner = Owner {
+            key: conn.peer_key.clone(),
+            address: conn.peer_addr.map(AddressKey::of),
+        };
+        lock(&self.shared.table).create(
+            &id,
+            session.clone(),
+            token.to_vec(),
+            owner,
+            conn.holder(),
+            Duration::from_millis(self.shared.config.detached_session_ttl_ms),
+        )?;
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
         Ok((session, token))
     }
@@ -290,78 +256,28 @@ impl SessionRegistry {
         token: &str,
         conn: &ConnHandle,
     ) -> Result<Arc<Session>, SessionError> {
-        let session = lock(&self.sessions).get(session_id).cloned();
         // Decode failures and unknown ids take the same path as a wrong token.
         let given = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(token)
             .unwrap_or_default();
-        let Some(session) = session else {
-            return Err(SessionError::UnknownSession);
+        let (session, withdrawn) = {
+            let mut t = lock(&self.shared.table);
+            let (session, attached) =
+                t.resume(session_id, &given, conn.peer_key.as_deref(), conn.holder())?;
+            (session, Session::apply_attach(attached, conn))
         };
-        let token_ok: bool = session.token.as_slice().ct_eq(given.as_slice()).into();
-        let key_ok = match (&session.peer_key, &conn.peer_key) {
-            (None, None) => true,
-            (Some(a), Some(b)) => bool::from(a.as_slice().ct_eq(b.as_slice())),
-            _ => false,
-        };
-        if !token_ok || !key_ok || session.closed.is_cancelled() {
-            return Err(SessionError::UnknownSession);
+        for t in withdrawn {
+            t.resolve(Resolution::Refused {
+                reason: reason::RESUMED_WITHOUT_CAPABILITY,
+            });
         }
-        session.attach(conn);
         Ok(session)
-    }
-
-    /// The per-key and per-address session quotas.
-    fn session_quotas(&self) -> (Quota, Quota) {
-        (
-            Quota {
-                limit: "maxSessionsPerKey",
-                value: self.config.max_sessions_per_key,
-            },
-            Quota {
-                limit: "maxSessionsPerAddress",
-                value: self.config.max_sessions_per_address,
-            },
-        )
-    }
-
-    /// Admit one more process of `session` under its owner's quotas: count the processes of
-    /// every session of the same key and of the same address. The guard must be held until
-    /// the process's slot is taken in its session, so admissions cannot race past a quota.
-    pub(super) fn admit_process(
-        &self,
-        session: &Session,
-    ) -> Result<MutexGuard<'_, ()>, SessionError> {
-        let guard = lock(&self.process_admission);
-        let owner = session.owner();
-        if owner.key.is_none() && owner.address.is_none() {
-            return Ok(guard);
-        }
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        let usage = usage_of(&owner, sessions.iter(), |s| s.process_count());
-        let per_key = Quota {
-            limit: "maxProcessesPerKey",
-            value: self.config.max_processes_per_key,
-        };
-        let per_address = Quota {
-            limit: "maxProcessesPerAddress",
-            value: self.config.max_processes_per_address,
-        };
-        usage
-            .admit(&owner, per_key, per_address)
-            .map_err(quota_error)?;
-        Ok(guard)
-    }
-
-    pub(super) fn remove(&self, id: &str) {
-        lock(&self.sessions).remove(id);
     }
 
     /// Close every session and wait until each has ended everything it started (SIGTERM,
     /// the capped grace, SIGKILL), along with every session closed before.
     pub async fn close_all(&self) {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
-        for s in sessions {
+        for s in self.all_sessions() {
             s.close();
         }
         self.wait_closing().await;
@@ -397,9 +313,9 @@ impl SessionRegistry {
     /// Steps 1 and 2 of [`shutdown`](Self::shutdown): terminate every process, and wait
     /// (bounded by the caps and `delivery_grace`) for exit notices to reach attached clients.
     pub async fn terminate_all(&self, delivery_grace: Duration) {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        let max_grace = self.config.max_kill_grace();
-        let max_drain = self.config.max_drain_timeout();
+        let sessions = self.all_sessions();
+        let max_grace = self.shared.config.max_kill_grace();
+        let max_drain = self.shared.config.max_drain_timeout();
         let mut waits = Vec::new();
         let mut terminations = Vec::new();
         let mut longest = Duration::ZERO;
@@ -434,48 +350,75 @@ impl SessionRegistry {
         self.wait_closing().await;
         match self.containment.kill_everything().await {
             Ok(r) if !r.emptied => {
-                self.metrics.containment_failure(ContainmentStage::Shutdown);
+                self.shared
+                    .metrics
+                    .containment_failure(ContainmentStage::Shutdown);
                 tracing::error!(?r, "processes survived SIGKILL at shutdown")
             }
             Ok(r) => tracing::debug!(?r, "every process of every session is gone"),
             Err(e) => {
-                self.metrics.containment_failure(ContainmentStage::Shutdown);
+                self.shared
+                    .metrics
+                    .containment_failure(ContainmentStage::Shutdown);
                 tracing::error!(error = %e, "killing every session's processes failed")
             }
         }
     }
 }
 
-/// What the sessions of `owner`'s key and of its address hold, counting `count(session)` each.
-fn usage_of<'a>(
-    owner: &Owner,
-    sessions: impl Iterator<Item = &'a Arc<Session>>,
-    count: impl Fn(&Session) -> usize,
-) -> Usage {
-    let mut usage = Usage {
-        by_key: 0,
-        by_address: 0,
+/// The timer task: sleeps until the table's next deadline (or until a new one is armed),
+/// fires what is due, and does what the table asks: end an expired session, refuse an
+/// approval that timed out. It ends when the registry is gone.
+fn spawn_timers(shared: Weak<Shared>, wake: Arc<Notify>) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
     };
-    for s in sessions {
-        let same_key = owner.key.is_some() && s.peer_key == owner.key;
-        let same_address = owner.address.is_some() && s.owner_address == owner.address;
-        if same_key || same_address {
-            let n = count(s);
-            if same_key {
-                usage.by_key += n;
-            }
-            if same_address {
-                usage.by_address += n;
+    rt.spawn(async move {
+        loop {
+            // Registered before the table is read: a deadline armed after this read wakes it.
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let next = {
+                let Some(sh) = shared.upgrade() else { return };
+                let mut actions = Vec::new();
+                let next = {
+                    let mut t = lock(&sh.table);
+                    t.handle_timeout(now());
+                    while let Some(a) = t.poll_action() {
+                        actions.push(a);
+                    }
+                    t.poll_timeout()
+                };
+                for a in actions {
+                    run_action(a);
+                }
+                next
+            };
+            match next {
+                Some(at) => {
+                    let at = Instant::from_std(at);
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = &mut notified => {}
+                    }
+                }
+                None => notified.await,
             }
         }
-    }
-    usage
+    });
 }
 
-fn quota_error(q: Quota) -> SessionError {
-    SessionError::QuotaReached {
-        limit: q.limit,
-        value: q.value,
+fn run_action(a: Action<super::session::Live>) {
+    match a {
+        Action::Expired(closed) => {
+            let s = closed.session.clone();
+            tracing::info!(session = %s.id, "detached session expired");
+            s.finish_close(closed, reason::SESSION_EXPIRED, ExitReason::SessionExpired);
+        }
+        Action::ApprovalTimedOut(t) => t.resolve(Resolution::Refused {
+            reason: reason::TIMED_OUT,
+        }),
     }
 }
 

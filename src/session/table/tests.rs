@@ -1,0 +1,331 @@
+//! The session table on a simulated clock: every deadline is a value the test chooses.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::session::approvals::Resolution;
+use crate::session::quota::AddressKey;
+
+/// Plain values for the driver's handles: a session by name, a process by number.
+struct Test;
+
+impl Handles for Test {
+    type Session = &'static str;
+    type Process = u32;
+    type Pending = ();
+    type Conn = u64;
+}
+
+const TTL: Duration = Duration::from_millis(500);
+const RETENTION: Duration = Duration::from_millis(200);
+const APPROVAL: Duration = Duration::from_millis(1_000);
+
+fn limits() -> Limits {
+    Limits {
+        max_sessions: 4,
+        max_processes: 3,
+        max_sessions_per_key: 2,
+        max_sessions_per_address: 3,
+        max_processes_per_key: 4,
+        max_processes_per_address: 5,
+        exited_retention: RETENTION,
+        approval_timeout: APPROVAL,
+    }
+}
+
+fn holder(conn_id: u64, can_answer: bool) -> Holder<u64> {
+    Holder {
+        conn_id,
+        conn: conn_id,
+        can_answer,
+    }
+}
+
+fn anonymous() -> Owner {
+    Owner::default()
+}
+
+fn keyed(k: u8) -> Owner {
+    Owner {
+        key: Some(vec![k]),
+        address: None,
+    }
+}
+
+fn table_with(names: &[&'static str]) -> SessionTable<Test> {
+    let mut t = SessionTable::new(limits());
+    for (i, &n) in names.iter().enumerate() {
+        t.create(
+            n,
+            n,
+            vec![i as u8],
+            anonymous(),
+            holder(i as u64 + 1, true),
+            TTL,
+        )
+        .unwrap();
+    }
+    t
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn a_detached_session_expires_at_its_ttl_and_not_before() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    assert_eq!(t.poll_timeout(), None, "attached: no deadline");
+    assert_eq!(t.detach(t0, "a", 99), None, "not the holder: nothing");
+    assert_eq!(t.detach(t0, "a", 1), Some(vec![]));
+    assert_eq!(t.poll_timeout(), Some(t0 + TTL));
+    t.handle_timeout(t0 + TTL - ms(1));
+    assert!(t.poll_action().is_none());
+    assert_eq!(t.session("a"), Some("a"));
+    t.handle_timeout(t0 + TTL);
+    match t.poll_action() {
+        Some(Action::Expired(c)) => assert_eq!(c.session, "a"),
+        _ => panic!("expected the session to expire"),
+    }
+    assert_eq!(t.session("a"), None, "gone at once");
+    assert_eq!(t.poll_timeout(), None);
+}
+
+#[test]
+fn a_stale_expiry_never_closes_a_resumed_session() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    t.detach(t0, "a", 1); // due at 500
+    t.resume("a", &[0], None, holder(2, true)).unwrap(); // t=300
+    t.detach(t0 + ms(400), "a", 2); // due at 900
+    t.handle_timeout(t0 + ms(600));
+    assert!(t.poll_action().is_none(), "the first deadline was disarmed");
+    t.handle_timeout(t0 + ms(900));
+    assert!(matches!(t.poll_action(), Some(Action::Expired(_))));
+}
+
+#[test]
+fn a_session_ttl_set_later_counts_from_the_next_detach() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    t.set_ttl("a", Duration::from_secs(3600));
+    t.detach(t0, "a", 1);
+    assert_eq!(t.poll_timeout(), Some(t0 + Duration::from_secs(3600)));
+}
+
+#[test]
+fn resume_evicts_the_previous_holder_and_checks_token_and_key() {
+    let mut t = SessionTable::<Test>::new(limits());
+    t.create("a", "a", vec![7; 4], keyed(1), holder(1, true), TTL)
+        .unwrap();
+    for (token, key) in [
+        (&[7u8; 3][..], Some(&[1u8][..])),
+        (&[8; 4][..], Some(&[1][..])),
+        (&[7; 4][..], Some(&[2][..])),
+        (&[7; 4][..], None),
+    ] {
+        assert!(matches!(
+            t.resume("a", token, key, holder(2, true)),
+            Err(SessionError::UnknownSession)
+        ));
+    }
+    assert!(matches!(
+        t.resume("b", &[7; 4], Some(&[1]), holder(2, true)),
+        Err(SessionError::UnknownSession)
+    ));
+    assert_eq!(t.holder("a").map(|h| h.conn_id), Some(1), "unchanged");
+    let (s, a) = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
+    assert_eq!((s, a.evicted), ("a", Some(1)));
+    let (_, a) = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
+    assert_eq!(a.evicted, None, "the same connection evicts nobody");
+}
+
+#[test]
+fn sessions_are_bounded_by_max_sessions_and_the_owners_quota() {
+    let mut t = SessionTable::<Test>::new(limits());
+    let create = |t: &mut SessionTable<Test>, id: &'static str, o: Owner| {
+        t.create(id, id, vec![], o, holder(1, true), TTL)
+    };
+    create(&mut t, "k1", keyed(1)).unwrap();
+    create(&mut t, "k2", keyed(1)).unwrap();
+    assert!(matches!(
+        create(&mut t, "k3", keyed(1)),
+        Err(SessionError::QuotaReached {
+            limit: "maxSessionsPerKey",
+            value: 2
+        })
+    ));
+    create(&mut t, "o1", keyed(2)).unwrap();
+    create(&mut t, "o2", anonymous()).unwrap();
+    assert!(matches!(
+        create(&mut t, "o3", anonymous()),
+        Err(SessionError::TooManySessions(4))
+    ));
+    t.close("o2").unwrap();
+    create(&mut t, "o3", anonymous()).unwrap();
+}
+
+#[test]
+fn process_slots_are_bounded_per_session_and_per_owner_across_sessions() {
+    let mut t = SessionTable::<Test>::new(limits());
+    let addr = Owner {
+        key: None,
+        address: Some(AddressKey::V4([10, 0, 0, 1])),
+    };
+    for id in ["a", "b"] {
+        t.create(id, id, vec![], addr.clone(), holder(1, true), TTL)
+            .unwrap();
+    }
+    t.reserve("a", "p1", Slot::Starting).unwrap();
+    assert!(matches!(
+        t.reserve("a", "p1", Slot::Starting),
+        Err(SessionError::ProcessExists(_))
+    ));
+    t.reserve("a", "p2", Slot::Pending(())).unwrap();
+    t.reserve("a", "p3", Slot::Ready(3)).unwrap();
+    assert!(matches!(
+        t.reserve("a", "p4", Slot::Starting),
+        Err(SessionError::TooManyProcesses(3))
+    ));
+    t.reserve("b", "q1", Slot::Starting).unwrap();
+    t.reserve("b", "q2", Slot::Starting).unwrap();
+    assert!(matches!(
+        t.reserve("b", "q3", Slot::Starting),
+        Err(SessionError::QuotaReached {
+            limit: "maxProcessesPerAddress",
+            value: 5
+        })
+    ));
+    assert_eq!(t.processes("a"), vec![3], "only spawned ones are processes");
+    assert!(matches!(
+        t.reserve("gone", "p", Slot::Starting),
+        Err(SessionError::UnknownSession)
+    ));
+}
+
+#[test]
+fn an_exited_process_is_forgotten_after_retention_without_acks_and_at_once_with() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let s1 = t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    let s2 = t.reserve("a", "q", Slot::Ready(2)).unwrap();
+    t.exit_delivered(t0, "a", "p", s1, false);
+    t.exit_delivered(t0, "a", "q", s2, true);
+    assert!(t.slot("a", "q").is_none(), "acked: gone at once");
+    assert_eq!(t.poll_timeout(), Some(t0 + RETENTION));
+    t.handle_timeout(t0 + RETENTION - ms(1));
+    assert!(t.slot("a", "p").is_some());
+    t.handle_timeout(t0 + RETENTION);
+    assert!(t.slot("a", "p").is_none(), "retention over");
+    assert_eq!(t.poll_timeout(), None);
+}
+
+#[test]
+fn a_slot_taken_again_is_not_reaped_by_the_old_one() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let old = t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    t.exit_delivered(t0, "a", "p", old, true);
+    let new = t.reserve("a", "p", Slot::Ready(2)).unwrap();
+    t.exit_delivered(t0, "a", "p", old, false);
+    assert!(!t.replace("a", "p", old, Slot::Starting), "stale serial");
+    assert!(t.free("a", "p", old).is_none());
+    assert_eq!(t.poll_timeout(), None, "no deadline for a stale slot");
+    assert!(matches!(t.slot("a", "p"), Some((Slot::Ready(2), s)) if s == new));
+}
+
+type Log = Arc<Mutex<Vec<Resolution>>>;
+
+fn params() -> ApproveParams {
+    ApproveParams {
+        process_id: "p".into(),
+        argv: vec!["rm".into()],
+        cwd: "/".into(),
+        env_names: vec![],
+        tty: false,
+        rule: "r".into(),
+    }
+}
+
+fn register(t: &mut SessionTable<Test>, now: Instant, log: &Log) -> Option<Registered> {
+    let log = log.clone();
+    t.register_approval(now, "a", params(), move |r| log.lock().unwrap().push(r))
+}
+
+#[test]
+fn an_unanswered_approval_times_out_at_its_deadline() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let log = Log::default();
+    let Some(Registered::Send(r)) = register(&mut t, t0, &log) else {
+        panic!("the holder can answer: sent")
+    };
+    assert_eq!(r.id, "s-1");
+    assert_eq!(t.poll_timeout(), Some(t0 + APPROVAL));
+    t.handle_timeout(t0 + APPROVAL);
+    let Some(Action::ApprovalTimedOut(taken)) = t.poll_action() else {
+        panic!("expected a timeout")
+    };
+    taken.resolve(Resolution::Refused {
+        reason: crate::session::approvals::reason::TIMED_OUT,
+    });
+    assert_eq!(log.lock().unwrap().len(), 1);
+    assert_eq!(t.answer("a", "s-1").0, AnswerOutcome::LateOrDuplicate);
+}
+
+#[test]
+fn an_answer_disarms_the_deadline() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let log = Log::default();
+    register(&mut t, t0, &log);
+    let (o, taken) = t.answer("a", "s-1");
+    assert_eq!(o, AnswerOutcome::Answered);
+    taken.unwrap().resolve(Resolution::Approved);
+    assert_eq!(t.poll_timeout(), None);
+    assert_eq!(t.answer("a", "s-9").0, AnswerOutcome::NeverSent);
+}
+
+#[test]
+fn approvals_wait_for_a_resume_and_are_withdrawn_when_nobody_can_answer() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let log = Log::default();
+    t.detach(t0, "a", 1);
+    assert!(matches!(
+        register(&mut t, t0, &log),
+        Some(Registered::Held(_))
+    ));
+    let a = t.attach("a", holder(2, true)).unwrap();
+    let ids: Vec<String> = a.resend.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids, ["s-1"], "sent again, same id");
+    let a = t.attach("a", holder(3, false)).unwrap();
+    assert_eq!(a.withdrawn.len(), 1, "nobody can answer it now");
+    assert_eq!(t.poll_timeout(), None, "its deadline went with it");
+    assert!(matches!(
+        register(&mut t, t0, &log),
+        Some(Registered::Refused(..))
+    ));
+}
+
+#[test]
+fn close_takes_everything_out_once() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let log = Log::default();
+    let s = t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    t.exit_delivered(t0, "a", "p", s, false);
+    register(&mut t, t0, &log);
+    t.detach(t0, "a", 1);
+    let c = t.close("a").unwrap();
+    assert_eq!((c.processes, c.withdrawn.len()), (vec![1], 1));
+    assert_eq!(t.poll_timeout(), None, "every deadline of it disarmed");
+    assert!(t.close("a").is_none(), "idempotent");
+    assert!(matches!(
+        t.resume("a", &[0], None, holder(5, true)),
+        Err(SessionError::UnknownSession)
+    ));
+    assert!(t.register_approval(t0, "a", params(), |_| {}).is_none());
+}
