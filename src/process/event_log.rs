@@ -21,12 +21,9 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+pub use super::output_budget::EVENT_OVERHEAD_BYTES;
 use super::output_budget::{Blocked, BudgetShare};
 use crate::rpc::messages::{ExitInfo, StreamName};
-
-/// Bookkeeping cost charged per event on top of its bytes, so that a log of tiny events is
-/// bounded too (an event's allocation, seq and stream tag).
-pub const EVENT_OVERHEAD_BYTES: usize = 64;
 
 /// What an event says.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,6 +5,7 @@
 //!
 //! - [`spawn`]: `setsid`, parent-death signal, pipes or PTY, the child's pidfd and its scope;
 //!   with `containment/sys.rs`, every `unsafe` line.
+//! - [`spawn_spec`]: what to start ([`SpawnSpec`](spawn_spec::SpawnSpec)), plain data.
 //! - [`containment`]: finds and kills everything a session started (cgroups, subreaper,
 //!   pidfds, the crash sweep).
 //! - [`event_log`]: sans-IO seq numbering, retention, delivery cursor, acks.
@@ -38,6 +39,7 @@ pub mod output_pump;
 pub mod ready_set;
 pub mod signals;
 pub mod spawn;
+pub mod spawn_spec;
 pub mod stall_watch;
 pub mod start_error;
 pub mod tail_ring;

@@ -46,8 +46,11 @@ use std::sync::Arc;
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
-use super::event_log::EVENT_OVERHEAD_BYTES;
 use crate::config::MAX_CHUNK_BYTES;
+
+/// Bookkeeping cost charged per event on top of its bytes, so that a log of tiny events is
+/// bounded too (an event's allocation, seq and stream tag).
+pub const EVENT_OVERHEAD_BYTES: usize = 64;
 
 /// What every process may always hold unwritten, whatever the budget: one chunk (the largest
 /// event an output pump appends, with its bookkeeping). One chunk at a time keeps every child

@@ -24,25 +24,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 
 use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
+pub use super::spawn_spec::SpawnSpec;
 use super::start_error::{classify, StartError, StartWhat};
 use crate::rpc::messages::{StreamName, TermSize};
-
-/// What to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpawnSpec {
-    /// Program and arguments (non-empty).
-    pub argv: Vec<String>,
-    /// Working directory, absolute.
-    pub cwd: Option<String>,
-    /// Overlay: `Some` sets, `None` removes.
-    pub env: Vec<(String, Option<String>)>,
-    /// Start from the server's environment.
-    pub inherit_env: bool,
-    /// Run on a PTY of this size.
-    pub tty: Option<TermSize>,
-    /// Give the child a stdin pipe (ignored with a PTY, where stdin is the terminal).
-    pub pipe_stdin: bool,
-}
 
 /// A started child and its I/O ends.
 pub struct Spawned {

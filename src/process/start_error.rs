@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::spawn::SpawnSpec;
+use super::spawn_spec::SpawnSpec;
 use crate::policy::resolve::resolve_program;
 
 /// Which part of a start failed (`data.what` of `-32007`).

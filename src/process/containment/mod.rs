@@ -49,8 +49,8 @@
 //!
 //! # Who uses what
 //!
-//! - **Start** ([`start_containment`], called by both composition roots, `server::Server::new`
-//!   and the in-process `connection::local::LocalServer::start`, before the first spawn):
+//! - **Start** ([`start_containment`], called by the composition root `server::compose` for
+//!   the network and the in-process server, before the first spawn):
 //!   [`Containment::new`] from the `containment_backend`, `cgroup_name` and
 //!   `session_pids_max` settings ([`ContainmentConfig::from_server`]), then
 //!   [`Containment::sweep_stale`], then [`subreaper::start_reaper`]. The `SessionRegistry`

@@ -1,6 +1,6 @@
 //! The start of containment, once per server, before its first spawn: the backend, the crash
-//! sweep, and the subreaper. Both composition roots call it: the network server
-//! (`server::Server::new`) and the in-process one (`connection::local::LocalServer::start`), so
+//! sweep, and the subreaper. The composition root (`server::compose`) calls it for the network
+//! server (`server::Server::new`) and the in-process one (`server::LocalServer::start`), so
 //! every server, wherever it runs, places and kills its sessions the same way.
 //!
 //! It must never fall back silently: a cgroup backend named explicitly that cannot work here
