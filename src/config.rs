@@ -22,6 +22,10 @@ pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
 /// one record per chunk, not a full one and a 36-byte one (an AEAD operation, a frame and a
 /// slot of the link's queue each). Within `MAX_CHUNK_BYTES`, as the protocol requires.
 pub const PUMP_CHUNK_BYTES: usize = MAX_CHUNK_BYTES - 512;
+/// Control requests (`signal`, `terminate`, `server/info`, `process/list`) in flight per
+/// connection, apart from `maxPendingRequests`. They finish at once, so a small pool is
+/// plenty; it only stops a client that sends them without reading the answers.
+pub const CONTROL_REQUEST_SLOTS: usize = 64;
 /// Processes per session. Bounds per-session memory together with `retainedOutputBytes`.
 pub const MAX_PROCESSES: usize = 256;
 /// Sessions per server, attached or detached.

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use execrelay::config::ServerConfig;
-use execrelay::connection::local::{LocalClientEnd, LocalLimits, LocalSendError, LocalServer};
+use execrelay::connection::local::{LocalClientEnd, LocalLimits, LocalSendError};
 use execrelay::connection::message::{Call, Inbound, Outbound, Reply, RequestId};
 use execrelay::rpc::messages::TerminateParams;
+use execrelay::server::LocalServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_is_answered_while_the_event_queue_is_full_and_unread() {

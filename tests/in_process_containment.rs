@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use execrelay::config::ServerConfig;
-use execrelay::connection::local::{LocalLimits, LocalServer};
+use execrelay::connection::local::LocalLimits;
+use execrelay::server::LocalServer;
 
 /// Shutdown goes through containment, as a network server's does: a process the session
 /// started that left its process group and session (`setsid` in the background, its parent

@@ -27,9 +27,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("session", 3),
     ("connection", 4),
     ("link", 5),
-    ("client", 6),
     ("server", 6),
-    ("cli", 7),
+    ("client", 7),
+    ("cli", 8),
 ];
 
 /// Files that only declare modules or hand over to the library.

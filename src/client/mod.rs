@@ -45,12 +45,13 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::MAX_MESSAGE_BYTES;
-use crate::connection::local::{LocalLimits, LocalServer};
+use crate::connection::local::LocalLimits;
 use crate::connection::message::{Call, Note, Reply};
 use crate::rpc::messages::{
     AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartResult,
 };
 use crate::rpc::Method;
+use crate::server::LocalServer;
 use crate::sync::lock;
 use crate::transport::Transport;
 use event_stream::ProcSlot;

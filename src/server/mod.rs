@@ -1,5 +1,6 @@
-//! The composition root: [`Server::run`] (and [`run`]) owns every listener of one exec server,
-//! its [`SessionRegistry`], and the one shutdown sequence.
+//! The composition root: [`compose`] builds every exec server of this process (network and
+//! in-process, `local.rs`); [`Server::run`] (and [`run`]) owns every listener of one network
+//! server, its [`SessionRegistry`], and the one shutdown sequence.
 //!
 //! # What this module owns
 //!
@@ -56,9 +57,12 @@ use crate::metrics::Metrics;
 use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
 use crate::policy::PolicyFile;
 pub use crate::process::containment::{start_containment, StartError};
+
+mod local;
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed_with_keepalive, websocket_config};
+pub use local::LocalServer;
 
 /// The body of the `404` a WebSocket upgrade on another path gets from a `noise+ws://`
 /// listener: a client that dialled it with `ws://` or `relay+ws://` learns what to use.
@@ -145,6 +149,24 @@ enum Route {
     Link,
 }
 
+/// The composition root of every exec server of this process, network (`execrelay serve`,
+/// [`Server`]) or in-process (`Client::in_process`, [`LocalServer`]): containment started
+/// first ([`start_containment`]: the backend of `config`, the crash sweep, the subreaper),
+/// then its own [`Metrics`] and the [`SessionRegistry`] that is handed both (the registry
+/// builds neither). `execrelay demo` runs `execrelay serve`, so it is composed here too.
+pub fn compose(
+    config: Arc<ServerConfig>,
+    policy: Option<Arc<PolicyFile>>,
+) -> Result<Arc<SessionRegistry>, StartError> {
+    let containment = start_containment(&config)?;
+    Ok(SessionRegistry::with_exec_policy(
+        config,
+        Arc::new(Metrics::new()),
+        containment,
+        policy,
+    ))
+}
+
 /// One exec server: its registry, before and while it runs.
 pub struct Server {
     registry: Arc<SessionRegistry>,
@@ -175,14 +197,8 @@ impl Server {
         config: Arc<ServerConfig>,
         policy: Option<Arc<PolicyFile>>,
     ) -> Result<Server, StartError> {
-        let containment = start_containment(&config)?;
         Ok(Server {
-            registry: SessionRegistry::with_exec_policy(
-                config,
-                Arc::new(Metrics::new()),
-                containment,
-                policy,
-            ),
+            registry: compose(config, policy)?,
         })
     }
 

@@ -42,10 +42,7 @@ use inlet::Inlet;
 /// reading its responses.
 const CONTROL_LANE_SLACK: usize = 64;
 
-/// Control requests (`signal`, `terminate`, `server/info`, `process/list`) in flight per
-/// connection, apart from `maxPendingRequests`. They finish at once, so a small pool is
-/// plenty; it only stops a client that sends them without reading the answers.
-pub const CONTROL_REQUEST_SLOTS: usize = 64;
+pub use crate::config::CONTROL_REQUEST_SLOTS;
 
 /// How long a closing connection waits for its writer to flush a final error.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
