@@ -426,3 +426,120 @@ fn files_map_to_their_top_level_module() {
     );
     assert_eq!(module_of(Path::new("rpc/mod.rs")), Some("rpc".into()));
 }
+
+// The sans-IO cores: plain structs fed `now` and events. They name no runtime, no lock, no
+// file, socket, thread or process of the OS; the driver beside each does all of that.
+
+/// The sans-IO files of `src/` (tests of each may use anything).
+const SANS_IO: &[&str] = &[
+    "session/table.rs",
+    "session/approvals.rs",
+    "session/quota.rs",
+    "process/event_log.rs",
+    "process/output_drain.rs",
+    "process/stall_watch.rs",
+    "process/write_ids.rs",
+    "process/tail_ring.rs",
+    "bounds/idle.rs",
+];
+
+/// What a sans-IO file must not name.
+const NOT_IN_SANS_IO: &[&str] = &[
+    "tokio",
+    "nix::",
+    "libc::",
+    "Mutex",
+    "RwLock",
+    "std::fs",
+    "std::thread",
+    "std::process",
+    "std::net::Tcp",
+    "std::net::Udp",
+    "Instant::now",
+    "SystemTime::now",
+];
+
+/// The only modules the session core may import (`super::X` or `crate::X`): its own plain
+/// parts and the wire types. Never `process` (spawning) nor the driver files.
+const SESSION_CORE_IMPORTS: &[&str] = &["approvals", "error", "quota", "rpc"];
+
+/// `source` without its `#[cfg(test)] mod tests` (the last item of a file, by house style).
+fn without_tests(source: &str) -> &str {
+    match source.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &source[..i],
+        None => source,
+    }
+}
+
+/// What `source` (a sans-IO file) names against the rule, as `line: token`.
+fn sans_io_violations(source: &str) -> Vec<String> {
+    let code = code_only(without_tests(source));
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        for bad in NOT_IN_SANS_IO {
+            if line.contains(bad) {
+                out.push(format!("{}: `{bad}`", n + 1));
+            }
+        }
+    }
+    out
+}
+
+/// The modules `source` imports through `use super::X` or `use crate::X` (first segment).
+fn imported_modules(source: &str) -> Vec<String> {
+    let code = code_only(without_tests(source));
+    let mut out: Vec<String> = crate_paths(&code).into_iter().map(|(_, m)| m).collect();
+    for line in code.lines() {
+        if let Some(rest) = line.trim_start().strip_prefix("use super::") {
+            let m: String = rest.chars().take_while(|c| is_ident(*c as u8)).collect();
+            out.push(m);
+        }
+    }
+    out
+}
+
+#[test]
+fn sans_io_cores_name_no_runtime_lock_or_os_resource() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut report = Vec::new();
+    for file in SANS_IO {
+        let source = std::fs::read_to_string(src.join(file))
+            .unwrap_or_else(|e| panic!("SANS_IO names src/{file}, which cannot be read: {e}"));
+        for v in sans_io_violations(&source) {
+            report.push(format!("src/{file}:{v}"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "sans-IO files naming I/O (ARCHITECTURE.md, \"Invariants\"):\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn the_session_core_imports_only_its_plain_parts() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let source = std::fs::read_to_string(src.join("session/table.rs")).expect("session core");
+    let bad: Vec<String> = imported_modules(&source)
+        .into_iter()
+        .filter(|m| !SESSION_CORE_IMPORTS.contains(&m.as_str()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "src/session/table.rs imports {bad:?}; it may import only {SESSION_CORE_IMPORTS:?}"
+    );
+}
+
+#[test]
+fn the_sans_io_checks_see_what_they_forbid() {
+    let src = "use std::sync::Mutex;\nuse tokio::time::sleep;\n// tokio in a comment\n\
+               fn f() { let _ = std::time::Instant::now(); }\n\
+               #[cfg(test)]\nmod tests {\n    use tokio::time::pause;\n}\n";
+    assert_eq!(
+        sans_io_violations(src),
+        vec!["1: `Mutex`", "2: `tokio`", "4: `Instant::now`"]
+    );
+    let src = "use super::quota::Owner;\nuse super::session::Live;\nuse crate::process::X;\n\
+               #[cfg(test)]\nmod tests {\n    use super::*;\n}\n";
+    assert_eq!(imported_modules(src), vec!["process", "quota", "session"]);
+}
