@@ -491,7 +491,7 @@ async fn exec_latency(runs: u64) -> (f64, f64) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// In-process (issue 12): `Client::in_process` beside plain WebSocket, in the same run.
+// In-process: `Client::in_process` beside plain WebSocket, in the same run.
 
 /// p50/p99 exec latency (ms) of `true` → exit notice on one in-process client, with the
 /// containment backend `backend` (`auto` as a server runs by default; `none` shows what the
@@ -907,7 +907,7 @@ async fn main() {
         println!("fanin_server_rss_bound_KiB {bound}");
     }
 
-    // Through one relay (issue 10's benchmark): its own section, apart from the relay-alone
+    // Through one relay: its own section, apart from the relay-alone
     // figures. Skipped with BENCH_RELAY=0.
     if env_u64("BENCH_RELAY", 1) > 0 {
         relay_section(&keys, n, runs.min(200), &mbps_of, &base).await;

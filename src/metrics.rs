@@ -384,7 +384,7 @@ impl Metrics {
                 ups: Counter::default(),
                 refusals: Family::default(),
             };
-            let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut registry = crate::sync::lock(&self.registry);
             registry.register(
                 "environment_link_up",
                 "1 while the environment link is up and authenticated by the relay, else 0",
@@ -463,7 +463,7 @@ impl Metrics {
             self.limits.get_or_create(&LimitLabel { name }).set(int(v));
         }
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let registry = crate::sync::lock(&self.registry);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out

@@ -445,7 +445,7 @@ pub fn main(args: ServeArgs) -> i32 {
     code
 }
 
-/// Raise the soft limit of open files to the hard limit (issue 9 item 10) and log both; a
+/// Raise the soft limit of open files to the hard limit and log both; a
 /// limit that leaves nothing above the descriptor reserve would refuse every connection, so
 /// it is an error.
 fn raise_descriptor_limit(reserve: usize) -> anyhow::Result<()> {

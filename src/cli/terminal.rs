@@ -150,7 +150,7 @@ static TERMINAL_QUESTION: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// (an empty line, end of file) denies. Not stdin/stdout: those carry the command's data.
 fn ask_on_terminal(request: &ApproveParams) -> ApprovalDecision {
     use std::io::{BufRead, Write};
-    let _one = TERMINAL_QUESTION.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = crate::sync::lock(&TERMINAL_QUESTION);
     let argv = display_argv(&request.argv);
     let tty = std::fs::OpenOptions::new()
         .read(true)

@@ -1,4 +1,4 @@
-//! The byte budget of a network connection's requests (issue 9 item 7), applied at the JSON
+//! The byte budget of a network connection's requests, applied at the JSON
 //! edge: each message is charged, **before it is parsed**, for its text and the most its
 //! parsed tree can take ([`parse_cost`]), under the connection's budget
 //! (`max_pending_request_bytes`, a child of the server's `max_inbound_bytes`). The charge is

@@ -508,8 +508,8 @@ fn status_document(
     })
 }
 
-/// Admit an upgraded connection or link only while more than the descriptor reserve is free
-/// (issue 9 item 10): otherwise close it at once with `1013` ("try again later"), so that
+/// Admit an upgraded connection or link only while more than the descriptor reserve is
+/// free; otherwise close it at once with `1013` ("try again later"), so that
 /// connections run out before a spawn can fail for want of a descriptor. The WebSocket is
 /// handed back when admitted.
 fn admit_descriptors(

@@ -1,5 +1,5 @@
 //! Per-client quotas: how many sessions and processes one Noise client key, and one peer
-//! address, may hold at once, below the server-wide `max_sessions` (issue 9 item 8).
+//! address, may hold at once, below the server-wide `max_sessions`.
 //!
 //! A session belongs to the client that created it: its static key (Noise) and its peer
 //! address (the TCP peer of the `ws://` connection or of the Noise link). A `ws://` client is

@@ -19,7 +19,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
@@ -39,10 +39,8 @@ struct Shared<S> {
     writer: Mutex<Option<Waker>>,
 }
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poll that panicked leaves the socket as tungstenite left it: keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+// A poll that panicked leaves the socket as tungstenite left it: `lock` keeps going.
+use crate::sync::lock as locked;
 
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()

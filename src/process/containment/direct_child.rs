@@ -20,9 +20,9 @@ use std::sync::Mutex;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use super::lock;
 use super::pidfd::{Delivery, Pidfd};
 use super::ScopeId;
+use crate::sync::lock;
 
 /// A child spawned by `spawn.rs`: its pidfd (opened before anyone could reap it), the scope
 /// it was placed in, and the reap gate.

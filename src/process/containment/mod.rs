@@ -84,7 +84,7 @@ pub mod tree;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 pub use cgroup::Cgroup;
@@ -97,6 +97,7 @@ pub use pidfd::{Delivery, Pidfd};
 pub(crate) use scope::enter_in_child;
 pub use scope::{Placement, SessionScope, EMPTY_POLL_BACKOFF, MAX_PLACEMENT_FDS};
 
+use crate::sync::lock;
 use scope::ScopeCgroups;
 pub use startup::{start_containment, StartError};
 pub use sweep::SweepReport;
@@ -109,11 +110,6 @@ use tree::Owner;
 /// dead NFS server); ten seconds is generous on a loaded machine and still bounds session
 /// close and shutdown.
 pub const KILL_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Lock a std mutex, recovering from poisoning (every critical section here is a few field
-/// updates, consistent at every step).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Identifies a session scope, unique in the process (across [`Containment`]s), and the
 /// containment that opened it.

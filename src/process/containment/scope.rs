@@ -15,9 +15,10 @@ use nix::sys::signal::Signal;
 use super::cgroup::{self, Cgroup, Hierarchy};
 use super::tree::{self, Owner};
 use super::{
-    lock, procfs, sys, ContainmentError, Delivery, DirectChild, KillReport, Pidfd, ScopeId, Shared,
+    procfs, sys, ContainmentError, Delivery, DirectChild, KillReport, Pidfd, ScopeId, Shared,
     KILL_WAIT_TIMEOUT,
 };
+use crate::sync::lock;
 
 pub(super) enum ScopeCgroups {
     V2 {

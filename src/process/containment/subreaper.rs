@@ -58,7 +58,8 @@ use std::time::Duration;
 
 use super::direct_child::DirectChild;
 use super::pidfd::Pidfd;
-use super::{lock, procfs, sys};
+use super::{procfs, sys};
+use crate::sync::{lock, read, write};
 
 /// The reaper rescans the server's children at least this often even without `SIGCHLD`.
 /// Signals coalesce and a scan covers everything, so this only matters if a `SIGCHLD` was
@@ -97,16 +98,13 @@ pub struct ForkGuard {
 /// `Containment::kill_everything`, which must not take another containment's child in the
 /// instant after its `setsid` and before its registration for an unattributed process.
 pub(crate) fn fork_exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
-    REGISTRY
-        .fork_gate
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
+    write(&REGISTRY.fork_gate)
 }
 
 /// Take the fork gate (shared between spawns; excludes reaper passes).
 pub fn fork_guard() -> ForkGuard {
     ForkGuard {
-        _gate: REGISTRY.fork_gate.read().unwrap_or_else(|p| p.into_inner()),
+        _gate: read(&REGISTRY.fork_gate),
     }
 }
 
