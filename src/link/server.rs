@@ -17,9 +17,16 @@
 //!   close record and then its `RESET` (§8).
 //!
 //! Budgets (§8) are the engine's: handshake failures are charged through
-//! [`OpenRequest::handshake_failed`]; an empty bucket closes a direct link
-//! ([`HandshakeBudgetPolicy::CloseLink`]) or refuses new `OPEN`s on an environment link for a
-//! cool-down ([`HandshakeBudgetPolicy::RefuseOpens`]), never touching established streams.
+//! [`OpenRequest::handshake_failed`] and answered with a handshake-failure reason
+//! (`handshake_failed`, `unauthorized`, `replayed_handshake`, `clock_skew`). On a direct link
+//! the bucket is the client's (`handshake_failure_burst`): the failure that takes its last
+//! token closes the link ([`HandshakeBudgetPolicy::CloseLink`]). On the environment link the
+//! relay charges each such `RESET` to the client link and address whose `OPEN` it answers,
+//! so the link keeps only a last-resort budget (`relay_link_handshake_failure_burst`, far
+//! above what one relay-throttled client can spend) that refuses new `OPEN`s for a cool-down
+//! when empty ([`HandshakeBudgetPolicy::RefuseOpens`]), never touching established streams.
+//! A `ts` refused because its key has too many handshakes in the window is load (`busy`),
+//! not a failure.
 //!
 //! Bounds (issue 9) this module applies per link:
 //!
@@ -29,7 +36,8 @@
 //!   whose message cannot grow is reset `busy` alone (counted as a `busy` Noise failure).
 //! - **Quotas and idleness per stream**: each stream's connection gets the client's key, the
 //!   link's peer address on a direct link (none through the relay, which hides the clients'
-//!   addresses) and `idle_connection_timeout_ms`.
+//!   addresses) and `idle_connection_timeout_ms`. A key holds at most `max_streams_per_key`
+//!   streams over all links (`super::key_quota`); more are refused `too_many_streams`.
 //! - **Idle links**: a direct link that holds no stream (pending or open) for
 //!   `idle_link_timeout_ms` is closed (not a failure). The environment link is never closed
 //!   for idleness: it is how clients reach this server at all.
@@ -51,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::key_quota::{KeyStream, StreamsPerKey};
 use super::virtual_stream::noise_transport;
 use crate::bounds::{ByteBudget, IdleTimer};
 use crate::config::ServerConfig;
@@ -104,6 +113,21 @@ impl LinkPeer {
             LinkPeer::Direct(_) => HandshakeBudgetPolicy::CloseLink,
             LinkPeer::Relay(_) => HandshakeBudgetPolicy::RefuseOpens {
                 cooldown: HANDSHAKE_COOLDOWN,
+            },
+        }
+    }
+
+    /// The handshake-failure bucket: the client's on a direct link, the last-resort one of
+    /// the environment link (the relay charges every failure to the client that caused it).
+    fn failure_budget(&self, config: &ServerConfig) -> BucketConfig {
+        match self {
+            LinkPeer::Direct(_) => BucketConfig {
+                burst: config.handshake_failure_burst,
+                refill: Duration::from_millis(config.handshake_failure_refill_ms),
+            },
+            LinkPeer::Relay(_) => BucketConfig {
+                burst: config.relay_link_handshake_failure_burst,
+                refill: Duration::from_millis(config.relay_link_handshake_failure_refill_ms),
             },
         }
     }
@@ -187,16 +211,17 @@ pub fn keepalive_config(config: &ServerConfig) -> KeepaliveConfig {
     }
 }
 
-/// The engine settings of one server link: the server's limits, and what an empty handshake
-/// budget does (`policy`).
-pub fn endpoint_config(config: &ServerConfig, policy: HandshakeBudgetPolicy) -> EndpointConfig {
+/// The engine settings of one server link: the server's limits, the handshake-failure
+/// bucket (`failures`) and what its emptying does (`policy`).
+pub fn endpoint_config(
+    config: &ServerConfig,
+    failures: BucketConfig,
+    policy: HandshakeBudgetPolicy,
+) -> EndpointConfig {
     EndpointConfig {
         max_streams: config.max_streams_per_link,
         max_pending_opens: config.max_pending_authorizations,
-        handshake_failures: BucketConfig {
-            burst: config.handshake_failure_burst,
-            refill: Duration::from_millis(config.handshake_failure_refill_ms),
-        },
+        handshake_failures: failures,
         on_handshake_budget_empty: policy,
         // The environment link (`RefuseOpens`) carries every client's streams: frames for
         // streams it no longer remembers are dropped, never a reason to close it.
@@ -215,6 +240,8 @@ pub struct LinkContext {
     pub registry: Arc<SessionRegistry>,
     /// Message-1 timestamps, one table per listener.
     pub timestamps: SharedHelloTimestamps,
+    /// Streams per client key, one table for the whole server.
+    pub streams_per_key: Arc<StreamsPerKey>,
     /// Fires when connections must end (the server's shutdown).
     pub shutdown: CancellationToken,
     /// Every task a link starts (authorizations, stream processors), awaited at shutdown.
@@ -225,10 +252,14 @@ fn short(sid: &StreamId) -> String {
     sid.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
 
-fn ts_reason(e: &TimestampError) -> Reason {
+/// The `RESET` reason of a refused `ts`, and whether it is a handshake failure (charged, as
+/// a replay or a clock far off) or load (a key with too many handshakes in the window: `busy`,
+/// that key's own doing, never charged to anyone).
+fn ts_reason(e: &TimestampError) -> (Reason, bool) {
     match e {
-        TimestampError::ClockSkew { .. } => Reason::ClockSkew,
-        TimestampError::Replayed { .. } => Reason::ReplayedHandshake,
+        TimestampError::ClockSkew { .. } => (Reason::ClockSkew, true),
+        TimestampError::KeyBusy { .. } => (Reason::Busy, false),
+        _ => (Reason::ReplayedHandshake, true),
     }
 }
 
@@ -247,7 +278,7 @@ where
     let metrics = ctx.registry.metrics().clone();
     let _live = GaugeGuard::new(&metrics.noise_links);
     let config = ctx.registry.config();
-    let cfg = endpoint_config(config, peer.policy());
+    let cfg = endpoint_config(config, peer.failure_budget(config), peer.policy());
     let (link, mut incoming) = match EndpointLink::spawn_server(ws, cfg) {
         Ok(x) => x,
         Err(e) => {
@@ -349,10 +380,26 @@ fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
                     "handshake refused: {e}"
                 );
                 metrics.noise_failure(e.reset_reason());
-                req.handshake_failed(ts_reason(&e));
+                match ts_reason(&e) {
+                    (reason, true) => req.handshake_failed(reason),
+                    (reason, false) => req.refuse(reason),
+                }
                 return;
             }
         };
+    // The key's share of the server's streams (`max_streams_per_key`): a refusal, not a
+    // failure (the key is genuine; it holds enough already).
+    let Some(quota) = ctx.streams_per_key.try_enter(&pending.client_key) else {
+        tracing::warn!(
+            stream = %short(&sid),
+            client = %fingerprint(&pending.client_key),
+            max = ctx.streams_per_key.limit(),
+            "stream refused: this client key holds its maximum of streams (max_streams_per_key)"
+        );
+        metrics.noise_failure("too_many_streams");
+        req.refuse(Reason::TooManyStreams);
+        return;
+    };
     let task = stream_task(
         ctx.clone(),
         link.clone(),
@@ -360,7 +407,7 @@ fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
         pending,
         admission,
         format!("{}/{}", link.name, short(&sid)),
-        live,
+        (live, quota),
     );
     ctx.tasks.spawn(task.in_current_span());
 }
@@ -373,7 +420,7 @@ async fn stream_task(
     pending: PendingHandshake,
     admission: Admission,
     peer: String,
-    _held: LiveGuard,
+    _held: (LiveGuard, KeyStream),
 ) {
     let sid = req.stream();
     let metrics = ctx.registry.metrics().clone();
@@ -404,7 +451,7 @@ async fn stream_task(
         req.handshake_failed(Reason::Unauthorized);
         return;
     }
-    admission.accept();
+    admission.accept(unix_micros(SystemTime::now()));
     let client_key = pending.client_key;
     let (msg2, keys) = match pending.accept(env!("CARGO_PKG_VERSION")) {
         Ok(x) => x,

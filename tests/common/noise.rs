@@ -497,6 +497,40 @@ impl RawLink {
         }
     }
 
+    /// The last record of `sid` the server accepts now: the largest `ack + window` it
+    /// reported.
+    pub fn send_limit(&self, sid: &StreamId) -> u64 {
+        self.send_limits.get(sid).copied().unwrap_or(0)
+    }
+
+    /// Wait until the server reported `sid`'s records up to `seq` consumed (its `ack` reached
+    /// `seq`: credit up to `seq + window`), or reset the stream; true if consumed. Other
+    /// frames are kept for later.
+    pub async fn wait_consumed(&mut self, sid: &StreamId, seq: u64, window: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + GUARD;
+        if self
+            .backlog
+            .iter()
+            .any(|f| f.stream == *sid && f.ftype == FrameType::Reset)
+        {
+            return false;
+        }
+        while self.send_limit(sid) < seq + window {
+            let f = self
+                .read_any(deadline)
+                .await
+                .expect("the link ended while waiting for the server to consume");
+            let reset = f.stream == *sid && f.ftype == FrameType::Reset;
+            if f.ftype != FrameType::Ack {
+                self.backlog.push_back(f);
+            }
+            if reset {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Seal `v` as records of `st` and send their DATA frames (each carrying the stream's
     /// report), each once the server's window allows it.
     pub async fn send_json(&mut self, st: &mut RawStream, v: &Value) {

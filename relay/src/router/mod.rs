@@ -4,7 +4,7 @@
 //!
 //! - In: [`Router::add_environment_link`], [`Router::add_client_link`],
 //!   [`Router::handle_frame`], [`Router::handle_pong`], [`Router::handle_timeout`],
-//!   [`Router::link_closed`], [`Router::remove_environment`].
+//!   [`Router::link_closed`], [`Router::remove_environment`], [`Router::probe`].
 //! - Out: [`Router::poll_transmit`] per link, [`Router::poll_timeout`] per link,
 //!   [`Router::poll_event`] (which link's writer to wake, which link to close).
 //!
@@ -25,6 +25,18 @@
 //!   control lane grow past its reserve.
 //! - **An `OPEN` for a routed id never disturbs the holder**; a client link's streams,
 //!   budgets and death affect only that link and the streams it opened.
+//! - **Budgets are charged to who spends them** (§6.4, §8): an environment's `RESET` that
+//!   answers an `OPEN` with a handshake-failure reason is charged to the client link that sent
+//!   the `OPEN` and to its address, never to the environment; an empty bucket closes that
+//!   link. An address's `OPEN`s awaiting an answer never outnumber its tokens, so what one
+//!   address can make an environment's handshakes fail is bounded exactly.
+//! - **Every byte queued for a client link counts against its share** (all but its `DATA`,
+//!   which the windows bound) **and the total**; a frame that would pass the share closes the
+//!   link: it is not reading.
+//! - **A client link that holds nothing is reaped**: no stream for `idle_link_timeout`.
+//! - **The live holder of an environment id keeps it**: a second link for the id is refused
+//!   while the first answers a probe (two exec servers share a key); a holder that does not
+//!   answer is closed and the newcomer takes the id.
 //! - Every reset and drop is counted by reason ([`Counters`]); resets once per stream.
 
 mod inbound;
@@ -85,6 +97,17 @@ pub enum RouterEvent {
         /// The link.
         link: LinkId,
     },
+    /// `link`'s timer moved (another link's event made it idle): its reader must look at
+    /// [`Router::poll_timeout`] again.
+    Rearm {
+        /// The link.
+        link: LinkId,
+    },
+    /// `link` answered a probe ([`Router::probe`]): it is alive.
+    ProbeAnswered {
+        /// The link.
+        link: LinkId,
+    },
     /// The relay closed `link`: close its socket. Its streams are already reset.
     Close {
         /// The link.
@@ -113,6 +136,13 @@ pub enum AddLinkError {
     /// The address holds its maximum of client links.
     #[error("too many client links from this address")]
     TooManyLinksFromAddress,
+    /// The environment has a live link: only one link holds an id. Probe the holder
+    /// ([`Router::probe`]); if it does not answer, it is closed and the id is free.
+    #[error("the environment id is held by another link")]
+    Held {
+        /// The link that holds the id.
+        holder: LinkId,
+    },
 }
 
 #[derive(Debug)]
@@ -128,6 +158,10 @@ struct Link {
     unknown: TokenBucket,
     /// Client link: `OPEN`s per second.
     opens: Option<TokenBucket>,
+    /// Client link: handshake failures its `OPEN`s caused.
+    failures: Option<TokenBucket>,
+    /// Client link: since when it holds no stream (`None` while it holds one).
+    idle_since: Option<Instant>,
     keepalive: Keepalive,
     /// A `Wake` was emitted and the writer has not yet found the queue empty.
     wake_pending: bool,
@@ -139,6 +173,28 @@ struct EnvState {
     streams: HashSet<StreamId>,
 }
 
+/// What the relay keeps per client address (IPv4 address or IPv6 /64).
+#[derive(Debug)]
+struct AddrState {
+    /// Client links from it.
+    links: usize,
+    /// Handshake failures its `OPEN`s caused, over all its links.
+    failures: TokenBucket,
+    /// Its `OPEN`s forwarded and not yet answered (`ACCEPT` or `RESET`): never more than its
+    /// failure tokens, so that every failure they can cause is paid for in advance.
+    pending_opens: usize,
+}
+
+/// `RESET` reasons with which an environment refuses a handshake (§8): charged to the client
+/// link and address whose `OPEN` they answer. `busy` and `too_many_streams` are load, never
+/// charged.
+pub const HANDSHAKE_FAILURE_REASONS: [&str; 4] = [
+    "handshake_failed",
+    "unauthorized",
+    "replayed_handshake",
+    "clock_skew",
+];
+
 /// The relay's routing core.
 #[derive(Debug)]
 pub struct Router<T: RoutingTable = MemoryTable> {
@@ -146,13 +202,20 @@ pub struct Router<T: RoutingTable = MemoryTable> {
     table: T,
     links: HashMap<LinkId, Link>,
     envs: HashMap<Arc<str>, EnvState>,
-    /// Client links per address (IPv4 address or IPv6 /64, as the HTTP front counts them:
-    /// one host owns a whole /64).
-    per_addr: HashMap<AddressKey, usize>,
+    /// Per client address (IPv4 address or IPv6 /64, as the HTTP front counts them: one
+    /// host owns a whole /64): its links, its handshake-failure bucket, its pending `OPEN`s.
+    /// Kept while it has a link, a pending `OPEN` or a bucket not yet full again, so that
+    /// closing every link does not refill the bucket.
+    per_addr: HashMap<AddressKey, AddrState>,
+    /// Streams per (address, environment).
+    addr_env_streams: HashMap<(AddressKey, Arc<str>), usize>,
     next_id: LinkId,
     queued_bytes: usize,
     events: VecDeque<RouterEvent>,
     counters: Counters,
+    /// The latest `now` any input brought (time only moves forward through inputs); used
+    /// where an effect of one link's input starts another link's clock.
+    clock: Option<Instant>,
 }
 
 impl Router<MemoryTable> {
@@ -172,10 +235,12 @@ impl<T: RoutingTable> Router<T> {
             links: HashMap::new(),
             envs: HashMap::new(),
             per_addr: HashMap::new(),
+            addr_env_streams: HashMap::new(),
             next_id: 1,
             queued_bytes: 0,
             events: VecDeque::new(),
             counters: Counters::default(),
+            clock: None,
         })
     }
 
@@ -194,9 +259,25 @@ impl<T: RoutingTable> Router<T> {
         self.queued_bytes
     }
 
-    /// Bytes queued for `link`.
+    /// Bytes queued for `link` (at their memory cost).
     pub fn link_queued_bytes(&self, link: LinkId) -> usize {
         self.links.get(&link).map_or(0, |l| l.out.bytes())
+    }
+
+    /// Bytes queued for `link` other than `DATA`: what a client link's share holds.
+    pub fn link_share_bytes(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.out.non_data_bytes())
+    }
+
+    /// Streams `link` holds (a client link: the streams it opened).
+    pub fn link_stream_count(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.streams.len())
+    }
+
+    /// Addresses the relay keeps state for (links, pending `OPEN`s, or a failure bucket not
+    /// yet full again).
+    pub fn tracked_addresses(&self) -> usize {
+        self.per_addr.len()
     }
 
     /// `DATA` bytes queued on `link` for `stream`.
@@ -255,8 +336,10 @@ impl<T: RoutingTable> Router<T> {
     ) -> LinkId {
         let id = self.next_id;
         self.next_id += 1;
-        let opens = (kind == LinkKind::Client)
-            .then(|| TokenBucket::per_second(self.cfg.opens_per_second, now));
+        self.tick(now);
+        let client = kind == LinkKind::Client;
+        let opens = client.then(|| TokenBucket::per_second(self.cfg.opens_per_second, now));
+        let failures = client.then(|| TokenBucket::new(self.cfg.handshake_failures, now));
         self.links.insert(
             id,
             Link {
@@ -269,6 +352,8 @@ impl<T: RoutingTable> Router<T> {
                 malformed: TokenBucket::new(self.cfg.malformed_frames, now),
                 unknown: TokenBucket::new(self.cfg.unknown_stream_frames, now),
                 opens,
+                failures,
+                idle_since: client.then_some(now),
                 keepalive: Keepalive::new(self.cfg.keepalive, now, seed),
                 wake_pending: false,
             },
@@ -276,22 +361,27 @@ impl<T: RoutingTable> Router<T> {
         id
     }
 
-    /// Register an environment link whose handshake (§6.2) succeeded. A previous link of the
-    /// same environment is replaced: closed, its streams reset (`environment_gone`).
+    /// Move the router's clock to `now` (never back).
+    fn tick(&mut self, now: Instant) {
+        self.clock = Some(self.clock.map_or(now, |c| c.max(now)));
+    }
+
+    /// Register an environment link whose handshake (§6.2) succeeded. While another link
+    /// holds the id this is refused ([`AddLinkError::Held`]): the caller probes the holder
+    /// ([`Router::probe`]) and tries again once it is gone; the live holder keeps the id.
     pub fn add_environment_link(
         &mut self,
         now: Instant,
         env: &str,
         seed: u64,
     ) -> Result<LinkId, AddLinkError> {
+        self.tick(now);
         let env: Arc<str> = Arc::from(env);
-        match self.envs.get(&env).and_then(|e| e.link) {
-            Some(old) => self.close_link(old, CloseReason::Replaced),
-            None => {
-                if self.environment_count() >= self.cfg.max_environments {
-                    return Err(AddLinkError::TooManyEnvironments);
-                }
-            }
+        if let Some(holder) = self.envs.get(&env).and_then(|e| e.link) {
+            return Err(AddLinkError::Held { holder });
+        }
+        if self.environment_count() >= self.cfg.max_environments {
+            return Err(AddLinkError::TooManyEnvironments);
         }
         let id = self.new_link(LinkKind::Environment, env.clone(), None, now, seed);
         self.envs.entry(env).or_default().link = Some(id);
@@ -307,13 +397,50 @@ impl<T: RoutingTable> Router<T> {
         addr: IpAddr,
         seed: u64,
     ) -> Result<LinkId, AddLinkError> {
+        self.tick(now);
         let addr = AddressKey::of(addr);
-        let n = self.per_addr.get(&addr).copied().unwrap_or(0);
+        let n = self.per_addr.get(&addr).map_or(0, |a| a.links);
         if n >= self.cfg.max_client_links_per_address {
             return Err(AddLinkError::TooManyLinksFromAddress);
         }
-        self.per_addr.insert(addr, n + 1);
+        self.prune_addresses(now);
+        let failures = self.cfg.address_handshake_failures;
+        self.per_addr
+            .entry(addr)
+            .or_insert_with(|| AddrState {
+                links: 0,
+                failures: TokenBucket::new(failures, now),
+                pending_opens: 0,
+            })
+            .links += 1;
         Ok(self.new_link(LinkKind::Client, Arc::from(env), Some(addr), now, seed))
+    }
+
+    /// Forget addresses with nothing left to remember (no link, no pending `OPEN`, a full
+    /// failure bucket) once the table holds more than one entry per possible client link: an
+    /// address cannot refill its bucket by closing its links and coming back, and the table
+    /// stays within twice `max_client_links_per_address` × the addresses seen lately.
+    fn prune_addresses(&mut self, now: Instant) {
+        let links = self.links.len();
+        if self.per_addr.len() <= links.max(64) {
+            return;
+        }
+        self.per_addr.retain(|_, a| {
+            a.links > 0 || a.pending_opens > 0 || a.failures.remaining(now) < a.failures.burst()
+        });
+    }
+
+    /// Ask `link` for proof of life (a ping now); unless it answers within the environment
+    /// probe timeout it is closed (`keepalive_timeout`). [`RouterEvent::ProbeAnswered`] says
+    /// it answered. For an environment's holder when another link claims its id.
+    pub fn probe(&mut self, now: Instant, link: LinkId) {
+        self.tick(now);
+        let timeout = self.cfg.environment_probe_timeout;
+        if let Some(l) = self.links.get_mut(&link) {
+            l.keepalive.probe(now, timeout);
+            self.wake(link);
+            self.events.push_back(RouterEvent::Rearm { link });
+        }
     }
 
     /// The environment is no longer listed: close its link at once (its streams reset).
@@ -331,22 +458,32 @@ impl<T: RoutingTable> Router<T> {
 
     // ---- timers --------------------------------------------------------------------------
 
-    /// When [`handle_timeout`](Self::handle_timeout) must next be called for `link`.
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called for `link`: its
+    /// keepalive, or (a client link holding no stream) its idle deadline.
     pub fn poll_timeout(&self, link: LinkId) -> Option<Instant> {
-        self.links
-            .get(&link)
-            .and_then(|l| l.keepalive.poll_timeout())
+        let l = self.links.get(&link)?;
+        let idle = l.idle_since.map(|t| t + self.cfg.idle_link_timeout);
+        [l.keepalive.poll_timeout(), idle]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Advance `link`'s keepalive to `now`: a ping may become due (its writer is woken), or
-    /// the link dead (closed).
+    /// Advance `link`'s timers to `now`: a ping may become due (its writer is woken), or the
+    /// link dead (closed), or idle for too long (a client link with no stream: closed).
     pub fn handle_timeout(&mut self, now: Instant, link: LinkId) {
+        self.tick(now);
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
         l.keepalive.handle_timeout(now);
         if l.keepalive.is_dead() {
             self.close_link(link, CloseReason::KeepaliveTimeout);
+        } else if l
+            .idle_since
+            .is_some_and(|t| now >= t + self.cfg.idle_link_timeout)
+        {
+            self.close_link(link, CloseReason::Idle);
         } else if l.keepalive.wants_ping() {
             self.wake(link);
         }
@@ -355,7 +492,11 @@ impl<T: RoutingTable> Router<T> {
     /// A WebSocket pong arrived on `link`.
     pub fn handle_pong(&mut self, link: LinkId, payload: &[u8]) {
         if let Some(l) = self.links.get_mut(&link) {
+            let probing = l.keepalive.probing();
             l.keepalive.on_pong(payload);
+            if probing && !l.keepalive.probing() {
+                self.events.push_back(RouterEvent::ProbeAnswered { link });
+            }
         }
     }
 
@@ -375,9 +516,10 @@ impl<T: RoutingTable> Router<T> {
         if let Some(p) = l.keepalive.poll_ping(now) {
             return Some(Transmit::Ping(p));
         }
+        let before = l.out.bytes();
         match l.out.pop() {
             Some(f) => {
-                self.queued_bytes -= f.wire_len();
+                self.queued_bytes -= before - l.out.bytes();
                 self.counters.frames_out[f.ftype as usize] += 1;
                 if f.ftype == crate::frame::FrameType::Data {
                     self.counters.data_bytes_out += f.payload.len() as u64;
@@ -410,10 +552,24 @@ impl<T: RoutingTable> Router<T> {
         });
     }
 
+    /// Queue `f` on `link`. On a client link, everything but `DATA` counts against its
+    /// share: a frame that would pass it closes the link instead (`control_queue_full`: the
+    /// peer is not reading what is queued for it).
     fn enqueue(&mut self, link: LinkId, f: Frame, lane: Lane) {
+        let share = self.cfg.client_link_share_bytes;
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
+        if l.kind == LinkKind::Client && !matches!(lane, Lane::Data) {
+            let adds = match lane {
+                Lane::Ack => l.out.ack_cost(&f.stream),
+                _ => queue::cost(&f),
+            };
+            if l.out.non_data_bytes().saturating_add(adds) > share {
+                self.close_link(link, CloseReason::ControlQueueFull);
+                return;
+            }
+        }
         self.queued_bytes += match lane {
             Lane::Control => l.out.push_control(f),
             Lane::Ack => l.out.push_ack(f),
@@ -438,11 +594,8 @@ impl<T: RoutingTable> Router<T> {
         self.counters.closed(reason);
         self.queued_bytes -= l.out.bytes();
         if let Some(addr) = l.addr {
-            if let Some(n) = self.per_addr.get_mut(&addr) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_addr.remove(&addr);
-                }
+            if let Some(a) = self.per_addr.get_mut(&addr) {
+                a.links -= 1;
             }
         }
         match l.kind {
@@ -459,6 +612,10 @@ impl<T: RoutingTable> Router<T> {
                         if let Some(e) = self.links.get_mut(&route.env_link) {
                             e.closed_streams.insert(s);
                         }
+                        // An OPEN that dies with its link before its answer costs its token:
+                        // otherwise a client could send OPENs that fail, close its link
+                        // before the failures come back, and never pay for them.
+                        self.settle(&route, &l.env, l.addr, Settle::Abandoned);
                         self.counters.reset(Reason::ClientGone);
                         self.stream_event(link, s, StreamChange::Reset(Reason::ClientGone));
                         let reset = Frame::reset(s, Reason::ClientGone.as_str());
@@ -480,8 +637,10 @@ impl<T: RoutingTable> Router<T> {
                         stream: s,
                     };
                     if let Some(route) = self.table.remove(&key) {
+                        let addr = self.links.get(&route.client).and_then(|c| c.addr);
+                        self.settle(&route, &l.env, addr, Settle::Refund);
+                        self.client_lost_stream(route.client, &s);
                         if let Some(c) = self.links.get_mut(&route.client) {
-                            c.streams.remove(&s);
                             c.closed_streams.insert(s);
                         }
                         self.counters.reset(Reason::EnvironmentGone);
@@ -496,6 +655,9 @@ impl<T: RoutingTable> Router<T> {
                 }
             }
         }
+        if let Some(addr) = l.addr {
+            self.forget_address_if_done(addr);
+        }
         if self
             .envs
             .get(&l.env)
@@ -505,6 +667,100 @@ impl<T: RoutingTable> Router<T> {
         }
         true
     }
+
+    /// Drop `addr`'s entry once it remembers nothing (no link, no pending `OPEN`, a full
+    /// failure bucket).
+    fn forget_address_if_done(&mut self, addr: AddressKey) {
+        let Some(now) = self.clock else {
+            return;
+        };
+        if self.per_addr.get_mut(&addr).is_some_and(|a| {
+            a.links == 0 && a.pending_opens == 0 && a.failures.remaining(now) >= a.failures.burst()
+        }) {
+            self.per_addr.remove(&addr);
+        }
+    }
+
+    /// Client link `link` no longer holds `stream`; with no stream left, its idle clock starts
+    /// (and its reader is told to look at its timer again).
+    fn client_lost_stream(&mut self, link: LinkId, stream: &StreamId) {
+        let now = self.clock;
+        if let Some(l) = self.links.get_mut(&link) {
+            l.streams.remove(stream);
+            if l.kind == LinkKind::Client && l.streams.is_empty() && l.idle_since.is_none() {
+                l.idle_since = now;
+                self.events.push_back(RouterEvent::Rearm { link });
+            }
+        }
+    }
+
+    /// A route opened from address `addr` ended, or its `OPEN` was answered: its share of the
+    /// address's streams for the environment is given back when it ends, and an `OPEN` still
+    /// unanswered settles its reserved failure token as `how` says.
+    fn settle(&mut self, route: &Route, env: &Arc<str>, addr: Option<AddressKey>, how: Settle) {
+        let Some(addr) = addr else {
+            return;
+        };
+        if how != Settle::Answered {
+            let key = (addr, env.clone());
+            if let Some(n) = self.addr_env_streams.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.addr_env_streams.remove(&key);
+                }
+            }
+        }
+        if route.accepted {
+            return;
+        }
+        let Some(now) = self.clock else {
+            return;
+        };
+        if let Some(a) = self.per_addr.get_mut(&addr) {
+            a.pending_opens = a.pending_opens.saturating_sub(1);
+            if how == Settle::Abandoned {
+                a.failures.take(now);
+                self.counters.abandoned_opens += 1;
+            }
+        }
+    }
+
+    /// An environment refused client link `link`'s `OPEN` with a handshake-failure reason:
+    /// one token of the link's bucket and of its address's (§8). The failure that takes
+    /// either's last token closes the link (`handshake_budget`); while the address has no
+    /// token left, its new `OPEN`s are refused `busy` without reaching any environment.
+    fn charge_failure(&mut self, now: Instant, link: LinkId, addr: Option<AddressKey>) {
+        self.counters.handshake_failures += 1;
+        let mut empty = false;
+        if let Some(b) = self.links.get_mut(&link).and_then(|l| l.failures.as_mut()) {
+            b.take(now);
+            empty |= b.remaining(now) == 0;
+        }
+        if let Some(a) = addr.and_then(|a| self.per_addr.get_mut(&a)) {
+            a.failures.take(now);
+            empty |= a.failures.remaining(now) == 0;
+        }
+        if empty {
+            self.close_link(link, CloseReason::HandshakeBudget);
+        }
+    }
+}
+
+/// How an `OPEN` whose route ends (or is answered) settles its address's reserved token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// The environment answered `ACCEPT`: the token is given back (the route lives on).
+    Answered,
+    /// The route ended for a reason that is not the client's (its environment went, or
+    /// answered with a refusal that is load, not a failure): the token is given back.
+    Refund,
+    /// The route ended before its answer by the client's doing (its `RESET`, a rule it broke,
+    /// its link's death): the token is spent, since the environment may have answered with a
+    /// failure the relay will never see.
+    Abandoned,
+    /// The environment answered with a handshake failure: the token is spent, and the link's
+    /// bucket charged too ([`Router::charge_failure`]).
+    Failed,
 }
 
 /// Which lane of a link's queue a frame takes.

@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::driver::relay::RelaySnapshot;
-use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_MALFORMED, REASON_REPLAYED};
+use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_HELD, REASON_MALFORMED, REASON_REPLAYED};
 
 /// A label with one value from a fixed set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,10 +64,13 @@ pub enum LinkOutcome {
     Timeout,
     /// Refused for load: too many environments, or too many handshakes at once.
     Busy,
+    /// Another live link holds the id (it answered the relay's probe): two exec servers
+    /// share the environment's key.
+    InUse,
 }
 
 impl LinkOutcome {
-    const ALL: [LinkOutcome; 7] = [
+    const ALL: [LinkOutcome; 8] = [
         LinkOutcome::Accepted,
         LinkOutcome::Unauthorized,
         LinkOutcome::Replayed,
@@ -75,6 +78,7 @@ impl LinkOutcome {
         LinkOutcome::Malformed,
         LinkOutcome::Timeout,
         LinkOutcome::Busy,
+        LinkOutcome::InUse,
     ];
 
     /// The metrics label.
@@ -87,6 +91,7 @@ impl LinkOutcome {
             LinkOutcome::Malformed => REASON_MALFORMED,
             LinkOutcome::Timeout => "timeout",
             LinkOutcome::Busy => "busy",
+            LinkOutcome::InUse => REASON_HELD,
         }
     }
 
@@ -96,6 +101,8 @@ impl LinkOutcome {
             REASON_REPLAYED => LinkOutcome::Replayed,
             REASON_CLOCK_SKEW => LinkOutcome::ClockSkew,
             REASON_MALFORMED => LinkOutcome::Malformed,
+            REASON_HELD => LinkOutcome::InUse,
+            "busy" => LinkOutcome::Busy,
             _ => LinkOutcome::Unauthorized,
         }
     }
@@ -192,6 +199,9 @@ pub struct Figures {
     pub environments_listed: usize,
     /// Whether the environments file is usable now.
     pub environments_file_ok: bool,
+    /// Client links the relay holds at most (`max_client_links`, as the descriptor limit
+    /// allowed).
+    pub max_client_links: usize,
 }
 
 /// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`).
@@ -317,6 +327,21 @@ pub fn render(figures: &Figures, stats: &ServerStats) -> String {
         handshakes,
     );
     r.register(
+        "client_links_max",
+        "Client links the relay holds at most: max_client_links, lowered at start if the open files limit could not hold it",
+        gauge(figures.max_client_links),
+    );
+    r.register(
+        "handshake_failures",
+        "Environments' handshake-failure RESETs answering a client's OPEN, charged to that client's link and address",
+        counter(c.handshake_failures),
+    );
+    r.register(
+        "abandoned_opens",
+        "OPENs whose route ended before their answer by the client's doing (its RESET, a broken rule, its link's death), charged to its address",
+        counter(c.abandoned_opens),
+    );
+    r.register(
         "client_links_refused",
         "Client links closed after their upgrade because their address holds its maximum",
         counter(
@@ -365,6 +390,7 @@ mod tests {
             },
             environments_listed: 3,
             environments_file_ok: true,
+            max_client_links: 4096,
         };
         let stats = ServerStats::default();
         stats.link_handshake(LinkOutcome::Accepted);
@@ -385,6 +411,10 @@ mod tests {
             "execrelay_relay_environment_handshakes_total{result=\"accepted\"} 1",
             "execrelay_relay_environment_handshakes_total{result=\"replayed_handshake\"} 1",
             "execrelay_relay_client_links_refused_total 1",
+            "execrelay_relay_client_links_max 4096",
+            "execrelay_relay_handshake_failures_total 0",
+            "execrelay_relay_link_closes_total{reason=\"idle\"} 0",
+            "execrelay_relay_link_closes_total{reason=\"message_timeout\"} 0",
             "# EOF",
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
