@@ -21,7 +21,7 @@ use crate::config::ServerConfig;
 use crate::noise::keys::{fingerprint, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
 use execrelay_relay::driver::{recv_frame, send_frame};
-use execrelay_relay::env_handshake::EnvironmentHandshake;
+use execrelay_relay::env_handshake::{EnvironmentHandshake, LinkRefusal, REASON_HELD};
 use execrelay_relay::reason::CloseReason;
 
 /// How long the link handshake (message 1 out, message 2 or a refusal back) may take.
@@ -109,6 +109,7 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
     let span = tracing::info_span!("environment_link", env = %dial_cfg.env_id);
     async move {
         let mut attempt = 0u64;
+        let mut held = HeldReport::default();
         loop {
             if stop.is_cancelled() {
                 return;
@@ -116,7 +117,7 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
             attempt += 1;
             // Not raced against `stop` as a whole: a link that is up ends with the
             // connections (the context's `shutdown`), after the exit notices went out.
-            let lived = connect_and_serve(&dial_cfg, &url, &ctx, attempt, &stop).await;
+            let lived = connect_and_serve(&dial_cfg, &url, &ctx, attempt, &stop, &mut held).await;
             let delay = backoff.delay(lived, random());
             tracing::info!(?delay, "dialling the relay again");
             tokio::select! {
@@ -129,6 +130,13 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
     .await
 }
 
+/// Whether the relay's "another server holds this id" refusal was reported since the link was
+/// last up: said once (two servers share this environment's key), then quietly retried.
+#[derive(Debug, Default)]
+struct HeldReport {
+    said: bool,
+}
+
 /// One attempt: dial, handshake (abandoned when `stop` fires), serve until the link ends
 /// (with the context's `shutdown`, like every connection). How long the link lived, if it
 /// came up.
@@ -138,11 +146,13 @@ async fn connect_and_serve(
     ctx: &LinkContext,
     attempt: u64,
     stop: &CancellationToken,
+    held: &mut HeldReport,
 ) -> Option<Duration> {
     let ws = tokio::select! {
         _ = stop.cancelled() => return None,
-        ws = establish(dial_cfg, url, ctx, attempt) => ws?,
+        ws = establish(dial_cfg, url, ctx, attempt, held) => ws?,
     };
+    held.said = false;
     let started = tokio::time::Instant::now();
     let reason = run_link(ws, LinkPeer::Relay(format!("relay {url}")), ctx.clone()).await;
     let lived = started.elapsed();
@@ -161,6 +171,7 @@ async fn establish(
     url: &str,
     ctx: &LinkContext,
     attempt: u64,
+    held: &mut HeldReport,
 ) -> Option<LinkSocket> {
     let keys = &ctx.noise.keys;
     let mut ws = match dial(url, &dial_cfg.tls, LINK_HANDSHAKE_TIMEOUT).await {
@@ -194,6 +205,23 @@ async fn establish(
         }
     };
     if let Err(e) = hs.finish(&answer) {
+        if matches!(&e, LinkRefusal::Refused(r) if r == REASON_HELD) {
+            // Another exec server with this key holds the id and is alive: the relay keeps
+            // it. Said once; the redials (at the backoff's pace) are quiet until one succeeds.
+            if held.said {
+                tracing::debug!(attempt, "the relay still gives the id to another server");
+            } else {
+                held.said = true;
+                tracing::error!(
+                    attempt,
+                    env = %dial_cfg.env_id,
+                    key = %fingerprint(&keys.public),
+                    "another exec server with this environment key holds environment {:?} at the relay (environment_in_use): two servers share a key. This one keeps trying and takes over when the other stops; give each server its own key and id",
+                    dial_cfg.env_id
+                );
+            }
+            return None;
+        }
         // The relay's RESET reason, or a message 2 that does not verify (another relay key).
         tracing::error!(
             attempt,

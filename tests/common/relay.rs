@@ -89,6 +89,8 @@ pub fn quick_redial(cfg: ServerConfig) -> ServerConfig {
 pub struct InRelay {
     pub port: u16,
     pub keys: Keypair,
+    /// Its metrics, rendered on demand.
+    pub metrics: execrelay_relay::server::MetricsHandle,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -136,10 +138,12 @@ impl InRelay {
         };
         let shutdown = CancellationToken::new();
         let server = RelayServer::new(config).unwrap();
+        let metrics = server.metrics_handle();
         let task = tokio::spawn(server.run(listener, None, shutdown.clone()));
         InRelay {
             port,
             keys,
+            metrics,
             shutdown,
             task,
         }
@@ -148,6 +152,12 @@ impl InRelay {
     /// `ws://127.0.0.1:PORT`, what `serve --relay` takes.
     pub fn url(&self) -> String {
         format!("ws://127.0.0.1:{}", self.port)
+    }
+
+    /// Environment links refused because a live link holds their id.
+    pub fn refusals_in_use(&self) -> u64 {
+        self.metrics
+            .value("execrelay_relay_environment_handshakes_total{result=\"environment_in_use\"}")
     }
 
     /// `relay+ws://127.0.0.1:PORT/ENV`, what clients use.

@@ -236,6 +236,15 @@ impl RelayServer {
         render(&self.hub, &self.shared)
     }
 
+    /// A handle that renders this relay's metrics while it runs (for embedders and tests
+    /// without a metrics listener).
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle {
+            hub: self.hub.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Serve relay links on `listener` (and metrics on `metrics`, if given) until `shutdown`
     /// fires; then, once: stop accepting, close every link (each sends a close frame, bounded),
     /// and wait for their tasks (at most [`SHUTDOWN_TIMEOUT`]).
@@ -336,6 +345,29 @@ impl RelayServer {
         {
             tracing::warn!("links still closing after the shutdown timeout; leaving them");
         }
+    }
+}
+
+/// Renders a running relay's metrics ([`RelayServer::metrics_handle`]).
+#[derive(Clone)]
+pub struct MetricsHandle {
+    hub: RelayHub,
+    shared: Arc<Shared>,
+}
+
+impl MetricsHandle {
+    /// The metrics text now (what `GET /metrics` answers).
+    pub fn render(&self) -> String {
+        render(&self.hub, &self.shared)
+    }
+
+    /// One series' value (`name{labels}` exactly as rendered), 0 if absent.
+    pub fn value(&self, series: &str) -> u64 {
+        self.render()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
     }
 }
 
