@@ -198,13 +198,13 @@ pub const HANDSHAKE_FAILURE_REFILL_MS: u64 = 2_000;
 /// The environment link's last-resort budget of handshake failures (`secure-transport.md`
 /// §8). Through a relay, every failure is charged to the client link and address that caused
 /// it (the relay closes that link, and forwards an address's `OPEN`s only while its failure
-/// tokens cover them: at most `address_handshake_failure_burst` = 64 back to back, then one a
-/// second); this budget, of which an empty bucket refuses every client's new streams for
+/// tokens cover them: at most `address_handshake_failure_burst` = 256 back to back, then one
+/// a second); this budget, of which an empty bucket refuses every client's new streams for
 /// 10 s, must never empty for one client's sake: 16 times the relay's per-address burst, and
 /// a refill a hundred times its rate. It empties only when more than 16 addresses burst at
 /// once, or more than 100 keep failing a second each: a many-address attack, where refusing
-/// new streams for a while protects the server.
-pub const RELAY_LINK_HANDSHAKE_FAILURE_BURST: u32 = 1024;
+/// new streams for a while protects the server (a failure costs it two X25519 operations).
+pub const RELAY_LINK_HANDSHAKE_FAILURE_BURST: u32 = 4096;
 /// One failure of the environment link's last-resort budget forgiven per this interval.
 pub const RELAY_LINK_HANDSHAKE_FAILURE_REFILL_MS: u64 = 10;
 /// Streams one Noise client key may hold on this server at once (pending and open, over all

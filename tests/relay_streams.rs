@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -108,8 +107,12 @@ async fn stream(link: &Arc<ClientLink>) -> TransportRpc {
 async fn a_second_server_with_the_same_key_waits_until_the_first_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let client = Keypair::generate().unwrap();
-    let (relay, first, server, auth) =
-        relay_and_env(dir.path(), &[&client], quick_redial(ServerConfig::default())).await;
+    let (relay, first, server, auth) = relay_and_env(
+        dir.path(),
+        &[&client],
+        quick_redial(ServerConfig::default()),
+    )
+    .await;
     let cfg = NoiseClientConfig::new(client.clone(), server.public);
     let link = ClientLink::connect(&relay.client_url("env"), cfg)
         .await
@@ -129,7 +132,10 @@ async fn a_second_server_with_the_same_key_waits_until_the_first_is_gone() {
     .await;
     // Refused while the first is alive: its redials (every 50 to 200 ms) are refused too.
     let refused = || relay.refusals_in_use();
-    eventually("the second server was refused three times", || refused() >= 3).await;
+    eventually("the second server was refused three times", || {
+        refused() >= 3
+    })
+    .await;
     assert_eq!(second.links(), 0);
     alive(&mut old).await;
     assert_eq!((first.links(), first.streams()), (1, 1));

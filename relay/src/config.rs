@@ -46,9 +46,10 @@ pub const HANDSHAKE_COOLDOWN: Duration = Duration::from_secs(10);
 /// while its `OPEN`s awaiting an answer are fewer than its tokens, so the failures an
 /// environment can see from one address in any interval `t` are at most this burst plus
 /// `t` / [`ADDRESS_HANDSHAKE_FAILURE_REFILL`], however many links it opens. Also the most
-/// handshakes one address has in flight through the relay at once: 64 is more than a busy
-/// host behind one NAT opens together (the exec server itself takes 32 pending per link).
-pub const ADDRESS_HANDSHAKE_FAILURE_BURST: u32 = 64;
+/// handshakes one address has in flight through the relay at once: 256 is more than a busy
+/// host behind one NAT opens together (each client library keeps at most 16 in flight per
+/// link; the exec server takes 32 pending per link).
+pub const ADDRESS_HANDSHAKE_FAILURE_BURST: u32 = 256;
 
 /// One handshake failure of an address forgiven per this interval: an address that keeps
 /// sending bad handshakes costs an environment at most one a second.
@@ -398,6 +399,13 @@ pub enum ConfigError {
     ClientShare,
 }
 
+// One address's client links can never hold more than a sixteenth of the total.
+const _: () =
+    assert!(MAX_CLIENT_LINKS_PER_ADDRESS * CLIENT_LINK_SHARE_BYTES <= MAX_QUEUED_BYTES / 16);
+// The overhead charged per queued frame covers the frame itself and its payload's handle.
+const _: () =
+    assert!(std::mem::size_of::<crate::frame::Frame>() + 32 <= QUEUED_FRAME_OVERHEAD_BYTES);
+
 /// The smallest client link share: one `RESET` with the longest reason, at its memory cost.
 pub const MIN_CLIENT_LINK_SHARE_BYTES: usize =
     crate::frame::HEADER_BYTES + crate::frame::MAX_RESET_REASON_BYTES + QUEUED_FRAME_OVERHEAD_BYTES;
@@ -512,14 +520,6 @@ mod tests {
         assert_eq!(KEEPALIVE_INTERVAL, Duration::from_secs(15));
         assert_eq!(PONG_TIMEOUT, Duration::from_secs(30));
         assert_eq!(IDLE_LINK_TIMEOUT, Duration::from_secs(60));
-        // One address's client links can never hold more than a sixteenth of the total.
-        assert!(MAX_CLIENT_LINKS_PER_ADDRESS * CLIENT_LINK_SHARE_BYTES <= MAX_QUEUED_BYTES / 16);
-    }
-
-    /// The overhead charged per queued frame covers the frame itself.
-    #[test]
-    fn a_queued_frames_overhead_covers_its_struct() {
-        assert!(std::mem::size_of::<crate::frame::Frame>() + 32 <= QUEUED_FRAME_OVERHEAD_BYTES);
     }
 
     #[test]

@@ -709,26 +709,6 @@ async fn shutdown_closes_every_link() {
     ));
 }
 
-/// A WebSocket to the relay from `source` (another loopback address: another peer address).
-async fn ws_from(source: std::net::Ipv4Addr, relay: &Relay, path: &str) -> Ws {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket
-        .bind(std::net::SocketAddr::from((source, 0)))
-        .unwrap();
-    let tcp = guard("connect", socket.connect(relay.addr)).await.unwrap();
-    let (ws, _) = guard(
-        "upgrade",
-        tokio_tungstenite::client_async_with_config(
-            format!("ws://{}{path}", relay.addr),
-            tcp,
-            Some(execrelay_relay::driver::link_websocket_config()),
-        ),
-    )
-    .await
-    .unwrap();
-    ws
-}
-
 // Reproduce (before `max_pending_link_handshakes_per_address`): one host opens
 // `max_pending_link_handshakes` upgrades to `/v1/env/ID` (any id, no key needed) and never
 // sends message 1; every slot is held for `link_handshake_timeout_ms`, and every

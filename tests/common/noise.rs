@@ -316,6 +316,36 @@ impl RawLink {
         RawLink::connect_path(port, "/v1/link", "").await
     }
 
+    /// [`RawLink::connect_path`] from the loopback address `source` (127.0.0.2, …): another
+    /// client address on one host.
+    pub async fn connect_from(
+        source: std::net::Ipv4Addr,
+        port: u16,
+        path: &str,
+        env_id: &str,
+    ) -> RawLink {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((source, 0).into()).unwrap();
+        let tcp = tokio::time::timeout(PROMPT, sock.connect(([127, 0, 0, 1], port).into()))
+            .await
+            .expect("connect (hang guard)")
+            .expect("connect");
+        let url = format!("ws://127.0.0.1:{port}{path}");
+        let (ws, _) = tokio::time::timeout(
+            PROMPT,
+            tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(tcp)),
+        )
+        .await
+        .expect("upgrade (hang guard)")
+        .expect("upgrade the raw link");
+        RawLink {
+            ws,
+            backlog: VecDeque::new(),
+            env_id: env_id.to_string(),
+            send_limits: HashMap::new(),
+        }
+    }
+
     /// Open a link to `path` on `port` whose handshakes name environment `env_id` (a relay's
     /// client link: `/v1/connect/ID`).
     pub async fn connect_path(port: u16, path: &str, env_id: &str) -> RawLink {

@@ -237,6 +237,15 @@ impl InEnv {
         self.registry.metrics().noise_streams.get()
     }
 
+    /// Noise failures of this server counted with `reason` (`busy`, `replayed_handshake`, …).
+    pub fn noise_failures(&self, reason: &'static str) -> u64 {
+        self.registry
+            .metrics()
+            .noise_failures
+            .get_or_create(&execrelay::metrics::ReasonLabel { reason })
+            .get()
+    }
+
     /// Wait until the environment link is up.
     pub async fn registered(&self) {
         eventually("the environment link is up", || self.links() >= 1).await;

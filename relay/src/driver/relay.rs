@@ -123,6 +123,8 @@ impl<T: RoutingTable> HubShared<T> {
     /// Run `f` on the router, then wake the writers it names and close the links it closed.
     fn with<R>(&self, f: impl FnOnce(&mut Router<T>) -> R) -> R {
         let mut inner = lock(&self.inner);
+        // Inputs without a `now` of their own (a link's end, a revocation) act at this time.
+        inner.router.tick(now());
         let r = f(&mut inner.router);
         while let Some(ev) = inner.router.poll_event() {
             match ev {

@@ -361,8 +361,11 @@ impl<T: RoutingTable> Router<T> {
         id
     }
 
-    /// Move the router's clock to `now` (never back).
-    fn tick(&mut self, now: Instant) {
+    /// Move the router's clock to `now` (never back). Every input that carries `now` does
+    /// it; a driver calls it before inputs that do not ([`link_closed`](Self::link_closed),
+    /// [`remove_environment`](Self::remove_environment), [`handle_pong`](Self::handle_pong)),
+    /// so that an idle clock started by them starts at the right time.
+    pub fn tick(&mut self, now: Instant) {
         self.clock = Some(self.clock.map_or(now, |c| c.max(now)));
     }
 
