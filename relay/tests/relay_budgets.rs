@@ -406,3 +406,55 @@ fn an_address_that_reads_nothing_cannot_push_the_total_to_where_others_are_refus
         vec![(sid(1), 1, b"up".to_vec())]
     );
 }
+
+/// The address table: an address that closes all its links keeps its spent bucket (it cannot
+/// refill it by coming back), an address with nothing to remember is forgotten at the next
+/// sweep, and the table never holds more than `MAX_TRACKED_ADDRESSES` entries, however many
+/// addresses (IPv6 /64s) an attacker spreads over.
+#[test]
+fn the_address_table_remembers_spent_buckets_and_stays_bounded() {
+    use execrelay_relay::router::MAX_TRACKED_ADDRESSES;
+    use std::net::{IpAddr, Ipv6Addr};
+    let now = Clock::new().now;
+    let mut rcfg = relay_cfg();
+    rcfg.address_handshake_failures = BucketConfig {
+        burst: 1,
+        refill: Duration::from_secs(3600),
+    };
+    let mut router = Router::new(rcfg).unwrap();
+    let mut clock = Clock::new();
+    let e = router.add_environment_link(now, "env1", 1).unwrap();
+    let prefix = |i: u64| IpAddr::V6(Ipv6Addr::from((u128::from(i) << 64) | 1));
+    let attacker = MAX_TRACKED_ADDRESSES as u64 * 5 / 4 + 1;
+    let mut now = now;
+    for i in 0..attacker {
+        now = clock.advance(Duration::from_micros(1));
+        let l = router.add_client_link(now, "env1", prefix(i), i).unwrap();
+        open(&mut router, now, l, i);
+        assert_eq!(forwarded_opens(&mut router, now, e), 1, "at {i}");
+        answer(&mut router, now, e, i, "handshake_failed");
+        router.link_closed(l, CloseReason::Transport);
+        assert!(
+            router.tracked_addresses() <= MAX_TRACKED_ADDRESSES,
+            "at {i}"
+        );
+    }
+    assert_eq!(router.counters().handshake_failures, attacker);
+    // The latest address comes back: its bucket is still spent, nothing is forwarded.
+    let l = router
+        .add_client_link(now, "env1", prefix(attacker - 1), 9)
+        .unwrap();
+    open(&mut router, now, l, attacker + 1);
+    assert_eq!(forwarded_opens(&mut router, now, e), 0);
+    // The least recently charged went first: the first address's bucket is forgotten.
+    let first = router.add_client_link(now, "env1", prefix(0), 10).unwrap();
+    open(&mut router, now, first, attacker + 2);
+    assert_eq!(forwarded_opens(&mut router, now, e), 1);
+    // Honest addresses with nothing spent leave nothing behind once their links close.
+    let mut r2 = Router::new(relay_cfg()).unwrap();
+    for i in 0..1000u64 {
+        let l = r2.add_client_link(now, "env1", prefix(i), i).unwrap();
+        r2.link_closed(l, CloseReason::Transport);
+    }
+    assert_eq!(r2.tracked_addresses(), 0);
+}

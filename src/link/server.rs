@@ -8,8 +8,9 @@
 //!
 //! - The engine's two tasks per link (reader, writer). The reader never waits on a stream.
 //! - This module's accept loop ([`run_link`]): one [`OpenRequest`] per `OPEN`; it reads
-//!   message 1 and checks its `ts` in order (so `OPEN`s of one key are judged in the order
-//!   they were stamped), then hands the stream to its own task.
+//!   message 1, checks its `ts` against the listener's replay cache (any order: parallel
+//!   clients of one key stamp independently) and the key's stream quota, then hands the
+//!   stream to its own task.
 //! - One task per stream: authorization (the engine caps pending ones at
 //!   `max_pending_authorizations`), then the stream's `ConnectionProcessor`, whose reader
 //!   decrypts (in that task) and whose writer seals (in that task)
@@ -353,7 +354,8 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// One `OPEN`: message 1 and its `ts` here, in order; authorization and the stream in a task.
+/// One `OPEN`: message 1, its `ts` and the key's quota here; authorization and the stream in a
+/// task.
 fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
     let live = link.live.enter();
     let sid = req.stream();

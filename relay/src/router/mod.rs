@@ -183,7 +183,20 @@ struct AddrState {
     /// Its `OPEN`s forwarded and not yet answered (`ACCEPT` or `RESET`): never more than its
     /// failure tokens, so that every failure they can cause is paid for in advance.
     pending_opens: usize,
+    /// When its bucket was last charged (or the address first seen): the least recent are
+    /// forgotten first when the table is full.
+    touched: Instant,
 }
+
+/// Addresses the relay keeps state for at most (links, pending `OPEN`s, a failure bucket not
+/// yet full again: about 100 bytes each, so at most about 6 MiB). Only an attacker spread over
+/// more addresses than this (IPv6 /64s) reaches it; then addresses without a link or a pending
+/// `OPEN` are forgotten (their buckets start full again: a distributed attacker, which the
+/// per-address bound does not claim to stop).
+pub const MAX_TRACKED_ADDRESSES: usize = 1 << 16;
+
+/// The address table is first swept when it holds this many entries.
+const PRUNE_ADDRESSES_FROM: usize = 128;
 
 /// `RESET` reasons with which an environment refuses a handshake (§8): charged to the client
 /// link and address whose `OPEN` they answer. `busy` and `too_many_streams` are load, never
@@ -207,6 +220,8 @@ pub struct Router<T: RoutingTable = MemoryTable> {
     /// Kept while it has a link, a pending `OPEN` or a bucket not yet full again, so that
     /// closing every link does not refill the bucket.
     per_addr: HashMap<AddressKey, AddrState>,
+    /// The size of `per_addr` at which it is next swept for addresses with nothing to keep.
+    prune_addresses_at: usize,
     /// Streams per (address, environment).
     addr_env_streams: HashMap<(AddressKey, Arc<str>), usize>,
     next_id: LinkId,
@@ -235,6 +250,7 @@ impl<T: RoutingTable> Router<T> {
             links: HashMap::new(),
             envs: HashMap::new(),
             per_addr: HashMap::new(),
+            prune_addresses_at: PRUNE_ADDRESSES_FROM,
             addr_env_streams: HashMap::new(),
             next_id: 1,
             queued_bytes: 0,
@@ -414,23 +430,46 @@ impl<T: RoutingTable> Router<T> {
                 links: 0,
                 failures: TokenBucket::new(failures, now),
                 pending_opens: 0,
+                touched: now,
             })
             .links += 1;
         Ok(self.new_link(LinkKind::Client, Arc::from(env), Some(addr), now, seed))
     }
 
     /// Forget addresses with nothing left to remember (no link, no pending `OPEN`, a full
-    /// failure bucket) once the table holds more than one entry per possible client link: an
-    /// address cannot refill its bucket by closing its links and coming back, and the table
-    /// stays within twice `max_client_links_per_address` × the addresses seen lately.
+    /// failure bucket) once the table holds twice as many entries as links (amortized: a
+    /// sweep at most every so many new links): an address cannot refill its bucket by closing
+    /// its links and coming back. Past [`MAX_TRACKED_ADDRESSES`], addresses without a link or
+    /// a pending `OPEN` are forgotten even with a bucket not yet full.
     fn prune_addresses(&mut self, now: Instant) {
-        let links = self.links.len();
-        if self.per_addr.len() <= links.max(64) {
+        if self.per_addr.len() < self.prune_addresses_at {
             return;
         }
         self.per_addr.retain(|_, a| {
             a.links > 0 || a.pending_opens > 0 || a.failures.remaining(now) < a.failures.burst()
         });
+        if self.per_addr.len() >= MAX_TRACKED_ADDRESSES {
+            // Full of addresses whose buckets are refilling: forget those without a link or a
+            // pending OPEN, least recently charged first, down to three quarters.
+            let mut idle: Vec<(Instant, AddressKey)> = self
+                .per_addr
+                .iter()
+                .filter(|(_, a)| a.links == 0 && a.pending_opens == 0)
+                .map(|(k, a)| (a.touched, *k))
+                .collect();
+            let excess = (self.per_addr.len() + 1)
+                .saturating_sub(MAX_TRACKED_ADDRESSES * 3 / 4)
+                .min(idle.len());
+            if excess > 0 {
+                idle.select_nth_unstable_by_key(excess - 1, |(t, _)| *t);
+                for (_, k) in &idle[..excess] {
+                    self.per_addr.remove(k);
+                }
+            }
+        }
+        // The next sweep once the table has doubled: each sweep is paid for by as many adds.
+        self.prune_addresses_at =
+            (2 * self.per_addr.len()).clamp(PRUNE_ADDRESSES_FROM, MAX_TRACKED_ADDRESSES);
     }
 
     /// Ask `link` for proof of life (a ping now); unless it answers within the environment
@@ -723,6 +762,7 @@ impl<T: RoutingTable> Router<T> {
             a.pending_opens = a.pending_opens.saturating_sub(1);
             if how == Settle::Abandoned {
                 a.failures.take(now);
+                a.touched = now;
                 self.counters.abandoned_opens += 1;
             }
         }
@@ -741,6 +781,7 @@ impl<T: RoutingTable> Router<T> {
         }
         if let Some(a) = addr.and_then(|a| self.per_addr.get_mut(&a)) {
             a.failures.take(now);
+            a.touched = now;
             empty |= a.failures.remaining(now) == 0;
         }
         if empty {
