@@ -135,16 +135,20 @@ async fn garbage_opens_close_the_attackers_links_and_never_make_the_environment_
 /// each one that arrived after a later one was refused `replayed_handshake` and charged to
 /// the environment's budget, which then refused everyone (`busy`), a *different* key too.
 /// The replay cache accepts each once: no refusal at all, and another key's stream right
-/// after opens at once.
+/// after opens at once. The key's stream quota is held exactly (16 at a time, 16 allowed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_clients_of_one_key_are_accepted_in_any_order() {
     const PARALLEL: usize = 16;
     let dir = tempfile::tempdir().unwrap();
     let (shared, other) = (Keypair::generate().unwrap(), Keypair::generate().unwrap());
-    // Every stream initializes a session of its own (kept detached afterwards).
+    // Every stream initializes a session of its own (kept detached afterwards). The key's
+    // stream quota is exactly the parallelism: a round's streams must be given back as their
+    // clients go, or the next round is refused `too_many_streams` (a finished stream used to
+    // keep its slot for the 2 s its connection takes to flush its last writes).
     let config = ServerConfig {
         max_sessions: 128,
         max_sessions_per_key: 128,
+        max_streams_per_key: PARALLEL,
         ..ServerConfig::default()
     };
     let (relay, env, server) = relay_and_env(dir.path(), &[&shared, &other], config).await;

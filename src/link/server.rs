@@ -53,6 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 use tokio_tungstenite::WebSocketStream;
@@ -422,8 +423,9 @@ async fn stream_task(
     pending: PendingHandshake,
     admission: Admission,
     peer: String,
-    _held: (LiveGuard, KeyStream),
+    held: (LiveGuard, KeyStream),
 ) {
+    let (_live_stream, key_stream) = held;
     let sid = req.stream();
     let metrics = ctx.registry.metrics().clone();
     let auth = AuthRequest {
@@ -470,13 +472,22 @@ async fn stream_task(
     let config = ctx.registry.config();
     // The stream's unfinished messages are charged to the link's reassembly budget, and each
     // keeps its charge until the connection takes it.
-    let (transport, end) = noise_transport(
+    let (mut transport, end) = noise_transport(
         handle,
         keys,
         config.max_message_bytes,
         link.reassembly.clone(),
         peer,
     );
+    // The key holds this stream while its client can still send on it: the quota's slot goes
+    // with the inbound half, given back as soon as the connection stops reading (the peer
+    // closed, idleness, eviction), not when the connection's last writes are flushed (up to
+    // a few seconds later: parallel clients of one key that finish and start again would
+    // otherwise count twice).
+    transport.incoming = Box::pin(transport.incoming.map(move |m| {
+        let _ = &key_stream;
+        m
+    }));
     ConnectionProcessor::run(
         transport,
         ctx.registry.clone(),
