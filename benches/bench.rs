@@ -190,6 +190,8 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
             &limit,
             "--max-processes-per-address",
             &limit,
+            "--max-streams-per-key",
+            &limit,
         ],
     )
     .await;

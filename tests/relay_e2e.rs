@@ -179,9 +179,10 @@ async fn the_demo_runs_its_command_through_a_relay() {
     let out =
         common::binary::output_of(tokio::process::Command::new(common::bin()).arg("demo")).await;
     let stdout = text(&out.stdout);
+    // The README's first command: it succeeds.
     assert_eq!(
         out.status.code(),
-        Some(7),
+        Some(0),
         "the demo command's own status; {stdout}{}",
         text(&out.stderr)
     );
@@ -190,10 +191,21 @@ async fn the_demo_runs_its_command_through_a_relay() {
         "clients reach it at relay+ws://127.0.0.1:",
         "[stdout] tick 5 from pid",
         "[stderr] a line on stderr",
-        "demo: the command exited with status 7",
+        "demo: the command exited with status 0",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
     }
+    // A command of one's own: its status is the demo's, said in words.
+    let out = common::binary::output_of(
+        tokio::process::Command::new(common::bin()).args(["demo", "--", "sh", "-c", "exit 7"]),
+    )
+    .await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("demo: the command exited with status 7"),
+        "{stdout}"
+    );
 }
 
 /// A `run` in the middle of its command when its environment is revoked stops at once, with

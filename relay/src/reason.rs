@@ -171,11 +171,16 @@ pub enum CloseReason {
     Replaced,
     /// Relay: its environment is no longer listed.
     Revoked,
+    /// Relay: a client link that held no stream for the idle timeout.
+    Idle,
+    /// A WebSocket message that took longer than the message timeout to arrive (a client
+    /// link trickling one message).
+    MessageTimeout,
 }
 
 impl CloseReason {
     /// Every close reason, in counter order.
-    pub const ALL: [CloseReason; 12] = [
+    pub const ALL: [CloseReason; 14] = [
         CloseReason::MalformedBudget,
         CloseReason::UnknownStreamBudget,
         CloseReason::HandshakeBudget,
@@ -188,6 +193,8 @@ impl CloseReason {
         CloseReason::Local,
         CloseReason::Replaced,
         CloseReason::Revoked,
+        CloseReason::Idle,
+        CloseReason::MessageTimeout,
     ];
 
     /// Metrics label and log text.
@@ -205,6 +212,8 @@ impl CloseReason {
             CloseReason::Local => "local",
             CloseReason::Replaced => "replaced",
             CloseReason::Revoked => "revoked",
+            CloseReason::Idle => "idle",
+            CloseReason::MessageTimeout => "message_timeout",
         }
     }
 
@@ -238,6 +247,12 @@ pub struct Counters {
     pub data_bytes_in: u64,
     /// Payload bytes sent in `DATA` frames.
     pub data_bytes_out: u64,
+    /// Relay: environments' `RESET`s answering a client's `OPEN` with a handshake-failure
+    /// reason, charged to that client's link and address.
+    pub handshake_failures: u64,
+    /// Relay: `OPEN`s whose route ended before their answer by the client's doing (its
+    /// `RESET`, a broken rule, its link's death), charged to its address.
+    pub abandoned_opens: u64,
 }
 
 impl Counters {

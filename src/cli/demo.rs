@@ -165,7 +165,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
         vec![
             "sh".to_string(),
             "-c".to_string(),
-            "for i in 1 2 3 4 5; do echo \"tick $i from pid $$\"; sleep 0.2; done; echo 'a line on stderr' >&2; exit 7".to_string(),
+            "for i in 1 2 3 4 5; do echo \"tick $i from pid $$\"; sleep 0.2; done; echo 'a line on stderr' >&2".to_string(),
         ]
     } else {
         args.argv

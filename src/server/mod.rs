@@ -50,11 +50,12 @@ use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
 use crate::link::health::EnvironmentHealth;
+use crate::link::key_quota::StreamsPerKey;
 use crate::link::server::{
     keepalive_config, run_link, LinkContext, LinkPeer, NoiseServerConfig, LINK_PATH,
 };
 use crate::metrics::Metrics;
-use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
+use crate::noise::timestamp::{hello_timestamps, SharedHelloTimestamps};
 use crate::policy::PolicyFile;
 pub use crate::process::containment::{start_containment, StartError};
 
@@ -239,6 +240,8 @@ impl Server {
             _ => None,
         });
         let health = server_health(&registry, environment.clone(), stop_accepting.clone());
+        // One table for every listener: a key's streams count over all its links.
+        let streams_per_key = StreamsPerKey::new(config.max_streams_per_key);
         for listener in listeners {
             match listener {
                 Listener::Stdio => {
@@ -314,13 +317,12 @@ impl Server {
                     };
                     // Message-1 timestamps, shared by every link of the listener: a message 1
                     // replayed on another link is refused too.
-                    let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
-                        HelloTimestamps::new(TRACKED_CLIENT_KEYS),
-                    ));
+                    let timestamps: SharedHelloTimestamps = hello_timestamps(&config);
                     let ctx = LinkContext {
                         noise,
                         registry: registry.clone(),
                         timestamps,
+                        streams_per_key: streams_per_key.clone(),
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
@@ -358,9 +360,8 @@ impl Server {
                         noise,
                         registry: registry.clone(),
                         // Its own table: the environment link is a listener of its own.
-                        timestamps: Arc::new(std::sync::Mutex::new(HelloTimestamps::new(
-                            TRACKED_CLIENT_KEYS,
-                        ))),
+                        timestamps: hello_timestamps(&config),
+                        streams_per_key: streams_per_key.clone(),
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };

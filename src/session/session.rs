@@ -169,7 +169,14 @@ impl Session {
     /// expiry deadline.
     pub fn detach(self: &Arc<Self>, conn_id: u64) {
         if self.closed.is_cancelled() {
-            return; // closed on purpose (`session/close`): nothing to keep
+            // Closed on purpose (`session/close`): nothing to keep, but let go of the
+            // connection (its request sink holds the connection's control lane open, and its
+            // writer would wait for it until its flush deadline).
+            let mut st = lock(&self.attach);
+            if st.current.as_ref().is_some_and(|c| c.conn_id == conn_id) {
+                st.current = None;
+            }
+            return;
         }
         let Some(shared) = self.shared.upgrade() else {
             return;
