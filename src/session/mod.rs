@@ -9,6 +9,8 @@
 //! - [`quota`]: the per-key and per-address quotas of sessions and processes.
 //! - `gated_start.rs`: starting through the exec policy: allow, deny, or ask the client and
 //!   wait (`process/list` shows `pendingApproval`); a start retried for a pending id joins it.
+//! - [`ended_ids`]: the bounded ids of processes that ended and were forgotten, so that a
+//!   control request crossing the exit's acknowledgement is answered as for an exited one.
 //! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
 //!   ids, callbacks, and the `-32006` reasons.
 //! - `stall_watchdog.rs`: the task that watches every attached process for a stall (the
@@ -19,6 +21,7 @@
 //! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
 
 pub mod approvals;
+pub mod ended_ids;
 mod gated_start;
 // `session::session` is the one session, beside the registry of them all.
 pub mod quota;

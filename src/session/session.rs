@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::approvals::{reason, Approvals, RequestSink, Resolution};
+use super::ended_ids::EndedIds;
 use super::gated_start::PendingStart;
 use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
@@ -100,6 +101,8 @@ pub struct Session {
     pub(super) owner_address: Option<AddressKey>,
     pub(super) config: Arc<ServerConfig>,
     pub(super) processes: Mutex<HashMap<String, Slot>>,
+    /// Ids of processes that ended and were forgotten. Lock order: after `processes`.
+    pub(super) ended: Mutex<EndedIds>,
     pub(super) attach: Mutex<AttachState>,
     pub(super) registry: Weak<SessionRegistry>,
     pub(super) closed: CancellationToken,
@@ -246,14 +249,21 @@ impl Session {
                 return;
             }
             self.closed.cancel();
-            lock(&self.processes)
+            let procs: Vec<Arc<ManagedProcess>> = lock(&self.processes)
                 .drain()
                 .filter_map(|(_, s)| match s {
                     Slot::Ready(p) => Some(p),
                     // A start waiting for approval spawned nothing: dropping its slot is all.
                     Slot::Starting | Slot::Pending(_) => None,
                 })
-                .collect()
+                .collect();
+            // A request already on its way for one of them (a stdin pump's last write
+            // crossing `session/close`) is answered as for an exited process.
+            let mut ended = lock(&self.ended);
+            for p in &procs {
+                ended.insert(p.id.clone());
+            }
+            procs
         };
         // After `closed` is set: a request registered later sees it and withdraws itself.
         let withdrawn = lock(&self.approvals).take_all();
@@ -332,6 +342,18 @@ impl Session {
         }
     }
 
+    /// Find a process for a control request: `Ok(None)` when `id` names one of this
+    /// session's processes that ended and was forgotten (see [`ended_ids`](super::ended_ids)),
+    /// to be answered as for an exited process.
+    pub fn get_or_ended(&self, id: &str) -> Result<Option<Arc<ManagedProcess>>, SessionError> {
+        let procs = lock(&self.processes);
+        match procs.get(id) {
+            Some(Slot::Ready(p)) => Ok(Some(p.clone())),
+            None if lock(&self.ended).contains(id) => Ok(None),
+            _ => Err(SessionError::UnknownProcess(id.to_string())),
+        }
+    }
+
     /// Start a process for connection `conn_id`, without asking the exec policy (see
     /// [`start_checked`](Self::start_checked)). Its events are not delivered until
     /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
@@ -365,6 +387,7 @@ impl Session {
             return Err(SessionError::TooManyProcesses(self.config.max_processes));
         }
         procs.insert(id.to_string(), slot);
+        lock(&self.ended).remove(id);
         Ok(())
     }
 
@@ -473,6 +496,7 @@ impl Session {
                 if let Some(Slot::Ready(cur)) = procs.get(&p.id) {
                     if Arc::ptr_eq(cur, &p) {
                         procs.remove(&p.id);
+                        lock(&s.ended).insert(p.id.clone());
                     }
                 }
             }

@@ -255,6 +255,7 @@ impl SessionRegistry {
             owner_address: conn.peer_addr.map(AddressKey::of),
             config: self.config.clone(),
             processes: Mutex::new(HashMap::new()),
+            ended: Mutex::new(Default::default()),
             attach: Mutex::new(AttachState {
                 current: Some(conn.clone()),
                 generation: 1,
