@@ -434,6 +434,7 @@ fn files_map_to_their_top_level_module() {
 const SANS_IO: &[&str] = &[
     "session/table.rs",
     "session/approvals.rs",
+    "session/ended_ids.rs",
     "session/quota.rs",
     "process/event_log.rs",
     "process/output_drain.rs",
@@ -461,7 +462,7 @@ const NOT_IN_SANS_IO: &[&str] = &[
 
 /// The only modules the session core may import (`super::X` or `crate::X`): its own plain
 /// parts and the wire types. Never `process` (spawning) nor the driver files.
-const SESSION_CORE_IMPORTS: &[&str] = &["approvals", "error", "quota", "rpc"];
+const SESSION_CORE_IMPORTS: &[&str] = &["approvals", "ended_ids", "error", "quota", "rpc"];
 
 /// `source` without its `#[cfg(test)] mod tests` (the last item of a file, by house style).
 fn without_tests(source: &str) -> &str {

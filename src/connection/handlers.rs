@@ -19,6 +19,7 @@ use crate::config::{
 };
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
+use crate::process::WriteStatus;
 use crate::process::{check_term_size, ProcessOptions};
 use crate::rpc::messages::{
     AckParams, ExitReason, OutputCapKeep, ReadParams, StartParams, StartResult, TermSize,
@@ -64,22 +65,30 @@ pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
         Call::Start(p) => start(ctx, p).await,
         Call::Read(p) => read(ctx, p).await.map(Handled::from),
         Call::Write(p) => write(ctx, p).await.map(Handled::from),
+        // A process that ended and was forgotten (its exit acknowledged while this request
+        // was on its way) is answered as an exited one: nothing to close, resize or signal.
         Call::CloseStdin(p) => {
-            ctx.session.get(&p.process_id)?.close_stdin().await;
+            if let Some(proc) = ctx.session.get_or_ended(&p.process_id)? {
+                proc.close_stdin().await;
+            }
             Ok(Reply::Empty.into())
         }
         Call::Resize(p) => {
-            ctx.session.get(&p.process_id)?.resize(TermSize {
-                rows: p.rows,
-                cols: p.cols,
-            })?;
+            if let Some(proc) = ctx.session.get_or_ended(&p.process_id)? {
+                proc.resize(TermSize {
+                    rows: p.rows,
+                    cols: p.cols,
+                })?;
+            }
             Ok(Reply::Empty.into())
         }
         Call::Signal(p) => {
             let sig = parse_signal(&p.signal).ok_or_else(|| {
                 RpcError::invalid_params(format!("unknown signal {:?}", p.signal))
             })?;
-            let proc = ctx.session.get(&p.process_id)?;
+            let Some(proc) = ctx.session.get_or_ended(&p.process_id)? else {
+                return Ok(Reply::Empty.into());
+            };
             if ends_by_default(sig) {
                 // Should it die of it, a client ended it (`reason: "terminated"`).
                 proc.mark_ending(ExitReason::Terminated);
@@ -316,8 +325,10 @@ async fn write(ctx: &Ctx, p: WriteCall) -> Result<Reply, RpcError> {
             "writeId must be at most {MAX_WRITE_ID_BYTES} bytes"
         )));
     }
-    let proc = ctx.session.get(&p.process_id)?;
-    Ok(Reply::Write(proc.write(&p.data, p.write_id).await))
+    match ctx.session.get_or_ended(&p.process_id)? {
+        Some(proc) => Ok(Reply::Write(proc.write(&p.data, p.write_id).await)),
+        None => Ok(Reply::Write(WriteStatus::Exited)),
+    }
 }
 
 /// `process/ack` (a notification): ignored without the acks capability or for an unknown

@@ -8,6 +8,8 @@
 //!
 //! - `error.rs`: [`SessionError`].
 //! - [`quota`]: the per-key and per-address quotas of sessions and processes.
+//! - [`ended_ids`]: the bounded ids of processes that ended and were forgotten, so that a
+//!   control request crossing the exit's acknowledgement is answered as for an exited one.
 //! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
 //!   ids, callbacks, and the `-32006` reasons.
 //! - `table.rs`: **the core**: sessions, holders, process slots, quotas, approvals and every
@@ -31,6 +33,7 @@
 //! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
 
 pub mod approvals;
+pub mod ended_ids;
 mod error;
 mod gated_start;
 mod pending;

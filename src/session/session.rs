@@ -19,7 +19,7 @@
 //! whatever is left and the scope's removal. That runs in a task the registry tracks
 //! (shutdown waits for it); [`Session::terminated`] resolves when it is over.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::approvals::{reason, Resolution, Taken};
+use super::ended_ids::EndedIds;
 use super::error::SessionError;
 use super::pending::PendingStart;
 pub use super::spec::{ConnHandle, StartSpec};
@@ -91,6 +92,9 @@ pub struct Session {
     pub(super) shared: Weak<Shared>,
     /// Cancelled when the session is taken out of the table (closed or expired).
     pub(super) closed: CancellationToken,
+    /// Once closed: the ids the table had forgotten and the ones the close ended, kept for
+    /// the requests still on their way (see [`get_or_ended`](Self::get_or_ended)).
+    pub(super) ended_at_close: OnceLock<EndedIds>,
     /// Everything the session starts is placed here, and killed with it.
     pub(super) scope: Arc<SessionScope>,
     /// The registry's tracker of closing sessions (shutdown waits for it).
@@ -169,13 +173,10 @@ impl Session {
     /// expiry deadline.
     pub fn detach(self: &Arc<Self>, conn_id: u64) {
         if self.closed.is_cancelled() {
-            // Closed on purpose (`session/close`): nothing to keep, but let go of the
-            // connection (its request sink holds the connection's control lane open, and its
-            // writer would wait for it until its flush deadline).
-            let mut st = lock(&self.attach);
-            if st.current.as_ref().is_some_and(|c| c.conn_id == conn_id) {
-                st.current = None;
-            }
+            // Closed on purpose (`session/close`): nothing to keep. The close took the entry
+            // out of the table with its holder, so the connection was let go of then (its
+            // request sink holds the connection's control lane open, and its writer would
+            // wait for it until its flush deadline).
             return;
         }
         let Some(shared) = self.shared.upgrade() else {
@@ -201,8 +202,9 @@ impl Session {
     /// Idempotent.
     pub fn close(&self) {
         let closed = self.with_table(|t| {
-            let c = t.close(&self.id);
-            // Under the lock: a start that finds the session gone sees `closed` set.
+            let c = t.close(&self.id).map(|c| self.keep_ended(c));
+            // Under the lock: a start that finds the session gone sees `closed` set, and a
+            // request for one of its processes finds it ended.
             self.closed.cancel();
             c
         });
@@ -225,11 +227,18 @@ impl Session {
     /// [`reason`]'s phrases) and the exit notices of the processes it ends `ended` (unless
     /// something else was ending them), and end the scope in a tracked task.
     pub(super) fn finish_close(&self, c: Closed<Live>, why: &'static str, ended: ExitReason) {
+        let c = self.keep_ended(c);
         self.closed.cancel();
         for t in c.withdrawn {
             t.resolve(Resolution::Refused { reason: why });
         }
         self.end(c.processes, ended);
+    }
+
+    /// Keep the ids the close ended (the first close's: close is idempotent).
+    fn keep_ended(&self, mut c: Closed<Live>) -> Closed<Live> {
+        let _ = self.ended_at_close.set(std::mem::take(&mut c.ended));
+        c
     }
 
     fn end(&self, procs: Vec<Arc<ManagedProcess>>, ended: ExitReason) {
@@ -288,6 +297,26 @@ impl Session {
             Some(Some(Slot::Ready(p))) => Ok(p),
             _ => Err(SessionError::UnknownProcess(id.to_string())),
         }
+    }
+
+    /// Find a process for a control request: `Ok(None)` when `id` names one of this
+    /// session's processes that ended and was forgotten (see [`EndedIds`]), to be answered
+    /// as for an exited process.
+    pub fn get_or_ended(&self, id: &str) -> Result<Option<Arc<ManagedProcess>>, SessionError> {
+        let found = self.with_table(|t| match t.slot(&self.id, id) {
+            Some((Slot::Ready(p), _)) => Some(Some(p.clone())),
+            Some(_) => None,
+            None if t.is_ended(&self.id, id) => Some(None),
+            // Closed: the close's ids are kept here (set under the table's lock).
+            None => self
+                .ended_at_close
+                .get()
+                .is_some_and(|e| e.contains(id))
+                .then_some(None),
+        });
+        found
+            .flatten()
+            .ok_or_else(|| SessionError::UnknownProcess(id.to_string()))
     }
 
     /// Start a process for connection `conn_id`, without asking the exec policy (see

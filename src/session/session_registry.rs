@@ -229,6 +229,7 @@ impl SessionRegistry {
             acks,
             shared: Arc::downgrade(&self.shared),
             closed: CancellationToken::new(),
+            ended_at_close: Default::default(),
             scope,
             closing: self.closing.clone(),
             terminated: CancellationToken::new(),

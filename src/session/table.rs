@@ -5,7 +5,9 @@
 //! per-key and per-address quotas), resume (token and client key compared in constant time),
 //! attach and evict, detach and the expiry deadline, close, the process slots (with
 //! `maxProcesses` and the process quotas, counted and taken in one step), the pending
-//! approvals and their deadlines, and the retention deadline of an exited process.
+//! approvals and their deadlines, the retention deadline of an exited process, and the ids of
+//! the processes it forgot (acknowledged, retained out, or ended by close:
+//! [`EndedIds`]), so that a control request crossing that is answered as for an exited one.
 //!
 //! It holds the driver's handles (a process, a pending start, a connection, the session
 //! itself: [`Handles`]) as opaque values, hands them back in its answers and [`Action`]s,
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 
 use super::approvals::{AnswerOutcome, Approvals, ServerRequest, Taken};
+use super::ended_ids::EndedIds;
 use super::error::SessionError;
 use super::quota::{Owner, Quota, Usage};
 use crate::rpc::messages::ApproveParams;
@@ -106,6 +109,8 @@ struct Entry<H: Handles> {
     approvals: Approvals,
     /// The deadline of each pending approval, by its number.
     approval_timers: HashMap<String, TimerKey>,
+    /// The processes it forgot after they ended.
+    ended: EndedIds,
 }
 
 /// A deadline's place in the timer queue.
@@ -134,6 +139,10 @@ pub struct Closed<H: Handles> {
     pub processes: Vec<H::Process>,
     /// Its pending approvals, to withdraw.
     pub withdrawn: Vec<Taken>,
+    /// The processes it forgot, and the ones the close ends: a request already on its way
+    /// for one of them (a stdin pump's last write crossing `session/close`) is answered as
+    /// for an exited process.
+    pub ended: EndedIds,
 }
 
 /// What an attach did.
@@ -238,6 +247,7 @@ impl<H: Handles> SessionTable<H> {
                 slots: HashMap::new(),
                 approvals: Approvals::default(),
                 approval_timers: HashMap::new(),
+                ended: EndedIds::default(),
             },
         );
         Ok(())
@@ -338,10 +348,17 @@ impl<H: Handles> SessionTable<H> {
         for (_, k) in e.approval_timers.drain() {
             self.timers.remove(&k);
         }
+        let mut ended = std::mem::take(&mut e.ended);
+        for (id, s) in &e.slots {
+            if matches!(s.slot, Slot::Ready(_)) {
+                ended.insert(id.clone());
+            }
+        }
         Some(Closed {
             session: e.handle,
             processes: ready(&e.slots),
             withdrawn: e.approvals.take_all(),
+            ended,
         })
     }
 
@@ -423,6 +440,8 @@ impl<H: Handles> SessionTable<H> {
                 reap: None,
             },
         );
+        // A new start takes an ended id back: it names a live process again.
+        e.ended.remove(process);
         Ok(serial)
     }
 
@@ -466,7 +485,9 @@ impl<H: Handles> SessionTable<H> {
         acks: bool,
     ) {
         if acks {
-            self.free(id, process, serial);
+            if self.free(id, process, serial).is_some() {
+                self.forgot(id, process);
+            }
             return;
         }
         if self.slot_mut(id, process, serial).is_none() {
@@ -483,6 +504,20 @@ impl<H: Handles> SessionTable<H> {
             let old = s.reap.replace(key);
             self.disarm(old);
         }
+    }
+
+    fn forgot(&mut self, id: &str, process: &str) {
+        if let Some(e) = self.sessions.get_mut(id) {
+            e.ended.insert(process.to_string());
+        }
+    }
+
+    /// Whether `process` names a process of session `id` that ended and was forgotten (see
+    /// [`EndedIds`]).
+    pub fn is_ended(&self, id: &str, process: &str) -> bool {
+        self.sessions
+            .get(id)
+            .is_some_and(|e| e.ended.contains(process))
     }
 
     /// Slot `process` of session `id`, with its serial.
@@ -594,6 +629,7 @@ impl<H: Handles> SessionTable<H> {
                     if let Some(e) = self.sessions.get_mut(&session) {
                         if e.slots.get(&process).is_some_and(|s| s.reap == Some(key)) {
                             e.slots.remove(&process);
+                            e.ended.insert(process);
                         }
                     }
                 }

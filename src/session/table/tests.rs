@@ -329,3 +329,44 @@ fn close_takes_everything_out_once() {
     ));
     assert!(t.register_approval(t0, "a", params(), |_| {}).is_none());
 }
+
+#[test]
+fn a_forgotten_process_is_an_ended_one_until_its_id_is_taken_again() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let p = t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    let q = t.reserve("a", "q", Slot::Ready(2)).unwrap();
+    let r = t.reserve("a", "r", Slot::Starting).unwrap();
+    assert!(!t.is_ended("a", "p"), "live");
+    // Acknowledged: forgotten and ended at once.
+    t.exit_delivered(t0, "a", "p", p, true);
+    assert!(t.is_ended("a", "p"));
+    // Retained without acks: ended only once the retention is over.
+    t.exit_delivered(t0, "a", "q", q, false);
+    assert!(!t.is_ended("a", "q"));
+    t.handle_timeout(t0 + RETENTION);
+    assert!(t.is_ended("a", "q"));
+    // A start that failed never ran: its id is not an ended one.
+    assert!(t.free("a", "r", r).is_some());
+    assert!(!t.is_ended("a", "r"));
+    assert!(!t.is_ended("a", "never"));
+    assert!(!t.is_ended("gone", "p"));
+    // A new start takes the id back.
+    t.reserve("a", "p", Slot::Ready(3)).unwrap();
+    assert!(!t.is_ended("a", "p"));
+}
+
+#[test]
+fn close_hands_over_the_ended_ids_and_the_ones_it_ends() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let p = t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    t.reserve("a", "q", Slot::Ready(2)).unwrap();
+    t.reserve("a", "w", Slot::Pending(())).unwrap();
+    t.exit_delivered(t0, "a", "p", p, true);
+    let c = t.close("a").unwrap();
+    assert!(c.ended.contains("p"), "forgotten before");
+    assert!(c.ended.contains("q"), "ended by the close");
+    assert!(!c.ended.contains("w"), "a start waiting for approval never ran");
+    assert_eq!(c.ended.len(), 2);
+}
