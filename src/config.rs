@@ -336,147 +336,24 @@ pub const IN_PROCESS_SHUTDOWN_MS: u64 = 5_000;
 /// How a setting reads (`--help`, the README table): shared with the relay's settings.
 pub use execrelay_relay::setting::{Setting, Unit};
 
-/// One setting of [`ServerConfig`] whose value is a word, not a number (a backend, a name):
-/// the flag, the TOML key, `--help` and the README show it as [`Setting`] does.
-#[derive(Debug, Clone, Copy)]
-pub struct TextSetting {
-    /// The field and TOML key (`snake_case`); the flag is the same in `kebab-case`.
-    pub name: &'static str,
-    /// Its default, as written in a flag or the TOML file.
-    pub default: &'static str,
-    /// The flag's value name in `--help` (the accepted words, or what the value is).
-    pub values: &'static str,
-    /// What it decides, in one line (the flag's help, the README's table).
-    pub bounds: &'static str,
-}
+/// One setting of [`ServerConfig`] whose value is a word, not a number (a backend, a name).
+pub use execrelay_relay::setting::TextSetting;
 
-impl TextSetting {
-    /// The flag, without the leading dashes.
-    pub fn flag(&self) -> String {
-        self.name.replace('_', "-")
-    }
-
-    /// The flag's help line: what it decides, and the real default.
-    pub fn help(&self) -> String {
-        format!("{} [default: {}]", self.bounds, self.default)
-    }
-
-    /// The setting's row of the README's configuration table.
-    pub fn readme_row(&self) -> String {
-        format!("| `{}` | `{}` | {} |", self.name, self.default, self.bounds)
-    }
-}
-
-/// Declares every setting once: the [`ServerConfig`] field (and so its TOML key), its default
-/// (the named constant), its `execrelay serve` flag in [`ConfigFlags`], and its row in
-/// [`SETTINGS`]. Nothing else lists the settings, so a default cannot drift from its constant
-/// and no setting can lack a flag or a key.
-macro_rules! settings {
-    (
-        $( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*
-        @text:
-        $( $(#[doc = $tdoc:literal])* $tname:ident : $tty:ty = $tdefault:expr, shown $tshown:expr, values $tvalues:literal, $tbounds:literal; )*
-    ) => {
-        /// Limits and timings of one exec server. Every field has a flag of `execrelay serve`
-        /// (the same name in kebab-case) and a key (the same name) in the `--config` TOML file;
-        /// flags win over the file. Each field's default is the named constant in its doc.
-        #[derive(Debug, Clone, Deserialize)]
-        #[serde(default, deny_unknown_fields)]
-        pub struct ServerConfig {
-            $( $(#[doc = $doc])* pub $name: $ty, )*
-            $( $(#[doc = $tdoc])* pub $tname: $tty, )*
-        }
-
-        impl Default for ServerConfig {
-            fn default() -> Self {
-                ServerConfig { $( $name: $default, )* $( $tname: $tdefault, )* }
-            }
-        }
-
-        /// Every setting whose value is a word, in the order of `--help` and the README's
-        /// table (after [`SETTINGS`]).
-        pub const TEXT_SETTINGS: &[TextSetting] = &[
-            $( TextSetting {
-                name: stringify!($tname),
-                default: $tshown,
-                values: $tvalues,
-                bounds: $tbounds,
-            }, )*
-        ];
-
-        /// Every setting, in the order of `--help` and the README's table.
-        pub const SETTINGS: &[Setting] = &[
-            $( Setting {
-                name: stringify!($name),
-                default: $default as u64,
-                unit: Unit::$unit,
-                bounds: $bounds,
-            }, )*
-        ];
-
-        /// The flags of `execrelay serve` that set [`ServerConfig`] fields: one per field,
-        /// each `None` unless given (a given flag wins over the TOML file). Help lines come
-        /// from [`SETTINGS`], with the real default.
-        #[derive(Debug, Clone, Default, clap::Args)]
-        #[allow(missing_docs)] // Each field is documented on `ServerConfig`.
-        pub struct ConfigFlags {
-            $(
-                #[arg(
-                    long,
-                    value_name = Unit::$unit.value_name(),
-                    help = Setting {
-                        name: stringify!($name),
-                        default: $default as u64,
-                        unit: Unit::$unit,
-                        bounds: $bounds,
-                    }.help(),
-                )]
-                pub $name: Option<$ty>,
-            )*
-            $(
-                #[arg(
-                    long,
-                    value_name = $tvalues,
-                    help = TextSetting {
-                        name: stringify!($tname),
-                        default: $tshown,
-                        values: $tvalues,
-                        bounds: $tbounds,
-                    }.help(),
-                )]
-                pub $tname: Option<$tty>,
-            )*
-        }
-
-        impl ConfigFlags {
-            /// Write every given flag into `config`.
-            pub fn apply(&self, config: &mut ServerConfig) {
-                $( if let Some(value) = self.$name { config.$name = value; } )*
-                $( if let Some(value) = &self.$tname { config.$tname = value.clone(); } )*
-            }
-        }
-
-        impl ServerConfig {
-            /// A setting's value by name (as in [`SETTINGS`]), for tests and diagnostics.
-            pub fn value_of(&self, name: &str) -> Option<u64> {
-                match name {
-                    $( stringify!($name) => Some(self.$name as u64), )*
-                    _ => None,
-                }
-            }
-
-            /// A word setting's value by name (as in [`TEXT_SETTINGS`]), spelled as in a flag.
-            pub fn text_value_of(&self, name: &str) -> Option<String> {
-                match name {
-                    $( stringify!($tname) => Some(self.$tname.to_string()), )*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-settings! {
+// Every setting, declared once by the settings macro both servers share (its docs say what
+// it generates).
+execrelay_relay::settings! {
+    /// Limits and timings of one exec server. Every field has a flag of `execrelay serve`
+    /// (the same name in kebab-case) and a key (the same name) in the `--config` TOML file;
+    /// flags win over the file. Each field's default is the named constant in its doc.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct ServerConfig;
+    /// The flags of `execrelay serve` that set [`ServerConfig`] fields: one per field, each
+    /// `None` unless given (a given flag wins over the TOML file). Help lines come from
+    /// [`SETTINGS`], with the real default.
+    #[derive(Debug, Clone, Default, clap::Args)]
+    #[allow(missing_docs)] // Each field is documented on `ServerConfig`.
+    pub struct ConfigFlags;
     /// See [`MAX_MESSAGE_BYTES`].
     max_message_bytes: usize = MAX_MESSAGE_BYTES, Bytes,
         "one JSON-RPC message; a larger one is a framing error (`-32600`, then close), detected before more than the limit is buffered";

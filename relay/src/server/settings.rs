@@ -1,6 +1,6 @@
 //! Every setting of the relay server: the limits of `secure-transport.md` §6.4 (the engine's
 //! [`RelayConfig`] constants, one source of truth) and the server's own (HTTP front, link
-//! handshake, environments file), each declared once by `relay_settings!`: a field of
+//! handshake, environments file), each declared once by [`settings!`](crate::settings): a field of
 //! [`RelaySettings`] (and so a key of the `--config` TOML file), its default (the named
 //! constant), its `execrelay-relay` flag in [`RelayFlags`], and its row in [`SETTINGS`].
 //!
@@ -82,75 +82,18 @@ const fn millis(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-/// Declares every setting once: the [`RelaySettings`] field (and TOML key), its default (the
-/// named constant), its flag in [`RelayFlags`], and its row in [`SETTINGS`].
-macro_rules! relay_settings {
-    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $unit:ident, $bounds:literal; )*) => {
-        /// Limits and timings of one relay. Every field has a flag of `execrelay-relay` (the
-        /// same name in kebab-case) and a key (the same name) in the `--config` TOML file;
-        /// flags win over the file. Each field's default is the named constant in its doc.
-        #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-        #[serde(default, deny_unknown_fields)]
-        pub struct RelaySettings {
-            $( $(#[doc = $doc])* pub $name: $ty, )*
-        }
-
-        impl Default for RelaySettings {
-            fn default() -> Self {
-                RelaySettings { $( $name: $default, )* }
-            }
-        }
-
-        /// Every setting, in the order of `--help` and the README's table.
-        pub const SETTINGS: &[Setting] = &[
-            $( Setting {
-                name: stringify!($name),
-                default: $default as u64,
-                unit: Unit::$unit,
-                bounds: $bounds,
-            }, )*
-        ];
-
-        /// The flags of `execrelay-relay` that set [`RelaySettings`] fields, each `None`
-        /// unless given (a given flag wins over the TOML file).
-        #[derive(Debug, Clone, Default, clap::Args)]
-        #[allow(missing_docs)] // Each field is documented on `RelaySettings`.
-        pub struct RelayFlags {
-            $(
-                #[arg(
-                    long,
-                    value_name = Unit::$unit.value_name(),
-                    help = Setting {
-                        name: stringify!($name),
-                        default: $default as u64,
-                        unit: Unit::$unit,
-                        bounds: $bounds,
-                    }.help(),
-                )]
-                pub $name: Option<$ty>,
-            )*
-        }
-
-        impl RelayFlags {
-            /// Write every given flag into `settings`.
-            pub fn apply(&self, settings: &mut RelaySettings) {
-                $( if let Some(value) = self.$name { settings.$name = value; } )*
-            }
-        }
-
-        impl RelaySettings {
-            /// A setting's value by name (as in [`SETTINGS`]), for tests and diagnostics.
-            pub fn value_of(&self, name: &str) -> Option<u64> {
-                match name {
-                    $( stringify!($name) => Some(self.$name as u64), )*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-relay_settings! {
+crate::settings! {
+    /// Limits and timings of one relay. Every field has a flag of `execrelay-relay` (the
+    /// same name in kebab-case) and a key (the same name) in the `--config` TOML file;
+    /// flags win over the file. Each field's default is the named constant in its doc.
+    #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct RelaySettings;
+    /// The flags of `execrelay-relay` that set [`RelaySettings`] fields, each `None`
+    /// unless given (a given flag wins over the TOML file).
+    #[derive(Debug, Clone, Default, clap::Args)]
+    #[allow(missing_docs)] // Each field is documented on `RelaySettings`.
+    pub struct RelayFlags;
     /// See [`MAX_ENVIRONMENTS`].
     max_environments: usize = MAX_ENVIRONMENTS, Count,
         "environments with a link at once; one more environment link is refused (`RESET busy` on stream id 0)";
@@ -259,6 +202,7 @@ relay_settings! {
     /// See [`MAX_PENDING_HANDSHAKES_PER_ADDRESS`].
     max_pending_handshakes_per_address: usize = MAX_PENDING_HANDSHAKES_PER_ADDRESS, Count,
         "the same, from one peer address (IPv4 address or IPv6 /64)";
+@text:
 }
 
 /// A relay configuration that cannot work.
