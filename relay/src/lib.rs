@@ -123,5 +123,6 @@ pub mod replay;
 pub mod router;
 pub mod server;
 pub mod setting;
+pub mod sync;
 pub mod tls;
 pub mod transmit;

@@ -29,11 +29,20 @@
 //!   caught only by the start rule and the clock). Only admitted handshakes (authorized keys,
 //!   listed environments) are recorded, so strangers cannot push keys out.
 //!
-//! It never reads a clock (callers pass `now` in microseconds since the epoch) and never logs.
+//! It never reads a clock (callers pass `now` in microseconds since the epoch, as
+//! [`unix_micros`] turns a clock reading into) and never logs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+/// `t` in microseconds since the Unix epoch, the unit of `ts` and of every `now` this cache
+/// is fed (0 before the epoch; saturating far in the future).
+pub fn unix_micros(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
 
 /// How far a message 1's `ts` may be from the verifier's clock, either way
 /// (`secure-transport.md` §3 `HANDSHAKE_CLOCK_WINDOW`). It is also how long the cache must

@@ -12,9 +12,10 @@
 //! It never reads a clock and never logs key material.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::noise::keys::KEY_BYTES;
+use crate::sync::lock;
 
 type ClientKey = [u8; KEY_BYTES];
 
@@ -43,7 +44,7 @@ impl StreamsPerKey {
 
     /// Count a stream of `key`, or `None` when the key holds its limit.
     pub fn try_enter(self: &Arc<Self>, key: &ClientKey) -> Option<KeyStream> {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = lock(&self.held);
         let n = held.entry(*key).or_insert(0);
         if *n >= self.limit {
             if *n == 0 {
@@ -60,7 +61,7 @@ impl StreamsPerKey {
 
     /// Streams `key` holds now.
     pub fn held_by(&self, key: &ClientKey) -> usize {
-        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = lock(&self.held);
         held.get(key).copied().unwrap_or(0)
     }
 
@@ -71,20 +72,14 @@ impl StreamsPerKey {
 
     /// Keys with a stream now.
     pub fn keys(&self) -> usize {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.held)
             .len()
     }
 }
 
 impl Drop for KeyStream {
     fn drop(&mut self) {
-        let mut held = self
-            .table
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut held = lock(&self.table.held);
         if let Some(n) = held.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {

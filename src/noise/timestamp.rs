@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use execrelay_relay::replay::{ReplayCache, ReplayLimits};
+pub use execrelay_relay::replay::unix_micros;
 
 use super::keys::{fingerprint, KEY_BYTES};
 use crate::config::ServerConfig;
@@ -36,13 +37,6 @@ pub use execrelay_relay::replay::ReplayError as TimestampError;
 pub const TRACKED_CLIENT_KEYS: usize = 4096;
 
 type ClientKey = [u8; KEY_BYTES];
-
-/// Microseconds since the Unix epoch (0 before it; saturating far in the future).
-pub fn unix_micros(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
 
 /// The last `ts` this process sent.
 static LAST_HELLO_TS: AtomicU64 = AtomicU64::new(0);
@@ -98,10 +92,7 @@ impl std::fmt::Debug for Admission {
     }
 }
 
-fn locked(table: &SharedHelloTimestamps) -> std::sync::MutexGuard<'_, HelloTimestamps> {
-    // The cache holds no invariant a panic elsewhere could break half-way.
-    table.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock as locked;
 
 impl Admission {
     /// Check `ts` of `key` at `now` (microseconds since the epoch) and hold it as pending.

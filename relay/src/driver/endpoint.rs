@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,7 @@ use crate::config::{ConfigError, EndpointConfig};
 use crate::endpoint::{Endpoint, Event, ResetCause, Side, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Counters, Reason};
+use crate::sync::lock;
 use crate::transmit::Transmit;
 
 /// A handle dropped while the core's lock may have been held; processed by the next holder.
@@ -99,12 +100,6 @@ impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared").finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave the core half-updated in a way worse than
-    // stopping; keep serving rather than poisoning every later caller.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {

@@ -24,12 +24,13 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
+use crate::sync::lock;
 
 /// When the bytes of an unfinished WebSocket message started to arrive. The socket side
 /// ([`ReadAhead`]) marks the first bytes read from the socket after the reader finished a
@@ -46,7 +47,7 @@ pub struct Arrivals {
 impl Arrivals {
     /// Bytes came from the socket now.
     fn bytes_arrived(&self) {
-        let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut since = lock(&self.since);
         if since.is_none() {
             *since = Some(tokio::time::Instant::now());
             self.marked.notify_one();
@@ -55,12 +56,12 @@ impl Arrivals {
 
     /// The reader finished a message: nothing is pending.
     pub fn message_done(&self) {
-        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *lock(&self.since) = None;
     }
 
     /// Since when bytes of an unfinished message have been arriving, if any.
     pub fn pending_since(&self) -> Option<tokio::time::Instant> {
-        *self.since.lock().unwrap_or_else(PoisonError::into_inner)
+        *lock(&self.since)
     }
 }
 

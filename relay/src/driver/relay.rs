@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -37,6 +37,7 @@ use crate::reason::{CloseReason, Counters};
 use crate::router::{
     AddLinkError, LinkId, LinkKind, MemoryTable, Router, RouterEvent, RoutingTable, StreamChange,
 };
+use crate::sync::lock;
 use crate::transmit::Transmit;
 
 /// A link the hub drives: how to wake and close it, and the span it is served in.
@@ -113,10 +114,6 @@ impl<T: RoutingTable> HubInner<T> {
 
 struct HubShared<T: RoutingTable> {
     inner: Mutex<HubInner<T>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<T: RoutingTable> HubShared<T> {

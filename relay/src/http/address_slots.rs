@@ -10,7 +10,8 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+use crate::sync::lock;
 
 /// The unit a cap applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,7 +65,7 @@ impl AddressSlots {
     /// A slot for a connection from `ip`, or `None` when its address holds them all.
     pub fn try_take(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
         let key = AddressKey::of(ip);
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = lock(&self.held);
         let count = held.entry(key).or_insert(0);
         if *count >= self.per_address {
             return None;
@@ -78,26 +79,20 @@ impl AddressSlots {
 
     /// Slots `ip`'s address holds now.
     pub fn held_by(&self, ip: IpAddr) -> usize {
-        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = lock(&self.held);
         held.get(&AddressKey::of(ip)).copied().unwrap_or(0)
     }
 
     /// Addresses holding a slot now (bounded by the listener's handshake slots).
     pub fn addresses(&self) -> usize {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.held)
             .len()
     }
 }
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
-        let mut held = self
-            .slots
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut held = lock(&self.slots.held);
         if let Some(count) = held.get_mut(&self.key) {
             *count = count.saturating_sub(1);
             if *count == 0 {

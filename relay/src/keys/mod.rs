@@ -410,7 +410,7 @@ impl AuthorizedKeys {
 
     /// Whether `key` is authorized now.
     pub fn contains(&self, key: &[u8]) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = crate::sync::lock(&self.state);
         let now = stamp(&self.path);
         if now != st.0 || now.is_none() {
             let reloaded = read_bounded(&self.path)

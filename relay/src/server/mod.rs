@@ -27,7 +27,7 @@ mod links;
 pub mod metrics;
 pub mod settings;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::net::TcpListener;
@@ -105,16 +105,11 @@ pub(crate) struct Shared {
     pub shared_keys_reported: Mutex<std::collections::HashMap<String, crate::router::LinkId>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
-/// Microseconds since the Unix epoch (the link handshake's clock).
+/// Microseconds since the Unix epoch now (the link handshake's clock).
 pub(crate) fn unix_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    crate::replay::unix_micros(SystemTime::now())
 }
 
 impl Shared {

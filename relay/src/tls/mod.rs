@@ -252,9 +252,7 @@ pub struct CertificateStore {
     stats: TlsStats,
 }
 
-fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::read as read_lock;
 
 impl CertificateStore {
     /// Load the pair at start: an error here stops the relay before it serves.
