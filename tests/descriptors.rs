@@ -1,4 +1,4 @@
-//! File descriptors (issue 9 item 10), on the built binary started under a lowered
+//! File descriptors, on the built binary started under a lowered
 //! `RLIMIT_NOFILE`: the soft limit is raised to the hard one at start; one client's processes
 //! (capped by its address's quota) and connections (refused below the descriptor reserve)
 //! leave another client's spawn alone; a spawn that runs out of descriptors is a clear

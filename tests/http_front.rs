@@ -1,7 +1,7 @@
 //! The HTTP front (`execrelay_relay::http`) over real sockets: what plain requests get (`/readyz`,
 //! `/metrics`, `403` for a cross-origin upgrade, `404`, `405`, `431`), WebSocket upgrades handed
 //! to the caller, and every limit at its edge: head bytes, header fields, handshake slots, slots
-//! per peer address, the total head deadline against trickling clients (issue 9 item 9) and the
+//! per peer address, the total head deadline against trickling clients and the
 //! reply bound; a TLS listener (`wss://`): its routes over TLS, plain text refused, and a
 //! stalled TLS handshake cut at the same head deadline.
 //!
@@ -324,7 +324,7 @@ async fn handshake_slots_are_capped_and_freed() {
     front.stop().await;
 }
 
-/// Issue 9 item 9: 300 connections from one address trickling their heads do not keep a
+/// 300 connections from one address trickling their heads do not keep a
 /// client from another address out; with the per-address cap as large as the listener's
 /// slots, they do (so the cap, not luck, lets the client in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

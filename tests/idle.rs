@@ -1,4 +1,4 @@
-//! Idle timeouts (issue 9 item 10), on tokio's paused clock: a `ws://` connection (or a Noise
+//! Idle timeouts, on tokio's paused clock: a `ws://` connection (or a Noise
 //! stream) with no inbound message, no request in flight and no process of its session
 //! running or with output left to write is closed after `idle_connection_timeout_ms`, and
 //! never while a process runs; a Noise link that holds no stream is closed after

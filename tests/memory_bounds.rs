@@ -1,4 +1,4 @@
-//! The memory one client can make the server hold (issue 9 items 6 and 7), measured on the
+//! The memory one client can make the server hold, measured on the
 //! built binary: its peak resident set (`VmHWM` in `/proc/PID/status`) under the issue's
 //! attacks stays under the bound README.md documents ("Memory"), computed here from the same
 //! formula and the settings the server runs with. The message size is the issue's divided by

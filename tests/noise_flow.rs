@@ -1,5 +1,5 @@
-//! Flow control on the direct `noise+ws://` listener (`secure-transport.md` §7; issue 10,
-//! "on the direct listener too"): one client link, two streams. The first stream's reader
+//! Flow control on the direct `noise+ws://` listener (`secure-transport.md` §7,
+//! on the direct listener too): one client link, two streams. The first stream's reader
 //! stops while its process writes far more than every buffer between them; the second stream,
 //! on the same link, completes a fixed amount meanwhile; the first process is held back (still
 //! running, its stream never reset); when the first reader reads again it receives every

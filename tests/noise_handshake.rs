@@ -65,7 +65,7 @@ async fn message_1_replayed_on_another_stream_is_reset() {
     srv.stop().await;
 }
 
-// Issue 9 item 14 (fixed): a message 1 replayed *with its own stream id* on another link
+// Once a bug: a message 1 replayed *with its own stream id* on another link
 // passed the prologue and was ACCEPTed (the attacker could not use the stream, but learned
 // that the key was still authorized, and took a slot). Now `ts` must grow per client key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +184,7 @@ async fn garbage_open(link: &mut RawLink) -> execrelay_relay::frame::StreamId {
     sid
 }
 
-/// Issue 8 (fixed): the budget read `std::time::Instant` while the keepalive used tokio's
+/// Once a bug: the budget read `std::time::Instant` while the keepalive used tokio's
 /// clock, so paused time could not drive its refill. On paused time, advancing tokio's clock
 /// by one refill interval now gives one failure back: the third failure leaves the link open
 /// (before the fix it closed it), and the fourth, with no time passing, closes it.

@@ -262,7 +262,7 @@ async fn handshake_replayed_on_another_stream_is_reset() {
     fx.stop().await;
 }
 
-/// Issue 9 item 14: message 1 replayed *with its own stream id* on another link passes the
+/// A message 1 replayed *with its own stream id* on another link passes the
 /// prologue; its `ts`, not above the one accepted for the key, gets it reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshake_replayed_on_another_link_is_reset() {

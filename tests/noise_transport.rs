@@ -351,7 +351,7 @@ async fn clients_of_one_process_share_one_link() {
 
 /// Links are shared only through a `LinkPool`: targets made separately (each with a pool of
 /// its own) get a physical link each, even to the same server with the same key, while the
-/// clones of one target share its pool. (Issue 8: a process-wide map once shared every link
+/// clones of one target share its pool. (A process-wide map once shared every link
 /// of the process, so two tests in one process could share a link by accident.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn separate_pools_never_share_a_link() {

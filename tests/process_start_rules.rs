@@ -1,4 +1,4 @@
-//! What `process/start` refuses before anything is spawned (issue 9 items 5, 12, 13), through
+//! What `process/start` refuses before anything is spawned, through
 //! a real `ConnectionProcessor`: client-chosen durations above the server's caps (refused,
 //! naming the cap, not clamped), terminal sizes with a zero side (one rule with
 //! `process/resize`, the same error), and environment entries a child cannot receive as given.

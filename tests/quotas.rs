@@ -1,4 +1,4 @@
-//! Per-client quotas (issue 9 item 8): one Noise client key, or one peer address, holds at
+//! Per-client quotas: one Noise client key, or one peer address, holds at
 //! most its quota of sessions and of processes, so other clients still get theirs. Over
 //! `ws://` the peer address is the TCP peer's (an IPv6 address by its /64); over Noise both
 //! the key and the link's address count. Each refusal is `-32004` naming the quota.

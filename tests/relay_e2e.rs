@@ -1,4 +1,4 @@
-//! Through the relay with the real binaries (issue 10's tests): `execrelay keygen` for the
+//! Through the relay with the real binaries: `execrelay keygen` for the
 //! relay, the exec server and the client; `execrelay-relay`; `execrelay serve --relay`;
 //! `execrelay run relay+ws://…`. Output and exit status are the remote ones; what the relay
 //! reads and writes on every link holds no plaintext; a client of an environment that is

@@ -1,4 +1,4 @@
-//! Flow control end to end through the relay (`secure-transport.md` §7, issue 10's test): a
+//! Flow control end to end through the relay (`secure-transport.md` §7): a
 //! client that stops reading while its process writes 200 MB, beside a second client on the
 //! same environment. The second client completes a fixed amount while the first is stalled;
 //! the first process is held back (its stream is never reset); the relay's and the exec

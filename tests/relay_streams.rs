@@ -1,5 +1,5 @@
-//! Streams through a relay, with the relay and the exec server in this process (issue 10's
-//! tests): a second server with the same key waits while the first holds the id; the relay killed and restarted five
+//! Streams through a relay, with the relay and the exec server in this process: a
+//! second server with the same key waits while the first holds the id; the relay killed and restarted five
 //! times under `seq 1 3000000`, the client resuming with nothing lost or repeated; 1,000
 //! streams from 10 client links, every output exact; hostile senders on a client link,
 //! handled without touching another client's established stream; an empty handshake bucket

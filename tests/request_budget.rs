@@ -1,4 +1,4 @@
-//! Bytes one client can make the server hold (issue 9 items 6 and 7), at their edges, over the
+//! Bytes one client can make the server hold, at their edges, over the
 //! real `ConnectionProcessor` and the Noise link driver: the length of a `writeId`, the bytes
 //! of requests read and not yet answered per connection (`max_pending_request_bytes`) and
 //! server-wide (`max_inbound_bytes`), and the unfinished Noise messages of one link

@@ -1,4 +1,4 @@
-//! Issue 9, items 2, 3 and 5, where the server process itself must go: the built binary,
+//! Process containment where the server process itself must go: the built binary,
 //! stopped by SIGTERM or killed by SIGKILL and started again, and what it leaves in `/proc`
 //! (processes recorded by pid and start time). Also the start-up error of a containment
 //! backend named explicitly that cannot work here.

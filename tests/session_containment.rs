@@ -1,4 +1,4 @@
-//! Issue 9, items 1, 2, 4 and 5, through a real `ConnectionProcessor` in this process (the
+//! The end of a session, through a real `ConnectionProcessor` in this process (the
 //! server's own registry and containment, started as the composition root starts them):
 //! everything a session started is gone when the session is closed or expires, checked in
 //! `/proc` by pid and start time, on the backend `auto` picks here and on `none`.

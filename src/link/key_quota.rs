@@ -72,8 +72,7 @@ impl StreamsPerKey {
 
     /// Keys with a stream now.
     pub fn keys(&self) -> usize {
-        lock(&self.held)
-            .len()
+        lock(&self.held).len()
     }
 }
 

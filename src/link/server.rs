@@ -29,7 +29,7 @@
 //! A `ts` refused because its key has too many handshakes in the window is load (`busy`),
 //! not a failure.
 //!
-//! Bounds (issue 9) this module applies per link:
+//! Bounds this module applies per link:
 //!
 //! - **Reassembly**: one budget per link ([`REASSEMBLY_BUDGET_NAME`],
 //!   `max_link_reassembly_bytes`, a child of the server's inbound budget); every stream's

@@ -1,7 +1,7 @@
 //! One Noise virtual stream as a [`Transport`], over a stream handle of the link engine
 //! (`execrelay_relay::driver::StreamHandle`).
 //!
-//! # Where the work runs (issue 11, item 3)
+//! # Where the work runs
 //!
 //! - **Outbound** ([`NoiseSink`]): the connection's writer task calls the sink; the sink copies
 //!   each message (behind its 4-byte length) into the record under assembly, and when a record

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use execrelay_relay::replay::{ReplayCache, ReplayLimits};
 pub use execrelay_relay::replay::unix_micros;
+use execrelay_relay::replay::{ReplayCache, ReplayLimits};
 
 use super::keys::{fingerprint, KEY_BYTES};
 use crate::config::ServerConfig;

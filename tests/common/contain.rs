@@ -114,7 +114,7 @@ pub fn cgroups_here(test: &str) -> bool {
 
 /// Start `bash -i` on a PTY as process `id` (SIGTERM is ignored by an interactive shell, so it
 /// dies by SIGKILL after `kill_grace_ms`), type `sleep 1000 &` into it, and return the shell
-/// and the job. Checks the premise of issue 9 item 2: job control put the job in a process
+/// and the job. Checks the premise of the containment tests: job control put the job in a process
 /// group of its own (no signal to the shell's group reaches it), in the shell's session.
 pub async fn start_pty_job(c: &mut RawClient, id: &str, kill_grace_ms: u64) -> (Tracked, Tracked) {
     let r = c

@@ -27,10 +27,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use crate::sync::lock;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
-use crate::sync::lock;
 
 /// When the bytes of an unfinished WebSocket message started to arrive. The socket side
 /// ([`ReadAhead`]) marks the first bytes read from the socket after the reader finished a

@@ -1,7 +1,7 @@
 //! The application's handles on one stream of an [`EndpointLink`](super::EndpointLink): a
 //! receiver of `(seq, record)` and a sender that waits for credit.
 //!
-//! # Where the per-stream work runs (issue 11, item 3)
+//! # Where the per-stream work runs
 //!
 //! Records are opaque here, so decryption and sealing run in whichever task holds the
 //! handle, never on the link's reader or writer:

@@ -1,6 +1,6 @@
 //! Handshake slots per peer address: how many connections one address may have open before
 //! their upgrade (or reply), so that one address trickling request heads cannot take every
-//! slot of a listener (issue 9 item 9).
+//! slot of a listener.
 //!
 //! An address is an IPv4 address, or the /64 prefix of an IPv6 address: one host usually owns
 //! a whole /64, so counting single IPv6 addresses would give it billions of caps. The table
@@ -8,10 +8,10 @@
 //! listener's handshake slots. It must never be consulted after the upgrade: established
 //! connections are capped elsewhere (`max_connections`, `max_links`).
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use crate::sync::lock;
 
 /// The unit a cap applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -85,8 +85,7 @@ impl AddressSlots {
 
     /// Addresses holding a slot now (bounded by the listener's handshake slots).
     pub fn addresses(&self) -> usize {
-        lock(&self.held)
-            .len()
+        lock(&self.held).len()
     }
 }
 

@@ -367,6 +367,9 @@ fn close_hands_over_the_ended_ids_and_the_ones_it_ends() {
     let c = t.close("a").unwrap();
     assert!(c.ended.contains("p"), "forgotten before");
     assert!(c.ended.contains("q"), "ended by the close");
-    assert!(!c.ended.contains("w"), "a start waiting for approval never ran");
+    assert!(
+        !c.ended.contains("w"),
+        "a start waiting for approval never ran"
+    );
     assert_eq!(c.ended.len(), 2);
 }
