@@ -1,5 +1,5 @@
 //! Small shared primitives every layer may use (layer 0): the poison-tolerant [`lock`],
-//! [`read`] and [`write`], the one place a std lock is taken (the relay crate's
+//! [`read`] and [`write()`], the one place a std lock is taken (the relay crate's
 //! `execrelay_relay::sync`, shared by both crates).
 //!
 //! It owns nothing but helpers over `std`; it must never import another module of the crate.

@@ -3,6 +3,9 @@
 //! aside) names a module of a strictly lower layer than the file's own, or its own module.
 //! A violation fails the test naming `file:line`.
 //!
+//! `layers/circles.rs` checks, with the same lexer, that no files of `src/` or `relay/src/`
+//! import one another in a circle.
+//!
 //! The checker is a small lexer, not a parser: it blanks comments and literals, then looks
 //! for `crate::`. Paths through `super::` stay inside a module by house style and are not
 //! followed. The checker itself is tested on fake sources below.
@@ -10,6 +13,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+// The file-level check: no import circles inside a crate.
+#[path = "layers/circles.rs"]
+mod circles;
 
 /// Each top-level module of `src/` and its layer (`ARCHITECTURE.md`, "Layers"). A module
 /// may use `crate::X` only for X of a strictly lower layer, or itself.

@@ -1,4 +1,4 @@
-//! The poison-tolerant [`lock`], [`read`] and [`write`]: the one place a std lock is taken,
+//! The poison-tolerant [`lock`], [`read`] and [`write()`]: the one place a std lock is taken,
 //! in this crate and in the exec server's (`execrelay::sync` re-exports them).
 //!
 //! It owns nothing but helpers over `std`; it must never import another module of the crate.

@@ -221,3 +221,8 @@ fn read_token(path: &Path) -> Result<String, String> {
     }
     Ok(t)
 }
+
+/// A resolved remote's words for a failure (its key and token), for the other commands.
+pub fn failure_of(r: &Remote, e: &crate::client::ClientError) -> Failure {
+    super::failure::connect_failure(&r.url, e, r.key.as_deref(), r.token)
+}

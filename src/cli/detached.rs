@@ -16,11 +16,11 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::connect::{resolve, ConnFlags, Remote};
+use super::connect::{failure_of, resolve, ConnFlags, Remote};
 use super::duration::show_duration;
 use super::failure::{say, Failure};
 use super::outcome::{command_end, start_failure};
-use super::run::{failure_of, show_events};
+use super::show::show_events;
 use super::terminal::announce_resumes;
 use crate::client::{AckPolicy, ApprovalHandler, Client, ClientError, ClientOptions, StartOptions};
 

@@ -5,8 +5,9 @@
 //! `attach`, `ps` and `kill`, `cp.rs`, `keygen.rs`, `demo.rs`) and what they share:
 //! `words.rs` (where `run`'s options end and its command begins), `connect.rs` and `hosts.rs`
 //! (a target and the key flags → the library's `Target`, host aliases from the configuration
-//! file), `failure.rs` and `outcome.rs` (exit statuses and their words), `terminal.rs` (raw
-//! mode, size, the resume notices, approval prompts), `duration.rs`. It holds no logic the
+//! file), `failure.rs` and `outcome.rs` (exit statuses and their words), `show.rs` (a process's
+//! events on the local terminal), `terminal.rs` (raw mode, size, the resume notices, approval
+//! prompts), `duration.rs`. It holds no logic the
 //! library lacks: everything it does to a server goes through `crate::client`.
 
 pub mod connect;
@@ -20,6 +21,7 @@ pub mod keygen;
 pub mod outcome;
 pub mod run;
 pub mod serve;
+pub mod show;
 pub mod terminal;
 pub mod words;
 

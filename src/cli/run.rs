@@ -15,19 +15,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
-use super::connect::{resolve, ConnFlags, Remote};
+use super::connect::{resolve, ConnFlags};
 use super::duration::parse_duration;
 use super::failure::{say, Failure};
 use super::outcome::{command_end, start_failure};
+use super::show::show_events;
 use super::terminal::{announce_resumes, approval_handler, local_size, RawMode};
 use super::words::{split, ValueOptions};
 use crate::client::{
-    Client, ClientOptions, InProcessConfig, ProcessEvent, ProcessHandle, StartOptions, StdinWriter,
-    STDIN_WRITE_BYTES,
+    Client, ClientOptions, InProcessConfig, StartOptions, StdinWriter, STDIN_WRITE_BYTES,
 };
-use crate::rpc::messages::{ExitInfo, OutputCapKeep, StreamName};
+use crate::rpc::messages::OutputCapKeep;
 
 /// `run --help`'s examples.
 const EXAMPLES: &str = "Examples:
@@ -394,66 +394,6 @@ pub fn forward_stdin(mut writer: StdinWriter) {
         }
         let _ = writer.finish().await;
     });
-}
-
-/// Hand `proc`'s output to the local stdout and stderr until its exit notice (`Some`), or
-/// until the session is lost (`None`). A local stdout that is gone (`| head`) terminates the
-/// remote command. Omitted and lost ranges are said on stderr.
-pub async fn show_events(proc: &mut ProcessHandle, tty: bool) -> Option<ExitInfo> {
-    let mut stdout = tokio::io::stdout();
-    let mut stderr = tokio::io::stderr();
-    let mut ended = None;
-    while let Some(ev) = proc.next_event().await {
-        match ev {
-            ProcessEvent::Output { stream, data } => {
-                let r = match stream {
-                    StreamName::Stderr => stderr.write_all(&data).await,
-                    _ => {
-                        let r = stdout.write_all(&data).await;
-                        if tty {
-                            let _ = stdout.flush().await;
-                        }
-                        r
-                    }
-                };
-                if r.is_err() {
-                    // Local stdout is gone (e.g. `| head`): stop the remote command.
-                    let _ = proc.terminate(None).await;
-                }
-            }
-            ProcessEvent::Omitted {
-                stream,
-                omitted_bytes,
-            } => {
-                let _ = stdout.flush().await;
-                let _ = stderr.flush().await;
-                say(&format!(
-                    "{omitted_bytes} bytes of {} omitted here (--output-cap with --keep-tail); the last ones follow",
-                    stream.as_str()
-                ));
-            }
-            ProcessEvent::Lost { from, to } => {
-                say(&format!(
-                    "output events {from}..={to} were no longer held by the server"
-                ));
-            }
-            ProcessEvent::Exited(info) => {
-                if info.output_drain_timed_out {
-                    tracing::warn!("output was cut at the drain deadline");
-                }
-                ended = Some(info);
-                break;
-            }
-        }
-    }
-    let _ = stdout.flush().await;
-    let _ = stderr.flush().await;
-    ended
-}
-
-/// A resolved remote's words for a failure (its key and token), for the other commands.
-pub fn failure_of(r: &Remote, e: &crate::client::ClientError) -> Failure {
-    super::failure::connect_failure(&r.url, e, r.key.as_deref(), r.token)
 }
 
 #[cfg(test)]

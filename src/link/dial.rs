@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio_tungstenite::Connector;
 
+pub use super::dial_error::DialError;
 pub use super::trust::{load_ca_file, TlsRoots};
 
 use crate::transport::websocket::{connect_websocket_stream, ClientSocket};
@@ -27,29 +28,6 @@ pub type LinkSocket = ClientSocket;
 pub const CONNECT_PATH: &str = "/v1/connect/";
 /// The path an environment link connects to on a relay, before the environment id.
 pub const ENV_PATH: &str = "/v1/env/";
-
-/// Why a link could not be dialled.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum DialError {
-    /// Not a URL form this dialer knows.
-    #[error("{0}")]
-    Url(String),
-    /// TCP, TLS or the WebSocket handshake failed.
-    #[error("cannot connect to {url}: {why}")]
-    Connect {
-        /// The URL dialled.
-        url: String,
-        /// What failed.
-        why: String,
-    },
-    /// No answer within the deadline.
-    #[error("cannot connect to {0}: no answer within {1:?}")]
-    Timeout(String, Duration),
-    /// The TLS settings could not be built (`--ca-file`).
-    #[error("{0}")]
-    Tls(String),
-}
 
 /// Where a client link goes: the WebSocket URL and the environment id bound into every
 /// handshake's prologue (empty for a direct `noise+ws://` server).

@@ -12,6 +12,7 @@
 //! - [`virtual_stream`]: one stream as a [`Transport`](crate::transport::Transport): sealing
 //!   in the writer's task, decryption in the reader's task.
 //! - [`dial`]: URL forms and dialling (`ws://`, `wss://` through rustls).
+//! - `dial_error.rs`: why a dial failed ([`DialError`](dial::DialError)), beneath both.
 //! - [`trust`]: what a `wss://` dialer trusts: the platform's roots, or a `--ca-file` whose
 //!   certificates are CAs or pinned certificates (a self-signed relay certificate).
 //! - [`health`]: the environment link's health (`/readyz`, `/status`, its metrics).
@@ -22,6 +23,7 @@
 
 pub mod client;
 pub mod dial;
+mod dial_error;
 pub mod environment;
 pub mod health;
 pub mod key_quota;

@@ -35,7 +35,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, OtherError, RootCertStore};
 
-use super::dial::DialError;
+use super::dial_error::DialError;
 use execrelay_relay::tls::certificate_fingerprint;
 use execrelay_relay::tls::validity::{utc, Validity};
 

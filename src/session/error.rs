@@ -39,7 +39,7 @@ pub enum SessionError {
     /// The exec policy denied it, or its approval was refused, timed out or withdrawn.
     #[error("not approved: {reason}")]
     NotApproved {
-        /// One of [`approvals::reason`]'s phrases.
+        /// One of `approvals::reason`'s phrases.
         reason: &'static str,
         /// The policy rule that denied or asked.
         rule: Option<String>,

@@ -1,6 +1,6 @@
 //! Sessions (layer 3): processes and their retained output, outliving connections.
 //!
-//! A sans-IO core and a thin driver, in the shape of the link engine: the [`table`] holds
+//! A sans-IO core and a thin driver, in the shape of the link engine: the table (`table.rs`) holds
 //! every session's bookkeeping and is fed `now` and events; the driver owns the processes,
 //! the containment scopes and the one timer task, and does what the table answers.
 //!

@@ -1,5 +1,5 @@
 //! One session, and the driver state every session of a server shares: the one lock over
-//! the [`SessionTable`] (the sans-IO core: slots, holders, deadlines, quotas, approvals), the
+//! the `SessionTable` (`table.rs`, the sans-IO core: slots, holders, deadlines, quotas, approvals), the
 //! server's metrics, output budget and exec policy, and the tracker of closing sessions.
 //!
 //! A [`Session`] is the handle connections hold. Its methods feed the table what happened

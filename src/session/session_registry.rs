@@ -214,7 +214,12 @@ impl SessionRegistry {
     ) -> Result<(Arc<Session>, String), SessionError> {
         self.tasks.call_once(|| {
             spawn_timers(Arc::downgrade(&self.shared), self.shared.wake.clone());
-            super::stall_watchdog::spawn(self);
+            let weak = Arc::downgrade(self);
+            super::stall_watchdog::spawn(
+                Duration::from_millis(self.config().stall_watchdog_ms),
+                self.metrics().clone(),
+                Box::new(move || weak.upgrade().map(|r| r.all_processes())),
+            );
         });
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));

@@ -16,9 +16,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::session_registry::SessionRegistry;
+use crate::metrics::Metrics;
 use crate::process::stall_watch::{StallWatch, Verdict};
 use crate::process::ManagedProcess;
+
+/// Every process of a server with its session's id, or `None` once the server is gone (the
+/// registry hands the watchdog this rather than itself, so the watchdog knows no registry).
+pub(crate) type Processes = Box<dyn Fn() -> Option<Vec<(String, Arc<ManagedProcess>)>> + Send>;
 
 /// The shortest look interval (a tiny `stall_watchdog_ms` in tests).
 const MIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -28,18 +32,16 @@ fn abort_on_stall() -> bool {
     cfg!(debug_assertions) && std::env::var("EXECRELAY_STALL_ABORT").as_deref() != Ok("0")
 }
 
-/// Start the watchdog of `registry` on the current runtime, if there is one and the bound is
-/// not 0. It ends with the registry.
-pub(crate) fn spawn(registry: &Arc<SessionRegistry>) {
-    let bound = Duration::from_millis(registry.config().stall_watchdog_ms);
+/// Start the watchdog of a server's `processes` on the current runtime, if there is one and
+/// `bound` (`stall_watchdog_ms`) is not 0. It ends once `processes` answers `None`.
+pub(crate) fn spawn(bound: Duration, metrics: Arc<Metrics>, processes: Processes) {
     if bound.is_zero() {
         return;
     }
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let weak = Arc::downgrade(registry);
-    rt.spawn(run(weak, bound));
+    rt.spawn(run(processes, metrics, bound));
 }
 
 struct Watched {
@@ -47,18 +49,17 @@ struct Watched {
     watch: StallWatch,
 }
 
-async fn run(registry: Weak<SessionRegistry>, bound: Duration) {
+async fn run(processes: Processes, metrics: Arc<Metrics>, bound: Duration) {
     let interval = (bound / 4).max(MIN_INTERVAL);
     let mut watched: HashMap<usize, Watched> = HashMap::new();
     loop {
         tokio::time::sleep(interval).await;
-        let Some(reg) = registry.upgrade() else {
+        let Some(all) = processes() else {
             return;
         };
         let now = tokio::time::Instant::now().into_std();
-        let metrics = reg.metrics().clone();
         let mut seen = HashSet::new();
-        for (session_id, p) in reg.all_processes() {
+        for (session_id, p) in all {
             let key = Arc::as_ptr(&p) as usize;
             seen.insert(key);
             let w = watched.entry(key).or_insert_with(|| Watched {

@@ -31,6 +31,7 @@
 //!   [`WRITE_BATCH_BYTES`], the WebSocket's write buffer by [`link_websocket_config`].
 
 pub mod endpoint;
+mod link_state;
 pub mod read_ahead;
 pub mod relay;
 pub mod stream;

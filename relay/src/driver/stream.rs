@@ -18,17 +18,45 @@
 //!
 //! Consumption (the `ack` that reopens the peer's window) is reported when `recv` hands a
 //! record out, so a task that stops calling `recv` holds its peer back, end to end.
+//!
+//! The handles reach their link through `StreamLink`, which the link's shared state
+//! (`endpoint.rs`) implements: this file imports nothing of the link, the link builds the
+//! handles.
 
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::endpoint::{Dropped, Shared};
 use crate::endpoint::{SendError, StreamFlow, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Reason};
+
+/// What a stream's handles ask of their link. Each call takes the link's lock briefly and
+/// never waits; none may be made while that lock is held (a handle's `Drop` only queues).
+pub(crate) trait StreamLink: Send + Sync + std::fmt::Debug {
+    /// Record `seq` of `id` was handed to the application (its window may reopen).
+    fn consumed(&self, id: StreamId, seq: u64);
+    /// The `seq` the next record of `id` will carry; `Pending` after registering `waker`
+    /// for the credit it waits for.
+    fn send_ready(&self, id: StreamId, waker: &Waker) -> Poll<Result<u64, SendError>>;
+    /// Queue `record` on `id`; returns its `seq`.
+    fn send(&self, id: StreamId, record: Bytes) -> Result<u64, SendError>;
+    /// End `id` on purpose with `reason`: queued records go out first (`finish`), or are
+    /// dropped (`reset`). Its handles then read [`StreamError::Closed`].
+    fn end(&self, id: StreamId, reason: Reason, reset: bool);
+    /// The sending direction of `id` now, or `None` once it is gone.
+    fn stream_flow(&self, id: StreamId) -> Option<StreamFlow>;
+    /// The receiver of `id` was dropped, having discarded up to `last`. Only queued: a drop
+    /// may happen while the link's lock is held.
+    fn receiver_dropped(&self, id: StreamId, last: Option<u64>);
+    /// The live sender of `id` was dropped. Only queued, as above.
+    fn sender_dropped(&self, id: StreamId);
+}
+
+/// A handle's link.
+pub(crate) type LinkRef = Arc<dyn StreamLink>;
 
 /// Why a stream can no longer be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,7 +114,7 @@ impl StreamHandle {
 /// never held back by a reader that left); dropping both halves finishes the stream.
 #[derive(Debug)]
 pub struct StreamReceiver {
-    pub(crate) link: Arc<Shared>,
+    pub(crate) link: LinkRef,
     pub(crate) id: StreamId,
     pub(crate) rx: mpsc::Receiver<(u64, Bytes)>,
     pub(crate) end: EndCell,
@@ -108,11 +136,7 @@ impl StreamReceiver {
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<(u64, Bytes), StreamError>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some((seq, payload))) => {
-                let id = self.id;
-                Shared::with(&self.link, |inner| {
-                    // Only fails if the stream is already gone: nothing to acknowledge then.
-                    let _ = inner.ep.consumed(&id, seq);
-                });
+                self.link.consumed(self.id, seq);
                 Poll::Ready(Ok((seq, payload)))
             }
             Poll::Ready(None) => Poll::Ready(Err(ended(&self.end))),
@@ -127,7 +151,7 @@ impl Drop for StreamReceiver {
         while let Ok((seq, _)) = self.rx.try_recv() {
             last = Some(seq);
         }
-        self.link.bury(Dropped::Receiver(self.id, last));
+        self.link.receiver_dropped(self.id, last);
     }
 }
 
@@ -135,7 +159,7 @@ impl Drop for StreamReceiver {
 /// already queued go out, then `RESET` `closed`.
 #[derive(Debug)]
 pub struct StreamSender {
-    pub(crate) link: Arc<Shared>,
+    pub(crate) link: LinkRef,
     pub(crate) id: StreamId,
     pub(crate) end: EndCell,
     pub(crate) live: bool,
@@ -158,30 +182,16 @@ impl StreamSender {
     /// Ready when the window and the link's queue take one more record; yields the `seq` it
     /// will carry. Registers for a wake-up otherwise.
     pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<u64, StreamError>> {
-        let id = self.id;
-        let r = Shared::with(&self.link, |inner| match inner.ep.send_ready(&id) {
-            Ok(seq) => Some(Ok(seq)),
-            Err(SendError::Blocked) => {
-                if let Some(slot) = inner.slots.get_mut(&id) {
-                    slot.send_waker = Some(cx.waker().clone());
-                    None
-                } else {
-                    Some(Err(SendError::NotOpen))
-                }
-            }
-            Err(e) => Some(Err(e)),
-        });
-        match r {
-            None => Poll::Pending,
-            Some(Ok(seq)) => Poll::Ready(Ok(seq)),
-            Some(Err(e)) => Poll::Ready(Err(self.error(e))),
+        match self.link.send_ready(self.id, cx.waker()) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(seq)) => Poll::Ready(Ok(seq)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(self.error(e))),
         }
     }
 
     /// Queue one record (after [`poll_ready`](Self::poll_ready) said yes); returns its `seq`.
     pub fn start_send(&mut self, record: Bytes) -> Result<u64, StreamError> {
-        let id = self.id;
-        Shared::with(&self.link, |inner| inner.ep.send(&id, record)).map_err(|e| self.error(e))
+        self.link.send(self.id, record).map_err(|e| self.error(e))
     }
 
     /// Wait for credit, then send `record`.
@@ -204,21 +214,13 @@ impl StreamSender {
 
     /// Finish the stream: queued records go out, then `RESET` with `reason`.
     pub fn finish(mut self, reason: Reason) {
-        let id = self.id;
-        Shared::with(&self.link, |inner| {
-            let _ = inner.ep.finish(id, reason);
-            inner.end_slot(&id, StreamError::Closed);
-        });
+        self.link.end(self.id, reason, false);
         self.live = false;
     }
 
     /// Reset the stream now: queued records are dropped, `RESET` with `reason` goes out.
     pub fn reset(mut self, reason: Reason) {
-        let id = self.id;
-        Shared::with(&self.link, |inner| {
-            let _ = inner.ep.reset(id, reason);
-            inner.end_slot(&id, StreamError::Closed);
-        });
+        self.link.end(self.id, reason, true);
         self.live = false;
     }
 
@@ -234,7 +236,7 @@ impl StreamSender {
 /// state alive, not the stream: a stream that ended reads as `None`.
 #[derive(Debug, Clone)]
 pub struct FlowProbe {
-    link: Arc<Shared>,
+    link: LinkRef,
     id: StreamId,
 }
 
@@ -242,15 +244,14 @@ impl FlowProbe {
     /// The stream's sending direction now, or `None` once it is gone. Takes the link's lock
     /// briefly; never waits.
     pub fn flow(&self) -> Option<StreamFlow> {
-        let id = self.id;
-        Shared::with(&self.link, |inner| inner.ep.stream_flow(&id))
+        self.link.stream_flow(self.id)
     }
 }
 
 impl Drop for StreamSender {
     fn drop(&mut self) {
         if self.live {
-            self.link.bury(Dropped::Sender(self.id));
+            self.link.sender_dropped(self.id);
         }
     }
 }

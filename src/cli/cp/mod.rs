@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::connect::failure_of;
 use super::connect::{resolve, ConnFlags, Remote};
 use super::failure::Failure;
 use super::outcome::start_failure;
-use super::run::failure_of;
 use crate::client::{Client, ClientOptions, ProcessEvent, StartOptions};
 use crate::rpc::messages::StreamName;
 
