@@ -295,7 +295,7 @@ async fn a_debug_build_stops_at_a_stall_with_the_streams_flow_state() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Wake-ups found by the audit of every wait (ARCHITECTURE.md, "Wake-ups").
+// Wake-ups found by the audit of every wait (`docs/wakeups.md`).
 
 /// An acknowledgement carried by `process/read` (`afterSeq`, acks on) wakes what waits on the
 /// log like a `process/ack` does: here the reaper, which removes a process once its exit

@@ -21,6 +21,77 @@
 //! - Look inside a payload or hold a stream key: frames go to the hub, which reads headers.
 //! - Await a destination on a link's reader (the hub's invariant); block the runtime on a
 //!   lock held across an `.await` (none is).
+//!
+//! # The path of one frame
+//!
+//! Client → environment; the other way is the same with the roles swapped.
+//!
+//! 1. The client link's reader task reads one binary WebSocket message. tungstenite refuses a
+//!    message longer than `max_frame_bytes` from its header (the link closes,
+//!    `oversized_frame`), so nothing larger is ever buffered.
+//! 2. The reader takes the hub's lock and calls `Router::handle_frame(now, link, bytes)`: decode
+//!    the 44-byte header (`frame.rs`) and check its rules; the payload is never looked at.
+//!    Malformed frames and frames for streams the link does not hold (ids whose `OPEN` was
+//!    refused included) are charged to that link's budgets; past them, that link alone closes.
+//! 3. `OPEN`: admission (rate bucket, per-link, per-address-per-environment and per-environment
+//!    stream limits, the address's handshake-failure tokens covering its pending `OPEN`s,
+//!    relay-wide queued bytes, the environment link's control reserve, the environment online,
+//!    the id free)
+//!    → a `Route` in the `RoutingTable` and the frame on the environment link's control lane, or
+//!    a `RESET` (`busy`, `environment_offline`, …) on the client's. `DATA`: the route's
+//!    `RelayFlow` checks it is the next record and inside the receiver's last report (clipped to
+//!    `max_window_records`) → queued on the environment link's per-stream `DATA` lane, or the
+//!    route is reset (`window_exceeded` / `malformed_frame`) on both links and nothing else is
+//!    touched. `ACK`: the report is recorded and the frame coalesced on the destination's `ACK`
+//!    lane. `RESET`: the route is removed and the frame queued behind that stream's `DATA`; an
+//!    environment's `RESET` answering an `OPEN` with a handshake-failure reason is charged to the
+//!    client link and address that sent it (the failure that takes the last token of either
+//!    closes that link). Every frame queued for a client link counts, at its memory cost,
+//!    against that link's share (`client_link_share_bytes`, all but `DATA`): one that would pass
+//!    it closes the link.
+//! 4. The router emits `Wake { link }` for the destination; the hub notifies that link's writer
+//!    (a `Notify`), releases the lock, and the reader goes back to its socket. **It never waited
+//!    for the destination.**
+//! 5. The environment link's writer task takes the lock, pops a batch (`WRITE_BATCH_BYTES`:
+//!    ping, control, `ACK`s, then `DATA` round robin between streams), releases it, and writes
+//!    and flushes under `WRITE_TIMEOUT` (= `pong_timeout_ms`); a write past it kills that link.
+//!
+//! # Who owns which queue
+//!
+//!  every queue in the relay is the router's (`relay/README.md`, "Who
+//! owns which queue"): per link a control lane (an environment link's `OPEN`s under the control
+//! reserve; on a client link, everything but `DATA` under its share), one coalesced `ACK` per
+//! stream, and per-stream `DATA` lanes (each at most one window, by the flow accounting); all
+//! lanes together, each frame at its memory cost, under `max_queued_bytes` for new streams. Beside them: tungstenite's write buffer per link (128 KiB
+//! + two frames), the writer's batch, and the HTTP front's pending connections. The server adds
+//! no queue of its own: admission happens before a link is registered, and metrics and logs are
+//! read from the hub.
+//!
+//! # Invariants
+//!
+//! - **It reads frame headers only and holds no stream key**: payloads (handshake messages,
+//!   records) are forwarded as the bytes that came in. Its only key admits environments.
+//! - **No reader awaits a destination**; a slow link slows only its own writer, and a
+//!   well-behaved sender never exceeds what the router will queue for it (one window).
+//! - **A stream is reset only for its own fault or its links' death**; a link is closed only for
+//!   its own budgets (handshake failures its `OPEN`s caused, its share of the queue), its
+//!   keepalive or probe, its write deadline, its idleness or a message that takes too long (a
+//!   client link), or a revocation.
+//! - **Budgets are charged to whoever spends them**: an environment's handshake-failure answer is
+//!   the client's (link and address), never the environment's; an address's pending `OPEN`s
+//!   never outnumber its failure tokens.
+//! - **An environment is admitted only with the key its line lists, a fresh `ts` (the replay
+//!   cache: nothing before the relay's start), and under the environments file's lock**, so no
+//!   revoked key keeps or gains a link past one poll; **the live holder of an id keeps it** (a
+//!   newcomer is admitted only once the holder fails a probe or is gone).
+//! - **The relay's descriptors are counted by construction**: `max_client_links` and
+//!   `max_pending_handshakes` are sized at start to leave `descriptor_reserve` and the metrics
+//!   listener's share of the (raised) limit free.
+//! - **The routing table stays behind `router::RoutingTable`** (a shared fabric for several
+//!   relays is a later table); everything else about a route is in the router.
+//! - **Labels and log fields are ours**: reasons are fixed enums; the only peer-chosen strings in
+//!   logs are the environment id (validated: 1–128 of `A-Z a-z 0-9 - . _ ~`) and stream ids in
+//!   hex; keys appear as fingerprints.
 
 pub mod cli;
 mod links;
