@@ -73,16 +73,26 @@ fn the_check_sees_a_missing_section() {
 fn holds_unsafe(text: &str) -> bool {
     text.lines().any(|l| {
         let code = l.split("//").next().unwrap_or("");
-        ["unsafe {", "unsafe fn ", "unsafe impl", "unsafe trait", "unsafe extern"]
-            .iter()
-            .any(|k| code.contains(k))
+        [
+            "unsafe {",
+            "unsafe fn ",
+            "unsafe impl",
+            "unsafe trait",
+            "unsafe extern",
+        ]
+        .iter()
+        .any(|k| code.contains(k))
     })
 }
 
 /// The files `ARCHITECTURE.md` lists between its `unsafe-sites` markers.
 fn listed_sites(doc: &str) -> Vec<String> {
-    let start = doc.find("<!-- unsafe-sites -->").expect("ARCHITECTURE.md: the start marker");
-    let end = doc.find("<!-- /unsafe-sites -->").expect("ARCHITECTURE.md: the end marker");
+    let start = doc
+        .find("<!-- unsafe-sites -->")
+        .expect("ARCHITECTURE.md: the start marker");
+    let end = doc
+        .find("<!-- /unsafe-sites -->")
+        .expect("ARCHITECTURE.md: the end marker");
     doc[start..end]
         .lines()
         .filter_map(|l| l.strip_prefix("- `"))
@@ -120,7 +130,9 @@ fn the_unsafe_sites_are_the_ones_architecture_lists() {
 fn the_unsafe_checks_see_what_they_look_for() {
     assert!(holds_unsafe("fn f() {\n    let r = unsafe { g() };\n}\n"));
     assert!(holds_unsafe("unsafe fn f() {}\n"));
-    assert!(!holds_unsafe("// unsafe { in a comment }\n#![forbid(unsafe_code)]\n"));
+    assert!(!holds_unsafe(
+        "// unsafe { in a comment }\n#![forbid(unsafe_code)]\n"
+    ));
     let doc = "x\n<!-- unsafe-sites -->\n- `a/b.rs`: why.\n  more\n- `c.rs`: why.\n<!-- /unsafe-sites -->\n- `d.rs`\n";
     assert_eq!(listed_sites(doc), vec!["a/b.rs", "c.rs"]);
 }
