@@ -316,7 +316,7 @@ impl<H: Handles> SessionTable<H> {
     /// expires at `now` + its TTL; its processes are returned (deliver them nowhere).
     pub fn detach(&mut self, now: Instant, id: &str, conn_id: u64) -> Option<Vec<H::Process>> {
         let e = self.sessions.get_mut(id)?;
-        if !e.holder.as_ref().is_some_and(|h| h.conn_id == conn_id) {
+        if e.holder.as_ref().is_none_or(|h| h.conn_id != conn_id) {
             return None;
         }
         e.holder = None;

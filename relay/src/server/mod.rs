@@ -58,14 +58,14 @@
 //!
 //! # Who owns which queue
 //!
-//!  every queue in the relay is the router's (`relay/README.md`, "Who
-//! owns which queue"): per link a control lane (an environment link's `OPEN`s under the control
-//! reserve; on a client link, everything but `DATA` under its share), one coalesced `ACK` per
-//! stream, and per-stream `DATA` lanes (each at most one window, by the flow accounting); all
-//! lanes together, each frame at its memory cost, under `max_queued_bytes` for new streams. Beside them: tungstenite's write buffer per link (128 KiB
-//! + two frames), the writer's batch, and the HTTP front's pending connections. The server adds
-//! no queue of its own: admission happens before a link is registered, and metrics and logs are
-//! read from the hub.
+//! Every queue in the relay is the router's (`relay/README.md`, "Who owns which queue"): per
+//! link a control lane (an environment link's `OPEN`s under the control reserve; on a client
+//! link, everything but `DATA` under its share), one coalesced `ACK` per stream, and
+//! per-stream `DATA` lanes (each at most one window, by the flow accounting); all lanes
+//! together, each frame at its memory cost, under `max_queued_bytes` for new streams. Beside
+//! them: tungstenite's write buffer per link (128 KiB plus two frames), the writer's batch,
+//! and the HTTP front's pending connections. The server adds no queue of its own: admission
+//! happens before a link is registered, and metrics and logs are read from the hub.
 //!
 //! # Invariants
 //!
