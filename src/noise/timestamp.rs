@@ -25,6 +25,7 @@ use execrelay_relay::replay::{ReplayCache, ReplayLimits};
 
 use super::keys::{fingerprint, KEY_BYTES};
 use crate::config::ServerConfig;
+use crate::sync::lock as locked;
 
 pub use execrelay_relay::replay::ReplayError as TimestampError;
 
@@ -91,8 +92,6 @@ impl std::fmt::Debug for Admission {
             .finish()
     }
 }
-
-use crate::sync::lock as locked;
 
 impl Admission {
     /// Check `ts` of `key` at `now` (microseconds since the epoch) and hold it as pending.

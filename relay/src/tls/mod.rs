@@ -43,6 +43,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::keys::{stamp, Stamp};
+use crate::sync::read as read_lock;
 use validity::{unix_now, utc, Validity};
 
 /// Largest certificate or key file read: a chain of a few certificates is a few KiB; 1 MiB
@@ -251,8 +252,6 @@ pub struct CertificateStore {
     seen: Mutex<(Option<Stamp>, Option<Stamp>)>,
     stats: TlsStats,
 }
-
-use crate::sync::read as read_lock;
 
 impl CertificateStore {
     /// Load the pair at start: an error here stops the relay before it serves.
