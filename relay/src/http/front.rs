@@ -263,10 +263,7 @@ where
                 (accepted.response(), Some((accepted, on_upgrade)))
             }
         };
-        let tx = decided_tx
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let tx = crate::sync::lock(&decided_tx).take();
         if let Some(tx) = tx {
             let _ = tx.send(upgrade);
         }

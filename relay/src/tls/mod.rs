@@ -281,7 +281,7 @@ impl CertificateStore {
     pub fn poll(&self) -> Option<Reload> {
         let now = self.files.stamps();
         {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            let mut seen = crate::sync::lock(&self.seen);
             if *seen == now {
                 return None;
             }
@@ -292,7 +292,7 @@ impl CertificateStore {
         match self.files.load() {
             Ok(loaded) => {
                 let loaded = Arc::new(loaded);
-                *self.current.write().unwrap_or_else(|p| p.into_inner()) = loaded.clone();
+                *crate::sync::write(&self.current) = loaded.clone();
                 self.stats.reloads.fetch_add(1, Ordering::Relaxed);
                 Some(Reload::Replaced(loaded))
             }
