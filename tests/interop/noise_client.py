@@ -68,7 +68,14 @@ except ImportError as e:  # pragma: no cover - reported, not handled
 # Constants from the specification
 # ---------------------------------------------------------------------------------------------
 
-NOISE_PROTOCOL = b"Noise_IK_25519_ChaChaPoly_BLAKE2s"  # secure-transport.md §3
+# secure-transport.md §3: the suites by the number the client writes in bits 0-1 of its OPEN
+# frame's flags. The record nonce layout follows the suite's Noise cipher (noiseprotocol's own:
+# ChaChaPoly little-endian, AESGCM big-endian), which is what the server must match.
+NOISE_PROTOCOLS = {
+    0: b"Noise_IK_25519_ChaChaPoly_BLAKE2s",
+    1: b"Noise_IK_25519_AESGCM_BLAKE2s",
+}
+SUITE = 0  # set by --suite
 PROLOGUE_PREFIX = b"execrelay/noise/v1"  # §3
 LINK_PATH = "/v1/link"  # §1: a noise+ws:// listener accepts physical links there
 
@@ -152,9 +159,11 @@ def load_private_key(path):
 # ---------------------------------------------------------------------------------------------
 
 
-def encode_frame(ftype, stream_id, payload=b"", seq=0, ack=0, ack_bits=0, window=WINDOW):
+def encode_frame(ftype, stream_id, payload=b"", seq=0, ack=0, ack_bits=0, window=WINDOW,
+                 flags=0):
     """One frame = one binary WebSocket message: the 44-byte header, then the payload."""
-    frame = HEADER.pack(FRAME_VERSION, ftype, 0, stream_id, seq, ack, ack_bits, window) + payload
+    frame = HEADER.pack(FRAME_VERSION, ftype, flags, stream_id, seq, ack, ack_bits,
+                        window) + payload
     assert len(frame) <= MAX_FRAME_BYTES
     return frame
 
@@ -306,7 +315,7 @@ class Stream:
     def __init__(self, link, client_private, server_public, environment_id=""):
         self.link = link
         self.stream_id = os.urandom(16)  # random, chosen by the client (§5)
-        self.noise = NoiseConnection.from_name(NOISE_PROTOCOL)
+        self.noise = NoiseConnection.from_name(NOISE_PROTOCOLS[SUITE])
         self.noise.set_as_initiator()
         self.noise.set_prologue(prologue(environment_id, self.stream_id))
         self.noise.set_keypair_from_private_bytes(Keypair.STATIC, client_private)
@@ -325,7 +334,7 @@ class Stream:
     def open(self, token):
         """Send message 1 in an OPEN frame; return the frame's handshake payload (for replay)."""
         message1 = bytes(self.noise.write_message(handshake_payload(token)))
-        self.link.send(encode_frame(OPEN, self.stream_id, message1))
+        self.link.send(encode_frame(OPEN, self.stream_id, message1, flags=SUITE))
         return message1
 
     def accept(self):
@@ -622,7 +631,7 @@ def mode_replay(link, client_private, server_public, token):
     other_id = os.urandom(16)
     while other_id == first.stream_id:
         other_id = os.urandom(16)
-    link.send(encode_frame(OPEN, other_id, message1))
+    link.send(encode_frame(OPEN, other_id, message1, flags=SUITE))
     while True:
         answer = link.next_frame(other_id)
         if answer.ftype in (ACCEPT, RESET):
@@ -648,7 +657,7 @@ def mode_replay_other_link(url, deadline, link, client_private, server_public, t
     first.accept()
     second = Link(url, deadline)
     try:
-        second.send(encode_frame(OPEN, first.stream_id, message1))
+        second.send(encode_frame(OPEN, first.stream_id, message1, flags=SUITE))
         while True:
             answer = second.next_frame(first.stream_id)
             if answer.ftype in (ACCEPT, RESET):
@@ -672,9 +681,13 @@ def main(argv=None):
     parser.add_argument("--token", default=None)
     parser.add_argument("--ts-offset-seconds", type=float, default=0.0)
     parser.add_argument("--binary-output", action="store_true")
+    parser.add_argument("--suite", type=int, choices=sorted(NOISE_PROTOCOLS), default=0,
+                        help="Noise suite: 0 ChaChaPoly, 1 AESGCM (secure-transport.md §3)")
     parser.add_argument("--mode", choices=["ok", "replay-on-other-stream",
                                            "replay-on-other-link"], default="ok")
     args = parser.parse_args(argv)
+    global SUITE
+    SUITE = args.suite
     HELLO_CLOCK.offset_us = int(args.ts_offset_seconds * 1_000_000)
 
     deadline = time.monotonic() + TIMEOUT_S
