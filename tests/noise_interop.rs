@@ -221,6 +221,33 @@ async fn a_server_restricted_to_suite_0_resets_suite_1_with_unsupported_suite() 
     fx.stop().await;
 }
 
+/// Binary writes (`protocol.md` §5.2) from the independent client, written from the spec's
+/// layout alone: negotiated, answered by id, the `writeId` shared with a JSON write, a
+/// malformed one answered `-32700`, and the close flag ending the child's input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_noise_client_uploads_with_binary_writes() {
+    let fx = Fixture::start().await;
+    let out = fx.client(&["--binary-input", "--suite", "1"]).await;
+    let report = fx.report(&out);
+    let lines = lines(&out);
+    let want = [
+        "WRITE 3 accepted",
+        "WRITE 4 accepted",
+        "MALFORMED -32700",
+        "WRITE 6 accepted",
+        "OUTPUT interop-in|",
+        "EXITED 0",
+    ];
+    let got: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("INITIALIZE_RESULT"))
+        .collect();
+    assert_eq!(got, want, "{report}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    fx.stop().await;
+}
+
 async fn runs_a_command_in_suite(suite: &str) {
     let fx = Fixture::start().await;
     let out = fx.client(&["--suite", suite]).await;

@@ -384,7 +384,10 @@ class Stream:
     def send_message(self, message):
         """A JSON-RPC message on the stream: 4-byte big-endian length, then the JSON, cut into
         records of at most MAX_RECORD_PLAINTEXT bytes (§4)."""
-        body = json.dumps(message, separators=(",", ":")).encode("utf-8")
+        self.send_bytes(json.dumps(message, separators=(",", ":")).encode("utf-8"))
+
+    def send_bytes(self, body):
+        """One message of the stream (JSON text or a binary message), length-prefixed (§4)."""
         data = struct.pack("!I", len(body)) + body
         for off in range(0, len(data), MAX_RECORD_PLAINTEXT):
             self.send_record(KIND_STREAM, data[off:off + MAX_RECORD_PLAINTEXT])
@@ -552,14 +555,33 @@ class Rpc:
             raise Failure(f"unexpected response: {msg!r}")
 
 
+# protocol.md §5.2: a binary write. Integers big-endian: kind u8 (1), flags u8 (bit 0: close
+# stdin after this chunk), request id u64, process id length u16 (1..256), writeId length u8
+# (0: none), the process id, the writeId, then the raw stdin bytes.
+WRITE_HEAD = struct.Struct("!BBQHB")
+assert WRITE_HEAD.size == 13
+KIND_WRITE = 1
+FLAG_CLOSE_STDIN = 1
+
+
+def encode_binary_write(msg_id, process_id, write_id, data, close_stdin=False, flags=None):
+    pid = process_id.encode("utf-8")
+    wid = write_id.encode("utf-8")
+    if flags is None:
+        flags = FLAG_CLOSE_STDIN if close_stdin else 0
+    return WRITE_HEAD.pack(KIND_WRITE, flags, msg_id, len(pid), len(wid)) + pid + wid + data
+
+
 def emit(line):
     print(line, flush=True)
 
 
-def initialize(rpc, binary_output=False):
-    params = {"clientName": "py-interop"}
+def initialize(rpc, binary_output=False, binary_input=False):
+    params = {"clientName": "py-interop", "capabilities": {}}
     if binary_output:
-        params["capabilities"] = {"binaryOutput": True}
+        params["capabilities"]["binaryOutput"] = True
+    if binary_input:
+        params["capabilities"]["binaryInput"] = True
     result = rpc.call(1, "initialize", params)
     emit("INITIALIZE_RESULT " + json.dumps(result, separators=(",", ":")))
     return result
@@ -603,18 +625,67 @@ def run_echo(rpc, binary_output=False):
             return
 
 
+def response_to(rpc, msg_id):
+    """The response (result or error) with `msg_id`; notifications are kept."""
+    while True:
+        msg = rpc.stream.next_message()
+        if "method" in msg:
+            rpc.notifications.append(msg)
+            continue
+        if msg.get("id") == msg_id:
+            return msg
+        raise Failure(f"unexpected response while waiting for {msg_id}: {msg!r}")
+
+
+def run_upload(rpc):
+    """Binary writes (protocol.md §5.2) to `cat`: a write with a writeId, the same writeId
+    again as JSON (not written twice), a malformed binary write (reserved flag: -32700, id
+    null), then an empty write whose close flag ends cat's input. Prints every answer and what
+    cat printed."""
+    rpc.notify("initialized", {})
+    pid = "py-ürload"
+    rpc.call(2, "process/start", {"processId": pid, "argv": ["cat"], "pipeStdin": True})
+    rpc.stream.send_bytes(encode_binary_write(3, pid, "w-1", b"interop-in\n"))
+    emit(f"WRITE 3 {response_to(rpc, 3)['result']['status']}")
+    chunk = base64.b64encode(b"DUPLICATE\n").decode("ascii")
+    rpc.stream.send_message({"jsonrpc": "2.0", "id": 4, "method": "process/write",
+                             "params": {"processId": pid, "writeId": "w-1", "chunk": chunk}})
+    emit(f"WRITE 4 {response_to(rpc, 4)['result']['status']}")
+    rpc.stream.send_bytes(encode_binary_write(5, pid, "", b"x", flags=0x02))
+    bad = response_to(rpc, None)
+    emit(f"MALFORMED {bad['error']['code']}")
+    rpc.stream.send_bytes(encode_binary_write(6, pid, "w-2", b"", close_stdin=True))
+    emit(f"WRITE 6 {response_to(rpc, 6)['result']['status']}")
+    out = b""
+    while True:
+        note = rpc.next_notification()
+        params = note.get("params") or {}
+        if note["method"] == "process/outputDelta":
+            out += base64.b64decode(params["chunk"], validate=True)
+        elif note["method"] == "process/exited":
+            emit("OUTPUT " + out.decode("utf-8", "replace").replace("\n", "|"))
+            emit(f"EXITED {params.get('exitCode')}")
+            return
+
+
 # ---------------------------------------------------------------------------------------------
 # Modes
 # ---------------------------------------------------------------------------------------------
 
 
-def mode_ok(link, client_private, server_public, token, binary_output=False):
+def mode_ok(link, client_private, server_public, token, binary_output=False,
+            binary_input=False):
     stream = Stream(link, client_private, server_public)
     stream.open(token)
     stream.accept()
     rpc = Rpc(stream)
-    initialize(rpc, binary_output)
-    run_echo(rpc, binary_output)
+    result = initialize(rpc, binary_output, binary_input)
+    if binary_input:
+        if result.get("capabilities", {}).get("binaryInput") is not True:
+            raise Failure(f"binaryInput not granted: {result!r}")
+        run_upload(rpc)
+    else:
+        run_echo(rpc, binary_output)
     stream.close()
     return 0
 
@@ -681,6 +752,8 @@ def main(argv=None):
     parser.add_argument("--token", default=None)
     parser.add_argument("--ts-offset-seconds", type=float, default=0.0)
     parser.add_argument("--binary-output", action="store_true")
+    parser.add_argument("--binary-input", action="store_true",
+                        help="upload to cat with binary writes (protocol.md §5.2)")
     parser.add_argument("--suite", type=int, choices=sorted(NOISE_PROTOCOLS), default=0,
                         help="Noise suite: 0 ChaChaPoly, 1 AESGCM (secure-transport.md §3)")
     parser.add_argument("--mode", choices=["ok", "replay-on-other-stream",
@@ -698,7 +771,7 @@ def main(argv=None):
         link = Link(args.url, deadline)
         if args.mode == "ok":
             return mode_ok(link, client_private, server_public, args.token,
-                           args.binary_output)
+                           args.binary_output, args.binary_input)
         if args.mode == "replay-on-other-link":
             return mode_replay_other_link(args.url, deadline, link, client_private,
                                           server_public, args.token)
