@@ -110,6 +110,14 @@ class _Callbacks:
         self._q.put((job, arg))
         return fut
 
+    def barrier(self, timeout: Optional[float] = None) -> None:
+        """Wait until every callback queued so far has run."""
+        if threading.current_thread() is self._t or not self._t.is_alive():
+            return
+        done = threading.Event()
+        self._q.put((lambda _: done.set(), None))
+        done.wait(timeout)
+
     def stop(self) -> None:
         self._q.put(None)
 
@@ -118,8 +126,9 @@ class Process:
     """A started process (blocking API): `id`, `pid`, `write()`, `close_stdin()`, `resize()`,
     `signal()`, `terminate()`, `wait()`, `events()`."""
 
-    def __init__(self, inner: aio.Process) -> None:
+    def __init__(self, inner: aio.Process, callbacks: "_Callbacks") -> None:
         self._p = inner
+        self._cb = callbacks
 
     @property
     def id(self) -> str:
@@ -157,8 +166,13 @@ class Process:
         return bool(_run(self._p.terminate(grace)))
 
     def wait(self, timeout: Optional[float] = None) -> Result:
-        """Block until the process ends; its `Result` (as `Client.run` returns)."""
-        return _run(self._p.wait(timeout))
+        """Block until the process ends; its `Result` (as `Client.run` returns).
+
+        When it returns, every `on_stdout`/`on_stderr`/`on_event` callback of the process's
+        output has run."""
+        res = _run(self._p.wait(timeout))
+        self._cb.barrier()
+        return res
 
     def events(self) -> Iterator[Event]:
         """Every event (stdout, stderr, pty, omitted, exit) in order, each once."""
@@ -227,10 +241,14 @@ class Client:
         Returns `Result` (`exit_code`, `signal`, `reason`, `stdout`, `stderr`, `duration`);
         `check=True` raises `CommandError` on a non-zero status.
         """
-        return _run(self._c.run(cmd, cwd=cwd, env=env, inherit_env=inherit_env, input=input,
-                                tty=tty, size=size, timeout=timeout, output_cap=output_cap,
-                                keep_tail=keep_tail, on_stdout=on_stdout, on_stderr=on_stderr,
-                                check=check))
+        try:
+            return _run(self._c.run(cmd, cwd=cwd, env=env, inherit_env=inherit_env, input=input,
+                                    tty=tty, size=size, timeout=timeout, output_cap=output_cap,
+                                    keep_tail=keep_tail, on_stdout=on_stdout,
+                                    on_stderr=on_stderr, check=check))
+        finally:
+            if on_stdout is not None or on_stderr is not None:
+                self._cb.barrier()
 
     def start(self, cmd: Union[str, Sequence[str]], *, cwd: Optional[str] = None,
               env: Optional[Mapping[str, Optional[str]]] = None, inherit_env: bool = True,
@@ -244,7 +262,8 @@ class Client:
         return Process(_run(self._c.start(
             cmd, cwd=cwd, env=env, inherit_env=inherit_env, stdin=stdin, tty=tty, size=size,
             timeout=timeout, output_cap=output_cap, keep_tail=keep_tail, on_stdout=on_stdout,
-            on_stderr=on_stderr, on_event=on_event, capture=capture, process_id=process_id)))
+            on_stderr=on_stderr, on_event=on_event, capture=capture, process_id=process_id)),
+            self._cb)
 
     def list(self) -> List[Dict[str, Any]]:
         """`process/list`."""
