@@ -777,7 +777,11 @@ class Client:
             except _Dropped:
                 continue
             if kind == "error":
-                raise _rpc_error(res if isinstance(res, dict) else {})
+                err = _rpc_error(res if isinstance(res, dict) else {})
+                if err.code == -32001:
+                    # Its exit was acknowledged and the server forgot it: it exited.
+                    return "exited"
+                raise err
             return str((res or {}).get("status", ""))
 
     async def _start(self, cmd: Union[str, Sequence[str]], *, queue_events: bool,
