@@ -402,9 +402,11 @@ class Link:
             pass
 
     async def open_stream(self, static_private: bytes, server_public: bytes, suite: int,
-                          token: Optional[str], window: int = DEFAULT_WINDOW) -> Tuple[Stream, dict]:
-        """Open a stream: handshake with `suite`, falling back to suite 0 when refused."""
-        if self.suite_refused or _SUITE_VERDICTS.get(self.url) is False:
+                          token: Optional[str], window: int = DEFAULT_WINDOW,
+                          fallback: bool = True) -> Tuple[Stream, dict]:
+        """Open a stream: handshake with `suite`, falling back to suite 0 when refused (unless
+        `fallback` is False: a pinned suite)."""
+        if fallback and (self.suite_refused or _SUITE_VERDICTS.get(self.url) is False):
             suite = SUITE_CHACHAPOLY
         while True:
             sid = os.urandom(16)
@@ -418,7 +420,7 @@ class Link:
                 raise ValueError("the token is too long for a handshake payload")
             hs = InitiatorHandshake(suite, static_private, server_public,
                                     prologue(self.environment, sid))
-            probing = suite != SUITE_CHACHAPOLY and _SUITE_VERDICTS.get(self.url) is None
+            probing = suite != SUITE_CHACHAPOLY and _SUITE_VERDICTS.get(self.url) is not True
             try:
                 info = await stream.handshake(hs, payload, suite,
                                               SUITE_PROBE_TIMEOUT if probing else OPEN_TIMEOUT)
@@ -433,6 +435,9 @@ class Link:
                 refused = isinstance(e, StreamReset) and e.reason in ("unsupported_suite",
                                                                       "malformed_frame")
                 if suite != SUITE_CHACHAPOLY and (refused or (probing and e.reason == "timeout")):
+                    if not fallback:
+                        raise LinkError(f"the server does not take Noise suite {suite} "
+                                        f"({e.reason or 'no answer'})", "unsupported_suite") from None
                     self.suite_refused = True
                     _remember_suite_verdict(self.url, False)
                     suite = SUITE_CHACHAPOLY

@@ -264,6 +264,8 @@ class _Proc:
         self.filling = False
         self.result: asyncio.Future = asyncio.get_running_loop().create_future()
         self.signalled_by_client = False
+        #: True once `process/start` was answered (acks wait for it).
+        self.started = False
         self.failure: Optional[BaseException] = None
 
     def offer(self, ev: Event) -> None:
@@ -460,6 +462,7 @@ class Client:
         self._on_approval = on_approval
         self._session_ttl = session_ttl
         self._suite = _hello_suite(noise_suite) if endpoint.kind == "noise" else 0
+        self._suite_pinned = noise_suite is not None
         self._keepalive = keepalive_interval
         self._pong_timeout = pong_timeout
         self._reconnect = reconnect
@@ -617,7 +620,8 @@ class Client:
             assert ep.private_key is not None and ep.server_key is not None
             try:
                 stream, hello = await self._link.open_stream(ep.private_key, ep.server_key,
-                                                             self._suite, ep.token)
+                                                             self._suite, ep.token,
+                                                             fallback=not self._suite_pinned)
             except StreamReset as e:
                 if e.reason in _FINAL_RESETS:
                     raise _refused(e.reason, ep.token is not None) from None
@@ -834,6 +838,9 @@ class Client:
             self._procs.pop(process_id, None)
             raise
         proc.pid = int(res.get("pid", 0)) if isinstance(res, dict) else 0
+        proc.started = True
+        if proc.last_seq > proc.acked_seq:
+            self._ack(proc, force=proc.result.done())
         return Process(self, proc)
 
     async def _start_call(self, params: Dict[str, Any], cwd: Optional[str]) -> Any:
@@ -952,6 +959,10 @@ class Client:
         return None
 
     def _ack(self, p: _Proc, force: bool = False) -> None:
+        if not p.started:
+            # Until its start is answered the server must keep the process: a start retried
+            # after a resume finds it (-32002, then process/list) instead of running it twice.
+            return
         if p.last_seq <= p.acked_seq or (not force and p.unacked_bytes < ACK_EVERY_BYTES):
             return
         p.acked_seq = p.last_seq
