@@ -8,8 +8,8 @@ upstream address, and on command:
 - `cut_after_down(n)`: cuts a connection once `n` bytes went server → client on it (a link
   lost in the middle of output), one time;
 - `cut_after_up(n)`: the same for client → server bytes (a link lost in the middle of a write);
-- `blackhole(True)`: keeps the connections open and forwards nothing either way (a path that
-  died without a FIN or RST: only keepalive can tell), until `blackhole(False)`;
+- `blackhole(True)`: keeps the connections open now and forwards nothing on them either way
+  (a path that died without a FIN or RST: only keepalive can tell); new connections flow;
 - `refuse(True)`: new connections are closed at once (the server is unreachable).
 
 It counts connections and bytes each way. It runs on its own thread and event loop, so
@@ -34,7 +34,6 @@ class FaultProxy:
         self.bytes_down = 0
         self.bytes_up = 0
         self.cuts = 0
-        self._blackhole = False
         self._refuse = False
         self._cut_down_at: Optional[int] = None
         self._cut_up_at: Optional[int] = None
@@ -117,12 +116,11 @@ class FaultProxy:
         self._call(arm)
 
     def blackhole(self, on: bool) -> None:
-        """Stop (or resume) forwarding without closing anything."""
+        """Stop forwarding on every connection open now, without closing anything (new
+        connections flow); `False` lets them flow again."""
         def flip() -> None:
-            self._blackhole = on
-            if not on:
-                for p in list(self._pairs):
-                    p.flush_held()
+            for p in list(self._pairs):
+                p.black = on
         self._call(flip)
 
     def refuse(self, on: bool) -> None:
@@ -142,8 +140,13 @@ class FaultProxy:
             if self._server is not None:
                 self._server.close()
             self._cut_all()
+            for p in list(self._pairs):
+                p.abort()  # blackholed ones too
+            for t in asyncio.all_tasks(self._loop):
+                t.cancel()
         self._call(stop)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        # One more turn lets the cancelled tasks finish before the loop stops.
+        self._loop.call_soon_threadsafe(lambda: self._loop.call_soon(self._loop.stop))
         self._thread.join(10)
 
 
@@ -153,7 +156,7 @@ class _Pair:
         self.proxy = proxy
         self.writers = [client_w, upstream_w]
         self.dead = False
-        self.held: List[tuple] = []
+        self.black = False
 
     def abort(self) -> None:
         self.dead = True
@@ -163,10 +166,6 @@ class _Pair:
             except Exception:  # noqa: BLE001
                 pass
 
-    def flush_held(self) -> None:
-        # Bytes read while blackholed are dropped, not delivered late: the path lost them.
-        self.held.clear()
-
     async def pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, down: bool) -> None:
         proxy = self.proxy
         try:
@@ -174,8 +173,8 @@ class _Pair:
                 data = await r.read(CHUNK)
                 if not data:
                     break
-                if proxy._blackhole:
-                    continue
+                if self.black:
+                    continue  # the path lost them
                 if down:
                     limit = proxy._cut_down_at
                     if limit is not None and proxy.bytes_down + len(data) >= limit:
@@ -204,4 +203,7 @@ class _Pair:
         except (OSError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            self.abort()
+            # A blackholed path stays half-open: the other end never learns of this one's
+            # close (until the proxy closes).
+            if not self.black:
+                self.abort()

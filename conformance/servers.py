@@ -123,6 +123,7 @@ class Servers:
         self.bin = find_binary("execrelay", "EXECRELAY_BIN")
         self._relay_bin: Optional[str] = None
         self.dir = workdir or tempfile.mkdtemp(prefix="execrelay-servers-")
+        os.makedirs(self.dir, exist_ok=True)
         self._own_dir = workdir is None
         self.procs: List[Proc] = []
         self.server_key = self.keygen("server")

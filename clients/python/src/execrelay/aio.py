@@ -481,7 +481,7 @@ class Client:
         self._lost: Optional[BaseException] = None
         self._closing = False
         self._supervisor: Optional[asyncio.Task] = None
-        self._approvals: Dict[str, bool] = {}
+        self._approvals: Dict[str, asyncio.Future] = {}
         self._binary_input = False
         self._binary_output = False
         #: What the last `initialize` result said.
@@ -988,9 +988,14 @@ class Client:
             await conn.send(text)
             return
         key = str(rid)
-        if key in self._approvals:
-            ok = self._approvals[key]
-        else:
+        decision = self._approvals.get(key)
+        if decision is None:
+            # Taken once per id: a request re-sent after a resume, while the application is
+            # still deciding, waits for the same decision instead of asking again.
+            decision = asyncio.get_running_loop().create_future()
+            self._approvals[key] = decision
+            if len(self._approvals) > REMEMBERED_APPROVALS:
+                self._approvals.pop(next(iter(self._approvals)))
             pr = obj.get("params") or {}
             req = ApprovalRequest(id=key, process_id=str(pr.get("processId", "")),
                                   argv=list(pr.get("argv") or []), cwd=pr.get("cwd"),
@@ -1000,12 +1005,10 @@ class Client:
                 r = self._on_approval(req)
                 if inspect.isawaitable(r):
                     r = await r
-                ok = bool(r)
+                decision.set_result(bool(r))
             except Exception:  # noqa: BLE001 - a failing handler denies
-                ok = False
-            self._approvals[key] = ok
-            if len(self._approvals) > REMEMBERED_APPROVALS:
-                self._approvals.pop(next(iter(self._approvals)))
+                decision.set_result(False)
+        ok = await asyncio.shield(decision)
         # Answer on whichever connection is current (the request is re-sent after a resume).
         target = self._conn or conn
         try:
