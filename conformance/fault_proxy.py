@@ -76,7 +76,11 @@ class FaultProxy:
         self.connections += 1
         pair = _Pair(self, writer, uw)
         self._pairs.add(pair)
-        await asyncio.gather(pair.pump(reader, uw, down=False), pair.pump(ur, writer, down=True))
+        try:
+            await asyncio.gather(pair.pump(reader, uw, down=False),
+                                 pair.pump(ur, writer, down=True), return_exceptions=True)
+        except asyncio.CancelledError:
+            pass  # the proxy is closing
         self._pairs.discard(pair)
 
     def _call(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
@@ -135,19 +139,22 @@ class FaultProxy:
         return len(self._pairs)
 
     def close(self) -> None:
-        """Stop listening and abort everything."""
-        def stop() -> None:
+        """Stop listening, abort everything, and stop the proxy's thread."""
+        async def shutdown() -> None:
             if self._server is not None:
                 self._server.close()
-            self._cut_all()
             for p in list(self._pairs):
                 p.abort()  # blackholed ones too
-            for t in asyncio.all_tasks(self._loop):
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
                 t.cancel()
-        self._call(stop)
-        # One more turn lets the cancelled tasks finish before the loop stops.
-        self._loop.call_soon_threadsafe(lambda: self._loop.call_soon(self._loop.stop))
-        self._thread.join(10)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
 
 
 class _Pair:

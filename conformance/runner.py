@@ -53,6 +53,8 @@ class Adapter:
                                   stderr=self.log, env=full, start_new_session=True)
         self.lines: "queue.Queue[Optional[dict]]" = queue.Queue()
         self.events: List[dict] = []
+        self.session: Optional[str] = None
+        self.closed = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -73,7 +75,7 @@ class Adapter:
         try:
             self.p.stdin.write((json.dumps(msg) + "\n").encode())
             self.p.stdin.flush()
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):
             raise Failed(f"the adapter exited before `{op}` (status {self.p.poll()})") from None
 
     def reply(self, op: str = "", timeout: float = REPLY_TIMEOUT,
@@ -110,6 +112,9 @@ class Adapter:
         return self.reply(op, timeout)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.send("close")
             self.reply("close", timeout=10)
@@ -177,6 +182,7 @@ class Context:
             a = self.adapter(env, **more)
             r = a.request("connect")
             if r.get("ok"):
+                a.session = r.get("session")
                 return a
             a.close()
             err = r.get("error") or {}
@@ -184,6 +190,13 @@ class Context:
                 time.sleep(0.2)
                 continue
             raise Failed(f"connect failed: {json.dumps(err)}")
+
+    def server_output_form(self, session: Optional[str]) -> Optional[bool]:
+        """Whether the server's log says it sends `session` binary output (None: not found)."""
+        import re
+        logs = "".join(p.log() for p in self.servers.procs)
+        m = re.search(rf"initialized session={re.escape(session or '')} resumed=false binary=(true|false)", logs)
+        return None if m is None else m.group(1) == "true"
 
     def check(self, cond: bool, what: str) -> None:
         """Record a check; raise Failed naming it when it does not hold."""

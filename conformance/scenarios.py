@@ -253,8 +253,11 @@ def start_error_cwd(ctx: Context) -> None:
 @scenario("binary-output", "protocol §5.1", "binary output negotiated; every byte value exact")
 def binary_output(ctx: Context) -> None:
     a = ctx.connected(ctx.target("noise", *KA))
-    caps = a.call("capabilities").get("capabilities") or {}
-    ctx.check(caps.get("binaryOutput") is True, f"binaryOutput negotiated (got {caps})")
+    caps = a.call("capabilities").get("capabilities")
+    ctx.check(caps is None or caps.get("binaryOutput") is True,
+              f"the client says binaryOutput was negotiated (got {caps})")
+    ctx.check(ctx.server_output_form(a.session) is True,
+              "the server sends this session binary output (its log)")
     r = run(a, "i=0; while [ $i -lt 256 ]; do printf \"\\\\$(printf %o $i)\"; i=$((i+1)); done")
     ctx.check(out(r) == bytes(range(256)), f"bytes 0..255 exact (got {len(out(r))} bytes)")
 
@@ -262,8 +265,11 @@ def binary_output(ctx: Context) -> None:
 @scenario("json-output", "protocol §1 base64, §5.1", "JSON output with base64 when binary is not asked")
 def json_output(ctx: Context) -> None:
     a = ctx.connected(ctx.target("ws", *KA), EXECRELAY_BINARY="0")
-    caps = a.call("capabilities").get("capabilities") or {}
-    ctx.check(caps.get("binaryOutput") is False, f"binaryOutput false (got {caps})")
+    caps = a.call("capabilities").get("capabilities")
+    ctx.check(caps is None or caps.get("binaryOutput") is False,
+              f"the client says binaryOutput false (got {caps})")
+    ctx.check(ctx.server_output_form(a.session) is False,
+              "the server sends this session JSON output (its log)")
     r = run(a, "printf '\\000\\001\\377'; printf e >&2")
     ctx.check(out(r) == b"\x00\x01\xff" and err(r) == b"e", f"bytes exact (got {out(r)!r})")
 
@@ -273,7 +279,8 @@ def json_output(ctx: Context) -> None:
 def binary_writes(ctx: Context) -> None:
     a = ctx.connected(ctx.target("noise", *KA))
     caps = a.call("capabilities").get("capabilities") or {}
-    ctx.check(caps.get("binaryInput") is True, f"binaryInput negotiated (got {caps})")
+    ctx.check(caps.get("binaryInput") is True,
+              f"binaryInput negotiated, as the client reports it (got {caps})")
     path = os.path.join(ctx.kit.workdir, "upload-binary")
     a.call("start", id="u", argv=["sh", "-c", f"cat > {path}"], stdin=True)
     a.call("write_pattern", id="u", bytes=3_000_000, timeout=60)
@@ -496,7 +503,7 @@ def wrong_server_key(ctx: Context) -> None:
           needs="sessionTtlMs")
 def session_ttl(ctx: Context) -> None:
     a = ctx.connected(ctx.target("ws", *KA), EXECRELAY_SESSION_TTL_MS="600000")
-    lim = a.call("capabilities").get("limits") or {}
+    lim = a.call("capabilities").get("limits") or {}  # a client without a TTL option fails at connect
     ctx.check(lim.get("detachedSessionTtlMs") == 600000, f"600000 granted (got {lim.get('detachedSessionTtlMs')})")
 
 
