@@ -277,10 +277,11 @@ class Client:
         """Abort the current transport as a network failure would (tests and tools)."""
         _run(self._c.drop_connection())
 
-    def close(self) -> None:
-        """Close the connection (the session is detached; see `aio.Client.close`)."""
+    def close(self, detach: bool = False) -> None:
+        """End the session and close the connection; `detach=True` leaves the session and its
+        processes to the server for the session's TTL (see `aio.Client.close`)."""
         try:
-            _run(self._c.close())
+            _run(self._c.close(detach))
         finally:
             self._cb.stop()
 

@@ -61,6 +61,8 @@ DEFAULT_TTL = 60.0
 READ_MAX_BYTES = 1 << 20
 #: Decisions on approval requests remembered by id (a re-sent request is answered the same).
 REMEMBERED_APPROVALS = 4096
+#: How long `close()` waits for the server to end the session.
+SESSION_CLOSE_TIMEOUT = 2.0
 #: How often a `process/start` answered "already exists" (a retried start) looks for its pid.
 START_LOOKUPS = 20
 
@@ -573,9 +575,18 @@ class Client:
         """`server/info`."""
         return dict(await self._call("server/info", {}))
 
-    async def close(self) -> None:
-        """Close the connection; the session is detached (its processes keep running for the
-        session's TTL)."""
+    async def close(self, detach: bool = False) -> None:
+        """End the session (`session/close`: the server terminates its processes) and close
+        the connection. With `detach=True` the session is only detached: its processes keep
+        running, their output retained, for the session's TTL."""
+        if not detach and not self._closing and self._lost is None:
+            conn = self._conn
+            if conn is not None and not conn.closed.done():
+                try:
+                    await asyncio.wait_for(conn.request("session/close", {}, self._new_id()),
+                                           SESSION_CLOSE_TIMEOUT)
+                except (asyncio.TimeoutError, _Dropped):
+                    pass  # the server detaches it and lets it expire
         self._closing = True
         if self._supervisor is not None:
             self._supervisor.cancel()
