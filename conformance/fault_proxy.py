@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import List, Optional, Set
+from typing import Any, Optional, Set
 
 CHUNK = 64 * 1024
 
@@ -28,8 +28,10 @@ CHUNK = 64 * 1024
 class FaultProxy:
     """See the module documentation."""
 
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, ssl_context: Any = None) -> None:
+        """`ssl_context`: terminate TLS on the listening side (a `wss://` front)."""
         self.upstream = (upstream_host, upstream_port)
+        self._ssl = ssl_context
         self.connections = 0
         self.bytes_down = 0
         self.bytes_up = 0
@@ -53,7 +55,7 @@ class FaultProxy:
         asyncio.set_event_loop(self._loop)
 
         async def boot() -> None:
-            self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self._ssl)
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()
 

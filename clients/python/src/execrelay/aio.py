@@ -704,7 +704,18 @@ class Client:
             # other process gets its replay from the server after its last ack.
 
     async def _supervise(self) -> None:
-        """Watch the connection; resume the session on a new one when it dies."""
+        """Watch the connection; resume the session on a new one when it dies. Whatever
+        happens here, waiters are woken: a bug becomes a SessionLost, never a hang."""
+        try:
+            await self._supervise_loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001
+            import logging
+            logging.getLogger("execrelay").exception("the session supervisor failed")
+            self._fail_all(SessionLost(f"the client failed while resuming: {e!r}"))
+
+    async def _supervise_loop(self) -> None:
         while not self._closing:
             conn = self._conn
             assert conn is not None

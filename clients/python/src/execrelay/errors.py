@@ -92,10 +92,12 @@ class OutputLost(RpcError):
 
     @property
     def from_seq(self) -> Optional[int]:
+        """The first event no longer retained."""
         return self.data.get("fromSeq") if isinstance(self.data, dict) else None
 
     @property
     def to_seq(self) -> Optional[int]:
+        """The last event no longer retained."""
         return self.data.get("toSeq") if isinstance(self.data, dict) else None
 
 
