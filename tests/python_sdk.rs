@@ -120,7 +120,14 @@ async fn prepare() -> Result<String, String> {
         }
         let out = run_for(
             Command::new(&py)
-                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "-r",
+                ])
                 .arg(requirements()),
             PIP_TIMEOUT,
         )
@@ -175,8 +182,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
         let entry = entry.map_err(|e| e.to_string())?;
         let name = entry.file_name();
         let n = name.to_string_lossy();
-        if n == "__pycache__" || n == "build" || n.ends_with(".egg-info") || n == ".pytest_cache"
-        {
+        if n == "__pycache__" || n == "build" || n.ends_with(".egg-info") || n == ".pytest_cache" {
             continue;
         }
         let (src, dst) = (entry.path(), to.join(&name));
@@ -226,7 +232,11 @@ async fn python_package_tests() {
     )
     .await
     .unwrap_or_else(|e| panic!("pytest: {e}"));
-    assert!(out.status.success(), "{}", report("pytest clients/python/tests", &out));
+    assert!(
+        out.status.success(),
+        "{}",
+        report("pytest clients/python/tests", &out)
+    );
     let stdout = text(&out.stdout);
     assert!(stdout.contains(" passed"), "pytest ran no test:\n{stdout}");
 }
@@ -276,7 +286,10 @@ fn rust_adapter() -> PathBuf {
             .current_dir(ROOT)
             .status()
             .expect("run cargo build --example conformance-adapter");
-        assert!(status.success(), "cargo build --example conformance-adapter failed");
+        assert!(
+            status.success(),
+            "cargo build --example conformance-adapter failed"
+        );
     }
     path
 }
