@@ -99,13 +99,21 @@ class _Callbacks:
         loop = asyncio.get_running_loop()
         fut: "asyncio.Future[Any]" = loop.create_future()
 
+        def settle(result: Any, error: Optional[BaseException]) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
         def job(a: Any) -> None:
             try:
                 r = fn(a)
-            except BaseException as e:  # noqa: BLE001
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(e))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                loop.call_soon_threadsafe(settle, None, e)
                 return
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(r))
+            loop.call_soon_threadsafe(settle, r, None)
 
         self._q.put((job, arg))
         return fut
@@ -301,12 +309,13 @@ def connect(target: str, *, server_key: "str | bytes | None" = None,
             reconnect: bool = True) -> Client:
     """Connect to an exec server (blocking). The arguments are those of `aio.connect`."""
     cb = _Callbacks()
-    approval = None
+    approval: Optional[Callable[[ApprovalRequest], Any]] = None
     if on_approval is not None:
         handler = on_approval
 
-        def approval(req: ApprovalRequest) -> "asyncio.Future[Any]":
+        def ask(req: ApprovalRequest) -> "asyncio.Future[Any]":
             return cb.call_sync(handler, req)
+        approval = ask
 
     async def make() -> aio.Client:
         return await aio.connect(target, server_key=server_key, key=key, token=token,

@@ -19,7 +19,7 @@ import os
 import ssl
 import struct
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._noise import (
     SUITE_CHACHAPOLY,
@@ -106,7 +106,7 @@ async def open_websocket(url: str, *, max_size: int, ca_file: Optional[str],
     """A WebSocket client connection with keepalive, no compression and no Origin header."""
     from websockets.asyncio.client import connect
 
-    kwargs = dict(
+    kwargs: Dict[str, Any] = dict(
         max_size=max_size,
         compression=None,
         ping_interval=keepalive_interval,
@@ -412,7 +412,7 @@ class Link:
             sid = os.urandom(16)
             stream = Stream(self, sid, window)
             self._streams[sid] = stream
-            hello = {"version": 1, "ts": next_hello_ts()}
+            hello: Dict[str, Any] = {"version": 1, "ts": next_hello_ts()}
             if token is not None:
                 hello["token"] = token
             payload = json.dumps(hello, separators=(",", ":")).encode()

@@ -895,7 +895,7 @@ class Client:
             import logging
             logging.getLogger("execrelay").exception("callback %r failed", fn)
 
-    def _on_binary(self, msg: bytes) -> None:
+    def _on_binary(self, msg: "bytes | bytearray") -> None:
         if len(msg) < 13:
             raise ProtocolError(f"binary output message of {len(msg)} bytes is too short")
         stream = STREAMS.get(msg[1])
