@@ -12,6 +12,10 @@ prepares a virtual environment with the package, and keeps a throwaway sshd up t
 - output throughput: BENCH_BYTES (default 1 GiB) of `head -c N /dev/zero`, counted by the
   client without keeping it (MB/s, 1 MB = 1e6 bytes).
 
+The Python package is measured through its blocking API (`python_*`: callbacks on their own
+thread) and its asyncio API (`python_aio_*`: callbacks on the loop); the ratios use the
+blocking API.
+
 The exec servers listen on ws:// (binary output) and noise+ws:// (ChaChaPoly: the server
 has suite 0 only today); ssh uses its default cipher. Prints `KEY VALUE` lines and the
 ratios Python / Rust and Python / ssh.
@@ -67,6 +71,35 @@ def python_client(name, url, kw):
     out(f"python_{name}_true_p99_ms", pct(lat, 99))
     out(f"python_{name}_MBps", N_BYTES / secs / 1e6)
     return pct(lat, 50), N_BYTES / secs / 1e6
+
+
+def python_aio(name, url, kw):
+    """The asyncio API: callbacks run on the event loop (no thread hand-off per chunk)."""
+    import asyncio
+    from execrelay import aio
+
+    async def main():
+        async with await aio.connect(url, **kw) as c:
+            for _ in range(20):
+                await c.run("true")
+            lat = []
+            for _ in range(RUNS):
+                t = time.perf_counter()
+                await c.run("true")
+                lat.append((time.perf_counter() - t) * 1000)
+            got = [0]
+
+            def count(b):
+                got[0] += len(b)
+            t = time.perf_counter()
+            p = await c.start(f"head -c {N_BYTES} /dev/zero", on_stdout=count, capture=False)
+            r = await p.wait()
+            secs = time.perf_counter() - t
+            assert r.exit_code == 0 and got[0] == N_BYTES, (r, got[0])
+            return lat, secs
+    lat, secs = asyncio.run(main())
+    out(f"python_aio_{name}_true_p50_ms", pct(lat, 50))
+    out(f"python_aio_{name}_MBps", N_BYTES / secs / 1e6)
 
 
 class Rust:
@@ -167,6 +200,8 @@ def main():
         print(f"# {N_BYTES} bytes per throughput run, {RUNS} latency runs", flush=True)
         py_ws = python_client("ws", ws, {})
         py_noise = python_client("noise", noise, kw)
+        python_aio("ws", ws, {})
+        python_aio("noise", noise, kw)
         rs_ws = rust_client("ws", {"EXECRELAY_TARGET": ws})
         rs_noise = rust_client("noise", {"EXECRELAY_TARGET": noise,
                                          "EXECRELAY_SERVER_KEY": s.server_key + ".pub",
