@@ -484,6 +484,8 @@ class Client:
         self._closing = False
         self._supervisor: Optional[asyncio.Task] = None
         self._approvals: Dict[str, asyncio.Future] = {}
+        #: Acks owed while no connection was ready, by process (at most one per process).
+        self._acks_later: Dict[str, int] = {}
         self._binary_input = False
         self._binary_output = False
         #: What the last `initialize` result said.
@@ -698,6 +700,9 @@ class Client:
         await conn.notify("initialized", {})
         self._conn = conn
         self._connected.set()
+        later, self._acks_later = self._acks_later, {}
+        for pid, seq in later.items():
+            await conn.notify("process/ack", {"processId": pid, "seq": seq})
         if resume:
             self.resumes += 1
             # Processes whose start answer was lost are found again by _call's retry; every
@@ -754,6 +759,16 @@ class Client:
         for p in list(self._procs.values()):
             p.fail(err)
         self._procs.clear()
+        if not self._closing:
+            # Nothing more will use the link or the connection: release them.
+            self._closing = True
+            asyncio.ensure_future(self._release())
+
+    async def _release(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+        if self._link is not None:
+            await self._link.close()
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -990,9 +1005,13 @@ class Client:
         p.acked_seq = p.last_seq
         p.unacked_bytes = 0
         conn = self._conn
-        if conn is not None and not conn.closed.done():
-            asyncio.ensure_future(conn.notify("process/ack", {"processId": p.id,
-                                                              "seq": p.last_seq}))
+        if conn is None or conn.closed.done():
+            # Between connections (a replay arrives before `initialized` went out): sent as
+            # soon as the resumed connection is ready.
+            self._acks_later[p.id] = p.last_seq
+            return
+        asyncio.ensure_future(conn.notify("process/ack", {"processId": p.id,
+                                                          "seq": p.last_seq}))
 
     def _forget(self, p: _Proc) -> None:
         if self._procs.get(p.id) is p:
@@ -1073,7 +1092,12 @@ async def connect(target: str, *, server_key: "str | bytes | None" = None,
                noise_suite=noise_suite, keepalive_interval=keepalive_interval,
                pong_timeout=pong_timeout, reconnect=reconnect, client_name=client_name,
                callback_runner=_callback_runner)
-    await c._establish(resume=False)
+    try:
+        await c._establish(resume=False)
+    except BaseException:
+        if c._link is not None:
+            await c._link.close()
+        raise
     c._supervisor = asyncio.get_running_loop().create_task(c._supervise())
     return c
 
