@@ -539,3 +539,37 @@ def server_side_drop(ctx: Context) -> None:
     proxy.cut()
     r = a.call("wait", id="d", timeout_ms=60000)
     ctx.check(out(r) == b"one\ntwo\nthree\n", f"every line once (got {out(r)!r})")
+
+
+@scenario("reason-server-shutdown", "processes §5 (shutdown), protocol §5 reason",
+          "a server shutting down delivers exit notices with reason serverShutdown",
+          needs="reason in process/exited")
+def reason_server_shutdown(ctx: Context) -> None:
+    server = ctx.servers.ws(*KA)  # its own server: this scenario stops it
+    env = {"EXECRELAY_TARGET": server.url, "EXECRELAY_SERVER_KEY": "", "EXECRELAY_KEY": ""}
+    a = ctx.connected(env)
+    a.call("start", id="s", shell="echo up; sleep 30")
+    a.call("wait_output", id="s", contains_b64=b64(b"up"), timeout_ms=20000)
+    import signal
+    import threading
+    threading.Thread(target=lambda: server.stop(signal.SIGTERM, 30), daemon=True).start()
+    r = a.request("wait", id="s", timeout_ms=40000, timeout=50)
+    ctx.check(bool(r.get("ok")), f"the exit notice arrived before the server went (got {r.get('error')})")
+    ctx.check(r.get("signal") == "SIGTERM", f"terminated by SIGTERM (got {r.get('signal')})")
+    _reason(ctx, r, "serverShutdown")
+
+
+@scenario("session-lost-after-ttl", "processes §5 (expiry), protocol §3 -32003",
+          "a client that cannot come back within the session's TTL reports the session lost")
+def session_lost(ctx: Context) -> None:
+    env = ctx.target("ws", *KA, "--detached-session-ttl-ms", "1500")
+    proxy = ctx.proxy(env)
+    a = ctx.connected(env, **CLIENT_KA)
+    a.call("start", id="l", shell="echo up; sleep 30")
+    a.call("wait_output", id="l", contains_b64=b64(b"up"), timeout_ms=20000)
+    proxy.refuse(True)
+    proxy.cut()
+    r = a.request("wait", id="l", timeout_ms=60000, timeout=70)
+    e = r.get("error") or {}
+    ctx.check(not r.get("ok") and e.get("type") == "session_lost",
+              f"a session-lost error, not a hang or an exit (got {r})")
