@@ -19,7 +19,7 @@ their own per client, in order, so a slow callback never stalls the connection.
 from __future__ import annotations
 
 import asyncio
-import queue
+import collections
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -74,25 +74,35 @@ class _Callbacks:
     """One thread per client that runs the application's callbacks in order."""
 
     def __init__(self) -> None:
-        self._q: "queue.SimpleQueue[Optional[Tuple[Callable[..., Any], Any]]]" = queue.SimpleQueue()
+        # A deque and an event rather than a queue: the loop thread appends without a lock,
+        # and the worker wakes once per batch instead of once per chunk (fewer hand-offs of
+        # the GIL on the output path).
+        self._items: "collections.deque[Optional[Tuple[Callable[..., Any], Any]]]" = collections.deque()
+        self._wake = threading.Event()
         self._t = threading.Thread(target=self._work, name="execrelay-callbacks", daemon=True)
         self._t.start()
 
     def submit(self, fn: Callable[..., Any], arg: Any) -> None:
-        self._q.put((fn, arg))
+        self._items.append((fn, arg))
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _work(self) -> None:
         import logging
 
+        items, wake = self._items, self._wake
         while True:
-            item = self._q.get()
-            if item is None:
-                return
-            fn, arg = item
-            try:
-                fn(arg)
-            except Exception:  # noqa: BLE001 - a callback's bug must not end the others
-                logging.getLogger("execrelay").exception("callback %r failed", fn)
+            wake.wait()
+            wake.clear()
+            while items:
+                item = items.popleft()
+                if item is None:
+                    return
+                fn, arg = item
+                try:
+                    fn(arg)
+                except Exception:  # noqa: BLE001 - a callback's bug must not end the others
+                    logging.getLogger("execrelay").exception("callback %r failed", fn)
 
     def call_sync(self, fn: Callable[..., Any], arg: Any) -> "asyncio.Future[Any]":
         """Run `fn(arg)` on the callback thread; a future of the loop for its result."""
@@ -115,7 +125,7 @@ class _Callbacks:
                 return
             loop.call_soon_threadsafe(settle, r, None)
 
-        self._q.put((job, arg))
+        self.submit(job, arg)
         return fut
 
     def barrier(self, timeout: Optional[float] = None) -> None:
@@ -123,11 +133,12 @@ class _Callbacks:
         if threading.current_thread() is self._t or not self._t.is_alive():
             return
         done = threading.Event()
-        self._q.put((lambda _: done.set(), None))
+        self.submit(lambda _: done.set(), None)
         done.wait(timeout)
 
     def stop(self) -> None:
-        self._q.put(None)
+        self._items.append(None)
+        self._wake.set()
 
 
 class Process:
