@@ -41,6 +41,24 @@ def test_token_required(servers):
         assert c.run("echo ok").stdout == b"ok\n"
 
 
+def test_token_file_of_a_host_alias(servers, tmp_path, monkeypatch):
+    token_file = servers.write_file("token2", "alias-secret\n")
+    url = servers.noise("--auth-token-file", token_file).url
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'''
+[hosts.tok]
+url = "{url}"
+server_key = "{servers.server_key}.pub"
+key = "{servers.client_key}"
+token_file = "{token_file}"
+''')
+    monkeypatch.setenv("EXECRELAY_CONFIG", str(cfg))
+    with execrelay.connect("tok") as c:
+        assert c.run("echo token-file").stdout == b"token-file\n"
+    with pytest.raises(execrelay.RefusedError):
+        execrelay.connect("tok", token="wrong")  # the argument wins over the file
+
+
 def test_unreachable_server():
     with pytest.raises(execrelay.ConnectError) as e:
         execrelay.connect("ws://127.0.0.1:1")

@@ -49,6 +49,21 @@ def test_relay_wss_with_ca_file(relay_url, creds, tmp_path):
         url = f"relay+wss://127.0.0.1:{front.port}/{env}"
         with execrelay.connect(url, ca_file=cert, **creds) as c:
             assert c.run("echo over-tls").stdout == b"over-tls\n"
+        # The same through a host alias whose entry names the CA file.
+        cfg = tmp_path / "config.toml"
+        cfg.write_text(f'[hosts.tls]\nurl = "{url}"\nca_file = "{cert}"\n'
+                       f'server_key = "{creds["server_key"]}"\nkey = "{creds["key"]}"\n')
+        import os
+        old = os.environ.get("EXECRELAY_CONFIG")
+        os.environ["EXECRELAY_CONFIG"] = str(cfg)
+        try:
+            with execrelay.connect("tls") as c:
+                assert c.run("echo alias-tls").stdout == b"alias-tls\n"
+        finally:
+            if old is None:
+                del os.environ["EXECRELAY_CONFIG"]
+            else:
+                os.environ["EXECRELAY_CONFIG"] = old
         # Without the CA the certificate is not trusted: a clear connect error.
         with pytest.raises(execrelay.ConnectError, match="CERTIFICATE_VERIFY_FAILED|certificate"):
             execrelay.connect(url, **creds)
