@@ -49,8 +49,9 @@ class Adapter:
         full = dict(os.environ)
         full.update(env)
         self.log = open(log_path, "wb")
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=self.log, env=full, start_new_session=True)
+        from servers import _spawn
+        self.p = _spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=self.log, env=full, start_new_session=True)
         self.lines: "queue.Queue[Optional[dict]]" = queue.Queue()
         self.events: List[dict] = []
         self.session: Optional[str] = None

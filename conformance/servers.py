@@ -48,6 +48,31 @@ def find_binary(name: str, env: str) -> str:
         f"or set {env} to its path")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the thread that spawned it ends (Linux
+    PR_SET_PDEATHSIG), so servers never outlive a harness that was killed."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+#: The parent-death signal follows the spawning *thread*: every server is spawned from this
+#: one worker thread, which lives as long as the harness.
+_SPAWNER = None
+
+
+def _spawn(argv: List[str], **kw) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    global _SPAWNER
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _SPAWNER is None:
+        _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-spawner")
+    return _SPAWNER.submit(lambda: subprocess.Popen(argv, preexec_fn=_die_with_parent, **kw)).result()
+
+
 class Proc:
     """A started server process: its URL (first stdout line) and its stderr log."""
 
@@ -59,8 +84,8 @@ class Proc:
         full_env.setdefault("RUST_LOG", "info")
         if env:
             full_env.update(env)
-        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=self._log, env=full_env, start_new_session=True)
+        self.p = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                        stderr=self._log, env=full_env, start_new_session=True)
         self.url = self._first_line()
         # Keep draining stdout so the server never blocks on it.
         threading.Thread(target=self._drain, daemon=True).start()
