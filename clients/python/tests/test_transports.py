@@ -142,3 +142,12 @@ def test_silent_process_survives_keepalive(client):
     r = client.run("sleep 2.5; echo awake")
     assert r.stdout == b"awake\n"
     assert client.resumes == 0
+
+
+def test_wait_timeout_leaves_the_process_running(client):
+    p = client.start(["sleep", "30"])
+    with pytest.raises(TimeoutError, match="still running"):
+        p.wait(0.2)
+    assert {e["processId"]: e["state"] for e in client.list()}[p.id] == "running"
+    p.terminate(grace=0.1)
+    assert p.wait(30).signal == "SIGTERM"

@@ -428,8 +428,14 @@ class Process:
         return bool(res.get("running")) if isinstance(res, dict) else False
 
     async def wait(self, timeout: Optional[float] = None) -> Result:
-        """The result when the process ends (the same type as `Client.run`'s)."""
-        return await asyncio.wait_for(asyncio.shield(self._proc.result), timeout)
+        """The result when the process ends (the same type as `Client.run`'s).
+
+        `timeout` (seconds) bounds the wait, not the process: `TimeoutError` when it passes,
+        and the process runs on (`terminate()` it, or start it with `timeout=`)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._proc.result), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"process {self.id} still running after {timeout} s") from None
 
     def events(self) -> AsyncIterator[Event]:
         """Every event of the process in order (stdout, stderr, pty, omitted, exit), once."""
