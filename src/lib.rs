@@ -8,7 +8,8 @@
 //! Modules are in layers; a module uses only modules of strictly lower layers (checked by
 //! `tests/layers.rs`; the rule is in `ARCHITECTURE.md`).
 //!
-//! 0. `sync` (the poison-tolerant lock), [`config`] (every limit, declared once as field,
+//! 0. `sync` (the poison-tolerant lock), `faults` (what a debug build injects for tests),
+//!    [`config`] (every limit, declared once as field,
 //!    flag and TOML key), [`bounds`] (byte budgets, descriptor limits, the idle rule).
 //! 1. [`metrics`] (counters, a leaf passed in); [`rpc`] (wire types, error codes, both
 //!    directions of every codec, the [`Method`](rpc::Method) enum); [`transport`] (framing
@@ -40,6 +41,8 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod connection;
+#[doc(hidden)]
+pub mod faults;
 pub mod link;
 pub mod metrics;
 pub mod noise;

@@ -27,6 +27,7 @@
 //!   taken only at scrape time, by the caller that builds the snapshot.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -91,6 +92,75 @@ impl ApprovalOutcome {
     }
 }
 
+/// A step of process containment that failed (metrics label `stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainmentStage {
+    /// A session's scope (its cgroups) could not be created: the session was refused.
+    OpenScope,
+    /// Signalling or waiting for a session's processes failed.
+    Signal,
+    /// Killing a session's processes failed, or some survived SIGKILL.
+    Kill,
+    /// A session's emptied scope could not be removed.
+    RemoveScope,
+    /// Killing everything at shutdown failed, or left processes behind.
+    Shutdown,
+}
+
+impl ContainmentStage {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainmentStage::OpenScope => "open_scope",
+            ContainmentStage::Signal => "signal",
+            ContainmentStage::Kill => "kill",
+            ContainmentStage::RemoveScope => "remove_scope",
+            ContainmentStage::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A containment stage label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    /// One of [`ContainmentStage::as_str`].
+    pub stage: &'static str,
+}
+
+/// The environment link's series (`serve --relay` only: a server without a relay link has
+/// none, so an alert on them never fires for it).
+pub struct EnvironmentLinkMetrics {
+    up: Gauge,
+    state: Family<StateLabel, Gauge>,
+    ups: Counter,
+    refusals: Family<ReasonLabel, Counter>,
+}
+
+/// The states of [`EnvironmentLinkMetrics::set_state`].
+pub const ENVIRONMENT_LINK_STATES: [&str; 4] = ["connecting", "up", "refused", "unauthorized"];
+
+impl EnvironmentLinkMetrics {
+    /// The link is now in `state` (one of [`ENVIRONMENT_LINK_STATES`]).
+    pub fn set_state(&self, state: &'static str) {
+        for s in ENVIRONMENT_LINK_STATES {
+            self.state
+                .get_or_create(&StateLabel { state: s })
+                .set(i64::from(s == state));
+        }
+        self.up.set(i64::from(state == "up"));
+    }
+
+    /// The link came up (authenticated by the relay).
+    pub fn came_up(&self) {
+        self.ups.inc();
+    }
+
+    /// The relay refused the link; `reason` is a fixed string.
+    pub fn refused(&self, reason: &'static str) {
+        self.refusals.get_or_create(&ReasonLabel { reason }).inc();
+    }
+}
+
 /// What the registry holds at one moment: the read gauges, given to [`Metrics::render`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateSnapshot {
@@ -104,11 +174,24 @@ pub struct StateSnapshot {
     pub processes_exited: usize,
     /// Output held for clients, with per-event overhead, summed over processes.
     pub retained_output_bytes: usize,
+    /// Processes of the session that holds the most (against `processes_limit`).
+    pub largest_session_processes: usize,
+    /// `max_sessions`.
+    pub sessions_limit: usize,
+    /// `max_processes`: processes per session.
+    pub processes_limit: usize,
+    /// `max_connections`.
+    pub connections_limit: usize,
+    /// `max_links`.
+    pub links_limit: usize,
 }
 
 /// Every metric of one server.
 pub struct Metrics {
-    registry: Registry,
+    /// Behind a lock only so that the environment link's series can be added once a server
+    /// has one ([`Metrics::environment_link`]); taken at scrape time and that once.
+    registry: Mutex<Registry>,
+    environment_link: OnceLock<EnvironmentLinkMetrics>,
     /// Live JSON-RPC connections (one per WebSocket or virtual stream, or stdio).
     pub connections: Gauge,
     /// Bytes read from children's stdout, stderr and PTYs.
@@ -129,9 +212,27 @@ pub struct Metrics {
     pub approvals: Family<OutcomeLabel, Counter>,
     /// Processes refused by a `deny` rule of the exec policy (no client asked).
     pub policy_denials: Counter,
+    /// Processes whose output stands still for no reason outside the server, now (the stall
+    /// watchdog, `process/stall_watch.rs`). Anything but 0 is a bug.
+    pub stalled_streams: Gauge,
+    /// Stalls the watchdog reported since the server started.
+    pub stalls: Counter,
+    /// Exit notices marked `outputDrainTimedOut`: output cut at the drain deadline.
+    pub output_drain_timeouts: Counter,
+    /// Containment steps that failed, by stage.
+    pub containment_failures: Family<StageLabel, Counter>,
     sessions: Family<StateLabel, Gauge>,
     processes: Family<StateLabel, Gauge>,
     retained_output_bytes: Gauge,
+    largest_session_processes: Gauge,
+    limits: Family<LimitLabel, Gauge>,
+}
+
+/// The name of a limit (a `ServerConfig` setting).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// The setting's name.
+    pub name: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -151,7 +252,12 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("execrelay");
         let m = Metrics {
-            registry: Registry::default(),
+            registry: Mutex::new(Registry::default()),
+            environment_link: OnceLock::new(),
+            output_drain_timeouts: Counter::default(),
+            containment_failures: Family::default(),
+            largest_session_processes: Gauge::default(),
+            limits: Family::default(),
             connections: Gauge::default(),
             output_bytes: Counter::default(),
             stdin_bytes: Counter::default(),
@@ -162,6 +268,8 @@ impl Metrics {
             noise_streams: Gauge::default(),
             approvals: Family::default(),
             policy_denials: Counter::default(),
+            stalled_streams: Gauge::default(),
+            stalls: Counter::default(),
             sessions: Family::default(),
             processes: Family::default(),
             retained_output_bytes: Gauge::default(),
@@ -170,6 +278,16 @@ impl Metrics {
             "connections",
             "Live JSON-RPC connections",
             m.connections.clone(),
+        );
+        registry.register(
+            "stalled_streams",
+            "Processes whose output stands still although nothing outside the server holds it back (the stall watchdog; anything but 0 is a bug)",
+            m.stalled_streams.clone(),
+        );
+        registry.register(
+            "stalls",
+            "Stalls reported by the stall watchdog",
+            m.stalls.clone(),
         );
         registry.register(
             "sessions",
@@ -231,7 +349,74 @@ impl Metrics {
             "Processes refused by a deny rule of the exec policy",
             m.policy_denials.clone(),
         );
-        Metrics { registry, ..m }
+        registry.register(
+            "output_drain_timeouts",
+            "Processes whose output was cut at the drain deadline (exit notice outputDrainTimedOut)",
+            m.output_drain_timeouts.clone(),
+        );
+        registry.register(
+            "containment_failures",
+            "Containment steps that failed (processes may have escaped or been left behind), by stage",
+            m.containment_failures.clone(),
+        );
+        registry.register(
+            "largest_session_processes",
+            "Processes of the session holding the most (max_processes is per session)",
+            m.largest_session_processes.clone(),
+        );
+        registry.register(
+            "limit",
+            "Limits in force, by setting name (max_sessions, max_processes, max_connections, max_links)",
+            m.limits.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            ..m
+        }
+    }
+
+    /// The environment link's series, registered on first use (by the environment link).
+    pub fn environment_link(&self) -> &EnvironmentLinkMetrics {
+        self.environment_link.get_or_init(|| {
+            let link = EnvironmentLinkMetrics {
+                up: Gauge::default(),
+                state: Family::default(),
+                ups: Counter::default(),
+                refusals: Family::default(),
+            };
+            let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+            registry.register(
+                "environment_link_up",
+                "1 while the environment link is up and authenticated by the relay, else 0",
+                link.up.clone(),
+            );
+            registry.register(
+                "environment_link_state",
+                "The environment link's state (connecting, up, refused, unauthorized): 1 for the current one",
+                link.state.clone(),
+            );
+            registry.register(
+                "environment_link_ups",
+                "Times the environment link came up",
+                link.ups.clone(),
+            );
+            registry.register(
+                "environment_link_refusals",
+                "Environment links the relay refused (or whose relay failed to prove the pinned key), by reason",
+                link.refusals.clone(),
+            );
+            link.set_state("connecting");
+            link
+        })
+    }
+
+    /// Count a containment step that failed.
+    pub fn containment_failure(&self, stage: ContainmentStage) {
+        self.containment_failures
+            .get_or_create(&StageLabel {
+                stage: stage.as_str(),
+            })
+            .inc();
     }
 
     /// Count an approval request's step.
@@ -265,11 +450,22 @@ impl Metrics {
         set(&self.sessions, "detached", s.sessions_detached);
         set(&self.processes, "running", s.processes_running);
         set(&self.processes, "exited", s.processes_exited);
-        self.retained_output_bytes
-            .set(i64::try_from(s.retained_output_bytes).unwrap_or(i64::MAX));
+        let int = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.retained_output_bytes.set(int(s.retained_output_bytes));
+        self.largest_session_processes
+            .set(int(s.largest_session_processes));
+        for (name, v) in [
+            ("max_sessions", s.sessions_limit),
+            ("max_processes", s.processes_limit),
+            ("max_connections", s.connections_limit),
+            ("max_links", s.links_limit),
+        ] {
+            self.limits.get_or_create(&LimitLabel { name }).set(int(v));
+        }
         let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
     }
 }
@@ -307,8 +503,7 @@ mod tests {
         m.approval(ApprovalOutcome::TimedOut);
         m.policy_denials.inc();
         let _g = GaugeGuard::new(&m.connections);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+        let out = m.render(&StateSnapshot::default());
         for line in [
             "# TYPE execrelay_output_bytes counter",
             "execrelay_output_bytes_total 42",
@@ -324,8 +519,54 @@ mod tests {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
         }
         drop(_g);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+        let out = m.render(&StateSnapshot::default());
         assert!(out.lines().any(|l| l == "execrelay_connections 0"));
+        assert!(
+            !out.contains("environment_link"),
+            "no relay link, no environment link series"
+        );
+    }
+
+    #[test]
+    fn the_environment_link_series_appear_with_the_link_and_limits_render() {
+        let m = Metrics::new();
+        m.output_drain_timeouts.inc();
+        m.containment_failure(ContainmentStage::Kill);
+        let link = m.environment_link();
+        let out = m.render(&StateSnapshot::default());
+        for line in [
+            "execrelay_environment_link_up 0",
+            "execrelay_environment_link_state{state=\"connecting\"} 1",
+            "execrelay_environment_link_state{state=\"up\"} 0",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
+        link.set_state("up");
+        link.came_up();
+        link.refused("unauthorized");
+        let s = StateSnapshot {
+            largest_session_processes: 7,
+            sessions_limit: 64,
+            processes_limit: 256,
+            connections_limit: 9,
+            links_limit: 10,
+            ..StateSnapshot::default()
+        };
+        let out = m.render(&s);
+        for line in [
+            "execrelay_environment_link_up 1",
+            "execrelay_environment_link_state{state=\"up\"} 1",
+            "execrelay_environment_link_state{state=\"connecting\"} 0",
+            "execrelay_environment_link_ups_total 1",
+            "execrelay_environment_link_refusals_total{reason=\"unauthorized\"} 1",
+            "execrelay_output_drain_timeouts_total 1",
+            "execrelay_containment_failures_total{stage=\"kill\"} 1",
+            "execrelay_largest_session_processes 7",
+            "execrelay_limit{name=\"max_sessions\"} 64",
+            "execrelay_limit{name=\"max_processes\"} 256",
+            "execrelay_limit{name=\"max_links\"} 10",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
     }
 }

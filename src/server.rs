@@ -6,8 +6,10 @@
 //! - **The listeners** ([`Listener`]): stdio (one connection; its end ends the server), plain
 //!   `ws://` (one `ConnectionProcessor` per WebSocket, at most `max_connections`),
 //!   `noise+ws://` (one link driver per physical link on `/v1/link`, at most `max_links`), the
-//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff) and
-//!   the metrics endpoint; every TCP listener is an HTTP front (`execrelay_relay::http`) whose
+//!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff), the
+//!   metrics endpoint and the health endpoint (`/readyz`, `/livez`, `/status`, also on the
+//!   metrics endpoint: ready while accepting and, with a relay link, while it is up); every
+//!   TCP listener is an HTTP front (`execrelay_relay::http`) whose
 //!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
 //!   and one more arm in [`Server::run`].
 //! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
@@ -30,7 +32,7 @@ use std::time::Duration;
 
 use execrelay_relay::driver::link_websocket_config;
 use execrelay_relay::http::{
-    self, Front, FrontStream, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    self, Front, FrontStream, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute, REPLY_TIMEOUT_MS,
 };
 use tokio::net::TcpListener;
@@ -46,16 +48,23 @@ use crate::bounds::DescriptorReserve;
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
+use crate::link::health::EnvironmentHealth;
+use crate::link::key_quota::StreamsPerKey;
 use crate::link::server::{
     keepalive_config, run_link, LinkContext, LinkPeer, NoiseServerConfig, LINK_PATH,
 };
 use crate::metrics::Metrics;
-use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
+use crate::noise::timestamp::{hello_timestamps, SharedHelloTimestamps};
 use crate::policy::PolicyFile;
 pub use crate::process::containment::{start_containment, StartError};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed_with_keepalive, websocket_config};
+
+/// The body of the `404` a WebSocket upgrade on another path gets from a `noise+ws://`
+/// listener: a client that dialled it with `ws://` or `relay+ws://` learns what to use.
+pub const NOISE_SERVER_HINT: &str =
+    "this is an execrelay exec server speaking Noise; use noise+ws://HOST:PORT";
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,8 +127,11 @@ pub enum Listener {
     Ws(TcpListener),
     /// Noise physical links (`noise+ws://`, path `/v1/link`).
     Noise(TcpListener, Arc<NoiseServerConfig>),
-    /// The Prometheus endpoint (`GET /metrics`).
+    /// The Prometheus endpoint (`GET /metrics`), with the health routes (`/readyz`,
+    /// `/livez`, `/status`).
     Metrics(TcpListener),
+    /// The health routes alone (`--health-listen`): `/readyz`, `/livez`, `/status`.
+    Health(TcpListener),
     /// The environment link: dial a relay and keep one link up (`serve --relay`), serving
     /// its streams as a `noise+ws://` listener serves its links' (`secure-transport.md` §6).
     Relay(RelayDial, Arc<NoiseServerConfig>),
@@ -202,6 +214,18 @@ impl Server {
         let tasks = TaskTracker::new();
         let connections = Arc::new(Semaphore::new(config.max_connections));
         let links = Arc::new(Semaphore::new(config.max_links));
+        // The environment link's health, if the server has one: `/readyz` follows it.
+        let environment = listeners.iter().find_map(|l| match l {
+            Listener::Relay(dial, _) => Some(EnvironmentHealth::new(
+                &dial.relay_url,
+                &dial.env_id,
+                registry.metrics().clone(),
+            )),
+            _ => None,
+        });
+        let health = server_health(&registry, environment.clone(), stop_accepting.clone());
+        // One table for every listener: a key's streams count over all its links.
+        let streams_per_key = StreamsPerKey::new(config.max_streams_per_key);
         for listener in listeners {
             match listener {
                 Listener::Stdio => {
@@ -220,8 +244,10 @@ impl Server {
                 }
                 Listener::Ws(listener) => {
                     let routes = Routes {
-                        readyz: true,
+                        health: Health::always(),
                         metrics: None,
+                        // Every path is served: no hint needed.
+                        not_found_hint: None,
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Any,
                             route: Route::JsonRpc,
@@ -258,13 +284,15 @@ impl Server {
                         limits: config.websocket_front_limits(),
                         websocket: websocket_config(max),
                         on_upgrade,
+                        tls: None,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
                 }
                 Listener::Noise(listener, noise) => {
                     let routes = Routes {
-                        readyz: true,
+                        health: Health::always(),
                         metrics: None,
+                        not_found_hint: Some(NOISE_SERVER_HINT),
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Exact(LINK_PATH),
                             route: Route::Link,
@@ -273,13 +301,12 @@ impl Server {
                     };
                     // Message-1 timestamps, shared by every link of the listener: a message 1
                     // replayed on another link is refused too.
-                    let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
-                        HelloTimestamps::new(TRACKED_CLIENT_KEYS),
-                    ));
+                    let timestamps: SharedHelloTimestamps = hello_timestamps(&config);
                     let ctx = LinkContext {
                         noise,
                         registry: registry.clone(),
                         timestamps,
+                        streams_per_key: streams_per_key.clone(),
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
@@ -308,6 +335,7 @@ impl Server {
                         limits: config.websocket_front_limits(),
                         websocket: link_websocket_config(),
                         on_upgrade,
+                        tls: None,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
                 }
@@ -316,14 +344,21 @@ impl Server {
                         noise,
                         registry: registry.clone(),
                         // Its own table: the environment link is a listener of its own.
-                        timestamps: Arc::new(std::sync::Mutex::new(HelloTimestamps::new(
-                            TRACKED_CLIENT_KEYS,
-                        ))),
+                        timestamps: hello_timestamps(&config),
+                        streams_per_key: streams_per_key.clone(),
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
+                    let health = match &environment {
+                        Some(h) => h.clone(),
+                        None => EnvironmentHealth::new(
+                            &dial.relay_url,
+                            &dial.env_id,
+                            registry.metrics().clone(),
+                        ),
+                    };
                     // Redialling stops with accepting; the link up ends with the connections.
-                    tasks.spawn(run_environment(dial, ctx, stop_accepting.clone()));
+                    tasks.spawn(run_environment(dial, ctx, health, stop_accepting.clone()));
                 }
                 Listener::Metrics(listener) => {
                     let reg = registry.clone();
@@ -331,13 +366,30 @@ impl Server {
                         Arc::new(move || reg.metrics().render(&reg.stats()));
                     let front: Front<Route> = Front {
                         routes: Routes {
-                            readyz: false,
+                            health: Some(health.clone()),
                             metrics: Some(render),
+                            upgrades: Vec::new(),
+                            not_found_hint: None,
+                        },
+                        limits: config.metrics_front_limits(),
+                        websocket: websocket_config(config.max_message_bytes),
+                        on_upgrade: Arc::new(|_| {}),
+                        tls: None,
+                    };
+                    fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+                }
+                Listener::Health(listener) => {
+                    let front: Front<Route> = Front {
+                        routes: Routes {
+                            health: Some(health.clone()),
+                            metrics: None,
+                            not_found_hint: None,
                             upgrades: Vec::new(),
                         },
                         limits: config.metrics_front_limits(),
                         websocket: websocket_config(config.max_message_bytes),
                         on_upgrade: Arc::new(|_| {}),
+                        tls: None,
                     };
                     fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
                 }
@@ -365,6 +417,80 @@ impl Server {
         // 4. Every session is closed (nothing of theirs is left running) and its scope removed.
         registry.close_all().await;
     }
+}
+
+/// The health routes of the metrics and health listeners: ready while the server accepts
+/// (not shutting down) and, with an environment link, while that link is up and
+/// authenticated; `/status` from the registry, the metrics' gauges and the link's health.
+fn server_health(
+    registry: &Arc<SessionRegistry>,
+    environment: Option<Arc<EnvironmentHealth>>,
+    stopping: CancellationToken,
+) -> Health {
+    let ready = {
+        let (environment, stopping) = (environment.clone(), stopping.clone());
+        move || -> Result<(), String> {
+            if stopping.is_cancelled() {
+                return Err("shutting down".into());
+            }
+            match &environment {
+                Some(h) => h.readiness(),
+                None => Ok(()),
+            }
+        }
+    };
+    let status = {
+        let (registry, ready) = (registry.clone(), ready.clone());
+        move || status_document(&registry, environment.as_deref(), ready()).to_string()
+    };
+    Health {
+        ready: Some(Arc::new(ready)),
+        status: Some(Arc::new(status)),
+    }
+}
+
+/// The `/status` document: what the server holds now, against its limits.
+fn status_document(
+    registry: &SessionRegistry,
+    environment: Option<&EnvironmentHealth>,
+    ready: Result<(), String>,
+) -> serde_json::Value {
+    let st = registry.stats();
+    let config = registry.config();
+    let metrics = registry.metrics();
+    let budget = registry.output_budget();
+    serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": registry.uptime().as_secs(),
+        "ready": ready.is_ok(),
+        "not_ready_reason": ready.err(),
+        "sessions": {
+            "attached": st.sessions_attached,
+            "detached": st.sessions_detached,
+            "limit": config.max_sessions,
+        },
+        "processes": {
+            "running": st.processes_running,
+            "exited": st.processes_exited,
+            "largest_session": st.largest_session_processes,
+            "limit_per_session": config.max_processes,
+        },
+        "connections": {
+            "open": metrics.connections.get(),
+            "limit": config.max_connections,
+        },
+        "links": {
+            "open": metrics.noise_links.get(),
+            "streams": metrics.noise_streams.get(),
+            "limit": config.max_links,
+        },
+        "output": {
+            "retained_bytes": st.retained_output_bytes,
+            "unwritten_bytes": budget.unwritten(),
+            "budget_bytes": config.output_budget_bytes,
+        },
+        "environment_link": environment.map(EnvironmentHealth::status),
+    })
 }
 
 /// Admit an upgraded connection or link only while more than the descriptor reserve is free

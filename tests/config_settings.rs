@@ -18,6 +18,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("detached_session_ttl_ms", DETACHED_SESSION_TTL_MS),
     ("max_read_wait_ms", MAX_READ_WAIT_MS),
     ("exited_retention_ms", EXITED_RETENTION_MS),
+    ("stall_watchdog_ms", STALL_WATCHDOG_MS),
     ("max_pending_requests", MAX_PENDING_REQUESTS as u64),
     ("max_kill_grace_ms", MAX_KILL_GRACE_MS),
     ("max_drain_timeout_ms", MAX_DRAIN_TIMEOUT_MS),
@@ -35,13 +36,28 @@ const CONSTANTS: &[(&str, u64)] = &[
         MAX_PENDING_AUTHORIZATIONS as u64,
     ),
     ("max_streams_per_link", MAX_STREAMS_PER_LINK as u64),
+    ("max_streams_per_key", MAX_STREAMS_PER_KEY as u64),
     ("handshake_failure_burst", HANDSHAKE_FAILURE_BURST as u64),
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
+    (
+        "relay_link_handshake_failure_burst",
+        RELAY_LINK_HANDSHAKE_FAILURE_BURST as u64,
+    ),
+    (
+        "relay_link_handshake_failure_refill_ms",
+        RELAY_LINK_HANDSHAKE_FAILURE_REFILL_MS,
+    ),
+    ("handshake_clock_window_ms", HANDSHAKE_CLOCK_WINDOW_MS),
+    (
+        "max_handshakes_per_key_window",
+        MAX_HANDSHAKES_PER_KEY_WINDOW as u64,
+    ),
     ("keepalive_interval_ms", KEEPALIVE_INTERVAL_MS),
     ("pong_timeout_ms", PONG_TIMEOUT_MS),
     ("relay_backoff_initial_ms", RELAY_BACKOFF_INITIAL_MS),
     ("relay_backoff_max_ms", RELAY_BACKOFF_MAX_MS),
     ("relay_backoff_reset_ms", RELAY_BACKOFF_RESET_MS),
+    ("relay_refused_backoff_max_ms", RELAY_REFUSED_BACKOFF_MAX_MS),
     (
         "max_pending_request_bytes",
         MAX_PENDING_REQUEST_BYTES as u64,
@@ -63,6 +79,8 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("idle_link_timeout_ms", IDLE_LINK_TIMEOUT_MS),
     ("approval_timeout_ms", APPROVAL_TIMEOUT_MS),
     ("session_pids_max", DEFAULT_SESSION_PIDS_MAX),
+    ("max_session_ttl_ms", MAX_SESSION_TTL_MS),
+    ("max_output_tail_bytes", MAX_OUTPUT_TAIL_BYTES as u64),
 ];
 
 /// Every word setting with its default and two other valid values (for the file and the flag),

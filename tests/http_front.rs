@@ -2,7 +2,8 @@
 //! `/metrics`, `403` for a cross-origin upgrade, `404`, `405`, `431`), WebSocket upgrades handed
 //! to the caller, and every limit at its edge: head bytes, header fields, handshake slots, slots
 //! per peer address, the total head deadline against trickling clients (issue 9 item 9) and the
-//! reply bound.
+//! reply bound; a TLS listener (`wss://`): its routes over TLS, plain text refused, and a
+//! stalled TLS handshake cut at the same head deadline.
 //!
 //! Waits are on bytes and closes; wall-clock timeouts are hang guards only. Tests of deadlines
 //! run on paused time.
@@ -26,9 +27,10 @@ use execrelay::config::{
     REQUEST_HEAD_TIMEOUT_MS,
 };
 use execrelay_relay::http::{
-    serve, Front, FrontLimits, MetricsRenderer, PathPattern, Routes, Upgrade, UpgradeRoute,
+    serve, Front, FrontLimits, Health, MetricsRenderer, PathPattern, Routes, Upgrade, UpgradeRoute,
     MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
 };
+use execrelay_relay::tls::{CertificateFiles, TlsListener};
 
 /// Hang guard on every wait.
 const GUARD: Duration = Duration::from_secs(30);
@@ -56,8 +58,9 @@ impl TestFront {
         Self::start_with(
             limits,
             Routes {
-                readyz: true,
+                health: Health::always(),
                 metrics,
+                not_found_hint: None,
                 upgrades: vec![UpgradeRoute {
                     path: PathPattern::Any,
                     route: "rpc",
@@ -69,6 +72,14 @@ impl TestFront {
     }
 
     async fn start_with(limits: FrontLimits, routes: Routes<&'static str>) -> TestFront {
+        Self::start_with_tls(limits, routes, None).await
+    }
+
+    async fn start_with_tls(
+        limits: FrontLimits,
+        routes: Routes<&'static str>,
+        tls: Option<TlsListener>,
+    ) -> TestFront {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, upgrades) = mpsc::unbounded_channel();
@@ -80,6 +91,7 @@ impl TestFront {
             on_upgrade: Arc::new(move |up| {
                 let _ = tx.send(up);
             }),
+            tls,
         };
         let task = tokio::spawn(serve(listener, front, shutdown.clone()));
         TestFront {
@@ -450,8 +462,9 @@ async fn a_reply_the_peer_does_not_read_is_abandoned_at_its_bound() {
 #[tokio::test]
 async fn routes_with_ids_and_exact_paths() {
     let routes = Routes {
-        readyz: false,
+        health: None,
         metrics: None,
+        not_found_hint: None,
         upgrades: vec![
             UpgradeRoute {
                 path: PathPattern::Exact("/v1/link"),
@@ -503,4 +516,94 @@ async fn shutdown_stops_listening_and_abandons_stalled_handshakes() {
     front.stop().await;
     assert_eq!(read_all(&mut stalled).await, "");
     assert!(TcpStream::connect(addr).await.is_err());
+}
+
+/// A TLS listener with a fresh self-signed certificate for `localhost` in `dir`, and the
+/// certificate's path (a client pins it as its `--ca-file`).
+fn tls_listener(dir: &std::path::Path) -> (TlsListener, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    let files = CertificateFiles {
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+    };
+    std::fs::write(&files.cert, cert.pem()).expect("write");
+    std::fs::write(&files.key, key.serialize_pem()).expect("write");
+    std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let cert = files.cert.clone();
+    (TlsListener::new(files).expect("TLS listener"), cert)
+}
+
+fn health_routes() -> Routes<&'static str> {
+    Routes {
+        health: Health::always(),
+        metrics: None,
+        not_found_hint: None,
+        upgrades: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_tls_listener_serves_its_routes_over_tls_and_refuses_plain_text() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (tls, cert) = tls_listener(dir.path());
+    let store = tls.store().clone();
+    let front = TestFront::start_with_tls(default_limits(), health_routes(), Some(tls)).await;
+
+    let config = execrelay::link::dial::TlsRoots::CaFile(cert)
+        .client_config()
+        .expect("client config");
+    let tcp = guard("connect", TcpStream::connect(front.addr))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = guard(
+        "TLS handshake",
+        tokio_rustls::TlsConnector::from(config).connect(name, tcp),
+    )
+    .await
+    .expect("TLS handshake");
+    guard(
+        "write",
+        tls.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"),
+    )
+    .await
+    .expect("write");
+    let mut reply = Vec::new();
+    // The server closes after its reply (a missing close_notify is not an error here).
+    let _ = guard("read", tls.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 200 ") && reply.ends_with("ok\n"),
+        "{reply}"
+    );
+
+    // Plain HTTP to a TLS listener gets no HTTP answer: the handshake fails, the socket closes.
+    let r = exchange(front.addr, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(!r.contains("HTTP/1.1"), "{r}");
+    let figures = store.figures();
+    assert_eq!((figures.handshakes, figures.handshake_failures), (1, 1));
+    front.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_tls_handshake_is_cut_at_the_head_deadline() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (tls, _) = tls_listener(dir.path());
+    let store = tls.store().clone();
+    let limits = default_limits();
+    let head_timeout = limits.head_timeout;
+    let front = TestFront::start_with_tls(limits, health_routes(), Some(tls)).await;
+    let started = tokio::time::Instant::now();
+    let mut tcp = TcpStream::connect(front.addr).await.expect("connect");
+    // No ClientHello: the server closes at the head deadline, not before.
+    let got = read_all(&mut tcp).await;
+    assert_eq!(got, "");
+    assert!(started.elapsed() >= head_timeout, "{:?}", started.elapsed());
+    assert_eq!(store.figures().handshake_failures, 1);
+    front.stop().await;
 }

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 /// may use `crate::X` only for X of a strictly lower layer, or itself.
 const LAYERS: &[(&str, u8)] = &[
     ("sync", 0),
+    ("faults", 0),
     ("config", 0),
     ("bounds", 0),
     ("metrics", 1),

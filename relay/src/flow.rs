@@ -48,6 +48,9 @@ pub enum FlowError {
 pub struct SendWindow {
     sent: u64,
     limit: u64,
+    /// The report that set `limit` (what the peer said it consumed, and its window): kept for
+    /// the stall watchdog's account of a stream, never used to decide anything.
+    reported: (u64, u32),
 }
 
 impl SendWindow {
@@ -71,6 +74,7 @@ impl SendWindow {
         }
         let was_blocked = self.sent >= self.limit;
         self.limit = limit;
+        self.reported = (ack, window);
         Ok(was_blocked)
     }
 
@@ -87,6 +91,11 @@ impl SendWindow {
     /// Records sent so far (the last `seq`).
     pub fn sent(&self) -> u64 {
         self.sent
+    }
+
+    /// The peer's report that set the current limit: (`ack`, `window`).
+    pub fn reported(&self) -> (u64, u32) {
+        self.reported
     }
 
     /// Number the next record if there is credit.

@@ -1,7 +1,9 @@
 //! `execrelay serve`: parse the flags (one per setting, from `config.rs`, plus `--config
-//! FILE`), start the server (its process containment: [`Server::new`]), bind the listeners,
-//! print the bound URL as the first line of stdout, and hand everything to the composition
-//! root ([`Server::run`]). Nothing else lives here.
+//! FILE`, whose keys also give the listen addresses and the files; every error about a file
+//! names its flag or key), start the server (its process containment: [`Server::new`]),
+//! bind the listeners (metrics and health included), print the bound URL as the first line
+//! of stdout, and hand everything to the composition root ([`Server::run`]). Nothing else
+//! lives here.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -17,7 +19,7 @@ use crate::link::environment::RelayDial;
 use crate::link::server::NoiseServerConfig;
 use crate::policy::PolicyFile;
 use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener, Server};
-use execrelay_relay::http::METRICS_PATH;
+use execrelay_relay::http::{METRICS_PATH, READYZ_PATH};
 use execrelay_relay::server::cli::spawn_signal_handler;
 
 /// Log output format.
@@ -55,12 +57,19 @@ pub struct ServeArgs {
     /// Allow plain `ws://` on a non-loopback address (traffic is unencrypted).
     #[arg(long)]
     pub danger_plaintext: bool,
-    /// Serve Prometheus metrics on `HOST:PORT` (`GET /metrics`; port 0 picks one, and the URL
-    /// is printed to stderr as `execrelay metrics: http://HOST:PORT/metrics`). Off by default.
+    /// Serve Prometheus metrics on `HOST:PORT` (`GET /metrics`, and the health routes
+    /// `/readyz`, `/livez`, `/status`; port 0 picks one, and the URL is printed to stderr as
+    /// `execrelay metrics: http://HOST:PORT/metrics`). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
-    /// TOML file with the same settings as the flags below, by the same names in snake_case
-    /// (flags win).
+    /// Serve the health routes alone on `HOST:PORT`: `GET /readyz` (200 while the server
+    /// accepts and, with --relay, while its link to the relay is up and authenticated; 503
+    /// with the reason otherwise), `/livez`, `/status` (JSON). The URL is printed to stderr as
+    /// `execrelay health: http://HOST:PORT/readyz`. Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub health_listen: Option<String>,
+    /// TOML file with the same settings as the flags, by the same names in snake_case (flags
+    /// win; relative paths in it are relative to the file).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Log format on stderr.
@@ -80,35 +89,83 @@ pub struct ServeArgs {
     /// `--config` file (this flag wins).
     #[arg(long, value_name = "FILE")]
     pub exec_policy: Option<PathBuf>,
+    /// The longest `sessionTtlMs` a client may ask for, as a duration (`24h`, `90m`; the
+    /// same setting as --max-session-ttl-ms) [default: 24h].
+    #[arg(long, value_name = "DURATION", value_parser = super::duration::parse_duration,
+          help_heading = "Limits", conflicts_with = "max_session_ttl_ms")]
+    pub max_session_ttl: Option<std::time::Duration>,
     /// Every limit of `config.rs`.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Limits")]
     pub settings: ConfigFlags,
+}
+
+/// A value given as a flag or in the `--config` file, and where it came from (`--key`, or
+/// `key (in --config FILE)`), for messages.
+#[derive(Debug, Clone)]
+struct Located<T> {
+    value: T,
+    origin: String,
+}
+
+impl<T> Located<T> {
+    fn flag(value: T, flag: &str) -> Located<T> {
+        Located {
+            value,
+            origin: format!("--{flag}"),
+        }
+    }
+}
+
+/// Pick the flag's value, else the `--config` file's.
+fn locate<T: Clone>(
+    flag: &str,
+    given: &Option<T>,
+    file: Option<&ConfigFile>,
+    in_file: impl Fn(&FileLocations) -> &Option<T>,
+) -> Option<Located<T>> {
+    if let Some(v) = given {
+        return Some(Located::flag(v.clone(), flag));
+    }
+    let file = file?;
+    in_file(&file.locations).clone().map(|value| Located {
+        value,
+        origin: format!(
+            "{} (in --config {})",
+            flag.replace('-', "_"),
+            file.path.display()
+        ),
+    })
 }
 
 impl ServeArgs {
     /// The Noise listener's keys and authorizer (loaded and checked here, at start), for
-    /// environment `env_id` (empty for a direct `noise+ws://` listener).
+    /// environment `env_id` (empty for a direct `noise+ws://` listener). Errors name the flag.
     pub fn noise_config(&self, env_id: &str) -> anyhow::Result<NoiseServerConfig> {
         use crate::noise::authorizer::KeysAuthorizer;
         use crate::noise::keys::{AuthorizedKeys, Keypair};
-        let key = self.key.as_ref().ok_or_else(|| {
+        let file = self.config_file()?;
+        let file = file.as_ref();
+        let key = locate("key", &self.key, file, |l| &l.key).ok_or_else(|| {
             anyhow::anyhow!(
                 "noise+ws and --relay need --key (create one with `execrelay keygen -o FILE`)"
             )
         })?;
-        let keys = Keypair::load(key)?;
-        let auth = self
-            .authorized_keys
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("noise+ws and --relay need --authorized-keys FILE"))?;
-        let authorized = AuthorizedKeys::load(auth)?;
-        let token = match &self.auth_token_file {
+        let keys = Keypair::load(&key.value).map_err(|e| anyhow::anyhow!("{}: {e}", key.origin))?;
+        let auth = locate("authorized-keys", &self.authorized_keys, file, |l| {
+            &l.authorized_keys
+        })
+        .ok_or_else(|| anyhow::anyhow!("noise+ws and --relay need --authorized-keys FILE"))?;
+        let authorized = AuthorizedKeys::load(&auth.value)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", auth.origin))?;
+        let token = match locate("auth-token-file", &self.auth_token_file, file, |l| {
+            &l.auth_token_file
+        }) {
             Some(p) => {
-                let t = std::fs::read_to_string(p)
-                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+                let t = std::fs::read_to_string(&p.value)
+                    .map_err(|e| anyhow::anyhow!("{} {}: {e}", p.origin, p.value.display()))?;
                 let t = t.trim().to_string();
                 if t.is_empty() {
-                    anyhow::bail!("{}: empty token", p.display());
+                    anyhow::bail!("{} {}: empty token", p.origin, p.value.display());
                 }
                 Some(t)
             }
@@ -121,10 +178,18 @@ impl ServeArgs {
         })
     }
 
-    /// The `--listen` address: the flag, or `stdio` unless `--relay` is given.
+    /// The `--listen` address: the flag (or `listen` in the `--config` file), or `stdio`
+    /// unless `--relay` is given.
     pub fn listen(&self) -> anyhow::Result<Option<ListenAddr>> {
-        match (&self.listen, &self.relay) {
-            (Some(l), _) => Ok(Some(parse_listen(l, self.danger_plaintext)?)),
+        let file = self.config_file()?;
+        let file = file.as_ref();
+        let listen = locate("listen", &self.listen, file, |l| &l.listen);
+        let relay = locate("relay", &self.relay, file, |l| &l.relay);
+        match (listen, relay) {
+            (Some(l), _) => Ok(Some(
+                parse_listen(&l.value, self.danger_plaintext)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", l.origin))?,
+            )),
             (None, Some(_)) => Ok(None),
             (None, None) => Ok(Some(ListenAddr::Stdio)),
         }
@@ -134,48 +199,75 @@ impl ServeArgs {
     /// URL and the CA file.
     pub fn relay_dial(&self) -> anyhow::Result<Option<RelayDial>> {
         use crate::link::dial::{check_env_id, environment_url, TlsRoots};
-        let Some(relay) = &self.relay else {
-            if self.environment_id.is_some() || self.relay_key.is_some() {
+        let file = self.config_file()?;
+        let file = file.as_ref();
+        let environment_id = locate("environment-id", &self.environment_id, file, |l| {
+            &l.environment_id
+        });
+        let relay_key = locate("relay-key", &self.relay_key, file, |l| &l.relay_key);
+        let Some(relay) = locate("relay", &self.relay, file, |l| &l.relay) else {
+            if environment_id.is_some() || relay_key.is_some() {
                 anyhow::bail!("--environment-id and --relay-key go with --relay URL");
             }
             return Ok(None);
         };
-        let env_id = self
-            .environment_id
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("--relay needs --environment-id ID"))?;
-        check_env_id(env_id)?;
-        let relay_key = self.relay_key.as_deref().ok_or_else(|| {
+        let env_id =
+            environment_id.ok_or_else(|| anyhow::anyhow!("--relay needs --environment-id ID"))?;
+        check_env_id(&env_id.value).map_err(|e| anyhow::anyhow!("{}: {e}", env_id.origin))?;
+        let relay_key = relay_key.ok_or_else(|| {
             anyhow::anyhow!(
                 "--relay needs --relay-key (the relay's public key: a .pub file or the key line)"
             )
         })?;
-        let relay_public = crate::noise::keys::load_public(relay_key)
-            .map_err(|e| anyhow::anyhow!("--relay-key: {e}"))?;
-        environment_url(relay, env_id)?;
-        let tls = match &self.ca_file {
+        let relay_public = crate::noise::keys::load_public(&relay_key.value)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", relay_key.origin))?;
+        environment_url(&relay.value, &env_id.value)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", relay.origin))?;
+        let tls = match locate("ca-file", &self.ca_file, file, |l| &l.ca_file) {
             Some(p) => {
-                let roots = TlsRoots::CaFile(p.clone());
+                let roots = TlsRoots::CaFile(p.value.clone());
                 roots.client_config()?;
                 roots
             }
             None => TlsRoots::Platform,
         };
         Ok(Some(RelayDial {
-            relay_url: relay.clone(),
-            env_id: env_id.to_string(),
+            relay_url: relay.value,
+            env_id: env_id.value,
             relay_public,
             tls,
         }))
     }
 
+    /// `--metrics-listen` and `--health-listen` (flags, or the `--config` file's keys).
+    pub fn probe_listeners(&self) -> anyhow::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
+        let file = self.config_file()?;
+        let file = file.as_ref();
+        let parse = |l: Option<Located<String>>| {
+            l.map(|l| parse_probe_listen(&l.value, &l.origin))
+                .transpose()
+        };
+        Ok((
+            parse(locate("metrics-listen", &self.metrics_listen, file, |l| {
+                &l.metrics_listen
+            }))?,
+            parse(locate("health-listen", &self.health_listen, file, |l| {
+                &l.health_listen
+            }))?,
+        ))
+    }
+
     /// Build the configuration: defaults, then the file, then flags.
     pub fn config(&self) -> anyhow::Result<ServerConfig> {
         let mut c = match self.config_file()? {
-            Some(file) => ServerConfig::from_toml_table(file.settings)?,
+            Some(file) => ServerConfig::from_toml_table(file.settings)
+                .map_err(|e| anyhow::anyhow!("--config {}: {e}", file.path.display()))?,
             None => ServerConfig::default(),
         };
         self.settings.apply(&mut c);
+        if let Some(ttl) = self.max_session_ttl {
+            c.max_session_ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -183,52 +275,107 @@ impl ServeArgs {
     /// The exec policy (`--exec-policy`, else `exec_policy` in the `--config` file), loaded and
     /// checked now: a bad file stops the server before it serves.
     pub fn exec_policy(&self) -> anyhow::Result<Option<Arc<PolicyFile>>> {
-        let path = match &self.exec_policy {
-            Some(p) => Some(p.clone()),
-            None => self.config_file()?.and_then(|f| f.exec_policy),
-        };
-        match path {
-            Some(p) => Ok(Some(Arc::new(PolicyFile::load(&p)?))),
+        let file = self.config_file()?;
+        match locate("exec-policy", &self.exec_policy, file.as_ref(), |l| {
+            &l.exec_policy
+        }) {
+            Some(p) => Ok(Some(Arc::new(
+                PolicyFile::load(&p.value).map_err(|e| anyhow::anyhow!("{}: {e}", p.origin))?,
+            ))),
             None => Ok(None),
         }
     }
 
-    /// The `--config` file, if any: its settings and its `exec_policy` key.
+    /// The `--config` file, if any: its settings and the keys that are not settings (the
+    /// listen addresses and files; relative paths made relative to the file).
     fn config_file(&self) -> anyhow::Result<Option<ConfigFile>> {
         let Some(path) = &self.config else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        let mut settings: toml::Table =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let exec_policy = match settings.remove("exec_policy") {
-            None => None,
-            Some(toml::Value::String(p)) => {
-                // Relative to the configuration file, as a reader of the file expects.
-                let p = PathBuf::from(p);
-                Some(match path.parent() {
-                    Some(dir) if p.is_relative() => dir.join(p),
-                    _ => p,
-                })
+        let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("--config {}: {e}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| at(&e))?;
+        let mut settings: toml::Table = toml::from_str(&text).map_err(|e| at(&e))?;
+        let mut located = toml::Table::new();
+        for key in FileLocations::KEYS {
+            if let Some(v) = settings.remove(key) {
+                located.insert(key.to_string(), v);
             }
-            Some(_) => anyhow::bail!("{}: exec_policy must be a path (a string)", path.display()),
-        };
+        }
+        let mut locations: FileLocations =
+            toml::Value::Table(located).try_into().map_err(|e| at(&e))?;
+        // Relative to the configuration file, as a reader of the file expects.
+        let dir = path.parent().unwrap_or(std::path::Path::new(""));
+        for p in [
+            &mut locations.key,
+            &mut locations.authorized_keys,
+            &mut locations.auth_token_file,
+            &mut locations.ca_file,
+            &mut locations.exec_policy,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        }
+        if let Some(k) = &mut locations.relay_key {
+            // A key line stays as it is; a file name is relative to the configuration file.
+            let is_line = k
+                .trim_start()
+                .starts_with(crate::noise::keys::PUBLIC_KEY_TAG);
+            if !is_line && std::path::Path::new(k.as_str()).is_relative() {
+                *k = dir.join(k.as_str()).display().to_string();
+            }
+        }
         Ok(Some(ConfigFile {
+            path: path.clone(),
             settings,
-            exec_policy,
+            locations,
         }))
     }
 }
 
-/// The `--config` file: every setting of [`ServerConfig`], plus the path of the exec policy
-/// (not a limit, so not a `settings!` field).
+/// The `--config` file: every setting of [`ServerConfig`], plus the keys that are not limits.
 struct ConfigFile {
+    path: PathBuf,
     settings: toml::Table,
+    locations: FileLocations,
+}
+
+/// The keys of the `--config` file that are not settings of [`ServerConfig`]: where to
+/// listen, which relay to dial, and which files to read (each also a flag, which wins).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLocations {
+    listen: Option<String>,
+    relay: Option<String>,
+    environment_id: Option<String>,
+    relay_key: Option<String>,
+    ca_file: Option<PathBuf>,
+    metrics_listen: Option<String>,
+    health_listen: Option<String>,
+    key: Option<PathBuf>,
+    authorized_keys: Option<PathBuf>,
+    auth_token_file: Option<PathBuf>,
     exec_policy: Option<PathBuf>,
 }
 
-impl ServeArgs {}
+impl FileLocations {
+    const KEYS: [&'static str; 11] = [
+        "listen",
+        "relay",
+        "environment_id",
+        "relay_key",
+        "ca_file",
+        "metrics_listen",
+        "health_listen",
+        "key",
+        "authorized_keys",
+        "auth_token_file",
+        "exec_policy",
+    ];
+}
 
 /// Run `serve`; returns the exit code.
 pub fn main(args: ServeArgs) -> i32 {
@@ -254,17 +401,13 @@ pub fn main(args: ServeArgs) -> i32 {
             }
             None => None,
         };
-        let metrics = args
-            .metrics_listen
-            .as_deref()
-            .map(parse_metrics_listen)
-            .transpose()?;
+        let probes = args.probe_listeners()?;
         // Containment (and its crash sweep) before anything is bound or printed: a backend
         // named explicitly that cannot work here stops the start with its reason.
         let server = Server::with_exec_policy(config, policy)?;
-        Ok((server, listen, noise, relay, metrics))
+        Ok((server, listen, noise, relay, probes))
     })();
-    let (server, listen, noise, relay, metrics) = match prepared {
+    let (server, listen, noise, relay, probes) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             eprintln!("execrelay serve: {e}");
@@ -286,7 +429,7 @@ pub fn main(args: ServeArgs) -> i32 {
         // Installed before the URL is printed: a client may signal us as soon as it reads it.
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
-        let listeners = match bind(listen, noise, relay, metrics).await {
+        let listeners = match bind(listen, noise, relay, probes).await {
             Ok(listeners) => listeners,
             Err(e) => {
                 eprintln!("execrelay serve: {e}");
@@ -342,7 +485,7 @@ async fn bind(
     listen: Option<ListenAddr>,
     noise: Option<Arc<NoiseServerConfig>>,
     relay: Option<(RelayDial, Arc<NoiseServerConfig>)>,
-    metrics: Option<SocketAddr>,
+    (metrics, health): (Option<SocketAddr>, Option<SocketAddr>),
 ) -> anyhow::Result<Vec<Listener>> {
     let mut listeners = Vec::new();
     if let Some(addr) = metrics {
@@ -352,6 +495,14 @@ async fn bind(
         let local = listener.local_addr()?;
         eprintln!("execrelay metrics: http://{local}{METRICS_PATH}");
         listeners.push(Listener::Metrics(listener));
+    }
+    if let Some(addr) = health {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot bind --health-listen {addr}: {e}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("execrelay health: http://{local}{READYZ_PATH}");
+        listeners.push(Listener::Health(listener));
     }
     let mut urls = Vec::new();
     match (listen, noise) {
@@ -397,13 +548,13 @@ async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// get before the process exits anyway.
 const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Parse `--metrics-listen HOST:PORT` (`localhost:PORT` means 127.0.0.1:PORT).
-fn parse_metrics_listen(s: &str) -> anyhow::Result<SocketAddr> {
+/// Parse `--metrics-listen` or `--health-listen HOST:PORT` (`localhost:PORT` means
+/// 127.0.0.1:PORT); `origin` names the flag (or `--config` key) in the error.
+fn parse_probe_listen(s: &str, origin: &str) -> anyhow::Result<SocketAddr> {
     let s = match s.strip_prefix("localhost:") {
         Some(port) => format!("127.0.0.1:{port}"),
         None => s.to_string(),
     };
-    s.parse().map_err(|_| {
-        anyhow::anyhow!("bad --metrics-listen {s:?}: expected HOST:PORT, e.g. 127.0.0.1:9464")
-    })
+    s.parse()
+        .map_err(|_| anyhow::anyhow!("bad {origin} {s:?}: expected HOST:PORT, e.g. 127.0.0.1:9464"))
 }

@@ -20,6 +20,7 @@
 //!   release it and keep reading the child.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,23 +28,36 @@ use serde_json::Value;
 use tokio::sync::{mpsc, Notify};
 
 use super::rpc_connection::{Notification, RpcConnection};
-use super::{Client, ClientError, Shared};
+use super::{AckPolicy, Client, ClientError, Shared};
 use crate::connection::message::{Call, Note, Reply};
-use crate::process::event_log::EventBody;
+use crate::process::event_log::{EventBody, EVENT_OVERHEAD_BYTES};
 use crate::rpc::messages::ExitInfo;
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::{AckParams, ReadParams};
-use crate::rpc::notification::{decode_exit_info, decode_output_params};
+use crate::rpc::notification::{decode_exit_info, decode_omitted_params, decode_output_params};
 use crate::rpc::Method;
 use crate::sync::lock;
 
-/// Output bytes consumed by the application before an ack is sent.
+/// Output consumed by the application before an ack is sent, counted as the server counts
+/// its retention: each event's bytes plus [`EVENT_OVERHEAD_BYTES`].
 ///
 /// With acks the server holds what it wrote until it is acknowledged, so this is memory the
 /// server holds per stream (about this much, plus what is in flight): 64 KiB keeps a thousand
 /// streams at once under 100 MB of it (it was 256 KiB: 256 MB for the fan-in benchmark), for
-/// one small notification per chunk or two consumed.
+/// one small notification per chunk or two consumed. A server whose `retainedOutputBytes` is
+/// smaller gets an ack at half its retention ([`ack_threshold`]); and whatever the count, a
+/// client that has consumed everything it received acknowledges it before it waits for more,
+/// so the server is never left waiting for an ack while the client waits for output.
 pub const ACK_EVERY_BYTES: u64 = 64 * 1024;
+
+/// The ack threshold for a server that retains `retained` bytes per process (from its
+/// `initialize` result): [`ACK_EVERY_BYTES`], or half the retention if that is less.
+pub(super) fn ack_threshold(retained: u64) -> u64 {
+    match retained / 2 {
+        0 => ACK_EVERY_BYTES,
+        half => half.min(ACK_EVERY_BYTES),
+    }
+}
 
 /// An event of one process, handed out exactly once, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +68,14 @@ pub enum ProcessEvent {
         stream: StreamName,
         /// The bytes.
         data: Bytes,
+    },
+    /// The server read `omitted_bytes` of `stream` and did not keep them
+    /// (`outputCapKeep: "headAndTail"`): the kept tail follows.
+    Omitted {
+        /// Which stream.
+        stream: StreamName,
+        /// How many bytes.
+        omitted_bytes: u64,
     },
     /// The server no longer had events `from..=to` (only possible without acks).
     Lost {
@@ -78,20 +100,34 @@ pub(super) struct ProcSlot {
     received: u64,
     /// Highest seq handed to the application.
     consumed: u64,
-    unacked_bytes: u64,
+    /// Highest seq acknowledged to the server.
+    acked: u64,
+    /// What was consumed since the last ack, in the server's cost units.
+    unacked_cost: u64,
     /// The exit notice was received.
     done: bool,
+    /// When this process last delivered an event (or was started, or asked about): the
+    /// silence watch (`silence.rs`) asks the server about a process quiet for long.
+    pub(super) heard: tokio::time::Instant,
+    /// Shared with the process's controllers: set when the exit notice is received, after
+    /// which they send nothing more (the server forgets the process once its exit is
+    /// acknowledged, and a request then would only be answered "unknown process").
+    pub(super) finished: Arc<AtomicBool>,
     pub(super) notify: Arc<Notify>,
 }
 
 impl ProcSlot {
-    pub(super) fn new() -> Self {
+    /// A slot expecting events after `after` (0: from the first).
+    pub(super) fn new(after: u64) -> Self {
         ProcSlot {
             buf: VecDeque::new(),
-            received: 0,
-            consumed: 0,
-            unacked_bytes: 0,
+            received: after,
+            consumed: after,
+            acked: after,
+            unacked_cost: 0,
             done: false,
+            heard: tokio::time::Instant::now(),
+            finished: Arc::new(AtomicBool::new(false)),
             notify: Arc::new(Notify::new()),
         }
     }
@@ -152,6 +188,18 @@ impl Client {
                     self.deliver(&conn, &process_id, seq, ProcessEvent::Exited(info))
                         .await;
                 }
+                Notification::Omitted {
+                    process_id,
+                    seq,
+                    stream,
+                    omitted_bytes,
+                } => {
+                    let ev = ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
+                    };
+                    self.deliver(&conn, &process_id, seq, ev).await;
+                }
                 Notification::Other { method, params } => {
                     let Some(pid) = params.get("processId").and_then(Value::as_str) else {
                         continue;
@@ -168,6 +216,15 @@ impl Client {
                             Some(info) => ProcessEvent::Exited(info),
                             None => continue,
                         },
+                        Some(Method::ProcessOutputOmitted) => {
+                            match decode_omitted_params(&params) {
+                                Some((stream, omitted_bytes)) => ProcessEvent::Omitted {
+                                    stream,
+                                    omitted_bytes,
+                                },
+                                None => continue,
+                            }
+                        }
                         _ => continue,
                     };
                     self.deliver(&conn, pid, seq, ev).await;
@@ -204,14 +261,41 @@ impl Client {
     fn push(slot: &mut ProcSlot, seq: u64, ev: ProcessEvent) {
         if matches!(ev, ProcessEvent::Exited(_)) {
             slot.done = true;
+            slot.finished.store(true, Ordering::Release);
         }
         slot.received = seq;
+        slot.heard = tokio::time::Instant::now();
         slot.buf.push_back((seq, ev));
         slot.notify.notify_waiters();
     }
 
-    async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) {
+    /// Processes the application waits on (running, everything received consumed) that
+    /// delivered nothing since `quiet_since`, with the last seq received; each is marked
+    /// heard now, so it is asked about once per quiet period.
+    pub(super) fn quiet_processes(&self, quiet_since: tokio::time::Instant) -> Vec<(String, u64)> {
+        let now = tokio::time::Instant::now();
+        let mut procs = lock(&self.shared.procs);
+        procs
+            .iter_mut()
+            .filter(|(_, s)| !s.done && s.buf.is_empty() && s.heard <= quiet_since)
+            .map(|(pid, s)| {
+                s.heard = now;
+                (pid.clone(), s.received)
+            })
+            .collect()
+    }
+
+    /// Ask the server for the events of `pid` after `after` (the last one received) and hand
+    /// them on as if delivered; how many arrived this way.
+    pub(super) async fn fetch_after(&self, conn: &RpcConnection, pid: &str, after: u64) -> u64 {
+        self.fill_gap(conn, pid, after, u64::MAX).await
+    }
+
+    /// Fetch the events of `pid` after `after` and before `upto` with `process/read`; how
+    /// many it handed on.
+    async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) -> u64 {
         let mut after = after;
+        let mut pushed = 0;
         while after + 1 < upto {
             let r = conn
                 .call_typed(Call::Read(ReadParams {
@@ -223,7 +307,7 @@ impl Client {
                 .await;
             let events = match r {
                 Ok(Reply::Read(r)) => r.events,
-                Ok(_) => return,
+                Ok(_) => return pushed,
                 Err(ClientError::Rpc {
                     code: -32005, data, ..
                 }) => {
@@ -250,20 +334,27 @@ impl Client {
                     after = to;
                     continue;
                 }
-                Err(_) => return,
+                Err(_) => return pushed,
             };
             if events.is_empty() {
-                return;
+                return pushed;
             }
             for e in events {
                 let seq = e.seq;
                 if seq >= upto {
-                    return;
+                    return pushed;
                 }
                 let ev = match e.body {
                     EventBody::Output { stream, chunk } => ProcessEvent::Output {
                         stream,
                         data: chunk,
+                    },
+                    EventBody::Omitted {
+                        stream,
+                        omitted_bytes,
+                    } => ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
                     },
                     EventBody::Exited(info) => ProcessEvent::Exited(info),
                 };
@@ -271,11 +362,13 @@ impl Client {
                 if let Some(slot) = procs.get_mut(pid) {
                     if seq == slot.received + 1 {
                         Self::push(slot, seq, ev);
+                        pushed += 1;
                     }
                 }
                 after = seq;
             }
         }
+        pushed
     }
 
     /// For each process, the highest seq the application consumed (if any).
@@ -296,32 +389,54 @@ impl Client {
                 return;
             };
             slot.consumed = seq;
-            slot.unacked_bytes += bytes;
-            if exited || slot.unacked_bytes >= ACK_EVERY_BYTES {
-                slot.unacked_bytes = 0;
-                true
-            } else {
-                false
-            }
+            slot.unacked_cost += bytes + EVENT_OVERHEAD_BYTES as u64;
+            let retained = self
+                .shared
+                .server_retained
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let (every, at_exit) = match self.shared.opts.ack_policy {
+                AckPolicy::Eager => (ack_threshold(retained), true),
+                AckPolicy::Lazy => ((retained / 2).max(1), false),
+            };
+            self.shared.opts.acks
+                && ((exited && at_exit) || slot.unacked_cost >= every)
+                && Self::take_ack(slot)
         };
         if ack {
-            if let Some(conn) = lock(&self.shared.conn).clone() {
-                let pid = pid.to_string();
-                // Fire and forget: an ack lost with its connection is repeated after the
-                // resume (`establish_over`).
-                tokio::spawn(async move {
-                    let _ = conn
-                        .notify_typed(Note::Ack(Some(AckParams {
-                            process_id: pid,
-                            seq,
-                        })))
-                        .await;
-                });
-            }
+            self.send_ack(pid, seq);
         }
     }
 
-    pub(super) async fn next_event_of(&self, pid: &str) -> Option<ProcessEvent> {
+    /// Mark everything consumed as acknowledged; whether there was anything to acknowledge.
+    fn take_ack(slot: &mut ProcSlot) -> bool {
+        slot.unacked_cost = 0;
+        if slot.consumed > slot.acked {
+            slot.acked = slot.consumed;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn send_ack(&self, pid: &str, seq: u64) {
+        if let Some(conn) = lock(&self.shared.conn).clone() {
+            let pid = pid.to_string();
+            // Fire and forget: an ack lost with its connection is repeated after the
+            // resume (`establish_over`).
+            tokio::spawn(async move {
+                let _ = conn
+                    .notify_typed(Note::Ack(Some(AckParams {
+                        process_id: pid,
+                        seq,
+                    })))
+                    .await;
+            });
+        }
+    }
+
+    /// The next event of `pid` and its seq (a [`ProcessEvent::Lost`] carries the last seq of
+    /// its range).
+    pub(super) async fn next_event_of(&self, pid: &str) -> Option<(u64, ProcessEvent)> {
         loop {
             let notify = {
                 let mut procs = lock(&self.shared.procs);
@@ -337,10 +452,24 @@ impl Client {
                     if exited {
                         lock(&self.shared.procs).remove(pid);
                     }
-                    return Some(ev);
+                    return Some((seq, ev));
                 }
                 if lock(&self.shared.lost).is_some() {
                     return None;
+                }
+                // About to wait for more: acknowledge everything taken first. The server may
+                // be holding the child back until it is (its retention counts unacknowledged
+                // events); a client that waits while owing an ack would wait for ever. (The
+                // lazy policy acks at half the server's retention, counted in the same units:
+                // a server held back by retention has been owed that much.)
+                if self.shared.opts.acks
+                    && self.shared.opts.ack_policy == AckPolicy::Eager
+                    && Self::take_ack(slot)
+                {
+                    let seq = slot.acked;
+                    drop(procs);
+                    self.send_ack(pid, seq);
+                    continue;
                 }
                 slot.notify.clone()
             };

@@ -57,6 +57,33 @@ pub struct ClientOptions {
     /// client declares `serverRequests: ["process/approve"]`; without, it does not, and the
     /// server denies every start its exec policy would ask about.
     pub approval_handler: Option<Arc<dyn ApprovalHandler>>,
+    /// A running process that delivers nothing for this long on a live connection, while the
+    /// application waits for it, is asked about (`process/read` after the last event
+    /// received): output the server holds arrives that way even if its delivery stopped, and
+    /// a connection that does not answer within [`PROBE_REPLY_TIMEOUT`](super::PROBE_REPLY_TIMEOUT)
+    /// is closed and resumed. `None`: never ask. Default
+    /// [`SILENCE_PROBE_AFTER`](super::SILENCE_PROBE_AFTER).
+    pub silence_probe: Option<Duration>,
+    /// How long the session may stay detached (`sessionTtlMs`, `protocol.md` §3); `None`:
+    /// the server's default. Sent again on every resume. Above the server's
+    /// `max_session_ttl_ms`, `initialize` fails with `-32602` (its `data.max` says the most).
+    pub session_ttl: Option<Duration>,
+    /// When consumed events are acknowledged (with [`acks`](Self::acks)).
+    pub ack_policy: AckPolicy,
+}
+
+/// When a client acknowledges the events its application consumed (`process/ack`): what the
+/// server may release, and so what another client resuming the session can still be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckPolicy {
+    /// Every `ACK_EVERY_BYTES` of output and at the exit notice: the server holds little.
+    #[default]
+    Eager,
+    /// Only when half the server's `retainedOutputBytes` were consumed since the last ack,
+    /// and never the exit notice: the server keeps what it can, so a later client resuming
+    /// the session (`execrelay attach`) is shown it again; the process stays known (exited)
+    /// until its session is closed.
+    Lazy,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -68,6 +95,9 @@ impl std::fmt::Debug for ClientOptions {
             .field("reconnect_deadline", &self.reconnect_deadline)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("approval_handler", &self.approval_handler.is_some())
+            .field("silence_probe", &self.silence_probe)
+            .field("session_ttl", &self.session_ttl)
+            .field("ack_policy", &self.ack_policy)
             .finish()
     }
 }
@@ -82,6 +112,9 @@ impl Default for ClientOptions {
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,
             approval_handler: None,
+            silence_probe: Some(super::SILENCE_PROBE_AFTER),
+            session_ttl: None,
+            ack_policy: AckPolicy::Eager,
         }
     }
 }
@@ -115,6 +148,7 @@ impl StartOptions {
                 drain_timeout_ms: None,
                 kill_grace_ms: None,
                 kill_process_group_on_exit: false,
+                output_cap_keep: Default::default(),
             },
         }
     }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::message::Outbound;
 use super::outlet::{Outlet, OutletClosed};
 use crate::config::EVENT_BATCH_BYTES;
+use crate::process::ready_set::WriterPhase;
 use crate::process::ReadySet;
 
 /// A message for the control lane: a response, an error or a server request, with an
@@ -72,9 +73,12 @@ pub async fn run_writer(
     ready: Arc<ReadySet>,
     cancel: CancellationToken,
 ) -> WriterEnd {
+    // The phase is for the stall watchdog: `Outlet` around every wait for the transport,
+    // `Idle` while asleep, `Busy` otherwise.
     let end = 'outer: loop {
+        ready.set_phase(WriterPhase::Busy);
         // Control lane first, without waiting.
-        match drain_control(&mut outlet, &mut control).await {
+        match drain_control(&mut outlet, &mut control, &ready).await {
             Ok(Lane::Empty) => {}
             Ok(Lane::Closed) => break finish(&mut outlet).await,
             Err(OutletClosed) => break WriterEnd::TransportFailed,
@@ -89,7 +93,7 @@ pub async fn run_writer(
             // Whatever reached the control lane before this process became ready goes first:
             // on a resume, the session's pending server requests are queued before its
             // processes are marked ready, so they precede every replayed event.
-            match drain_control(&mut outlet, &mut control).await {
+            match drain_control(&mut outlet, &mut control, &ready).await {
                 Ok(Lane::Empty) => {}
                 Ok(Lane::Closed) => break finish(&mut outlet).await,
                 Err(OutletClosed) => break WriterEnd::TransportFailed,
@@ -98,15 +102,17 @@ pub async fn run_writer(
             let mut last = None;
             for ev in &events {
                 // Room for this event; control messages meanwhile go out at once.
+                ready.set_phase(WriterPhase::Outlet);
                 loop {
                     tokio::select! {
                         biased;
                         _ = cancel.cancelled() => break 'outer WriterEnd::Cancelled,
                         m = control.recv() => match m {
                             Some(m) => {
-                                if write_control(&mut outlet, m).await.is_err() {
+                                if write_control(&mut outlet, m, &ready).await.is_err() {
                                     break 'outer WriterEnd::TransportFailed;
                                 }
+                                ready.set_phase(WriterPhase::Outlet);
                             }
                             // The connection is done: no more events.
                             None => break 'outer finish(&mut outlet).await,
@@ -119,6 +125,7 @@ pub async fn run_writer(
                         }
                     }
                 }
+                ready.set_phase(WriterPhase::Busy);
                 if outlet.send_event(&p, ev).is_err() {
                     break 'outer WriterEnd::TransportFailed;
                 }
@@ -136,16 +143,18 @@ pub async fn run_writer(
             continue;
         }
         // Nothing to do: push out what is buffered, then sleep until there is.
+        ready.set_phase(WriterPhase::Outlet);
         if outlet.flush().await.is_err() {
             break WriterEnd::TransportFailed;
         }
         let notified = ready.notified();
+        ready.set_phase(WriterPhase::Idle);
         tokio::select! {
             biased;
             _ = cancel.cancelled() => break WriterEnd::Cancelled,
             msg = control.recv() => match msg {
                 Some(m) => {
-                    if write_control(&mut outlet, m).await.is_err() {
+                    if write_control(&mut outlet, m, &ready).await.is_err() {
                         break WriterEnd::TransportFailed;
                     }
                 }
@@ -154,6 +163,7 @@ pub async fn run_writer(
             _ = notified => {}
         }
     };
+    ready.set_phase(WriterPhase::Closed);
     end
 }
 
@@ -166,17 +176,23 @@ async fn finish(outlet: &mut Outlet) -> WriterEnd {
 async fn drain_control(
     outlet: &mut Outlet,
     control: &mut mpsc::Receiver<ControlMessage>,
+    ready: &ReadySet,
 ) -> Result<Lane, OutletClosed> {
     loop {
         match control.try_recv() {
-            Ok(m) => write_control(outlet, m).await?,
+            Ok(m) => write_control(outlet, m, ready).await?,
             Err(mpsc::error::TryRecvError::Empty) => return Ok(Lane::Empty),
             Err(mpsc::error::TryRecvError::Disconnected) => return Ok(Lane::Closed),
         }
     }
 }
 
-async fn write_control(outlet: &mut Outlet, m: ControlMessage) -> Result<(), OutletClosed> {
+async fn write_control(
+    outlet: &mut Outlet,
+    m: ControlMessage,
+    ready: &ReadySet,
+) -> Result<(), OutletClosed> {
+    ready.set_phase(WriterPhase::Outlet);
     outlet.control(m.msg).await?;
     if let Some(after) = m.after_write {
         // The action may make events deliverable that must follow this message: flush so the
@@ -184,5 +200,6 @@ async fn write_control(outlet: &mut Outlet, m: ControlMessage) -> Result<(), Out
         outlet.flush().await?;
         after();
     }
+    ready.set_phase(WriterPhase::Busy);
     Ok(())
 }

@@ -9,14 +9,11 @@
 //!
 //! It never reads a payload: what travels on the link is the engine's and the Noise layer's.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
-use rustls::{ClientConfig, RootCertStore};
 use tokio_tungstenite::Connector;
+
+pub use super::trust::{load_ca_file, TlsRoots};
 
 use crate::transport::websocket::{connect_websocket_stream, ClientSocket};
 use execrelay_relay::driver::link_websocket_config;
@@ -146,72 +143,6 @@ pub fn environment_url(relay: &str, env_id: &str) -> Result<String, DialError> {
     Ok(format!("{base}{ENV_PATH}{env_id}"))
 }
 
-/// How `wss://` verifies the server: the platform's roots, or one CA file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum TlsRoots {
-    /// The platform's trust store (`rustls-native-certs`).
-    #[default]
-    Platform,
-    /// Only the certificates (PEM) in this file (`--ca-file`, for a private CA).
-    CaFile(PathBuf),
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn client_config(roots: RootCertStore) -> Result<Arc<ClientConfig>, DialError> {
-    let cfg = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| DialError::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(cfg))
-}
-
-/// The certificates of a PEM file, as a root store.
-pub fn load_ca_file(path: &Path) -> Result<RootCertStore, DialError> {
-    let what = |e: String| DialError::Tls(format!("--ca-file {}: {e}", path.display()));
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| what(e.to_string()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| what(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(what("no certificate in the file".into()));
-    }
-    let mut roots = RootCertStore::empty();
-    for c in certs {
-        roots.add(c).map_err(|e| what(e.to_string()))?;
-    }
-    Ok(roots)
-}
-
-impl TlsRoots {
-    /// The rustls settings for these roots (the platform's are loaded once per process).
-    pub fn client_config(&self) -> Result<Arc<ClientConfig>, DialError> {
-        match self {
-            TlsRoots::CaFile(path) => client_config(load_ca_file(path)?),
-            TlsRoots::Platform => {
-                static PLATFORM: OnceLock<Result<Arc<ClientConfig>, DialError>> = OnceLock::new();
-                PLATFORM
-                    .get_or_init(|| {
-                        let loaded = rustls_native_certs::load_native_certs();
-                        let mut roots = RootCertStore::empty();
-                        let (added, _) = roots.add_parsable_certificates(loaded.certs);
-                        if added == 0 {
-                            return Err(DialError::Tls(
-                                "no trusted root certificate found on this system; pass --ca-file"
-                                    .into(),
-                            ));
-                        }
-                        client_config(roots)
-                    })
-                    .clone()
-            }
-        }
-    }
-}
-
 /// Dial `ws_url` (`ws://` or `wss://`) within `deadline`, with the link's WebSocket settings
 /// (a frame over the maximum is refused before it is buffered).
 pub async fn dial(
@@ -228,10 +159,19 @@ pub async fn dial(
     let connect = connect_websocket_stream(ws_url, link_websocket_config(), connector);
     match tokio::time::timeout(deadline, connect).await {
         Ok(Ok((ws, _))) => Ok(ws),
-        Ok(Err(e)) => Err(DialError::Connect {
-            url: ws_url.to_string(),
-            why: e.to_string(),
-        }),
+        Ok(Err(e)) => {
+            // A certificate the dialer does not trust: its own words, not rustls' wrapping.
+            let why = match &e {
+                tokio_tungstenite::tungstenite::Error::Io(io) => {
+                    super::trust::untrusted_certificate(io).map(|w| format!("TLS: {w}"))
+                }
+                _ => None,
+            };
+            Err(DialError::Connect {
+                url: ws_url.to_string(),
+                why: why.unwrap_or_else(|| crate::transport::websocket::handshake_error(&e)),
+            })
+        }
         Err(_) => Err(DialError::Timeout(ws_url.to_string(), deadline)),
     }
 }
@@ -279,16 +219,5 @@ mod tests {
         assert!(environment_url("http://r:9", "e1").is_err());
         assert!(environment_url("ws://r:9", "").is_err());
         assert!(environment_url("ws://r:9", "a/b").is_err());
-    }
-
-    #[test]
-    fn a_ca_file_without_certificates_is_refused() {
-        let dir = std::env::temp_dir().join(format!("execrelay-dial-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("empty.pem");
-        std::fs::write(&p, "not a certificate\n").unwrap();
-        let e = TlsRoots::CaFile(p.clone()).client_config().unwrap_err();
-        assert!(e.to_string().contains("--ca-file"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,23 +5,29 @@
 //! `ConnectionProcessor`s, session binding to the client key), with the budget policy of a
 //! link that carries many clients' streams: an empty handshake bucket refuses new `OPEN`s for
 //! a cool-down and never touches established streams. When the link ends, dial again after
-//! a [`Backoff`] delay, until the server shuts down.
+//! a [`Backoff`] delay, until the server shuts down; a refusal by the relay is logged with
+//! what to check and retried on a slower schedule (up to `relay_refused_backoff_max_ms`).
+//! Every attempt's outcome goes to the link's [`EnvironmentHealth`] (`/readyz`).
 //!
 //! It never decides anything about streams (that is `server.rs`) and never holds a relay
 //! secret: the relay learns nothing it could use elsewhere.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::dial::{dial, environment_url, LinkSocket, TlsRoots};
+use super::health::EnvironmentHealth;
 use super::server::{run_link, LinkContext, LinkPeer};
 use crate::config::ServerConfig;
 use crate::noise::keys::{fingerprint, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
 use execrelay_relay::driver::{recv_frame, send_frame};
-use execrelay_relay::env_handshake::EnvironmentHandshake;
+use execrelay_relay::env_handshake::{
+    EnvironmentHandshake, LinkRefusal, REASON_CLOCK_SKEW, REASON_HELD, REASON_UNAUTHORIZED,
+};
 use execrelay_relay::reason::CloseReason;
 
 /// How long the link handshake (message 1 out, message 2 or a refusal back) may take.
@@ -42,36 +48,49 @@ pub struct RelayDial {
 }
 
 /// Reconnection delays (sans-IO): `initial`, doubling after every failed attempt or short
-/// link up to `max`, back to `initial` after a link that lived `reset_after`; each delay
-/// loses a random part of up to a quarter (jitter), so environments that lost one relay
-/// together do not all come back in the same instant.
+/// link up to `max`, back to `initial` after a link that lived `reset_after`; after a
+/// refusal by the relay ([`Backoff::delay_refused`]) the doubling goes on up to
+/// `refused_max` instead (a refusal lasts until an operator fixes a file). Each delay loses a
+/// random part of up to a quarter (jitter), so environments that lost one relay together do
+/// not all come back in the same instant.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     initial: Duration,
     max: Duration,
+    refused_max: Duration,
     reset_after: Duration,
     next: Duration,
 }
 
 impl Backoff {
     /// The schedule of `config` (`relay_backoff_initial_ms`, `relay_backoff_max_ms`,
-    /// `relay_backoff_reset_ms`).
+    /// `relay_refused_backoff_max_ms`, `relay_backoff_reset_ms`).
     pub fn from_config(config: &ServerConfig) -> Backoff {
         Backoff::new(
             Duration::from_millis(config.relay_backoff_initial_ms.max(1)),
             Duration::from_millis(config.relay_backoff_max_ms.max(1)),
             Duration::from_millis(config.relay_backoff_reset_ms),
         )
+        .with_refused_max(Duration::from_millis(config.relay_refused_backoff_max_ms))
     }
 
-    /// A schedule starting at `initial`.
+    /// A schedule starting at `initial` (a refusal's cap is `max` until
+    /// [`with_refused_max`](Self::with_refused_max)).
     pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Backoff {
+        let max = max.max(initial);
         Backoff {
             initial,
-            max: max.max(initial),
+            max,
+            refused_max: max,
             reset_after,
             next: initial,
         }
+    }
+
+    /// After a refusal, delays grow up to `refused_max` (never below the usual cap).
+    pub fn with_refused_max(mut self, refused_max: Duration) -> Backoff {
+        self.refused_max = refused_max.max(self.max);
+        self
     }
 
     /// The delay before the next attempt, after an attempt whose link lived `lived` (`None`:
@@ -80,12 +99,24 @@ impl Backoff {
         if lived.is_some_and(|l| l >= self.reset_after) {
             self.next = self.initial;
         }
-        let base = self.next;
-        self.next = (self.next * 2).min(self.max);
-        let quarter = base.as_nanos() as u64 / 4;
-        let off = if quarter == 0 { 0 } else { random % quarter };
-        base - Duration::from_nanos(off)
+        // A run of refusals may have taken `next` past the usual cap.
+        let base = self.next.min(self.max);
+        self.next = (base * 2).min(self.max);
+        jitter(base, random)
     }
+
+    /// The delay before the next attempt after the relay refused the link.
+    pub fn delay_refused(&mut self, random: u64) -> Duration {
+        let base = self.next;
+        self.next = (base * 2).min(self.refused_max);
+        jitter(base, random)
+    }
+}
+
+fn jitter(base: Duration, random: u64) -> Duration {
+    let quarter = base.as_nanos() as u64 / 4;
+    let off = if quarter == 0 { 0 } else { random % quarter };
+    base - Duration::from_nanos(off)
 }
 
 fn random() -> u64 {
@@ -95,13 +126,36 @@ fn random() -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// The link came up and lived this long.
+    Lived(Duration),
+    /// The relay could not be reached or did not answer.
+    Unreachable,
+    /// The relay refused for load (`busy`) or a malformed exchange: retried as a failure.
+    Refused,
+    /// The relay refused this environment's key or id, the relay did not prove the pinned
+    /// key, or the clocks are apart: retried on the slower schedule until someone fixes it.
+    Misconfigured,
+    /// Stopped.
+    Stopped,
+}
+
 /// Keep the environment link up until `stop` fires (then no new link is dialled; the link up
-/// ends with the context's `shutdown`, after exit notices went out).
-pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: CancellationToken) {
+/// ends with the context's `shutdown`, after exit notices went out). `health` follows every
+/// attempt (`/readyz`, `/status`, the metrics).
+pub async fn run_environment(
+    dial_cfg: RelayDial,
+    ctx: LinkContext,
+    health: Arc<EnvironmentHealth>,
+    stop: CancellationToken,
+) {
     let url = match environment_url(&dial_cfg.relay_url, &dial_cfg.env_id) {
         Ok(u) => u,
         Err(e) => {
             tracing::error!(error = %e, "environment link not started");
+            health.update(|st, now| st.refused(now, false, e.to_string()));
             return;
         }
     };
@@ -109,15 +163,23 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
     let span = tracing::info_span!("environment_link", env = %dial_cfg.env_id);
     async move {
         let mut attempt = 0u64;
+        let mut held = HeldReport::default();
         loop {
             if stop.is_cancelled() {
                 return;
             }
             attempt += 1;
+            health.update(|st, _| st.dialling());
             // Not raced against `stop` as a whole: a link that is up ends with the
             // connections (the context's `shutdown`), after the exit notices went out.
-            let lived = connect_and_serve(&dial_cfg, &url, &ctx, attempt, &stop).await;
-            let delay = backoff.delay(lived, random());
+            let outcome =
+                connect_and_serve(&dial_cfg, &url, &ctx, &health, attempt, &stop, &mut held).await;
+            let delay = match outcome {
+                Attempt::Stopped => return,
+                Attempt::Lived(lived) => backoff.delay(Some(lived), random()),
+                Attempt::Unreachable | Attempt::Refused => backoff.delay(None, random()),
+                Attempt::Misconfigured => backoff.delay_refused(random()),
+            };
             tracing::info!(?delay, "dialling the relay again");
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -129,20 +191,32 @@ pub async fn run_environment(dial_cfg: RelayDial, ctx: LinkContext, stop: Cancel
     .await
 }
 
+/// Whether the relay's "another server holds this id" refusal was reported since the link was
+/// last up: said once (two servers share this environment's key), then quietly retried.
+#[derive(Debug, Default)]
+struct HeldReport {
+    said: bool,
+}
+
 /// One attempt: dial, handshake (abandoned when `stop` fires), serve until the link ends
-/// (with the context's `shutdown`, like every connection). How long the link lived, if it
-/// came up.
+/// (with the context's `shutdown`, like every connection).
 async fn connect_and_serve(
     dial_cfg: &RelayDial,
     url: &str,
     ctx: &LinkContext,
+    health: &EnvironmentHealth,
     attempt: u64,
     stop: &CancellationToken,
-) -> Option<Duration> {
+    held: &mut HeldReport,
+) -> Attempt {
     let ws = tokio::select! {
-        _ = stop.cancelled() => return None,
-        ws = establish(dial_cfg, url, ctx, attempt) => ws?,
+        _ = stop.cancelled() => return Attempt::Stopped,
+        ws = establish(dial_cfg, url, ctx, health, attempt, held) => match ws {
+            Ok(ws) => ws,
+            Err(outcome) => return outcome,
+        },
     };
+    held.said = false;
     let started = tokio::time::Instant::now();
     let reason = run_link(ws, LinkPeer::Relay(format!("relay {url}")), ctx.clone()).await;
     let lived = started.elapsed();
@@ -152,22 +226,30 @@ async fn connect_and_serve(
     } else {
         tracing::warn!(%reason, ?lived, "environment link lost");
     }
-    Some(lived)
+    health.update(|st, now| st.lost(now, format!("the link to {url} was lost ({reason})")));
+    Attempt::Lived(lived)
 }
 
-/// Dial the relay and run the link handshake: the link's WebSocket, ready for the engine.
+/// Dial the relay and run the link handshake: the link's WebSocket, ready for the engine, or
+/// how the attempt failed (logged, and recorded in `health`).
 async fn establish(
     dial_cfg: &RelayDial,
     url: &str,
     ctx: &LinkContext,
+    health: &EnvironmentHealth,
     attempt: u64,
-) -> Option<LinkSocket> {
+    held: &mut HeldReport,
+) -> Result<LinkSocket, Attempt> {
     let keys = &ctx.noise.keys;
+    let unreachable = |why: String| {
+        health.update(|st, now| st.unreachable(now, why));
+        Attempt::Unreachable
+    };
     let mut ws = match dial(url, &dial_cfg.tls, LINK_HANDSHAKE_TIMEOUT).await {
         Ok(ws) => ws,
         Err(e) => {
             tracing::warn!(attempt, error = %e, "cannot reach the relay");
-            return None;
+            return Err(unreachable(e.to_string()));
         }
     };
     let (hs, open) = match EnvironmentHandshake::start(
@@ -179,7 +261,7 @@ async fn establish(
         Ok(x) => x,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the link handshake");
-            return None;
+            return Err(unreachable(format!("cannot start the link handshake: {e}")));
         }
     };
     let answer = async {
@@ -190,22 +272,131 @@ async fn establish(
         Ok(f) => f,
         Err(e) => {
             tracing::warn!(attempt, error = %e, "the relay did not answer the link handshake");
-            return None;
+            return Err(unreachable(format!(
+                "the relay at {url} did not answer the link handshake: {e}"
+            )));
         }
     };
     if let Err(e) = hs.finish(&answer) {
+        if matches!(&e, LinkRefusal::Refused(r) if r == REASON_HELD) {
+            // Another exec server with this key holds the id and is alive: the relay keeps
+            // it. Said once; the redials (at the backoff's pace) are quiet until one succeeds.
+            if held.said {
+                tracing::debug!(attempt, "the relay still gives the id to another server");
+            } else {
+                held.said = true;
+                tracing::error!(
+                    attempt,
+                    env = %dial_cfg.env_id,
+                    key = %fingerprint(&keys.public),
+                    "another exec server with this environment key holds environment {:?} at the relay (environment_in_use): two servers share a key. This one keeps trying and takes over when the other stops; give each server its own key and id",
+                    dial_cfg.env_id
+                );
+            }
+            ctx.registry
+                .metrics()
+                .environment_link()
+                .refused("environment_in_use");
+            health.update(|st, now| {
+                st.refused(
+                    now,
+                    false,
+                    format!(
+                        "another exec server with this environment key holds environment {} at {url} (environment_in_use)",
+                        dial_cfg.env_id
+                    ),
+                )
+            });
+            return Err(Attempt::Refused);
+        }
+        let refusal = Refusal::of(&e, dial_cfg, &fingerprint(&keys.public), url);
         // The relay's RESET reason, or a message 2 that does not verify (another relay key).
         tracing::error!(
             attempt,
             env = %dial_cfg.env_id,
             key = %fingerprint(&keys.public),
             relay = %fingerprint(&dial_cfg.relay_public),
-            "the relay refused this environment link: {e} (check --environment-id, --relay-key, and that the relay's environments file lists this server's public key for the id)"
+            "{}",
+            refusal.message
         );
-        return None;
+        ctx.registry
+            .metrics()
+            .environment_link()
+            .refused(refusal.label);
+        health.update(|st, now| st.refused(now, refusal.unauthorized, refusal.message));
+        return Err(if refusal.misconfigured {
+            Attempt::Misconfigured
+        } else {
+            Attempt::Refused
+        });
     }
-    tracing::info!(attempt, relay = %url, "environment link up");
-    Some(ws)
+    tracing::info!(
+        attempt,
+        "connected to relay {} as environment {}",
+        dial_cfg.relay_url,
+        dial_cfg.env_id
+    );
+    ctx.registry.metrics().environment_link().came_up();
+    health.update(|st, now| st.up(now));
+    Ok(ws)
+}
+
+/// A refused link handshake, as the log, `/readyz` and the metrics tell it.
+struct Refusal {
+    /// The metrics label (a fixed string).
+    label: &'static str,
+    /// The relay does not list this server's key for the id.
+    unauthorized: bool,
+    /// A refusal only an operator can lift (slower retries).
+    misconfigured: bool,
+    /// What happened and what to check.
+    message: String,
+}
+
+impl Refusal {
+    fn of(e: &LinkRefusal, dial: &RelayDial, own_key: &str, url: &str) -> Refusal {
+        let (env, relay_key) = (&dial.env_id, fingerprint(&dial.relay_public));
+        match e {
+            LinkRefusal::Refused(reason) if reason == REASON_UNAUTHORIZED => Refusal {
+                label: "unauthorized",
+                unauthorized: true,
+                misconfigured: true,
+                message: format!(
+                    "the relay at {url} refused environment {env} (unauthorized): check that the relay's environments file lists this server's public key ({own_key}, the line of its --key's .pub file) for the id {env}, and that --relay-key is this relay's public key (pinned: {relay_key}); retrying, more slowly, until it is fixed"
+                ),
+            },
+            LinkRefusal::Refused(reason) if reason == REASON_CLOCK_SKEW => Refusal {
+                label: "clock_skew",
+                unauthorized: false,
+                misconfigured: true,
+                message: format!(
+                    "the relay at {url} refused environment {env}: this host's clock and the relay's are too far apart; fix the clock (NTP) of one of them"
+                ),
+            },
+            LinkRefusal::Refused(reason) if reason == "busy" => Refusal {
+                label: "busy",
+                unauthorized: false,
+                misconfigured: false,
+                message: format!(
+                    "the relay at {url} refused environment {env} for now (busy): it serves its maximum of environments or of link handshakes; retrying"
+                ),
+            },
+            LinkRefusal::WrongRelay => Refusal {
+                label: "wrong_relay_key",
+                unauthorized: false,
+                misconfigured: true,
+                message: format!(
+                    "the relay at {url} did not prove the pinned --relay-key ({relay_key}): check that --relay-key is the public key of the relay at this URL; retrying, more slowly, until it is fixed"
+                ),
+            },
+            other => Refusal {
+                label: "other",
+                unauthorized: false,
+                misconfigured: false,
+                message: format!("the relay at {url} refused environment {env}: {other}"),
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +416,23 @@ mod tests {
         // One that lived a minute does.
         assert_eq!(b.delay(Some(60 * S), no_jitter), S);
         assert_eq!(b.delay(None, no_jitter), 2 * S);
+    }
+
+    #[test]
+    fn refusals_slow_down_to_their_own_cap_and_a_failure_comes_back_under_the_usual_one() {
+        let mut b = Backoff::new(S, 30 * S, 60 * S).with_refused_max(300 * S);
+        let got: Vec<u64> = (0..11).map(|_| b.delay_refused(0).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        // The relay unreachable now: back under the usual cap at once.
+        assert_eq!(b.delay(None, 0), 30 * S);
+        assert_eq!(b.delay(None, 0), 30 * S);
+        // A long link resets everything.
+        assert_eq!(b.delay(Some(60 * S), 0), S);
+        assert_eq!(b.delay_refused(0), 2 * S);
+        // A refusal cap below the usual one is raised to it.
+        let mut b = Backoff::new(S, 30 * S, 60 * S).with_refused_max(S);
+        let got: Vec<u64> = (0..7).map(|_| b.delay_refused(0).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 30, 30]);
     }
 
     #[test]

@@ -49,7 +49,7 @@ use crate::noise::record::{
 };
 use crate::sync::lock;
 use crate::transport::{FramingError, OutMessage, Transport};
-use execrelay_relay::driver::{StreamHandle, StreamReceiver, StreamSender};
+use execrelay_relay::driver::{FlowProbe, StreamHandle, StreamReceiver, StreamSender};
 use execrelay_relay::reason::Reason;
 
 /// Largest record plaintext (kind byte and body) assembled by a sink.
@@ -155,6 +155,7 @@ pub fn noise_transport(
     peer: String,
 ) -> (Transport, StreamEnd) {
     let (receiver, sender) = handle.split();
+    let probe = NoiseFlow(sender.probe());
     let flags = Arc::new(Flags::default());
     let (tx, rx) = oneshot::channel();
     let incoming = NoiseIncoming {
@@ -178,9 +179,27 @@ pub fn noise_transport(
             outgoing: Box::pin(sink),
             peer,
             binary_messages: true,
+            flow: Some(Arc::new(probe)),
         },
         StreamEnd { rx },
     )
+}
+
+/// The stream's sending direction as the engine's flow control sees it, for the stall
+/// watchdog.
+struct NoiseFlow(FlowProbe);
+
+impl crate::transport::FlowProbe for NoiseFlow {
+    fn can_send(&self) -> Option<bool> {
+        self.0.flow().map(|f| f.can_send())
+    }
+
+    fn describe(&self) -> String {
+        match self.0.flow() {
+            Some(f) => f.to_string(),
+            None => "stream gone".into(),
+        }
+    }
 }
 
 /// The inbound half: decrypts and reassembles in the task that polls it.

@@ -8,6 +8,11 @@
 //! construction; a read below the retained range is reported as exactly that range.
 //! It must never drop an event that has not been released by those rules.
 //!
+//! **Liveness**: a log that its client owes nothing (every event written, and with acks every
+//! event acknowledged) always admits a chunk. The output pump waits for room on nothing but
+//! this log's own changes (and the budget's), so a log full and unreleasable with nothing
+//! owed would stop its child for good (`a_log_that_is_owed_nothing_always_admits_a_chunk`).
+//!
 //! Its unwritten bytes are its part of the server-wide output budget: the log holds a
 //! [`BudgetShare`] and keeps it equal to them after every change, and an output chunk is
 //! appended only once its retention and the budget admit it ([`EventLog::try_append_output`]).
@@ -33,8 +38,26 @@ pub enum EventBody {
         /// Raw bytes.
         chunk: Bytes,
     },
+    /// Output of `stream` read and not kept (`outputCapKeep: "headAndTail"`): between the
+    /// head already delivered and the tail that follows this event.
+    Omitted {
+        /// Source stream.
+        stream: StreamName,
+        /// Bytes not kept.
+        omitted_bytes: u64,
+    },
     /// The exit notice; always the last event.
     Exited(ExitInfo),
+}
+
+impl EventBody {
+    /// Bytes of output it carries (0 for notices).
+    pub fn output_len(&self) -> usize {
+        match self {
+            EventBody::Output { chunk, .. } => chunk.len(),
+            EventBody::Omitted { .. } | EventBody::Exited(_) => 0,
+        }
+    }
 }
 
 /// One numbered event.
@@ -48,11 +71,7 @@ pub struct Event {
 
 impl Event {
     fn cost(&self) -> usize {
-        EVENT_OVERHEAD_BYTES
-            + match &self.body {
-                EventBody::Output { chunk, .. } => chunk.len(),
-                EventBody::Exited(_) => 0,
-            }
+        EVENT_OVERHEAD_BYTES + self.body.output_len()
     }
 }
 
@@ -77,9 +96,14 @@ pub enum ReadError {
 /// Limits of one log (its unwritten bytes are bounded by the server-wide output budget).
 #[derive(Debug, Clone, Copy)]
 pub struct LogLimits {
-    /// Retained bytes beyond which written (or acked) events are released, oldest first;
-    /// also the point at which the pump must stop appending.
+    /// Retained bytes from which written (without acks) events are released, oldest first;
+    /// also the point at which the pump must stop appending. Both rules take the limit
+    /// itself as full, so they never leave a log in between, full and unreleasable.
     pub retained_bytes: usize,
+    /// Debug builds' fault injection only (`faults::Fault::ReleasePastLimit`): release only
+    /// past the limit, the old dead end, so that tests can see the stall watchdog catch it.
+    #[doc(hidden)]
+    pub fault_release_past_limit: bool,
 }
 
 /// The event log of one process.
@@ -162,6 +186,15 @@ impl EventLog {
         self.push(EventBody::Output { stream, chunk })
     }
 
+    /// Append the notice that `omitted` bytes of `stream` were not kept. Like the exit notice
+    /// it is charged without admission (a notice is never held back; at most one per stream).
+    pub fn append_omitted(&mut self, stream: StreamName, omitted: u64) -> u64 {
+        self.push(EventBody::Omitted {
+            stream,
+            omitted_bytes: omitted,
+        })
+    }
+
     /// Append the exit notice; it takes the highest seq. Appending twice is a bug upstream;
     /// the second is ignored and the first seq returned.
     pub fn append_exit(&mut self, info: ExitInfo) -> u64 {
@@ -203,6 +236,11 @@ impl EventLog {
     /// Whether the exit notice has been acknowledged.
     pub fn exit_acked(&self) -> bool {
         self.exit_seq.is_some_and(|s| self.acked_through >= s)
+    }
+
+    /// Whether the client acknowledges events (they are released by its acks).
+    pub fn acks(&self) -> bool {
+        self.acks
     }
 
     /// Highest seq written so far.
@@ -313,10 +351,7 @@ impl EventLog {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for ev in self.events.iter().skip(skip) {
-            let len = match &ev.body {
-                EventBody::Output { chunk, .. } => chunk.len(),
-                EventBody::Exited(_) => 0,
-            };
+            let len = ev.body.output_len();
             if !out.is_empty() && bytes + len > max_bytes {
                 break;
             }
@@ -331,7 +366,16 @@ impl EventLog {
             let releasable = if self.acks {
                 front.seq <= self.acked_through
             } else {
-                front.seq <= self.written_through && self.retained_cost > self.limits.retained_bytes
+                // At the limit, not only past it: admission stops at the limit
+                // (`admit_output`), so a log that stops there with every event written must
+                // release, or its pump would wait for room no one will make. The two rules
+                // are each other's complement: a log owed nothing always admits a chunk.
+                let full = if self.limits.fault_release_past_limit {
+                    self.retained_cost > self.limits.retained_bytes
+                } else {
+                    self.retained_cost >= self.limits.retained_bytes
+                };
+                front.seq <= self.written_through && full
             };
             if !releasable {
                 break;
@@ -353,6 +397,7 @@ mod tests {
     fn limits(retained: usize) -> LogLimits {
         LogLimits {
             retained_bytes: retained,
+            fault_release_past_limit: false,
         }
     }
 
@@ -369,6 +414,7 @@ mod tests {
         ExitInfo {
             exit_code: Some(0),
             signal: None,
+            reason: Default::default(),
             timed_out: false,
             output_drain_timed_out: false,
             stdout_bytes: 0,
@@ -453,6 +499,71 @@ mod tests {
             })
         );
         assert_eq!(log.read(4, usize::MAX).unwrap()[0].seq, 5);
+    }
+
+    /// Regression (a stream that stopped for good after its reader paused): without acks,
+    /// written events were released only while the log was *over* its limit, and a chunk was
+    /// admitted only while it was *under* it. A log that landed on the limit to the byte,
+    /// everything written, did neither: its pump waited for a release that no one would make,
+    /// the child blocked on its pipe, and the client, having read everything, waited forever.
+    #[test]
+    fn a_log_full_to_the_byte_with_everything_written_admits_more() {
+        let mut log = log_of(3 * output_cost(100), false);
+        for _ in 0..3 {
+            log.append_output(StreamName::Stdout, chunk(100));
+        }
+        assert_eq!(
+            log.retained_cost(),
+            3 * output_cost(100),
+            "exactly at the limit"
+        );
+        assert_eq!(log.admit_output(100), Err(Blocked::Retention));
+        log.mark_written(3);
+        assert!(!log.has_unwritten());
+        assert_eq!(
+            log.admit_output(100),
+            Ok(()),
+            "everything written: room for the pump (it waits for nothing else)"
+        );
+        assert!(log.retained_cost() < 3 * output_cost(100));
+    }
+
+    /// The liveness rule the pump relies on, over many random runs: once the client side owes
+    /// the log nothing (every event written, and with acks every event acknowledged), a chunk
+    /// is admitted. Otherwise a pump that waits for room waits for an event that never comes.
+    #[test]
+    fn a_log_that_is_owed_nothing_always_admits_a_chunk() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        for run in 0..2000 {
+            let acks = run % 2 == 0;
+            let chunk_max = 1 + next(4096) as usize;
+            let limit = output_cost(chunk_max) * (1 + next(8) as usize) + next(3) as usize;
+            let mut log = log_of(limit, acks);
+            for _ in 0..200 {
+                match next(4) {
+                    0 | 1 => {
+                        let len = 1 + next(chunk_max as u64) as usize;
+                        let _ = log.try_append_output(StreamName::Stdout, chunk(len));
+                    }
+                    2 => log.mark_written(log.next_seq() - 1),
+                    _ => log.ack(log.written_through()),
+                }
+                if !log.has_unwritten() && (!acks || log.acked_through() == log.written_through()) {
+                    assert_eq!(
+                        log.would_admit_output(chunk_max),
+                        Ok(()),
+                        "run {run}: limit {limit}, retained {} with nothing owed",
+                        log.retained_cost()
+                    );
+                }
+            }
+        }
     }
 
     /// `afterSeq` is the client's: the largest one reads nothing (no overflow, no panic),

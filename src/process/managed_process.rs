@@ -11,7 +11,6 @@
 //! only async lock is stdin's, held by at most one write at a time. It never spawns (that is
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -24,13 +23,15 @@ use tokio_util::sync::CancellationToken;
 use super::containment::{ContainmentError, Delivery, DirectChild, SessionScope};
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
-use super::output_budget::OutputBudget;
+use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
 use super::spawn::{InputWriter, PtyControl};
+use super::stall_watch::Observation;
 use super::write_ids::WriteIds;
+use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
-use crate::rpc::messages::{ExitInfo, TermSize};
+use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep, TermSize};
 use crate::rpc::notification::json_string;
 use crate::sync::lock;
 
@@ -45,6 +46,8 @@ pub struct ProcessOptions {
     pub timeout: Option<Duration>,
     /// `outputBytesCap`, per stream.
     pub output_cap: Option<u64>,
+    /// `outputCapKeep`: what the cap keeps (the head, or the head and the tail).
+    pub output_cap_keep: OutputCapKeep,
     /// `drainTimeoutMs`.
     pub drain_timeout: Duration,
     /// `killGraceMs`.
@@ -138,6 +141,8 @@ pub(crate) struct Inner {
     pub(crate) stderr_bytes: u64,
     pub(crate) dropped_bytes: u64,
     pub(crate) exit: Option<ExitInfo>,
+    /// What a pump waits for, while one waits for room (the stall watchdog's account).
+    pub(crate) waiting_for: Option<Blocked>,
 }
 
 struct StdinState {
@@ -171,7 +176,11 @@ pub struct ManagedProcess {
     pub(crate) finished: CancellationToken,
     /// The session is gone: pumps stop waiting for room and quit.
     pub(crate) abandoned: CancellationToken,
-    pub(crate) timed_out: AtomicBool,
+    /// Why the process is being ended, by whoever started ending it first (a timeout, a
+    /// client, the session's close or expiry, shutdown); `None`: nobody here did.
+    end_cause: Mutex<Option<ExitReason>>,
+    /// The session cgroup's OOM kill count when the process started (`None`: not known here).
+    pub(crate) oom_kills_at_start: Option<u64>,
     stdin: tokio::sync::Mutex<StdinState>,
     pty: Option<PtyControl>,
     delivery: Mutex<Option<Arc<ReadySet>>>,
@@ -219,12 +228,14 @@ impl ManagedProcess {
                 stderr_bytes: 0,
                 dropped_bytes: 0,
                 exit: None,
+                waiting_for: None,
             }),
             changed: Notify::new(),
             exited: CancellationToken::new(),
             finished: CancellationToken::new(),
             abandoned: CancellationToken::new(),
-            timed_out: AtomicBool::new(false),
+            end_cause: Mutex::new(None),
+            oom_kills_at_start: scope.oom_kills(),
             stdin: tokio::sync::Mutex::new(StdinState {
                 writer: stdin,
                 closed: false,
@@ -297,6 +308,42 @@ impl ManagedProcess {
                 r.push(self.clone());
             }
         }
+    }
+
+    /// One look at this process for the stall watchdog, if it delivers to a connection (a
+    /// detached process holds its output on purpose). With the connection's ready set, for
+    /// the account of a stall.
+    pub fn stall_observation(&self) -> Option<(Observation, Arc<ReadySet>)> {
+        let ready = lock(&self.delivery).clone()?;
+        let (progress, unwritten, owed, pump_waiting, would_admit) = {
+            let inner = self.inner();
+            let log = &inner.log;
+            let pump_waiting = inner
+                .waiting_for
+                .filter(|_| inner.drain.blocked_pumps() > 0);
+            (
+                [
+                    log.next_seq(),
+                    log.written_through(),
+                    log.released_through(),
+                    log.acked_through(),
+                ],
+                log.has_unwritten(),
+                log.acks() && log.acked_through() < log.written_through(),
+                pump_waiting,
+                log.would_admit_output(PUMP_CHUNK_BYTES).is_ok(),
+            )
+        };
+        let o = Observation {
+            progress,
+            unwritten,
+            owed_by_client: owed,
+            pump_waiting,
+            would_admit,
+            writer: ready.phase(),
+            transport_can_send: ready.flow().and_then(|f| f.can_send()),
+        };
+        Some((o, ready))
     }
 
     /// Whether `ready` is the current delivery target.
@@ -537,15 +584,18 @@ impl ManagedProcess {
         cancel: &CancellationToken,
     ) -> Result<ReadOutcome, ProcessError> {
         let deadline = Instant::now() + wait;
+        if acks && after_seq > 0 {
+            // An ack like `process/ack`'s, and like it, it wakes whoever waits on this
+            // process's log: a pump waiting for room, the reaper waiting for the exit
+            // notice to be acknowledged.
+            self.ack(after_seq);
+        }
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let mut inner = self.inner();
-                if acks && after_seq > 0 {
-                    inner.log.ack(after_seq);
-                }
+                let inner = self.inner();
                 let events = inner.log.read(after_seq, max_bytes)?;
                 let done = inner.exit.is_some();
                 if !events.is_empty() || done || Instant::now() >= deadline {
@@ -591,9 +641,45 @@ fn containment_io(e: ContainmentError) -> std::io::Error {
 }
 
 impl ManagedProcess {
-    /// Record that `timeoutMs` fired (reported as `timedOut` in the exit notice).
-    pub(crate) fn mark_timed_out(&self) {
-        self.timed_out.store(true, Ordering::SeqCst);
+    /// Record why the process is being ended, before the signal that ends it: the first
+    /// cause recorded wins (a client's terminate after a timeout does not make it
+    /// `terminated`), and nothing is recorded once the exit notice is in the log.
+    pub fn mark_ending(&self, reason: ExitReason) {
+        if self.finished.is_cancelled() {
+            return;
+        }
+        let mut cause = lock(&self.end_cause);
+        if cause.is_none() {
+            *cause = Some(reason);
+        }
+    }
+
+    /// The cause recorded by [`mark_ending`](Self::mark_ending), if any.
+    pub fn end_cause(&self) -> Option<ExitReason> {
+        *lock(&self.end_cause)
+    }
+
+    /// The session cgroup's OOM kill count now, against the one at start: whether the
+    /// kernel's OOM killer struck in the session while this process ran (`None`: not known).
+    pub(crate) fn oom_killed_since_start(&self) -> Option<bool> {
+        let before = self.oom_kills_at_start?;
+        let now = self.scope.oom_kills()?;
+        Some(now > before)
+    }
+}
+
+/// The `reason` of an exit notice (`protocol.md` §5): the cause recorded before the end when
+/// there is one; else `oomKilled` for a death by `SIGKILL` while the session's OOM count rose
+/// (the kernel sent it: nobody here did); else `exited`.
+pub fn exit_reason(
+    cause: Option<ExitReason>,
+    signal: Option<&str>,
+    oom: Option<bool>,
+) -> ExitReason {
+    match (cause, signal, oom) {
+        (Some(c), _, _) => c,
+        (None, Some("SIGKILL"), Some(true)) => ExitReason::OomKilled,
+        _ => ExitReason::Exited,
     }
 }
 
@@ -611,6 +697,26 @@ mod tests {
                 chunk: bytes::Bytes::from_static(b"x"),
             },
         }
+    }
+
+    /// The first recorded cause wins; without one, only a SIGKILL while the session's OOM
+    /// count rose is `oomKilled`; an unknown count never is.
+    #[test]
+    fn the_exit_reason_is_the_first_cause_else_the_oom_killer_else_exited() {
+        use ExitReason as R;
+        assert_eq!(
+            exit_reason(Some(R::Timeout), Some("SIGKILL"), Some(true)),
+            R::Timeout
+        );
+        assert_eq!(
+            exit_reason(Some(R::ServerShutdown), None, None),
+            R::ServerShutdown
+        );
+        assert_eq!(exit_reason(None, Some("SIGKILL"), Some(true)), R::OomKilled);
+        assert_eq!(exit_reason(None, Some("SIGKILL"), Some(false)), R::Exited);
+        assert_eq!(exit_reason(None, Some("SIGKILL"), None), R::Exited);
+        assert_eq!(exit_reason(None, Some("SIGTERM"), Some(true)), R::Exited);
+        assert_eq!(exit_reason(None, None, Some(true)), R::Exited);
     }
 
     #[test]

@@ -64,6 +64,11 @@ impl OutputDrain {
         self.exited_at.is_some()
     }
 
+    /// Pumps waiting for room now.
+    pub fn blocked_pumps(&self) -> u32 {
+        self.blocked_pumps
+    }
+
     /// A pump starts waiting for the client to make room.
     pub fn block_begin(&mut self, now: Instant) {
         if self.blocked_pumps == 0 {

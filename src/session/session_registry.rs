@@ -25,12 +25,13 @@ use super::session::{AttachState, ConnHandle, Session};
 use super::SessionError;
 use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
-use crate::metrics::{Metrics, StateSnapshot};
+use crate::metrics::{ContainmentStage, Metrics, StateSnapshot};
 use crate::policy::resolve::resolve_program;
 use crate::policy::{PolicyFile, Verdict};
 use crate::process::containment::Containment;
 use crate::process::spawn::SpawnSpec;
-use crate::process::OutputBudget;
+use crate::process::{ManagedProcess, OutputBudget};
+use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -52,6 +53,9 @@ pub struct SessionRegistry {
     containment: Containment,
     /// The tasks ending closed sessions (`Session::close`).
     closing: TaskTracker,
+    /// The stall watchdog starts with the first session (on the runtime that serves it: a
+    /// registry may be built before its runtime runs).
+    watchdog: std::sync::Once,
 }
 
 /// The name clients see in `data.limit` when the server's inbound budget is full.
@@ -99,6 +103,7 @@ impl SessionRegistry {
             config,
             containment,
             closing: TaskTracker::new(),
+            watchdog: std::sync::Once::new(),
         })
     }
 
@@ -157,14 +162,23 @@ impl SessionRegistry {
     /// Count what the registry holds now (the read gauges of the metrics).
     pub fn stats(&self) -> StateSnapshot {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        let mut st = StateSnapshot::default();
+        let c = &self.config;
+        let mut st = StateSnapshot {
+            sessions_limit: c.max_sessions,
+            processes_limit: c.max_processes,
+            connections_limit: c.max_connections,
+            links_limit: c.max_links,
+            ..StateSnapshot::default()
+        };
         for s in sessions {
             if s.is_attached() {
                 st.sessions_attached += 1;
             } else {
                 st.sessions_detached += 1;
             }
-            for p in s.processes() {
+            let processes = s.processes();
+            st.largest_session_processes = st.largest_session_processes.max(processes.len());
+            for p in processes {
                 let ps = p.stats();
                 if ps.exited {
                     st.processes_exited += 1;
@@ -197,6 +211,15 @@ impl SessionRegistry {
         lock(&self.sessions).get(id).cloned()
     }
 
+    /// Every process of every session, with its session's id (the stall watchdog's round).
+    pub fn all_processes(&self) -> Vec<(String, Arc<ManagedProcess>)> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        sessions
+            .iter()
+            .flat_map(|s| s.processes().into_iter().map(|p| (s.id.clone(), p)))
+            .collect()
+    }
+
     /// Number of sessions.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
@@ -215,12 +238,15 @@ impl SessionRegistry {
         acks: bool,
         conn: &ConnHandle,
     ) -> Result<(Arc<Session>, String), SessionError> {
+        self.watchdog
+            .call_once(|| super::stall_watchdog::spawn(self));
         let token = random_bytes::<32>();
         let id = format!("s-{}", hex(&random_bytes::<16>()));
-        let scope = self
-            .containment
-            .open_scope()
-            .map_err(SessionError::Containment)?;
+        let scope = self.containment.open_scope().map_err(|e| {
+            self.metrics
+                .containment_failure(ContainmentStage::OpenScope);
+            SessionError::Containment(e)
+        })?;
         let session = Arc::new(Session {
             id: id.clone(),
             token: token.to_vec(),
@@ -229,6 +255,7 @@ impl SessionRegistry {
             owner_address: conn.peer_addr.map(AddressKey::of),
             config: self.config.clone(),
             processes: Mutex::new(HashMap::new()),
+            ended: Mutex::new(Default::default()),
             attach: Mutex::new(AttachState {
                 current: Some(conn.clone()),
                 generation: 1,
@@ -239,6 +266,7 @@ impl SessionRegistry {
             scope,
             closing: self.closing.clone(),
             terminated: CancellationToken::new(),
+            detached_ttl_ms: AtomicU64::new(self.config.detached_session_ttl_ms),
         });
         {
             let mut sessions = lock(&self.sessions);
@@ -379,6 +407,7 @@ impl SessionRegistry {
         for s in &sessions {
             for p in s.processes() {
                 let grace = p.opts.kill_grace.min(max_grace);
+                p.mark_ending(ExitReason::ServerShutdown);
                 let q = p.clone();
                 // All at once: an exited process's group is looked up in its scope (a walk).
                 terminations.push(async move { q.terminate(Some(grace)).await });
@@ -406,10 +435,14 @@ impl SessionRegistry {
         self.wait_closing().await;
         match self.containment.kill_everything().await {
             Ok(r) if !r.emptied => {
+                self.metrics.containment_failure(ContainmentStage::Shutdown);
                 tracing::error!(?r, "processes survived SIGKILL at shutdown")
             }
             Ok(r) => tracing::debug!(?r, "every process of every session is gone"),
-            Err(e) => tracing::error!(error = %e, "killing every session's processes failed"),
+            Err(e) => {
+                self.metrics.containment_failure(ContainmentStage::Shutdown);
+                tracing::error!(error = %e, "killing every session's processes failed")
+            }
         }
     }
 }

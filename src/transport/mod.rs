@@ -97,6 +97,18 @@ pub fn binary_unsupported(transport: &str) -> io::Error {
 /// Outbound half: one message per item. `poll_flush` pushes buffered messages to the peer.
 pub type MessageSink = Pin<Box<dyn Sink<OutMessage, Error = io::Error> + Send>>;
 
+/// What a transport can say about its own sending side, for the stall watchdog
+/// (`process::stall_watch`): whether it would take a message now, and its flow-control state
+/// in words for the log. Only a transport with flow control of its own (a Noise virtual
+/// stream, `secure-transport.md` §7) has one.
+pub trait FlowProbe: Send + Sync {
+    /// Whether the transport would accept another message now (window credit and queue
+    /// room), or `None` once it is gone.
+    fn can_send(&self) -> Option<bool>;
+    /// Its flow-control state for the log (`sent 12 acked 8 window 16 …`).
+    fn describe(&self) -> String;
+}
+
 /// One client connection, framed.
 pub struct Transport {
     /// Messages from the peer.
@@ -109,4 +121,6 @@ pub struct Transport {
     /// binary frames, a Noise stream as a length-prefixed message whose first byte is `0x00`;
     /// not stdio, whose framing is lines of JSON.
     pub binary_messages: bool,
+    /// The sending side's flow-control state, where the transport has one (Noise streams).
+    pub flow: Option<std::sync::Arc<dyn FlowProbe>>,
 }

@@ -26,6 +26,7 @@ where
         outgoing: Box::pin(outgoing),
         peer: peer.to_string(),
         binary_messages: false,
+        flow: None,
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Submodules, each for the test binaries that need it: `binary` (running the built binary),
 //! `contain` (processes recorded by pid and start time, checked in `/proc`; whether cgroups
-//! are here), `fifo` (holding a child back), `process` (one process from start to exit notice, checked,
+//! are here), `fifo` (holding a child back), `interop` (the Python clients written from the spec, in their own venv), `process` (one process from start to exit notice, checked,
 //! and what `/proc` says about it), `noise` and `noise_bin` (Noise servers, raw links, key
 //! files), `pty` (a terminal for `run -t`). Every test binary compiles all of them, hence
 //! `dead_code` is allowed for the whole module.
@@ -11,7 +11,9 @@
 
 pub mod binary;
 pub mod contain;
+pub mod cut_proxy;
 pub mod fifo;
+pub mod interop;
 pub mod local;
 pub mod noise;
 pub mod noise_bin;
@@ -304,6 +306,9 @@ pub struct Collected {
     pub exit: Value,
     pub seqs: Vec<u64>,
     pub other: Vec<Value>,
+    /// `process/outputOmitted` notices: the stream, `omittedBytes`, and how many bytes of
+    /// that stream had arrived before it (where the head ends and the kept tail begins).
+    pub omitted: Vec<(String, u64, usize)>,
 }
 
 impl Collected {
@@ -327,6 +332,18 @@ impl Collected {
             "process/exited" => {
                 self.exit = p.clone();
                 true
+            }
+            "process/outputOmitted" => {
+                let stream = p["stream"].as_str().expect("stream").to_string();
+                let at = match stream.as_str() {
+                    "stdout" => self.stdout.len(),
+                    "stderr" => self.stderr.len(),
+                    "pty" => self.pty.len(),
+                    s => panic!("unknown stream {s}"),
+                };
+                let n = p["omittedBytes"].as_u64().expect("omittedBytes");
+                self.omitted.push((stream, n, at));
+                false
             }
             m => panic!("unexpected notification {m}"),
         }

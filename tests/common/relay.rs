@@ -23,6 +23,7 @@ use execrelay::session::SessionRegistry;
 use execrelay_relay::keys::environments::EnvironmentsFile;
 use execrelay_relay::server::settings::RelaySettings;
 use execrelay_relay::server::{RelayServer, RelayServerConfig};
+use execrelay_relay::tls::TlsListener;
 
 use super::binary::first_line;
 use super::{bin, eventually, PROMPT};
@@ -89,6 +90,8 @@ pub fn quick_redial(cfg: ServerConfig) -> ServerConfig {
 pub struct InRelay {
     pub port: u16,
     pub keys: Keypair,
+    /// Its metrics, rendered on demand.
+    pub metrics: execrelay_relay::server::MetricsHandle,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -111,6 +114,29 @@ impl InRelay {
         keys: Keypair,
         port: u16,
         settings: RelaySettings,
+    ) -> InRelay {
+        InRelay::start_full(envs, keys, port, settings, None).await
+    }
+
+    /// A relay speaking TLS (`wss://`) with `tls`'s certificate, serving `envs`.
+    pub async fn start_tls(envs: &Path, tls: TlsListener) -> InRelay {
+        InRelay::start_full(
+            envs,
+            Keypair::generate().unwrap(),
+            0,
+            RelaySettings::default(),
+            Some(tls),
+        )
+        .await
+    }
+
+    /// A relay with `keys` on `port` (0: any), serving `envs`, with TLS if given.
+    pub async fn start_full(
+        envs: &Path,
+        keys: Keypair,
+        port: u16,
+        settings: RelaySettings,
+        tls: Option<TlsListener>,
     ) -> InRelay {
         // A restarted relay takes its old port back; the old listener's socket may close a
         // moment after its server returned.
@@ -135,11 +161,16 @@ impl InRelay {
             settings,
         };
         let shutdown = CancellationToken::new();
-        let server = RelayServer::new(config).unwrap();
+        let mut server = RelayServer::new(config).unwrap();
+        if let Some(tls) = tls {
+            server = server.with_tls(tls);
+        }
+        let metrics = server.metrics_handle();
         let task = tokio::spawn(server.run(listener, None, shutdown.clone()));
         InRelay {
             port,
             keys,
+            metrics,
             shutdown,
             task,
         }
@@ -148,6 +179,12 @@ impl InRelay {
     /// `ws://127.0.0.1:PORT`, what `serve --relay` takes.
     pub fn url(&self) -> String {
         format!("ws://127.0.0.1:{}", self.port)
+    }
+
+    /// Environment links refused because a live link holds their id.
+    pub fn refusals_in_use(&self) -> u64 {
+        self.metrics
+            .value("execrelay_relay_environment_handshakes_total{result=\"environment_in_use\"}")
     }
 
     /// `relay+ws://127.0.0.1:PORT/ENV`, what clients use.
@@ -227,6 +264,15 @@ impl InEnv {
         self.registry.metrics().noise_streams.get()
     }
 
+    /// Noise failures of this server counted with `reason` (`busy`, `replayed_handshake`, …).
+    pub fn noise_failures(&self, reason: &'static str) -> u64 {
+        self.registry
+            .metrics()
+            .noise_failures
+            .get_or_create(&execrelay::metrics::ReasonLabel { reason })
+            .get()
+    }
+
     /// Wait until the environment link is up.
     pub async fn registered(&self) {
         eventually("the environment link is up", || self.links() >= 1).await;
@@ -253,8 +299,19 @@ impl BinRelay {
     /// `execrelay-relay --listen ws://127.0.0.1:0 --key KEY --environments ENVS EXTRA…`,
     /// stderr to `log`.
     pub async fn start(key: &Path, envs: &Path, extra: &[&str], log: &Path) -> BinRelay {
+        BinRelay::start_on("ws://127.0.0.1:0", key, envs, extra, log).await
+    }
+
+    /// The same on `listen` (`ws://…` or `wss://…`, whose flags go in `extra`).
+    pub async fn start_on(
+        listen: &str,
+        key: &Path,
+        envs: &Path,
+        extra: &[&str],
+        log: &Path,
+    ) -> BinRelay {
         let mut child = Command::new(relay_bin())
-            .args(["--listen", "ws://127.0.0.1:0", "--key"])
+            .args(["--listen", listen, "--key"])
             .arg(key)
             .arg("--environments")
             .arg(envs)
@@ -273,7 +330,8 @@ impl BinRelay {
                 std::fs::read_to_string(log).unwrap_or_default()
             )
         });
-        assert!(url.starts_with("ws://127.0.0.1:"), "{url}");
+        let scheme = listen.split("://").next().unwrap_or("ws");
+        assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
         BinRelay {
             child,
             url,
@@ -363,7 +421,7 @@ async fn copy_log(stderr: ChildStderr, log: PathBuf, up: tokio::sync::oneshot::S
     let mut lines = BufReader::new(stderr).lines();
     let mut file = tokio::fs::File::create(&log).await.unwrap();
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains("environment link up") {
+        if line.contains("connected to relay ") {
             if let Some(tx) = up.take() {
                 let _ = tx.send(());
             }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::endpoint::{Dropped, Shared};
-use crate::endpoint::{SendError, UseError};
+use crate::endpoint::{SendError, StreamFlow, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Reason};
 
@@ -147,6 +147,14 @@ impl StreamSender {
         self.id
     }
 
+    /// A handle that reads this stream's flow-control state (for a watchdog), without sending.
+    pub fn probe(&self) -> FlowProbe {
+        FlowProbe {
+            link: self.link.clone(),
+            id: self.id,
+        }
+    }
+
     /// Ready when the window and the link's queue take one more record; yields the `seq` it
     /// will carry. Registers for a wake-up otherwise.
     pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<u64, StreamError>> {
@@ -219,6 +227,23 @@ impl StreamSender {
             SendError::LinkClosed | SendError::NotOpen | SendError::Blocked => ended(&self.end),
             SendError::TooLarge => StreamError::Use(UseError::TooLarge),
         }
+    }
+}
+
+/// Reads one stream's flow-control state ([`StreamSender::probe`]). It holds the link's
+/// state alive, not the stream: a stream that ended reads as `None`.
+#[derive(Debug, Clone)]
+pub struct FlowProbe {
+    link: Arc<Shared>,
+    id: StreamId,
+}
+
+impl FlowProbe {
+    /// The stream's sending direction now, or `None` once it is gone. Takes the link's lock
+    /// briefly; never waits.
+    pub fn flow(&self) -> Option<StreamFlow> {
+        let id = self.id;
+        Shared::with(&self.link, |inner| inner.ep.stream_flow(&id))
     }
 }
 

@@ -52,6 +52,51 @@ use crate::keepalive::Keepalive;
 use crate::reason::{CloseReason, Counters, Reason};
 use crate::transmit::Transmit;
 
+/// One stream's sending direction as the flow-control rules see it (secure-transport.md §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamFlow {
+    /// Records sent (the last `seq`).
+    pub sent: u64,
+    /// The peer's last report: the records it consumed…
+    pub acked: u64,
+    /// …and how many past them it accepts.
+    pub window: u32,
+    /// Records that may be sent now: `acked + window - sent`.
+    pub credit: u64,
+    /// Records of this stream queued for the link writer.
+    pub queued_records: usize,
+    /// `DATA` bytes queued for the link writer, all streams.
+    pub link_queued_bytes: usize,
+    /// Whether the link's send queue takes another record.
+    pub link_has_room: bool,
+    /// The application was told to wait and has not been told it may send again.
+    pub waiting: bool,
+}
+
+impl StreamFlow {
+    /// Whether the stream may send a record now (credit, and room in the link's queue).
+    pub fn can_send(&self) -> bool {
+        self.credit > 0 && self.link_has_room
+    }
+}
+
+impl std::fmt::Display for StreamFlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sent {} acked {} window {} credit {} queued {} records (link {} bytes{}){}",
+            self.sent,
+            self.acked,
+            self.window,
+            self.credit,
+            self.queued_records,
+            self.link_queued_bytes,
+            if self.link_has_room { "" } else { ", full" },
+            if self.waiting { ", sender waiting" } else { "" },
+        )
+    }
+}
+
 /// Which end of the link this is: the client opens streams, the server accepts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -153,6 +198,23 @@ impl Endpoint {
     /// Records `stream` may send now (window credit only).
     pub fn credit(&self, stream: &StreamId) -> u64 {
         self.streams.get(stream).map_or(0, |s| s.send.credit())
+    }
+
+    /// The flow-control state of `stream`'s sending direction, for a watchdog's account of a
+    /// stream that sends nothing (never used to decide anything).
+    pub fn stream_flow(&self, stream: &StreamId) -> Option<StreamFlow> {
+        let s = self.streams.get(stream)?;
+        let (acked, window) = s.send.reported();
+        Some(StreamFlow {
+            sent: s.send.sent(),
+            acked,
+            window,
+            credit: s.send.credit(),
+            queued_records: s.out.len(),
+            link_queued_bytes: self.queued_data_bytes,
+            link_has_room: self.queued_data_bytes < self.cfg.send_queue_bytes,
+            waiting: s.wants_writable,
+        })
     }
 
     /// `DATA` bytes queued for the writer.

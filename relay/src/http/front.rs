@@ -12,8 +12,11 @@
 //! - **Bytes**: hyper reads at most [`MAX_REQUEST_HEAD_BYTES`] of head and
 //!   [`MAX_REQUEST_HEADERS`] fields (`431` beyond, `400` for a malformed head); it re-parses a
 //!   partial head only when the new bytes may end it, so a trickled head costs linear time.
-//! - **The hand-off**: an accepted upgrade becomes a `WebSocketStream` on the `TcpStream`
-//!   under a read-ahead buffer ([`FrontStream`]: hyper's wrappers are gone from the data path;
+//! - **TLS** (a `wss://` listener, [`Front::tls`]): the handshake runs in the connection's
+//!   task, inside the same head deadline and holding the same slots, so a peer that stalls
+//!   its `ClientHello` costs what one that stalls its request head costs.
+//! - **The hand-off**: an accepted upgrade becomes a `WebSocketStream` on the connection
+//!   ([`FrontIo`]: TCP, or TLS over it) under a read-ahead buffer ([`FrontStream`]: hyper's wrappers are gone from the data path;
 //!   the buffer only makes tungstenite's 4 KiB reads cheap) with the listener's
 //!   `WebSocketConfig`, and goes to the caller's [`OnUpgrade`] with its route, captured id and
 //!   capacity permit.
@@ -54,7 +57,9 @@ use super::limits::{
     REPLY_TIMEOUT_MS,
 };
 use super::routes::{decide, Accepted, Decision, Routes};
+use super::stream::FrontIo;
 use crate::driver::ReadAhead;
+use crate::tls::TlsListener;
 
 /// Pause after a failed `accept`: 100 ms. Failures such as running out of file descriptors
 /// repeat immediately; without a pause the accept loop would spin a core while they last.
@@ -92,13 +97,13 @@ impl FrontLimits {
     }
 }
 
-/// The stream under an upgraded WebSocket: the TCP stream, read through a read-ahead buffer
-/// (`crate::driver::read_ahead`).
-pub type FrontStream = ReadAhead<TcpStream>;
+/// The stream under an upgraded WebSocket: the connection (TCP, or TLS over it), read through
+/// a read-ahead buffer (`crate::driver::read_ahead`).
+pub type FrontStream = ReadAhead<FrontIo>;
 
 /// An upgraded WebSocket, handed to the caller.
 pub struct Upgrade<R> {
-    /// The WebSocket, on the TCP stream under a read-ahead buffer ([`FrontStream`]).
+    /// The WebSocket, on the connection under a read-ahead buffer ([`FrontStream`]).
     pub ws: WebSocketStream<FrontStream>,
     /// The peer's address.
     pub peer: SocketAddr,
@@ -124,6 +129,8 @@ pub struct Front<R> {
     pub websocket: WebSocketConfig,
     /// Who takes the upgrades.
     pub on_upgrade: OnUpgrade<R>,
+    /// TLS on every connection (`wss://`), or none (`ws://`).
+    pub tls: Option<TlsListener>,
 }
 
 /// Accept connections on `listener` and serve each as `front` says, until `shutdown`. On
@@ -221,6 +228,21 @@ where
     if let Err(error) = stream.set_nodelay(true) {
         debug!(%error, "could not disable Nagle's algorithm");
     }
+    let stream = match &front.tls {
+        None => FrontIo::Plain(stream),
+        Some(tls) => match tokio::time::timeout_at(head_deadline, tls.accept(stream)).await {
+            Ok(Ok(tls)) => FrontIo::Tls(Box::new(tls)),
+            Ok(Err(error)) => {
+                debug!(%error, "TLS handshake failed");
+                return None;
+            }
+            Err(_elapsed) => {
+                tls.handshake_timed_out();
+                debug!("no TLS handshake in time; closing");
+                return None;
+            }
+        },
+    };
     let (back_tx, back_rx) = oneshot::channel();
     let io = TokioIo::new(Returning {
         stream: Some(stream),
@@ -340,7 +362,7 @@ where
 /// most [`CLOSE_DRAIN_BYTES`]) until it closes. Closing a socket that still has unread input
 /// makes the kernel send a reset, which can destroy our reply before the peer has read it
 /// (typically a 431 sent while the peer is still sending its oversized head).
-async fn close_gracefully(mut stream: TcpStream) {
+async fn close_gracefully(mut stream: FrontIo) {
     let _ = stream.shutdown().await;
     let mut scratch = [0u8; 4096];
     let mut drained = 0;
@@ -352,21 +374,21 @@ async fn close_gracefully(mut stream: TcpStream) {
     }
 }
 
-/// The TCP stream as hyper sees it before the upgrade. When hyper drops it after a plain
+/// The connection as hyper sees it before the upgrade. When hyper drops it after a plain
 /// reply, it goes back to the connection's task for the graceful close; after an upgrade it is
 /// taken out whole, so the WebSocket runs on the bare stream.
 struct Returning {
-    stream: Option<TcpStream>,
-    back: Option<oneshot::Sender<TcpStream>>,
+    stream: Option<FrontIo>,
+    back: Option<oneshot::Sender<FrontIo>>,
 }
 
 impl Returning {
-    fn into_stream(mut self) -> Option<TcpStream> {
+    fn into_stream(mut self) -> Option<FrontIo> {
         self.back = None;
         self.stream.take()
     }
 
-    fn stream(&mut self) -> io::Result<&mut TcpStream> {
+    fn stream(&mut self) -> io::Result<&mut FrontIo> {
         self.stream
             .as_mut()
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))

@@ -3,8 +3,9 @@
 //!
 //! Every TCP listener (`ws://`, `noise+ws://`, the metrics endpoint, the relay's listener) is a
 //! [`Front`]: it admits connections under its limits ([`FrontLimits`]: handshake slots, slots
-//! per peer address, one deadline for the whole request head), answers `GET /readyz`,
-//! `GET /metrics`, `403` to any upgrade with an `Origin` header, `404`/`405`, and hands each
+//! per peer address, one deadline for the whole request head), optionally speaks TLS
+//! (`wss://`, [`crate::tls`]), answers the health routes ([`Health`]: `GET /readyz`,
+//! `/livez`, `/status`), `GET /metrics`, `403` to any upgrade with an `Origin` header, `404`/`405`, and hands each
 //! WebSocket upgrade its [`Routes`] accept to the caller's [`OnUpgrade`], with the route's tag,
 //! the id captured from its path and a slot of the route's capacity.
 //!
@@ -16,6 +17,7 @@ mod address_slots;
 mod front;
 pub mod limits;
 mod routes;
+mod stream;
 
 pub use address_slots::{AddressKey, AddressSlot, AddressSlots};
 pub use front::{serve, Front, FrontLimits, FrontStream, OnUpgrade, Upgrade, ACCEPT_ERROR_BACKOFF};
@@ -24,6 +26,8 @@ pub use limits::{
     MAX_ROUTE_ID_BYTES, REPLY_TIMEOUT_MS,
 };
 pub use routes::{
-    decide, Accepted, Decision, MetricsRenderer, PathPattern, Reply, Routes, UpgradeRoute,
-    METRICS_CONTENT_TYPE, METRICS_PATH, READYZ_PATH,
+    decide, Accepted, Decision, Health, MetricsRenderer, PathPattern, ReadinessCheck, Reply,
+    Routes, StatusRenderer, UpgradeRoute, LIVEZ_PATH, METRICS_CONTENT_TYPE, METRICS_PATH,
+    READYZ_PATH, STATUS_PATH,
 };
+pub use stream::FrontIo;

@@ -7,8 +7,10 @@
 //!   and whatever it asks to switch to; a WebSocket upgrade goes to the first
 //!   [`UpgradeRoute`] whose [`PathPattern`] matches its path (`404` when none does), is
 //!   checked against RFC 6455 §4.2.1 and takes a slot of the route's capacity (`503` when
-//!   full); `GET /readyz` (where served) is `200`, `GET /metrics` (where served) the metrics
-//!   text, another method on those paths `405`, anything else `404`.
+//!   full); where a listener serves [`Health`], `GET /readyz` is `200` while the caller's
+//!   [`ReadinessCheck`] says ready and `503` with its reason otherwise, `GET /livez` is
+//!   `200`, `GET /status` the caller's JSON; `GET /metrics` (where served) the metrics text;
+//!   another method on those paths `405`, anything else `404`.
 //! - The plain replies ([`Reply`]) and the `101` of an accepted upgrade.
 //!
 //! # What it must never do
@@ -31,6 +33,10 @@ use super::limits::MAX_ROUTE_ID_BYTES;
 
 /// The readiness probe path (secure-transport.md §1).
 pub const READYZ_PATH: &str = "/readyz";
+/// The liveness probe path: `200` whenever the process answers at all.
+pub const LIVEZ_PATH: &str = "/livez";
+/// The status path: a JSON document of what the process holds (where served).
+pub const STATUS_PATH: &str = "/status";
 /// The metrics scrape path.
 pub const METRICS_PATH: &str = "/metrics";
 /// The content type of the OpenMetrics text format, which Prometheus negotiates.
@@ -40,6 +46,27 @@ const FORBIDDEN_BODY: &str = "cross-origin WebSocket requests are refused\n";
 
 /// Renders the metrics text at scrape time.
 pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+/// Whether the process is ready now: `Ok`, or why not (one line, for the `503`'s body).
+pub type ReadinessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Renders the `/status` JSON document at request time.
+pub type StatusRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The health routes of a listener: `/readyz`, `/livez` and (when given) `/status`.
+#[derive(Clone, Default)]
+pub struct Health {
+    /// Decides `/readyz`; `None`: ready whenever the listener answers.
+    pub ready: Option<ReadinessCheck>,
+    /// Serves `/status`; `None`: `404`.
+    pub status: Option<StatusRenderer>,
+}
+
+impl Health {
+    /// `/readyz` always `200`, `/livez`, no `/status`: a listener that is ready when it
+    /// answers.
+    pub fn always() -> Option<Health> {
+        Some(Health::default())
+    }
+}
 
 /// Which request paths a route upgrades.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,19 +116,27 @@ pub struct UpgradeRoute<R> {
 
 /// What one listener serves besides its upgrades.
 pub struct Routes<R> {
-    /// Answer `GET /readyz` with `200` (the WebSocket listeners do; the metrics listener not).
-    pub readyz: bool,
+    /// Serve `GET /readyz`, `/livez` and `/status` ([`Health`]), or not (`404`).
+    pub health: Option<Health>,
     /// Serve `GET /metrics` with this renderer's text.
     pub metrics: Option<MetricsRenderer>,
     /// The upgrades, tried in order.
     pub upgrades: Vec<UpgradeRoute<R>>,
+    /// What this listener is and which URL form reaches it, sent as the body of the `404` to
+    /// an upgrade on a path it does not serve: a client dialling the wrong URL form (`ws://`
+    /// or `noise+ws://` at a relay) can tell its user what to type instead.
+    pub not_found_hint: Option<&'static str>,
 }
 
 /// A plain HTTP reply, always followed by closing the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// `GET /readyz`: `200 ok`.
+    /// `GET /readyz` or `/livez`: `200 ok`.
     Ready,
+    /// `GET /readyz` while not ready: `503` with why.
+    NotReady(String),
+    /// `GET /status`: `200` with a JSON document.
+    Status(String),
     /// `GET /metrics`: `200` with the metrics text.
     Metrics(String),
     /// `400`: an upgrade that breaks RFC 6455 §4.2.1 (why, for the body).
@@ -110,6 +145,9 @@ pub enum Reply {
     Forbidden,
     /// `404`.
     NotFound,
+    /// `404` for an upgrade on a path this listener does not serve, with the listener's hint
+    /// ([`Routes::not_found_hint`]) as the body.
+    NotServedHere(&'static str),
     /// `405` with `Allow: GET`.
     MethodNotAllowed,
     /// `426` with `Sec-WebSocket-Version: 13`: a WebSocket version we do not speak.
@@ -122,10 +160,11 @@ impl Reply {
     /// The status of this reply.
     pub fn status(&self) -> StatusCode {
         match self {
-            Reply::Ready | Reply::Metrics(_) => StatusCode::OK,
+            Reply::Ready | Reply::Metrics(_) | Reply::Status(_) => StatusCode::OK,
+            Reply::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Reply::BadRequest(_) => StatusCode::BAD_REQUEST,
             Reply::Forbidden => StatusCode::FORBIDDEN,
-            Reply::NotFound => StatusCode::NOT_FOUND,
+            Reply::NotFound | Reply::NotServedHere(_) => StatusCode::NOT_FOUND,
             Reply::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Reply::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
             Reply::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -138,10 +177,17 @@ impl Reply {
         let (content_type, extra, body): (&str, Option<(header::HeaderName, &str)>, Bytes) =
             match self {
                 Reply::Ready => (TEXT, None, Bytes::from_static(b"ok\n")),
+                Reply::NotReady(why) => (
+                    TEXT,
+                    Some((header::RETRY_AFTER, "5")),
+                    Bytes::from(format!("not ready: {why}\n")),
+                ),
+                Reply::Status(json) => (JSON, None, Bytes::from(json)),
                 Reply::Metrics(text) => (METRICS_CONTENT_TYPE, None, Bytes::from(text)),
                 Reply::BadRequest(why) => (TEXT, None, Bytes::from(format!("{why}\n"))),
                 Reply::Forbidden => (TEXT, None, Bytes::from_static(FORBIDDEN_BODY.as_bytes())),
                 Reply::NotFound => (TEXT, None, Bytes::from_static(b"not found\n")),
+                Reply::NotServedHere(hint) => (TEXT, None, Bytes::from(format!("{hint}\n"))),
                 Reply::MethodNotAllowed => (
                     TEXT,
                     Some((header::ALLOW, "GET")),
@@ -172,6 +218,7 @@ impl Reply {
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
 
 /// What the front does with a request.
 pub enum Decision<R> {
@@ -225,7 +272,10 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
             .iter()
             .find_map(|r| r.path.matches(path).map(|id| (r, id)))
         else {
-            return Decision::Reply(Reply::NotFound);
+            return Decision::Reply(match routes.not_found_hint {
+                Some(hint) => Reply::NotServedHere(hint),
+                None => Reply::NotFound,
+            });
         };
         let accept = match check_websocket_handshake(request.method(), request.version(), headers) {
             Ok(accept) => accept,
@@ -246,12 +296,26 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
         });
     }
     let get = request.method() == Method::GET;
-    if routes.readyz && path == READYZ_PATH {
-        return Decision::Reply(if get {
-            Reply::Ready
-        } else {
-            Reply::MethodNotAllowed
-        });
+    if let Some(health) = &routes.health {
+        let served = match path {
+            READYZ_PATH | LIVEZ_PATH => true,
+            STATUS_PATH => health.status.is_some(),
+            _ => false,
+        };
+        if served && !get {
+            return Decision::Reply(Reply::MethodNotAllowed);
+        }
+        match (path, &health.ready, &health.status) {
+            (READYZ_PATH, Some(ready), _) => {
+                return Decision::Reply(match ready() {
+                    Ok(()) => Reply::Ready,
+                    Err(why) => Reply::NotReady(why),
+                })
+            }
+            (READYZ_PATH | LIVEZ_PATH, _, _) => return Decision::Reply(Reply::Ready),
+            (STATUS_PATH, _, Some(render)) => return Decision::Reply(Reply::Status(render())),
+            _ => {}
+        }
     }
     if let (Some(render), true) = (&routes.metrics, path == METRICS_PATH) {
         return Decision::Reply(if get {
@@ -315,246 +379,4 @@ fn lists_token(headers: &HeaderMap, name: &header::HeaderName, token: &str) -> b
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
-
-    fn upgrade(path: &str) -> hyper::http::request::Builder {
-        Request::get(path)
-            .header("Host", "x")
-            .header("Upgrade", "websocket")
-            .header("Connection", "Upgrade")
-            .header("Sec-WebSocket-Version", "13")
-            .header("Sec-WebSocket-Key", KEY)
-    }
-
-    #[derive(Clone, Debug, PartialEq, Eq)]
-    enum Tag {
-        Link,
-        Env,
-        Connect,
-    }
-
-    fn relay_routes(capacity: Option<Arc<Semaphore>>) -> Routes<Tag> {
-        Routes {
-            readyz: true,
-            metrics: None,
-            upgrades: vec![
-                UpgradeRoute {
-                    path: PathPattern::Exact("/v1/link"),
-                    route: Tag::Link,
-                    capacity,
-                },
-                UpgradeRoute {
-                    path: PathPattern::WithId("/v1/env/"),
-                    route: Tag::Env,
-                    capacity: None,
-                },
-                UpgradeRoute {
-                    path: PathPattern::WithId("/v1/connect/"),
-                    route: Tag::Connect,
-                    capacity: None,
-                },
-            ],
-        }
-    }
-
-    fn reply_of<R>(d: Decision<R>) -> Reply {
-        match d {
-            Decision::Reply(r) => r,
-            Decision::Upgrade(_) => panic!("expected a reply, got an upgrade"),
-        }
-    }
-
-    fn upgrade_of<R>(d: Decision<R>) -> Accepted<R> {
-        match d {
-            Decision::Upgrade(a) => a,
-            Decision::Reply(r) => panic!("expected an upgrade, got {r:?}"),
-        }
-    }
-
-    #[test]
-    fn paths_route_to_their_upgrade_with_the_captured_id() {
-        let routes = relay_routes(None);
-        let a = upgrade_of(decide(&routes, &upgrade("/v1/link").body(()).unwrap()));
-        assert_eq!((a.route, a.id), (Tag::Link, None));
-        // RFC 6455 §1.3's example key and accept value.
-        assert_eq!(a.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-        let a = upgrade_of(decide(
-            &routes,
-            &upgrade("/v1/env/e-1.x_y~z").body(()).unwrap(),
-        ));
-        assert_eq!((a.route, a.id.as_deref()), (Tag::Env, Some("e-1.x_y~z")));
-        let a = upgrade_of(decide(
-            &routes,
-            &upgrade("/v1/connect/c9?x=1").body(()).unwrap(),
-        ));
-        assert_eq!((a.route, a.id.as_deref()), (Tag::Connect, Some("c9")));
-        for path in [
-            "/",
-            "/v1/link/",
-            "/v1/env/",
-            "/v1/env/a/b",
-            "/v1/env/%2e",
-            "/v1/connectx/a",
-        ] {
-            let d = decide(&routes, &upgrade(path).body(()).unwrap());
-            assert_eq!(reply_of(d), Reply::NotFound, "{path}");
-        }
-        let at_cap = format!("/v1/env/{}", "i".repeat(MAX_ROUTE_ID_BYTES));
-        assert!(
-            upgrade_of(decide(&routes, &upgrade(&at_cap).body(()).unwrap()))
-                .id
-                .is_some()
-        );
-        let over = format!("/v1/env/{}", "i".repeat(MAX_ROUTE_ID_BYTES + 1));
-        let d = decide(&routes, &upgrade(&over).body(()).unwrap());
-        assert_eq!(reply_of(d), Reply::NotFound);
-    }
-
-    #[test]
-    fn any_upgrade_with_an_origin_is_forbidden_first() {
-        let routes = relay_routes(None);
-        let r = upgrade("/v1/link")
-            .header("Origin", "null")
-            .body(())
-            .unwrap();
-        assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
-        // Even on a path that would be 404, and with only the key (no Upgrade field).
-        let r = Request::get("/nowhere")
-            .header("Sec-WebSocket-Key", KEY)
-            .header("Origin", "https://evil.example")
-            .body(())
-            .unwrap();
-        assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
-        let r = Request::get("/readyz")
-            .header("Upgrade", "h2c")
-            .header("Origin", "x")
-            .body(())
-            .unwrap();
-        assert_eq!(reply_of(decide(&routes, &r)), Reply::Forbidden);
-        // A plain request with an Origin is not an upgrade: readyz answers.
-        let r = Request::get("/readyz?probe=1")
-            .header("Origin", "x")
-            .body(())
-            .unwrap();
-        assert_eq!(reply_of(decide(&routes, &r)), Reply::Ready);
-    }
-
-    #[test]
-    fn plain_requests() {
-        let routes = relay_routes(None);
-        let get = |p: &str| Request::get(p).body(()).unwrap();
-        assert_eq!(reply_of(decide(&routes, &get("/readyz"))), Reply::Ready);
-        let post = Request::post("/readyz").body(()).unwrap();
-        assert_eq!(reply_of(decide(&routes, &post)), Reply::MethodNotAllowed);
-        assert_eq!(
-            reply_of(decide(&routes, &get("/readyz/x"))),
-            Reply::NotFound
-        );
-        assert_eq!(reply_of(decide(&routes, &get("/metrics"))), Reply::NotFound);
-        // An upgrade to something else than WebSocket is a plain request.
-        let h2c = Request::get("/readyz")
-            .header("Upgrade", "h2c")
-            .body(())
-            .unwrap();
-        assert_eq!(reply_of(decide(&routes, &h2c)), Reply::Ready);
-
-        let metrics: Routes<Tag> = Routes {
-            readyz: false,
-            metrics: Some(Arc::new(|| "# EOF\n".to_owned())),
-            upgrades: Vec::new(),
-        };
-        assert_eq!(
-            reply_of(decide(&metrics, &get("/metrics?x=1"))),
-            Reply::Metrics("# EOF\n".into())
-        );
-        let post = Request::post("/metrics").body(()).unwrap();
-        assert_eq!(reply_of(decide(&metrics, &post)), Reply::MethodNotAllowed);
-        assert_eq!(reply_of(decide(&metrics, &get("/readyz"))), Reply::NotFound);
-        assert_eq!(
-            reply_of(decide(&metrics, &upgrade("/metrics").body(()).unwrap())),
-            Reply::NotFound
-        );
-    }
-
-    #[test]
-    fn websocket_handshakes_are_checked() {
-        let routes = relay_routes(None);
-        let r = upgrade("/v1/link")
-            .header("Upgrade", "h2c, WebSocket")
-            .body(())
-            .unwrap();
-        assert!(matches!(decide(&routes, &r), Decision::Upgrade(_)));
-        let no_connection = Request::get("/v1/link")
-            .header("Upgrade", "websocket")
-            .header("Sec-WebSocket-Version", "13")
-            .header("Sec-WebSocket-Key", KEY)
-            .body(())
-            .unwrap();
-        assert!(matches!(
-            reply_of(decide(&routes, &no_connection)),
-            Reply::BadRequest(_)
-        ));
-        let old = upgrade("/v1/link")
-            .header("Sec-WebSocket-Version", "8")
-            .body(())
-            .unwrap();
-        // `header` appends: both values are present; replace instead.
-        let mut old = old;
-        old.headers_mut()
-            .insert("sec-websocket-version", HeaderValue::from_static("8"));
-        assert_eq!(reply_of(decide(&routes, &old)), Reply::UpgradeRequired);
-        let mut bad_key = upgrade("/v1/link").body(()).unwrap();
-        bad_key
-            .headers_mut()
-            .insert("sec-websocket-key", HeaderValue::from_static("short"));
-        assert!(matches!(
-            reply_of(decide(&routes, &bad_key)),
-            Reply::BadRequest(_)
-        ));
-        let post = Request::post("/v1/link")
-            .header("Upgrade", "websocket")
-            .header("Connection", "Upgrade")
-            .header("Sec-WebSocket-Version", "13")
-            .header("Sec-WebSocket-Key", KEY)
-            .body(())
-            .unwrap();
-        assert_eq!(reply_of(decide(&routes, &post)), Reply::MethodNotAllowed);
-    }
-
-    #[test]
-    fn a_full_route_answers_busy_and_a_freed_slot_lets_the_next_in() {
-        let slots = Arc::new(Semaphore::new(1));
-        let routes = relay_routes(Some(slots.clone()));
-        let first = upgrade_of(decide(&routes, &upgrade("/v1/link").body(()).unwrap()));
-        assert_eq!(slots.available_permits(), 0);
-        let d = decide(&routes, &upgrade("/v1/link").body(()).unwrap());
-        assert_eq!(reply_of(d), Reply::Busy);
-        // Other routes are not capped by it.
-        assert!(matches!(
-            decide(&routes, &upgrade("/v1/env/a").body(()).unwrap()),
-            Decision::Upgrade(_)
-        ));
-        drop(first);
-        assert!(matches!(
-            decide(&routes, &upgrade("/v1/link").body(()).unwrap()),
-            Decision::Upgrade(_)
-        ));
-    }
-
-    #[test]
-    fn replies_carry_their_status_and_headers() {
-        let r = Reply::MethodNotAllowed.into_response();
-        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(r.headers()[header::ALLOW], "GET");
-        let r = Reply::UpgradeRequired.into_response();
-        assert_eq!(r.headers()[header::SEC_WEBSOCKET_VERSION], "13");
-        assert_eq!(r.headers()[header::CONNECTION], "close");
-        let r = Reply::Busy.into_response();
-        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let r = Reply::Metrics(String::new()).into_response();
-        assert_eq!(r.headers()[header::CONTENT_TYPE], METRICS_CONTENT_TYPE);
-    }
-}
+mod tests;

@@ -1,6 +1,8 @@
 //! The `execrelay-relay` command line: flags (one per setting of [`settings`](super::settings),
-//! plus `--config FILE`), logging, binding, the bound URL as the first line of stdout, signals,
-//! and the hand-off to [`RelayServer::run`]. Nothing else lives here.
+//! the listen address and the files, each also a key of `--config FILE`), `keygen`, logging,
+//! binding (TLS when `wss://`), the bound URL as the first line of stdout, signals, and the
+//! hand-off to [`RelayServer::run`]. Every error about a file names its flag (or its key in
+//! the `--config` file). Nothing else lives here.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -11,11 +13,14 @@ use clap::{Parser, ValueEnum};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use std::path::Path;
+
 use super::settings::{RelayFlags, RelaySettings};
-use super::{bound_url, RelayServer, RelayServerConfig};
+use super::{bound_tls_url, bound_url, RelayServer, RelayServerConfig};
 use crate::http::METRICS_PATH;
 use crate::keys::environments::EnvironmentsFile;
 use crate::keys::Keypair;
+use crate::tls::{CertificateFiles, TlsListener};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -27,29 +32,81 @@ pub enum LogFormat {
     Json,
 }
 
-/// execrelay-relay: lets clients reach exec servers that accept no inbound connection. Exec
-/// servers dial out to `/v1/env/ID` and authenticate with the key the environments file lists
-/// for ID; clients dial `/v1/connect/ID` and open end-to-end encrypted streams through it. The
-/// relay sees frame headers and ciphertext only.
+/// The long help's closing paragraph: what the relay does, beyond its one-line `about`.
+const AFTER_HELP: &str = "\
+Exec servers dial out to /v1/env/ID and authenticate with the key the environments file lists \
+for ID; clients dial /v1/connect/ID and open end-to-end encrypted streams through the relay, \
+which sees frame headers and ciphertext only. Every flag except --config may also be given in \
+the --config TOML file, by its name in snake_case (flags win; relative paths there are relative \
+to the file). Create the relay's key with `execrelay-relay keygen -o FILE`.";
+
+/// The help's first line: what the binary is.
+const ABOUT: &str = "The execrelay relay: routes end-to-end encrypted streams between clients and exec servers that accept no inbound connection";
+
+/// What `execrelay-relay` runs.
+#[derive(Debug, clap::Subcommand)]
+pub enum RelayCommand {
+    /// Generate the relay's static X25519 key pair: NAME (private, mode 0600) and NAME.pub
+    /// (the line every environment pins with --relay-key).
+    Keygen(RelayKeygenArgs),
+}
+
+/// Flags of `execrelay-relay keygen`.
+#[derive(Debug, clap::Args)]
+pub struct RelayKeygenArgs {
+    /// Where to write the private key; the public key goes to NAME.pub.
+    #[arg(short = 'o', long = "output", value_name = "NAME")]
+    pub output: PathBuf,
+    /// Comment on the public key line [default: execrelay-relay@HOST].
+    #[arg(short = 'c', long)]
+    pub comment: Option<String>,
+    /// Do nothing (and succeed) when NAME exists already: for a service's first start, as
+    /// sshd makes its host keys.
+    #[arg(long)]
+    pub if_missing: bool,
+}
+
+/// The execrelay relay: routes end-to-end encrypted streams between clients and exec servers
+/// that accept no inbound connection.
 #[derive(Debug, Parser)]
-#[command(name = "execrelay-relay", version, about, long_about = None)]
+#[command(
+    name = "execrelay-relay",
+    version,
+    about = ABOUT,
+    long_about = None,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true
+)]
 pub struct RelayArgs {
-    /// Where to listen: `ws://HOST:PORT` (port 0 picks one; the bound URL is printed as the
-    /// first line of stdout). For `wss://`, put a TLS-terminating proxy in front.
-    #[arg(long, value_name = "ws://HOST:PORT")]
-    pub listen: String,
-    /// The relay's private key file (from `execrelay keygen`); environments pin its public key.
+    /// A command instead of serving.
+    #[command(subcommand)]
+    pub command: Option<RelayCommand>,
+    /// Where to listen: `ws://HOST:PORT`, or `wss://HOST:PORT` with --tls-cert and --tls-key
+    /// (port 0 picks one; the bound URL is printed as the first line of stdout).
+    #[arg(long, value_name = "ws[s]://HOST:PORT")]
+    pub listen: Option<String>,
+    /// The relay's private key file (from `execrelay-relay keygen`); environments pin its
+    /// public key.
     #[arg(long, value_name = "FILE")]
-    pub key: PathBuf,
+    pub key: Option<PathBuf>,
     /// The environments file: one `ID execrelay-x25519 <base64> [comment]` line per
     /// environment; re-read when it changes (a removed line closes that environment's link).
     #[arg(long, value_name = "FILE")]
-    pub environments: PathBuf,
-    /// Serve Prometheus metrics on `HOST:PORT` (`GET /metrics`; port 0 picks one, and the URL is
-    /// printed to stderr as `execrelay-relay metrics: http://HOST:PORT/metrics`). Off by default.
+    pub environments: Option<PathBuf>,
+    /// With `--listen wss://`: the certificate chain (PEM, the relay's certificate first);
+    /// re-read when it changes (a file that does not load keeps the previous certificate).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// With `--listen wss://`: the certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1);
+    /// re-read with the certificate.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics on `HOST:PORT` (`GET /metrics`, and `/readyz`, `/livez`,
+    /// `/status`; port 0 picks one, and the URL is printed to stderr as `execrelay-relay
+    /// metrics: http://HOST:PORT/metrics`). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
-    /// TOML file with the same settings as the flags below, by the same names in snake_case
+    /// TOML file with the same settings as the flags, by the same names in snake_case
     /// (flags win).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -63,19 +120,35 @@ pub struct RelayArgs {
 
 /// A `--listen` that cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("unsupported --listen {0:?}: expected ws://HOST:PORT (for TLS, put a TLS-terminating proxy in front of the relay)")]
+#[error("unsupported --listen {0:?}: expected ws://HOST:PORT, or wss://HOST:PORT with --tls-cert and --tls-key")]
 pub struct ListenError(pub String);
 
-/// Parse `--listen ws://HOST:PORT` (`localhost` means 127.0.0.1; a trailing `/` is fine).
-/// Any address is allowed: the relay carries only frame headers and ciphertext.
-pub fn parse_listen(s: &str) -> Result<SocketAddr, ListenError> {
-    let rest = s
-        .strip_prefix("ws://")
-        .ok_or_else(|| ListenError(s.to_string()))?;
-    rest.trim_end_matches('/')
+/// A parsed `--listen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen {
+    /// The address to bind.
+    pub addr: SocketAddr,
+    /// `wss://`: TLS on every connection.
+    pub tls: bool,
+}
+
+/// Parse `--listen ws://HOST:PORT` or `wss://HOST:PORT` (`localhost` means 127.0.0.1; a
+/// trailing `/` is fine). Any address is allowed: the relay carries only frame headers and
+/// ciphertext.
+pub fn parse_listen(s: &str) -> Result<Listen, ListenError> {
+    let (rest, tls) = if let Some(rest) = s.strip_prefix("ws://") {
+        (rest, false)
+    } else if let Some(rest) = s.strip_prefix("wss://") {
+        (rest, true)
+    } else {
+        return Err(ListenError(s.to_string()));
+    };
+    let addr = rest
+        .trim_end_matches('/')
         .replace("localhost", "127.0.0.1")
         .parse()
-        .map_err(|_| ListenError(s.to_string()))
+        .map_err(|_| ListenError(s.to_string()))?;
+    Ok(Listen { addr, tls })
 }
 
 /// Parse `--metrics-listen HOST:PORT` (`localhost:PORT` means 127.0.0.1:PORT).
@@ -89,16 +162,111 @@ pub fn parse_metrics_listen(s: &str) -> anyhow::Result<SocketAddr> {
     })
 }
 
+/// The keys of the `--config` file that are not limits: where to listen and which files to
+/// read (the flags of the same names win).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLocations {
+    listen: Option<String>,
+    key: Option<PathBuf>,
+    environments: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    metrics_listen: Option<String>,
+}
+
+/// The `--config` file, read: its locations (paths made relative to its folder) and its
+/// settings.
+#[derive(Debug)]
+struct ConfigFile {
+    path: PathBuf,
+    locations: FileLocations,
+    settings: RelaySettings,
+}
+
+/// Where a value came from, for messages: its flag, or its key in the `--config` file.
+fn origin(flag: &str, given_as_flag: bool, config: Option<&Path>) -> String {
+    match (given_as_flag, config) {
+        (false, Some(file)) => format!(
+            "{} (in --config {})",
+            flag.replace('-', "_"),
+            file.display()
+        ),
+        _ => format!("--{flag}"),
+    }
+}
+
+/// A value given as a flag or in the `--config` file, with where it came from.
+struct Located<T> {
+    value: T,
+    /// `--key`, or `key (in --config FILE)`.
+    origin: String,
+}
+
+/// What `execrelay-relay` serves with, every file loaded and checked.
+pub struct Prepared {
+    /// The links' listener.
+    pub listen: Listen,
+    /// The metrics listener, if any.
+    pub metrics: Option<SocketAddr>,
+    /// The relay, TLS included.
+    pub server: RelayServer,
+}
+
 impl RelayArgs {
+    fn config_file(&self) -> anyhow::Result<Option<ConfigFile>> {
+        let Some(path) = &self.config else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+        let mut table: toml::Table = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+        let mut located = toml::Table::new();
+        for key in [
+            "listen",
+            "key",
+            "environments",
+            "tls_cert",
+            "tls_key",
+            "metrics_listen",
+        ] {
+            if let Some(v) = table.remove(key) {
+                located.insert(key.to_string(), v);
+            }
+        }
+        let mut locations: FileLocations = toml::Value::Table(located)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+        let settings: RelaySettings = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+        // Relative to the configuration file, as a reader of the file expects.
+        let dir = path.parent().unwrap_or(Path::new(""));
+        for p in [
+            &mut locations.key,
+            &mut locations.environments,
+            &mut locations.tls_cert,
+            &mut locations.tls_key,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        }
+        Ok(Some(ConfigFile {
+            path: path.clone(),
+            locations,
+            settings,
+        }))
+    }
+
     /// The settings: defaults, then the `--config` file, then flags.
     pub fn settings(&self) -> anyhow::Result<RelaySettings> {
-        let mut s = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-                RelaySettings::from_toml(&text)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
-            }
+        let mut s = match self.config_file()? {
+            Some(file) => file.settings,
             None => RelaySettings::default(),
         };
         self.settings.apply(&mut s);
@@ -106,13 +274,119 @@ impl RelayArgs {
         Ok(s)
     }
 
-    /// Everything the relay needs, loaded and checked (keys, environments file, settings).
-    pub fn server_config(&self) -> anyhow::Result<RelayServerConfig> {
-        let keys = Keypair::load(&self.key)?;
-        let environments = EnvironmentsFile::load(&self.environments)?;
-        Ok(RelayServerConfig {
+    /// A location: the flag, else the `--config` file's key.
+    fn locate<T: Clone>(
+        &self,
+        flag: &str,
+        given: &Option<T>,
+        file: Option<&ConfigFile>,
+        in_file: impl Fn(&FileLocations) -> Option<T>,
+    ) -> Option<Located<T>> {
+        if let Some(v) = given {
+            return Some(Located {
+                value: v.clone(),
+                origin: origin(flag, true, None),
+            });
+        }
+        let file = file?;
+        in_file(&file.locations).map(|value| Located {
+            value,
+            origin: origin(flag, false, Some(&file.path)),
+        })
+    }
+
+    /// Everything the relay needs, loaded and checked: the listen address, the keys, the
+    /// environments file, TLS, the metrics address and the settings. Every error names the
+    /// flag (or `--config` key) at fault.
+    pub fn prepare(&self) -> anyhow::Result<Prepared> {
+        let file = self.config_file()?;
+        let file = file.as_ref();
+        let need = |what: &str| {
+            anyhow::anyhow!(
+                "--{what} is required (as a flag, or `{}` in the --config file)",
+                what.replace('-', "_")
+            )
+        };
+        let listen = self
+            .locate("listen", &self.listen, file, |l| l.listen.clone())
+            .ok_or_else(|| need("listen"))?;
+        let listen_at = parse_listen(&listen.value)?;
+        let key = self
+            .locate("key", &self.key, file, |l| l.key.clone())
+            .ok_or_else(|| need("key"))?;
+        let environments = self
+            .locate("environments", &self.environments, file, |l| {
+                l.environments.clone()
+            })
+            .ok_or_else(|| need("environments"))?;
+        let cert = self.locate("tls-cert", &self.tls_cert, file, |l| l.tls_cert.clone());
+        let tls_key = self.locate("tls-key", &self.tls_key, file, |l| l.tls_key.clone());
+        let metrics = self
+            .locate("metrics-listen", &self.metrics_listen, file, |l| {
+                l.metrics_listen.clone()
+            })
+            .map(|m| parse_metrics_listen(&m.value))
+            .transpose()?;
+        let keys = Keypair::load(&key.value).map_err(|e| anyhow::anyhow!("{}: {e}", key.origin))?;
+        let envs = EnvironmentsFile::load(&environments.value)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", environments.origin))?;
+        let tls = match (listen_at.tls, cert, tls_key) {
+            (true, Some(cert), Some(key)) => Some(
+                TlsListener::new(CertificateFiles {
+                    cert: cert.value,
+                    key: key.value,
+                })?,
+            ),
+            (true, _, _) => anyhow::bail!(
+                "{} is wss://: give the certificate and its key with --tls-cert FILE and --tls-key FILE",
+                listen.origin
+            ),
+            (false, None, None) => None,
+            (false, _, _) => anyhow::bail!(
+                "--tls-cert and --tls-key go with --listen wss://HOST:PORT ({} is {:?})",
+                listen.origin,
+                listen.value
+            ),
+        };
+        let settings = self.settings()?;
+        let mut server = RelayServer::new(RelayServerConfig {
             keys,
-            environments,
+            environments: envs,
+            settings,
+        })?;
+        if let Some(tls) = tls {
+            let current = tls.store().current();
+            tracing::info!(
+                fingerprint = %current.fingerprint,
+                not_after = %crate::tls::validity::utc(current.validity.not_after),
+                "TLS certificate loaded"
+            );
+            server = server.with_tls(tls);
+        }
+        Ok(Prepared {
+            listen: listen_at,
+            metrics,
+            server,
+        })
+    }
+
+    /// Everything the relay needs, loaded and checked (keys, environments file, settings;
+    /// TLS is [`prepare`](Self::prepare)'s).
+    pub fn server_config(&self) -> anyhow::Result<RelayServerConfig> {
+        let file = self.config_file()?;
+        let file = file.as_ref();
+        let key = self
+            .locate("key", &self.key, file, |l| l.key.clone())
+            .ok_or_else(|| anyhow::anyhow!("--key is required"))?;
+        let environments = self
+            .locate("environments", &self.environments, file, |l| {
+                l.environments.clone()
+            })
+            .ok_or_else(|| anyhow::anyhow!("--environments is required"))?;
+        Ok(RelayServerConfig {
+            keys: Keypair::load(&key.value).map_err(|e| anyhow::anyhow!("{}: {e}", key.origin))?,
+            environments: EnvironmentsFile::load(&environments.value)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", environments.origin))?,
             settings: self.settings()?,
         })
     }
@@ -134,6 +408,25 @@ pub fn init_logging(default: &str, json: bool) {
     };
 }
 
+/// Raise the soft open files limit to the hard one (distributions ship a soft 1024 for
+/// `select()`'s sake, which the relay never uses) and log both; the caps are derived from
+/// the result.
+fn raise_descriptor_limit() {
+    match crate::descriptors::raise_nofile_limit() {
+        Ok((before, after)) if after.soft > before.soft => tracing::info!(
+            "open files: soft limit raised from {} to {} (the hard limit)",
+            before.soft,
+            after.soft
+        ),
+        Ok((_, after)) => tracing::info!(
+            "open files: soft limit {} (hard limit {})",
+            after.soft,
+            after.hard
+        ),
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
+}
+
 /// After the relay has finished, how long remaining runtime threads get before the process
 /// exits anyway.
 const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -153,18 +446,17 @@ pub fn main() -> i32 {
 
 /// Run with parsed arguments.
 pub fn run(args: RelayArgs) -> i32 {
+    if let Some(RelayCommand::Keygen(k)) = &args.command {
+        return keygen(k);
+    }
     init_logging("info", matches!(args.log_format, LogFormat::Json));
-    let prepared = (|| -> anyhow::Result<_> {
-        let listen = parse_listen(&args.listen)?;
-        let metrics = args
-            .metrics_listen
-            .as_deref()
-            .map(parse_metrics_listen)
-            .transpose()?;
-        let server = RelayServer::new(args.server_config()?)?;
-        Ok((listen, metrics, server))
-    })();
-    let (listen, metrics, server) = match prepared {
+    // Before the server sizes its caps from it (`RelayDescriptorPlan`).
+    raise_descriptor_limit();
+    let Prepared {
+        listen,
+        metrics,
+        server,
+    } = match args.prepare() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("execrelay-relay: {e}");
@@ -197,14 +489,15 @@ pub fn run(args: RelayArgs) -> i32 {
             },
             None => None,
         };
-        let listener = match TcpListener::bind(listen).await {
+        let listener = match TcpListener::bind(listen.addr).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("execrelay-relay: cannot bind {listen}: {e}");
+                eprintln!("execrelay-relay: cannot bind {}: {e}", listen.addr);
                 return 1;
             }
         };
         let url = match listener.local_addr() {
+            Ok(a) if listen.tls => bound_tls_url(a),
             Ok(a) => bound_url(a),
             Err(e) => {
                 eprintln!("execrelay-relay: {e}");
@@ -220,6 +513,37 @@ pub fn run(args: RelayArgs) -> i32 {
     });
     rt.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     code
+}
+
+/// `execrelay-relay keygen`: the relay's key pair, printed as its public line.
+fn keygen(args: &RelayKeygenArgs) -> i32 {
+    if args.if_missing && args.output.exists() {
+        eprintln!(
+            "execrelay-relay keygen: {} exists; kept",
+            args.output.display()
+        );
+        return 0;
+    }
+    let comment = args.comment.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "host".into());
+        format!("execrelay-relay@{host}")
+    });
+    let written = Keypair::generate().and_then(|kp| {
+        kp.write(&args.output, &comment)?;
+        Ok(kp)
+    });
+    match written {
+        Ok(kp) => {
+            println!("{}", crate::keys::public_line(&kp.public, &comment));
+            0
+        }
+        Err(e) => {
+            eprintln!("execrelay-relay keygen: -o {e}");
+            1
+        }
+    }
 }
 
 /// Cancel `shutdown` on SIGTERM or SIGINT. The handlers are registered before this returns,
@@ -248,89 +572,4 @@ pub fn spawn_signal_handler(shutdown: CancellationToken) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn listen_addresses() {
-        assert_eq!(
-            parse_listen("ws://127.0.0.1:0").unwrap(),
-            "127.0.0.1:0".parse().unwrap()
-        );
-        assert_eq!(
-            parse_listen("ws://localhost:8080/").unwrap(),
-            "127.0.0.1:8080".parse().unwrap()
-        );
-        assert!(parse_listen("ws://[::1]:9").is_ok());
-        assert!(parse_listen("ws://0.0.0.0:443").is_ok(), "any address");
-        for bad in [
-            "wss://127.0.0.1:1",
-            "127.0.0.1:1",
-            "ws://host",
-            "noise+ws://1.2.3.4:5",
-        ] {
-            let err = parse_listen(bad).unwrap_err().to_string();
-            assert!(err.contains("ws://HOST:PORT"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn every_setting_has_a_flag_with_its_default_in_the_help() {
-        RelayArgs::command().debug_assert();
-        let help = RelayArgs::command().render_long_help().to_string();
-        for s in super::super::settings::SETTINGS {
-            assert!(
-                help.contains(&format!("--{}", s.flag())),
-                "no flag for {}",
-                s.name
-            );
-        }
-        let args = RelayArgs::try_parse_from([
-            "execrelay-relay",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--key",
-            "k",
-            "--environments",
-            "e",
-            "--pong-timeout-ms",
-            "700",
-            "--max-environments",
-            "2",
-        ])
-        .unwrap();
-        let s = args.settings().unwrap();
-        assert_eq!((s.pong_timeout_ms, s.max_environments), (700, 2));
-        assert_eq!(s.keepalive_interval_ms, 15_000);
-    }
-
-    #[test]
-    fn flags_win_over_the_config_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("relay.toml");
-        std::fs::write(&path, "max_environments = 5\nopens_per_second = 9\n").unwrap();
-        let args = RelayArgs::try_parse_from([
-            "execrelay-relay",
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--key",
-            "k",
-            "--environments",
-            "e",
-            "--config",
-            path.to_str().unwrap(),
-            "--opens-per-second",
-            "3",
-        ])
-        .unwrap();
-        let s = args.settings().unwrap();
-        assert_eq!((s.max_environments, s.opens_per_second), (5, 3));
-        std::fs::write(&path, "no_such_key = 1\n").unwrap();
-        let err = args.settings().unwrap_err().to_string();
-        assert!(
-            err.contains("relay.toml") && err.contains("no_such_key"),
-            "{err}"
-        );
-    }
-}
+mod tests;

@@ -16,8 +16,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::settings::RelaySettings;
 use crate::driver::relay::RelaySnapshot;
-use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_MALFORMED, REASON_REPLAYED};
+use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_HELD, REASON_MALFORMED, REASON_REPLAYED};
+use crate::tls::validity::utc;
+use crate::tls::TlsFigures;
 
 /// A label with one value from a fixed set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,10 +67,13 @@ pub enum LinkOutcome {
     Timeout,
     /// Refused for load: too many environments, or too many handshakes at once.
     Busy,
+    /// Another live link holds the id (it answered the relay's probe): two exec servers
+    /// share the environment's key.
+    InUse,
 }
 
 impl LinkOutcome {
-    const ALL: [LinkOutcome; 7] = [
+    const ALL: [LinkOutcome; 8] = [
         LinkOutcome::Accepted,
         LinkOutcome::Unauthorized,
         LinkOutcome::Replayed,
@@ -75,6 +81,7 @@ impl LinkOutcome {
         LinkOutcome::Malformed,
         LinkOutcome::Timeout,
         LinkOutcome::Busy,
+        LinkOutcome::InUse,
     ];
 
     /// The metrics label.
@@ -87,6 +94,7 @@ impl LinkOutcome {
             LinkOutcome::Malformed => REASON_MALFORMED,
             LinkOutcome::Timeout => "timeout",
             LinkOutcome::Busy => "busy",
+            LinkOutcome::InUse => REASON_HELD,
         }
     }
 
@@ -96,6 +104,8 @@ impl LinkOutcome {
             REASON_REPLAYED => LinkOutcome::Replayed,
             REASON_CLOCK_SKEW => LinkOutcome::ClockSkew,
             REASON_MALFORMED => LinkOutcome::Malformed,
+            REASON_HELD => LinkOutcome::InUse,
+            "busy" => LinkOutcome::Busy,
             _ => LinkOutcome::Unauthorized,
         }
     }
@@ -192,10 +202,16 @@ pub struct Figures {
     pub environments_listed: usize,
     /// Whether the environments file is usable now.
     pub environments_file_ok: bool,
+    /// The TLS listener's counts and certificate, when the relay speaks TLS.
+    pub tls: Option<TlsFigures>,
+    /// Client links the relay holds at most (`max_client_links`, as the descriptor limit
+    /// allowed).
+    pub max_client_links: usize,
 }
 
-/// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`).
-pub fn render(figures: &Figures, stats: &ServerStats) -> String {
+/// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`),
+/// with the limits the alerts compare against from `settings`.
+pub fn render(figures: &Figures, stats: &ServerStats, settings: &RelaySettings) -> String {
     let mut r = Registry::with_prefix("execrelay_relay");
     let h = &figures.hub;
     let c = &h.counters;
@@ -235,6 +251,21 @@ pub fn render(figures: &Figures, stats: &ServerStats) -> String {
         "deepest_link_queue_bytes",
         "Bytes queued on the link with the deepest queue",
         gauge(h.deepest_link_queue_bytes),
+    );
+    r.register(
+        "queued_bytes_limit",
+        "max_queued_bytes: above it new streams are reset busy",
+        gauge(settings.max_queued_bytes),
+    );
+    r.register(
+        "environments_limit",
+        "max_environments: environments with a link at once",
+        gauge(settings.max_environments),
+    );
+    r.register(
+        "client_links_limit",
+        "max_client_links: client links at once",
+        gauge(settings.max_client_links),
     );
 
     let frames = Family::<FrameLabel, Counter>::default();
@@ -317,6 +348,21 @@ pub fn render(figures: &Figures, stats: &ServerStats) -> String {
         handshakes,
     );
     r.register(
+        "client_links_max",
+        "Client links the relay holds at most: max_client_links, lowered at start if the open files limit could not hold it",
+        gauge(figures.max_client_links),
+    );
+    r.register(
+        "handshake_failures",
+        "Environments' handshake-failure RESETs answering a client's OPEN, charged to that client's link and address",
+        counter(c.handshake_failures),
+    );
+    r.register(
+        "abandoned_opens",
+        "OPENs whose route ended before their answer by the client's doing (its RESET, a broken rule, its link's death), charged to its address",
+        counter(c.abandoned_opens),
+    );
+    r.register(
         "client_links_refused",
         "Client links closed after their upgrade because their address holds its maximum",
         counter(
@@ -341,10 +387,70 @@ pub fn render(figures: &Figures, stats: &ServerStats) -> String {
         counter(stats.environments_revoked.load(Ordering::Relaxed)),
     );
 
+    if let Some(tls) = &figures.tls {
+        r.register(
+            "tls_certificate_expiry_seconds",
+            "notAfter of the TLS certificate in force, in seconds since the Unix epoch",
+            gauge(usize::try_from(tls.not_after).unwrap_or(0)),
+        );
+        let reloads = Family::<ResultLabel, Counter>::default();
+        for (result, n) in [("ok", tls.reloads), ("error", tls.reload_errors)] {
+            reloads.get_or_create(&ResultLabel { result }).inc_by(n);
+        }
+        r.register(
+            "tls_certificate_reloads",
+            "Changes of the certificate files: put in force (ok) or kept out (error)",
+            reloads,
+        );
+        let handshakes = Family::<ResultLabel, Counter>::default();
+        for (result, n) in [("ok", tls.handshakes), ("error", tls.handshake_failures)] {
+            handshakes.get_or_create(&ResultLabel { result }).inc_by(n);
+        }
+        r.register(
+            "tls_handshakes",
+            "TLS handshakes on the links' listener, by result (error: failed or timed out)",
+            handshakes,
+        );
+    }
+
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &r);
     out
+}
+
+/// The `/status` document: what the relay holds now, against its limits.
+pub fn status(figures: &Figures, settings: &RelaySettings) -> String {
+    let h = &figures.hub;
+    let tls = figures.tls.as_ref().map(|t| {
+        serde_json::json!({
+            "certificate": t.fingerprint,
+            "not_after": utc(t.not_after),
+            "reloads": t.reloads,
+            "reload_errors": t.reload_errors,
+        })
+    });
+    serde_json::json!({
+        "version": super::RELAY_VERSION,
+        "environments": {
+            "online": h.environments,
+            "listed": figures.environments_listed,
+            "limit": settings.max_environments,
+            "file_ok": figures.environments_file_ok,
+        },
+        "client_links": {
+            "open": h.links.saturating_sub(h.environments),
+            "limit": settings.max_client_links,
+        },
+        "streams": h.streams,
+        "queued_bytes": {
+            "now": h.queued_bytes,
+            "deepest_link": h.deepest_link_queue_bytes,
+            "limit": settings.max_queued_bytes,
+        },
+        "tls": tls,
+    })
+    .to_string()
 }
 
 #[cfg(test)]
@@ -365,12 +471,22 @@ mod tests {
             },
             environments_listed: 3,
             environments_file_ok: true,
+            tls: Some(TlsFigures {
+                reloads: 2,
+                reload_errors: 1,
+                handshakes: 9,
+                handshake_failures: 4,
+                not_after: 4_102_444_799,
+                fingerprint: "SHA256:AB".into(),
+            }),
+            max_client_links: 4096,
         };
         let stats = ServerStats::default();
         stats.link_handshake(LinkOutcome::Accepted);
         stats.link_handshake(LinkOutcome::of_reason("replayed_handshake"));
         stats.client_refused(ClientRefusal::PerAddress);
-        let out = render(&figures, &stats);
+        let settings = RelaySettings::default();
+        let out = render(&figures, &stats, &settings);
         for line in [
             "execrelay_relay_links{kind=\"environment\"} 2",
             "execrelay_relay_links{kind=\"client\"} 3",
@@ -385,9 +501,36 @@ mod tests {
             "execrelay_relay_environment_handshakes_total{result=\"accepted\"} 1",
             "execrelay_relay_environment_handshakes_total{result=\"replayed_handshake\"} 1",
             "execrelay_relay_client_links_refused_total 1",
+            &format!(
+                "execrelay_relay_queued_bytes_limit {}",
+                settings.max_queued_bytes
+            ),
+            &format!(
+                "execrelay_relay_environments_limit {}",
+                settings.max_environments
+            ),
+            "execrelay_relay_tls_certificate_expiry_seconds 4102444799",
+            "execrelay_relay_tls_certificate_reloads_total{result=\"ok\"} 2",
+            "execrelay_relay_tls_certificate_reloads_total{result=\"error\"} 1",
+            "execrelay_relay_tls_handshakes_total{result=\"error\"} 4",
+            "execrelay_relay_client_links_max 4096",
+            "execrelay_relay_handshake_failures_total 0",
+            "execrelay_relay_link_closes_total{reason=\"idle\"} 0",
+            "execrelay_relay_link_closes_total{reason=\"message_timeout\"} 0",
             "# EOF",
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
         }
+        let status: serde_json::Value = serde_json::from_str(&status(&figures, &settings)).unwrap();
+        assert_eq!(status["environments"]["online"], 2);
+        assert_eq!(status["client_links"]["open"], 3);
+        assert_eq!(status["queued_bytes"]["limit"], settings.max_queued_bytes);
+        assert_eq!(status["tls"]["not_after"], "2099-12-31 23:59:59 UTC");
+        // Without TLS, no TLS series.
+        let plain = Figures {
+            tls: None,
+            ..figures
+        };
+        assert!(!render(&plain, &stats, &settings).contains("tls_"));
     }
 }

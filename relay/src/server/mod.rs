@@ -1,8 +1,9 @@
 //! The relay server (`secure-transport.md` §6): one HTTP front whose WebSocket upgrades become
 //! environment links (`/v1/env/ID`, admitted by the §6.2 handshake against the environments
 //! file) and client links (`/v1/connect/ID`), all driven by one [`RelayHub`]; the environments
-//! file watched for revocations; `GET /readyz`; Prometheus metrics on their own listener; and
-//! one shutdown sequence. The `execrelay-relay` binary only parses flags and calls
+//! file watched for revocations; TLS on the listener when given ([`RelayServer::with_tls`],
+//! its certificate files watched for renewal); `GET /readyz`, `/livez` and `/status`;
+//! Prometheus metrics on their own listener; and one shutdown sequence. The `execrelay-relay` binary only parses flags and calls
 //! [`RelayServer::run`]; the exec server's `demo` runs a relay in-process through [`run`].
 //!
 //! # What this module owns
@@ -34,19 +35,27 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::descriptors::{nofile_limit, RelayDescriptorPlan};
 use crate::driver::{link_websocket_config_with, RelayHub};
-use crate::env_handshake::{LinkTimestamps, TRACKED_ENVIRONMENTS};
+use crate::env_handshake::LinkTimestamps;
 use crate::http::{
-    self, AddressSlots, Front, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
+    self, AddressSlots, Front, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute,
 };
 use crate::keys::environments::{EnvironmentsFile, Reload};
 use crate::keys::{fingerprint, Keypair};
+use crate::replay::ReplayCache;
+use crate::tls::{TlsListener, CERTIFICATE_POLL_MS};
 use metrics::{Figures, ServerStats};
 use settings::{RelaySettings, SettingsError};
 
 /// The path prefix of environment links: `/v1/env/ID`.
 pub const ENV_PATH_PREFIX: &str = "/v1/env/";
+/// The body of the `404` a WebSocket upgrade on another path gets: a client that dialled the
+/// relay with `ws://` or `noise+ws://` learns what to use (its CLI shows it).
+pub const RELAY_HINT: &str =
+    "this is an execrelay relay; clients use relay+ws://HOST:PORT/ENVIRONMENT_ID (relay+wss:// over TLS)";
+
 /// The path prefix of client links: `/v1/connect/ID`.
 pub const CONNECT_PATH_PREFIX: &str = "/v1/connect/";
 /// The relay's version, sent in message 2 of every environment link.
@@ -74,6 +83,9 @@ pub enum ServerError {
     /// A setting is invalid.
     #[error(transparent)]
     Settings(#[from] SettingsError),
+    /// The open files limit cannot hold a relay.
+    #[error(transparent)]
+    Descriptors(#[from] crate::descriptors::TooFewDescriptors),
 }
 
 /// What the links of a relay share.
@@ -88,6 +100,9 @@ pub(crate) struct Shared {
     pub link_handshakes: Arc<Semaphore>,
     /// The same slots, counted per peer address.
     pub link_handshake_addresses: Arc<AddressSlots>,
+    /// Per environment id, the holder link whose second claimant was last reported (two
+    /// exec servers share a key): reported once per holder, not at every redial.
+    pub shared_keys_reported: Mutex<std::collections::HashMap<String, crate::router::LinkId>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -140,6 +155,7 @@ impl Shared {
 pub struct RelayServer {
     hub: RelayHub,
     shared: Arc<Shared>,
+    tls: Option<TlsListener>,
 }
 
 /// What a relay's HTTP front upgrades.
@@ -165,28 +181,63 @@ pub async fn run(
 }
 
 impl RelayServer {
-    /// A relay: settings checked, hub built.
+    /// A relay: settings checked, caps sized to the process's descriptor limit (read, not
+    /// raised: the binary raises it first), hub built.
     pub fn new(config: RelayServerConfig) -> Result<RelayServer, ServerError> {
         config.settings.validate()?;
-        let hub = RelayHub::new(config.settings.engine()).map_err(SettingsError::from)?;
+        let needs = config.settings.descriptor_needs();
+        let limit = nofile_limit().map(|l| l.soft).unwrap_or(u64::MAX);
+        let plan = RelayDescriptorPlan::derive(limit, needs)?;
+        if plan.lowered(&needs) {
+            tracing::warn!(
+                limit,
+                max_client_links = plan.client_links,
+                max_pending_handshakes = plan.pending_handshakes,
+                descriptor_reserve = plan.reserve,
+                "open files limit too low for the configured caps: lowered to fit (raise `ulimit -n` to keep them)"
+            );
+        } else {
+            tracing::info!(
+                limit,
+                max_client_links = plan.client_links,
+                descriptor_reserve = plan.reserve,
+                "open files: caps fit the limit"
+            );
+        }
+        let settings = config.settings.within(&plan);
+        let hub = RelayHub::new(settings.engine()).map_err(SettingsError::from)?;
         tracing::info!(
             key = %fingerprint(&config.keys.public),
             environments = config.environments.current().len(),
             file = %config.environments.path().display(),
             "relay configured"
         );
+        // Nothing stamped before this moment is admitted: a restart opens no replay window.
+        let timestamps: LinkTimestamps = ReplayCache::new(settings.replay_limits(), unix_micros());
         let shared = Arc::new(Shared {
             keys: config.keys,
             environments: Mutex::new(config.environments),
-            timestamps: Mutex::new(LinkTimestamps::new(TRACKED_ENVIRONMENTS)),
-            link_handshakes: Arc::new(Semaphore::new(config.settings.max_pending_link_handshakes)),
+            timestamps: Mutex::new(timestamps),
+            shared_keys_reported: Mutex::new(std::collections::HashMap::new()),
+            link_handshakes: Arc::new(Semaphore::new(settings.max_pending_link_handshakes)),
             link_handshake_addresses: AddressSlots::new(
-                config.settings.max_pending_link_handshakes_per_address,
+                settings.max_pending_link_handshakes_per_address,
             ),
-            settings: config.settings,
+            settings,
             stats: ServerStats::default(),
         });
-        Ok(RelayServer { hub, shared })
+        Ok(RelayServer {
+            hub,
+            shared,
+            tls: None,
+        })
+    }
+
+    /// Speak TLS on the links' listener (`wss://`) with `tls`'s certificate, re-read when its
+    /// files change (checked every [`CERTIFICATE_POLL_MS`] while the relay runs).
+    pub fn with_tls(mut self, tls: TlsListener) -> RelayServer {
+        self.tls = Some(tls);
+        self
     }
 
     /// The hub (tests and embedders read its figures).
@@ -194,9 +245,29 @@ impl RelayServer {
         &self.hub
     }
 
+    /// The settings in force: as configured, with the caps the descriptor limit allows.
+    pub fn settings(&self) -> &RelaySettings {
+        &self.shared.settings
+    }
+
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render_metrics(&self) -> String {
-        render(&self.hub, &self.shared)
+        render(&self.hub, &self.shared, self.tls.as_ref())
+    }
+
+    /// The `/status` document now.
+    pub fn render_status(&self) -> String {
+        status(&self.hub, &self.shared, self.tls.as_ref())
+    }
+
+    /// A handle that renders this relay's metrics while it runs (for embedders and tests
+    /// without a metrics listener).
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle {
+            hub: self.hub.clone(),
+            shared: self.shared.clone(),
+            tls: self.tls.clone(),
+        }
     }
 
     /// Serve relay links on `listener` (and metrics on `metrics`, if given) until `shutdown`
@@ -208,16 +279,34 @@ impl RelayServer {
         metrics: Option<TcpListener>,
         shutdown: CancellationToken,
     ) {
-        let RelayServer { hub, shared } = self;
+        let RelayServer { hub, shared, tls } = self;
         let settings = &shared.settings;
         let stop_accepting = CancellationToken::new();
         let fronts = TaskTracker::new();
         let tasks = TaskTracker::new();
         let client_links = Arc::new(Semaphore::new(settings.max_client_links));
 
+        // Ready while the relay accepts links: once shutdown begins, every listener stops, and
+        // nothing else makes a relay unable to serve (a broken environments file keeps the
+        // links up and is its own metric and alert).
+        let health = {
+            let (h, s, t) = (hub.clone(), shared.clone(), tls.clone());
+            let stopping = shutdown.clone();
+            Health {
+                ready: Some(Arc::new(move || {
+                    if stopping.is_cancelled() {
+                        Err("shutting down".into())
+                    } else {
+                        Ok(())
+                    }
+                })),
+                status: Some(Arc::new(move || status(&h, &s, t.as_ref()))),
+            }
+        };
         let routes = Routes {
-            readyz: true,
+            health: Some(health.clone()),
             metrics: None,
+            not_found_hint: Some(RELAY_HINT),
             upgrades: vec![
                 UpgradeRoute {
                     path: PathPattern::WithId(ENV_PATH_PREFIX),
@@ -261,21 +350,30 @@ impl RelayServer {
             limits: settings.front_limits(),
             websocket: link_websocket_config_with(settings.max_frame_bytes),
             on_upgrade,
+            tls: tls.clone(),
         };
         fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+        if let Some(tls) = &tls {
+            tasks.spawn(
+                tls.clone()
+                    .watch(Duration::from_millis(CERTIFICATE_POLL_MS), shutdown.clone()),
+            );
+        }
 
         if let Some(listener) = metrics {
-            let (h, s) = (hub.clone(), shared.clone());
-            let renderer: MetricsRenderer = Arc::new(move || render(&h, &s));
+            let (h, s, t) = (hub.clone(), shared.clone(), tls.clone());
+            let renderer: MetricsRenderer = Arc::new(move || render(&h, &s, t.as_ref()));
             let front: Front<Route> = Front {
                 routes: Routes {
-                    readyz: true,
+                    health: Some(health),
                     metrics: Some(renderer),
                     upgrades: Vec::new(),
+                    not_found_hint: None,
                 },
                 limits: settings.metrics_front_limits(),
                 websocket: link_websocket_config_with(settings.max_frame_bytes),
                 on_upgrade: Arc::new(|_| {}),
+                tls: None,
             };
             fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
         }
@@ -302,20 +400,58 @@ impl RelayServer {
     }
 }
 
-fn render(hub: &RelayHub, shared: &Shared) -> String {
+/// Renders a running relay's metrics ([`RelayServer::metrics_handle`]).
+#[derive(Clone)]
+pub struct MetricsHandle {
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    tls: Option<TlsListener>,
+}
+
+impl MetricsHandle {
+    /// The metrics text now (what `GET /metrics` answers).
+    pub fn render(&self) -> String {
+        render(&self.hub, &self.shared, self.tls.as_ref())
+    }
+
+    /// One series' value (`name{labels}` exactly as rendered), 0 if absent.
+    pub fn value(&self, series: &str) -> u64 {
+        self.render()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+}
+
+fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figures {
     let (listed, ok) = {
         let file = lock(&shared.environments);
         (file.current().len(), file.broken().is_none())
     };
-    let figures = Figures {
+    Figures {
         hub: hub.snapshot(),
         environments_listed: listed,
         environments_file_ok: ok,
-    };
-    metrics::render(&figures, &shared.stats)
+        tls: tls.map(|t| t.store().figures()),
+        max_client_links: shared.settings.max_client_links,
+    }
 }
 
-/// The URL to print for the bound relay listener.
+fn render(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> String {
+    metrics::render(&figures(hub, shared, tls), &shared.stats, &shared.settings)
+}
+
+fn status(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> String {
+    metrics::status(&figures(hub, shared, tls), &shared.settings)
+}
+
+/// The URL to print for the bound relay listener (`wss://` when it speaks TLS).
 pub fn bound_url(addr: std::net::SocketAddr) -> String {
     format!("ws://{addr}")
+}
+
+/// The URL to print for a bound relay listener that speaks TLS.
+pub fn bound_tls_url(addr: std::net::SocketAddr) -> String {
+    format!("wss://{addr}")
 }

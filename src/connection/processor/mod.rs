@@ -34,7 +34,7 @@ use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
 use crate::rpc::{MethodClass, RpcError};
 use crate::session::{AnswerOutcome, ApprovalAnswer, Session, SessionRegistry};
-use crate::transport::{FramingError, Transport};
+use crate::transport::{FlowProbe, FramingError, Transport};
 use inlet::Inlet;
 
 /// Extra control-lane slots beyond the request limit, for errors the reader sends itself
@@ -149,6 +149,7 @@ impl ConnectionProcessor {
             form,
             binary_capable: transport.binary_messages,
             peer: transport.peer,
+            flow: transport.flow,
         };
         Self::serve(edge, registry, opts, shutdown).await
     }
@@ -168,6 +169,7 @@ impl ConnectionProcessor {
             // Events travel typed; "binary" means nothing here.
             binary_capable: false,
             peer: "in-process".to_string(),
+            flow: None,
         };
         Self::serve(edge, registry, opts, shutdown).await
     }
@@ -186,6 +188,7 @@ impl ConnectionProcessor {
             outlet,
             form,
             binary_capable,
+            flow,
             ..
         } = edge;
         async move {
@@ -194,6 +197,9 @@ impl ConnectionProcessor {
                 cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK,
             );
             let ready = Arc::new(ReadySet::default());
+            if let Some(flow) = flow {
+                ready.set_flow(flow);
+            }
             let writer_cancel = CancellationToken::new();
             let cancel = CancellationToken::new();
             let writer = tokio::spawn(
@@ -605,6 +611,7 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
 /// Every error response of a connection is made here, so each is counted once by code.
 fn counted_error(registry: &SessionRegistry, id: Option<RequestId>, e: &RpcError) -> Outbound {
     registry.metrics().rpc_error(e.code.code());
+    tracing::debug!(code = e.code.code(), error = %e.message, "error response");
     Outbound::Error {
         id,
         error: e.clone(),
@@ -618,4 +625,6 @@ struct Edge {
     form: Arc<OutputForm>,
     binary_capable: bool,
     peer: String,
+    /// The transport's flow-control state, for the stall watchdog (Noise streams).
+    flow: Option<Arc<dyn FlowProbe>>,
 }

@@ -1,0 +1,224 @@
+//! Tests of the `execrelay-relay` command line.
+
+use super::*;
+use clap::CommandFactory;
+
+#[test]
+fn listen_addresses() {
+    let plain = |a: &str| Listen {
+        addr: a.parse().unwrap(),
+        tls: false,
+    };
+    assert_eq!(
+        parse_listen("ws://127.0.0.1:0").unwrap(),
+        plain("127.0.0.1:0")
+    );
+    assert_eq!(
+        parse_listen("ws://localhost:8080/").unwrap(),
+        plain("127.0.0.1:8080")
+    );
+    assert!(parse_listen("ws://[::1]:9").is_ok());
+    assert!(parse_listen("ws://0.0.0.0:443").is_ok(), "any address");
+    assert_eq!(
+        parse_listen("wss://0.0.0.0:443").unwrap(),
+        Listen {
+            addr: "0.0.0.0:443".parse().unwrap(),
+            tls: true
+        }
+    );
+    for bad in [
+        "https://127.0.0.1:1",
+        "127.0.0.1:1",
+        "ws://host",
+        "noise+ws://1.2.3.4:5",
+    ] {
+        let err = parse_listen(bad).unwrap_err().to_string();
+        assert!(err.contains("ws://HOST:PORT"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn every_setting_has_a_flag_with_its_default_in_the_help() {
+    RelayArgs::command().debug_assert();
+    let help = RelayArgs::command().render_long_help().to_string();
+    for s in super::super::settings::SETTINGS {
+        assert!(
+            help.contains(&format!("--{}", s.flag())),
+            "no flag for {}",
+            s.name
+        );
+    }
+    let args = RelayArgs::try_parse_from([
+        "execrelay-relay",
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        "k",
+        "--environments",
+        "e",
+        "--pong-timeout-ms",
+        "700",
+        "--max-environments",
+        "2",
+    ])
+    .unwrap();
+    let s = args.settings().unwrap();
+    assert_eq!((s.pong_timeout_ms, s.max_environments), (700, 2));
+    assert_eq!(s.keepalive_interval_ms, 15_000);
+}
+
+#[test]
+fn flags_win_over_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, "max_environments = 5\nopens_per_second = 9\n").unwrap();
+    let args = RelayArgs::try_parse_from([
+        "execrelay-relay",
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        "k",
+        "--environments",
+        "e",
+        "--config",
+        path.to_str().unwrap(),
+        "--opens-per-second",
+        "3",
+    ])
+    .unwrap();
+    let s = args.settings().unwrap();
+    assert_eq!((s.max_environments, s.opens_per_second), (5, 3));
+    std::fs::write(&path, "no_such_key = 1\n").unwrap();
+    let err = args.settings().unwrap_err().to_string();
+    assert!(
+        err.contains("relay.toml") && err.contains("no_such_key"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_help_says_what_the_binary_is_in_one_line() {
+    for help in [
+        RelayArgs::command().render_help().to_string(),
+        RelayArgs::command().render_long_help().to_string(),
+    ] {
+        let mut lines = help.lines();
+        let first = lines.next().unwrap();
+        assert!(first.starts_with("The execrelay relay: "), "{first}");
+        assert_eq!(lines.next(), Some(""), "one line, then the usage:\n{help}");
+    }
+}
+
+fn prepare_err(args: &[&str]) -> String {
+    let mut all = vec!["execrelay-relay"];
+    all.extend_from_slice(args);
+    match RelayArgs::try_parse_from(all).unwrap().prepare() {
+        Ok(_) => panic!("{args:?} prepared"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn every_missing_file_names_its_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let err = prepare_err(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        &p("nokey"),
+        "--environments",
+        &p("e"),
+    ]);
+    assert!(
+        err.starts_with("--key: ") && err.contains("nokey") && err.contains("No such file"),
+        "{err}"
+    );
+    Keypair::generate()
+        .unwrap()
+        .write(&dir.path().join("key"), "relay")
+        .unwrap();
+    let err = prepare_err(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        &p("key"),
+        "--environments",
+        &p("noenvs"),
+    ]);
+    assert!(
+        err.starts_with("--environments: ") && err.contains("noenvs"),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("envs"), "# none yet\n").unwrap();
+    let base = [
+        "--listen",
+        "wss://127.0.0.1:0",
+        "--key",
+        &p("key"),
+        "--environments",
+        &p("envs"),
+    ];
+    let err = prepare_err(&base);
+    assert!(err.contains("--tls-cert FILE and --tls-key FILE"), "{err}");
+    let mut with_tls = base.to_vec();
+    let (cert, key) = (p("nocert.pem"), p("nokey.pem"));
+    with_tls.extend(["--tls-cert", &cert, "--tls-key", &key]);
+    let err = prepare_err(&with_tls);
+    assert!(
+        err.starts_with("--tls-cert ") && err.contains("nocert.pem"),
+        "{err}"
+    );
+    let mut plain_with_tls = with_tls.clone();
+    plain_with_tls[1] = "ws://127.0.0.1:0";
+    let err = prepare_err(&plain_with_tls);
+    assert!(err.contains("go with --listen wss://"), "{err}");
+    let err = prepare_err(&["--config", &p("norelay.toml")]);
+    assert!(
+        err.starts_with("--config ") && err.contains("norelay.toml"),
+        "{err}"
+    );
+    let err = prepare_err(&["--key", &p("key")]);
+    assert!(err.contains("--listen is required"), "{err}");
+}
+
+#[test]
+fn the_config_file_holds_the_locations_relative_to_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    Keypair::generate()
+        .unwrap()
+        .write(&dir.path().join("relay.key"), "relay")
+        .unwrap();
+    std::fs::write(dir.path().join("envs"), "# none yet\n").unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        "listen = \"ws://127.0.0.1:0\"\nkey = \"relay.key\"\nenvironments = \"missing\"\nmax_environments = 7\n",
+    )
+    .unwrap();
+    let args = |extra: &[&str]| {
+        let mut all = vec!["execrelay-relay", "--config", config.to_str().unwrap()];
+        all.extend_from_slice(extra);
+        RelayArgs::try_parse_from(all).unwrap()
+    };
+    let err = match args(&[]).prepare() {
+        Ok(_) => panic!("a missing environments file was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.starts_with("environments (in --config ") && err.contains("missing"),
+        "{err}"
+    );
+    let envs = dir.path().join("envs");
+    let prepared = args(&["--environments", envs.to_str().unwrap()])
+        .prepare()
+        .unwrap();
+    assert!(!prepared.listen.tls);
+    assert_eq!(prepared.server.shared.settings.max_environments, 7);
+    std::fs::write(&config, "listen = 5\n").unwrap();
+    let err = args(&[]).settings().unwrap_err().to_string();
+    assert!(
+        err.contains("relay.toml") && err.contains("listen"),
+        "{err}"
+    );
+}

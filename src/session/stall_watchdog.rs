@@ -1,0 +1,129 @@
+//! The stall watchdog's driver: one task per registry that looks at every process delivering
+//! to a connection every quarter of `stall_watchdog_ms`, feeds the sans-IO rule
+//! ([`crate::process::stall_watch`]) and reports what it declares: one log line with the
+//! process's log counters, the writer's phase and the stream's flow-control state (sent,
+//! acked, window, queued), the `execrelay_stalled_streams` gauge and `execrelay_stalls_total`.
+//!
+//! A stall is a bug of the server (the rule excludes every wait the client causes), so a
+//! debug build also stops the process there (`std::process::abort`, after the report on
+//! stderr): a test that runs into one fails loudly instead of hanging. `EXECRELAY_STALL_ABORT=0`
+//! keeps a debug build running (the watchdog's own tests read the report and the metrics).
+//!
+//! It only observes: it never wakes, signals or changes a process (a watchdog that "fixed"
+//! stalls would hide them).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::session_registry::SessionRegistry;
+use crate::process::stall_watch::{StallWatch, Verdict};
+use crate::process::ManagedProcess;
+
+/// The shortest look interval (a tiny `stall_watchdog_ms` in tests).
+const MIN_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Whether a debug build aborts on a stall (see the module docs).
+fn abort_on_stall() -> bool {
+    cfg!(debug_assertions) && std::env::var("EXECRELAY_STALL_ABORT").as_deref() != Ok("0")
+}
+
+/// Start the watchdog of `registry` on the current runtime, if there is one and the bound is
+/// not 0. It ends with the registry.
+pub(crate) fn spawn(registry: &Arc<SessionRegistry>) {
+    let bound = Duration::from_millis(registry.config().stall_watchdog_ms);
+    if bound.is_zero() {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(registry);
+    rt.spawn(run(weak, bound));
+}
+
+struct Watched {
+    process: Weak<ManagedProcess>,
+    watch: StallWatch,
+}
+
+async fn run(registry: Weak<SessionRegistry>, bound: Duration) {
+    let interval = (bound / 4).max(MIN_INTERVAL);
+    let mut watched: HashMap<usize, Watched> = HashMap::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(reg) = registry.upgrade() else {
+            return;
+        };
+        let now = tokio::time::Instant::now().into_std();
+        let metrics = reg.metrics().clone();
+        let mut seen = HashSet::new();
+        for (session_id, p) in reg.all_processes() {
+            let key = Arc::as_ptr(&p) as usize;
+            seen.insert(key);
+            let w = watched.entry(key).or_insert_with(|| Watched {
+                process: Arc::downgrade(&p),
+                watch: StallWatch::new(bound),
+            });
+            let Some((o, ready)) = p.stall_observation() else {
+                // Detached: output is held on purpose until a client resumes.
+                if w.watch.is_stalled() {
+                    metrics.stalled_streams.dec();
+                }
+                w.watch = StallWatch::new(bound);
+                continue;
+            };
+            match w.watch.observe(now, &o) {
+                Verdict::Stalled(kind) => {
+                    metrics.stalls.inc();
+                    metrics.stalled_streams.inc();
+                    let flow = ready
+                        .flow()
+                        .map(|f| f.describe())
+                        .unwrap_or_else(|| "no flow control of its own".into());
+                    let st = p.stats();
+                    let report = format!(
+                        "stalled stream: {} (no progress for {bound:?}); session {session_id} \
+                         process {:?} pid {}: log next_seq {} written {} released {} acked {} \
+                         unwritten {} B retained {} B; pump waiting for {:?}; writer {:?}, \
+                         process queued for it: {}; transport: {flow}",
+                        kind.as_str(),
+                        p.id,
+                        p.pid,
+                        st.next_seq,
+                        st.written_through,
+                        st.released_through,
+                        st.acked_through,
+                        st.unwritten_bytes,
+                        st.retained_bytes,
+                        o.pump_waiting,
+                        o.writer,
+                        ready.contains(&p),
+                    );
+                    tracing::error!(session = %session_id, process = %p.id, "{report}");
+                    if abort_on_stall() {
+                        eprintln!("execrelay (debug build): {report}");
+                        std::process::abort();
+                    }
+                }
+                Verdict::Recovered => {
+                    metrics.stalled_streams.dec();
+                    tracing::warn!(
+                        session = %session_id,
+                        process = %p.id,
+                        "stalled stream moves again"
+                    );
+                }
+                Verdict::Fine | Verdict::StillStalled => {}
+            }
+        }
+        // Forget processes that are gone (a stalled one leaves the gauge with it).
+        watched.retain(|key, w| {
+            let keep = seen.contains(key) && w.process.strong_count() > 0;
+            if !keep && w.watch.is_stalled() {
+                metrics.stalled_streams.dec();
+            }
+            keep
+        });
+    }
+}
