@@ -274,12 +274,14 @@ async fn conformance_python() {
     conformance(vec![py, adapter.display().to_string()], "python").await;
 }
 
-/// `examples/conformance-adapter` next to the test binaries; built when missing.
+/// `examples/conformance-adapter` next to the test binaries, brought up to date first (a
+/// `cargo test --test python_sdk` alone does not build examples, and a stale adapter would
+/// test an older client library).
 fn rust_adapter() -> PathBuf {
     let path = Path::new(common::bin())
         .with_file_name("examples")
         .join("conformance-adapter");
-    if !path.exists() {
+    {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
             .args(["build", "--quiet", "--example", "conformance-adapter"])

@@ -5,9 +5,9 @@
 //! (`cargo build --example conformance-adapter`), so it stays out of the library's API.
 //!
 //! What the Rust client cannot do yet is answered `{"ok": false, "error": {"type":
-//! "unsupported"}}` (a session TTL, a Noise suite), and what it does not report is `null`
-//! (the exit `reason`, the negotiated capabilities): the scenarios that need them fail, naming
-//! the missing feature, instead of passing on a guess.
+//! "unsupported"}}` (a Noise suite other than 0), and what it does not report is `null`
+//! (the negotiated capabilities, whether `reason` came from the server): the scenarios that
+//! need them fail, naming the missing feature, instead of passing on a guess.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -28,7 +28,7 @@ use execrelay::client::{
 };
 use execrelay::link::client::{LinkPool, NoiseClientConfig};
 use execrelay::noise::keys::{load_public, Keypair};
-use execrelay::rpc::messages::TermSize;
+use execrelay::rpc::messages::{OutputCapKeep, TermSize};
 
 /// Output kept inline in a `wait` reply (beyond it only the length and SHA-256).
 const MAX_INLINE: usize = 1 << 20;
@@ -55,6 +55,8 @@ struct Collected {
     exit: Option<Value>,
     lost: bool,
     ended: bool,
+    /// `[stream, omittedBytes]` of each `process/outputOmitted`, in order.
+    omitted: Vec<Value>,
 }
 
 struct Proc {
@@ -143,12 +145,15 @@ impl Adapter {
     }
 
     async fn connect(&mut self) -> Result<Value, Value> {
-        if env("EXECRELAY_SESSION_TTL_MS").is_some() {
-            return Err(fail(
-                "unsupported",
-                "the Rust client has no option for sessionTtlMs yet",
-            ));
-        }
+        let session_ttl = match env("EXECRELAY_SESSION_TTL_MS") {
+            Some(ms) => Some(Duration::from_millis(ms.parse().map_err(|_| {
+                fail(
+                    "config",
+                    format!("EXECRELAY_SESSION_TTL_MS {ms:?} is not a number"),
+                )
+            })?)),
+            None => None,
+        };
         if env("EXECRELAY_NOISE_SUITE").is_some_and(|s| s != "0") {
             return Err(fail(
                 "unsupported",
@@ -188,6 +193,7 @@ impl Adapter {
             ..ClientOptions::default()
         };
         opts.binary_output = env("EXECRELAY_BINARY").as_deref() != Some("0");
+        opts.session_ttl = session_ttl;
         if let Some(answer) = env("EXECRELAY_APPROVE") {
             let approve = answer == "yes";
             let delay = env("EXECRELAY_APPROVE_DELAY_MS")
@@ -254,10 +260,7 @@ impl Adapter {
         p.timeout_ms = m["timeout_ms"].as_u64();
         p.output_bytes_cap = m["output_cap"].as_u64();
         if m["keep_tail"].as_bool() == Some(true) {
-            return Err(fail(
-                "unsupported",
-                "the Rust client has no option for outputCapKeep yet",
-            ));
+            p.output_cap_keep = OutputCapKeep::HeadAndTail;
         }
         let mut handle = self.client()?.start(opts).await.map_err(|e| error_of(&e))?;
         let pid = handle.pid;
@@ -299,9 +302,14 @@ impl Adapter {
                         }
                     }
                     ProcessEvent::Lost { .. } => s.lost = true,
+                    ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
+                    } => s.omitted.push(json!([stream.as_str(), omitted_bytes])),
                     ProcessEvent::Exited(info) => {
                         s.exit = Some(json!({
                             "exit_code": info.exit_code, "signal": info.signal,
+                            "reason": info.reason.as_str(),
                             "timed_out": info.timed_out, "dropped_bytes": info.dropped_bytes,
                         }));
                     }
@@ -423,13 +431,14 @@ impl Adapter {
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>()
         };
-        r["reason"] = Value::Null;
-        r["reason_from_server"] = json!(false);
+        // The library reads a notice without `reason` as `exited` (a server that predates
+        // it); the servers the kit starts always send one, so it is not reported apart.
+        r["reason_from_server"] = Value::Null;
         r["stdout_len"] = json!(s.out_len);
         r["stdout_sha256"] = json!(hex(&s.out));
         r["stderr_len"] = json!(s.err_len);
         r["stderr_sha256"] = json!(hex(&s.err));
-        r["omitted"] = json!([]);
+        r["omitted"] = json!(s.omitted);
         r["streams"] = json!(s.streams);
         r["seqs_ok"] = json!(!s.lost);
         if s.out_len <= MAX_INLINE {
@@ -445,7 +454,12 @@ impl Adapter {
         match op {
             "connect" => self.connect().await,
             // Not exposed by the Rust client: the runner reads the server's log instead.
-            "capabilities" => Ok(json!({"capabilities": null, "limits": null})),
+            // The library keeps of `initialize` only what it uses: the granted TTL.
+            "capabilities" => {
+                let ttl = self.client()?.granted_session_ttl();
+                Ok(json!({"capabilities": null,
+                          "limits": {"detachedSessionTtlMs": ttl.as_millis() as u64}}))
+            }
             "start" => self.start(m).await,
             "write" => self.write(m).await,
             "write_pattern" => self.write_pattern(m).await,
