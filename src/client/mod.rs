@@ -63,8 +63,8 @@ pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};
 pub use process_handle::{
-    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
-    STDIN_WRITE_BYTES,
+    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_BINARY_WRITES_IN_FLIGHT,
+    STDIN_BINARY_WRITE_BYTES, STDIN_WRITES_IN_FLIGHT, STDIN_WRITE_BYTES,
 };
 pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
 use target::open_transport;
@@ -396,6 +396,7 @@ impl Client {
             capabilities: Capabilities {
                 acks: self.shared.opts.acks,
                 binary_output: self.shared.opts.binary_output,
+                binary_input: self.shared.opts.binary_input,
                 server_requests: ServerRequests {
                     approve: self.shared.opts.approval_handler.is_some(),
                 },
@@ -415,6 +416,7 @@ impl Client {
             }
         };
         conn.notify_typed(Note::Initialized).await?;
+        conn.set_binary_input(init.capabilities.binary_input);
         self.shared.server_max_message.store(
             usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
             std::sync::atomic::Ordering::Relaxed,
