@@ -5,8 +5,8 @@
 //! (`cargo build --example conformance-adapter`), so it stays out of the library's API.
 //!
 //! What the Rust client cannot do yet is answered `{"ok": false, "error": {"type":
-//! "unsupported"}}` (a Noise suite other than 0), and what it does not report is `null`
-//! (the negotiated capabilities, whether `reason` came from the server): the scenarios that
+//! "unsupported"}}`, and what it does not report is `null` (whether `reason` came from the
+//! server): the scenarios that
 //! need them fail, naming the missing feature, instead of passing on a guess.
 
 use std::collections::HashMap;
@@ -26,8 +26,10 @@ use execrelay::client::{
     ApprovalDecision, ApproveParams, Client, ClientError, ClientOptions, ProcessController,
     ProcessEvent, StartOptions, Target,
 };
+use execrelay::config::NoiseSuite;
 use execrelay::link::client::{LinkPool, NoiseClientConfig};
 use execrelay::noise::keys::{load_public, Keypair};
+use execrelay::noise::suite::SuiteChoice;
 use execrelay::rpc::messages::{OutputCapKeep, TermSize};
 
 /// Output kept inline in a `wait` reply (beyond it only the length and SHA-256).
@@ -154,12 +156,16 @@ impl Adapter {
             })?)),
             None => None,
         };
-        if env("EXECRELAY_NOISE_SUITE").is_some_and(|s| s != "0") {
-            return Err(fail(
-                "unsupported",
-                "the Rust client speaks Noise suite 0 only",
-            ));
-        }
+        // A suite the kit names is pinned (no fallback), as `--noise-suite` pins it.
+        let suite = match env("EXECRELAY_NOISE_SUITE") {
+            Some(n) => Some(
+                n.parse::<u16>()
+                    .ok()
+                    .and_then(NoiseSuite::from_number)
+                    .ok_or_else(|| fail("config", format!("no Noise suite {n:?}")))?,
+            ),
+            None => None,
+        };
         let url = env("EXECRELAY_TARGET").ok_or_else(|| fail("other", "no EXECRELAY_TARGET"))?;
         let target = if url.starts_with("ws://") {
             Target::Ws(url.clone())
@@ -171,6 +177,9 @@ impl Adapter {
                 .map_err(|e| fail("config", e.to_string()))?;
             let mut config = NoiseClientConfig::new(keys, server_public);
             config.token = env("EXECRELAY_TOKEN");
+            if let Some(suite) = suite {
+                config.suite = SuiteChoice::Pinned(suite);
+            }
             if let (Some(ka), Some(pong)) = (
                 env("EXECRELAY_KEEPALIVE_MS"),
                 env("EXECRELAY_PONG_TIMEOUT_MS"),
@@ -457,7 +466,9 @@ impl Adapter {
             // The library keeps of `initialize` only what it uses: the granted TTL.
             "capabilities" => {
                 let ttl = self.client()?.granted_session_ttl();
-                Ok(json!({"capabilities": null,
+                let c = self.client()?;
+                Ok(json!({"capabilities": {"binaryInput": c.binary_input(),
+                                           "binaryOutput": c.binary_output()},
                           "limits": {"detachedSessionTtlMs": ttl.as_millis() as u64}}))
             }
             "start" => self.start(m).await,
