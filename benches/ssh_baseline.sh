@@ -194,6 +194,14 @@ done
 [ "$ready" -eq 1 ] || die "sshd on 127.0.0.1:$PORT did not accept a login within 10 s: $(cat "$TMP/sshd.log")"
 log "sshd pid $SSHD_PID ready on 127.0.0.1:$PORT ($("$SSH" -V 2>&1))"
 
+# SSH_BASELINE_EXEC: run that command (bash -c) while this sshd is up, with
+# SSH_BENCH_CONFIG (the client config to pass with -F) in its environment, and
+# exit with its status instead of measuring here (benches/python_sdk.sh).
+if [ -n "${SSH_BASELINE_EXEC:-}" ]; then
+    SSH_BENCH_CONFIG="$TMP/ssh_config" SSH_BENCH_DIR="$TMP" bash -c "$SSH_BASELINE_EXEC"
+    exit $?
+fi
+
 # ------------------------------------------------------------- measure ---
 # Python times each run with perf_counter (monotonic, ns resolution), which
 # avoids the fork cost of calling `date` around every sample.

@@ -106,6 +106,8 @@ struct Shared {
     server_retained: std::sync::atomic::AtomicU64,
     /// How long the session survives detached, as the server granted it.
     granted_ttl_ms: std::sync::atomic::AtomicU64,
+    /// `capabilities.binaryOutput` of the last `initialize` result.
+    granted_binary_output: std::sync::atomic::AtomicBool,
     /// The connection's state, for an application that shows it (`execrelay run`).
     state: tokio::sync::watch::Sender<ConnectionState>,
 }
@@ -148,6 +150,7 @@ impl Client {
                 crate::config::RETAINED_OUTPUT_BYTES as u64,
             ),
             granted_ttl_ms: std::sync::atomic::AtomicU64::new(0),
+            granted_binary_output: std::sync::atomic::AtomicBool::new(false),
             state: tokio::sync::watch::Sender::new(ConnectionState::Connected),
         });
         Client { shared }
@@ -273,6 +276,23 @@ impl Client {
                 .granted_ttl_ms
                 .load(std::sync::atomic::Ordering::Relaxed),
         )
+    }
+
+    /// Whether the server sends output as binary messages (`protocol.md` §5.1): its last
+    /// `initialize` granted `binaryOutput` (asked for with [`ClientOptions::binary_output`]).
+    pub fn binary_output(&self) -> bool {
+        self.shared
+            .granted_binary_output
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether stdin writes travel as binary messages (`protocol.md` §5.2): the client asked
+    /// for them ([`ClientOptions::binary_input`]), the server's last `initialize` granted
+    /// `binaryInput`, and the connection is a network one.
+    pub fn binary_input(&self) -> bool {
+        lock(&self.shared.conn)
+            .as_ref()
+            .is_some_and(|c| c.binary_input())
     }
 
     /// The session's id and resume token: what a later client needs to resume it
@@ -423,6 +443,10 @@ impl Client {
         );
         self.shared.server_retained.store(
             init.limits.retained_output_bytes,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.shared.granted_binary_output.store(
+            init.capabilities.binary_output,
             std::sync::atomic::Ordering::Relaxed,
         );
         self.shared.granted_ttl_ms.store(
