@@ -223,6 +223,14 @@ async fn relay_restarts_lose_and_repeat_nothing() {
         relay.stop().await;
         relay = InRelay::start_at(&envs, relay_keys.clone(), port, Default::default()).await;
         env.registered().await;
+        // The client resumed through the new relay before the next restart: progress alone
+        // can come from output received before this one (a fast link buffers plenty), and
+        // two restarts within one outage would be one resume.
+        let want = i as u64 + 2;
+        eventually("the client resumed through the restarted relay", || {
+            client.connection_count() >= want
+        })
+        .await;
     }
     let (hash, len, exit) = tokio::time::timeout(GUARD * 2, reader)
         .await
