@@ -19,22 +19,20 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use tokio::process::Command;
 
+use common::interop::{requirements_venv, run_for};
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-/// Hang guard for `python3 -m venv`.
-const VENV_TIMEOUT: Duration = Duration::from_secs(120);
 /// Hang guard for pip (downloads a few MB from PyPI on first use).
 const PIP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Hang guard for the pytest suite (about two minutes on 2 loaded cores).
 const PYTEST_TIMEOUT: Duration = Duration::from_secs(900);
 /// Hang guard for one run of the conformance kit.
 const KIT_TIMEOUT: Duration = Duration::from_secs(900);
-/// Written into the environment once it holds the requirements: their text.
-const READY_STAMP: &str = ".execrelay-requirements";
 
 /// One of these tests at a time: each starts servers and pushes hundreds of MB.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -52,20 +50,6 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-async fn run_for(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    tokio::time::timeout(limit, child.wait_with_output())
-        .await
-        .map_err(|_| format!("no exit within {limit:?} (hang guard)"))?
-        .map_err(|e| e.to_string())
-}
-
 /// The environment's interpreter, with the requirements and the package freshly installed.
 async fn python() -> String {
     static PY: tokio::sync::OnceCell<Result<String, String>> = tokio::sync::OnceCell::const_new();
@@ -77,71 +61,14 @@ async fn python() -> String {
 
 async fn prepare() -> Result<String, String> {
     let venv = target_dir().join("python-sdk-venv");
-    let py = venv.join("bin").join("python3").display().to_string();
-    let reqs = std::fs::read_to_string(requirements()).map_err(|e| format!("{e}"))?;
-    // One builder at a time across test processes.
-    let lock_path = venv.with_extension("lock");
-    let _lock = tokio::task::spawn_blocking(move || {
-        if let Some(dir) = lock_path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
-        let f = std::fs::File::create(&lock_path)
-            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| format!("lock {}: {e}", lock_path.display()))
-    })
-    .await
-    .map_err(|e| e.to_string())??;
-
-    let stamp = venv.join(READY_STAMP);
-    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(reqs.as_str()) {
-        if venv.exists() {
-            std::fs::remove_dir_all(&venv).map_err(|e| format!("{}: {e}", venv.display()))?;
-        }
-        let out = run_for(
-            Command::new("python3").arg("-m").arg("venv").arg(&venv),
-            VENV_TIMEOUT,
-        )
-        .await
-        .map_err(|e| {
-            format!(
-                "the Python package's tests need Python 3 (`python3`): {e}. Install it \
-                 (Debian: `apt-get install python3 python3-venv`)"
-            )
-        })?;
-        if !out.status.success() {
-            return Err(format!(
-                "`python3 -m venv {}` failed; on Debian the venv module is a package of its \
-                 own: `apt-get install python3-venv`.\n{}{}",
-                venv.display(),
-                text(&out.stdout),
-                text(&out.stderr)
-            ));
-        }
-        let out = run_for(
-            Command::new(&py)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    "-r",
-                ])
-                .arg(requirements()),
-            PIP_TIMEOUT,
-        )
-        .await?;
-        if !out.status.success() {
-            return Err(format!(
-                "pip could not install {} (is PyPI reachable?):\n{}{}",
-                requirements().display(),
-                text(&out.stdout),
-                text(&out.stderr)
-            ));
-        }
-        std::fs::write(&stamp, &reqs).map_err(|e| format!("{}: {e}", stamp.display()))?;
-    }
+    let py = requirements_venv(
+        &venv,
+        &requirements(),
+        "the Python package's tests",
+        "",
+        None,
+    )
+    .await?;
     // The package itself, every run (its sources change): from a copy, so pip's build
     // leaves nothing in the source tree; no build isolation, so nothing is downloaded.
     let copy = target_dir().join("python-sdk-build");
