@@ -122,12 +122,22 @@ impl EndpointLink {
     /// Client: open `stream` with handshake message 1; resolves to the server's message 2 and
     /// the stream, or to the reason it was refused.
     pub fn open(&self, stream: StreamId, msg1: Bytes) -> Result<Opening, StreamError> {
+        self.open_with_flags(stream, 0, msg1)
+    }
+
+    /// Client: [`open`](Self::open) with `flags` on the `OPEN` (bits 0–1: the Noise suite).
+    pub fn open_with_flags(
+        &self,
+        stream: StreamId,
+        flags: u16,
+        msg1: Bytes,
+    ) -> Result<Opening, StreamError> {
         let (tx, rx) = oneshot::channel();
         self.shared.with(|i| {
             if let Some(reason) = i.ep.is_closed() {
                 return Err(StreamError::LinkClosed(reason));
             }
-            i.ep.open(stream, msg1)?;
+            i.ep.open_with_flags(stream, flags, msg1)?;
             i.openings.insert(stream, tx);
             Ok::<_, StreamError>(())
         })?;

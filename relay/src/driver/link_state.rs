@@ -248,7 +248,11 @@ impl Inner {
     fn dispatch(&mut self, link: &Weak<Shared>) {
         while let Some(ev) = self.ep.poll_event() {
             match ev {
-                Event::OpenRequested { stream, payload } => {
+                Event::OpenRequested {
+                    stream,
+                    flags,
+                    payload,
+                } => {
                     // Gone only while the last handle drops: nobody to answer it then.
                     let Some(link) = link.upgrade() else {
                         let _ = self.ep.refuse(stream, Reason::Closed);
@@ -268,6 +272,7 @@ impl Inner {
                         link,
                         stream,
                         generation,
+                        flags,
                         payload,
                         cancelled: Some(cancelled),
                         answered: false,
@@ -426,6 +431,7 @@ pub struct OpenRequest {
     stream: StreamId,
     /// Which `OPEN` of `stream` this is (ids may be reused after a reset).
     generation: u64,
+    flags: u16,
     payload: Bytes,
     /// Resolves (the sender dropped) once the stream is gone unanswered.
     cancelled: Option<oneshot::Receiver<()>>,
@@ -441,6 +447,11 @@ impl OpenRequest {
     /// The `OPEN` payload (handshake message 1).
     pub fn payload(&self) -> &Bytes {
         &self.payload
+    }
+
+    /// The Noise suite number the client chose (bits 0–1 of the `OPEN`'s flags).
+    pub fn suite_bits(&self) -> u16 {
+        self.flags & crate::frame::OPEN_SUITE_MASK
     }
 
     /// Resolves once the stream ended before its answer (the peer reset it, broke a rule on
