@@ -1,0 +1,448 @@
+//! Relays in a cluster (`execrelay_relay::cluster`), in-process on real sockets, with a real
+//! `nats-server` (Debian's package, installed by the test when missing) as the directory:
+//! affinity without a lookup, a misrouted client forwarded over a relay-to-relay link, a
+//! client posing as a relay refused, two holders (the newest wins), a holder that goes away
+//! (its forwarded clients are closed `moved`), and NATS down (affine traffic works, misroutes
+//! fail fast with `directory_unavailable`, and everything recovers when it is back).
+//! HAProxy in front is `tests/cluster/run.sh`'s, with real exec servers and clients.
+//!
+//! Waits are on frames, closes and metric values; wall-clock timeouts are hang guards only.
+
+mod harness;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use bytes::Bytes;
+use execrelay_relay::cluster::relay_link;
+use execrelay_relay::cluster::{ClusterKeys, ClusterSpec};
+use execrelay_relay::config::EndpointConfig;
+use execrelay_relay::driver::{EndpointLink, StreamError};
+use execrelay_relay::frame::{FrameType, LINK_STREAM};
+use execrelay_relay::keys::environments::{parse_environments, EnvironmentsFile};
+use execrelay_relay::keys::{public_line, Keypair};
+use execrelay_relay::server::{RelayServer, RelayServerConfig};
+use harness::*;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const ENV: &str = "sandbox-1";
+
+/// The `nats-server` binary: Debian's package, installed (as root, with apt-get) when missing.
+fn nats_server_binary() -> PathBuf {
+    for p in ["/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+        if std::path::Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "(apt-get install -y nats-server || (apt-get update && apt-get install -y nats-server)) >/dev/null 2>&1",
+        ])
+        .status();
+    for p in ["/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+        if std::path::Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    panic!(
+        "these tests need nats-server (Debian package `nats-server`); installing it with apt-get failed ({status:?}): run `apt-get install -y nats-server` as root"
+    );
+}
+
+/// A `nats-server` on loopback, stopped when dropped.
+struct Nats {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Nats {
+    async fn start() -> Nats {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut n = Nats { port, child: None };
+        n.restart().await;
+        n
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    async fn restart(&mut self) {
+        let child = Command::new(nats_server_binary())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        // Ready once it greets a client with INFO.
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        guard("nats-server up", async {
+            loop {
+                if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+                    let mut buf = [0u8; 4];
+                    use tokio::io::AsyncReadExt;
+                    if s.read_exact(&mut buf).await.is_ok() && &buf == b"INFO" {
+                        return;
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Relays of one cluster: their keys, by node id, in one keys file.
+struct Members {
+    _dir: tempfile::TempDir,
+    keys_file: PathBuf,
+    nodes: Vec<(String, Keypair)>,
+}
+
+impl Members {
+    fn new(n: usize) -> Members {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<(String, Keypair)> = (0..n)
+            .map(|i| (format!("relay-{i}"), Keypair::generate().unwrap()))
+            .collect();
+        let text: String = nodes
+            .iter()
+            .map(|(id, k)| format!("{id} {}\n", public_line(&k.public, id)))
+            .collect();
+        let keys_file = dir.path().join("cluster-keys");
+        std::fs::write(&keys_file, text).unwrap();
+        Members {
+            _dir: dir,
+            keys_file,
+            nodes,
+        }
+    }
+
+    fn keys(&self) -> ClusterKeys {
+        let text = std::fs::read_to_string(&self.keys_file).unwrap();
+        ClusterKeys::from_nodes(
+            self.keys_file.clone(),
+            parse_environments(&text, "cluster").unwrap(),
+        )
+    }
+}
+
+/// Relay `i` of `members` in the cluster on `nats`, listing `entries`.
+async fn member(members: &Members, i: usize, nats: &Nats, entries: &[(&str, &Keypair)]) -> Relay {
+    let (node, keys) = &members.nodes[i];
+    let dir = tempfile::tempdir().unwrap();
+    let environments = dir.path().join("environments");
+    std::fs::write(&environments, environments_text(entries)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, metrics) = (
+        listener.local_addr().unwrap(),
+        metrics_listener.local_addr().unwrap(),
+    );
+    let server = RelayServer::new(RelayServerConfig {
+        keys: keys.clone(),
+        environments: EnvironmentsFile::load(&environments).unwrap(),
+        settings: settings(),
+    })
+    .unwrap()
+    .with_cluster(ClusterSpec {
+        nats_url: nats.url(),
+        node_id: node.clone(),
+        advertise: format!("ws://{addr}"),
+        keys: members.keys(),
+    });
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server.run(listener, Some(metrics_listener), shutdown.clone()));
+    let relay = Relay {
+        addr,
+        metrics,
+        keys: keys.clone(),
+        dir,
+        environments,
+        shutdown,
+        task,
+    };
+    relay
+        .wait_metric("execrelay_relay_cluster_directory_up", 1)
+        .await;
+    relay
+}
+
+/// An echoing environment on `relay`, announced in the directory.
+async fn echo_env(relay: &Relay, keys: &Keypair, id: &str) -> EndpointLink {
+    let (link, incoming) = environment(relay, keys, id, EndpointConfig::default()).await;
+    echo_environment(incoming);
+    relay
+        .wait_metric("execrelay_relay_cluster_environments_held", 1)
+        .await;
+    link
+}
+
+/// Wait until `relay`'s directory subscription for its environments is in place: a lookup
+/// from `other` finds it.
+async fn until_found(other: &Relay, id: &str) -> EndpointLink {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        let c = client(other, id).await;
+        let opened = c.open(stream_id(), Bytes::from_static(b"msg1")).unwrap();
+        match guard("open", opened).await {
+            Ok(accepted) => {
+                assert_eq!(&accepted.payload[..], b"msg2");
+                return c;
+            }
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "hang guard: never found ({e})"
+                );
+                tokio::task::yield_now().await;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn affine_links_need_no_lookup_and_a_misroute_is_forwarded() {
+    let nats = Nats::start().await;
+    let members = Members::new(2);
+    let env_keys = Keypair::generate().unwrap();
+    let a = member(&members, 0, &nats, &[(ENV, &env_keys)]).await;
+    let b = member(&members, 1, &nats, &[(ENV, &env_keys)]).await;
+    let _env = echo_env(&a, &env_keys, ENV).await;
+
+    // Affinity: the client on the holder; nothing asked, nothing forwarded.
+    let c = client(&a, ENV).await;
+    let mut s = open(&c).await;
+    for i in 0..20 {
+        round_trip(&mut s, &format!("affine {i}")).await;
+    }
+    let m = a.metrics().await;
+    assert_eq!(metric_of(&m, "execrelay_relay_cluster_lookups_total"), 0);
+    assert_eq!(
+        metric_of(&m, "execrelay_relay_cluster_forwarded_streams_total"),
+        0
+    );
+    assert_eq!(
+        metric_of(&m, "execrelay_relay_cluster_environments_held"),
+        1
+    );
+
+    // A misroute: the client on B; B looks A up and forwards over a relay-to-relay link.
+    let fwd = until_found(&b, ENV).await;
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        streams.push(open(&fwd).await);
+    }
+    for (i, s) in streams.iter_mut().enumerate() {
+        for j in 0..10 {
+            round_trip(s, &format!("forwarded {i}/{j}")).await;
+        }
+    }
+    let mb = b.metrics().await;
+    assert!(metric_of(&mb, "execrelay_relay_cluster_lookups_total") >= 1);
+    assert!(metric_of(&mb, "execrelay_relay_cluster_forwarded_streams_total") >= 9);
+    assert!(metric_of(&mb, "execrelay_relay_cluster_forwarded_bytes_total") > 0);
+    assert_eq!(
+        metric_of(&mb, "execrelay_relay_cluster_forwarding_links"),
+        1
+    );
+    assert_eq!(
+        metric_of(&mb, "execrelay_relay_cluster_environments_held"),
+        0
+    );
+    let ma = a.metrics().await;
+    assert_eq!(
+        metric_of(&ma, "execrelay_relay_cluster_relay_links_admitted_total"),
+        1
+    );
+    assert!(metric_of(&ma, "execrelay_relay_cluster_lookups_answered_total") >= 1);
+    // A second misrouted client link of the environment shares the relay-to-relay link.
+    let fwd2 = client(&b, ENV).await;
+    let mut s2 = open(&fwd2).await;
+    round_trip(&mut s2, "second client").await;
+    assert_eq!(
+        b.metric("execrelay_relay_cluster_forward_links_total")
+            .await,
+        metric_of(&mb, "execrelay_relay_cluster_forward_links_total")
+    );
+    // The affine stream never noticed.
+    round_trip(&mut s, "affine after").await;
+
+    // The holder goes: B's forwarded client links are closed `moved`, so their clients dial
+    // again and find the environment wherever it is next.
+    a.stop().await;
+    guard("forwarded link closed", async {
+        while fwd.close_reason().is_none() || fwd2.close_reason().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    b.wait_metric("execrelay_relay_link_closes_total{reason=\"moved\"}", 2)
+        .await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_without_a_cluster_key_cannot_pose_as_a_relay() {
+    let nats = Nats::start().await;
+    let members = Members::new(2);
+    let env_keys = Keypair::generate().unwrap();
+    let a = member(&members, 0, &nats, &[(ENV, &env_keys)]).await;
+    let _env = echo_env(&a, &env_keys, ENV).await;
+
+    // A stranger's key, pinning A's real key: the handshake decrypts but the key is listed
+    // for no relay.
+    let stranger = Keypair::generate().unwrap();
+    // An environment's own key is no relay key either.
+    for (who, keys) in [("stranger", &stranger), ("environment", &env_keys)] {
+        let mut ws = a.ws(&format!("/v1/relay/{ENV}")).await;
+        let (_, open) = relay_link::start(keys, &a.keys.public, ENV, next_ts()).unwrap();
+        send_raw(&mut ws, &open).await;
+        let answer = recv_until(&mut ws, |_| true).await.expect("an answer");
+        assert_eq!(
+            (answer.ftype, answer.stream, answer.reset_reason().as_str()),
+            (FrameType::Reset, LINK_STREAM, "unauthorized"),
+            "{who}"
+        );
+        wait_closed(&mut ws).await;
+    }
+    // An environment link's message 1 on the relay path does not decrypt.
+    let mut ws = a.ws(&format!("/v1/relay/{ENV}")).await;
+    let err = env_handshake(&mut ws, &env_keys, &a.keys.public, ENV, next_ts()).await;
+    assert!(err.is_err());
+    a.wait_metric("execrelay_relay_cluster_relay_links_refused_total", 3)
+        .await;
+    assert_eq!(
+        a.metric("execrelay_relay_cluster_relay_links_admitted_total")
+            .await,
+        0
+    );
+    // A member's key is admitted (the same check the forwarder passes).
+    let (_, b_keys) = &members.nodes[1];
+    let mut ws = a.ws(&format!("/v1/relay/{ENV}")).await;
+    let (hs, open) = relay_link::start(b_keys, &a.keys.public, ENV, next_ts()).unwrap();
+    send_raw(&mut ws, &open).await;
+    let answer = recv_until(&mut ws, |_| true).await.expect("an answer");
+    assert!(hs.finish(&answer).is_ok());
+    // A standalone relay has no such route.
+    let alone = Relay::start(settings(), &[(ENV, &env_keys)]).await;
+    assert_eq!(http_get(alone.addr, "/v1/relay/x").await.0, 404);
+    alone.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn two_holders_the_newest_link_wins() {
+    let nats = Nats::start().await;
+    let members = Members::new(2);
+    let env_keys = Keypair::generate().unwrap();
+    let a = member(&members, 0, &nats, &[(ENV, &env_keys)]).await;
+    let b = member(&members, 1, &nats, &[(ENV, &env_keys)]).await;
+    let old = echo_env(&a, &env_keys, ENV).await;
+    a.wait_metric("execrelay_relay_cluster_environments_held", 1)
+        .await;
+    // The environment re-dials and lands on B while its old link on A is still up.
+    let _new = echo_env(&b, &env_keys, ENV).await;
+    guard("old link replaced", async {
+        while old.close_reason().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    a.wait_metric("execrelay_relay_cluster_takeovers_total", 1)
+        .await;
+    a.wait_metric("execrelay_relay_link_closes_total{reason=\"replaced\"}", 1)
+        .await;
+    assert_eq!(b.metric("execrelay_relay_cluster_takeovers_total").await, 0);
+    assert_eq!(
+        b.metric("execrelay_relay_cluster_environments_held").await,
+        1
+    );
+    // Clients on A now reach the environment on B.
+    let c = until_found(&a, ENV).await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, "to the newest").await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn without_nats_affine_traffic_works_misroutes_fail_fast_and_all_recovers() {
+    let mut nats = Nats::start().await;
+    let members = Members::new(2);
+    let env_keys = Keypair::generate().unwrap();
+    let a = member(&members, 0, &nats, &[(ENV, &env_keys)]).await;
+    let b = member(&members, 1, &nats, &[(ENV, &env_keys)]).await;
+    let _env = echo_env(&a, &env_keys, ENV).await;
+    let c = client(&a, ENV).await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, "before").await;
+
+    nats.stop();
+    for r in [&a, &b] {
+        guard("directory down", async {
+            while r.metric("execrelay_relay_cluster_directory_up").await != 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+    // Affine: the established stream and a new client on the holder work.
+    round_trip(&mut s, "during").await;
+    let c2 = client(&a, ENV).await;
+    let mut s2 = open(&c2).await;
+    round_trip(&mut s2, "new during").await;
+    // A misroute fails fast, with the reason.
+    let started = std::time::Instant::now();
+    let m = client(&b, ENV).await;
+    let opened = m.open(stream_id(), Bytes::from_static(b"msg1")).unwrap();
+    match guard("refused", opened).await {
+        Err(StreamError::PeerReset(reason)) => assert_eq!(reason, "directory_unavailable"),
+        Err(e) => panic!("expected RESET directory_unavailable, got {e}"),
+        Ok(_) => panic!("a misroute without the directory was forwarded"),
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the refusal took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        b.metric("execrelay_relay_cluster_lookup_failures_total")
+            .await
+            >= 1
+    );
+
+    // NATS is back: the holder's subscription is renewed, and misroutes are forwarded again.
+    nats.restart().await;
+    for r in [&a, &b] {
+        r.wait_metric("execrelay_relay_cluster_directory_up", 1)
+            .await;
+    }
+    let f = until_found(&b, ENV).await;
+    let mut fs = open(&f).await;
+    round_trip(&mut fs, "after").await;
+    round_trip(&mut s, "affine after").await;
+    a.stop().await;
+    b.stop().await;
+}
