@@ -149,6 +149,16 @@ impl Members {
 
 /// Relay `i` of `members` in the cluster on `nats`, listing `entries`.
 async fn member(members: &Members, i: usize, nats: &Nats, entries: &[(&str, &Keypair)]) -> Relay {
+    member_with(members, i, nats, entries, settings()).await
+}
+
+async fn member_with(
+    members: &Members,
+    i: usize,
+    nats: &Nats,
+    entries: &[(&str, &Keypair)],
+    settings: execrelay_relay::server::settings::RelaySettings,
+) -> Relay {
     let (node, keys) = &members.nodes[i];
     let dir = tempfile::tempdir().unwrap();
     let environments = dir.path().join("environments");
@@ -162,7 +172,7 @@ async fn member(members: &Members, i: usize, nats: &Nats, entries: &[(&str, &Key
     let server = RelayServer::new(RelayServerConfig {
         keys: keys.clone(),
         environments: EnvironmentsFile::load(&environments).unwrap(),
-        settings: settings(),
+        settings,
     })
     .unwrap()
     .with_cluster(ClusterSpec {
@@ -443,6 +453,103 @@ async fn without_nats_affine_traffic_works_misroutes_fail_fast_and_all_recovers(
     let mut fs = open(&f).await;
     round_trip(&mut fs, "after").await;
     round_trip(&mut s, "affine after").await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A client link on `relay` as the cluster's front (HAProxy) makes it: with its header.
+async fn client_via_front(relay: &Relay, id: &str) -> EndpointLink {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://{}/v1/connect/{id}", relay.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("X-Execrelay-Front", "1".parse().unwrap());
+    let tcp = tokio::net::TcpStream::connect(relay.addr).await.unwrap();
+    let (ws, _) = guard(
+        "upgrade",
+        tokio_tungstenite::client_async_with_config(
+            req,
+            tcp,
+            Some(execrelay_relay::driver::link_websocket_config()),
+        ),
+    )
+    .await
+    .unwrap();
+    EndpointLink::spawn_client(ws, EndpointConfig::default()).unwrap()
+}
+
+async fn until_closed(link: &EndpointLink, what: &str) -> std::time::Instant {
+    guard(what, async {
+        while link.close_reason().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    std::time::Instant::now()
+}
+
+#[tokio::test]
+async fn clients_sent_by_the_front_move_the_environment_home_at_the_bounded_rate() {
+    let (logs, _g) = capture_logs();
+    let nats = Nats::start().await;
+    let members = Members::new(2);
+    let (k1, k2, k3) = (
+        Keypair::generate().unwrap(),
+        Keypair::generate().unwrap(),
+        Keypair::generate().unwrap(),
+    );
+    let entries = [("env-1", &k1), ("env-2", &k2), ("env-3", &k3)];
+    let moving = execrelay_relay::server::settings::RelaySettings {
+        moves_per_second: 2,
+        move_min_link_age_ms: 1,
+        ..settings()
+    };
+    let a = member_with(&members, 0, &nats, &entries, moving.clone()).await;
+    let b = member(&members, 1, &nats, &entries).await;
+    let e1 = echo_env(&a, &k1, "env-1").await;
+    let e2 = echo_env(&a, &k2, "env-2").await;
+
+    // A client straight to B (no front header): forwarded, and nothing moves.
+    let direct = until_found(&b, "env-1").await;
+    let mut ds = open(&direct).await;
+    round_trip(&mut ds, "direct").await;
+    assert_eq!(a.metric("execrelay_relay_cluster_moves_total").await, 0);
+
+    // The front sends clients of both environments to B now: A moves them, one per 500 ms.
+    // (Their forwarded streams work as any misroute's; here the move is what is watched.)
+    let _f1 = client_via_front(&b, "env-1").await;
+    let f2 = client_via_front(&b, "env-2").await;
+    let t1 = until_closed(&e1, "env-1 moved").await;
+    let t2 = until_closed(&e2, "env-2 moved").await;
+    let gap = if t2 > t1 { t2 - t1 } else { t1 - t2 };
+    assert!(
+        gap >= std::time::Duration::from_millis(400),
+        "two moves {gap:?} apart at 2 per second"
+    );
+    a.wait_metric("execrelay_relay_cluster_moves_total", 2)
+        .await;
+    a.wait_metric("execrelay_relay_link_closes_total{reason=\"moved\"}", 2)
+        .await;
+    // Their forwarded clients on B are closed too (moved), to dial again.
+    until_closed(&f2, "forwarded client closed").await;
+    // The environment re-dials and lands on B (as the front would send it): no forwarding.
+    let _home = echo_env(&b, &k2, "env-2").await;
+    let c = client_via_front(&b, "env-2").await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, "at home").await;
+    assert_eq!(
+        b.metric("execrelay_relay_cluster_forwarding_links").await,
+        0
+    );
+
+    // A young link is not moved: B, with the default minimum age, keeps env-3.
+    let _e3 = echo_env(&b, &k3, "env-3").await;
+    let f3 = client_via_front(&a, "env-3").await;
+    let mut s3 = open(&f3).await;
+    round_trip(&mut s3, "young").await;
+    logs.wait_for(&["link too young to move"]).await;
+    assert_eq!(b.metric("execrelay_relay_cluster_moves_total").await, 0);
     a.stop().await;
     b.stop().await;
 }

@@ -7,7 +7,12 @@
 //!     [`Holder`] (`{"node","addr","age_ms","since_us"}`);
 //!   - a **claim** (published by a relay that has just admitted the environment's link):
 //!     `{"op":"claim","node":…,"since_us":…}`. Any other holder compares: the newest link
-//!     wins ([`newest_wins`]), the other relay closes its link (`replaced`).
+//!     wins ([`newest_wins`]), the other relay closes its link (`replaced`);
+//!   - a **home** notice `{"op":"home","node":…}`: a relay that the cluster's front (HAProxy)
+//!     sent one of the environment's clients to, while another holds it: membership changed
+//!     and the id now hashes there. The holder asks the environment to move (its link closed
+//!     `moved`, at a bounded rate, never younger than a minimum age), so that steady state
+//!     needs no forwarding.
 //!
 //! Unknown fields are ignored (relays of two versions share a cluster during an upgrade).
 //! Every message is at most [`MAX_DIRECTORY_MESSAGE_BYTES`]; a larger or unparsable one is
@@ -33,6 +38,13 @@ pub fn subject(env: &str) -> String {
 pub enum DirectoryMessage {
     /// Where is the environment? (request; the holder replies with a [`Holder`]).
     Lookup,
+    /// The cluster's front (HAProxy) now sends the environment's clients to `node` (they
+    /// reached it through the front and it forwards them here): the holder asks the
+    /// environment to move there (its link closed `moved`, at a bounded rate).
+    Home {
+        /// The relay the front routes the environment to.
+        node: String,
+    },
     /// A relay has just admitted the environment's link, at `since_us` (microseconds since
     /// the Unix epoch).
     Claim {
@@ -146,6 +158,9 @@ mod tests {
     fn messages_round_trip_and_unknown_shapes_are_refused() {
         for m in [
             DirectoryMessage::Lookup,
+            DirectoryMessage::Home {
+                node: "relay-3".into(),
+            },
             DirectoryMessage::Claim {
                 node: "relay-1".into(),
                 since_us: 42,

@@ -48,6 +48,17 @@ pub const CLUSTER_LOOKUPS_PER_SECOND: u32 = 200;
 /// every misrouted client link of one environment, so this bounds environments reached through
 /// a misroute at once; with stable membership there are none.
 pub const MAX_RELAY_LINKS: usize = 1024;
+/// Environment links one relay asks to move per second at most (their exec servers re-dial
+/// through the front to their new home). After a membership change every moved environment
+/// re-dials and its clients resume: a bounded rate spreads that over time instead of a storm.
+pub const MOVES_PER_SECOND: u32 = 5;
+/// An environment link younger than this is never asked to move: an environment whose link
+/// the front keeps sending elsewhere (a membership still settling, or a client sending the
+/// front's header straight to a relay) moves at most once per this period.
+pub const MOVE_MIN_LINK_AGE_MS: u64 = 10_000;
+/// Moves waiting for their turn on one relay; a `home` notice past it is dropped (the next
+/// misrouted client sends another).
+pub const MAX_PENDING_MOVES: usize = 4096;
 /// How long connecting to NATS may take at start before the relay goes on without it (it
 /// keeps trying in the background; affine traffic never needs it).
 pub const NATS_CONNECT_TIMEOUT_MS: u64 = 2_000;

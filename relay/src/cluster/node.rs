@@ -58,6 +58,10 @@ pub struct NodeLimits {
     pub dial_timeout: Duration,
     /// The relay's frame limit (the relay link's WebSocket).
     pub max_frame_bytes: usize,
+    /// Environment links asked to move per second, at most.
+    pub moves_per_second: u32,
+    /// An environment link younger than this is never asked to move.
+    pub move_min_link_age: Duration,
 }
 
 /// Counters of one node (its metrics).
@@ -125,6 +129,10 @@ pub struct ClusterNode {
     links_in: Arc<Semaphore>,
     stamps: Mutex<LinkTimestamps>,
     last_ts: AtomicU64,
+    /// Moves waiting for their turn (at most [`super::MAX_PENDING_MOVES`]; one per
+    /// environment).
+    moves: tokio::sync::mpsc::Sender<(String, LinkId)>,
+    pending_moves: Mutex<std::collections::HashSet<String>>,
     /// Counters.
     pub stats: ClusterStats,
 }
@@ -154,6 +162,7 @@ impl ClusterNode {
         spec: ClusterSpec,
         limits: NodeLimits,
         stamps: LinkTimestamps,
+        hub: RelayHub,
     ) -> Result<Arc<ClusterNode>, async_nats::ConnectError> {
         let node = spec.node_id.clone();
         let client = async_nats::ConnectOptions::new()
@@ -179,7 +188,10 @@ impl ClusterNode {
             })
             .connect(spec.nats_url.as_str())
             .await?;
-        Ok(Arc::new(ClusterNode {
+        let (moves, moves_rx) = tokio::sync::mpsc::channel(super::MAX_PENDING_MOVES);
+        let node = Arc::new(ClusterNode {
+            moves,
+            pending_moves: Mutex::new(std::collections::HashSet::new()),
             lookups: Arc::new(Semaphore::new(limits.max_lookups)),
             lookup_rate: Mutex::new(TokenBucket::per_second(
                 limits.lookups_per_second,
@@ -195,7 +207,43 @@ impl ClusterNode {
             stamps: Mutex::new(stamps),
             last_ts: AtomicU64::new(0),
             stats: ClusterStats::default(),
-        }))
+        });
+        tokio::spawn(mover(Arc::downgrade(&node), hub, moves_rx));
+        Ok(node)
+    }
+
+    /// The front sends `env`'s clients here while another relay holds it: tell the holder
+    /// (a `home` notice; it moves the environment at its bounded rate). Bounded by the
+    /// lookup rate.
+    pub fn announce_home(&self, env: &str) {
+        if !self.directory_up() || !lock(&self.lookup_rate).take(Instant::now()) {
+            return;
+        }
+        let msg = DirectoryMessage::Home {
+            node: self.spec.node_id.clone(),
+        };
+        let (client, subj) = (self.client.clone(), subject(env));
+        tokio::spawn(async move {
+            let _ = client.publish(subj, msg.encode().into()).await;
+        });
+    }
+
+    /// A `home` notice for `env` held here by `link`: queue its move (once).
+    fn queue_move(&self, env: &str, link: LinkId, age: Duration) {
+        if age < self.limits.move_min_link_age {
+            tracing::debug!(
+                env,
+                age_ms = age.as_millis() as u64,
+                "home notice: link too young to move"
+            );
+            return;
+        }
+        if !lock(&self.pending_moves).insert(env.to_string()) {
+            return;
+        }
+        if self.moves.try_send((env.to_string(), link)).is_err() {
+            lock(&self.pending_moves).remove(env);
+        }
     }
 
     /// This relay's node id.
@@ -317,6 +365,19 @@ impl ClusterNode {
                     };
                     bump(&self.stats.lookups_answered);
                     let _ = self.client.publish(reply, answer.encode().into()).await;
+                }
+                DirectoryMessage::Home { node } => {
+                    if node == self.spec.node_id || hub.environment_link(&env) != Some(link) {
+                        continue;
+                    }
+                    let age = lock(&self.holdings)
+                        .get(&env)
+                        .filter(|h| h.link == link)
+                        .map(|h| h.started.elapsed());
+                    if let Some(age) = age {
+                        tracing::info!(env = %env, home = %node, "the front now sends this environment's clients to another relay: moving it there");
+                        self.queue_move(&env, link, age);
+                    }
                 }
                 DirectoryMessage::Claim {
                     node,
@@ -561,6 +622,30 @@ impl ClusterNode {
             h.task.abort();
         }
         let _ = self.client.drain().await;
+    }
+}
+
+/// Ask queued environments to move, one every `1 / moves_per_second`: their links close
+/// (`moved`) and the exec servers re-dial through the front, which sends them home.
+async fn mover(
+    node: std::sync::Weak<ClusterNode>,
+    hub: RelayHub,
+    mut rx: tokio::sync::mpsc::Receiver<(String, LinkId)>,
+) {
+    let per_second = node
+        .upgrade()
+        .map_or(1, |n| n.limits.moves_per_second.max(1));
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while let Some((env, link)) = rx.recv().await {
+        tick.tick().await;
+        let Some(n) = node.upgrade() else { return };
+        lock(&n.pending_moves).remove(&env);
+        if hub.environment_link(&env) == Some(link) && !n.is_forward(&env, link) {
+            bump(&n.stats.moves);
+            tracing::info!(env = %env, "environment link closed (moved): it re-dials to its new home");
+            hub.close_environment(&env, CloseReason::Moved);
+        }
     }
 }
 

@@ -296,6 +296,7 @@ pub(crate) async fn client_link(
     mut ws: Ws,
     id: String,
     peer: SocketAddr,
+    via_front: bool,
     stop: CancellationToken,
 ) {
     let span = tracing::info_span!("client_link", env = %id, %peer);
@@ -305,11 +306,19 @@ pub(crate) async fn client_link(
             return;
         }
         if let Some(c) = shared.cluster() {
-            if hub.environment_link(&id).is_none() {
-                if let Err(reason) = find_holder(c, &hub, &shared, &id).await {
-                    refuse_streams(ws, reason, shared.settings.link_handshake_timeout()).await;
-                    return;
-                }
+            let forwarded = match hub.environment_link(&id) {
+                None => match find_holder(c, &hub, &shared, &id).await {
+                    Ok(forwarded) => forwarded,
+                    Err(reason) => {
+                        refuse_streams(ws, reason, shared.settings.link_handshake_timeout()).await;
+                        return;
+                    }
+                },
+                Some(link) => c.is_forward(&id, link),
+            };
+            if forwarded && via_front {
+                // The front sends this environment's clients here now: it should live here.
+                c.announce_home(&id);
             }
         }
         let link = match hub.add_client(&id, peer.ip()) {
@@ -346,20 +355,20 @@ pub(crate) async fn client_link(
 /// Cluster: a client link for an environment this relay does not hold. Ask the directory;
 /// if another relay holds it, make sure a relay-to-relay link to it stands for the
 /// environment here. `Err` is the `RESET` reason every stream of the client link gets (the
-/// misroute fails fast); `Ok` serves the link (with no holder anywhere, its `OPEN`s are
-/// refused `environment_offline` as on a standalone relay).
+/// misroute fails fast); `Ok` serves the link (`true`: forwarded; `false`: no holder
+/// anywhere, its `OPEN`s are refused `environment_offline` as on a standalone relay).
 async fn find_holder(
     c: &Arc<ClusterNode>,
     hub: &RelayHub,
     shared: &Shared,
     id: &str,
-) -> Result<(), &'static str> {
+) -> Result<bool, &'static str> {
     match c.locate(id).await {
         Located::Holder(h) if h.node != c.node_id() => {
             match c.forward(hub, &shared.keys, id, &h).await {
                 Ok(()) => {
                     tracing::info!(holder = %h.node, "misrouted client link: forwarded to the environment's relay");
-                    Ok(())
+                    Ok(true)
                 }
                 Err(e) => {
                     tracing::warn!(holder = %h.node, error = %e, "misrouted client link refused: the environment's relay cannot be reached");
@@ -367,7 +376,7 @@ async fn find_holder(
                 }
             }
         }
-        Located::Holder(_) | Located::Nowhere => Ok(()),
+        Located::Holder(_) | Located::Nowhere => Ok(false),
         Located::Unavailable(why) => {
             tracing::warn!(%why, "misrouted client link refused (directory_unavailable)");
             Err(REASON_DIRECTORY_UNAVAILABLE)

@@ -318,10 +318,12 @@ impl RelayServer {
                 max_relay_links: settings.max_relay_links,
                 dial_timeout: settings.link_handshake_timeout(),
                 max_frame_bytes: settings.max_frame_bytes,
+                moves_per_second: settings.moves_per_second,
+                move_min_link_age: Duration::from_millis(settings.move_min_link_age_ms),
             };
             let stamps = ReplayCache::new(settings.replay_limits(), unix_micros());
             let (node, url) = (spec.node_id.clone(), spec.nats_url.clone());
-            match ClusterNode::start(spec, limits, stamps).await {
+            match ClusterNode::start(spec, limits, stamps, hub.clone()).await {
                 Ok(n) => {
                     tracing::info!(%node, nats = %url, "cluster: joined (directory connecting in the background)");
                     let _ = shared.cluster.set(n);
@@ -396,8 +398,10 @@ impl RelayServer {
                     }
                     Route::Client => {
                         let permit = up.permit;
+                        let via_front = up.via_front;
                         tasks.spawn(async move {
-                            links::client_link(hub, shared, up.ws, id, up.peer, stop).await;
+                            links::client_link(hub, shared, up.ws, id, up.peer, via_front, stop)
+                                .await;
                             // The slot of `max_client_links` is free once the link ends.
                             drop(permit);
                         });

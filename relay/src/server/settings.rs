@@ -262,6 +262,12 @@ relay_settings! {
     /// See [`crate::cluster::MAX_RELAY_LINKS`].
     max_relay_links: usize = crate::cluster::MAX_RELAY_LINKS, Count,
         "cluster: relay-to-relay links held at once, each way (forwarding and holding); one more is refused";
+    /// See [`crate::cluster::MOVES_PER_SECOND`].
+    moves_per_second: u32 = crate::cluster::MOVES_PER_SECOND, Count,
+        "cluster: environment links asked to move to their new home relay per second, at most";
+    /// See [`crate::cluster::MOVE_MIN_LINK_AGE_MS`].
+    move_min_link_age_ms: u64 = crate::cluster::MOVE_MIN_LINK_AGE_MS, Millis,
+        "cluster: an environment link younger than this is never asked to move";
     /// See [`REQUEST_HEAD_TIMEOUT_MS`].
     request_head_timeout_ms: u64 = REQUEST_HEAD_TIMEOUT_MS, Millis,
         "total time a new connection has to send its whole HTTP request head";
