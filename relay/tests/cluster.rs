@@ -180,6 +180,7 @@ async fn member_with(
         node_id: node.clone(),
         advertise: format!("ws://{addr}"),
         keys: members.keys(),
+        node_keys: keys.clone(),
     });
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(server.run(listener, Some(metrics_listener), shutdown.clone()));

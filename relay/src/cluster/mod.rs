@@ -32,7 +32,7 @@ pub mod relay_link;
 use std::path::{Path, PathBuf};
 
 use crate::keys::environments::{parse_environments, valid_environment_id, Environments};
-use crate::keys::{fingerprint, KEY_BYTES};
+use crate::keys::{fingerprint, Keypair, KEY_BYTES};
 
 /// How long a relay waits for the directory's answer to a lookup (NATS request/reply).
 /// Holders answer from memory at once; 1 s covers a loaded NATS server and stays well under a
@@ -102,8 +102,16 @@ pub enum ClusterError {
         /// The file.
         path: PathBuf,
     },
-    /// The cluster keys file lists another key for this node than its `--key`.
-    #[error("--cluster-keys {path} lists node {node:?} with key {listed}, but this relay's --key is {own}: list this relay's own public key for its node id")]
+    /// The node key file cannot be read.
+    #[error("--node-key {path}: {error}")]
+    NodeKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        error: String,
+    },
+    /// The cluster keys file lists another key for this node than its node key.
+    #[error("--cluster-keys {path} lists node {node:?} with key {listed}, but this relay's node key (--node-key, else --key) is {own}: list this relay's own public key for its node id")]
     KeyMismatch {
         /// The node id.
         node: String,
@@ -127,10 +135,12 @@ pub struct ClusterFlags {
     pub advertise: Option<String>,
     /// `--cluster-keys FILE`.
     pub cluster_keys: Option<PathBuf>,
+    /// `--node-key FILE`: this relay's own key for relay-to-relay links (default: `--key`).
+    pub node_key: Option<PathBuf>,
 }
 
 /// A relay's place in a cluster, checked.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClusterSpec {
     /// The NATS server's URL.
     pub nats_url: String,
@@ -140,6 +150,19 @@ pub struct ClusterSpec {
     pub advertise: String,
     /// Every relay's key, by node id.
     pub keys: ClusterKeys,
+    /// This relay's node key (its line in `keys`): `--node-key`, else its `--key`.
+    pub node_keys: Keypair,
+}
+
+impl std::fmt::Debug for ClusterSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSpec")
+            .field("nats_url", &self.nats_url)
+            .field("node_id", &self.node_id)
+            .field("advertise", &self.advertise)
+            .field("node_key", &fingerprint(&self.node_keys.public))
+            .finish_non_exhaustive()
+    }
 }
 
 /// The cluster keys file: one `NODE_ID execrelay-x25519 <base64> [comment]` line per relay
@@ -237,14 +260,12 @@ pub fn valid_node_id(id: &str) -> bool {
 
 impl ClusterFlags {
     /// `None` when standalone (no `--cluster` and no other cluster flag); the checked spec
-    /// otherwise, its keys file read and this relay's entry (with `own_public`, its `--key`)
-    /// found in it.
-    pub fn resolve(
-        &self,
-        own_public: &[u8; KEY_BYTES],
-    ) -> Result<Option<ClusterSpec>, ClusterError> {
+    /// otherwise, its keys file read and this relay's entry found in it with its node key
+    /// (`--node-key`, else `own`, the relay's `--key`).
+    pub fn resolve(&self, own: &Keypair) -> Result<Option<ClusterSpec>, ClusterError> {
         let Some(url) = &self.cluster else {
             let given: Vec<&str> = [
+                ("--node-key", self.node_key.is_some()),
                 ("--node-id", self.node_id.is_some()),
                 ("--advertise", self.advertise.is_some()),
                 ("--cluster-keys", self.cluster_keys.is_some()),
@@ -278,6 +299,14 @@ impl ClusterFlags {
         }
         let advertise = parse_advertise(advertise)?;
         let keys = ClusterKeys::load(keys_path)?;
+        let node_keys = match &self.node_key {
+            Some(path) => Keypair::load(path).map_err(|e| ClusterError::NodeKey {
+                path: path.clone(),
+                error: e.to_string(),
+            })?,
+            None => own.clone(),
+        };
+        let own_public = &node_keys.public;
         match keys.key(node) {
             None => {
                 return Err(ClusterError::NodeNotListed {
@@ -300,6 +329,7 @@ impl ClusterFlags {
             node_id: node.clone(),
             advertise,
             keys,
+            node_keys,
         }))
     }
 }

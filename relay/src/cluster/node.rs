@@ -12,8 +12,9 @@
 //!   one to end closes it), and when it ends (the holder died or let the environment go) the
 //!   client links it served are closed (`moved`): their clients dial again and are found
 //!   the environment's new holder;
-//! - when a holder's environment link ends, its relay links for that environment are closed
-//!   (`moved`), which ends the forwarders' links in turn.
+//! - when a holder's environment link ends, its client links for that environment are closed
+//!   (`moved`), relay links included (which ends the forwarders' links in turn): a client
+//!   link looks for its environment only when it is made, so its client dials again.
 //!
 //! It never reads a payload and never awaits NATS on a link's reader.
 
@@ -34,7 +35,6 @@ use crate::bucket::TokenBucket;
 use crate::driver::{link_websocket_config_with, recv_frame, send_frame, RelayHub};
 use crate::env_handshake::{LinkRefusal, LinkTimestamps};
 use crate::frame::Frame;
-use crate::keys::Keypair;
 use crate::reason::CloseReason;
 use crate::router::LinkId;
 
@@ -304,7 +304,10 @@ impl ClusterNode {
     }
 
     /// `env`'s link `link` ended: unsubscribe (if the holding is still this link's), and
-    /// close the relay links that forwarded to it, so that their clients look again.
+    /// close the environment's client links here, relay-to-relay links included (`moved`):
+    /// in a cluster the environment may re-dial to another relay, and a client link only
+    /// looks for its environment when it is made, so each client dials again (through the
+    /// front, resuming its sessions) and is sent to wherever the environment is next.
     pub fn release(&self, hub: &RelayHub, env: &str, link: LinkId) {
         let mut h = lock(&self.holdings);
         if h.get(env).is_some_and(|x| x.link == link) {
@@ -314,7 +317,7 @@ impl ClusterNode {
         }
         drop(h);
         if hub.environment_link(env).is_none() {
-            hub.close_clients(env, CloseReason::Moved, true);
+            hub.close_clients(env, CloseReason::Moved);
         }
     }
 
@@ -479,13 +482,12 @@ impl ClusterNode {
         }
     }
 
-    /// Dial `holder` for `env`, prove this relay's key and check the holder's, and register
+    /// Dial `holder` for `env`, prove this relay's node key and check the holder's, and register
     /// the link with `hub` in the place of the environment's link; it is served in the
     /// background until it ends. `Ok` also when another client link got there first.
     pub async fn forward(
         self: &Arc<Self>,
         hub: &RelayHub,
-        own: &Keypair,
         env: &str,
         holder: &Holder,
     ) -> Result<(), ForwardError> {
@@ -498,8 +500,7 @@ impl ClusterNode {
             return Err(ForwardError::TooMany);
         };
         let deadline = self.limits.dial_timeout;
-        let dialled =
-            tokio::time::timeout(deadline, self.dial(own, &holder_key, env, holder)).await;
+        let dialled = tokio::time::timeout(deadline, self.dial(&holder_key, env, holder)).await;
         let ws = match dialled {
             Ok(Ok(ws)) => ws,
             Ok(Err(e)) => {
@@ -542,7 +543,7 @@ impl ClusterNode {
             // The holder is gone or let the environment go: this relay's clients of it must
             // dial again (unless the environment itself is here now).
             if hub.environment_link(&env).is_none() {
-                let n = hub.close_clients(&env, CloseReason::Moved, false);
+                let n = hub.close_clients(&env, CloseReason::Moved);
                 tracing::info!(env = %env, %reason, clients = n, "relay-to-relay link closed; its client links closed (moved)");
             }
         });
@@ -551,7 +552,6 @@ impl ClusterNode {
 
     async fn dial(
         &self,
-        own: &Keypair,
         holder_key: &[u8; 32],
         env: &str,
         holder: &Holder,
@@ -571,7 +571,7 @@ impl ClusterNode {
         )
         .await
         .map_err(|e| ForwardError::Dial(format!("{url}: {e}")))?;
-        let (hs, open) = relay_link::start(own, holder_key, env, self.next_ts())
+        let (hs, open) = relay_link::start(&self.spec.node_keys, holder_key, env, self.next_ts())
             .map_err(ForwardError::Handshake)?;
         let t = self.limits.dial_timeout;
         send_frame(&mut ws, &open, t)
@@ -594,13 +594,12 @@ impl ClusterNode {
     /// Admit a relay link's message 1 for `env` ([`relay_link::admit`]).
     pub fn admit_relay_link(
         &self,
-        own: &Keypair,
         env: &str,
         open: &Frame,
     ) -> Result<relay_link::AdmittedRelay, LinkRefusal> {
         let mut stamps = lock(&self.stamps);
         let r = relay_link::admit(
-            own,
+            &self.spec.node_keys,
             &self.spec.node_id,
             env,
             open,

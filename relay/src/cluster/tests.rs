@@ -13,21 +13,19 @@ fn flags(keys: Option<PathBuf>) -> ClusterFlags {
         node_id: Some("relay-a".into()),
         advertise: Some("ws://127.0.0.1:7001".into()),
         cluster_keys: keys,
+        node_key: None,
     }
 }
 
 #[test]
 fn standalone_without_any_cluster_flag() {
     let own = Keypair::generate().unwrap();
-    assert!(ClusterFlags::default()
-        .resolve(&own.public)
-        .unwrap()
-        .is_none());
+    assert!(ClusterFlags::default().resolve(&own).unwrap().is_none());
     let only_node = ClusterFlags {
         node_id: Some("a".into()),
         ..Default::default()
     };
-    let err = only_node.resolve(&own.public).unwrap_err();
+    let err = only_node.resolve(&own).unwrap_err();
     assert_eq!(err, ClusterError::WithoutCluster("--node-id".into()));
     assert!(err.to_string().contains("goes with --cluster"));
 }
@@ -45,7 +43,7 @@ fn a_listed_node_with_its_own_key_joins() {
             public_line(&other.public, "b")
         ),
     );
-    let spec = flags(Some(keys)).resolve(&own.public).unwrap().unwrap();
+    let spec = flags(Some(keys)).resolve(&own).unwrap().unwrap();
     assert_eq!(spec.node_id, "relay-a");
     assert_eq!(spec.advertise, "ws://127.0.0.1:7001");
     assert_eq!(spec.keys.len(), 2);
@@ -73,7 +71,7 @@ fn every_bad_cluster_setting_is_named() {
             ..flags(Some(listed.clone()))
         };
         assert_eq!(
-            f.resolve(&own.public).unwrap_err(),
+            f.resolve(&own).unwrap_err(),
             ClusterError::BadNatsUrl(url.into()),
             "{url}"
         );
@@ -84,7 +82,7 @@ fn every_bad_cluster_setting_is_named() {
             ..flags(Some(listed.clone()))
         };
         assert!(
-            matches!(f.resolve(&own.public), Err(ClusterError::BadAdvertise(_))),
+            matches!(f.resolve(&own), Err(ClusterError::BadAdvertise(_))),
             "{adv}"
         );
     }
@@ -92,23 +90,20 @@ fn every_bad_cluster_setting_is_named() {
         node_id: Some("bad id".into()),
         ..flags(Some(listed.clone()))
     };
-    assert!(matches!(
-        f.resolve(&own.public),
-        Err(ClusterError::BadNodeId(_))
-    ));
+    assert!(matches!(f.resolve(&own), Err(ClusterError::BadNodeId(_))));
     assert_eq!(
-        flags(None).resolve(&own.public).unwrap_err(),
+        flags(None).resolve(&own).unwrap_err(),
         ClusterError::Incomplete("--cluster-keys".into())
     );
     // Missing or unreadable file.
     let missing = dir.path().join("nope");
-    let err = flags(Some(missing)).resolve(&own.public).unwrap_err();
+    let err = flags(Some(missing)).resolve(&own).unwrap_err();
     assert!(matches!(err, ClusterError::KeysFile { .. }), "{err}");
     assert!(err.to_string().contains("--cluster-keys"), "{err}");
     // A broken line.
     let broken = write_keys(dir.path(), "relay-a not-a-key\n");
     assert!(matches!(
-        flags(Some(broken)).resolve(&own.public),
+        flags(Some(broken)).resolve(&own),
         Err(ClusterError::KeysFile { .. })
     ));
     // This node not listed.
@@ -116,7 +111,7 @@ fn every_bad_cluster_setting_is_named() {
         dir.path(),
         &format!("relay-b {}\n", public_line(&other.public, "b")),
     );
-    let err = flags(Some(others)).resolve(&own.public).unwrap_err();
+    let err = flags(Some(others)).resolve(&own).unwrap_err();
     assert!(matches!(err, ClusterError::NodeNotListed { .. }));
     assert!(err.to_string().contains("relay-a"), "{err}");
     // Listed with another key.
@@ -125,7 +120,40 @@ fn every_bad_cluster_setting_is_named() {
         &format!("relay-a {}\n", public_line(&other.public, "b")),
     );
     assert!(matches!(
-        flags(Some(wrong)).resolve(&own.public),
+        flags(Some(wrong)).resolve(&own),
         Err(ClusterError::KeyMismatch { .. })
     ));
+}
+
+#[test]
+fn a_node_key_apart_from_the_relays_key() {
+    // Relays behind one front share the key environments pin (--key); each has its own node
+    // key for relay-to-relay links.
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Keypair::generate().unwrap();
+    let node = Keypair::generate().unwrap();
+    let node_file = dir.path().join("node");
+    node.write(&node_file, "node").unwrap();
+    let keys = write_keys(
+        dir.path(),
+        &format!("relay-a {}\n", public_line(&node.public, "a")),
+    );
+    let f = ClusterFlags {
+        node_key: Some(node_file),
+        ..flags(Some(keys.clone()))
+    };
+    let spec = f.resolve(&shared).unwrap().unwrap();
+    assert_eq!(spec.node_keys.public, node.public);
+    // Without --node-key the relay's --key is its node key: not the listed one here.
+    assert!(matches!(
+        flags(Some(keys.clone())).resolve(&shared),
+        Err(ClusterError::KeyMismatch { .. })
+    ));
+    let missing = ClusterFlags {
+        node_key: Some(dir.path().join("nope")),
+        ..flags(Some(keys))
+    };
+    let err = missing.resolve(&shared).unwrap_err();
+    assert!(matches!(err, ClusterError::NodeKey { .. }));
+    assert!(err.to_string().contains("--node-key"), "{err}");
 }

@@ -312,11 +312,10 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
         self.shared.with(|r| r.close_environment(env, reason))
     }
 
-    /// Close every client link of `env` with `reason` (only its relay-to-relay links with
-    /// `relay_links_only`); how many.
-    pub fn close_clients(&self, env: &str, reason: CloseReason, relay_links_only: bool) -> usize {
-        self.shared
-            .with(|r| r.close_clients(env, reason, relay_links_only))
+    /// Close every client link of `env` with `reason`, relay-to-relay links included; how
+    /// many.
+    pub fn close_clients(&self, env: &str, reason: CloseReason) -> usize {
+        self.shared.with(|r| r.close_clients(env, reason))
     }
 
     /// How many client links `env` has here.

@@ -425,22 +425,14 @@ impl<T: RoutingTable> Router<T> {
         }
     }
 
-    /// Close every client link of `env` with `reason` (cluster: its relay-to-relay link
-    /// ended, so its clients must dial again to find the environment's new holder), or only
-    /// its relay-to-relay links (the holder's environment link ended: the forwarders' clients
-    /// must look again). Returns how many.
-    pub fn close_clients(
-        &mut self,
-        env: &str,
-        reason: CloseReason,
-        relay_links_only: bool,
-    ) -> usize {
+    /// Close every client link of `env` with `reason`, relay-to-relay links included
+    /// (cluster: the environment's link here ended, or the relay-to-relay link standing for
+    /// it did, so its clients must dial again to find the environment). Returns how many.
+    pub fn close_clients(&mut self, env: &str, reason: CloseReason) -> usize {
         let links: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| {
-                l.kind == LinkKind::Client && &*l.env == env && (l.forward || !relay_links_only)
-            })
+            .filter(|(_, l)| l.kind == LinkKind::Client && &*l.env == env)
             .map(|(id, _)| *id)
             .collect();
         for l in &links {

@@ -127,6 +127,11 @@ pub struct RelayArgs {
     /// relay's public key line from `execrelay-relay keygen`), the same file on every relay.
     #[arg(long, value_name = "FILE")]
     pub cluster_keys: Option<PathBuf>,
+    /// This relay's own key for relay-to-relay links (its line in --cluster-keys), when its
+    /// --key is shared by every relay behind one front (environments pin one key whichever
+    /// relay the front sends them to) [default: --key].
+    #[arg(long, value_name = "FILE")]
+    pub node_key: Option<PathBuf>,
     /// Log format on stderr (the filter is `RUST_LOG`, default `info`).
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
@@ -194,6 +199,7 @@ struct FileLocations {
     node_id: Option<String>,
     advertise: Option<String>,
     cluster_keys: Option<PathBuf>,
+    node_key: Option<PathBuf>,
 }
 
 /// The `--config` file, read: its locations (paths made relative to its folder) and its
@@ -255,6 +261,7 @@ impl RelayArgs {
             "node_id",
             "advertise",
             "cluster_keys",
+            "node_key",
         ] {
             if let Some(v) = table.remove(key) {
                 located.insert(key.to_string(), v);
@@ -274,6 +281,7 @@ impl RelayArgs {
             &mut locations.tls_cert,
             &mut locations.tls_key,
             &mut locations.cluster_keys,
+            &mut locations.node_key,
         ]
         .into_iter()
         .flatten()
@@ -389,8 +397,11 @@ impl RelayArgs {
                     l.cluster_keys.clone()
                 })
                 .map(|l| l.value),
+            node_key: self
+                .locate("node-key", &self.node_key, file, |l| l.node_key.clone())
+                .map(|l| l.value),
         }
-        .resolve(&keys.public)?;
+        .resolve(&keys)?;
         let settings = self.settings()?;
         let mut server = RelayServer::new(RelayServerConfig {
             keys,

@@ -307,7 +307,7 @@ pub(crate) async fn client_link(
         }
         if let Some(c) = shared.cluster() {
             let forwarded = match hub.environment_link(&id) {
-                None => match find_holder(c, &hub, &shared, &id).await {
+                None => match find_holder(c, &hub, &id).await {
                     Ok(forwarded) => forwarded,
                     Err(reason) => {
                         refuse_streams(ws, reason, shared.settings.link_handshake_timeout()).await;
@@ -357,25 +357,18 @@ pub(crate) async fn client_link(
 /// environment here. `Err` is the `RESET` reason every stream of the client link gets (the
 /// misroute fails fast); `Ok` serves the link (`true`: forwarded; `false`: no holder
 /// anywhere, its `OPEN`s are refused `environment_offline` as on a standalone relay).
-async fn find_holder(
-    c: &Arc<ClusterNode>,
-    hub: &RelayHub,
-    shared: &Shared,
-    id: &str,
-) -> Result<bool, &'static str> {
+async fn find_holder(c: &Arc<ClusterNode>, hub: &RelayHub, id: &str) -> Result<bool, &'static str> {
     match c.locate(id).await {
-        Located::Holder(h) if h.node != c.node_id() => {
-            match c.forward(hub, &shared.keys, id, &h).await {
-                Ok(()) => {
-                    tracing::info!(holder = %h.node, "misrouted client link: forwarded to the environment's relay");
-                    Ok(true)
-                }
-                Err(e) => {
-                    tracing::warn!(holder = %h.node, error = %e, "misrouted client link refused: the environment's relay cannot be reached");
-                    Err(REASON_HOLDER_UNREACHABLE)
-                }
+        Located::Holder(h) if h.node != c.node_id() => match c.forward(hub, id, &h).await {
+            Ok(()) => {
+                tracing::info!(holder = %h.node, "misrouted client link: forwarded to the environment's relay");
+                Ok(true)
             }
-        }
+            Err(e) => {
+                tracing::warn!(holder = %h.node, error = %e, "misrouted client link refused: the environment's relay cannot be reached");
+                Err(REASON_HOLDER_UNREACHABLE)
+            }
+        },
         Located::Holder(_) | Located::Nowhere => Ok(false),
         Located::Unavailable(why) => {
             tracing::warn!(%why, "misrouted client link refused (directory_unavailable)");
@@ -471,7 +464,7 @@ async fn relay_link_inner(
             return;
         }
     };
-    let admitted = match c.admit_relay_link(&shared.keys, &id, &open) {
+    let admitted = match c.admit_relay_link(&id, &open) {
         Ok(a) => a,
         Err(refusal) => {
             tracing::warn!(error = %refusal, "relay link refused ({})", refusal.reset_reason());
