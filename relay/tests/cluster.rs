@@ -554,3 +554,165 @@ async fn clients_sent_by_the_front_move_the_environment_home_at_the_bounded_rate
     a.stop().await;
     b.stop().await;
 }
+
+/// A directory participant that is not a relay: answers lookups on `subject` with `answer`
+/// (or never, with `None`).
+async fn fake_holder(
+    nats: &Nats,
+    env: &str,
+    answer: Option<Vec<u8>>,
+) -> tokio::task::JoinHandle<()> {
+    use futures_util::StreamExt;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut sub = client
+        .subscribe(format!("execrelay.env.{env}"))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            if let (Some(reply), Some(a)) = (msg.reply, answer.clone()) {
+                let _ = client.publish(reply, a.into()).await;
+            }
+        }
+    })
+}
+
+async fn refused_with(relay: &Relay, env: &str) -> String {
+    let c = client(relay, env).await;
+    let opened = c.open(stream_id(), Bytes::from_static(b"msg1")).unwrap();
+    match guard("refused", opened).await {
+        Err(StreamError::PeerReset(reason)) => reason,
+        Err(e) => panic!("expected a RESET, got {e}"),
+        Ok(_) => panic!("{env}: opened"),
+    }
+}
+
+#[tokio::test]
+async fn lookups_are_bounded_in_time_and_in_flight() {
+    let nats = Nats::start().await;
+    let members = Members::new(1);
+    let bounded = execrelay_relay::server::settings::RelaySettings {
+        cluster_lookup_timeout_ms: 1_500,
+        max_cluster_lookups: 1,
+        ..settings()
+    };
+    let k = Keypair::generate().unwrap();
+    let a = member_with(&members, 0, &nats, &[("ghost", &k), ("other", &k)], bounded).await;
+    // Something subscribed that never answers: the lookup waits for its timeout.
+    let _silent = fake_holder(&nats, "ghost", None).await;
+    let started = std::time::Instant::now();
+    let slow = tokio::spawn({
+        let c = client(&a, "ghost").await;
+        async move {
+            let opened = c.open(stream_id(), Bytes::from_static(b"msg1")).unwrap();
+            let r = guard("timed out lookup", opened).await;
+            (r.err().map(|e| e.to_string()), c)
+        }
+    });
+    a.wait_metric("execrelay_relay_cluster_lookups_total", 1)
+        .await;
+    // The one lookup slot is taken: the next misrouted client link is refused at once.
+    assert_eq!(refused_with(&a, "other").await, "busy");
+    assert_eq!(
+        a.metric("execrelay_relay_cluster_lookup_failures_total")
+            .await,
+        1
+    );
+    let (err, _c) = slow.await.unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("environment_offline")),
+        "{err:?}"
+    );
+    assert!(
+        elapsed >= std::time::Duration::from_millis(1_500),
+        "{elapsed:?}"
+    );
+    assert_eq!(
+        a.metric("execrelay_relay_cluster_lookup_misses_total")
+            .await,
+        1
+    );
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn a_directory_answer_cannot_send_a_misroute_to_an_impostor() {
+    let nats = Nats::start().await;
+    let members = Members::new(3);
+    let k = Keypair::generate().unwrap();
+    let entries = [("fake-1", &k), ("fake-2", &k), ("fake-3", &k)];
+    let a = member(&members, 0, &nats, &entries).await;
+    // Relay 2 is a member, but not relay 1.
+    let impostor = member(&members, 2, &nats, &entries).await;
+    let answer = |node: &str, addr: String| {
+        Some(
+            serde_json::to_vec(&serde_json::json!({
+                "node": node, "addr": addr, "age_ms": 1, "since_us": 1
+            }))
+            .unwrap(),
+        )
+    };
+    // A node the cluster file does not list.
+    let _f1 = fake_holder(
+        &nats,
+        "fake-1",
+        answer("relay-9", format!("ws://{}", impostor.addr)),
+    )
+    .await;
+    // A listed node, at the address of another relay (which does not hold relay-1's key).
+    let _f2 = fake_holder(
+        &nats,
+        "fake-2",
+        answer("relay-1", format!("ws://{}", impostor.addr)),
+    )
+    .await;
+    // Garbage.
+    let _f3 = fake_holder(&nats, "fake-3", Some(b"{\"node\":1}".to_vec())).await;
+    assert_eq!(refused_with(&a, "fake-1").await, "holder_unreachable");
+    assert_eq!(refused_with(&a, "fake-2").await, "holder_unreachable");
+    assert_eq!(refused_with(&a, "fake-3").await, "environment_offline");
+    assert_eq!(
+        a.metric("execrelay_relay_cluster_forward_failures_total")
+            .await,
+        2
+    );
+    assert_eq!(
+        impostor
+            .metric("execrelay_relay_cluster_relay_links_admitted_total")
+            .await,
+        0
+    );
+    a.stop().await;
+    impostor.stop().await;
+}
+
+#[tokio::test]
+async fn relay_links_are_bounded() {
+    let nats = Nats::start().await;
+    let members = Members::new(2);
+    let k = Keypair::generate().unwrap();
+    let one = execrelay_relay::server::settings::RelaySettings {
+        max_relay_links: 1,
+        ..settings()
+    };
+    let a = member_with(&members, 0, &nats, &[(ENV, &k)], one).await;
+    let (_, b_keys) = &members.nodes[1];
+    let relay_link = || async {
+        let mut ws = a.ws(&format!("/v1/relay/{ENV}")).await;
+        let (_, open) = relay_link::start(b_keys, &a.keys.public, ENV, next_ts()).unwrap();
+        send_raw(&mut ws, &open).await;
+        let answer = recv_until(&mut ws, |_| true).await.expect("an answer");
+        (ws, answer)
+    };
+    let (_held, first) = relay_link().await;
+    assert_eq!(first.ftype, FrameType::Accept);
+    let (_ws, second) = relay_link().await;
+    assert_eq!(
+        (second.ftype, second.reset_reason().as_str()),
+        (FrameType::Reset, "busy")
+    );
+    a.stop().await;
+}
