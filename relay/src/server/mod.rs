@@ -264,6 +264,11 @@ impl RelayServer {
         self
     }
 
+    /// The cluster this relay joins when run ([`with_cluster`](Self::with_cluster)).
+    pub fn cluster(&self) -> Option<&ClusterSpec> {
+        self.cluster.as_ref()
+    }
+
     /// The hub (tests and embedders read its figures).
     pub fn hub(&self) -> &RelayHub {
         &self.hub
