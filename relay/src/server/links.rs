@@ -165,18 +165,18 @@ async fn environment_link_inner(
                 (None, None) => return,
             };
             match checked {
-                Ok(a) if !stop.is_cancelled() => match {
+                Ok(a) if !stop.is_cancelled() => {
                     // The environment itself is here now: a forwarding link that stood for
                     // it gives way (its clients stay, served by this link).
                     if let Some(c) = shared.cluster() {
                         c.yield_forward(&hub, &id);
                     }
-                    hub.add_environment(&id)
-                } {
-                    Ok(p) => Claim::Registered(a, p),
-                    Err(AddLinkError::Held { holder }) => Claim::Held(a, holder),
-                    Err(e) => Claim::Refused(Err(e)),
-                },
+                    match hub.add_environment(&id) {
+                        Ok(p) => Claim::Registered(a, p),
+                        Err(AddLinkError::Held { holder }) => Claim::Held(a, holder),
+                        Err(e) => Claim::Refused(Err(e)),
+                    }
+                }
                 Ok(_) => return,
                 Err(refusal) => Claim::Refused(Ok(refusal)),
             }
