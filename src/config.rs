@@ -22,6 +22,11 @@ pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
 /// one record per chunk, not a full one and a 36-byte one (an AEAD operation, a frame and a
 /// slot of the link's queue each). Within `MAX_CHUNK_BYTES`, as the protocol requires.
 pub const PUMP_CHUNK_BYTES: usize = MAX_CHUNK_BYTES - 512;
+/// The most an output pump still reads from a stream once its drain deadline has passed,
+/// without waiting: what the child left in its pipe (64 KiB, a pipe's default capacity) is
+/// taken even by a pump the runtime first polls after the deadline (an overloaded server),
+/// and a descendant that keeps writing cannot hold the exit notice back for more than this.
+pub const DRAIN_DEADLINE_READ_BYTES: usize = 64 * 1024;
 /// Processes per session. Bounds per-session memory together with `retainedOutputBytes`.
 pub const MAX_PROCESSES: usize = 256;
 /// Sessions per server, attached or detached.

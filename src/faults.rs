@@ -19,6 +19,10 @@ pub enum Fault {
     /// `release-past-limit`: the event log releases written events only past its retention
     /// limit, not at it (the dead end that stopped streams for good).
     ReleasePastLimit,
+    /// `late-pump`: a process's output pumps first look at their streams only once the
+    /// child has exited and its drain deadline has passed (what an overloaded runtime does
+    /// to a pump it polls for the first time seconds after the child ended).
+    LatePump,
 }
 
 impl Fault {
@@ -26,6 +30,7 @@ impl Fault {
         match self {
             Fault::LoseReadyPush => "lose-ready-push",
             Fault::ReleasePastLimit => "release-past-limit",
+            Fault::LatePump => "late-pump",
         }
     }
 }

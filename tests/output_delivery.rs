@@ -174,6 +174,92 @@ async fn slow_reader_longer_than_the_drain_deadline_loses_nothing() {
     assert_eq!(exit["outputDrainTimedOut"], false);
 }
 
+/// `execrelay serve` whose output pumps first look at their streams only after the drain
+/// deadline (the debug build's `late-pump` fault: what an overloaded runtime did to pumps it
+/// first polled seconds after their child exited), and a client of it. The child is kept so
+/// that the server lives as long as the test; [`stop`] ends it the way an operator does.
+async fn late_pump_server() -> (tokio::process::Child, RawClient) {
+    use common::binary::{first_line, serve_cmd, ws_client};
+    let mut c = serve_cmd("ws://127.0.0.1:0", std::process::Stdio::null());
+    c.env("EXECRELAY_DEBUG_FAULTS", "late-pump");
+    let mut child = c.spawn().expect("spawn serve");
+    let (url, lines) = first_line(&mut child, PROMPT).await;
+    let url = url.expect("serve prints its URL");
+    tokio::spawn(async move {
+        let mut lines = lines;
+        while let Ok(Some(_)) = lines.next_line().await {}
+    });
+    let t = execrelay::transport::websocket::connect_websocket(&url, 1 << 24)
+        .await
+        .expect("connect");
+    let mut client = ws_client(t);
+    client.handshake().await;
+    (child, client)
+}
+
+/// The drain deadline ends the wait for more output, not the reading of what the child left:
+/// a pump first run after the deadline (a loaded server) still delivers the child's output,
+/// on a pipe and on a terminal, and the stream ended, so the drain did not time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_left_by_an_exited_child_survives_a_pump_run_after_the_drain_deadline() {
+    let (server, mut client) = late_pump_server().await;
+    client
+        .start(
+            json!({"processId": "pipe", "argv": ["sh", "-c", "printf out; printf err >&2"],
+                      "drainTimeoutMs": 50}),
+        )
+        .await;
+    let c = client.collect("pipe").await;
+    assert_eq!(text(&c.stdout), "out", "{}", c.exit);
+    assert_eq!(text(&c.stderr), "err", "{}", c.exit);
+    assert_eq!(c.exit["stdoutBytes"], 3, "{}", c.exit);
+    assert_eq!(c.exit["outputDrainTimedOut"], false, "{}", c.exit);
+
+    client
+        .start(
+            json!({"processId": "tty", "argv": ["printf", "on a terminal"], "tty": true,
+                      "drainTimeoutMs": 50}),
+        )
+        .await;
+    let c = client.collect("tty").await;
+    assert_eq!(text(&c.pty), "on a terminal", "{}", c.exit);
+    assert_eq!(c.exit["outputDrainTimedOut"], false, "{}", c.exit);
+    stop(server).await;
+}
+
+/// SIGTERM to the server, and its exit: its shutdown ends what its sessions started.
+async fn stop(mut server: tokio::process::Child) {
+    let pid = server.id().expect("serve still runs") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM to serve");
+    tokio::time::timeout(PROMPT, server.wait())
+        .await
+        .expect("serve did not exit on SIGTERM (hang guard)")
+        .expect("wait for serve");
+}
+
+/// Past the deadline the pump takes what is there and stops at the first wait: a descendant
+/// that holds the pipe open still has its stream cut at the deadline, with the child's
+/// output delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_pump_still_cuts_a_stream_a_descendant_holds_open() {
+    let (server, mut client) = late_pump_server().await;
+    client
+        .start(
+            json!({"processId": "p", "argv": ["sh", "-c", "printf before; sleep 30 &"],
+                      "drainTimeoutMs": 50}),
+        )
+        .await;
+    let c = client.collect("p").await;
+    assert_eq!(text(&c.stdout), "before", "{}", c.exit);
+    assert_eq!(c.exit["outputDrainTimedOut"], true, "{}", c.exit);
+    // The `sleep` is ended with the server.
+    stop(server).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_are_numbered_without_gaps_and_exit_is_last() {
     let mut s = in_process(cfg(), 1 << 20);

@@ -4,9 +4,11 @@
 //! The pump reads a chunk, then appends it once its log admits it (its retention, and the
 //! server-wide output budget of `output_budget.rs`); while it waits it reads nothing more
 //! (backpressure: the child blocks in `write()`), tells the drain state machine how long it was
-//! blocked, and stops at the drain deadline. The supervisor reaps the child (through its
-//! `DirectChild`, the only reap path), enforces `timeoutMs`, waits for the pumps, and appends
-//! the exit notice last. Neither ever writes to a transport.
+//! blocked, and stops waiting at the drain deadline. What is readable then it still takes (up
+//! to `DRAIN_DEADLINE_READ_BYTES`, without waiting), so that a pump the runtime runs late
+//! loses nothing the child wrote. The supervisor reaps the child (through its `DirectChild`,
+//! the only reap path), enforces `timeoutMs`, waits for the pumps, and appends the exit notice
+//! last. Neither ever writes to a transport.
 
 use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use super::signals::signal_name;
 use super::spawn::{spawn_into, OutputReader, SpawnSpec};
 use super::start_error::StartError;
 use super::tail_ring::TailRing;
-use crate::config::PUMP_CHUNK_BYTES;
+use crate::config::{DRAIN_DEADLINE_READ_BYTES, PUMP_CHUNK_BYTES};
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep, StreamName};
 
@@ -273,6 +275,34 @@ impl Source {
         }
     }
 
+    /// Read a chunk now, straight from the descriptor, without waiting and without asking
+    /// the reactor: past the drain deadline, a pump that was never polled before has no
+    /// readiness recorded yet, though the child's last output is in the pipe. Up to
+    /// `PUMP_CHUNK_BYTES`; `Nothing` when nothing is there now.
+    fn read_now(&mut self) -> std::io::Result<Chunk> {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Source::Pipe(pipe) => pipe.as_raw_fd(),
+            Source::Reader(OutputReader::Pty(fd)) => fd.get_ref().as_raw_fd(),
+            // Not built by `Source::new` (pipes move onto the reactor).
+            Source::Reader(_) => return Ok(Chunk::Nothing),
+            Source::Lost => return Ok(Chunk::Eof),
+        };
+        let mut chunk = BytesMut::zeroed(PUMP_CHUNK_BYTES);
+        // Both descriptors are non-blocking (the reactor's registrations set them so).
+        match nix::unistd::read(fd, &mut chunk) {
+            Ok(0) => Ok(Chunk::Eof),
+            Ok(n) => {
+                chunk.truncate(n);
+                Ok(Chunk::Data(sized(chunk)))
+            }
+            Err(nix::errno::Errno::EAGAIN) => Ok(Chunk::Nothing),
+            // Every PTY slave closed.
+            Err(nix::errno::Errno::EIO) => Ok(Chunk::Eof),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Read a chunk now, without waiting: from the pipe, up to `PUMP_CHUNK_BYTES`; from the
     /// PTY, what follows `first` (a full first read) up to the same.
     fn read_chunk(&mut self, first: &[u8]) -> std::io::Result<Chunk> {
@@ -331,6 +361,63 @@ impl CapPlan {
 
 /// One stream's pump: the live part, then (`headAndTail`) the kept tail when the stream
 /// ended, unless the session is gone.
+/// Count a chunk read from `stream` and append what the cap keeps of it (the rest dropped, or
+/// into the kept tail), waiting for its admission. `Some(capped)` once it is in, `None` when
+/// the process was abandoned meanwhile.
+async fn take_chunk(
+    p: &Arc<ManagedProcess>,
+    stream: StreamName,
+    chunk: Bytes,
+    plan: &mut CapPlan,
+    delivered: &mut u64,
+    cap: Option<u64>,
+) -> Option<bool> {
+    let n = chunk.len();
+    p.metrics.output_bytes.inc_by(n as u64);
+    let keep = {
+        let mut inner = p.inner();
+        match stream {
+            StreamName::Stderr => inner.stderr_bytes += n as u64,
+            _ => inner.stdout_bytes += n as u64,
+        }
+        let keep = match cap {
+            Some(cap) => (cap - *delivered).min(n as u64) as usize,
+            None => n,
+        };
+        // Past the head: dropped, or into the kept tail (whose omitted bytes are counted when
+        // the stream ends).
+        if keep < n && plan.tail.is_none() {
+            inner.dropped_bytes += (n - keep) as u64;
+        }
+        keep
+    };
+    if keep < n {
+        if let Some(ring) = plan.tail.as_mut() {
+            ring.push(chunk.slice(keep..));
+        }
+    }
+    // Once capped, bytes are discarded: never wait for the client then.
+    if keep > 0 {
+        let chunk = chunk.slice(..keep);
+        if !wait_admitted(p, Want::Append(stream, chunk)).await {
+            return None;
+        }
+        *delivered += keep as u64;
+        p.notify_delivery();
+    }
+    Some(cap.is_some_and(|c| *delivered >= c))
+}
+
+/// The `late-pump` fault (debug builds): wait until the child exited and its drain deadline
+/// passed before the first look at the stream.
+async fn late_start(p: &ManagedProcess) {
+    p.exited.cancelled().await;
+    let deadline = p.inner().drain.deadline();
+    if let Some(d) = deadline {
+        tokio::time::sleep_until(Instant::from_std(d)).await;
+    }
+}
+
 async fn pump(p: Arc<ManagedProcess>, stream: StreamName, reader: OutputReader) -> StreamEnd {
     let mut plan = CapPlan::of(&p.opts);
     let mut end = pump_live(&p, stream, reader, &mut plan).await;
@@ -372,7 +459,12 @@ async fn pump_live(
     let mut delivered: u64 = 0;
     let mut capped = cap == Some(0);
     let mut first = [0u8; FIRST_READ_BYTES];
+    if crate::faults::active(crate::faults::Fault::LatePump) {
+        late_start(p).await;
+    }
     let mut source = Source::new(reader);
+    // What may still be read past the drain deadline.
+    let mut after_deadline = DRAIN_DEADLINE_READ_BYTES;
     loop {
         let notified = p.changed.notified();
         tokio::pin!(notified);
@@ -381,10 +473,29 @@ async fn pump_live(
             let inner = p.inner();
             (inner.drain.deadline(), inner.drain.has_exited())
         };
-        if let Some(d) = deadline {
-            if Instant::now().into_std() >= d {
+        if deadline.is_some_and(|d| Instant::now().into_std() >= d) {
+            // The deadline ends the wait for more output, not the reading of what is there:
+            // the child's last output may be in the pipe, unread only because this task was
+            // not run in time (a loaded server). Take what is readable now, up to a bound,
+            // and stop at the first wait.
+            if after_deadline == 0 {
                 return StreamEnd::Cut { capped };
             }
+            let chunk = match source.read_now() {
+                Ok(Chunk::Data(chunk)) => chunk,
+                Ok(Chunk::Eof) => return StreamEnd::Eof,
+                Ok(Chunk::Nothing) => return StreamEnd::Cut { capped },
+                Err(e) => {
+                    tracing::debug!(error = %e, stream = stream.as_str(), "output read failed");
+                    return StreamEnd::Eof;
+                }
+            };
+            after_deadline = after_deadline.saturating_sub(chunk.len());
+            match take_chunk(p, stream, chunk, plan, &mut delivered, cap).await {
+                Some(now_capped) => capped |= now_capped,
+                None => return StreamEnd::Cut { capped },
+            }
+            continue;
         }
         let sleep_until = deadline
             .map(Instant::from_std)
@@ -435,41 +546,9 @@ async fn pump_live(
                         return StreamEnd::Eof;
                     }
                 };
-                let n = chunk.len();
-                p.metrics.output_bytes.inc_by(n as u64);
-                let keep = {
-                    let mut inner = p.inner();
-                    match stream {
-                        StreamName::Stderr => inner.stderr_bytes += n as u64,
-                        _ => inner.stdout_bytes += n as u64,
-                    }
-                    let keep = match cap {
-                        Some(cap) => (cap - delivered).min(n as u64) as usize,
-                        None => n,
-                    };
-                    // Past the head: dropped, or into the kept tail (whose omitted bytes are
-                    // counted when the stream ends).
-                    if keep < n && plan.tail.is_none() {
-                        inner.dropped_bytes += (n - keep) as u64;
-                    }
-                    keep
-                };
-                if keep < n {
-                    if let Some(ring) = plan.tail.as_mut() {
-                        ring.push(chunk.slice(keep..));
-                    }
-                }
-                // Once capped, bytes are discarded: never wait for the client then.
-                if keep > 0 {
-                    let chunk = chunk.slice(..keep);
-                    if !wait_admitted(p, Want::Append(stream, chunk)).await {
-                        return StreamEnd::Cut { capped };
-                    }
-                    delivered += keep as u64;
-                    p.notify_delivery();
-                }
-                if cap.is_some_and(|c| delivered >= c) {
-                    capped = true;
+                match take_chunk(p, stream, chunk, plan, &mut delivered, cap).await {
+                    Some(now_capped) => capped |= now_capped,
+                    None => return StreamEnd::Cut { capped },
                 }
             }
             _ = &mut notified => {}
