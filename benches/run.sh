@@ -16,3 +16,5 @@ SSH_BASELINE_FILE="$base" cargo bench --locked --quiet --bench bench
 echo "== the relay alone (benches/relay.rs)" >&2
 cargo build --release --locked --quiet -p execrelay-relay --bin execrelay-relay
 cargo bench --locked --quiet --bench relay
+echo "== relays in a cluster: direct, through HAProxy, misrouted (benches/cluster.rs)" >&2
+cargo bench --locked --quiet --bench cluster

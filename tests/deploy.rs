@@ -168,6 +168,7 @@ fn exported() -> String {
         environments_listed: 0,
         environments_file_ok: true,
         max_client_links: 4096,
+        cluster: None,
         tls: Some(TlsFigures {
             reloads: 0,
             reload_errors: 0,

@@ -154,11 +154,18 @@ impl LinkRefusal {
 
 /// The prologue for environment `env_id`.
 pub fn prologue(env_id: &str) -> Vec<u8> {
+    prologue_tagged(PROLOGUE_TAG, env_id)
+}
+
+/// `tag` followed by the 2-byte big-endian length of `env_id` and the id: the environment
+/// link's prologue with [`PROLOGUE_TAG`], the relay-to-relay link's with its own tag
+/// (`crate::cluster`), so that a message 1 made for one kind of link never opens the other.
+pub fn prologue_tagged(tag: &[u8], env_id: &str) -> Vec<u8> {
     let id = env_id.as_bytes();
     // Environment ids are at most 128 bytes (the route's rule); clamp anyway.
     let len = id.len().min(u16::MAX as usize);
-    let mut p = Vec::with_capacity(PROLOGUE_TAG.len() + 2 + len);
-    p.extend_from_slice(PROLOGUE_TAG);
+    let mut p = Vec::with_capacity(tag.len() + 2 + len);
+    p.extend_from_slice(tag);
     p.extend_from_slice(&(len as u16).to_be_bytes());
     p.extend_from_slice(&id[..len]);
     p
@@ -227,6 +234,17 @@ impl EnvironmentHandshake {
         Self::start_with(keys, relay_public, env_id, ts, None)
     }
 
+    /// [`start`](Self::start) with another prologue ([`prologue_tagged`]): the initiator of a
+    /// relay-to-relay link (`crate::cluster`), pinning the holder relay's key.
+    pub fn start_with_prologue(
+        keys: &Keypair,
+        relay_public: &[u8; KEY_BYTES],
+        prologue: &[u8],
+        ts: u64,
+    ) -> Result<(EnvironmentHandshake, Frame), LinkRefusal> {
+        Self::start_raw(keys, relay_public, prologue, ts, None)
+    }
+
     fn start_with(
         keys: &Keypair,
         relay_public: &[u8; KEY_BYTES],
@@ -234,8 +252,17 @@ impl EnvironmentHandshake {
         ts: u64,
         ephemeral: Option<&[u8; KEY_BYTES]>,
     ) -> Result<(EnvironmentHandshake, Frame), LinkRefusal> {
-        let pro = prologue(env_id);
-        let mut b = builder(keys, &pro)?;
+        Self::start_raw(keys, relay_public, &prologue(env_id), ts, ephemeral)
+    }
+
+    fn start_raw(
+        keys: &Keypair,
+        relay_public: &[u8; KEY_BYTES],
+        pro: &[u8],
+        ts: u64,
+        ephemeral: Option<&[u8; KEY_BYTES]>,
+    ) -> Result<(EnvironmentHandshake, Frame), LinkRefusal> {
+        let mut b = builder(keys, pro)?;
         if let Some(e) = ephemeral {
             b = b.fixed_ephemeral_key_for_testing_only(e);
         }
@@ -327,6 +354,17 @@ pub fn read_link_open(
     env_id: &str,
     open: &Frame,
 ) -> Result<RelayHandshake, LinkRefusal> {
+    read_open_with_prologue(relay_keys, &prologue(env_id), open)
+}
+
+/// [`read_link_open`] with another prologue ([`prologue_tagged`]): the holder's side of a
+/// relay-to-relay link (`crate::cluster`). The proven key is `env_key` (the forwarding
+/// relay's key there).
+pub fn read_open_with_prologue(
+    relay_keys: &Keypair,
+    pro: &[u8],
+    open: &Frame,
+) -> Result<RelayHandshake, LinkRefusal> {
     // The environment link's handshake is always suite 0 (§3): an OPEN with suite bits is
     // not one.
     if open.stream != LINK_STREAM
@@ -343,8 +381,7 @@ pub fn read_link_open(
     if msg1.len() > MAX_LINK_MSG1_BYTES {
         return Err(LinkRefusal::TooLarge(msg1.len()));
     }
-    let pro = prologue(env_id);
-    let mut hs = builder(relay_keys, &pro)?
+    let mut hs = builder(relay_keys, pro)?
         .build_responder()
         .map_err(|_| LinkRefusal::Undecryptable)?;
     let mut payload = vec![0u8; msg1.len()];

@@ -53,6 +53,9 @@
 //! - [`http`]: the HTTP front of every TCP listener (exec server and relay), on hyper.
 //! - [`tls`]: TLS at the relay's listener (`wss://`): certificate files, their reload when
 //!   they change, the server side of the handshake (rustls, `ring`).
+//! - [`cluster`]: relays past one machine: NATS core as the directory of which relay holds
+//!   which environment, relay-to-relay links for misrouted clients (sans-IO messages and
+//!   handshake; a tokio node).
 //! - [`server`]: the relay server (`execrelay-relay`): routes, link admission, the
 //!   environments-file watcher, metrics, shutdown ([`server::run`]).
 //!
@@ -108,6 +111,7 @@
 
 pub mod bucket;
 pub mod closed_set;
+pub mod cluster;
 pub mod config;
 pub mod descriptors;
 pub mod driver;

@@ -182,11 +182,15 @@ pub enum CloseReason {
     /// A WebSocket message that took longer than the message timeout to arrive (a client
     /// link trickling one message).
     MessageTimeout,
+    /// Relay cluster: the environment's home is now another relay (its link is asked to
+    /// re-dial), or the relay-to-relay link a client link was forwarded over ended (the
+    /// client dials again to find the environment's holder).
+    Moved,
 }
 
 impl CloseReason {
     /// Every close reason, in counter order.
-    pub const ALL: [CloseReason; 14] = [
+    pub const ALL: [CloseReason; 15] = [
         CloseReason::MalformedBudget,
         CloseReason::UnknownStreamBudget,
         CloseReason::HandshakeBudget,
@@ -201,6 +205,7 @@ impl CloseReason {
         CloseReason::Revoked,
         CloseReason::Idle,
         CloseReason::MessageTimeout,
+        CloseReason::Moved,
     ];
 
     /// Metrics label and log text.
@@ -220,6 +225,7 @@ impl CloseReason {
             CloseReason::Revoked => "revoked",
             CloseReason::Idle => "idle",
             CloseReason::MessageTimeout => "message_timeout",
+            CloseReason::Moved => "moved",
         }
     }
 

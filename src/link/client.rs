@@ -141,6 +141,8 @@ fn explain_reset(reason: &str) -> String {
         "busy" => format!("the server is busy ({reason}); try again"),
         "too_many_streams" => "the server refused a new stream (too_many_streams): this client key holds its maximum of streams (max_streams_per_key), or the server's link is full; close some streams or try again later".into(),
         "clock_skew" => "the server refused the handshake: this machine's clock and the server's differ by more than the server's clock window (2 minutes by default); fix the clock (see the server's log for the difference)".into(),
+        "directory_unavailable" => "the relay this client reached does not hold the environment and cannot ask the cluster's directory (NATS is unreachable) where it is (directory_unavailable); try again, or connect through the cluster's front (HAProxy) so that the environment's own relay is reached".into(),
+        "holder_unreachable" => "the relay this client reached does not hold the environment, and the relay that does could not be reached over a relay-to-relay link (holder_unreachable); try again".into(),
         other => format!("the server reset the stream: {other}"),
     }
 }

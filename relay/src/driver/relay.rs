@@ -279,6 +279,52 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
         }
     }
 
+    /// Register the forwarding side of a relay-to-relay link for `env` (cluster): it takes the
+    /// place of the environment's link here ([`Router::add_forward_environment_link`]).
+    pub fn add_forward_environment(&self, env: &str) -> Result<PendingLink<T>, AddLinkError> {
+        let seed = seed();
+        let id = self
+            .shared
+            .with(|r| r.add_forward_environment_link(now(), env, seed))?;
+        Ok(self.pending(id))
+    }
+
+    /// Register the holder's side of a relay-to-relay link for `env` (cluster): one more
+    /// client link, without per-address limits ([`Router::add_relay_client_link`]).
+    pub fn add_relay_client(&self, env: &str) -> PendingLink<T> {
+        let seed = seed();
+        let id = self
+            .shared
+            .with(|r| r.add_relay_client_link(now(), env, seed));
+        self.pending(id)
+    }
+
+    /// The link holding `env`'s id here (an environment link or a forwarding relay link).
+    pub fn environment_link(&self, env: &str) -> Option<LinkId> {
+        lock(&self.shared.inner).router.environment_link(env)
+    }
+
+    /// Close `env`'s environment link with `reason`; false if it has none.
+    pub fn close_environment(&self, env: &str, reason: CloseReason) -> bool {
+        self.shared.with(|r| r.close_environment(env, reason))
+    }
+
+    /// Close every client link of `env` with `reason`, relay-to-relay links included; how
+    /// many.
+    pub fn close_clients(&self, env: &str, reason: CloseReason) -> usize {
+        self.shared.with(|r| r.close_clients(env, reason))
+    }
+
+    /// How many client links `env` has here.
+    pub fn client_link_count(&self, env: &str) -> usize {
+        lock(&self.shared.inner).router.client_link_count(env)
+    }
+
+    /// Traffic across relay-to-relay links so far.
+    pub fn forwarded(&self) -> crate::router::Forwarded {
+        lock(&self.shared.inner).router.forwarded()
+    }
+
     /// The environment is no longer listed: its link closes at once, its streams reset.
     pub fn remove_environment(&self, env: &str) {
         self.shared.with(|r| r.remove_environment(env));

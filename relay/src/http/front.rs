@@ -113,6 +113,8 @@ pub struct Upgrade<R> {
     pub id: Option<String>,
     /// Its slot of the route's capacity, if capped: hold it as long as the connection lives.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The request came through the cluster's load balancer ([`super::routes::FRONT_HEADER`]).
+    pub via_front: bool,
 }
 
 /// Receives every upgrade; called from the connection's task, so it should hand the
@@ -337,6 +339,7 @@ where
                 route: accepted.route,
                 id: accepted.id,
                 permit: accepted.permit,
+                via_front: accepted.via_front,
             })
         }
         other => {

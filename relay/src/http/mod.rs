@@ -27,7 +27,7 @@ pub use limits::{
 };
 pub use routes::{
     decide, Accepted, Decision, Health, MetricsRenderer, PathPattern, ReadinessCheck, Reply,
-    Routes, StatusRenderer, UpgradeRoute, LIVEZ_PATH, METRICS_CONTENT_TYPE, METRICS_PATH,
-    READYZ_PATH, STATUS_PATH,
+    Routes, StatusRenderer, UpgradeRoute, FRONT_HEADER, LIVEZ_PATH, METRICS_CONTENT_TYPE,
+    METRICS_PATH, READYZ_PATH, STATUS_PATH,
 };
 pub use stream::FrontIo;

@@ -238,7 +238,17 @@ pub struct Accepted<R> {
     pub accept: String,
     /// The slot of the route's capacity, if capped.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The request carried [`FRONT_HEADER`]: it came through the cluster's load balancer.
+    pub via_front: bool,
 }
+
+/// The header a relay cluster's load balancer (HAProxy) sets on every request it forwards to
+/// a relay (`http-request set-header X-Execrelay-Front 1`): a relay that gets a client link
+/// for an environment held elsewhere *through the front* learns that the front now sends the
+/// environment's clients to it (a membership change), and asks the environment to move. A
+/// client that reaches a relay directly can send it too; all it can do is ask for a move,
+/// which is bounded in rate and by the link's minimum age (`crate::cluster`).
+pub const FRONT_HEADER: &str = "x-execrelay-front";
 
 impl<R> Accepted<R> {
     /// The `101 Switching Protocols` response.
@@ -293,6 +303,7 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
             id,
             accept,
             permit,
+            via_front: headers.contains_key(FRONT_HEADER),
         });
     }
     let get = request.method() == Method::GET;

@@ -20,7 +20,7 @@ impl<T: RoutingTable> Router<T> {
         let Some(l) = self.links.get(&link) else {
             return;
         };
-        let (kind, env) = (l.kind, l.env.clone());
+        let (kind, env, forward) = (l.kind, l.env.clone(), l.forward);
         let f = match Frame::decode_owned(msg) {
             Ok(f) => f,
             Err(_) => {
@@ -32,6 +32,9 @@ impl<T: RoutingTable> Router<T> {
         self.counters.frames_in[f.ftype as usize] += 1;
         if f.ftype == FrameType::Data {
             self.counters.data_bytes_in += f.payload.len() as u64;
+            if forward {
+                self.forwarded.bytes += f.payload.len() as u64;
+            }
         }
         if f.check_rules().is_err() {
             self.malformed(now, link, Some(f.stream));

@@ -168,6 +168,21 @@ struct Link {
     keepalive: Keepalive,
     /// A `Wake` was emitted and the writer has not yet found the queue empty.
     wake_pending: bool,
+    /// One end of a relay-to-relay link (cluster): never reaped for idleness (its life
+    /// follows the misrouted client links it carries), and its `OPEN`s and `DATA` bytes are
+    /// counted as forwarded ([`Forwarded`]).
+    forward: bool,
+}
+
+/// Traffic across relay-to-relay links (cluster), counted by the router where it crosses a
+/// link marked as one ([`Router::add_forward_environment_link`],
+/// [`Router::add_relay_client_link`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    /// Streams opened across a relay-to-relay link (counted by the forwarding relay).
+    pub streams: u64,
+    /// `DATA` payload bytes sent or received on relay-to-relay links (both relays count).
+    pub bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +219,8 @@ pub struct Router<T: RoutingTable = MemoryTable> {
     /// The latest `now` any input brought (time only moves forward through inputs); used
     /// where an effect of one link's input starts another link's clock.
     clock: Option<Instant>,
+    /// Traffic across relay-to-relay links.
+    forwarded: Forwarded,
 }
 
 /// Revoked environment ids the router remembers (each a short string): beyond it the oldest
@@ -235,6 +252,7 @@ impl<T: RoutingTable> Router<T> {
             counters: Counters::default(),
             revoked: VecDeque::new(),
             clock: None,
+            forwarded: Forwarded::default(),
         })
     }
 
@@ -350,9 +368,85 @@ impl<T: RoutingTable> Router<T> {
                 idle_since: client.then_some(now),
                 keepalive: Keepalive::new(self.cfg.keepalive, now, seed),
                 wake_pending: false,
+                forward: false,
             },
         );
         id
+    }
+
+    /// Mark `link` as one end of a relay-to-relay link: no idle reaping, traffic counted as
+    /// forwarded.
+    fn mark_forward(&mut self, link: LinkId) {
+        if let Some(l) = self.links.get_mut(&link) {
+            l.forward = true;
+            l.idle_since = None;
+        }
+    }
+
+    /// Traffic across relay-to-relay links so far.
+    pub fn forwarded(&self) -> Forwarded {
+        self.forwarded
+    }
+
+    /// Register the forwarding side of a relay-to-relay link (cluster): a link to the relay
+    /// that holds `env`'s environment link, which takes the place of that environment's link
+    /// here (the holder answers `OPEN`s as the environment would). Refused like
+    /// [`add_environment_link`](Self::add_environment_link) while a link holds the id.
+    pub fn add_forward_environment_link(
+        &mut self,
+        now: Instant,
+        env: &str,
+        seed: u64,
+    ) -> Result<LinkId, AddLinkError> {
+        let id = self.add_environment_link(now, env, seed)?;
+        self.mark_forward(id);
+        Ok(id)
+    }
+
+    /// Register the holder's side of a relay-to-relay link (cluster): one more client link of
+    /// `env`, from an authenticated relay rather than an address (no per-address limits; the
+    /// caller bounds relay links), never reaped for idleness.
+    pub fn add_relay_client_link(&mut self, now: Instant, env: &str, seed: u64) -> LinkId {
+        let id = self.new_link(LinkKind::Client, Arc::from(env), None, now, seed);
+        self.mark_forward(id);
+        id
+    }
+
+    /// Close `env`'s environment link with `reason` (cluster: a newer holder elsewhere took
+    /// the id, or the environment must re-dial to its new home). Its streams reset
+    /// `environment_gone`. False if it has no link.
+    pub fn close_environment(&mut self, env: &str, reason: CloseReason) -> bool {
+        match self.envs.get(env).and_then(|e| e.link) {
+            Some(link) => {
+                self.close_link(link, reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Close every client link of `env` with `reason`, relay-to-relay links included
+    /// (cluster: the environment's link here ended, or the relay-to-relay link standing for
+    /// it did, so its clients must dial again to find the environment). Returns how many.
+    pub fn close_clients(&mut self, env: &str, reason: CloseReason) -> usize {
+        let links: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.kind == LinkKind::Client && &*l.env == env)
+            .map(|(id, _)| *id)
+            .collect();
+        for l in &links {
+            self.close_link(*l, reason);
+        }
+        links.len()
+    }
+
+    /// The client links of `env` (cluster: whether a relay-to-relay link is still used).
+    pub fn client_link_count(&self, env: &str) -> usize {
+        self.links
+            .values()
+            .filter(|l| l.kind == LinkKind::Client && &*l.env == env)
+            .count()
     }
 
     /// Move the router's clock to `now` (never back). Every input that carries `now` does
@@ -520,6 +614,11 @@ impl<T: RoutingTable> Router<T> {
                 self.counters.frames_out[f.ftype as usize] += 1;
                 if f.ftype == crate::frame::FrameType::Data {
                     self.counters.data_bytes_out += f.payload.len() as u64;
+                    if l.forward {
+                        self.forwarded.bytes += f.payload.len() as u64;
+                    }
+                } else if f.ftype == crate::frame::FrameType::Open && l.forward {
+                    self.forwarded.streams += 1;
                 }
                 Some(Transmit::Frame(f))
             }
@@ -672,7 +771,11 @@ impl<T: RoutingTable> Router<T> {
         let now = self.clock;
         if let Some(l) = self.links.get_mut(&link) {
             l.streams.remove(stream);
-            if l.kind == LinkKind::Client && l.streams.is_empty() && l.idle_since.is_none() {
+            if l.kind == LinkKind::Client
+                && !l.forward
+                && l.streams.is_empty()
+                && l.idle_since.is_none()
+            {
                 l.idle_since = now;
                 self.events.push_back(RouterEvent::Rearm { link });
             }

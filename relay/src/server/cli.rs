@@ -17,6 +17,7 @@ use std::path::Path;
 
 use super::settings::{RelayFlags, RelaySettings};
 use super::{bound_tls_url, bound_url, RelayServer, RelayServerConfig};
+use crate::cluster::ClusterFlags;
 use crate::http::METRICS_PATH;
 use crate::keys::environments::EnvironmentsFile;
 use crate::keys::Keypair;
@@ -110,6 +111,27 @@ pub struct RelayArgs {
     /// (flags win).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Join a cluster of relays: the NATS server (`nats://HOST:PORT`) every relay of the
+    /// cluster uses as its directory of which relay holds which environment. Without it the
+    /// relay is standalone. Needs --node-id, --advertise and --cluster-keys.
+    #[arg(long, value_name = "nats://HOST:PORT")]
+    pub cluster: Option<String>,
+    /// This relay's id in the cluster: its line in --cluster-keys.
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+    /// Where other relays of the cluster dial this one (`ws://HOST:PORT`, reachable from
+    /// them) for relay-to-relay links.
+    #[arg(long, value_name = "ws://HOST:PORT")]
+    pub advertise: Option<String>,
+    /// The cluster keys file: one `NODE_ID execrelay-x25519 <base64>` line per relay (each
+    /// relay's public key line from `execrelay-relay keygen`), the same file on every relay.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_keys: Option<PathBuf>,
+    /// This relay's own key for relay-to-relay links (its line in --cluster-keys), when its
+    /// --key is shared by every relay behind one front (environments pin one key whichever
+    /// relay the front sends them to) [default: --key].
+    #[arg(long, value_name = "FILE")]
+    pub node_key: Option<PathBuf>,
     /// Log format on stderr (the filter is `RUST_LOG`, default `info`).
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
@@ -173,6 +195,11 @@ struct FileLocations {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     metrics_listen: Option<String>,
+    cluster: Option<String>,
+    node_id: Option<String>,
+    advertise: Option<String>,
+    cluster_keys: Option<PathBuf>,
+    node_key: Option<PathBuf>,
 }
 
 /// The `--config` file, read: its locations (paths made relative to its folder) and its
@@ -230,6 +257,11 @@ impl RelayArgs {
             "tls_cert",
             "tls_key",
             "metrics_listen",
+            "cluster",
+            "node_id",
+            "advertise",
+            "cluster_keys",
+            "node_key",
         ] {
             if let Some(v) = table.remove(key) {
                 located.insert(key.to_string(), v);
@@ -248,6 +280,8 @@ impl RelayArgs {
             &mut locations.environments,
             &mut locations.tls_cert,
             &mut locations.tls_key,
+            &mut locations.cluster_keys,
+            &mut locations.node_key,
         ]
         .into_iter()
         .flatten()
@@ -348,6 +382,26 @@ impl RelayArgs {
                 listen.value
             ),
         };
+        let cluster = ClusterFlags {
+            cluster: self
+                .locate("cluster", &self.cluster, file, |l| l.cluster.clone())
+                .map(|l| l.value),
+            node_id: self
+                .locate("node-id", &self.node_id, file, |l| l.node_id.clone())
+                .map(|l| l.value),
+            advertise: self
+                .locate("advertise", &self.advertise, file, |l| l.advertise.clone())
+                .map(|l| l.value),
+            cluster_keys: self
+                .locate("cluster-keys", &self.cluster_keys, file, |l| {
+                    l.cluster_keys.clone()
+                })
+                .map(|l| l.value),
+            node_key: self
+                .locate("node-key", &self.node_key, file, |l| l.node_key.clone())
+                .map(|l| l.value),
+        }
+        .resolve(&keys)?;
         let settings = self.settings()?;
         let mut server = RelayServer::new(RelayServerConfig {
             keys,
@@ -362,6 +416,16 @@ impl RelayArgs {
                 "TLS certificate loaded"
             );
             server = server.with_tls(tls);
+        }
+        if let Some(spec) = cluster {
+            tracing::info!(
+                node = %spec.node_id,
+                nats = %spec.nats_url,
+                advertise = %spec.advertise,
+                relays = spec.keys.len(),
+                "cluster configured"
+            );
+            server = server.with_cluster(spec);
         }
         Ok(Prepared {
             listen: listen_at,

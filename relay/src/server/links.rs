@@ -20,13 +20,16 @@ use tracing::Instrument;
 
 use super::metrics::{ClientRefusal, LinkOutcome};
 use super::{lock, unix_micros, Shared, RELAY_VERSION};
+use crate::cluster::node::{
+    ClusterNode, Located, REASON_DIRECTORY_UNAVAILABLE, REASON_HOLDER_UNREACHABLE,
+};
 use crate::driver::{
     recv_frame, send_frame, FrameIoError, PendingLink, RelayHub, LINK_CLOSE_TIMEOUT,
 };
 use crate::env_handshake::{
     finish_admission, precheck_link_open, read_link_open, AdmittedLink, LinkRefusal,
 };
-use crate::frame::{Frame, LINK_STREAM};
+use crate::frame::{Frame, FrameType, LINK_STREAM};
 use crate::http::FrontStream;
 use crate::keys::fingerprint;
 use crate::reason::CloseReason;
@@ -162,11 +165,18 @@ async fn environment_link_inner(
                 (None, None) => return,
             };
             match checked {
-                Ok(a) if !stop.is_cancelled() => match hub.add_environment(&id) {
-                    Ok(p) => Claim::Registered(a, p),
-                    Err(AddLinkError::Held { holder }) => Claim::Held(a, holder),
-                    Err(e) => Claim::Refused(Err(e)),
-                },
+                Ok(a) if !stop.is_cancelled() => {
+                    // The environment itself is here now: a forwarding link that stood for
+                    // it gives way (its clients stay, served by this link).
+                    if let Some(c) = shared.cluster() {
+                        c.yield_forward(&hub, &id);
+                    }
+                    match hub.add_environment(&id) {
+                        Ok(p) => Claim::Registered(a, p),
+                        Err(AddLinkError::Held { holder }) => Claim::Held(a, holder),
+                        Err(e) => Claim::Refused(Err(e)),
+                    }
+                }
                 Ok(_) => return,
                 Err(refusal) => Claim::Refused(Ok(refusal)),
             }
@@ -239,7 +249,14 @@ async fn environment_link_inner(
         link = link.id(),
         "environment link up"
     );
+    let link_id = link.id();
+    if let Some(c) = shared.cluster() {
+        c.hold(&hub, &id, link_id);
+    }
     let reason = link.serve(ws).await;
+    if let Some(c) = shared.cluster() {
+        c.release(&hub, &id, link_id);
+    }
     log_close("environment", reason);
 }
 
@@ -279,6 +296,7 @@ pub(crate) async fn client_link(
     mut ws: Ws,
     id: String,
     peer: SocketAddr,
+    via_front: bool,
     stop: CancellationToken,
 ) {
     let span = tracing::info_span!("client_link", env = %id, %peer);
@@ -286,6 +304,22 @@ pub(crate) async fn client_link(
         if stop.is_cancelled() {
             close(ws, CloseCode::Away, "shutting down").await;
             return;
+        }
+        if let Some(c) = shared.cluster() {
+            let forwarded = match hub.environment_link(&id) {
+                None => match find_holder(c, &hub, &id).await {
+                    Ok(forwarded) => forwarded,
+                    Err(reason) => {
+                        refuse_streams(ws, reason, shared.settings.link_handshake_timeout()).await;
+                        return;
+                    }
+                },
+                Some(link) => c.is_forward(&id, link),
+            };
+            if forwarded && via_front {
+                // The front sends this environment's clients here now: it should live here.
+                c.announce_home(&id);
+            }
         }
         let link = match hub.add_client(&id, peer.ip()) {
             Ok(link) => link,
@@ -309,10 +343,144 @@ pub(crate) async fn client_link(
         // A message that takes longer than `message_timeout_ms` to arrive closes the link.
         let arrivals = ws.get_mut().arrivals();
         let reason = link.serve_with(ws, Some(arrivals)).await;
+        if let Some(c) = shared.cluster() {
+            c.client_gone(&hub, &id);
+        }
         log_close("client", reason);
     }
     .instrument(span)
     .await
+}
+
+/// Cluster: a client link for an environment this relay does not hold. Ask the directory;
+/// if another relay holds it, make sure a relay-to-relay link to it stands for the
+/// environment here. `Err` is the `RESET` reason every stream of the client link gets (the
+/// misroute fails fast); `Ok` serves the link (`true`: forwarded; `false`: no holder
+/// anywhere, its `OPEN`s are refused `environment_offline` as on a standalone relay).
+async fn find_holder(c: &Arc<ClusterNode>, hub: &RelayHub, id: &str) -> Result<bool, &'static str> {
+    match c.locate(id).await {
+        Located::Holder(h) if h.node != c.node_id() => match c.forward(hub, id, &h).await {
+            Ok(()) => {
+                tracing::info!(holder = %h.node, "misrouted client link: forwarded to the environment's relay");
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(holder = %h.node, error = %e, "misrouted client link refused: the environment's relay cannot be reached");
+                Err(REASON_HOLDER_UNREACHABLE)
+            }
+        },
+        Located::Holder(_) | Located::Nowhere => Ok(false),
+        Located::Unavailable(why) => {
+            tracing::warn!(%why, "misrouted client link refused (directory_unavailable)");
+            Err(REASON_DIRECTORY_UNAVAILABLE)
+        }
+        Located::Busy => {
+            tracing::warn!("misrouted client link refused: too many directory lookups (busy)");
+            Err("busy")
+        }
+    }
+}
+
+/// Most `OPEN`s a refused client link has answered before it is closed.
+pub const MAX_REFUSED_OPENS: usize = 16;
+
+/// Answer the client link's `OPEN`s with `RESET reason` (at most [`MAX_REFUSED_OPENS`], for
+/// at most `deadline`), then close it: its client learns why at once instead of waiting for
+/// a handshake timeout.
+async fn refuse_streams(mut ws: Ws, reason: &'static str, deadline: std::time::Duration) {
+    let until = tokio::time::Instant::now() + deadline;
+    let mut answered = 0;
+    while answered < MAX_REFUSED_OPENS {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match recv_frame(&mut ws, left).await {
+            Ok(f) if f.ftype == FrameType::Open => {
+                answered += 1;
+                if send_frame(&mut ws, &Frame::reset(f.stream, reason), LINK_CLOSE_TIMEOUT)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                if answered == 1 {
+                    // Later OPENs in flight get their answer too; then the link goes.
+                    continue;
+                }
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    close(ws, CloseCode::Again, reason).await;
+}
+
+/// Cluster: an upgraded `/v1/relay/ID`: a relay of the cluster forwards misrouted clients of
+/// environment `ID`. Admitted after the relay-to-relay handshake (its key listed in the
+/// cluster keys file), then served as one more client link of the environment.
+pub(crate) async fn relay_link(
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    ws: Ws,
+    id: String,
+    peer: SocketAddr,
+    stop: CancellationToken,
+) {
+    let span = tracing::info_span!("relay_link", env = %id, %peer);
+    relay_link_inner(hub, shared, ws, id, stop)
+        .instrument(span)
+        .await
+}
+
+async fn relay_link_inner(
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    mut ws: Ws,
+    id: String,
+    stop: CancellationToken,
+) {
+    let Some(c) = shared.cluster().cloned() else {
+        return;
+    };
+    let timeout = shared.settings.link_handshake_timeout();
+    let Some(slot) = c.relay_link_slot() else {
+        tracing::warn!(
+            max = shared.settings.max_relay_links,
+            "relay link refused: this relay holds its maximum of relay-to-relay links"
+        );
+        refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+        return;
+    };
+    let open = tokio::select! {
+        f = recv_frame(&mut ws, timeout) => f,
+        () = stop.cancelled() => return,
+    };
+    let open = match open {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "relay link refused: no handshake");
+            close(ws, CloseCode::Policy, "no link handshake").await;
+            return;
+        }
+    };
+    let admitted = match c.admit_relay_link(&id, &open) {
+        Ok(a) => a,
+        Err(refusal) => {
+            tracing::warn!(error = %refusal, "relay link refused ({})", refusal.reset_reason());
+            refuse(ws, &refusal.reset_frame(), timeout).await;
+            return;
+        }
+    };
+    let link = hub.add_relay_client(&id);
+    if let Err(e) = send_frame(&mut ws, &admitted.accept, timeout).await {
+        tracing::warn!(error = %e, "relay link lost while sending message 2");
+        return;
+    }
+    tracing::info!(from = %admitted.node, link = link.id(), "relay-to-relay link up (holding)");
+    let reason = link.serve(ws).await;
+    drop(slot);
+    log_close("relay", reason);
 }
 
 /// Check the environments file every `environments_poll_ms` until `stop`; revoked ids lose

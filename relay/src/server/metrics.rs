@@ -207,6 +207,41 @@ pub struct Figures {
     /// Client links the relay holds at most (`max_client_links`, as the descriptor limit
     /// allowed).
     pub max_client_links: usize,
+    /// The cluster node's figures, when the relay is in a cluster.
+    pub cluster: Option<ClusterFigures>,
+}
+
+/// A cluster node's figures at one instant (`execrelay_relay_cluster_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterFigures {
+    /// 1 while NATS is connected.
+    pub directory_up: bool,
+    /// Environments held (subscribed in the directory).
+    pub held: usize,
+    /// Forwarding relay-to-relay links up.
+    pub forwarding_links: usize,
+    /// Traffic across relay-to-relay links.
+    pub forwarded: crate::router::Forwarded,
+    /// Lookups asked, missed (no holder), failed (directory unreachable or a bound), answered.
+    pub lookups: u64,
+    /// See `lookups`.
+    pub lookup_misses: u64,
+    /// See `lookups`.
+    pub lookup_failures: u64,
+    /// See `lookups`.
+    pub lookups_answered: u64,
+    /// Relay-to-relay links dialled, and those that failed.
+    pub forward_links: u64,
+    /// See `forward_links`.
+    pub forward_failures: u64,
+    /// Relay-to-relay links admitted and refused here (holding side).
+    pub relay_links_admitted: u64,
+    /// See `relay_links_admitted`.
+    pub relay_links_refused: u64,
+    /// Environment links closed because a newer one elsewhere took the id.
+    pub takeovers: u64,
+    /// Environment links asked to re-dial to their new home.
+    pub moves: u64,
 }
 
 /// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`),
@@ -413,6 +448,108 @@ pub fn render(figures: &Figures, stats: &ServerStats, settings: &RelaySettings) 
         );
     }
 
+    if let Some(cl) = &figures.cluster {
+        let entries: [(&str, &str, u64, bool); 15] = [
+            (
+                "cluster_directory_up",
+                "1 while the cluster's directory (NATS) is connected",
+                u64::from(cl.directory_up),
+                false,
+            ),
+            (
+                "cluster_environments_held",
+                "Environments this relay holds and answers for in the directory",
+                cl.held as u64,
+                false,
+            ),
+            (
+                "cluster_forwarding_links",
+                "Relay-to-relay links up from this relay (forwarding misrouted clients)",
+                cl.forwarding_links as u64,
+                false,
+            ),
+            (
+                "cluster_forwarded_streams",
+                "Streams this relay opened across relay-to-relay links",
+                cl.forwarded.streams,
+                true,
+            ),
+            (
+                "cluster_forwarded_bytes",
+                "DATA payload bytes across relay-to-relay links (sent and received)",
+                cl.forwarded.bytes,
+                true,
+            ),
+            (
+                "cluster_lookups",
+                "Directory lookups asked",
+                cl.lookups,
+                true,
+            ),
+            (
+                "cluster_lookup_misses",
+                "Directory lookups that found no holder",
+                cl.lookup_misses,
+                true,
+            ),
+            (
+                "cluster_lookup_failures",
+                "Directory lookups not asked: directory unreachable or a lookup bound",
+                cl.lookup_failures,
+                true,
+            ),
+            (
+                "cluster_lookups_answered",
+                "Directory lookups this relay answered as the holder",
+                cl.lookups_answered,
+                true,
+            ),
+            (
+                "cluster_forward_links",
+                "Relay-to-relay links dialled",
+                cl.forward_links,
+                true,
+            ),
+            (
+                "cluster_forward_failures",
+                "Relay-to-relay links that could not be dialled or were refused",
+                cl.forward_failures,
+                true,
+            ),
+            (
+                "cluster_relay_links_admitted",
+                "Relay-to-relay links admitted (holding)",
+                cl.relay_links_admitted,
+                true,
+            ),
+            (
+                "cluster_relay_links_refused",
+                "Relay-to-relay links refused (handshake, unknown key, bound)",
+                cl.relay_links_refused,
+                true,
+            ),
+            (
+                "cluster_takeovers",
+                "Environment links closed because a newer link of the id came up on another relay",
+                cl.takeovers,
+                true,
+            ),
+            (
+                "cluster_moves",
+                "Environment links asked to re-dial to their new home relay",
+                cl.moves,
+                true,
+            ),
+        ];
+        for (name, help, v, is_counter) in entries {
+            if is_counter {
+                r.register(name, help, counter(v));
+            } else {
+                r.register(name, help, gauge(v as usize));
+            }
+        }
+    }
+
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &r);
@@ -471,6 +608,7 @@ mod tests {
             },
             environments_listed: 3,
             environments_file_ok: true,
+            cluster: None,
             tls: Some(TlsFigures {
                 reloads: 2,
                 reload_errors: 1,

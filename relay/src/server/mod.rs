@@ -106,6 +106,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cluster::node::{ClusterNode, NodeLimits};
+use crate::cluster::relay_link::RELAY_PATH_PREFIX;
+use crate::cluster::ClusterSpec;
 use crate::descriptors::{nofile_limit, RelayDescriptorPlan};
 use crate::driver::{link_websocket_config_with, RelayHub};
 use crate::env_handshake::LinkTimestamps;
@@ -174,6 +177,9 @@ pub(crate) struct Shared {
     /// Per environment id, the holder link whose second claimant was last reported (two
     /// exec servers share a key): reported once per holder, not at every redial.
     pub shared_keys_reported: Mutex<std::collections::HashMap<String, crate::router::LinkId>>,
+    /// The relay's membership of a cluster (`--cluster`), set once at the start of
+    /// [`RelayServer::run`]; unset when standalone.
+    pub cluster: std::sync::OnceLock<Arc<ClusterNode>>,
 }
 
 pub(crate) use crate::sync::lock;
@@ -184,6 +190,11 @@ pub(crate) fn unix_micros() -> u64 {
 }
 
 impl Shared {
+    /// The cluster membership, if any.
+    pub(crate) fn cluster(&self) -> Option<&Arc<ClusterNode>> {
+        self.cluster.get()
+    }
+
     /// Look at the environments file and apply what changed: revoked ids lose their link at
     /// once (their streams reset `environment_gone`). Called with the file's lock held by the
     /// caller, so registration and revocation never interleave.
@@ -222,6 +233,7 @@ pub struct RelayServer {
     hub: RelayHub,
     shared: Arc<Shared>,
     tls: Option<TlsListener>,
+    cluster: Option<ClusterSpec>,
 }
 
 /// What a relay's HTTP front upgrades.
@@ -231,6 +243,8 @@ pub(crate) enum Route {
     Environment,
     /// `/v1/connect/ID`.
     Client,
+    /// `/v1/relay/ID` (cluster only): a relay-to-relay link.
+    Relay,
 }
 
 /// Serve relay links on `listener` until `shutdown`, then close every link and return. No
@@ -291,12 +305,22 @@ impl RelayServer {
             ),
             settings,
             stats: ServerStats::default(),
+            cluster: std::sync::OnceLock::new(),
         });
         Ok(RelayServer {
             hub,
             shared,
             tls: None,
+            cluster: None,
         })
+    }
+
+    /// Join the cluster `spec` when run (`--cluster`): NATS as the directory of the
+    /// environments this relay holds, relay-to-relay links for misrouted clients
+    /// ([`crate::cluster`]).
+    pub fn with_cluster(mut self, spec: ClusterSpec) -> RelayServer {
+        self.cluster = Some(spec);
+        self
     }
 
     /// Speak TLS on the links' listener (`wss://`) with `tls`'s certificate, re-read when its
@@ -304,6 +328,11 @@ impl RelayServer {
     pub fn with_tls(mut self, tls: TlsListener) -> RelayServer {
         self.tls = Some(tls);
         self
+    }
+
+    /// The cluster this relay joins when run ([`with_cluster`](Self::with_cluster)).
+    pub fn cluster(&self) -> Option<&ClusterSpec> {
+        self.cluster.as_ref()
     }
 
     /// The hub (tests and embedders read its figures).
@@ -345,8 +374,36 @@ impl RelayServer {
         metrics: Option<TcpListener>,
         shutdown: CancellationToken,
     ) {
-        let RelayServer { hub, shared, tls } = self;
+        let RelayServer {
+            hub,
+            shared,
+            tls,
+            cluster,
+        } = self;
         let settings = &shared.settings;
+        if let Some(spec) = cluster {
+            let limits = NodeLimits {
+                lookup_timeout: Duration::from_millis(settings.cluster_lookup_timeout_ms),
+                max_lookups: settings.max_cluster_lookups,
+                lookups_per_second: settings.cluster_lookups_per_second,
+                max_relay_links: settings.max_relay_links,
+                dial_timeout: settings.link_handshake_timeout(),
+                max_frame_bytes: settings.max_frame_bytes,
+                moves_per_second: settings.moves_per_second,
+                move_min_link_age: Duration::from_millis(settings.move_min_link_age_ms),
+            };
+            let stamps = ReplayCache::new(settings.replay_limits(), unix_micros());
+            let (node, url) = (spec.node_id.clone(), spec.nats_url.clone());
+            match ClusterNode::start(spec, limits, stamps, hub.clone()).await {
+                Ok(n) => {
+                    tracing::info!(%node, nats = %url, "cluster: joined (directory connecting in the background)");
+                    let _ = shared.cluster.set(n);
+                }
+                Err(e) => {
+                    tracing::error!(%node, nats = %url, error = %e, "cluster: cannot use the directory; serving standalone")
+                }
+            }
+        }
         let stop_accepting = CancellationToken::new();
         let fronts = TaskTracker::new();
         let tasks = TaskTracker::new();
@@ -384,7 +441,14 @@ impl RelayServer {
                     route: Route::Client,
                     capacity: Some(client_links),
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(shared.cluster().map(|_| UpgradeRoute {
+                path: PathPattern::WithId(RELAY_PATH_PREFIX),
+                route: Route::Relay,
+                capacity: None,
+            }))
+            .collect(),
         };
         let on_upgrade: OnUpgrade<Route> = {
             let (hub, shared, tasks, stop) =
@@ -400,10 +464,15 @@ impl RelayServer {
                             hub, shared, up.ws, id, up.peer, stop,
                         ));
                     }
+                    Route::Relay => {
+                        tasks.spawn(links::relay_link(hub, shared, up.ws, id, up.peer, stop));
+                    }
                     Route::Client => {
                         let permit = up.permit;
+                        let via_front = up.via_front;
                         tasks.spawn(async move {
-                            links::client_link(hub, shared, up.ws, id, up.peer, stop).await;
+                            links::client_link(hub, shared, up.ws, id, up.peer, via_front, stop)
+                                .await;
                             // The slot of `max_client_links` is free once the link ends.
                             drop(permit);
                         });
@@ -463,6 +532,9 @@ impl RelayServer {
         {
             tracing::warn!("links still closing after the shutdown timeout; leaving them");
         }
+        if let Some(c) = shared.cluster() {
+            let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, c.leave()).await;
+        }
     }
 }
 
@@ -501,6 +573,28 @@ fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figure
         environments_file_ok: ok,
         tls: tls.map(|t| t.store().figures()),
         max_client_links: shared.settings.max_client_links,
+        cluster: shared.cluster().map(|c| cluster_figures(hub, c)),
+    }
+}
+
+fn cluster_figures(hub: &RelayHub, c: &ClusterNode) -> metrics::ClusterFigures {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &c.stats;
+    metrics::ClusterFigures {
+        directory_up: c.directory_up(),
+        held: c.holdings(),
+        forwarding_links: c.forwards(),
+        forwarded: hub.forwarded(),
+        lookups: s.lookups.load(Relaxed),
+        lookup_misses: s.lookup_misses.load(Relaxed),
+        lookup_failures: s.lookup_failures.load(Relaxed),
+        lookups_answered: s.lookups_answered.load(Relaxed),
+        forward_links: s.forward_links.load(Relaxed),
+        forward_failures: s.forward_failures.load(Relaxed),
+        relay_links_admitted: s.relay_links_admitted.load(Relaxed),
+        relay_links_refused: s.relay_links_refused.load(Relaxed),
+        takeovers: s.takeovers.load(Relaxed),
+        moves: s.moves.load(Relaxed),
     }
 }
 

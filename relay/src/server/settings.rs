@@ -193,6 +193,24 @@ crate::settings! {
     /// See [`ENVIRONMENTS_POLL_MS`].
     environments_poll_ms: u64 = ENVIRONMENTS_POLL_MS, Millis,
         "how often the environments file is checked for a change (a removed line closes its link)";
+    /// See [`crate::cluster::CLUSTER_LOOKUP_TIMEOUT_MS`].
+    cluster_lookup_timeout_ms: u64 = crate::cluster::CLUSTER_LOOKUP_TIMEOUT_MS, Millis,
+        "cluster: how long a relay waits for the directory (NATS) to say which relay holds an environment it does not hold; then the client link's streams are refused";
+    /// See [`crate::cluster::MAX_CLUSTER_LOOKUPS`].
+    max_cluster_lookups: usize = crate::cluster::MAX_CLUSTER_LOOKUPS, Count,
+        "cluster: directory lookups in flight at once; a misrouted client link past it is refused (`RESET busy`)";
+    /// See [`crate::cluster::CLUSTER_LOOKUPS_PER_SECOND`].
+    cluster_lookups_per_second: u32 = crate::cluster::CLUSTER_LOOKUPS_PER_SECOND, Count,
+        "cluster: directory lookups started per second (burst the same); a misrouted client link past it is refused (`RESET busy`)";
+    /// See [`crate::cluster::MAX_RELAY_LINKS`].
+    max_relay_links: usize = crate::cluster::MAX_RELAY_LINKS, Count,
+        "cluster: relay-to-relay links held at once, each way (forwarding and holding); one more is refused";
+    /// See [`crate::cluster::MOVES_PER_SECOND`].
+    moves_per_second: u32 = crate::cluster::MOVES_PER_SECOND, Count,
+        "cluster: environment links asked to move to their new home relay per second, at most";
+    /// See [`crate::cluster::MOVE_MIN_LINK_AGE_MS`].
+    move_min_link_age_ms: u64 = crate::cluster::MOVE_MIN_LINK_AGE_MS, Millis,
+        "cluster: an environment link younger than this is never asked to move";
     /// See [`REQUEST_HEAD_TIMEOUT_MS`].
     request_head_timeout_ms: u64 = REQUEST_HEAD_TIMEOUT_MS, Millis,
         "total time a new connection has to send its whole HTTP request head";

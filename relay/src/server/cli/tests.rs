@@ -222,3 +222,73 @@ fn the_config_file_holds_the_locations_relative_to_itself() {
         "{err}"
     );
 }
+
+#[test]
+fn the_cluster_from_flags_or_the_config_file_and_its_mistakes_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Keypair::generate().unwrap();
+    shared
+        .write(&dir.path().join("relay.key"), "relay")
+        .unwrap();
+    let node = Keypair::generate().unwrap();
+    node.write(&dir.path().join("node.key"), "node").unwrap();
+    std::fs::write(dir.path().join("envs"), "# none yet\n").unwrap();
+    std::fs::write(
+        dir.path().join("cluster-keys"),
+        format!("relay-a {}\n", crate::keys::public_line(&node.public, "a")),
+    )
+    .unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        "listen = \"ws://127.0.0.1:0\"\nkey = \"relay.key\"\nenvironments = \"envs\"\n\
+         cluster = \"nats://127.0.0.1:4222\"\nnode_id = \"relay-a\"\n\
+         advertise = \"ws://127.0.0.1:7001\"\ncluster_keys = \"cluster-keys\"\n\
+         node_key = \"node.key\"\nmoves_per_second = 3\n",
+    )
+    .unwrap();
+    let args = |extra: &[&str]| {
+        let mut all = vec!["execrelay-relay", "--config", config.to_str().unwrap()];
+        all.extend_from_slice(extra);
+        RelayArgs::try_parse_from(all).unwrap()
+    };
+    let prepared = args(&[]).prepare().unwrap();
+    let spec = prepared.server.cluster().expect("in a cluster");
+    assert_eq!(
+        (spec.node_id.as_str(), spec.advertise.as_str()),
+        ("relay-a", "ws://127.0.0.1:7001")
+    );
+    assert_eq!(spec.node_keys.public, node.public);
+    assert_eq!(prepared.server.shared.settings.moves_per_second, 3);
+    // A flag wins over the file, and its mistake names the flag.
+    let err = match args(&["--cluster", "127.0.0.1:4222"]).prepare() {
+        Ok(_) => panic!("a bad --cluster was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.starts_with("bad --cluster \"127.0.0.1:4222\""), "{err}");
+    let err = match args(&["--node-id", "relay-b"]).prepare() {
+        Ok(_) => panic!("an unlisted node was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("\"relay-b\" is not listed"), "{err}");
+    // Standalone: no cluster flag at all.
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let mut all = vec!["execrelay-relay"];
+    let (key, envs) = (p("relay.key"), p("envs"));
+    all.extend([
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        &key,
+        "--environments",
+        &envs,
+    ]);
+    let alone = RelayArgs::try_parse_from(all.clone())
+        .unwrap()
+        .prepare()
+        .unwrap();
+    assert!(alone.server.cluster().is_none());
+    all.extend(["--node-id", "relay-a"]);
+    let err = prepare_err(&all[1..]);
+    assert!(err.contains("--node-id goes with --cluster"), "{err}");
+}

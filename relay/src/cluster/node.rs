@@ -1,0 +1,667 @@
+//! One relay's membership of a cluster (tokio): its NATS connection, one subscription per
+//! environment link it holds, lookups for the environments it does not hold, and the
+//! relay-to-relay links it dials (forwarding) and admits (holding).
+//!
+//! The link engine does the data: a forwarding link is registered with the hub in the place
+//! of the environment's link ([`RelayHub::add_forward_environment`]), and the holder serves
+//! it as one more client link ([`RelayHub::add_relay_client`]).
+//!
+//! Lifetimes, so nothing goes stale:
+//! - a holding (subscription) lives from the environment link's admission to its end;
+//! - a forwarding link lives while this relay has client links of its environment (the last
+//!   one to end closes it), and when it ends (the holder died or let the environment go) the
+//!   client links it served are closed (`moved`): their clients dial again and are found
+//!   the environment's new holder;
+//! - when a holder's environment link ends, its client links for that environment are closed
+//!   (`moved`), relay links included (which ends the forwarders' links in turn): a client
+//!   link looks for its environment only when it is made, so its client dials again.
+//!
+//! It never reads a payload and never awaits NATS on a link's reader.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::directory::{newest_wins, subject, DirectoryMessage, Holder, Verdict};
+use super::relay_link::{self, RELAY_PATH_PREFIX};
+use super::ClusterSpec;
+use crate::bucket::TokenBucket;
+use crate::driver::{link_websocket_config_with, recv_frame, send_frame, RelayHub};
+use crate::env_handshake::{LinkRefusal, LinkTimestamps};
+use crate::frame::Frame;
+use crate::reason::CloseReason;
+use crate::router::LinkId;
+
+/// The `RESET` reason of a misrouted stream while the directory (NATS) is unreachable.
+pub const REASON_DIRECTORY_UNAVAILABLE: &str = "directory_unavailable";
+/// The `RESET` reason of a misrouted stream whose holder could not be reached.
+pub const REASON_HOLDER_UNREACHABLE: &str = "holder_unreachable";
+
+/// The bounds of a node, from the relay's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeLimits {
+    /// How long a lookup waits for the holder's answer.
+    pub lookup_timeout: Duration,
+    /// Lookups in flight at once.
+    pub max_lookups: usize,
+    /// Lookups started per second (burst the same).
+    pub lookups_per_second: u32,
+    /// Relay-to-relay links each way.
+    pub max_relay_links: usize,
+    /// Dial and handshake deadline of a relay-to-relay link.
+    pub dial_timeout: Duration,
+    /// The relay's frame limit (the relay link's WebSocket).
+    pub max_frame_bytes: usize,
+    /// Environment links asked to move per second, at most.
+    pub moves_per_second: u32,
+    /// An environment link younger than this is never asked to move.
+    pub move_min_link_age: Duration,
+}
+
+/// Counters of one node (its metrics).
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    /// Lookups asked.
+    pub lookups: AtomicU64,
+    /// Lookups that found no holder (no answer in time, or no subscriber).
+    pub lookup_misses: AtomicU64,
+    /// Lookups that could not be asked (NATS unreachable, or a bound).
+    pub lookup_failures: AtomicU64,
+    /// Lookups answered by this relay (it held the environment).
+    pub lookups_answered: AtomicU64,
+    /// Relay-to-relay links dialled (forwarding).
+    pub forward_links: AtomicU64,
+    /// Relay-to-relay links that could not be dialled or were refused by the holder.
+    pub forward_failures: AtomicU64,
+    /// Relay-to-relay links admitted (holding).
+    pub relay_links_admitted: AtomicU64,
+    /// Relay-to-relay links refused (bad handshake, unknown key, bound).
+    pub relay_links_refused: AtomicU64,
+    /// This relay's environment links closed because a newer link elsewhere claimed the id.
+    pub takeovers: AtomicU64,
+    /// Environment links asked to re-dial because their home moved.
+    pub moves: AtomicU64,
+    /// Directory messages ignored (too large, unparsable).
+    pub directory_ignored: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Where an environment is, as the directory says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Located {
+    /// A relay holds it.
+    Holder(Holder),
+    /// Nobody answered: no relay holds it.
+    Nowhere,
+    /// The directory cannot be asked (NATS unreachable): a misroute fails fast.
+    Unavailable(String),
+    /// A bound of this relay refused the lookup.
+    Busy,
+}
+
+/// An environment link this relay holds, as the directory knows it.
+struct Holding {
+    link: LinkId,
+    started: Instant,
+    task: JoinHandle<()>,
+}
+
+/// One relay's membership.
+pub struct ClusterNode {
+    spec: ClusterSpec,
+    limits: NodeLimits,
+    client: async_nats::Client,
+    holdings: Mutex<HashMap<String, Holding>>,
+    /// Forwarding links by environment: the hub link standing for the environment here.
+    forwards: Mutex<HashMap<String, LinkId>>,
+    lookups: Arc<Semaphore>,
+    lookup_rate: Mutex<TokenBucket>,
+    links_out: Arc<Semaphore>,
+    links_in: Arc<Semaphore>,
+    stamps: Mutex<LinkTimestamps>,
+    last_ts: AtomicU64,
+    /// Moves waiting for their turn (at most [`super::MAX_PENDING_MOVES`]; one per
+    /// environment).
+    moves: tokio::sync::mpsc::Sender<(String, LinkId)>,
+    pending_moves: Mutex<std::collections::HashSet<String>>,
+    /// Counters.
+    pub stats: ClusterStats,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("node", &self.spec.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reconnection delay to NATS after `attempts` failures: 100 ms doubling to 2 s, so that a
+/// directory that comes back is used again within 2 s.
+fn reconnect_delay(attempts: usize) -> Duration {
+    let ms = 100u64.saturating_mul(1u64 << attempts.min(5));
+    Duration::from_millis(ms.min(2_000))
+}
+
+impl ClusterNode {
+    /// Join: connect to NATS in the background (the relay serves affine traffic without it).
+    pub async fn start(
+        spec: ClusterSpec,
+        limits: NodeLimits,
+        stamps: LinkTimestamps,
+        hub: RelayHub,
+    ) -> Result<Arc<ClusterNode>, async_nats::ConnectError> {
+        let node = spec.node_id.clone();
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("execrelay-relay/{node}"))
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_millis(super::NATS_CONNECT_TIMEOUT_MS))
+            .reconnect_delay_callback(reconnect_delay)
+            .event_callback(move |ev| {
+                let node = node.clone();
+                async move {
+                    match ev {
+                        async_nats::Event::Connected => {
+                            tracing::info!(%node, "cluster directory (NATS) connected")
+                        }
+                        async_nats::Event::Disconnected => tracing::warn!(
+                            %node,
+                            "cluster directory (NATS) disconnected: affine links keep working, misrouted clients are refused until it is back"
+                        ),
+                        other => tracing::info!(%node, event = %other, "cluster directory (NATS)"),
+                    }
+                }
+            })
+            .connect(spec.nats_url.as_str())
+            .await?;
+        let (moves, moves_rx) = tokio::sync::mpsc::channel(super::MAX_PENDING_MOVES);
+        let node = Arc::new(ClusterNode {
+            moves,
+            pending_moves: Mutex::new(std::collections::HashSet::new()),
+            lookups: Arc::new(Semaphore::new(limits.max_lookups)),
+            lookup_rate: Mutex::new(TokenBucket::per_second(
+                limits.lookups_per_second,
+                Instant::now(),
+            )),
+            links_out: Arc::new(Semaphore::new(limits.max_relay_links)),
+            links_in: Arc::new(Semaphore::new(limits.max_relay_links)),
+            spec,
+            limits,
+            client,
+            holdings: Mutex::new(HashMap::new()),
+            forwards: Mutex::new(HashMap::new()),
+            stamps: Mutex::new(stamps),
+            last_ts: AtomicU64::new(0),
+            stats: ClusterStats::default(),
+        });
+        tokio::spawn(mover(Arc::downgrade(&node), hub, moves_rx));
+        Ok(node)
+    }
+
+    /// The front sends `env`'s clients here while another relay holds it: tell the holder
+    /// (a `home` notice; it moves the environment at its bounded rate). Bounded by the
+    /// lookup rate.
+    pub fn announce_home(&self, env: &str) {
+        if !self.directory_up() || !lock(&self.lookup_rate).take(Instant::now()) {
+            return;
+        }
+        let msg = DirectoryMessage::Home {
+            node: self.spec.node_id.clone(),
+        };
+        let (client, subj) = (self.client.clone(), subject(env));
+        tokio::spawn(async move {
+            let _ = client.publish(subj, msg.encode().into()).await;
+        });
+    }
+
+    /// A `home` notice for `env` held here by `link`: queue its move (once).
+    fn queue_move(&self, env: &str, link: LinkId, age: Duration) {
+        if age < self.limits.move_min_link_age {
+            tracing::debug!(
+                env,
+                age_ms = age.as_millis() as u64,
+                "home notice: link too young to move"
+            );
+            return;
+        }
+        if !lock(&self.pending_moves).insert(env.to_string()) {
+            return;
+        }
+        if self.moves.try_send((env.to_string(), link)).is_err() {
+            lock(&self.pending_moves).remove(env);
+        }
+    }
+
+    /// This relay's node id.
+    pub fn node_id(&self) -> &str {
+        &self.spec.node_id
+    }
+
+    /// Whether NATS is connected now.
+    pub fn directory_up(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Environments held (subscribed).
+    pub fn holdings(&self) -> usize {
+        lock(&self.holdings).len()
+    }
+
+    /// Forwarding links up.
+    pub fn forwards(&self) -> usize {
+        lock(&self.forwards).len()
+    }
+
+    /// A stamp for message 1 of a relay link, above every earlier one of this relay.
+    fn next_ts(&self) -> u64 {
+        let now = crate::server::unix_micros();
+        let prev = self
+            .last_ts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+                Some(now.max(last + 1))
+            })
+            .unwrap_or(0);
+        now.max(prev + 1)
+    }
+
+    // ---- holding ------------------------------------------------------------------------
+
+    /// This relay has just admitted `env`'s environment link `link`: subscribe to its
+    /// subject (lookups are answered from now on), and claim it (an older holder elsewhere
+    /// yields).
+    pub fn hold(self: &Arc<Self>, hub: &RelayHub, env: &str, link: LinkId) {
+        let since_us = crate::server::unix_micros();
+        let me = self.clone();
+        let (hub, env_owned) = (hub.clone(), env.to_string());
+        let task = tokio::spawn(async move {
+            me.serve_subject(hub, env_owned, link, since_us).await;
+        });
+        let old = lock(&self.holdings).insert(
+            env.to_string(),
+            Holding {
+                link,
+                started: Instant::now(),
+                task,
+            },
+        );
+        if let Some(old) = old {
+            old.task.abort();
+        }
+    }
+
+    /// `env`'s link `link` ended: unsubscribe (if the holding is still this link's), and
+    /// close the environment's client links here, relay-to-relay links included (`moved`):
+    /// in a cluster the environment may re-dial to another relay, and a client link only
+    /// looks for its environment when it is made, so each client dials again (through the
+    /// front, resuming its sessions) and is sent to wherever the environment is next.
+    pub fn release(&self, hub: &RelayHub, env: &str, link: LinkId) {
+        let mut h = lock(&self.holdings);
+        if h.get(env).is_some_and(|x| x.link == link) {
+            if let Some(x) = h.remove(env) {
+                x.task.abort();
+            }
+        }
+        drop(h);
+        if hub.environment_link(env).is_none() {
+            hub.close_clients(env, CloseReason::Moved);
+        }
+    }
+
+    async fn serve_subject(
+        self: Arc<Self>,
+        hub: RelayHub,
+        env: String,
+        link: LinkId,
+        since_us: u64,
+    ) {
+        let subj = subject(&env);
+        let mut sub = match self.client.subscribe(subj.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(env = %env, error = %e, "cannot subscribe to the directory: lookups for this environment go unanswered");
+                return;
+            }
+        };
+        let claim = DirectoryMessage::Claim {
+            node: self.spec.node_id.clone(),
+            since_us,
+        };
+        if let Err(e) = self.client.publish(subj, claim.encode().into()).await {
+            tracing::warn!(env = %env, error = %e, "cannot claim the environment in the directory");
+        }
+        while let Some(msg) = sub.next().await {
+            let parsed = match DirectoryMessage::decode(&msg.payload) {
+                Ok(m) => m,
+                Err(e) => {
+                    bump(&self.stats.directory_ignored);
+                    tracing::debug!(env = %env, error = %e, "directory message ignored");
+                    continue;
+                }
+            };
+            match parsed {
+                DirectoryMessage::Lookup => {
+                    let Some(reply) = msg.reply else { continue };
+                    let age_ms = lock(&self.holdings)
+                        .get(&env)
+                        .filter(|h| h.link == link)
+                        .map(|h| h.started.elapsed().as_millis() as u64);
+                    let Some(age_ms) = age_ms else { return };
+                    let answer = Holder {
+                        node: self.spec.node_id.clone(),
+                        addr: self.spec.advertise.clone(),
+                        age_ms,
+                        since_us,
+                    };
+                    bump(&self.stats.lookups_answered);
+                    let _ = self.client.publish(reply, answer.encode().into()).await;
+                }
+                DirectoryMessage::Home { node } => {
+                    if node == self.spec.node_id || hub.environment_link(&env) != Some(link) {
+                        continue;
+                    }
+                    let age = lock(&self.holdings)
+                        .get(&env)
+                        .filter(|h| h.link == link)
+                        .map(|h| h.started.elapsed());
+                    if let Some(age) = age {
+                        tracing::info!(env = %env, home = %node, "the front now sends this environment's clients to another relay: moving it there");
+                        self.queue_move(&env, link, age);
+                    }
+                }
+                DirectoryMessage::Claim {
+                    node,
+                    since_us: theirs,
+                } => {
+                    if newest_wins(&self.spec.node_id, since_us, &node, theirs) == Verdict::Yield
+                        && hub.environment_link(&env) == Some(link)
+                    {
+                        bump(&self.stats.takeovers);
+                        tracing::info!(
+                            env = %env,
+                            newer = %node,
+                            "a newer link of this environment is up on another relay: closing ours (replaced)"
+                        );
+                        hub.close_environment(&env, CloseReason::Replaced);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- looking up ---------------------------------------------------------------------
+
+    /// Ask the directory where `env` is, within the lookup timeout and bounds.
+    pub async fn locate(&self, env: &str) -> Located {
+        if !lock(&self.lookup_rate).take(Instant::now()) {
+            bump(&self.stats.lookup_failures);
+            return Located::Busy;
+        }
+        let Ok(_permit) = self.lookups.clone().try_acquire_owned() else {
+            bump(&self.stats.lookup_failures);
+            return Located::Busy;
+        };
+        if !self.directory_up() {
+            bump(&self.stats.lookup_failures);
+            return Located::Unavailable("the cluster directory (NATS) is unreachable".into());
+        }
+        bump(&self.stats.lookups);
+        let req = self
+            .client
+            .request(subject(env), DirectoryMessage::Lookup.encode().into());
+        match tokio::time::timeout(self.limits.lookup_timeout, req).await {
+            Err(_) => {
+                bump(&self.stats.lookup_misses);
+                Located::Nowhere
+            }
+            Ok(Ok(msg)) => match Holder::decode(&msg.payload) {
+                Ok(h) => Located::Holder(h),
+                Err(e) => {
+                    bump(&self.stats.directory_ignored);
+                    bump(&self.stats.lookup_misses);
+                    tracing::warn!(env, error = %e, "bad directory answer ignored");
+                    Located::Nowhere
+                }
+            },
+            Ok(Err(e)) => match e.kind() {
+                async_nats::RequestErrorKind::NoResponders
+                | async_nats::RequestErrorKind::TimedOut => {
+                    bump(&self.stats.lookup_misses);
+                    Located::Nowhere
+                }
+                async_nats::RequestErrorKind::Other => {
+                    bump(&self.stats.lookup_failures);
+                    Located::Unavailable(format!("the cluster directory (NATS) failed: {e}"))
+                }
+            },
+        }
+    }
+
+    // ---- forwarding ---------------------------------------------------------------------
+
+    /// Whether `link` is this relay's forwarding link for `env`.
+    pub fn is_forward(&self, env: &str, link: LinkId) -> bool {
+        lock(&self.forwards).get(env) == Some(&link)
+    }
+
+    /// A real environment link for `env` arrived here: close the forwarding link that stood
+    /// for it (its clients stay: the environment is here now).
+    pub fn yield_forward(&self, hub: &RelayHub, env: &str) {
+        let link = lock(&self.forwards).remove(env);
+        if let Some(link) = link {
+            if hub.environment_link(env) == Some(link) {
+                hub.close_environment(env, CloseReason::Moved);
+            }
+        }
+    }
+
+    /// The last client link of `env` here ended: its forwarding link is no longer needed.
+    pub fn client_gone(&self, hub: &RelayHub, env: &str) {
+        if hub.client_link_count(env) > 0 {
+            return;
+        }
+        let link = lock(&self.forwards).remove(env);
+        if let Some(link) = link {
+            if hub.environment_link(env) == Some(link) {
+                hub.close_environment(env, CloseReason::Local);
+            }
+        }
+    }
+
+    /// Dial `holder` for `env`, prove this relay's node key and check the holder's, and register
+    /// the link with `hub` in the place of the environment's link; it is served in the
+    /// background until it ends. `Ok` also when another client link got there first.
+    pub async fn forward(
+        self: &Arc<Self>,
+        hub: &RelayHub,
+        env: &str,
+        holder: &Holder,
+    ) -> Result<(), ForwardError> {
+        let Some(holder_key) = self.spec.keys.key(&holder.node).copied() else {
+            bump(&self.stats.forward_failures);
+            return Err(ForwardError::UnknownNode(holder.node.clone()));
+        };
+        let Ok(permit) = self.links_out.clone().try_acquire_owned() else {
+            bump(&self.stats.forward_failures);
+            return Err(ForwardError::TooMany);
+        };
+        let deadline = self.limits.dial_timeout;
+        let dialled = tokio::time::timeout(deadline, self.dial(&holder_key, env, holder)).await;
+        let ws = match dialled {
+            Ok(Ok(ws)) => ws,
+            Ok(Err(e)) => {
+                bump(&self.stats.forward_failures);
+                return Err(e);
+            }
+            Err(_) => {
+                bump(&self.stats.forward_failures);
+                return Err(ForwardError::Dial(format!(
+                    "no answer from {} within {} ms",
+                    holder.addr,
+                    deadline.as_millis()
+                )));
+            }
+        };
+        let pending = match hub.add_forward_environment(env) {
+            Ok(p) => p,
+            // Another client link's forwarding link (or the environment itself) got here
+            // first: it serves this client too.
+            Err(crate::router::AddLinkError::Held { .. }) => return Ok(()),
+            Err(e) => {
+                bump(&self.stats.forward_failures);
+                return Err(ForwardError::Dial(e.to_string()));
+            }
+        };
+        bump(&self.stats.forward_links);
+        let link = pending.id();
+        lock(&self.forwards).insert(env.to_string(), link);
+        tracing::info!(env, holder = %holder.node, addr = %holder.addr, link, "relay-to-relay link up (forwarding)");
+        let (me, hub, env) = (self.clone(), hub.clone(), env.to_string());
+        tokio::spawn(async move {
+            let _permit: OwnedSemaphorePermit = permit;
+            let reason = pending.serve(ws).await;
+            {
+                let mut f = lock(&me.forwards);
+                if f.get(&env) == Some(&link) {
+                    f.remove(&env);
+                }
+            }
+            // The holder is gone or let the environment go: this relay's clients of it must
+            // dial again (unless the environment itself is here now).
+            if hub.environment_link(&env).is_none() {
+                let n = hub.close_clients(&env, CloseReason::Moved);
+                tracing::info!(env = %env, %reason, clients = n, "relay-to-relay link closed; its client links closed (moved)");
+            }
+        });
+        Ok(())
+    }
+
+    async fn dial(
+        &self,
+        holder_key: &[u8; 32],
+        env: &str,
+        holder: &Holder,
+    ) -> Result<tokio_tungstenite::WebSocketStream<TcpStream>, ForwardError> {
+        let base = super::parse_advertise(&holder.addr)
+            .map_err(|_| ForwardError::Dial(format!("bad holder address {:?}", holder.addr)))?;
+        let hostport = base.trim_start_matches("ws://").to_string();
+        let tcp = TcpStream::connect(&hostport)
+            .await
+            .map_err(|e| ForwardError::Dial(format!("{hostport}: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        let url = format!("{base}{RELAY_PATH_PREFIX}{env}");
+        let (mut ws, _) = tokio_tungstenite::client_async_with_config(
+            url.as_str(),
+            tcp,
+            Some(link_websocket_config_with(self.limits.max_frame_bytes)),
+        )
+        .await
+        .map_err(|e| ForwardError::Dial(format!("{url}: {e}")))?;
+        let (hs, open) = relay_link::start(&self.spec.node_keys, holder_key, env, self.next_ts())
+            .map_err(ForwardError::Handshake)?;
+        let t = self.limits.dial_timeout;
+        send_frame(&mut ws, &open, t)
+            .await
+            .map_err(|e| ForwardError::Dial(e.to_string()))?;
+        let answer = recv_frame(&mut ws, t)
+            .await
+            .map_err(|e| ForwardError::Dial(e.to_string()))?;
+        hs.finish(&answer).map_err(ForwardError::Handshake)?;
+        Ok(ws)
+    }
+
+    // ---- holding's side of relay links ---------------------------------------------------
+
+    /// A slot for one more relay link admitted here.
+    pub fn relay_link_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.links_in.clone().try_acquire_owned().ok()
+    }
+
+    /// Admit a relay link's message 1 for `env` ([`relay_link::admit`]).
+    pub fn admit_relay_link(
+        &self,
+        env: &str,
+        open: &Frame,
+    ) -> Result<relay_link::AdmittedRelay, LinkRefusal> {
+        let mut stamps = lock(&self.stamps);
+        let r = relay_link::admit(
+            &self.spec.node_keys,
+            &self.spec.node_id,
+            env,
+            open,
+            &self.spec.keys,
+            &mut stamps,
+            crate::server::unix_micros(),
+            crate::server::RELAY_VERSION,
+        );
+        match &r {
+            Ok(_) => bump(&self.stats.relay_links_admitted),
+            Err(_) => bump(&self.stats.relay_links_refused),
+        }
+        r
+    }
+
+    /// Close the NATS connection (shutdown): subscriptions go with it.
+    pub async fn leave(&self) {
+        for (_, h) in lock(&self.holdings).drain() {
+            h.task.abort();
+        }
+        let _ = self.client.drain().await;
+    }
+}
+
+/// Ask queued environments to move, one every `1 / moves_per_second`: their links close
+/// (`moved`) and the exec servers re-dial through the front, which sends them home.
+async fn mover(
+    node: std::sync::Weak<ClusterNode>,
+    hub: RelayHub,
+    mut rx: tokio::sync::mpsc::Receiver<(String, LinkId)>,
+) {
+    let per_second = node
+        .upgrade()
+        .map_or(1, |n| n.limits.moves_per_second.max(1));
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while let Some((env, link)) = rx.recv().await {
+        tick.tick().await;
+        let Some(n) = node.upgrade() else { return };
+        lock(&n.pending_moves).remove(&env);
+        if hub.environment_link(&env) == Some(link) && !n.is_forward(&env, link) {
+            bump(&n.stats.moves);
+            tracing::info!(env = %env, "environment link closed (moved): it re-dials to its new home");
+            hub.close_environment(&env, CloseReason::Moved);
+        }
+    }
+}
+
+/// A relay-to-relay link that could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForwardError {
+    /// The directory named a node the cluster keys file does not list.
+    #[error("the directory named relay {0:?}, which the cluster keys file does not list")]
+    UnknownNode(String),
+    /// Too many relay-to-relay links.
+    #[error("too many relay-to-relay links (max_relay_links)")]
+    TooMany,
+    /// The holder could not be reached.
+    #[error("cannot reach the holder: {0}")]
+    Dial(String),
+    /// The handshake failed (the holder refused us, or did not prove its key).
+    #[error("relay-to-relay handshake failed: {0}")]
+    Handshake(LinkRefusal),
+}
