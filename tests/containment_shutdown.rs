@@ -127,10 +127,7 @@ async fn kill_everything_leaves_nothing_a_session_started() {
             );
         }
         for mut child in children {
-            let st = tokio::time::timeout(
-                HANG_GUARD,
-                child.sp.direct.clone().wait(&mut child.sp.child),
-            )
+            let st = tokio::time::timeout(HANG_GUARD, child.sp.child.wait())
             .await
             .expect("hang guard")
             .unwrap();

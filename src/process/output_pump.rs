@@ -24,7 +24,7 @@ use super::managed_process::{exit_reason, ManagedProcess, ProcessOptions};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
-use super::spawn::{spawn_into, OutputReader, SpawnSpec};
+use super::spawn::{spawn_into, ChildProcess, OutputReader, SpawnSpec};
 use super::start_error::StartError;
 use super::tail_ring::TailRing;
 use crate::config::PUMP_CHUNK_BYTES;
@@ -482,13 +482,13 @@ async fn pump_live(
 
 async fn supervise(
     p: Arc<ManagedProcess>,
-    mut child: tokio::process::Child,
+    mut child: ChildProcess,
     pumps: Vec<JoinHandle<(usize, StreamEnd)>>,
 ) {
     let timeout = p.opts.timeout;
     let status = {
         // The reap goes through the direct child's gate: no group signal can follow it.
-        let wait = p.direct.wait(&mut child);
+        let wait = child.wait();
         tokio::pin!(wait);
         match timeout {
             Some(t) => {

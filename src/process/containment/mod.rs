@@ -94,7 +94,6 @@ pub use config::{
 };
 pub use direct_child::DirectChild;
 pub use pidfd::{Delivery, Pidfd};
-pub(crate) use scope::enter_in_child;
 pub use scope::{Placement, SessionScope, EMPTY_POLL_BACKOFF, MAX_PLACEMENT_FDS};
 
 use scope::ScopeCgroups;
