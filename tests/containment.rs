@@ -114,14 +114,12 @@ impl Child {
     /// scope's cgroup by `clone3` wherever it is usable, else by `clone` (the child wrote
     /// itself into its cgroup).
     fn assert_method(&self, kind: BackendChoice, pref: ClonePreference) {
-        let want = if kind == BackendChoice::Cgroup2
-            && pref == ClonePreference::Auto
-            && clone3_usable()
-        {
-            CloneMethod::Clone3IntoCgroup
-        } else {
-            CloneMethod::CloneVfork
-        };
+        let want =
+            if kind == BackendChoice::Cgroup2 && pref == ClonePreference::Auto && clone3_usable() {
+                CloneMethod::Clone3IntoCgroup
+            } else {
+                CloneMethod::CloneVfork
+            };
         assert_eq!(self.sp.method, want, "{kind:?} {pref:?}");
     }
 
@@ -761,7 +759,12 @@ async fn pids_max_caps_a_session_cgroup2() {
 
 #[tokio::test]
 async fn pids_max_caps_a_session_cgroup2_clone_only() {
-    run_pids_max(BackendChoice::Cgroup2, "pids-v2c", ClonePreference::CloneOnly).await
+    run_pids_max(
+        BackendChoice::Cgroup2,
+        "pids-v2c",
+        ClonePreference::CloneOnly,
+    )
+    .await
 }
 
 /// A dead server's instance cgroup with a live process in it: the sweep kills the process

@@ -128,9 +128,9 @@ async fn kill_everything_leaves_nothing_a_session_started() {
         }
         for mut child in children {
             let st = tokio::time::timeout(HANG_GUARD, child.sp.child.wait())
-            .await
-            .expect("hang guard")
-            .unwrap();
+                .await
+                .expect("hang guard")
+                .unwrap();
             assert!(
                 st.signal() == Some(libc::SIGKILL) || st.code() == Some(0),
                 "{st:?}"

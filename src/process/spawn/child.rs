@@ -143,7 +143,11 @@ impl ChildPlan {
         for a in &argv[1..] {
             sh_argv.push(AtomicPtr::new(a.cast_mut()));
         }
-        let cwd = spec.cwd.as_ref().map(|c| cstring(c.as_bytes())).transpose()?;
+        let cwd = spec
+            .cwd
+            .as_ref()
+            .map(|c| cstring(c.as_bytes()))
+            .transpose()?;
         Ok(ChildPlan {
             _strings: strings,
             candidates,
@@ -243,7 +247,7 @@ fn retry(mut f: impl FnMut() -> c_int) -> Result<c_int, c_int> {
 /// changes signal dispositions, descriptors, the session and the working directory of the
 /// calling process, and uses only async-signal-safe calls without allocating.
 unsafe fn run(p: &ChildPlan) -> c_int {
-    // SAFETY (whole function): plain system calls on values prepared by the parent; every
+    // SAFETY: (the whole function) plain system calls on values prepared by the parent; every
     // pointer passed points into the plan, which outlives the child's use of it.
     unsafe {
         // 1. No handler of the server may run in the child: caught signals go back to their

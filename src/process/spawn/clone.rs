@@ -100,7 +100,10 @@ pub(super) fn clone_child(
     let (result, method) = {
         let _mask = BlockedSignals::block_all().map_err(CloneError::Io)?;
         match into {
-            Some(dir) => (clone3_into(plan, &stack, dir), CloneMethod::Clone3IntoCgroup),
+            Some(dir) => (
+                clone3_into(plan, &stack, dir),
+                CloneMethod::Clone3IntoCgroup,
+            ),
             None => (clone_vfork(plan, &stack), CloneMethod::CloneVfork),
         }
     };
@@ -136,7 +139,8 @@ fn reap_failed(pidfd: RawFd) {
         // SAFETY: siginfo_t is plain data; zeroed is a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: `info` is valid and writable; `pidfd` is our child's pidfd.
-        let r = unsafe { libc::waitid(libc::P_PIDFD, pidfd as libc::id_t, &mut info, libc::WEXITED) };
+        let r =
+            unsafe { libc::waitid(libc::P_PIDFD, pidfd as libc::id_t, &mut info, libc::WEXITED) };
         if r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return;
         }

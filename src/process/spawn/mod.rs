@@ -39,10 +39,10 @@ use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 pub use clone::{clone3_usable, CloneMethod, ClonePreference, CHILD_STACK_BYTES};
 
 use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
-use child::ChildPlan;
-use clone::{clone_child, CloneError};
 use super::start_error::{classify, StartError, StartWhat};
 use crate::rpc::messages::{StreamName, TermSize};
+use child::ChildPlan;
+use clone::{clone_child, CloneError};
 
 /// What to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,7 +244,11 @@ fn launch(
         .unwrap_or([-1; containment::MAX_PLACEMENT_FDS]);
     let mut plan = ChildPlan::new(spec, stdio, fds, tty).map_err(Failure::Launch)?;
     let gate = subreaper::fork_guard();
-    let first = clone_child(&mut plan, placement.as_ref().and_then(|p| p.cgroup_dir()), pref);
+    let first = clone_child(
+        &mut plan,
+        placement.as_ref().and_then(|p| p.cgroup_dir()),
+        pref,
+    );
     let cloned = match first {
         Err(CloneError::Clone3Refused) => {
             // The kernel refused clone3 (now remembered): the child writes itself in.
