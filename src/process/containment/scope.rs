@@ -1,6 +1,6 @@
 //! [`SessionScope`]: the processes of one session — a cgroup (v2, or v1 `freezer` + `pids`),
 //! or with the `none` backend the session's part of the server's process tree — and the
-//! [`Placement`] `spawn.rs` uses to put a child into it before exec.
+//! [`Placement`] `process/spawn/` uses to put a child into it before exec.
 //!
 //! A scope never outlives its [`Containment`](super::Containment)'s shared state and never
 //! signals anything but verified members by pidfd.

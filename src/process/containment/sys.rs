@@ -1,7 +1,7 @@
 //! The raw system calls of containment: `pidfd_open`, `pidfd_send_signal`, `waitid` on a
 //! pidfd, the child-subreaper flag and `poll` on descriptors.
 //!
-//! Together with `process/spawn.rs`, this is the only place of the server with `unsafe`.
+//! Together with `process/spawn/`, this is the only place of the server with `unsafe`.
 //! Each function is a thin, typed wrapper: it must never keep state, allocate in the child,
 //! or interpret what it returns beyond errno.
 

@@ -34,7 +34,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+use tokio::net::unix::pipe;
 
 pub use clone::{clone3_usable, CloneMethod, ClonePreference, CHILD_STACK_BYTES};
 
@@ -157,12 +157,10 @@ fn spawn_pipes(
     let (direct, method) = launch(spec, stdio, false, scope, pref)?;
     // Our copies of the child's ends must go, or we never see end of file.
     drop((in_child, out_w, err_w));
-    let stdout = ChildStdout::from_std(std::process::ChildStdout::from(out_r))?;
-    let stderr = ChildStderr::from_std(std::process::ChildStderr::from(err_r))?;
+    let stdout = pipe::Receiver::from_owned_fd(out_r)?;
+    let stderr = pipe::Receiver::from_owned_fd(err_r)?;
     let stdin = match in_parent {
-        Some(w) => Some(InputWriter::Pipe(ChildStdin::from_std(
-            std::process::ChildStdin::from(w),
-        )?)),
+        Some(w) => Some(InputWriter::Pipe(pipe::Sender::from_owned_fd(w)?)),
         None => None,
     };
     Ok(Spawned {
@@ -354,10 +352,10 @@ impl PtyControl {
 
 /// One output stream of a child.
 pub enum OutputReader {
-    /// stdout pipe.
-    Stdout(ChildStdout),
-    /// stderr pipe.
-    Stderr(ChildStderr),
+    /// stdout pipe (non-blocking, on the reactor).
+    Stdout(pipe::Receiver),
+    /// stderr pipe (non-blocking, on the reactor).
+    Stderr(pipe::Receiver),
     /// The PTY master. `EIO` (every slave closed) reads as end of file.
     Pty(AsyncFd<OwnedFd>),
 }
@@ -407,8 +405,8 @@ impl AsyncRead for OutputReader {
 
 /// The child's stdin.
 pub enum InputWriter {
-    /// A pipe.
-    Pipe(ChildStdin),
+    /// A pipe (non-blocking, on the reactor).
+    Pipe(pipe::Sender),
     /// The PTY master.
     Pty(AsyncFd<OwnedFd>),
 }
