@@ -63,12 +63,6 @@ pub(super) struct ChildPlan {
     errno: AtomicI32,
 }
 
-// SAFETY: the raw pointers point into heap buffers the plan owns and never changes after
-// construction; the only field written after construction is through atomics.
-unsafe impl Send for ChildPlan {}
-// SAFETY: as for `Send`: shared access only reads immutable data or uses atomics.
-unsafe impl Sync for ChildPlan {}
-
 fn cstring(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
     CString::new(bytes).map_err(|_| {
         io::Error::new(
