@@ -547,7 +547,11 @@ async fn in_process_exec_cost(runs: u64, backend: BackendChoice) -> (f64, f64, f
     let cpu_ms = (self_cpu_secs() - cpu0) * 1000.0 / runs.max(1) as f64;
     samples.sort_by(|a, b| a.total_cmp(b));
     client.shutdown().await;
-    (percentile(&samples, 50.0), percentile(&samples, 99.0), cpu_ms)
+    (
+        percentile(&samples, 50.0),
+        percentile(&samples, 99.0),
+        cpu_ms,
+    )
 }
 
 /// `head -c n /dev/zero` through an in-process client: MB/s and CPU-s/GB (this process does

@@ -402,7 +402,11 @@ fn start_proxy(name: &str, front: u16, back: u16) -> Option<Proxy> {
             let mut f = tempfile::NamedTempFile::new().expect("haproxy config");
             std::io::Write::write_all(&mut f, text.as_bytes()).expect("write haproxy config");
             let path = f.path().display().to_string();
-            ("haproxy", vec!["-db".to_string(), "-f".to_string(), path], Some(f))
+            (
+                "haproxy",
+                vec!["-db".to_string(), "-f".to_string(), path],
+                Some(f),
+            )
         }
         _ => (
             "socat",
@@ -436,7 +440,9 @@ fn start_proxy(name: &str, front: u16, back: u16) -> Option<Proxy> {
 /// relay's is measured. Returns the CPU-s/GB, if the proxy ran.
 async fn tcp_proxy(name: &str, bytes: u64) -> Option<f64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let back = backend.local_addr().expect("addr").port();
     let front = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
