@@ -174,6 +174,13 @@ async fn path_search_uses_the_childs_path_and_execvps_error_rules() {
         assert_eq!((e.what, e.errno), (StartWhat::Program, Some(libc::ENOENT)));
         assert!(e.message().contains("not found in PATH"), "{}", e.message());
 
+        // The whole PATH is searched, however long, as execvp does.
+        let mut s = spec(&["prog"]);
+        let long = format!("{}:{}", vec!["/nonexistent"; 3000].join(":"), b.display());
+        s.env.push(("PATH".into(), Some(long)));
+        let (code, out, _) = run(&s, &way).await;
+        assert_eq!((code, out.as_str()), (Some(0), "from-b\n"), "{way:?}");
+
         // Too long a name is not looked up at all, as execvp does.
         let long = "x".repeat(300);
         let e = way.spawn(&spec(&[&long])).err().expect("too long");

@@ -15,6 +15,7 @@
 //! close-on-exec, an empty signal mask, then `execve` over the `PATH` candidates as `execvp`
 //! does (`ENOEXEC` runs the file with `/bin/sh`).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use libc::{c_char, c_int, c_void};
 
 use super::SpawnSpec;
-use crate::policy::resolve::{DEFAULT_EXEC_PATH, MAX_LOOKUP_NAME_BYTES, MAX_PATH_LOOKUP_ENTRIES};
+use crate::policy::resolve::{DEFAULT_EXEC_PATH, MAX_LOOKUP_NAME_BYTES};
 use crate::process::containment::MAX_PLACEMENT_FDS;
 
 /// The shell that runs a file `execve` refused with `ENOEXEC` (a script without `#!`), as
@@ -40,8 +41,14 @@ const NSIG: c_int = 65;
 /// into `_strings` and `cwd`, which live as long as the plan.
 pub(super) struct ChildPlan {
     _strings: Vec<CString>,
-    /// Files to `execve`, in order (one for a name with a `/`; one per `PATH` entry else).
-    candidates: Vec<*const c_char>,
+    /// The program as given (a name with a `/` is run as it is).
+    program: CString,
+    /// For a name without a `/`: the `PATH` to search (the child's own, or the default), each
+    /// entry joined to the name in `scratch` in turn, as `execvp` does, the whole `PATH`
+    /// (its length is bounded by the request's), nothing allocated per entry.
+    search: Option<Vec<u8>>,
+    /// Room for the longest entry, a `/`, the name and a NUL; written by the child only.
+    scratch: Box<[Cell<u8>]>,
     /// The name is longer than `execvp` looks up: fail with `ENAMETOOLONG`.
     name_too_long: bool,
     /// Null-terminated.
@@ -107,30 +114,22 @@ impl ChildPlan {
             strings.push(c);
         }
         envp.push(ptr::null());
-        let mut candidates = Vec::new();
         let name_too_long = !program.contains('/') && program.len() > MAX_LOOKUP_NAME_BYTES;
-        if program.contains('/') || program.is_empty() {
-            let c = cstring(program.as_bytes())?;
-            candidates.push(c.as_ptr());
-            strings.push(c);
-        } else if !name_too_long {
-            let path_var = path_var.unwrap_or_else(|| DEFAULT_EXEC_PATH.into());
-            for dir in path_var
-                .as_bytes()
-                .split(|b| *b == b':')
-                .take(MAX_PATH_LOOKUP_ENTRIES)
-            {
-                // An empty entry is the working directory, as `execvp` reads it.
-                let mut file = dir.to_vec();
-                if !file.is_empty() {
-                    file.push(b'/');
-                }
-                file.extend_from_slice(program.as_bytes());
-                let c = cstring(file)?;
-                candidates.push(c.as_ptr());
-                strings.push(c);
-            }
-        }
+        let search = (!program.contains('/') && !program.is_empty()).then(|| {
+            path_var
+                .map(OsString::into_vec)
+                .unwrap_or_else(|| DEFAULT_EXEC_PATH.as_bytes().to_vec())
+        });
+        let longest = search
+            .as_deref()
+            .map_or(0, |p| p.split(|b| *b == b':').map(<[u8]>::len).max().unwrap_or(0));
+        let scratch_len = if search.is_some() && !name_too_long {
+            longest + 1 + program.len() + 1
+        } else {
+            0
+        };
+        let scratch: Box<[Cell<u8>]> = (0..scratch_len).map(|_| Cell::new(0)).collect();
+        let program_c = cstring(program.as_bytes())?;
         let mut sh_argv = Vec::with_capacity(argv.len() + 1);
         sh_argv.push(AtomicPtr::new(SCRIPT_SHELL.as_ptr().cast_mut().cast()));
         sh_argv.push(AtomicPtr::new(ptr::null_mut()));
@@ -144,7 +143,9 @@ impl ChildPlan {
             .transpose()?;
         Ok(ChildPlan {
             _strings: strings,
-            candidates,
+            program: program_c,
+            search,
+            scratch,
             name_too_long,
             argv,
             sh_argv: sh_argv.into_boxed_slice(),
@@ -339,24 +340,27 @@ unsafe fn run(p: &ChildPlan) -> c_int {
         if p.name_too_long {
             return libc::ENAMETOOLONG;
         }
+        let Some(path) = &p.search else {
+            // A name with a `/`: that file only.
+            return try_exec(p, p.program.as_ptr());
+        };
+        let name = p.program.as_bytes_with_nul();
         let mut got_eacces = false;
         let mut last = libc::ENOENT;
-        for &file in &p.candidates {
-            libc::execve(file, p.argv.as_ptr(), p.envp.as_ptr());
-            let mut e = errno();
-            if e == libc::ENOEXEC {
-                if let Some(slot) = p.sh_argv.get(1) {
-                    slot.store(file.cast_mut(), Ordering::Relaxed);
-                }
-                // AtomicPtr<c_char> has the layout of *mut c_char.
-                libc::execve(
-                    SCRIPT_SHELL.as_ptr().cast(),
-                    p.sh_argv.as_ptr().cast(),
-                    p.envp.as_ptr(),
-                );
-                // The shell could not run: report the file's own error.
-                e = libc::ENOEXEC;
+        for dir in path.split(|b| *b == b':') {
+            // `dir/name\0` (an empty entry is the working directory: `name\0`).
+            let Some(room) = p.scratch.get(..dir.len() + usize::from(!dir.is_empty()) + name.len())
+            else {
+                continue;
+            };
+            let (head, tail) = room.split_at(room.len() - name.len());
+            for (c, b) in head.iter().zip(dir.iter().chain(std::iter::once(&b'/'))) {
+                c.set(*b);
             }
+            for (c, b) in tail.iter().zip(name) {
+                c.set(*b);
+            }
+            let e = try_exec(p, room.as_ptr().cast());
             match e {
                 libc::EACCES => got_eacces = true,
                 libc::ENOENT
@@ -374,6 +378,33 @@ unsafe fn run(p: &ChildPlan) -> c_int {
         } else {
             last
         }
+    }
+}
+
+/// `execve(file)`; on `ENOEXEC` run it with `/bin/sh` as `execvp` does. Returns the errno
+/// of the failure (it returns only on one).
+///
+/// # Safety
+///
+/// As [`run`]: only in the clone child, `file` a NUL-terminated path that stays valid.
+unsafe fn try_exec(p: &ChildPlan, file: *const c_char) -> c_int {
+    // SAFETY: the caller's contract; argv and envp are the plan's null-terminated arrays.
+    unsafe {
+        libc::execve(file, p.argv.as_ptr(), p.envp.as_ptr());
+        if errno() != libc::ENOEXEC {
+            return errno();
+        }
+        if let Some(slot) = p.sh_argv.get(1) {
+            slot.store(file.cast_mut(), Ordering::Relaxed);
+        }
+        // AtomicPtr<c_char> has the layout of *mut c_char.
+        libc::execve(
+            SCRIPT_SHELL.as_ptr().cast(),
+            p.sh_argv.as_ptr().cast(),
+            p.envp.as_ptr(),
+        );
+        // The shell could not run: report the file's own error.
+        libc::ENOEXEC
     }
 }
 
