@@ -120,9 +120,9 @@ impl ChildPlan {
                 .map(OsString::into_vec)
                 .unwrap_or_else(|| DEFAULT_EXEC_PATH.as_bytes().to_vec())
         });
-        let longest = search
-            .as_deref()
-            .map_or(0, |p| p.split(|b| *b == b':').map(<[u8]>::len).max().unwrap_or(0));
+        let longest = search.as_deref().map_or(0, |p| {
+            p.split(|b| *b == b':').map(<[u8]>::len).max().unwrap_or(0)
+        });
         let scratch_len = if search.is_some() && !name_too_long {
             longest + 1 + program.len() + 1
         } else {
@@ -349,7 +349,9 @@ unsafe fn run(p: &ChildPlan) -> c_int {
         let mut last = libc::ENOENT;
         for dir in path.split(|b| *b == b':') {
             // `dir/name\0` (an empty entry is the working directory: `name\0`).
-            let Some(room) = p.scratch.get(..dir.len() + usize::from(!dir.is_empty()) + name.len())
+            let Some(room) = p
+                .scratch
+                .get(..dir.len() + usize::from(!dir.is_empty()) + name.len())
             else {
                 continue;
             };
