@@ -519,21 +519,39 @@ async fn exec_latency(runs: u64) -> (f64, f64) {
 /// containment backend `backend` (`auto` as a server runs by default; `none` shows what the
 /// cgroup placement costs).
 async fn in_process_exec_latency(runs: u64, backend: BackendChoice) -> (f64, f64) {
+    let (p50, p99, _) = in_process_exec_cost(runs, backend).await;
+    (p50, p99)
+}
+
+/// [`in_process_exec_latency`] and this process's CPU time per exec (ms): server and client
+/// both run here, the child's own time is not counted (it is not reaped into RUSAGE_SELF), so
+/// what a spawn costs the server — a fork's page-table copy and copy-on-write faults, or
+/// none — shows here, and far more steadily than a latency on a loaded machine.
+async fn in_process_exec_cost(runs: u64, backend: BackendChoice) -> (f64, f64, f64) {
     let mut config = InProcessConfig::default();
     config.server.containment_backend = backend;
     let client = Client::in_process(config, ClientOptions::default())
         .await
         .expect("in-process client");
     let mut samples = Vec::with_capacity(runs as usize);
+    let mut cpu0 = 0.0;
     for i in 0..(runs + 20) {
+        if i == 20 {
+            cpu0 = self_cpu_secs();
+        }
         let (_, took) = drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
         if i >= 20 {
             samples.push(took.as_secs_f64() * 1000.0);
         }
     }
+    let cpu_ms = (self_cpu_secs() - cpu0) * 1000.0 / runs.max(1) as f64;
     samples.sort_by(|a, b| a.total_cmp(b));
     client.shutdown().await;
-    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+    (
+        percentile(&samples, 50.0),
+        percentile(&samples, 99.0),
+        cpu_ms,
+    )
 }
 
 /// `head -c n /dev/zero` through an in-process client: MB/s and CPU-s/GB (this process does
@@ -581,8 +599,20 @@ async fn in_process_section(keys: &NoiseKeys) {
     let runs = env_u64("INPROC_RUNS", 1000);
     if runs > 0 {
         let (r50, r99) = raw_spawn_latency(runs).await;
-        let (i50, i99) = in_process_exec_latency(runs, BackendChoice::Auto).await;
+        let (i50, i99, icpu) = in_process_exec_cost(runs, BackendChoice::Auto).await;
         let (n50, _) = in_process_exec_latency(runs, BackendChoice::None).await;
+        // The same with a large server: `INPROC_BALLAST_MB` of touched memory held meanwhile
+        // (a fork copies its page tables and then faults copy-on-write; a clone does neither).
+        let ballast_mb = env_u64("INPROC_BALLAST_MB", 512);
+        if ballast_mb > 0 {
+            let ballast = vec![1u8; (ballast_mb as usize) << 20];
+            let (b50, _, bcpu) = in_process_exec_cost(runs, BackendChoice::Auto).await;
+            std::hint::black_box(&ballast);
+            drop(ballast);
+            println!("inproc_exec_latency_ballast_{ballast_mb}MB_p50_ms {b50:.3}");
+            println!("inproc_exec_cpu_ballast_{ballast_mb}MB_ms {bcpu:.3}");
+        }
+        println!("inproc_exec_cpu_ms {icpu:.3}");
         let (w50, w99) = exec_latency(runs).await;
         println!("inproc_raw_spawn_p50_ms {r50:.3}");
         println!("inproc_raw_spawn_p99_ms {r99:.3}");

@@ -13,6 +13,14 @@
 //!   fake client over `BENCH_RELAY_STREAMS` streams (default 1), through the relay; its CPU
 //!   (user + system, from /proc) per GB moved and its peak resident set.
 //!
+//! - `haproxy_tcp_cpu_s_per_GB`, `haproxy_tcp_splice_cpu_s_per_GB`, `socat_cpu_s_per_GB`
+//!   (with `_MBps`, `_user_…`, `_sys_…`) and `relay_vs_haproxy_tcp_cpu_ratio` (target ≤ 1.25):
+//!   the same `BENCH_BYTES` through a plain TCP proxy in its own process, from a socket of this
+//!   process to another, its CPU per GB read the same way: HAProxy in TCP mode without splice
+//!   (`nosplice`) and with it (`option splice-request`/`splice-response`), and `socat` with
+//!   256 KiB buffers. `benches/tcp_proxies.sh` installs them (apt) when missing; a proxy that
+//!   is still missing is skipped with a line saying so. `BENCH_TCP_PROXIES=0` skips them.
+//!
 //! The full path (exec server and client through the relay, beside Noise direct and OpenSSH)
 //! is `bench.rs`'s.
 
@@ -291,7 +299,7 @@ async fn idle_streams(total: usize) {
 }
 
 /// `bytes` of full-size records environment → client over `streams` streams.
-async fn throughput(bytes: u64, streams: usize) {
+async fn throughput(bytes: u64, streams: usize) -> f64 {
     let relay = start_relay(1, &[]).await;
     let pid = relay.pid();
     let (_env, incoming) = environment(&relay, 0, streams).await;
@@ -357,6 +365,137 @@ async fn throughput(bytes: u64, streams: usize) {
     eprintln!(
         "[relay-bench] {moved} bytes over {streams} stream(s) in {took:.2} s; relay CPU {cpu:.2} s"
     );
+    cpu / gb
+}
+
+/// A plain TCP proxy started for one measurement.
+struct Proxy {
+    child: std::process::Child,
+    _config: Option<tempfile::NamedTempFile>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `name` proxying 127.0.0.1:`front` to 127.0.0.1:`back`, or `None` if it is not
+/// installed.
+fn start_proxy(name: &str, front: u16, back: u16) -> Option<Proxy> {
+    let (program, args, config) = match name {
+        "haproxy_tcp" | "haproxy_tcp_splice" => {
+            let splice = name.ends_with("splice");
+            let text = format!(
+                "global\n    maxconn 64\n{global}\ndefaults\n    mode tcp\n    timeout connect 5s\n    \
+                 timeout client 120s\n    timeout server 120s\n{opts}\nfrontend f\n    \
+                 bind 127.0.0.1:{front}\n    default_backend b\nbackend b\n    \
+                 server s 127.0.0.1:{back}\n",
+                global = if splice { "" } else { "    nosplice\n" },
+                opts = if splice {
+                    "    option splice-request\n    option splice-response\n"
+                } else {
+                    ""
+                },
+            );
+            let mut f = tempfile::NamedTempFile::new().expect("haproxy config");
+            std::io::Write::write_all(&mut f, text.as_bytes()).expect("write haproxy config");
+            let path = f.path().display().to_string();
+            (
+                "haproxy",
+                vec!["-db".to_string(), "-f".to_string(), path],
+                Some(f),
+            )
+        }
+        _ => (
+            "socat",
+            vec![
+                "-b".to_string(),
+                "262144".to_string(),
+                format!("TCP-LISTEN:{front},bind=127.0.0.1,reuseaddr"),
+                format!("TCP:127.0.0.1:{back}"),
+            ],
+            None,
+        ),
+    };
+    let child = std::process::Command::new(program)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn();
+    match child {
+        Ok(child) => Some(Proxy {
+            child,
+            _config: config,
+        }),
+        Err(e) => {
+            eprintln!("[relay-bench] SKIPPED {name}: cannot start {program} ({e}); benches/tcp_proxies.sh installs it");
+            None
+        }
+    }
+}
+
+/// `bytes` through the TCP proxy `name` (see [`start_proxy`]): its CPU per GB, as the
+/// relay's is measured. Returns the CPU-s/GB, if the proxy ran.
+async fn tcp_proxy(name: &str, bytes: u64) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let back = backend.local_addr().expect("addr").port();
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let proxy = start_proxy(name, front, back)?;
+    let pid = proxy.child.id();
+    // The proxy listens once it has started: connect until it does (hang guard: 10 s).
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut up = loop {
+        match TcpStream::connect(("127.0.0.1", front)).await {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{name} does not listen on {front}: {e}"),
+        }
+    };
+    let (mut down, _) = backend.accept().await.expect("proxied connection");
+    let chunk = vec![0x42u8; 256 << 10];
+    let cpu0 = cpu_secs(pid);
+    let t0 = Instant::now();
+    let send = tokio::spawn(async move {
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            up.write_all(&chunk[..n]).await.expect("send");
+            left -= n as u64;
+        }
+        up.shutdown().await.expect("shutdown");
+        up
+    });
+    let mut buf = vec![0u8; 256 << 10];
+    let mut moved = 0u64;
+    while moved < bytes {
+        let n = down.read(&mut buf).await.expect("receive");
+        if n == 0 {
+            break;
+        }
+        moved += n as u64;
+    }
+    let took = t0.elapsed().as_secs_f64();
+    let (user1, sys1) = cpu_secs(pid);
+    let _up = send.await.expect("sender");
+    assert_eq!(moved, bytes, "{name} lost bytes");
+    let (user, sys) = (user1 - cpu0.0, sys1 - cpu0.1);
+    let gb = moved as f64 / 1e9;
+    println!("{name}_MBps {:.1}", moved as f64 / 1e6 / took);
+    println!("{name}_cpu_s_per_GB {:.3}", (user + sys) / gb);
+    println!("{name}_user_cpu_s_per_GB {:.3}", user / gb);
+    println!("{name}_sys_cpu_s_per_GB {:.3}", sys / gb);
+    drop(proxy);
+    Some((user + sys) / gb)
 }
 
 #[tokio::main]
@@ -370,6 +509,14 @@ async fn main() {
         idle_streams(idle).await;
     }
     if bytes > 0 {
-        throughput(bytes, streams).await;
+        let relay = throughput(bytes, streams).await;
+        if env_u64("BENCH_TCP_PROXIES", 1) > 0 {
+            let haproxy = tcp_proxy("haproxy_tcp", bytes).await;
+            tcp_proxy("haproxy_tcp_splice", bytes).await;
+            tcp_proxy("socat", bytes).await;
+            if let Some(h) = haproxy {
+                println!("relay_vs_haproxy_tcp_cpu_ratio {:.2}", relay / h);
+            }
+        }
     }
 }

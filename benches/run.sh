@@ -13,7 +13,8 @@ echo "== OpenSSH and raw pipe baselines (benches/ssh_baseline.sh)" >&2
 bash benches/ssh_baseline.sh | tee "$base"
 echo "== execrelay (benches/bench.rs)" >&2
 SSH_BASELINE_FILE="$base" cargo bench --locked --quiet --bench bench
-echo "== the relay alone (benches/relay.rs)" >&2
+echo "== the relay alone, beside HAProxy and socat (benches/relay.rs)" >&2
+bash benches/tcp_proxies.sh
 cargo build --release --locked --quiet -p execrelay-relay --bin execrelay-relay
 cargo bench --locked --quiet --bench relay
 echo "== relays in a cluster: direct, through HAProxy, misrouted (benches/cluster.rs)" >&2

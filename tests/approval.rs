@@ -251,6 +251,11 @@ async fn ask_waits_for_the_answer_while_everything_else_proceeds() {
     answer(&mut t.client, &req["id"], "approve").await;
     let r = t.client.response(start).await;
     let pid = r["result"]["pid"].as_i64().expect("started") as i32;
+    // Its command line shows a moment after the answer (see the test of late answers).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while running_with_arg(&arg).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     assert_eq!(
         running_with_arg(&arg),
         vec![pid],
@@ -363,6 +368,13 @@ async fn late_and_duplicate_answers_are_ignored_and_unknown_ids_close_only_that_
     answer(&mut t.client, &req["id"], "approve").await;
     answer(&mut t.client, &req["id"], "deny").await;
     t.client.call("server/info", json!({})).await;
+    // `process/start` answers once the child is past exec, a moment before the kernel has
+    // set up its new command line (`/proc/PID/cmdline` reads empty until then): wait for it
+    // to show (hang guard), then count.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while running_with_arg(&arg).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     assert_eq!(running_with_arg(&arg).len(), 1, "started once");
     stop(&mut t.client, "p").await;
 

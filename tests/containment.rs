@@ -23,7 +23,10 @@ use execrelay::process::containment::{
     subreaper, BackendChoice, Containment, ContainmentConfig, ContainmentError, Delivery, Pidfd,
     SessionScope,
 };
-use execrelay::process::spawn::{spawn_into, OutputReader, SpawnSpec, Spawned};
+use execrelay::process::spawn::{
+    clone3_usable, spawn_into, spawn_with, CloneMethod, ClonePreference, OutputReader, SpawnSpec,
+    Spawned,
+};
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -87,7 +90,12 @@ struct Child {
 
 impl Child {
     fn start(argv: &[&str], scope: Option<&SessionScope>) -> Child {
-        let mut sp = spawn_into(&spec(argv), scope).expect("spawn");
+        Child::start_with(argv, scope, ClonePreference::Auto)
+    }
+
+    /// Start through the clone `pref` allows.
+    fn start_with(argv: &[&str], scope: Option<&SessionScope>, pref: ClonePreference) -> Child {
+        let mut sp = spawn_with(&spec(argv), scope, pref).expect("spawn");
         let mut outs = std::mem::take(&mut sp.outputs).into_iter();
         let (_, out) = outs.next().unwrap();
         let err = outs.next().map(|(_, e)| e);
@@ -100,6 +108,19 @@ impl Child {
 
     fn pid(&self) -> u32 {
         self.sp.pid
+    }
+
+    /// Check the child was created the way `pref` asks for in a scope of `kind`: inside a v2
+    /// scope's cgroup by `clone3` wherever it is usable, else by `clone` (the child wrote
+    /// itself into its cgroup).
+    fn assert_method(&self, kind: BackendChoice, pref: ClonePreference) {
+        let want =
+            if kind == BackendChoice::Cgroup2 && pref == ClonePreference::Auto && clone3_usable() {
+                CloneMethod::Clone3IntoCgroup
+            } else {
+                CloneMethod::CloneVfork
+            };
+        assert_eq!(self.sp.method, want, "{kind:?} {pref:?}");
     }
 
     async fn line(&mut self) -> String {
@@ -120,7 +141,7 @@ impl Child {
 
     /// Reap the direct child through the reap gate.
     async fn wait(&mut self) -> std::process::ExitStatus {
-        tokio::time::timeout(HANG_GUARD, self.sp.direct.wait(&mut self.sp.child))
+        tokio::time::timeout(HANG_GUARD, self.sp.child.wait())
             .await
             .expect("hang guard: direct child did not exit")
             .unwrap()
@@ -258,12 +279,13 @@ const SETSID_DOUBLE_FORK: Scenario = Scenario {
     check: |d, st| assert!(st.sid != d && st.sid != st.pid && st.ppid == me(), "{st:?}"),
 };
 
-async fn run_scenario(kind: BackendChoice, tag: &str, sc: Scenario) {
+async fn run_scenario(kind: BackendChoice, tag: &str, sc: Scenario, pref: ClonePreference) {
     let Some(c) = open(kind, tag, None) else {
         return;
     };
     let scope = c.open_scope().unwrap();
-    let mut child = Child::start(sc.argv, Some(&scope));
+    let mut child = Child::start_with(sc.argv, Some(&scope), pref);
+    child.assert_method(kind, pref);
     let d = child.pid();
     let pids = child.pids().await;
     let seen: Vec<Seen> = pids.iter().map(|p| see(*p)).collect();
@@ -330,15 +352,24 @@ macro_rules! scenario_tests {
             use super::*;
             #[tokio::test]
             async fn cgroup2() {
-                run_scenario(BackendChoice::Cgroup2, concat!(stringify!($name), "-v2"), $sc).await
+                let tag = concat!(stringify!($name), "-v2");
+                run_scenario(BackendChoice::Cgroup2, tag, $sc, ClonePreference::Auto).await
+            }
+            /// The fallback: `clone`, the child writing itself into the v2 cgroup.
+            #[tokio::test]
+            async fn cgroup2_clone_only() {
+                let tag = concat!(stringify!($name), "-v2c");
+                run_scenario(BackendChoice::Cgroup2, tag, $sc, ClonePreference::CloneOnly).await
             }
             #[tokio::test]
             async fn cgroup1() {
-                run_scenario(BackendChoice::Cgroup1, concat!(stringify!($name), "-v1"), $sc).await
+                let tag = concat!(stringify!($name), "-v1");
+                run_scenario(BackendChoice::Cgroup1, tag, $sc, ClonePreference::Auto).await
             }
             #[tokio::test]
             async fn none() {
-                run_scenario(BackendChoice::None, concat!(stringify!($name), "-none"), $sc).await
+                let tag = concat!(stringify!($name), "-none");
+                run_scenario(BackendChoice::None, tag, $sc, ClonePreference::Auto).await
             }
         }
     )*};
@@ -536,8 +567,8 @@ async fn the_reaper_never_takes_a_direct_or_foreign_childs_status() {
         let status = if i % 2 == 0 {
             c.wait().await
         } else {
-            // tokio's own wait, without the reap gate: the registry alone protects it.
-            tokio::time::timeout(HANG_GUARD, c.sp.child.wait())
+            // The direct child's own wait (the same reap gate, reached through the handle).
+            tokio::time::timeout(HANG_GUARD, c.sp.direct.wait())
                 .await
                 .expect("hang guard")
                 .expect("the direct child's status was taken")
@@ -548,12 +579,13 @@ async fn the_reaper_never_takes_a_direct_or_foreign_childs_status() {
 }
 
 /// The child is in its scope's cgroup when the program starts: it reads its own cgroup.
-async fn run_placement_before_exec(kind: BackendChoice, tag: &str) {
+async fn run_placement_before_exec(kind: BackendChoice, tag: &str, pref: ClonePreference) {
     let Some(c) = open(kind, tag, None) else {
         return;
     };
     let scope = c.open_scope().unwrap();
-    let mut child = Child::start(&["cat", "/proc/self/cgroup"], Some(&scope));
+    let mut child = Child::start_with(&["cat", "/proc/self/cgroup"], Some(&scope), pref);
+    child.assert_method(kind, pref);
     let mut text = String::new();
     loop {
         let l = child.line().await;
@@ -583,12 +615,18 @@ async fn run_placement_before_exec(kind: BackendChoice, tag: &str) {
 
 #[tokio::test]
 async fn placement_happens_before_exec_cgroup2() {
-    run_placement_before_exec(BackendChoice::Cgroup2, "place-v2").await
+    run_placement_before_exec(BackendChoice::Cgroup2, "place-v2", ClonePreference::Auto).await
+}
+
+#[tokio::test]
+async fn placement_happens_before_exec_cgroup2_clone_only() {
+    let pref = ClonePreference::CloneOnly;
+    run_placement_before_exec(BackendChoice::Cgroup2, "place-v2c", pref).await
 }
 
 #[tokio::test]
 async fn placement_happens_before_exec_cgroup1() {
-    run_placement_before_exec(BackendChoice::Cgroup1, "place-v1").await
+    run_placement_before_exec(BackendChoice::Cgroup1, "place-v1", ClonePreference::Auto).await
 }
 
 #[tokio::test]
@@ -624,7 +662,7 @@ async fn remove_refuses_a_scope_with_processes() {
 
 /// `pids.max` per session, at its edge: with 4, the shell and 3 sleeps fit and the next
 /// fork is refused (counted in `pids.events`).
-async fn run_pids_max(kind: BackendChoice, tag: &str) {
+async fn run_pids_max(kind: BackendChoice, tag: &str, pref: ClonePreference) {
     setup();
     let cfg = ContainmentConfig {
         backend: kind,
@@ -649,14 +687,16 @@ async fn run_pids_max(kind: BackendChoice, tag: &str) {
         }
     };
     let scope = c.open_scope().unwrap();
-    let mut child = Child::start(
+    let mut child = Child::start_with(
         &[
             "sh",
             "-c",
             "echo go; for i in 1 2 3 4 5 6; do sleep 1000 & done; wait",
         ],
         Some(&scope),
+        pref,
     );
+    child.assert_method(kind, pref);
     assert_eq!(child.line().await.trim(), "go");
     let dir = scope
         .cgroup_dirs()
@@ -709,12 +749,22 @@ async fn run_pids_max(kind: BackendChoice, tag: &str) {
 
 #[tokio::test]
 async fn pids_max_caps_a_session_cgroup1() {
-    run_pids_max(BackendChoice::Cgroup1, "pids-v1").await
+    run_pids_max(BackendChoice::Cgroup1, "pids-v1", ClonePreference::Auto).await
 }
 
 #[tokio::test]
 async fn pids_max_caps_a_session_cgroup2() {
-    run_pids_max(BackendChoice::Cgroup2, "pids-v2").await
+    run_pids_max(BackendChoice::Cgroup2, "pids-v2", ClonePreference::Auto).await
+}
+
+#[tokio::test]
+async fn pids_max_caps_a_session_cgroup2_clone_only() {
+    run_pids_max(
+        BackendChoice::Cgroup2,
+        "pids-v2c",
+        ClonePreference::CloneOnly,
+    )
+    .await
 }
 
 /// A dead server's instance cgroup with a live process in it: the sweep kills the process

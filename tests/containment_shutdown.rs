@@ -127,13 +127,10 @@ async fn kill_everything_leaves_nothing_a_session_started() {
             );
         }
         for mut child in children {
-            let st = tokio::time::timeout(
-                HANG_GUARD,
-                child.sp.direct.clone().wait(&mut child.sp.child),
-            )
-            .await
-            .expect("hang guard")
-            .unwrap();
+            let st = tokio::time::timeout(HANG_GUARD, child.sp.child.wait())
+                .await
+                .expect("hang guard")
+                .unwrap();
             assert!(
                 st.signal() == Some(libc::SIGKILL) || st.code() == Some(0),
                 "{st:?}"

@@ -26,7 +26,7 @@ use super::managed_process::{exit_reason, ManagedProcess, ProcessOptions};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
-use super::spawn::{spawn_into, OutputReader, SpawnSpec};
+use super::spawn::{spawn_into, ChildProcess, OutputReader, SpawnSpec};
 use super::start_error::StartError;
 use super::tail_ring::TailRing;
 use crate::config::{DRAIN_DEADLINE_READ_BYTES, PUMP_CHUNK_BYTES};
@@ -223,9 +223,6 @@ enum Source {
     Pipe(tokio::net::unix::pipe::Receiver),
     /// Anything else (the PTY master): read through `AsyncRead`, [`FIRST_READ_BYTES`] first.
     Reader(OutputReader),
-    /// A pipe that could not move onto the reactor (its descriptor went with the error): it
-    /// reads as ended.
-    Lost,
 }
 
 /// What [`Source::ready`] found.
@@ -247,21 +244,12 @@ enum Chunk {
 }
 
 impl Source {
-    /// Pipes move onto a reactor registration of their own (tokio's `ChildStdout` has no
-    /// readiness of its own to wait on); anything else, or a pipe that cannot move, stays.
+    /// Pipes are read through their own readiness (`spawn` registers them as tokio pipes);
+    /// anything else (a terminal) through `AsyncRead`.
     fn new(reader: OutputReader) -> Source {
-        use tokio::net::unix::pipe::Receiver;
-        let fd = match reader {
-            OutputReader::Stdout(r) => r.into_owned_fd(),
-            OutputReader::Stderr(r) => r.into_owned_fd(),
-            other => return Source::Reader(other),
-        };
-        match fd.and_then(Receiver::from_owned_fd) {
-            Ok(pipe) => Source::Pipe(pipe),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot register an output pipe");
-                Source::Lost
-            }
+        match reader {
+            OutputReader::Stdout(pipe) | OutputReader::Stderr(pipe) => Source::Pipe(pipe),
+            other => Source::Reader(other),
         }
     }
 
@@ -271,7 +259,6 @@ impl Source {
         match self {
             Source::Pipe(pipe) => pipe.readable().await.map(|()| Ready::Readable),
             Source::Reader(reader) => reader.read(first).await.map(Ready::Read),
-            Source::Lost => Ok(Ready::Read(0)),
         }
     }
 
@@ -321,7 +308,6 @@ impl Source {
                 let _ = reader.read_buf(&mut chunk).now_or_never();
                 Ok(Chunk::Data(sized(chunk)))
             }
-            Source::Lost => Ok(Chunk::Eof),
         }
     }
 }
@@ -561,13 +547,13 @@ async fn pump_live(
 
 async fn supervise(
     p: Arc<ManagedProcess>,
-    mut child: tokio::process::Child,
+    mut child: ChildProcess,
     pumps: Vec<JoinHandle<(usize, StreamEnd)>>,
 ) {
     let timeout = p.opts.timeout;
     let status = {
         // The reap goes through the direct child's gate: no group signal can follow it.
-        let wait = p.direct.wait(&mut child);
+        let wait = child.wait();
         tokio::pin!(wait);
         match timeout {
             Some(t) => {

@@ -100,6 +100,16 @@ impl Cgroup {
         Ok(f.into())
     }
 
+    /// Open the directory (`O_PATH`, close-on-exec): what `clone3(CLONE_INTO_CGROUP)` takes
+    /// to create a child inside this cgroup.
+    pub fn open_dir(&self) -> io::Result<OwnedFd> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&self.dir)?;
+        Ok(f.into())
+    }
+
     /// Member processes of this cgroup alone.
     pub fn procs(&self) -> io::Result<Vec<u32>> {
         Ok(procfs::parse_pid_list(&self.read("cgroup.procs")?).collect())

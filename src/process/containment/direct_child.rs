@@ -10,11 +10,12 @@
 //!
 //! It must never signal by number after the reap, and nothing may reap the child through any
 //! other path than [`DirectChild::wait`] (the process supervisor's only reap; the subreaper
-//! never reaps a registered direct child). The group signal also checks the pidfd, for a
+//! never reaps a registered direct child, unless its owner abandoned it). The group signal also checks the pidfd, for a
 //! child reaped by some other path against that rule.
 
 use std::io;
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use nix::sys::signal::{killpg, Signal};
@@ -33,6 +34,8 @@ pub struct DirectChild {
     /// `true` once reaped through [`wait`](Self::wait); group signals check it under the
     /// same lock.
     reaped: Mutex<bool>,
+    /// Its owner dropped it unreaped: the subreaper may reap it.
+    abandoned: AtomicBool,
 }
 
 impl DirectChild {
@@ -41,6 +44,7 @@ impl DirectChild {
             pidfd,
             scope,
             reaped: Mutex::new(false),
+            abandoned: AtomicBool::new(false),
         }
     }
 
@@ -88,16 +92,39 @@ impl DirectChild {
         *lock(&self.reaped) || !self.pidfd.is_unreaped()
     }
 
-    /// Wait for the child to exit and reap it, as `child.wait()` does, but under the reap
-    /// gate so that no group signal can run after the reap. `child` must be this child.
-    pub async fn wait(&self, child: &mut tokio::process::Child) -> io::Result<ExitStatus> {
+    /// Wait for the child to exit and reap it, under the reap gate so that no group signal
+    /// can run after the reap. Fails with `ECHILD` if it was already reaped.
+    pub async fn wait(&self) -> io::Result<ExitStatus> {
         loop {
             self.pidfd.exited().await?;
-            let mut reaped = lock(&self.reaped);
-            if let Some(status) = child.try_wait()? {
-                *reaped = true;
+            if let Some(status) = self.try_wait()? {
                 return Ok(status);
             }
         }
+    }
+
+    /// Reap the child if it has exited, under the reap gate: `Ok(None)` while it runs,
+    /// `ECHILD` if it was already reaped.
+    pub fn try_wait(&self) -> io::Result<Option<ExitStatus>> {
+        let mut reaped = lock(&self.reaped);
+        if *reaped {
+            return Err(io::Error::from_raw_os_error(libc::ECHILD));
+        }
+        let status = self.pidfd.try_reap_status()?;
+        if status.is_some() {
+            *reaped = true;
+        }
+        Ok(status)
+    }
+
+    /// Nobody will wait for this child any more (its [`ChildProcess`](crate::process::spawn::ChildProcess)
+    /// was dropped unreaped): the subreaper reaps it once it exits.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+    }
+
+    /// Whether [`abandon`](Self::abandon) was called.
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
     }
 }

@@ -17,7 +17,7 @@
 //! | `scope.rs` | [`SessionScope`] (one session's processes) and [`Placement`] |
 //! | `config.rs` | [`ContainmentConfig`], [`BackendChoice`], [`ContainmentError`] |
 //! | `mod.rs` | [`Containment`]: backend choice, instance cgroups, scopes, shutdown |
-//! | `procfs.rs`, `sys.rs` | `/proc` parsers; the raw syscalls (`unsafe` lives only there and in `spawn.rs`) |
+//! | `procfs.rs`, `sys.rs` | `/proc` parsers; the raw syscalls (`unsafe` lives only there and in `process/spawn/`) |
 //!
 //! # Backends
 //!
@@ -37,15 +37,16 @@
 //!
 //! # Placing a child
 //!
-//! `spawn.rs` calls [`SessionScope::begin_placement`] before it forks. That opens the
-//! scope's `cgroup.procs` file(s) (close-on-exec) and holds the scope's lock, so a kill that
-//! starts meanwhile waits for the child to be in place. In the child, before `setsid` and
-//! before exec, the `pre_exec` hook writes `"0"` to each descriptor (`sys::write_in_child`,
-//! one `write`, async-signal-safe): the child is in the cgroup before it can run a single
-//! instruction of the program, so nothing it forks can start outside. If the write fails the
-//! exec is not attempted and the spawn fails with that error. `clone3(CLONE_INTO_CGROUP)`
-//! would do the same in the kernel, but std's `Command` cannot use it and it exists only for
-//! v2; the pre-exec write works for both hierarchies and keeps std's exec-error reporting.
+//! `process/spawn/` calls [`SessionScope::begin_placement`] before it clones. That holds the
+//! scope's lock, so a kill that starts meanwhile waits for the child to be in place, and
+//! opens the v2 session cgroup's directory (`O_PATH`). Where `clone3` is usable the kernel
+//! creates the child inside that cgroup (`CLONE_INTO_CGROUP`): it is never anywhere else.
+//! Otherwise (v1, or `clone3` refused by the kernel or a seccomp filter) the placement opens
+//! the scope's `cgroup.procs` file(s) (close-on-exec) and the child, before `setsid` and
+//! before exec, writes `"0"` to each (one `write`, async-signal-safe, `spawn/child.rs`). Either
+//! way the child is in the cgroup before it can run a single instruction of the program, so
+//! nothing it forks can start outside. If the clone or the write fails the exec is not
+//! attempted and the spawn fails with that error.
 //!
 //! # Who uses what
 //!
@@ -94,7 +95,6 @@ pub use config::{
 };
 pub use direct_child::DirectChild;
 pub use pidfd::{Delivery, Pidfd};
-pub(crate) use scope::enter_in_child;
 pub use scope::{Placement, SessionScope, EMPTY_POLL_BACKOFF, MAX_PLACEMENT_FDS};
 
 use crate::sync::lock;

@@ -47,6 +47,11 @@ impl Pidfd {
         Ok(Pidfd { fd, pid })
     }
 
+    /// A pidfd the kernel gave for `pid` when it created the process (`CLONE_PIDFD`).
+    pub(crate) fn from_owned(fd: OwnedFd, pid: u32) -> Pidfd {
+        Pidfd { fd, pid }
+    }
+
     /// The pid the process had when the pidfd was opened (it keeps it until reaped).
     pub fn pid(&self) -> u32 {
         self.pid
@@ -94,6 +99,11 @@ impl Pidfd {
     /// Only for processes whose exit status nobody else waits for: see `subreaper.rs`.
     pub fn try_reap(&self) -> io::Result<bool> {
         sys::reap_pidfd(self.fd.as_fd())
+    }
+
+    /// As [`try_reap`](Self::try_reap), with the exit status when reaped now.
+    pub fn try_reap_status(&self) -> io::Result<Option<std::process::ExitStatus>> {
+        sys::reap_pidfd_status(self.fd.as_fd())
     }
 }
 

@@ -1,6 +1,6 @@
 //! [`SessionScope`]: the processes of one session — a cgroup (v2, or v1 `freezer` + `pids`),
 //! or with the `none` backend the session's part of the server's process tree — and the
-//! [`Placement`] `spawn.rs` uses to put a child into it before exec.
+//! [`Placement`] `process/spawn/` uses to put a child into it before exec.
 //!
 //! A scope never outlives its [`Containment`](super::Containment)'s shared state and never
 //! signals anything but verified members by pidfd.
@@ -15,7 +15,7 @@ use nix::sys::signal::Signal;
 use super::cgroup::{self, Cgroup, Hierarchy};
 use super::tree::{self, Owner};
 use super::{
-    procfs, sys, ContainmentError, Delivery, DirectChild, KillReport, Pidfd, ScopeId, Shared,
+    procfs, ContainmentError, Delivery, DirectChild, KillReport, Pidfd, ScopeId, Shared,
     KILL_WAIT_TIMEOUT,
 };
 use crate::sync::lock;
@@ -47,11 +47,16 @@ pub struct SessionScope {
     state: Mutex<ScopeState>,
 }
 
-/// A placement in progress: holds the scope's lock from before the fork until the child is
-/// recorded, and the `cgroup.procs` descriptors the child writes itself into.
+/// A placement in progress: holds the scope's lock from before the clone until the child is
+/// recorded, the v2 cgroup's directory (for `clone3(CLONE_INTO_CGROUP)`), and the
+/// `cgroup.procs` descriptors a child writes itself into when the kernel cannot place it.
 pub struct Placement<'a> {
     scope: &'a SessionScope,
     _state: MutexGuard<'a, ScopeState>,
+    /// The v2 session cgroup's directory (`O_PATH`), opened with the placement.
+    dir: Option<OwnedFd>,
+    /// `cgroup.procs` descriptors: opened with the placement for v1, on demand
+    /// ([`open_procs`](Placement::open_procs)) for v2.
     fds: Vec<OwnedFd>,
 }
 
@@ -66,7 +71,26 @@ pub const EMPTY_POLL_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(5), Duration::from_millis(100));
 
 impl Placement<'_> {
-    /// The descriptors the child must write `"0"` to, padded with -1.
+    /// The v2 session cgroup's directory, for `clone3(CLONE_INTO_CGROUP)`; `None` for v1 and
+    /// the `none` backend.
+    pub fn cgroup_dir(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd as _;
+        self.dir.as_ref().map(|d| d.as_fd())
+    }
+
+    /// Make sure the `cgroup.procs` descriptors a child writes itself into are open (v2 opens
+    /// them only when the kernel cannot place the child itself).
+    pub fn open_procs(&mut self) -> Result<(), ContainmentError> {
+        if self.fds.is_empty() {
+            if let ScopeCgroups::V2 { cg, .. } = &self.scope.cgroups {
+                self.fds.push(cg.open_procs()?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The descriptors the child must write `"0"` to, padded with -1 (for v2, only after
+    /// [`open_procs`](Self::open_procs)).
     pub fn child_fds(&self) -> [RawFd; MAX_PLACEMENT_FDS] {
         let mut out = [-1; MAX_PLACEMENT_FDS];
         for (o, fd) in out.iter_mut().zip(&self.fds) {
@@ -84,17 +108,6 @@ impl Placement<'_> {
     pub fn placed(self, child: &DirectChild) {
         self.scope.shared.record_session(child.pid(), self.scope.id);
     }
-}
-
-/// Run in the child between fork and exec: write `"0"` to each placement descriptor.
-/// Async-signal-safe.
-pub(crate) fn enter_in_child(fds: &[RawFd; MAX_PLACEMENT_FDS]) -> std::io::Result<()> {
-    for &fd in fds {
-        if fd >= 0 {
-            sys::write_in_child(fd, b"0")?;
-        }
-    }
-    Ok(())
 }
 
 impl SessionScope {
@@ -143,15 +156,19 @@ impl SessionScope {
         }
     }
 
-    /// Begin placing a child (called by `spawn.rs` before it forks). Fails once the scope
+    /// Begin placing a child (called by `spawn` before it clones). Fails once the scope
     /// was killed or removed.
     pub fn begin_placement(&self) -> Result<Placement<'_>, ContainmentError> {
         let state = lock(&self.state);
         if state.closed {
             return Err(ContainmentError::ScopeClosed);
         }
+        let mut dir = None;
         let fds = match &self.cgroups {
-            ScopeCgroups::V2 { cg, .. } => vec![cg.open_procs()?],
+            ScopeCgroups::V2 { cg, .. } => {
+                dir = Some(cg.open_dir()?);
+                Vec::new()
+            }
             ScopeCgroups::V1 { freezer, pids } => {
                 let mut v = vec![freezer.open_procs()?];
                 if let Some(p) = pids {
@@ -164,6 +181,7 @@ impl SessionScope {
         Ok(Placement {
             scope: self,
             _state: state,
+            dir,
             fds,
         })
     }

@@ -13,23 +13,23 @@
 //!   safety net) it lists the server's children and reaps those that are zombies and not
 //!   registered direct children.
 //!
-//! It must never reap a registered direct child (tokio's `Child::wait` must see its status),
+//! It must never reap a registered direct child (its supervisor's `DirectChild::wait` must
+//! see its status) unless the child's owner abandoned it,
 //! never call `waitpid(-1)` / `waitid(P_ALL)`, and never reap a process it has not identified
 //! through a pidfd.
 //!
 //! # Race analysis
 //!
-//! The danger is reaping a direct child before the supervisor does: its `Child::wait` would
-//! fail with `ECHILD` and the exit status would be lost.
+//! The danger is reaping a direct child before the supervisor does: its `DirectChild::wait`
+//! would fail with `ECHILD` and the exit status would be lost.
 //!
 //! 1. **Fork vs. scan.** A direct child exists as our child from `fork` on, but is registered
-//!    only after `Command::spawn` returns. `spawn.rs` holds the *fork gate* (a read lock)
-//!    from before the fork until the child is registered; a reaper pass holds it for writing
+//!    only after the clone returns. `spawn` holds the *fork gate* (a read lock) from
+//!    before the clone until the child is registered; a reaper pass holds it for writing
 //!    for its whole duration. So a pass sees every child either registered, or not yet
 //!    forked: never forked-but-unregistered. Spawns run concurrently with each other.
-//! 2. **No reap before the pidfd.** Between the fork and `pidfd_open` nobody can reap the
-//!    child: tokio reaps a child only when its `Child` is polled (it is not yet returned),
-//!    and the reaper is excluded by the gate. So the pidfd is the child's, never a successor's.
+//! 2. **No reap before the pidfd.** The pidfd comes from the clone itself (`CLONE_PIDFD`),
+//!    so it is the child's, never a successor's.
 //! 3. **Registered means unreaped.** A registry entry is trusted only while its pidfd says the
 //!    process is unreaped (signal 0 succeeds): an unreaped process pins its pid, so a child
 //!    listed under that pid *is* the registered one. After the supervisor reaped it the
@@ -149,7 +149,11 @@ pub fn reap_orphans() -> io::Result<usize> {
     map.retain(|_, c| !c.is_reaped());
     let mut reaped = 0;
     for pid in kids {
-        if map.contains_key(&pid) {
+        if let Some(child) = map.get(&pid) {
+            // A direct child whose owner will never wait: reap it through its own gate.
+            if child.is_abandoned() && matches!(child.try_wait(), Ok(Some(_))) {
+                reaped += 1;
+            }
             continue;
         }
         let Ok(fd) = Pidfd::open(pid) else { continue };

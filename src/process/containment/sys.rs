@@ -1,13 +1,14 @@
 //! The raw system calls of containment: `pidfd_open`, `pidfd_send_signal`, `waitid` on a
-//! pidfd, the child-subreaper flag, `poll` on descriptors, and the one write a child makes
-//! between fork and exec.
+//! pidfd, the child-subreaper flag and `poll` on descriptors.
 //!
-//! Together with `process/spawn.rs`, this is the only place of the server with `unsafe`.
+//! Together with `process/spawn/`, this is the only place of the server with `unsafe`.
 //! Each function is a thin, typed wrapper: it must never keep state, allocate in the child,
 //! or interpret what it returns beyond errno.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 /// `pidfd_open(pid, 0)`: a descriptor that refers to this process (not to its number) for
@@ -49,6 +50,11 @@ pub(crate) fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: libc::c_int) -> io::Res
 /// exited. `Ok(true)`: reaped now; `Ok(false)`: still running; `ECHILD`: not our child (or
 /// already reaped).
 pub(crate) fn reap_pidfd(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(reap_pidfd_status(fd)?.is_some())
+}
+
+/// As [`reap_pidfd`], with the exit status of a process reaped now.
+pub(crate) fn reap_pidfd_status(fd: BorrowedFd<'_>) -> io::Result<Option<ExitStatus>> {
     // SAFETY: siginfo_t is plain data; zeroed is a valid value and lets us read si_pid
     // afterwards (WNOHANG leaves it zero when nothing was reaped).
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -60,7 +66,17 @@ pub(crate) fn reap_pidfd(fd: BorrowedFd<'_>) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: for a waitid result the kernel filled the child fields of the union.
-    Ok(unsafe { info.si_pid() } != 0)
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    // The wait status `waitpid` would have given, which `ExitStatus` decodes.
+    let raw = match info.si_code {
+        libc::CLD_EXITED => (status & 0xff) << 8,
+        libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+        _ => status & 0x7f,
+    };
+    Ok(Some(ExitStatus::from_raw(raw)))
 }
 
 /// `prctl(PR_SET_CHILD_SUBREAPER, 1)`: orphaned descendants are re-parented to this process
@@ -132,20 +148,5 @@ pub(crate) async fn wait_readable(fd: OwnedFd) -> io::Result<()> {
     }
     .map_err(|e| io::Error::other(e.to_string()))?;
     let _ready = afd.readable().await?;
-    Ok(())
-}
-
-/// Write `bytes` to `fd` in a child between fork and exec: async-signal-safe (one `write`
-/// syscall, no allocation). Used to put the child into its cgroup (`"0"` to a pre-opened
-/// `cgroup.procs` means "the writing process").
-pub(crate) fn write_in_child(fd: RawFd, bytes: &[u8]) -> io::Result<()> {
-    // SAFETY: writing from a borrowed buffer to a descriptor the parent opened for us.
-    let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n as usize != bytes.len() {
-        return Err(io::Error::other("short write to cgroup.procs"));
-    }
     Ok(())
 }

@@ -1,37 +1,54 @@
 //! Starting children: pipes or a PTY, a new session, parent-death signal, no inherited
-//! descriptors.
+//! descriptors, without copying the server.
 //!
-//! With `containment/sys.rs`, this is the only module with `unsafe` (the `pre_exec` hook and
-//! the PTY ioctls). It owns the child's start-up contract of `processes.md` §1 and hands back
-//! plain async readers and writers. It must never read or interpret output, and never reap
-//! the child (the process supervisor does that, through `DirectChild::wait` only).
+//! With `containment/sys.rs`, this is the only module with `unsafe` (the clone and the
+//! child's side in `clone.rs` and `child.rs`, the PTY ioctls here). It owns the child's
+//! start-up contract of `processes.md` §1 and hands back plain async readers and writers. It
+//! must never read or interpret output, and never reap the child (the process supervisor
+//! does that, through `DirectChild::wait` only).
 //!
-//! Every child is opened as a pidfd right after the fork and registered with the subreaper
-//! under its fork gate (`containment/subreaper.rs` explains why both must happen before the
-//! reaper can look). [`spawn_into`] also places the child in a session scope: the child
-//! writes itself into the scope's cgroup before `setsid` and exec
-//! (`containment/mod.rs`, "Placing a child").
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | the spec, pipes or a PTY, the placement and registration around the clone |
+//! | `child.rs` | [`ChildPlan`]: everything prepared for the child, and the child's steps up to `execve` |
+//! | `clone.rs` | `clone3(CLONE_INTO_CGROUP)` or `clone(CLONE_VM \| CLONE_VFORK)`, the child's stack, the signal mask around it |
+//!
+//! The child never copies the server's memory: it shares it (`CLONE_VM`) while the
+//! cloning thread waits for its exec (`CLONE_VFORK`), so a spawn costs the same whatever the
+//! server's size. Its pidfd comes from the clone (`CLONE_PIDFD`) and is registered with the
+//! subreaper under its fork gate (`containment/subreaper.rs` explains why before the reaper
+//! can look). [`spawn_into`] also places the child in a session scope: created inside the
+//! scope's v2 cgroup by the kernel where `clone3` is usable, else written into the scope's
+//! cgroup(s) by the child before `setsid` and exec (`containment/mod.rs`, "Placing a child").
+
+mod child;
+mod clone;
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::pin::Pin;
-use std::process::Stdio;
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::net::unix::pipe;
+
+pub use clone::{clone3_usable, CloneMethod, ClonePreference, CHILD_STACK_BYTES};
 
 use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
 pub use super::spawn_spec::SpawnSpec;
 use super::start_error::{classify, StartError, StartWhat};
 use crate::rpc::messages::{StreamName, TermSize};
+use child::ChildPlan;
+use clone::{clone_child, CloneError};
 
 /// A started child and its I/O ends.
 pub struct Spawned {
     /// The child; the supervisor waits on it.
-    pub child: tokio::process::Child,
+    pub child: ChildProcess,
     /// Its pid, which is also its process group and session id.
     pub pid: u32,
     /// Output streams, in a fixed order (stdout, stderr; or pty).
@@ -43,6 +60,8 @@ pub struct Spawned {
     /// The child by pidfd (opened before anyone could reap it), registered with the
     /// subreaper; signal it and its group through this, never by number.
     pub direct: Arc<DirectChild>,
+    /// How it was created.
+    pub method: CloneMethod,
 }
 
 /// Start a child as `processes.md` §1 requires, in no session scope.
@@ -54,27 +73,35 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, StartError> {
 /// the process tree) before it runs the program. Fails if the scope was closed. A failure
 /// says what failed (`start_error.rs`): the program, the working directory, the terminal.
 pub fn spawn_into(spec: &SpawnSpec, scope: Option<&SessionScope>) -> Result<Spawned, StartError> {
+    spawn_with(spec, scope, ClonePreference::Auto)
+}
+
+/// [`spawn_into`] with a choice of clone: [`ClonePreference::CloneOnly`] runs the fallback
+/// path (`clone` and a write into the cgroup from the child) even where `clone3` would do.
+pub fn spawn_with(
+    spec: &SpawnSpec,
+    scope: Option<&SessionScope>,
+    pref: ClonePreference,
+) -> Result<Spawned, StartError> {
     let program = spec.argv.first().map(String::as_str).unwrap_or("");
     let other = |e: io::Error| StartError::new(StartWhat::Other, program, &e);
-    match spec.tty {
-        None => spawn_pipes(spec, scope).map_err(|e| match e {
-            Failure::Launch(e) => classify(spec, &e),
-            Failure::After(e) => other(e),
-        }),
+    let r = match spec.tty {
+        None => spawn_pipes(spec, scope, pref),
         Some(size) => {
             let ws = winsize(size);
             let pty = nix::pty::openpty(Some(&ws), None)
                 .map_err(|e| StartError::new(StartWhat::Pty, "", &io::Error::from(e)))?;
-            spawn_pty(spec, scope, pty).map_err(|e| match e {
-                Failure::Launch(e) => classify(spec, &e),
-                Failure::After(e) => other(e),
-            })
+            spawn_pty(spec, scope, pty, pref)
         }
-    }
+    };
+    r.map_err(|e| match e {
+        Failure::Launch(e) => classify(spec, &e),
+        Failure::After(e) => other(e),
+    })
 }
 
-/// Where a spawn failed: launching (fork, `chdir`, exec: the errno says what the child met)
-/// or around it (descriptors, the pidfd: the server's own trouble).
+/// Where a spawn failed: launching (clone, `chdir`, exec: the errno says what the child
+/// met) or around it (descriptors, the scope: the server's own trouble).
 enum Failure {
     Launch(io::Error),
     After(io::Error),
@@ -86,57 +113,43 @@ impl From<io::Error> for Failure {
     }
 }
 
-/// The command for `spec`: program, arguments, environment, working directory.
-fn command(spec: &SpawnSpec) -> Result<Command, Failure> {
-    let (program, args) = spec
-        .argv
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "argv is empty"))?;
-    let mut cmd = Command::new(program);
-    cmd.args(args);
-    if !spec.inherit_env {
-        cmd.env_clear();
-    }
-    for (k, v) in &spec.env {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    if let Some(cwd) = &spec.cwd {
-        cmd.current_dir(cwd);
-    }
-    cmd.kill_on_drop(false);
-    Ok(cmd)
+/// A pipe, both ends close-on-exec: (read end, write end).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    Ok((r, w))
 }
 
 /// A child on pipes.
-fn spawn_pipes(spec: &SpawnSpec, scope: Option<&SessionScope>) -> Result<Spawned, Failure> {
-    let mut cmd = command(spec)?;
-    let parent = std::process::id() as libc::pid_t;
-    cmd.stdin(if spec.pipe_stdin {
-        Stdio::piped()
+fn spawn_pipes(
+    spec: &SpawnSpec,
+    scope: Option<&SessionScope>,
+    pref: ClonePreference,
+) -> Result<Spawned, Failure> {
+    let (in_child, in_parent) = if spec.pipe_stdin {
+        let (r, w) = pipe()?;
+        (r, Some(w))
     } else {
-        Stdio::null()
-    });
-    cmd.stdout(Stdio::piped());
-    cmd.stderr(Stdio::piped());
-    let (mut child, direct) = launch(&mut cmd, parent, false, scope)?;
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| io::Error::other("no stdout pipe"))?;
-    let stderr = child
-        .stderr
-        .take()
-        .ok_or_else(|| io::Error::other("no stderr pipe"))?;
-    let stdin = child.stdin.take().map(InputWriter::Pipe);
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open("/dev/null")?;
+        (OwnedFd::from(null), None)
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let stdio = [in_child.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+    let (direct, method) = launch(spec, stdio, false, scope, pref)?;
+    // Our copies of the child's ends must go, or we never see end of file.
+    drop((in_child, out_w, err_w));
+    let stdout = pipe::Receiver::from_owned_fd(out_r)?;
+    let stderr = pipe::Receiver::from_owned_fd(err_r)?;
+    let stdin = match in_parent {
+        Some(w) => Some(InputWriter::Pipe(pipe::Sender::from_owned_fd(w)?)),
+        None => None,
+    };
     Ok(Spawned {
-        child,
-        pid,
+        pid: direct.pid(),
+        child: ChildProcess::new(direct.clone()),
         outputs: vec![
             (StreamName::Stdout, OutputReader::Stdout(stdout)),
             (StreamName::Stderr, OutputReader::Stderr(stderr)),
@@ -144,6 +157,7 @@ fn spawn_pipes(spec: &SpawnSpec, scope: Option<&SessionScope>) -> Result<Spawned
         stdin,
         pty: None,
         direct,
+        method,
     })
 }
 
@@ -152,21 +166,15 @@ fn spawn_pty(
     spec: &SpawnSpec,
     scope: Option<&SessionScope>,
     pty: nix::pty::OpenptyResult,
+    pref: ClonePreference,
 ) -> Result<Spawned, Failure> {
-    let mut cmd = command(spec)?;
-    let parent = std::process::id() as libc::pid_t;
     set_cloexec(pty.master.as_raw_fd())?;
     set_cloexec(pty.slave.as_raw_fd())?;
-    cmd.stdin(Stdio::from(pty.slave.try_clone()?));
-    cmd.stdout(Stdio::from(pty.slave.try_clone()?));
-    cmd.stderr(Stdio::from(pty.slave.try_clone()?));
-    let (child, direct) = launch(&mut cmd, parent, true, scope)?;
-    // Our copies of the slave must go, or the master never sees end of file.
-    drop(cmd);
+    let slave = pty.slave.as_raw_fd();
+    let (direct, method) = launch(spec, [slave; 3], true, scope, pref)?;
+    // Our copy of the slave must go, or the master never sees end of file.
     drop(pty.slave);
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
+    let child = ChildProcess::new(direct.clone());
     set_nonblocking(pty.master.as_raw_fd())?;
     let master = Arc::new(pty.master);
     // SAFETY: each AsyncFd owns its OwnedFd, which stays open and unchanged until
@@ -177,61 +185,70 @@ fn spawn_pty(
     let writer = unsafe { AsyncFd::register(master.try_clone()?) }
         .map_err(|e| io::Error::other(e.to_string()))?;
     Ok(Spawned {
+        pid: direct.pid(),
         child,
-        pid,
         outputs: vec![(StreamName::Pty, OutputReader::Pty(reader))],
         stdin: Some(InputWriter::Pty(writer)),
         pty: Some(PtyControl { master }),
         direct,
+        method,
     })
 }
 
-/// Fork and exec `cmd`: placed in `scope`, opened as a pidfd and registered with the
-/// subreaper before the reaper can see it (the fork gate is held across all three). A failed
-/// fork or exec is [`Failure::Launch`] (its errno is the child's); the rest
+/// Clone and exec `spec` with `stdio` on 0–2: placed in `scope` (by the kernel, or by the
+/// child before exec), its pidfd (from the clone) registered with the subreaper before the
+/// reaper can see it (the fork gate is held across all three). A failed clone or a failure
+/// of the child before exec is [`Failure::Launch`] (its errno is the child's); the rest
 /// [`Failure::After`].
 fn launch(
-    cmd: &mut Command,
-    parent: libc::pid_t,
+    spec: &SpawnSpec,
+    stdio: [RawFd; 3],
     tty: bool,
     scope: Option<&SessionScope>,
-) -> Result<(tokio::process::Child, Arc<DirectChild>), Failure> {
+    pref: ClonePreference,
+) -> Result<(Arc<DirectChild>, CloneMethod), Failure> {
+    let scope_err = |e: containment::ContainmentError| io::Error::other(e.to_string());
     // Held until the child is recorded: a scope kill that starts meanwhile waits for it.
-    let placement = scope
+    let mut placement = scope
         .map(|s| s.begin_placement())
         .transpose()
-        .map_err(|e| io::Error::other(e.to_string()))?;
+        .map_err(scope_err)?;
+    let cgroup_dir = placement.as_ref().and_then(|p| p.cgroup_dir());
+    let kernel_places = cgroup_dir.is_some() && pref == ClonePreference::Auto && clone3_usable();
+    if !kernel_places {
+        if let Some(p) = placement.as_mut() {
+            p.open_procs().map_err(scope_err)?;
+        }
+    }
     let fds = placement
         .as_ref()
         .map(|p| p.child_fds())
         .unwrap_or([-1; containment::MAX_PLACEMENT_FDS]);
-    // SAFETY: the hook only calls async-signal-safe functions (write to the pre-opened
-    // cgroup.procs descriptors, setsid, TIOCSCTTY on fd 0 — the slave, already dup'ed by
-    // std —, prctl, getppid, close_range/fcntl) and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            containment::enter_in_child(&fds)?;
-            child_setup(parent, tty)
-        });
-    }
+    let mut plan = ChildPlan::new(spec, stdio, fds, tty).map_err(Failure::Launch)?;
     let gate = subreaper::fork_guard();
-    let mut child = cmd.spawn().map_err(Failure::Launch)?;
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
-    let pidfd = match Pidfd::open(pid) {
-        Ok(fd) => fd,
-        Err(e) => {
-            // Nobody has reaped it (see subreaper.rs), so its pid is still its own.
-            let _ = child.start_kill();
-            return Err(Failure::After(io::Error::new(
-                e.kind(),
-                format!("pidfd_open: {e}"),
-            )));
+    let first = clone_child(
+        &mut plan,
+        placement.as_ref().and_then(|p| p.cgroup_dir()),
+        pref,
+    );
+    let cloned = match first {
+        Err(CloneError::Clone3Refused) => {
+            // The kernel refused clone3 (now remembered): the child writes itself in.
+            if let Some(p) = placement.as_mut() {
+                p.open_procs().map_err(scope_err)?;
+            }
+            let fds = placement
+                .as_ref()
+                .map(|p| p.child_fds())
+                .unwrap_or([-1; containment::MAX_PLACEMENT_FDS]);
+            plan = ChildPlan::new(spec, stdio, fds, tty).map_err(Failure::Launch)?;
+            clone_child(&mut plan, None, ClonePreference::CloneOnly)
         }
-    };
+        other => other,
+    }
+    .map_err(|e| Failure::Launch(e.into_io()))?;
     let direct = Arc::new(DirectChild::new(
-        pidfd,
+        Pidfd::from_owned(cloned.pidfd, cloned.pid),
         placement.as_ref().map(|p| p.scope_id()),
     ));
     gate.register(direct.clone());
@@ -241,72 +258,33 @@ fn launch(
         p.placed(&direct);
     }
     drop(gate);
-    Ok((child, direct))
+    Ok((direct, cloned.method))
 }
 
-/// Runs in the child between fork and exec. Only async-signal-safe calls.
-fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
-    // SAFETY: plain syscalls on values we own; no allocation.
-    unsafe {
-        if libc::setsid() < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The signal fires when the *thread* that forked us exits, not only the process:
-        // spawn from a thread that lives as long as the server (a runtime worker), never from
-        // `spawn_blocking` (its threads retire when idle and would SIGKILL their children).
-        if libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        ) < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        // The parent may have died before prctl took effect.
-        if libc::getppid() != parent {
-            libc::_exit(1);
-        }
-        mark_inherited_fds_cloexec();
-    }
-    Ok(())
+/// The direct child, to wait for. Dropped unreaped (a spawn abandoned half-way, a test),
+/// it is left to the subreaper, which reaps it once it exits.
+pub struct ChildProcess {
+    direct: Arc<DirectChild>,
 }
 
-/// Mark every descriptor above stderr close-on-exec. Not closed outright: std reports exec
-/// failures through a CLOEXEC pipe that must stay open until exec.
-///
-/// # Safety
-///
-/// Call it only in a child between `fork` and `exec` (from a `pre_exec` hook), where no
-/// other thread exists: it changes the flags of every descriptor above 2, including ones
-/// that other code of the process holds, which only a process about to `exec` may do. It
-/// calls only async-signal-safe functions (`close_range`, `getrlimit`, `fcntl`) and does not
-/// allocate, as the `pre_exec` contract requires.
-unsafe fn mark_inherited_fds_cloexec() {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range only changes descriptor flags.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    if r == 0 {
-        return;
+impl ChildProcess {
+    fn new(direct: Arc<DirectChild>) -> ChildProcess {
+        ChildProcess { direct }
     }
-    // Kernels before 5.11: walk the descriptor table.
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into our struct.
-    let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur.min(65_536) as RawFd
-    } else {
-        1024
-    };
-    for fd in 3..max {
-        // SAFETY: fcntl on a possibly-closed fd just fails with EBADF.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+
+    /// Wait for the child to exit and reap it (through [`DirectChild::wait`], the one reap).
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        self.direct.wait().await
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        if !self.direct.is_reaped() {
+            self.direct.abandon();
+            // Already over: no SIGCHLD will come for the reaper to notice.
+            let _ = self.direct.try_wait();
+        }
     }
 }
 
@@ -358,10 +336,10 @@ impl PtyControl {
 
 /// One output stream of a child.
 pub enum OutputReader {
-    /// stdout pipe.
-    Stdout(ChildStdout),
-    /// stderr pipe.
-    Stderr(ChildStderr),
+    /// stdout pipe (non-blocking, on the reactor).
+    Stdout(pipe::Receiver),
+    /// stderr pipe (non-blocking, on the reactor).
+    Stderr(pipe::Receiver),
     /// The PTY master. `EIO` (every slave closed) reads as end of file.
     Pty(AsyncFd<OwnedFd>),
 }
@@ -411,8 +389,8 @@ impl AsyncRead for OutputReader {
 
 /// The child's stdin.
 pub enum InputWriter {
-    /// A pipe.
-    Pipe(ChildStdin),
+    /// A pipe (non-blocking, on the reactor).
+    Pipe(pipe::Sender),
     /// The PTY master.
     Pty(AsyncFd<OwnedFd>),
 }
