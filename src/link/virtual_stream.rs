@@ -195,9 +195,11 @@ impl crate::transport::FlowProbe for NoiseFlow {
     }
 
     fn describe(&self) -> String {
-        match self.0.flow() {
-            Some(f) => f.to_string(),
-            None => "stream gone".into(),
+        // Both directions: a sender waiting for credit is explained by what its peer last
+        // reported, and this side's receiving half says what it still owes its peer.
+        match (self.0.flow(), self.0.recv_flow()) {
+            (Some(send), Some(recv)) => format!("send: {send}; receive: {recv}"),
+            _ => "stream gone".into(),
         }
     }
 }

@@ -13,6 +13,9 @@
 //!   ids, callbacks, and the `-32006` reasons.
 //! - `stall_watchdog.rs`: the task that watches every attached process for a stall (the
 //!   rule is `process::stall_watch`) and reports it.
+//! - [`stream_state`]: what a process's output waits for, in one line (log counters, pump,
+//!   writer, the transport's flow control both ways): the watchdog's report, and every
+//!   process's at once for an operator (`execrelay serve` logs them on `SIGUSR1`).
 //!
 //! It takes already-decoded, validated options and returns typed [`SessionError`]s (the
 //! connection maps them to JSON-RPC). It must never decode JSON nor write to a transport:
@@ -26,6 +29,7 @@ pub mod quota;
 pub mod session;
 pub mod session_registry;
 mod stall_watchdog;
+pub mod stream_state;
 
 pub use approvals::{AnswerOutcome, ApprovalAnswer, RequestSink, ServerRequest};
 pub use gated_start::{Caller, ListedProcess, ListedState};

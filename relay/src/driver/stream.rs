@@ -26,7 +26,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::endpoint::{Dropped, Shared};
-use crate::endpoint::{SendError, StreamFlow, UseError};
+use crate::endpoint::{RecvFlow, SendError, StreamFlow, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Reason};
 
@@ -244,6 +244,13 @@ impl FlowProbe {
     pub fn flow(&self) -> Option<StreamFlow> {
         let id = self.id;
         Shared::with(&self.link, |inner| inner.ep.stream_flow(&id))
+    }
+
+    /// The stream's receiving direction now, or `None` once it is gone. Takes the link's lock
+    /// briefly; never waits.
+    pub fn recv_flow(&self) -> Option<RecvFlow> {
+        let id = self.id;
+        Shared::with(&self.link, |inner| inner.ep.stream_recv_flow(&id))
     }
 }
 
