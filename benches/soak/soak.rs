@@ -104,6 +104,9 @@ pub struct SoakArgs {
     /// Write the figures as JSON here too.
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
+    /// Keep the deployment up this long after the checks (s), to look at it.
+    #[arg(long, default_value_t = 0)]
+    pub hold_s: u64,
 }
 
 /// One measured process (an exec server or the relay): before and after.
@@ -730,6 +733,15 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
     }
     log.line(&format!("result: {}", if rep.failed { "FAIL" } else { "PASS" }));
     log.flush();
+    if args.hold_s > 0 {
+        println!(
+            "soak: holding the deployment for {} s: servers {:?}, relay {:?}",
+            args.hold_s,
+            servers.iter().map(|s| s.pid()).collect::<Vec<_>>(),
+            relay.lock().await.pid()
+        );
+        tokio::time::sleep(Duration::from_secs(args.hold_s)).await;
+    }
 
     for s in servers.iter_mut() {
         s.stop().await;

@@ -205,9 +205,12 @@ pub struct Verdict {
     pub reason: Option<String>,
     /// Everything wrong, in words.
     pub problems: Vec<String>,
+    /// Stopped by a terminate whose answer said it was not running (the answer of a repeat).
+    pub terminate_repeated: bool,
 }
 
-/// Check a finished process. `terminated`: the client's `process/terminate` found it running.
+/// Check a finished process. `terminated`: the answer to the client's `process/terminate` said
+/// it was running.
 pub fn check(d: &Delivery, terminated: bool) -> Verdict {
     let mut v = Verdict::default();
     let e = &d.expect;
@@ -337,12 +340,18 @@ pub fn check(d: &Delivery, terminated: bool) -> Verdict {
             stopped(&mut v);
             reason_is(&mut v, &["timeout"]);
         }
-        Kind::Terminated if terminated => {
+        // Terminated: stopped by the SIGTERM, or finished on its own as it arrived. Whether
+        // the answer said `running` does not decide it: a terminate repeated after a
+        // reconnect answers for the moment the repeat arrived, after the first attempt had
+        // already stopped it.
+        Kind::Terminated => {
             if info.exit_code == Some(e.exit) && info.signal.is_none() && complete {
-                // It finished on its own as the terminate arrived.
                 normal_exit(&mut v);
                 reason_is(&mut v, &["exited", "terminated"]);
             } else {
+                if !terminated {
+                    v.terminate_repeated = true;
+                }
                 stopped(&mut v);
                 reason_is(&mut v, &["terminated"]);
             }

@@ -581,10 +581,20 @@ async fn feed_stdin(
         sh.stats.in_bytes.fetch_add(n as u64, Ordering::Relaxed);
         t.moved();
     }
+    let before = (t.client.connection_count(), t.done.load(Ordering::SeqCst));
     let r = if pty { w.flush().await } else { w.finish().await };
     if let Err(e) = r {
         if !tolerant {
-            sh.fail(format!("{}: stdin close failed: {e}", t.id));
+            sh.fail(format!(
+                "{} ({}): stdin close failed after all {len} bytes were queued: {e} (connections \
+                 {} → {}, exit notice seen before {} / after {})",
+                t.id,
+                t.kind.name(),
+                before.0,
+                t.client.connection_count(),
+                before.1,
+                t.done.load(Ordering::SeqCst),
+            ));
         }
     }
 }
