@@ -152,6 +152,26 @@ async fn stdin_writes_close_and_write_ids() {
     assert_eq!(got.stdout, b"chunk-1;chunk-2;", "{}", text(&got.stdout));
     assert_eq!(got.exit["exitCode"], 0);
 
+    // A write repeated after the child took its bytes and exited (the first answer lost with
+    // a connection, say) is answered as the first time; a new one is `exited`.
+    start_checked(
+        c,
+        json!({"processId": "once", "argv": ["head", "-c", "5"], "pipeStdin": true}),
+    )
+    .await;
+    let write = |id: &'static str| {
+        json!({"processId": "once", "chunk": b64(b"12345"), "writeId": id})
+    };
+    let r = c.call("process/write", write("w-1")).await;
+    assert_eq!(r, json!({"status": "accepted"}));
+    let got = collect_checked(c, "once").await;
+    assert_eq!(got.stdout, b"12345");
+    assert_eq!(got.exit["exitCode"], 0);
+    let r = c.call("process/write", write("w-1")).await;
+    assert_eq!(r, json!({"status": "accepted"}), "the repeat of a write that was done");
+    let r = c.call("process/write", write("w-2")).await;
+    assert_eq!(r, json!({"status": "exited"}), "a new write to an exited process");
+
     // Without pipeStdin there is nothing to write to.
     let pid = start_checked(c, json!({"processId": "nostdin", "argv": ["sleep", "100"]})).await;
     let r = c.write("nostdin", b"x").await;

@@ -95,11 +95,13 @@ pub struct SoakArgs {
     /// How long the end may take for every process to finish once faults stop (s).
     #[arg(long, default_value_t = 300)]
     pub drain_s: u64,
-    /// An exec server's RSS after the run may exceed its RSS before by this much (MiB).
-    #[arg(long, default_value_t = 96)]
+    /// An exec server's RSS after the run may exceed its RSS before by this much (MiB): what
+    /// its allocator cannot hand back (README, "Soak").
+    #[arg(long, default_value_t = 48)]
     pub server_rss_bound_mib: u64,
-    /// The relay's RSS after the run may exceed its RSS before by this much (MiB).
-    #[arg(long, default_value_t = 16)]
+    /// The relay's RSS after the run may exceed its RSS before by this much (MiB): what its
+    /// allocator keeps (the relay does not hand memory back).
+    #[arg(long, default_value_t = 24)]
     pub relay_rss_bound_mib: u64,
     /// Write the figures as JSON here too.
     #[arg(long)]
@@ -442,13 +444,22 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    // Descriptors back to where they were, RSS within its bound.
+    // Descriptors back to where they were, RSS within its bound (an idle server hands its
+    // memory back two looks after its last session: `bounds::give_back`).
     let fd_deadline = Instant::now() + Duration::from_secs(30);
+    let (server_bound, relay_bound) = (
+        args.server_rss_bound_mib * 1024,
+        args.relay_rss_bound_mib * 1024,
+    );
     let (server_after, relay_after) = loop {
         let s: Vec<Usage> = servers.iter().map(|s| usage(s.pid())).collect();
         let r = usage(relay.lock().await.pid());
-        let settled = s.iter().zip(&server_before).all(|(a, b)| a.fds <= b.fds)
-            && r.fds <= relay_before.fds;
+        let settled = s
+            .iter()
+            .zip(&server_before)
+            .all(|(a, b)| a.fds <= b.fds && a.rss_kib <= b.rss_kib + server_bound)
+            && r.fds <= relay_before.fds
+            && r.rss_kib <= relay_before.rss_kib + relay_bound;
         if settled || Instant::now() > fd_deadline {
             break (s, r);
         }
@@ -641,7 +652,7 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
     let mut rss_ok = true;
     let mut rss_detail = Vec::new();
     for (i, (b, a)) in server_before.iter().zip(&server_after).enumerate() {
-        let ok = a.rss_kib <= b.rss_kib + args.server_rss_bound_mib * 1024;
+        let ok = a.rss_kib <= b.rss_kib + server_bound;
         rss_ok &= ok;
         rss_detail.push(format!(
             "server {} {:.1} → {:.1} MiB",
@@ -650,7 +661,7 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
             mib(a.rss_kib)
         ));
     }
-    let relay_ok = relay_after.rss_kib <= relay_before.rss_kib + args.relay_rss_bound_mib * 1024;
+    let relay_ok = relay_after.rss_kib <= relay_before.rss_kib + relay_bound;
     rss_ok &= relay_ok;
     rss_detail.push(format!(
         "relay {:.1} → {:.1} MiB",

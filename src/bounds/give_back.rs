@@ -17,34 +17,34 @@ pub const GIVE_BACK_CHECK_MS: u64 = 5_000;
 pub const GIVE_BACK_AFTER_BYTES: u64 = 32 << 20;
 
 /// When to hand memory back: after the output held fell by [`GIVE_BACK_AFTER_BYTES`] from its
-/// highest since the last time, and when the server becomes idle (no session) after it was
-/// not.
+/// highest since the last time, and once the server has been idle (no session) for
+/// [`IDLE_LOOKS`] looks in a row after it was not (by then the last connections' buffers are
+/// gone too).
 #[derive(Debug, Default, Clone)]
 pub struct GiveBack {
     high: u64,
-    idle: bool,
+    idle_looks: u32,
     busy_since: bool,
 }
+
+/// Looks in a row an idle server waits before it hands memory back.
+pub const IDLE_LOOKS: u32 = 2;
 
 impl GiveBack {
     /// A rule that has seen nothing yet (an idle server).
     pub fn new() -> GiveBack {
-        GiveBack {
-            high: 0,
-            idle: true,
-            busy_since: false,
-        }
+        GiveBack::default()
     }
 
     /// One look: `held` bytes of output held now, `idle` no session at all. Whether to hand
     /// memory back now.
     pub fn observe(&mut self, held: u64, idle: bool) -> bool {
         self.high = self.high.max(held);
-        let fell = self.high - held >= GIVE_BACK_AFTER_BYTES;
-        let became_idle = idle && !self.idle && self.busy_since;
-        self.idle = idle;
+        self.idle_looks = if idle { self.idle_looks.saturating_add(1) } else { 0 };
         self.busy_since |= !idle;
-        if fell || became_idle {
+        let fell = self.high - held >= GIVE_BACK_AFTER_BYTES;
+        let settled = self.busy_since && self.idle_looks == IDLE_LOOKS;
+        if fell || settled {
             self.high = held;
             self.busy_since = !idle;
             return true;
@@ -89,15 +89,18 @@ mod tests {
     }
 
     #[test]
-    fn becoming_idle_gives_back_once_and_an_idle_server_never_again() {
+    fn an_idle_server_gives_back_once_it_settled_and_never_again() {
         let mut g = GiveBack::new();
         assert!(!g.observe(0, true), "idle from the start: nothing was used");
+        assert!(!g.observe(0, true));
         assert!(!g.observe(MB, false));
-        assert!(g.observe(0, true), "the last session went");
+        assert!(!g.observe(0, true), "the last session just went");
+        assert!(g.observe(0, true), "idle for two looks");
         for _ in 0..5 {
             assert!(!g.observe(0, true));
         }
         assert!(!g.observe(0, false));
-        assert!(g.observe(0, true), "busy again, then idle again");
+        assert!(!g.observe(0, true));
+        assert!(g.observe(0, true), "busy again, then settled again");
     }
 }

@@ -484,19 +484,21 @@ impl ManagedProcess {
     }
 
     /// `process/write`: applied in request order by the caller's queue; waits for pipe space
-    /// but gives up with `exited` when the child exits meanwhile.
+    /// but gives up with `exited` when the child exits meanwhile. A `writeId` already written
+    /// is answered `accepted` whatever happened since: a write repeated after a resume (its
+    /// answer lost with the connection) may arrive after the child took its bytes and exited,
+    /// and it did its work.
     pub async fn write(&self, data: &[u8], write_id: Option<String>) -> WriteStatus {
-        if !self.is_running() {
-            return WriteStatus::Exited;
-        }
-        let mut st = tokio::select! {
-            st = self.stdin.lock() => st,
-            _ = self.exited.cancelled() => return WriteStatus::Exited,
-        };
+        // Never held for long once the child exited: a write blocked on its pipe gives up
+        // then (below), and `close_stdin` does not wait on a dead child either.
+        let mut st = self.stdin.lock().await;
         if let Some(id) = &write_id {
             if st.ids.contains(id) {
                 return WriteStatus::Accepted;
             }
+        }
+        if !self.is_running() {
+            return WriteStatus::Exited;
         }
         if st.closed {
             return WriteStatus::StdinClosed;
