@@ -26,7 +26,10 @@ use tokio_tungstenite::tungstenite::Message;
 /// `method` request on the first connection drops that connection unanswered, and every later
 /// one is answered `-32001` (`repeat_unknown`) or, on the first connection, dropped as said.
 /// Counts the `method` requests it saw.
-async fn fake_server(method: &'static str, first_attempt_unknown: bool) -> (String, Arc<AtomicUsize>) {
+async fn fake_server(
+    method: &'static str,
+    first_attempt_unknown: bool,
+) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("ws://{}", listener.local_addr().unwrap());
     let seen = Arc::new(AtomicUsize::new(0));
@@ -34,7 +37,9 @@ async fn fake_server(method: &'static str, first_attempt_unknown: bool) -> (Stri
     tokio::spawn(async move {
         let mut conn = 0;
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
             conn += 1;
             let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
                 continue;
@@ -87,8 +92,14 @@ async fn a_repeated_close_stdin_that_finds_the_process_gone_succeeds() {
     let (url, seen) = fake_server("process/closeStdin", false).await;
     let c = client(&url).await;
     let h = c.start(StartOptions::new("p", ["cat"])).await.unwrap();
-    within(h.close_stdin()).await.expect("the first attempt did its work");
-    assert_eq!(seen.load(Ordering::SeqCst), 2, "sent, then sent again after the resume");
+    within(h.close_stdin())
+        .await
+        .expect("the first attempt did its work");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        2,
+        "sent, then sent again after the resume"
+    );
     assert_eq!(c.connection_count(), 2);
 }
 

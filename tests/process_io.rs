@@ -159,18 +159,25 @@ async fn stdin_writes_close_and_write_ids() {
         json!({"processId": "once", "argv": ["head", "-c", "5"], "pipeStdin": true}),
     )
     .await;
-    let write = |id: &'static str| {
-        json!({"processId": "once", "chunk": b64(b"12345"), "writeId": id})
-    };
+    let write =
+        |id: &'static str| json!({"processId": "once", "chunk": b64(b"12345"), "writeId": id});
     let r = c.call("process/write", write("w-1")).await;
     assert_eq!(r, json!({"status": "accepted"}));
     let got = collect_checked(c, "once").await;
     assert_eq!(got.stdout, b"12345");
     assert_eq!(got.exit["exitCode"], 0);
     let r = c.call("process/write", write("w-1")).await;
-    assert_eq!(r, json!({"status": "accepted"}), "the repeat of a write that was done");
+    assert_eq!(
+        r,
+        json!({"status": "accepted"}),
+        "the repeat of a write that was done"
+    );
     let r = c.call("process/write", write("w-2")).await;
-    assert_eq!(r, json!({"status": "exited"}), "a new write to an exited process");
+    assert_eq!(
+        r,
+        json!({"status": "exited"}),
+        "a new write to an exited process"
+    );
 
     // Without pipeStdin there is nothing to write to.
     let pid = start_checked(c, json!({"processId": "nostdin", "argv": ["sleep", "100"]})).await;

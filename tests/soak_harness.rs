@@ -84,7 +84,10 @@ fn plan(gap: Duration, weights: [u32; 7]) -> FaultPlan {
 async fn upstream() -> (SocketAddr, tokio::task::JoinHandle<TcpStream>) {
     let l = TcpListener::bind(SocketAddr::from(LOOPBACK)).await.unwrap();
     let addr = l.local_addr().unwrap();
-    (addr, tokio::spawn(async move { l.accept().await.unwrap().0 }))
+    (
+        addr,
+        tokio::spawn(async move { l.accept().await.unwrap().0 }),
+    )
 }
 
 async fn proxy(
@@ -95,9 +98,16 @@ async fn proxy(
     plan: FaultPlan,
 ) -> (Proxy, Arc<FaultLog>) {
     let log = FaultLog::create(&dir.join(format!("{name}.log")), Instant::now()).unwrap();
-    let p = Proxy::start(name, SocketAddr::from(LOOPBACK), up, seed, plan, log.clone())
-        .await
-        .unwrap();
+    let p = Proxy::start(
+        name,
+        SocketAddr::from(LOOPBACK),
+        up,
+        seed,
+        plan,
+        log.clone(),
+    )
+    .await
+    .unwrap();
     (p, log)
 }
 
@@ -128,11 +138,21 @@ async fn without_faults_every_byte_crosses_both_ways() {
         read_to_end(&mut client).await
     });
     let got = read_to_end(&mut server).await;
-    assert!(got == data, "upstream got {} of {} bytes intact", got.len(), data.len());
+    assert!(
+        got == data,
+        "upstream got {} of {} bytes intact",
+        got.len(),
+        data.len()
+    );
     server.write_all(&to_client).await.unwrap();
     server.shutdown().await.unwrap();
     let back = send.await.unwrap();
-    assert!(back == data, "downstream got {} of {} bytes intact", back.len(), data.len());
+    assert!(
+        back == data,
+        "downstream got {} of {} bytes intact",
+        back.len(),
+        data.len()
+    );
     assert_eq!(p.bytes(), 2 * data.len() as u64);
 }
 
@@ -147,7 +167,10 @@ async fn a_cut_closes_both_sides() {
     read_to_end(&mut client).await;
     read_to_end(&mut server).await;
     assert_eq!(log.counts().get("cut"), Some(&1));
-    assert!(p.quiet_since().unwrap().is_some(), "a cut disturbs the path");
+    assert!(
+        p.quiet_since().unwrap().is_some(),
+        "a cut disturbs the path"
+    );
 }
 
 #[tokio::test]
@@ -176,7 +199,11 @@ async fn a_half_cut_leaves_the_upstream_side_open_until_its_peer_closes() {
 fn faults_of(text: &str) -> Vec<String> {
     text.lines()
         .filter(|l| l.contains(" conn=0 ") && !l.ends_with("closed"))
-        .map(|l| l.split_once(' ').map(|(_, r)| r.to_string()).unwrap_or_default())
+        .map(|l| {
+            l.split_once(' ')
+                .map(|(_, r)| r.to_string())
+                .unwrap_or_default()
+        })
         .collect()
 }
 
@@ -202,7 +229,10 @@ async fn schedule(dir: &std::path::Path, name: &str, seed: u64, n: usize) -> Vec
             px.shutdown();
             return f[..n].to_vec();
         }
-        assert!(tokio::time::Instant::now() < deadline, "{n} faults (hang guard)");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} faults (hang guard)"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -291,7 +321,12 @@ fn a_complete_process_passes_and_a_missing_byte_fails() {
     d.event(&out(5, 0, 600));
     d.event(&out(5, 600, 400));
     d.event(&err(&trailer));
-    d.event(&ProcessEvent::Exited(info(1000, trailer.len() as u64, Some(3), None)));
+    d.event(&ProcessEvent::Exited(info(
+        1000,
+        trailer.len() as u64,
+        Some(3),
+        None,
+    )));
     let v = check(&d, false);
     assert!(v.problems.is_empty(), "{:?}", v.problems);
 
@@ -301,7 +336,11 @@ fn a_complete_process_passes_and_a_missing_byte_fails() {
     short.event(&ProcessEvent::Exited(info(1000, 0, Some(3), None)));
     let v = check(&short, false);
     assert_eq!(v.lost, 1);
-    assert!(v.problems.iter().any(|p| p.contains("differs")), "{:?}", v.problems);
+    assert!(
+        v.problems.iter().any(|p| p.contains("differs")),
+        "{:?}",
+        v.problems
+    );
 }
 
 #[test]
@@ -311,8 +350,16 @@ fn a_wrong_status_or_a_second_notice_fails() {
     d.event(&ProcessEvent::Exited(info(10, 0, Some(0), None)));
     d.event(&ProcessEvent::Exited(info(10, 0, Some(0), None)));
     let v = check(&d, false);
-    assert!(v.problems.iter().any(|p| p.contains("expected exit 3")), "{:?}", v.problems);
-    assert!(v.problems.iter().any(|p| p.contains("2 exit notices")), "{:?}", v.problems);
+    assert!(
+        v.problems.iter().any(|p| p.contains("expected exit 3")),
+        "{:?}",
+        v.problems
+    );
+    assert!(
+        v.problems.iter().any(|p| p.contains("2 exit notices")),
+        "{:?}",
+        v.problems
+    );
 }
 
 #[test]

@@ -50,11 +50,17 @@ async fn sigusr1_logs_the_stream_state_of_every_process() {
     let srv = BinServer::with_keys(dir.path(), &server, &auth, &[], Some("info")).await;
     let c = noise_client(&srv.url, &client, &server).await;
     let mut a = c
-        .start(StartOptions::new("quiet-a", ["sh", "-c", "echo a; sleep 600"]))
+        .start(StartOptions::new(
+            "quiet-a",
+            ["sh", "-c", "echo a; sleep 600"],
+        ))
         .await
         .unwrap();
     let mut b = c
-        .start(StartOptions::new("quiet-b", ["sh", "-c", "echo b; sleep 600"]))
+        .start(StartOptions::new(
+            "quiet-b",
+            ["sh", "-c", "echo b; sleep 600"],
+        ))
         .await
         .unwrap();
     assert_eq!(first_output(&mut a).await, b"a\n");
@@ -74,7 +80,9 @@ async fn sigusr1_logs_the_stream_state_of_every_process() {
     for id in ["quiet-a", "quiet-b"] {
         let line = text
             .lines()
-            .find(|l| l.contains("stream state: session ") && l.contains(&format!("process {id:?} ")))
+            .find(|l| {
+                l.contains("stream state: session ") && l.contains(&format!("process {id:?} "))
+            })
             .unwrap_or_else(|| panic!("no line for {id}: {text}"));
         assert!(line.contains(" log next_seq "), "{line}");
         assert!(line.contains("; writer "), "{line}");
@@ -98,7 +106,11 @@ async fn the_client_tells_its_side_of_a_delivery() {
     let mut h = c
         .start(StartOptions::new(
             "three",
-            ["sh", "-c", "echo one; sleep 0.2; echo two; sleep 0.2; echo three; sleep 600"],
+            [
+                "sh",
+                "-c",
+                "echo one; sleep 0.2; echo two; sleep 0.2; echo three; sleep 600",
+            ],
         ))
         .await
         .unwrap();
@@ -114,12 +126,17 @@ async fn the_client_tells_its_side_of_a_delivery() {
     assert_eq!(s.buffered_events as u64, s.received_seq, "{s}");
     assert!(!s.exit_received);
     assert_eq!(s.connection, 1);
-    let flow = s.transport.clone().expect("a Noise stream has flow control");
+    let flow = s
+        .transport
+        .clone()
+        .expect("a Noise stream has flow control");
     assert!(flow.starts_with("send: sent "), "{flow}");
     assert!(flow.contains("; receive: received "), "{flow}");
     assert!(
-        s.to_string()
-            .contains(&format!("received seq {} consumed 0 acked 0", s.received_seq)),
+        s.to_string().contains(&format!(
+            "received seq {} consumed 0 acked 0",
+            s.received_seq
+        )),
         "{s}"
     );
     // Taken: the client's position follows the application's.

@@ -76,7 +76,9 @@ async fn tap(what: &'static str, upstream: std::net::SocketAddr, taps: Taps) -> 
                 what,
                 ..Default::default()
             }));
-            taps.lock().unwrap_or_else(|e| e.into_inner()).push(rec.clone());
+            taps.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(rec.clone());
             let (mut dr, mut dw) = down.into_split();
             let (mut ur, mut uw) = up.into_split();
             let r1 = rec.clone();
@@ -86,7 +88,10 @@ async fn tap(what: &'static str, upstream: std::net::SocketAddr, taps: Taps) -> 
                     if n == 0 || uw.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
-                    r1.lock().unwrap_or_else(|e| e.into_inner()).up.extend_from_slice(&buf[..n]);
+                    r1.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .up
+                        .extend_from_slice(&buf[..n]);
                 }
                 let _ = uw.shutdown().await;
             });
@@ -96,7 +101,10 @@ async fn tap(what: &'static str, upstream: std::net::SocketAddr, taps: Taps) -> 
                     if n == 0 || dw.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
-                    rec.lock().unwrap_or_else(|e| e.into_inner()).down.extend_from_slice(&buf[..n]);
+                    rec.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .down
+                        .extend_from_slice(&buf[..n]);
                 }
                 let _ = dw.shutdown().await;
             });
@@ -185,7 +193,11 @@ async fn session(target: Target, binary: bool) -> Result<()> {
     let h = client
         .start(StartOptions::new(
             "hello",
-            ["sh", "-c", "echo hello; echo oops >&2; printf '\\000\\001\\377'; exit 3"],
+            [
+                "sh",
+                "-c",
+                "echo hello; echo oops >&2; printf '\\000\\001\\377'; exit 3",
+            ],
         ))
         .await?;
     drain(h).await;
@@ -203,7 +215,12 @@ async fn session(target: Target, binary: bool) -> Result<()> {
     t.params.size = Some(TermSize { rows: 24, cols: 80 });
     t.params.env.insert("TERM".into(), Some("xterm".into()));
     let h = client.start(t).await?;
-    h.resize(TermSize { rows: 50, cols: 132 }).await.ok();
+    h.resize(TermSize {
+        rows: 50,
+        cols: 132,
+    })
+    .await
+    .ok();
     let c = h.controller();
     c.write(b"yes\n", "w-1").await.ok();
     c.signal("SIGWINCH").await.ok();
@@ -212,9 +229,7 @@ async fn session(target: Target, binary: bool) -> Result<()> {
     s.params.timeout_ms = Some(30_000);
     s.params.kill_grace_ms = Some(100);
     let h = client.start(s).await?;
-    let _ = client
-        .call("process/list", json!({}))
-        .await;
+    let _ = client.call("process/list", json!({})).await;
     h.terminate(Some(Duration::from_millis(100))).await.ok();
     drain(h).await;
     // Reads, a bad request, an unknown process, a duplicate id, server info.
@@ -227,18 +242,20 @@ async fn session(target: Target, binary: bool) -> Result<()> {
             json!({"processId": "seq", "afterSeq": 0, "maxBytes": 4096, "waitMs": 100}),
         )
         .await;
-    let _ = client.call("process/terminate", json!({"processId": "nobody"})).await;
-    let _ = client.call("process/start", json!({"processId": 7})).await;
     let _ = client
-        .start(StartOptions::new("seq", ["true"]))
-        .await
-        .err();
+        .call("process/terminate", json!({"processId": "nobody"}))
+        .await;
+    let _ = client.call("process/start", json!({"processId": 7})).await;
+    let _ = client.start(StartOptions::new("seq", ["true"])).await.err();
     let _ = client.server_info().await;
     // A lost connection, and the resume that replays what was not acknowledged.
     client.break_connection();
     drain(h).await;
     let h = client
-        .start(StartOptions::new("big", ["head", "-c", "300000", "/dev/zero"]))
+        .start(StartOptions::new(
+            "big",
+            ["head", "-c", "300000", "/dev/zero"],
+        ))
         .await?;
     drain(h).await;
     client.shutdown().await;
@@ -346,7 +363,10 @@ pub async fn run(args: CaptureArgs) -> Result<i32> {
     let ws_tap = tap("ws", ws_addr, taps.clone()).await?;
     let noise_tap = tap("noise", noise_addr, taps.clone()).await?;
 
-    let noise_cfg = Arc::new(NoiseClientConfig::new(client_keys.clone(), server_keys.public));
+    let noise_cfg = Arc::new(NoiseClientConfig::new(
+        client_keys.clone(),
+        server_keys.public,
+    ));
     for binary in [true, false] {
         session(Target::Ws(format!("ws://{ws_tap}")), binary)
             .await
@@ -462,10 +482,22 @@ pub async fn run(args: CaptureArgs) -> Result<i32> {
     let out = &args.out;
     let counts = [
         ("frame", write_seeds(&out.join("frame"), "real-", &frames)?),
-        ("handshake", write_seeds(&out.join("handshake"), "real-", &handshake)?),
-        ("record", write_seeds(&out.join("record"), "real-", &records)?),
-        ("stream", write_seeds(&out.join("stream"), "real-", &streams)?),
-        ("jsonrpc", write_seeds(&out.join("jsonrpc"), "real-", &json_lines)?),
+        (
+            "handshake",
+            write_seeds(&out.join("handshake"), "real-", &handshake)?,
+        ),
+        (
+            "record",
+            write_seeds(&out.join("record"), "real-", &records)?,
+        ),
+        (
+            "stream",
+            write_seeds(&out.join("stream"), "real-", &streams)?,
+        ),
+        (
+            "jsonrpc",
+            write_seeds(&out.join("jsonrpc"), "real-", &json_lines)?,
+        ),
         (
             "binary_output",
             write_seeds(&out.join("binary_output"), "real-", &binary_msgs)?,

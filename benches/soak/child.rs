@@ -174,8 +174,7 @@ pub fn main(args: &ChildArgs) -> ! {
     let reader = stdin_bytes.map(|want| {
         std::thread::spawn(move || {
             // SAFETY: fd 0 is ours; ManuallyDrop keeps it open for the rest of the process.
-            let mut stdin =
-                std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+            let mut stdin = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
             let mut h = Sha256::new();
             let mut len = 0u64;
             let mut buf = vec![0u8; 64 * 1024];
@@ -214,7 +213,7 @@ pub fn main(args: &ChildArgs) -> ! {
         }
         if pace > 0 {
             let mut left = Duration::from_secs_f64(n as f64 / pace as f64);
-            while !left.is_zero() && !(count_term && TERMINATED.load(Ordering::SeqCst)) {
+            while !(left.is_zero() || count_term && TERMINATED.load(Ordering::SeqCst)) {
                 let step = left.min(Duration::from_millis(10));
                 std::thread::sleep(step);
                 left -= step;

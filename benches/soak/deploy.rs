@@ -132,8 +132,7 @@ impl RelayProc {
                 .with_context(|| format!("starting {}", self.bin.display()))?;
             let stdout = child.stdout.take().context("relay stdout")?;
             let mut lines = BufReader::new(stdout).lines();
-            let first =
-                tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await;
+            let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await;
             match first {
                 Ok(Ok(Some(url))) if url.starts_with("ws://") => {
                     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });

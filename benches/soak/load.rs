@@ -164,11 +164,8 @@ async fn probe_once(
             ),
         ))
         .await?;
-    loop {
-        match h.next_event().await {
-            Some(ProcessEvent::Output { .. }) => break,
-            Some(_) | None => bail!("{id} ended before it wrote"),
-        }
+    if !matches!(h.next_event().await, Some(ProcessEvent::Output { .. })) {
+        bail!("{id} ended before it wrote");
     }
     let t0 = Instant::now();
     h.terminate(None).await?;
@@ -276,7 +273,11 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
         args.clients,
         args.per_client
     );
-    let probe = connect(&url, client_config(&clients[args.clients], server_keys.public)).await?;
+    let probe = connect(
+        &url,
+        client_config(&clients[args.clients], server_keys.public),
+    )
+    .await?;
 
     // Idle.
     let mut idle = Probes::default();
@@ -295,8 +296,8 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
     let bytes = Arc::new(AtomicU64::new(0));
     let failures = Arc::new(AtomicU64::new(0));
     let mut loaders = JoinSet::new();
-    for i in 0..args.clients {
-        let client = connect(&url, client_config(&clients[i], server_keys.public)).await?;
+    for (i, keys) in clients.iter().enumerate().take(args.clients) {
+        let client = connect(&url, client_config(keys, server_keys.public)).await?;
         let (stop, running, started, bytes, failures) = (
             stop.clone(),
             running.clone(),
@@ -435,7 +436,11 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
     println!("load: | figure | idle | under load |");
     println!("load: |---|---|---|");
     for (name, a, b) in [
-        ("`process/terminate` round trip", &idle.terminate, &loaded.terminate),
+        (
+            "`process/terminate` round trip",
+            &idle.terminate,
+            &loaded.terminate,
+        ),
         ("small run (start → exit notice)", &idle.run, &loaded.run),
         ("`execrelay run … -- true`", &idle.cli, &loaded.cli),
     ] {
@@ -450,7 +455,11 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
     }
     server.stop().await;
     relay.stop(false).await;
-    Ok(if failures.load(Ordering::Relaxed) == 0 { 0 } else { 1 })
+    Ok(if failures.load(Ordering::Relaxed) == 0 {
+        0
+    } else {
+        1
+    })
 }
 
 /// User + system CPU seconds of `pid` so far.

@@ -30,7 +30,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "soak", about = "execrelay's chaos soak, load benchmark and their tools")]
+#[command(
+    name = "soak",
+    about = "execrelay's chaos soak, load benchmark and their tools"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

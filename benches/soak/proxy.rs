@@ -119,13 +119,13 @@ impl FaultLog {
     /// Count one fault of `kind` by `who`, and log it with its `details`.
     pub fn fault(&self, kind: &str, who: &str, details: &str) {
         *lock(&self.counts).entry(kind.to_string()).or_default() += 1;
-        self.line(&format!("{who} {kind} {details}").trim_end().to_string());
+        self.line(format!("{who} {kind} {details}").trim_end());
     }
 
     /// Count an event that is not a fault of its own (a consequence of one), and log it.
     pub fn event(&self, kind: &str, who: &str, details: &str) {
         *lock(&self.counts).entry(kind.to_string()).or_default() += 1;
-        self.line(&format!("{who} {kind} {details}").trim_end().to_string());
+        self.line(format!("{who} {kind} {details}").trim_end());
     }
 
     /// Faults so far, by kind.
@@ -296,8 +296,11 @@ async fn serve(st: Arc<State>, down: TcpStream, n: u64) {
             return;
         }
         Err(_) => {
-            st.log
-                .event("upstream-refused", &who, &format!("{}: timed out", st.upstream));
+            st.log.event(
+                "upstream-refused",
+                &who,
+                &format!("{}: timed out", st.upstream),
+            );
             st.disturbed();
             return;
         }

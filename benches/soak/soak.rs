@@ -696,7 +696,11 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
         fd_ok,
         format!("open descriptors {}", fd_detail.join(", ")),
     );
-    let failures = sh.failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let failures = sh
+        .failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     rep.check(
         "no other failure",
         failures.is_empty(),
@@ -742,7 +746,10 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
         });
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
     }
-    log.line(&format!("result: {}", if rep.failed { "FAIL" } else { "PASS" }));
+    log.line(&format!(
+        "result: {}",
+        if rep.failed { "FAIL" } else { "PASS" }
+    ));
     log.flush();
     if args.hold_s > 0 {
         println!(

@@ -69,7 +69,10 @@ impl Detector {
             if self.relay.down.load(Ordering::SeqCst) {
                 return Err(());
             }
-            last = later(last, *self.relay.last.lock().unwrap_or_else(|e| e.into_inner()));
+            last = later(
+                last,
+                *self.relay.last.lock().unwrap_or_else(|e| e.into_inner()),
+            );
         }
         Ok(last)
     }

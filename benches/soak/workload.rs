@@ -192,7 +192,11 @@ fn plan(rng: &mut Rng, cfg: &WorkloadConfig) -> Plan {
     let mut stdin = None;
     if with_stdin && !matches!(kind, Kind::Timeout) {
         // A terminal's input queue is small: keep a terminal's stdin short.
-        let len = if pty { stdin_len.min(256 * 1024) } else { stdin_len };
+        let len = if pty {
+            stdin_len.min(256 * 1024)
+        } else {
+            stdin_len
+        };
         stdin = Some((seed ^ 0x5354_4449_4e00, len));
         child.stdin_bytes = Some(len);
     }
@@ -235,14 +239,9 @@ fn plan(rng: &mut Rng, cfg: &WorkloadConfig) -> Plan {
 }
 
 /// Connect a client on `path`, retrying while its path is disturbed (up to `within`).
-async fn connect(
-    sh: &Shared,
-    keys: &Keypair,
-    path: &Path,
-    within: Duration,
-) -> Option<Client> {
+async fn connect(sh: &Shared, keys: &Keypair, path: &Path, within: Duration) -> Option<Client> {
     let mut cfg = NoiseClientConfig::new(keys.clone(), path.server_public);
-    cfg.keepalive = sh.cfg.keepalive.clone();
+    cfg.keepalive = sh.cfg.keepalive;
     let target = Target::Noise {
         url: path.url.clone(),
         config: Arc::new(cfg),
@@ -273,10 +272,7 @@ pub async fn client_slot(sh: Arc<Shared>, slot: usize, keys: Keypair, path: Path
     let mut rng = Rng::new(derive(sh.cfg.seed, "slot", slot as u64));
     let mut generation = 0u64;
     while !sh.stop.is_cancelled() {
-        let life = Duration::from_secs_f64(
-            rng.exp(sh.cfg.client_life.as_secs_f64())
-                .max(10.0),
-        );
+        let life = Duration::from_secs_f64(rng.exp(sh.cfg.client_life.as_secs_f64()).max(10.0));
         let abandon = rng.chance(sh.cfg.abandon);
         let Some(client) = connect(&sh, &keys, &path, Duration::from_secs(120)).await else {
             return;
@@ -291,7 +287,9 @@ pub async fn client_slot(sh: Arc<Shared>, slot: usize, keys: Keypair, path: Path
         let mut n = 0u64;
         let mut next_break = next_break(&mut rng, &sh.cfg);
         loop {
-            while procs.len() < sh.cfg.per_client && Instant::now() < until && !sh.stop.is_cancelled()
+            while procs.len() < sh.cfg.per_client
+                && Instant::now() < until
+                && !sh.stop.is_cancelled()
             {
                 let p = plan(&mut rng, &sh.cfg);
                 let id = format!("s{slot}-g{generation}-p{n}");
@@ -376,13 +374,7 @@ impl Drop for Abandon<'_> {
     }
 }
 
-async fn run_process(
-    sh: Arc<Shared>,
-    client: Client,
-    path: Path,
-    id: String,
-    p: Plan,
-) {
+async fn run_process(sh: Arc<Shared>, client: Client, path: Path, id: String, p: Plan) {
     let mut argv = vec![sh.cfg.exe.clone()];
     argv.extend(p.child.argv());
     let mut opts = StartOptions::new(&id, argv);
@@ -391,7 +383,10 @@ async fn run_process(
         .insert(sh.cfg.tag.0.clone(), Some(sh.cfg.tag.1.clone()));
     opts.params.tty = p.expect.pty;
     if p.expect.pty {
-        opts.params.size = Some(TermSize { rows: 40, cols: 120 });
+        opts.params.size = Some(TermSize {
+            rows: 40,
+            cols: 120,
+        });
     }
     opts.params.pipe_stdin = p.expect.stdin.is_some();
     opts.params.timeout_ms = p.timeout_ms;
@@ -471,12 +466,11 @@ async fn run_process(
             _ => handle.next_event().await,
         };
         let Some(ev) = ev else {
-            let why = client.lost_reason().unwrap_or_else(|| "the event stream ended".into());
+            let why = client
+                .lost_reason()
+                .unwrap_or_else(|| "the event stream ended".into());
             sh.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
-            sh.fail(format!(
-                "{id} ({}): no exit notice: {why}",
-                path.proxy.name
-            ));
+            sh.fail(format!("{id} ({}): no exit notice: {why}", path.proxy.name));
             break;
         };
         let n = d.event(&ev);
@@ -495,7 +489,8 @@ async fn run_process(
     tracked.done.store(true, Ordering::SeqCst);
     // The exit notice is the last event: nothing comes after it.
     if d.exits > 0 {
-        if let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(2), handle.next_event()).await
+        if let Ok(Some(ev)) =
+            tokio::time::timeout(Duration::from_secs(2), handle.next_event()).await
         {
             d.event(&ev);
         }
@@ -514,7 +509,9 @@ async fn run_process(
         .entry(p.expect.kind.name())
         .or_default() += 1;
     sh.stats.lost.fetch_add(v.lost, Ordering::Relaxed);
-    sh.stats.duplicated.fetch_add(v.duplicated, Ordering::Relaxed);
+    sh.stats
+        .duplicated
+        .fetch_add(v.duplicated, Ordering::Relaxed);
     if v.corrupt {
         sh.stats.corrupt.fetch_add(1, Ordering::Relaxed);
     }
@@ -582,7 +579,11 @@ async fn feed_stdin(
         t.moved();
     }
     let before = (t.client.connection_count(), t.done.load(Ordering::SeqCst));
-    let r = if pty { w.flush().await } else { w.finish().await };
+    let r = if pty {
+        w.flush().await
+    } else {
+        w.finish().await
+    };
     if let Err(e) = r {
         if !tolerant {
             sh.fail(format!(

@@ -56,7 +56,8 @@ fuzz_target!(|data: &[u8]| {
                 return;
             };
             let mut resp = builder(&server, &pro).build_responder().expect("responder");
-            resp.read_message(&m1, &mut buf).expect("a genuine message 1 reads");
+            resp.read_message(&m1, &mut buf)
+                .expect("a genuine message 1 reads");
             let Ok(n) = resp.write_message(payload, &mut buf) else {
                 return;
             };

@@ -718,7 +718,13 @@ fn the_receivers_side_of_a_stream_says_what_it_took_and_reported() {
     pump(&mut c, &mut s, clock.now);
     let r = s.stream_recv_flow(&sid(1)).unwrap();
     assert_eq!(
-        (r.received, r.consumed, r.reported, r.window, r.queued_records),
+        (
+            r.received,
+            r.consumed,
+            r.reported,
+            r.window,
+            r.queued_records
+        ),
         (10, 0, 0, 16, 10)
     );
     for seq in 1..=8 {

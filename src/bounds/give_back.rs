@@ -40,7 +40,11 @@ impl GiveBack {
     /// memory back now.
     pub fn observe(&mut self, held: u64, idle: bool) -> bool {
         self.high = self.high.max(held);
-        self.idle_looks = if idle { self.idle_looks.saturating_add(1) } else { 0 };
+        self.idle_looks = if idle {
+            self.idle_looks.saturating_add(1)
+        } else {
+            0
+        };
         self.busy_since |= !idle;
         let fell = self.high - held >= GIVE_BACK_AFTER_BYTES;
         let settled = self.busy_since && self.idle_looks == IDLE_LOOKS;
@@ -84,7 +88,10 @@ mod tests {
         assert!(!g.observe(200 * MB, false));
         assert!(!g.observe(169 * MB, false), "31 MiB below: not yet");
         assert!(g.observe(168 * MB, false), "32 MiB below");
-        assert!(!g.observe(150 * MB, false), "the mark starts again from there");
+        assert!(
+            !g.observe(150 * MB, false),
+            "the mark starts again from there"
+        );
         assert!(g.observe(136 * MB, false));
     }
 

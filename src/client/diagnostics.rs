@@ -43,10 +43,16 @@ impl std::fmt::Display for DeliveryState {
             self.consumed_seq,
             self.acked_seq,
             self.buffered_events,
-            if self.exit_received { ", exit received" } else { "" },
+            if self.exit_received {
+                ", exit received"
+            } else {
+                ""
+            },
             self.since_last_event,
             self.connection,
-            self.transport.as_deref().unwrap_or("no flow control of its own, or no connection"),
+            self.transport
+                .as_deref()
+                .unwrap_or("no flow control of its own, or no connection"),
         )
     }
 }
