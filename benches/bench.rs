@@ -190,6 +190,8 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
             &limit,
             "--max-processes-per-address",
             &limit,
+            "--max-streams-per-key",
+            &limit,
         ],
     )
     .await;
@@ -320,6 +322,7 @@ async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) 
             }
             ProcessEvent::Exited(_) => break,
             ProcessEvent::Lost { .. } => panic!("lost output"),
+            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
         }
     }
     if bytes > 1 << 20 {
@@ -629,7 +632,7 @@ async fn resume_bench(kills: usize) -> (f64, f64, i64) {
                 }
             }
             ProcessEvent::Exited(_) => break,
-            ProcessEvent::Lost { .. } => break,
+            ProcessEvent::Lost { .. } | ProcessEvent::Omitted { .. } => break,
         }
     }
     let _ = std::fs::remove_file(&path);

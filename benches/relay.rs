@@ -209,7 +209,22 @@ fn stream_id(link: usize, n: usize) -> [u8; 16] {
 async fn idle_streams(total: usize) {
     let per_link = total.div_ceil(IDLE_LINKS);
     let rate = (total * 2).to_string();
-    let relay = start_relay(IDLE_LINKS, &["--opens-per-second", &rate]).await;
+    // Every fake client is on this host (one address): its share of an environment's
+    // streams and its handshakes in flight are raised to the load (the defaults hold one
+    // address to 512 streams per environment and 256 pending handshakes).
+    let per_env = per_link.to_string();
+    let relay = start_relay(
+        IDLE_LINKS,
+        &[
+            "--opens-per-second",
+            &rate,
+            "--max-streams-per-address-per-environment",
+            &per_env,
+            "--address-handshake-failure-burst",
+            &rate,
+        ],
+    )
+    .await;
     let pid = relay.pid();
     let mut envs = Vec::new();
     let mut clients = Vec::new();

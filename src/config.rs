@@ -36,8 +36,19 @@ pub const RETAINED_OUTPUT_BYTES: usize = 8 * 1024 * 1024;
 /// ahead, whatever the number of processes. 256 MiB keeps a few hundred fast streams busy
 /// (about 1 MiB each) on a machine where the server may take a few hundred MB.
 pub const OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
-/// How long a detached session survives (`processes.md` §5).
+/// How long a detached session survives (`processes.md` §5) unless its client asked for
+/// another TTL (`sessionTtlMs`, `protocol.md` §3).
 pub const DETACHED_SESSION_TTL_MS: u64 = 60_000;
+/// The longest `sessionTtlMs` a client may ask for: 24 hours, so a command started with
+/// `execrelay run --detach` outlives a night, while a forgotten session (its processes, their
+/// retained output, its place under `max_sessions`) still goes away by itself within a day.
+/// Above it, `initialize` is answered `-32602` naming this setting.
+pub const MAX_SESSION_TTL_MS: u64 = 86_400_000;
+/// The largest tail `outputCapKeep: "headAndTail"` may keep per stream (half the
+/// `outputBytesCap`, rounded up): 8 MiB, the default retention of a whole process. The tail is
+/// held in memory until its stream ends (beside the event log), so a client cannot make the
+/// server hold more than this per stream: a larger tail is refused with `-32602`.
+pub const MAX_OUTPUT_TAIL_BYTES: usize = 8 * 1024 * 1024;
 /// Longest `process/read` long poll (`protocol.md` §4).
 pub const MAX_READ_WAIT_MS: u64 = 60_000;
 /// How long an exited process stays known after its exit notice was written, without acks.
@@ -199,6 +210,33 @@ pub const MAX_STREAMS_PER_LINK: usize = 1024;
 pub const HANDSHAKE_FAILURE_BURST: u32 = 8;
 /// One handshake failure is forgiven per this many milliseconds (the bucket's refill).
 pub const HANDSHAKE_FAILURE_REFILL_MS: u64 = 2_000;
+/// The environment link's last-resort budget of handshake failures (`secure-transport.md`
+/// §8). Through a relay, every failure is charged to the client link and address that caused
+/// it (the relay closes that link, and forwards an address's `OPEN`s only while its failure
+/// tokens cover them: at most `address_handshake_failure_burst` = 256 back to back, then one
+/// a second); this budget, of which an empty bucket refuses every client's new streams for
+/// 10 s, must never empty for one client's sake: 16 times the relay's per-address burst, and
+/// a refill a hundred times its rate. It empties only when more than 16 addresses burst at
+/// once, or more than 100 keep failing a second each: a many-address attack, where refusing
+/// new streams for a while protects the server (a failure costs it two X25519 operations).
+pub const RELAY_LINK_HANDSHAKE_FAILURE_BURST: u32 = 4096;
+/// One failure of the environment link's last-resort budget forgiven per this interval.
+pub const RELAY_LINK_HANDSHAKE_FAILURE_REFILL_MS: u64 = 10;
+/// Streams one Noise client key may hold on this server at once (pending and open, over all
+/// its links: the environment link, direct links), so that one key cannot take the streams
+/// of the environment link (`max_streams_per_link`, shared by every client of a relay) from
+/// the others: once 996 of 1024. Four per session of `max_sessions_per_key` (a resume briefly
+/// takes a second stream per session); more are refused `too_many_streams`.
+pub const MAX_STREAMS_PER_KEY: usize = 64;
+/// How far a message 1's `ts` may be from the server's clock, either way
+/// (`secure-transport.md` §3 `HANDSHAKE_CLOCK_WINDOW`): 2 minutes. Accepted stamps are kept
+/// this long (the replay cache).
+pub const HANDSHAKE_CLOCK_WINDOW_MS: u64 = 120_000;
+/// Handshakes of one client key remembered within the clock window (§3
+/// `MAX_HANDSHAKES_PER_KEY_WINDOW`); more are refused `busy` until older ones age out (that
+/// key alone).
+pub const MAX_HANDSHAKES_PER_KEY_WINDOW: usize =
+    execrelay_relay::replay::MAX_HANDSHAKES_PER_KEY_WINDOW;
 /// Interval of WebSocket pings on every link and WebSocket of the server (`noise+ws://`
 /// links, the environment link, plain `ws://` connections; `secure-transport.md` §6.4), less
 /// a jitter of up to a tenth.
@@ -453,6 +491,12 @@ settings! {
     /// See [`DETACHED_SESSION_TTL_MS`].
     detached_session_ttl_ms: u64 = DETACHED_SESSION_TTL_MS, Millis,
         "how long a detached session survives";
+    /// See [`MAX_SESSION_TTL_MS`].
+    max_session_ttl_ms: u64 = MAX_SESSION_TTL_MS, Millis,
+        "longest `sessionTtlMs` a client may ask for in `initialize` (also `--max-session-ttl DURATION`) → `-32602`";
+    /// See [`MAX_OUTPUT_TAIL_BYTES`].
+    max_output_tail_bytes: usize = MAX_OUTPUT_TAIL_BYTES, Bytes,
+        "largest tail `outputCapKeep: \"headAndTail\"` keeps per stream (half the cap), held in memory until the stream ends → `-32602`";
     /// See [`MAX_READ_WAIT_MS`].
     max_read_wait_ms: u64 = MAX_READ_WAIT_MS, Millis,
         "longest `process/read` long poll";
@@ -495,12 +539,27 @@ settings! {
     /// See [`MAX_STREAMS_PER_LINK`].
     max_streams_per_link: usize = MAX_STREAMS_PER_LINK, Count,
         "Noise streams per link (pending ones count); more are reset (`too_many_streams`)";
+    /// See [`MAX_STREAMS_PER_KEY`].
+    max_streams_per_key: usize = MAX_STREAMS_PER_KEY, Count,
+        "Noise streams one client key holds at once over all links (pending ones count); more are reset (`too_many_streams`)";
     /// See [`HANDSHAKE_FAILURE_BURST`].
     handshake_failure_burst: u32 = HANDSHAKE_FAILURE_BURST, Count,
-        "Noise handshake failures tolerated back to back per link; an empty budget closes a direct link, or refuses new streams on the relay link for 10 s";
+        "Noise handshake failures tolerated back to back per direct link; the one that takes the last token closes it";
     /// See [`HANDSHAKE_FAILURE_REFILL_MS`].
     handshake_failure_refill_ms: u64 = HANDSHAKE_FAILURE_REFILL_MS, Millis,
-        "one Noise handshake failure forgiven per this interval";
+        "one Noise handshake failure of a direct link forgiven per this interval";
+    /// See [`RELAY_LINK_HANDSHAKE_FAILURE_BURST`].
+    relay_link_handshake_failure_burst: u32 = RELAY_LINK_HANDSHAKE_FAILURE_BURST, Count,
+        "last-resort budget of handshake failures of the environment link (the relay charges each to the client that caused it); once empty, every new stream is refused (`busy`) for 10 s";
+    /// See [`RELAY_LINK_HANDSHAKE_FAILURE_REFILL_MS`].
+    relay_link_handshake_failure_refill_ms: u64 = RELAY_LINK_HANDSHAKE_FAILURE_REFILL_MS, Millis,
+        "one failure of the environment link's last-resort budget forgiven per this interval";
+    /// See [`HANDSHAKE_CLOCK_WINDOW_MS`].
+    handshake_clock_window_ms: u64 = HANDSHAKE_CLOCK_WINDOW_MS, Millis,
+        "how far a Noise message 1's `ts` may be from the server's clock, either way (`clock_skew` beyond); accepted stamps are remembered this long, and nothing stamped before the server started is accepted";
+    /// See [`MAX_HANDSHAKES_PER_KEY_WINDOW`].
+    max_handshakes_per_key_window: usize = MAX_HANDSHAKES_PER_KEY_WINDOW, Count,
+        "Noise handshakes of one client key remembered within the clock window; more are reset (`busy`) until older ones age out";
     /// See [`KEEPALIVE_INTERVAL_MS`].
     keepalive_interval_ms: u64 = KEEPALIVE_INTERVAL_MS, Millis,
         "WebSocket ping interval on every link and WebSocket (`noise+ws://`, the relay link, `ws://`)";
@@ -604,6 +663,11 @@ impl ServerConfig {
                 self.max_pending_authorizations,
             ),
             ("max_streams_per_link", self.max_streams_per_link),
+            ("max_streams_per_key", self.max_streams_per_key),
+            (
+                "max_handshakes_per_key_window",
+                self.max_handshakes_per_key_window,
+            ),
             ("max_sessions_per_key", self.max_sessions_per_key),
             ("max_sessions_per_address", self.max_sessions_per_address),
             ("max_processes_per_key", self.max_processes_per_key),
@@ -620,6 +684,11 @@ impl ServerConfig {
                 "handshake_failure_refill_ms",
                 self.handshake_failure_refill_ms,
             ),
+            (
+                "relay_link_handshake_failure_refill_ms",
+                self.relay_link_handshake_failure_refill_ms,
+            ),
+            ("handshake_clock_window_ms", self.handshake_clock_window_ms),
             ("keepalive_interval_ms", self.keepalive_interval_ms),
             ("pong_timeout_ms", self.pong_timeout_ms),
             ("relay_backoff_initial_ms", self.relay_backoff_initial_ms),
@@ -651,6 +720,12 @@ impl ServerConfig {
                     self.max_message_bytes
                 )));
             }
+        }
+        if self.detached_session_ttl_ms > self.max_session_ttl_ms {
+            return Err(ConfigError(format!(
+                "detached_session_ttl_ms ({}) must be at most max_session_ttl_ms ({})",
+                self.detached_session_ttl_ms, self.max_session_ttl_ms
+            )));
         }
         check_cgroup_name(&self.cgroup_name).map_err(ConfigError)?;
         Ok(())

@@ -50,16 +50,22 @@ use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
 use crate::link::health::EnvironmentHealth;
+use crate::link::key_quota::StreamsPerKey;
 use crate::link::server::{
     keepalive_config, run_link, LinkContext, LinkPeer, NoiseServerConfig, LINK_PATH,
 };
 use crate::metrics::Metrics;
-use crate::noise::timestamp::{HelloTimestamps, SharedHelloTimestamps, TRACKED_CLIENT_KEYS};
+use crate::noise::timestamp::{hello_timestamps, SharedHelloTimestamps};
 use crate::policy::PolicyFile;
 pub use crate::process::containment::{start_containment, StartError};
 use crate::session::SessionRegistry;
 use crate::transport::stdio::stdio_transport;
 use crate::transport::websocket::{framed_with_keepalive, websocket_config};
+
+/// The body of the `404` a WebSocket upgrade on another path gets from a `noise+ws://`
+/// listener: a client that dialled it with `ws://` or `relay+ws://` learns what to use.
+pub const NOISE_SERVER_HINT: &str =
+    "this is an execrelay exec server speaking Noise; use noise+ws://HOST:PORT";
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,6 +226,8 @@ impl Server {
         });
         let health = server_health(&registry, environment.clone(), stop_accepting.clone());
         tasks.spawn(give_back_memory(registry.clone(), conn_shutdown.clone()));
+        // One table for every listener: a key's streams count over all its links.
+        let streams_per_key = StreamsPerKey::new(config.max_streams_per_key);
         for listener in listeners {
             match listener {
                 Listener::Stdio => {
@@ -240,6 +248,8 @@ impl Server {
                     let routes = Routes {
                         health: Health::always(),
                         metrics: None,
+                        // Every path is served: no hint needed.
+                        not_found_hint: None,
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Any,
                             route: Route::JsonRpc,
@@ -284,6 +294,7 @@ impl Server {
                     let routes = Routes {
                         health: Health::always(),
                         metrics: None,
+                        not_found_hint: Some(NOISE_SERVER_HINT),
                         upgrades: vec![UpgradeRoute {
                             path: PathPattern::Exact(LINK_PATH),
                             route: Route::Link,
@@ -292,13 +303,12 @@ impl Server {
                     };
                     // Message-1 timestamps, shared by every link of the listener: a message 1
                     // replayed on another link is refused too.
-                    let timestamps: SharedHelloTimestamps = Arc::new(std::sync::Mutex::new(
-                        HelloTimestamps::new(TRACKED_CLIENT_KEYS),
-                    ));
+                    let timestamps: SharedHelloTimestamps = hello_timestamps(&config);
                     let ctx = LinkContext {
                         noise,
                         registry: registry.clone(),
                         timestamps,
+                        streams_per_key: streams_per_key.clone(),
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
@@ -336,9 +346,8 @@ impl Server {
                         noise,
                         registry: registry.clone(),
                         // Its own table: the environment link is a listener of its own.
-                        timestamps: Arc::new(std::sync::Mutex::new(HelloTimestamps::new(
-                            TRACKED_CLIENT_KEYS,
-                        ))),
+                        timestamps: hello_timestamps(&config),
+                        streams_per_key: streams_per_key.clone(),
                         shutdown: conn_shutdown.clone(),
                         tasks: tasks.clone(),
                     };
@@ -362,6 +371,7 @@ impl Server {
                             health: Some(health.clone()),
                             metrics: Some(render),
                             upgrades: Vec::new(),
+                            not_found_hint: None,
                         },
                         limits: config.metrics_front_limits(),
                         websocket: websocket_config(config.max_message_bytes),
@@ -375,6 +385,7 @@ impl Server {
                         routes: Routes {
                             health: Some(health.clone()),
                             metrics: None,
+                            not_found_hint: None,
                             upgrades: Vec::new(),
                         },
                         limits: config.metrics_front_limits(),

@@ -731,3 +731,24 @@ async fn the_policy_file_edited_while_the_server_runs_applies_and_a_bad_edit_kee
     replace("default = \"allow\"\n");
     t.client.run(run_echo("e4")).await;
 }
+
+/// A connection that declared it answers server requests, closed its session
+/// (`session/close`, as `execrelay run` does at its end) and then went away, ends at once. It
+/// used to last its writer's flush deadline (2 s): the closed session kept the connection's
+/// request sink, which held its control lane open. Through a relay, every such stream stayed
+/// counted against its key's `max_streams_per_key` meanwhile: 16 `execrelay run`s of one key
+/// at a time, back to back, were refused `too_many_streams` within a few rounds. Paused time:
+/// the end comes with no time passing.
+#[tokio::test(start_paused = true)]
+async fn a_connection_whose_session_was_closed_ends_at_once_when_its_peer_goes() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (reg, _) = registry_with(POLICY, dir.path(), cfg());
+    let mut t = connect_to(&reg);
+    init(&mut t.client, true).await;
+    t.client.call("session/close", json!({})).await;
+    t.client.writer.shutdown().await.unwrap();
+    let gone = tokio::time::Instant::now();
+    assert_eq!(connection_end(t.end).await, ConnectionEnd::PeerClosed);
+    assert_eq!(gone.elapsed(), Duration::ZERO, "the connection lingered");
+}

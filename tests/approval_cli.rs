@@ -111,7 +111,10 @@ async fn run_without_a_terminal_denies_and_approve_all_approves() {
     assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(err.contains("no terminal to ask on: denied"), "{err}");
-    assert!(err.contains("-32006"), "{err}");
+    assert!(
+        err.contains("execrelay: ws://") && err.contains("not approved"),
+        "{err}"
+    );
     assert!(running_with_arg(&arg).is_empty(), "nothing spawned");
 
     let out = output_of(&mut run_without_terminal(&[

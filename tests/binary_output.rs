@@ -130,13 +130,15 @@ enum Ev {
         binary: bool,
     },
     Exited(Value),
+    /// `process/outputOmitted` (always JSON).
+    Omitted(Value),
 }
 
 impl Ev {
     fn seq(&self) -> u64 {
         match self {
             Ev::Output { seq, .. } => *seq,
-            Ev::Exited(p) => p["seq"].as_u64().expect("exit seq"),
+            Ev::Exited(p) | Ev::Omitted(p) => p["seq"].as_u64().expect("seq"),
         }
     }
 }
@@ -192,6 +194,10 @@ impl Raw {
                 self.events.push(Ev::Exited(v["params"].clone()));
                 None
             }
+            Some("process/outputOmitted") => {
+                self.events.push(Ev::Omitted(v["params"].clone()));
+                None
+            }
             _ => Some(v),
         }
     }
@@ -238,7 +244,7 @@ impl Raw {
             .iter()
             .map(|e| match e {
                 Ev::Output { data, .. } => data.len(),
-                Ev::Exited(_) => 0,
+                Ev::Exited(_) | Ev::Omitted(_) => 0,
             })
             .sum()
     }
@@ -436,6 +442,52 @@ async fn pty_output_comes_as_binary_pty_deltas() {
     server.stop().await;
 }
 
+/// `outputCapKeep: "headAndTail"` on a binary connection: the head and the tail come as binary
+/// deltas, the `process/outputOmitted` notice between them as JSON, with its own seq.
+#[tokio::test]
+async fn the_omitted_notice_is_json_between_binary_deltas() {
+    let server = Both::start(cfg()).await;
+    let mut c = server.open(false).await;
+    c.init(true, None).await;
+    let r = c
+        .call(
+            "process/start",
+            json!({"processId": "h", "argv": ["sh", "-c", "printf 0123456789ABCDEFGHIJ"],
+                   "outputBytesCap": 8, "outputCapKeep": "headAndTail"}),
+        )
+        .await;
+    assert!(r["result"]["pid"].is_u64(), "{r}");
+    c.until(exited).await;
+    let seqs: Vec<u64> = c.events.iter().map(Ev::seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "one seq each"
+    );
+    let mut head = Vec::new();
+    let mut tail = Vec::new();
+    let mut notices = 0;
+    for e in &c.events {
+        match e {
+            Ev::Output { data, binary, .. } => {
+                assert!(*binary, "deltas in the connection's form");
+                if notices == 0 { &mut head } else { &mut tail }.extend_from_slice(data);
+            }
+            Ev::Omitted(p) => {
+                notices += 1;
+                assert_eq!(p["stream"], "stdout", "{p}");
+                assert_eq!(p["omittedBytes"], 12, "{p}");
+            }
+            Ev::Exited(p) => assert_eq!(p["droppedBytes"], 12, "{p}"),
+        }
+    }
+    assert_eq!(
+        (text(&head), notices, text(&tail)),
+        ("0123".into(), 1, "GHIJ".into())
+    );
+    server.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resume across forms.
 
@@ -535,6 +587,7 @@ async fn resume_switching_form(noise: bool, first_binary: bool) {
                 assert_eq!(p["exitCode"], 0);
                 last_exit = true;
             }
+            Ev::Omitted(p) => panic!("no cap was asked for: {p}"),
         }
     }
     assert!(last_exit);

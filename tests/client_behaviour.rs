@@ -95,6 +95,7 @@ async fn collect(p: &mut ProcessHandle) -> Seen {
                 StreamName::Pty => seen.pty.extend_from_slice(&data),
             },
             ProcessEvent::Lost { from, to } => panic!("lost {from}..={to}"),
+            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
             ProcessEvent::Exited(info) => {
                 seen.exit = Some(info);
                 return seen;

@@ -36,8 +36,22 @@ const CONSTANTS: &[(&str, u64)] = &[
         MAX_PENDING_AUTHORIZATIONS as u64,
     ),
     ("max_streams_per_link", MAX_STREAMS_PER_LINK as u64),
+    ("max_streams_per_key", MAX_STREAMS_PER_KEY as u64),
     ("handshake_failure_burst", HANDSHAKE_FAILURE_BURST as u64),
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
+    (
+        "relay_link_handshake_failure_burst",
+        RELAY_LINK_HANDSHAKE_FAILURE_BURST as u64,
+    ),
+    (
+        "relay_link_handshake_failure_refill_ms",
+        RELAY_LINK_HANDSHAKE_FAILURE_REFILL_MS,
+    ),
+    ("handshake_clock_window_ms", HANDSHAKE_CLOCK_WINDOW_MS),
+    (
+        "max_handshakes_per_key_window",
+        MAX_HANDSHAKES_PER_KEY_WINDOW as u64,
+    ),
     ("keepalive_interval_ms", KEEPALIVE_INTERVAL_MS),
     ("pong_timeout_ms", PONG_TIMEOUT_MS),
     ("relay_backoff_initial_ms", RELAY_BACKOFF_INITIAL_MS),
@@ -65,6 +79,8 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("idle_link_timeout_ms", IDLE_LINK_TIMEOUT_MS),
     ("approval_timeout_ms", APPROVAL_TIMEOUT_MS),
     ("session_pids_max", DEFAULT_SESSION_PIDS_MAX),
+    ("max_session_ttl_ms", MAX_SESSION_TTL_MS),
+    ("max_output_tail_bytes", MAX_OUTPUT_TAIL_BYTES as u64),
 ];
 
 /// Every word setting with its default and two other valid values (for the file and the flag),

@@ -2,7 +2,7 @@
 //! `RLIMIT_NOFILE`: the soft limit is raised to the hard one at start; one client's processes
 //! (capped by its address's quota) and connections (refused below the descriptor reserve)
 //! leave another client's spawn alone; a spawn that runs out of descriptors is a clear
-//! `-32603` and leaves no entry behind.
+//! `-32007` (`what: "other"`, `errno: "EMFILE"`) and leaves no entry behind.
 
 mod common;
 use common::binary::*;
@@ -240,10 +240,14 @@ async fn a_spawn_out_of_descriptors_is_a_clear_error_and_leaves_no_entry() {
         match r.get("error") {
             None => started.push(id),
             Some(e) => {
-                assert_eq!(e["code"], -32603, "{e}");
+                assert_eq!(e["code"], -32007, "{e}");
+                assert_eq!(e["data"]["what"], "other", "{e}");
+                assert_eq!(e["data"]["errno"], "EMFILE", "{e}");
                 let msg = e["message"].as_str().unwrap();
                 assert!(
-                    msg.starts_with("spawn failed: the server is out of file descriptors"),
+                    msg.starts_with(
+                        "cannot start \"sleep\": the server is out of file descriptors"
+                    ),
                     "{msg}"
                 );
                 break id;

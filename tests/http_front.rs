@@ -60,6 +60,7 @@ impl TestFront {
             Routes {
                 health: Health::always(),
                 metrics,
+                not_found_hint: None,
                 upgrades: vec![UpgradeRoute {
                     path: PathPattern::Any,
                     route: "rpc",
@@ -463,6 +464,7 @@ async fn routes_with_ids_and_exact_paths() {
     let routes = Routes {
         health: None,
         metrics: None,
+        not_found_hint: None,
         upgrades: vec![
             UpgradeRoute {
                 path: PathPattern::Exact("/v1/link"),
@@ -540,6 +542,7 @@ fn health_routes() -> Routes<&'static str> {
     Routes {
         health: Health::always(),
         metrics: None,
+        not_found_hint: None,
         upgrades: Vec::new(),
     }
 }

@@ -56,6 +56,7 @@ async fn shutdown_kills_what_left_the_group_and_leaves_no_cgroup() {
             .expect("server gone");
         match ev.body {
             EventBody::Output { chunk, .. } => out.push_str(&String::from_utf8_lossy(&chunk)),
+            EventBody::Omitted { .. } => panic!("no cap was asked for"),
             EventBody::Exited(_) => {
                 break number_after(&out, "escaped=").unwrap_or_else(|| panic!("{out:?}"))
             }

@@ -197,6 +197,7 @@ async fn silent_then_output(client: &Client) {
                 break;
             }
             ProcessEvent::Lost { .. } => panic!("lost"),
+            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
         }
     }
     assert_eq!(text(&out), "still-here\n");

@@ -157,6 +157,7 @@ async fn drain_to_exit(p: &mut ProcessHandle) -> usize {
             ProcessEvent::Output { data, .. } => n += data.len(),
             ProcessEvent::Exited(_) => return n,
             ProcessEvent::Lost { .. } => panic!("lost output"),
+            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
         }
     }
     panic!("no exit notice");
@@ -206,11 +207,56 @@ async fn figures_follow_sessions_processes_bytes_and_errors() {
     assert!(get(&m, "execrelay_retained_output_bytes") > 0.0);
 
     // The client goes away without closing its session: the session is detached, not gone.
-    // The server learns of the disconnect on its own schedule, so poll the figure (bounded).
+    // The server learns of the disconnect on its own schedule, so poll the figures (bounded).
+    // Both: a scrape takes the sessions' snapshot before it reads the connection gauge, so
+    // one scrape may show the connection gone and the session still attached.
     client.close();
-    let m = scrape_until(&server.metrics, |m| get(m, "execrelay_connections") == 0.0).await;
+    let m = scrape_until(&server.metrics, |m| {
+        get(m, "execrelay_connections") == 0.0
+            && get(m, "execrelay_sessions{state=\"attached\"}") == 0.0
+    })
+    .await;
     assert_eq!(get(&m, "execrelay_sessions{state=\"attached\"}"), 0.0);
     assert_eq!(get(&m, "execrelay_sessions{state=\"detached\"}"), 1.0);
+}
+
+/// Regression: every successful `execrelay run` counted one `-32001` (its `process/closeStdin`
+/// reached the server after the process it named was forgotten). A normal run, whether its
+/// stdin ends before, while or after the command exits, counts no error of any code.
+#[tokio::test]
+async fn normal_runs_count_no_error() {
+    let server = start("ws://127.0.0.1:0", &[]).await;
+    let bin = env!("CARGO_BIN_EXE_execrelay");
+    // Its stdin at end of file at once, after the command exited, and with data in it: the
+    // command reads none of it.
+    for stdin in ["</dev/null", "sleep 0.3 |", "printf data |"] {
+        for _ in 0..3 {
+            let script = match stdin.strip_suffix('|') {
+                Some(feed) => format!("{feed} | \"$0\" run \"$1\" -- echo ok"),
+                None => format!("\"$0\" run \"$1\" -- echo ok {stdin}"),
+            };
+            let out = Command::new("sh")
+                .args(["-c", &script, bin, &server.url])
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .output();
+            let out = tokio::time::timeout(GUARD, out)
+                .await
+                .expect("run ends")
+                .expect("run");
+            assert!(out.status.success(), "{out:?}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+        }
+    }
+    let m = scrape_until(&server.metrics, |m| get(m, "execrelay_connections") == 0.0).await;
+    let errors: Vec<_> = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("execrelay_rpc_errors"))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "errors counted for normal runs: {errors:?}"
+    );
 }
 
 #[tokio::test]

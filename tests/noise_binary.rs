@@ -133,7 +133,8 @@ async fn key_file_errors_are_reported_at_start() {
     let err = text(&serve_fails(dir.path(), &short, &auth).await.stderr);
     assert!(err.contains("32 bytes"), "{err}");
 
-    // An authorized-keys file with a bad third line: the error names file:LINE.
+    // An authorized-keys file with a bad third line: the line is skipped with a warning that
+    // names file:LINE (as sshd does), and the key on the second line still works.
     let bad_auth = dir.path().join("bad-auth");
     std::fs::write(
         &bad_auth,
@@ -143,11 +144,21 @@ async fn key_file_errors_are_reported_at_start() {
         ),
     )
     .unwrap();
-    let out = serve_fails(dir.path(), &server.private, &bad_auth).await;
-    let err = text(&out.stderr);
+    let noise = BinServer::with_keys(dir.path(), &server, &bad_auth, &[], None).await;
+    let ok = run_bin(
+        &noise.url,
+        server.pubs(),
+        client.p(),
+        &[],
+        &["echo", "ok"],
+        None,
+    )
+    .await;
+    assert_eq!(text(&ok.stdout), "ok\n", "{}", text(&ok.stderr));
+    let log = noise.stop().await;
     assert!(
-        err.contains(&format!("{}:3", bad_auth.display())),
-        "names the line: {err}"
+        log.contains(&format!("{}:3", bad_auth.display())),
+        "names the line: {log}"
     );
 
     // The client refuses an open private key too, before connecting.

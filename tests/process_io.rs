@@ -386,3 +386,108 @@ async fn write_blocked_when_the_child_dies_answers_exited() {
         );
     }
 }
+
+// A control request that crosses the exit's acknowledgement ----------------------------------
+
+/// A client's stdin pump may send `process/closeStdin` (or a last write) while its event
+/// loop acknowledges the exit notice: the session forgets the process on the ack, and the
+/// request that arrives just after is answered as for an exited process, not `-32001`
+/// (every `execrelay run` counted one such error, now and then). An id never started is still
+/// unknown, and a new start may take the ended id again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_requests_after_the_exit_was_acknowledged_answer_as_exited() {
+    let mut ip = in_process(cfg(), 1 << 20);
+    let c = &mut ip.client;
+    c.call(
+        "initialize",
+        json!({"clientName": "test", "capabilities": {"acks": true}}),
+    )
+    .await;
+    c.notify("initialized", json!({})).await;
+    start_checked(
+        c,
+        json!({"processId": "done", "argv": ["true"], "pipeStdin": true}),
+    )
+    .await;
+    let got = collect_checked(c, "done").await;
+    assert_eq!(got.exit["exitCode"], 0, "{}", got.exit);
+    let seq = *got.seqs.last().expect("the exit notice's seq");
+    c.notify("process/ack", json!({"processId": "done", "seq": seq}))
+        .await;
+    // The ack is a notification: the session forgets the process once it is applied.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while list_entry(c, "done").await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "still listed");
+        tokio::task::yield_now().await;
+    }
+
+    assert_eq!(c.close_stdin("done").await, json!({}));
+    assert_eq!(c.write("done", b"late").await, json!({"status": "exited"}));
+    assert_eq!(
+        c.call(
+            "process/signal",
+            json!({"processId": "done", "signal": "SIGTERM"})
+        )
+        .await,
+        json!({})
+    );
+    assert_eq!(
+        c.call(
+            "process/resize",
+            json!({"processId": "done", "rows": 30, "cols": 90})
+        )
+        .await,
+        json!({})
+    );
+    assert_eq!(c.terminate("done", None).await, json!({"running": false}));
+
+    // An id this session never started is unknown, as before.
+    let e = c
+        .call_err("process/closeStdin", json!({"processId": "never"}))
+        .await;
+    assert_eq!(e["code"], -32001, "{e}");
+    let e = c
+        .call_err(
+            "process/write",
+            json!({"processId": "never", "chunk": b64(b"x")}),
+        )
+        .await;
+    assert_eq!(e["code"], -32001, "{e}");
+
+    // The ended id may be started again, and is then a live process like any other.
+    start_checked(
+        c,
+        json!({"processId": "done", "argv": ["cat"], "pipeStdin": true}),
+    )
+    .await;
+    assert_eq!(
+        c.write("done", b"again").await,
+        json!({"status": "accepted"})
+    );
+    assert_eq!(c.close_stdin("done").await, json!({}));
+    let got = collect_checked(c, "done").await;
+    assert_eq!(got.stdout, b"again");
+}
+
+/// The same for `session/close`: a stdin pump's write that crosses the close (`execrelay run`
+/// closes its session as soon as the exit is shown) is answered `exited`, not `-32001`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_crosses_session_close_answers_exited() {
+    let mut ip = connect().await;
+    let c = &mut ip.client;
+    start_checked(
+        c,
+        json!({"processId": "cat", "argv": ["cat"], "pipeStdin": true}),
+    )
+    .await;
+    assert_eq!(c.call("session/close", json!({})).await, json!({}));
+    assert_eq!(c.write("cat", b"late").await, json!({"status": "exited"}));
+    assert_eq!(c.close_stdin("cat").await, json!({}));
+    let e = c
+        .call_err(
+            "process/write",
+            json!({"processId": "never", "chunk": b64(b"x")}),
+        )
+        .await;
+    assert_eq!(e["code"], -32001, "{e}");
+}

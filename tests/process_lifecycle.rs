@@ -27,6 +27,7 @@ async fn drain_deadline_cuts_output_held_open_by_a_descendant() {
     assert_eq!(e["exitCode"], 0, "{e}");
     assert_eq!(e["signal"], Value::Null, "{e}");
     assert_eq!(e["timedOut"], false, "{e}");
+    assert_eq!(e["reason"], "exited", "{e}");
     assert_eq!(e["outputDrainTimedOut"], true, "{e}");
     assert_eq!(e["stdoutBytes"], 3, "{e}");
     assert_eq!(e["droppedBytes"], 0, "{e}");
@@ -162,6 +163,7 @@ async fn timeout_terminates_and_marks_timed_out() {
     .await;
     let e = &got.exit;
     assert_eq!(e["timedOut"], true, "{e}");
+    assert_eq!(e["reason"], "timeout", "{e}");
     assert_eq!(e["signal"], "SIGTERM", "{e}");
     assert_eq!(e["exitCode"], Value::Null, "{e}");
     let d = duration_ms(e);
@@ -212,6 +214,7 @@ async fn terminate_kills_background_children_of_the_group() {
     assert_eq!(got.exit["signal"], "SIGTERM", "{}", got.exit);
     assert_eq!(got.exit["exitCode"], Value::Null);
     assert_eq!(got.exit["timedOut"], false);
+    assert_eq!(got.exit["reason"], "terminated", "{}", got.exit);
     eventually("the background sleep is gone", || !pid_exists(bg)).await;
     eventually("the group is gone", || !group_alive(pid)).await;
 
@@ -250,18 +253,26 @@ async fn terminate_escalates_to_sigkill_after_the_grace() {
 // 10. -----------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spawn_failures_leave_nothing_behind() {
+async fn spawn_failures_say_what_failed_and_leave_nothing_behind() {
     let mut ip = connect().await;
     let c = &mut ip.client;
+    let start_error = |e: &Value| (e["code"].clone(), e["data"].clone(), e["message"].clone());
+
+    // A program not found in PATH: `-32007`, what the client maps to 127.
     let e = c
         .call_err(
             "process/start",
-            json!({"processId": "p", "argv": ["/nonexistent/prog"]}),
+            json!({"processId": "p", "argv": ["nosuchprog-i19"]}),
         )
         .await;
-    assert_eq!(e["code"], -32603, "{e}");
-    let msg = e["message"].as_str().expect("message");
-    assert!(msg.contains("No such file"), "OS error in message: {msg}");
+    assert_eq!(
+        start_error(&e),
+        (
+            json!(-32007),
+            json!({"what": "program", "path": "nosuchprog-i19", "errno": "ENOENT"}),
+            json!("program \"nosuchprog-i19\" not found in PATH")
+        )
+    );
     assert!(list_entry(c, "p").await.is_none(), "no entry left behind");
     assert!(c.backlog.is_empty(), "no event for a failed start");
 
@@ -269,29 +280,68 @@ async fn spawn_failures_leave_nothing_behind() {
     let (_, got) = run_checked(c, json!({"processId": "p", "argv": ["true"]})).await;
     assert_eq!(got.exit["exitCode"], 0);
 
+    // A path that does not exist.
+    let e = c
+        .call_err(
+            "process/start",
+            json!({"processId": "q", "argv": ["/nonexistent/prog"]}),
+        )
+        .await;
+    assert_eq!(
+        start_error(&e),
+        (
+            json!(-32007),
+            json!({"what": "program", "path": "/nonexistent/prog", "errno": "ENOENT"}),
+            json!("program \"/nonexistent/prog\": no such file")
+        )
+    );
+
+    // A missing working directory is not a missing program.
     let e = c
         .call_err(
             "process/start",
             json!({"processId": "q", "argv": ["true"], "cwd": "/nonexistent-dir"}),
         )
         .await;
-    assert_eq!(e["code"], -32603, "{e}");
+    assert_eq!(
+        start_error(&e),
+        (
+            json!(-32007),
+            json!({"what": "cwd", "path": "/nonexistent-dir", "errno": "ENOENT"}),
+            json!("cwd \"/nonexistent-dir\": no such directory")
+        )
+    );
     assert!(list_entry(c, "q").await.is_none());
 
+    // A file without an execute bit: `EACCES`, what the client maps to 126.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("not-executable");
+    std::fs::write(&script, "echo hi\n").unwrap();
+    let script = script.to_str().unwrap();
+    let e = c
+        .call_err("process/start", json!({"processId": "q", "argv": [script]}))
+        .await;
+    assert_eq!(
+        start_error(&e),
+        (
+            json!(-32007),
+            json!({"what": "program", "path": script, "errno": "EACCES"}),
+            json!(format!(
+                "program {script:?}: permission denied (not executable)"
+            ))
+        )
+    );
+
+    // The same on a terminal.
     let e = c
         .call_err(
             "process/start",
             json!({"processId": "q", "argv": ["/nonexistent/prog"], "tty": true}),
         )
         .await;
-    assert_eq!(e["code"], -32603, "{e}");
-    assert!(
-        e["message"]
-            .as_str()
-            .expect("message")
-            .contains("No such file"),
-        "{e}"
-    );
+    assert_eq!(e["code"], -32007, "{e}");
+    assert_eq!(e["data"]["what"], "program", "{e}");
+    assert_eq!(e["data"]["errno"], "ENOENT", "{e}");
     assert!(list_entry(c, "q").await.is_none());
 
     let e = c

@@ -2,7 +2,8 @@
 //! relay, the exec server and the client; `execrelay-relay`; `execrelay serve --relay`;
 //! `execrelay run relay+ws://…`. Output and exit status are the remote ones; what the relay
 //! reads and writes on every link holds no plaintext; a client of an environment that is
-//! not (or no longer) linked gets `environment_offline` and a clear error.
+//! not linked gets `environment_offline` and a clear error, and one whose environment was
+//! revoked is told so and stops at once, even in the middle of a command.
 //!
 //! Every wait is on a line, an exit or a log entry, bounded by a hang guard.
 
@@ -88,11 +89,11 @@ async fn run_through_the_relay_with_the_real_binaries_and_no_plaintext_on_the_wi
     drop(relay);
 }
 
-/// A client of an environment with no link gets `environment_offline`, and so does one whose
-/// environment was removed from the relay's environments file while its link was up (the
-/// relay closes that link at once and refuses it when it redials).
+/// A client of an environment with no link gets `environment_offline`; one whose environment
+/// was removed from the relay's environments file while its link was up (the relay closes
+/// that link at once and refuses it when it redials) is told it was revoked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline() {
+async fn a_client_of_an_offline_or_removed_environment_is_told_which() {
     let dir = tempfile::tempdir().unwrap();
     let (relay_keys, server, client, envs, auth) =
         relay_server_and_client(dir.path(), "env-1").await;
@@ -141,7 +142,8 @@ async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline(
     );
 
     // The line removed while the link is up: the relay closes it, the server's redials are
-    // refused (its log says so and what to check), clients get environment_offline.
+    // refused (its log says so and what to check), clients are told it was revoked (and stop
+    // at once: nothing will bring it back).
     std::fs::write(&envs, "# nobody\n").unwrap();
     common::eventually("the server's log shows its link refused", || {
         std::fs::read_to_string(&server_log)
@@ -160,7 +162,7 @@ async fn a_client_of_an_offline_or_removed_environment_gets_environment_offline(
     .await;
     assert_eq!(out.status.code(), Some(255));
     assert!(
-        text(&out.stderr).contains("environment_offline"),
+        text(&out.stderr).contains("environment \"env-1\" was revoked at the relay"),
         "{}",
         text(&out.stderr)
     );
@@ -177,14 +179,98 @@ async fn the_demo_runs_its_command_through_a_relay() {
     let out =
         common::binary::output_of(tokio::process::Command::new(common::bin()).arg("demo")).await;
     let stdout = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    // The README's first command: it succeeds.
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the demo command's own status; {stdout}{}",
+        text(&out.stderr)
+    );
     for line in [
         "demo: relay listening on ws://127.0.0.1:",
         "clients reach it at relay+ws://127.0.0.1:",
         "[stdout] tick 5 from pid",
         "[stderr] a line on stderr",
-        "demo: exited: code=Some(7)",
+        "demo: the command exited with status 0",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
     }
+    // A command of one's own: its status is the demo's, said in words.
+    let out = common::binary::output_of(
+        tokio::process::Command::new(common::bin()).args(["demo", "--", "sh", "-c", "exit 7"]),
+    )
+    .await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("demo: the command exited with status 7"),
+        "{stdout}"
+    );
+}
+
+/// A `run` in the middle of its command when its environment is revoked stops at once, with
+/// 255 and the cause (it used to retry for the whole session TTL), not after a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_environment_is_revoked_stops_at_once_saying_so() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (relay_keys, server, client, envs, auth) =
+        relay_server_and_client(dir.path(), "env-1").await;
+    let relay = BinRelay::start(
+        &relay_keys.private,
+        &envs,
+        &["--environments-poll-ms", "100"],
+        &dir.path().join("relay.log"),
+    )
+    .await;
+    let env = BinEnv::start(
+        &relay.url,
+        "env-1",
+        &relay_keys.public,
+        &server.private,
+        &auth,
+        &[],
+        &dir.path().join("server.log"),
+    )
+    .await;
+    let url = env.client_url.clone();
+    let mut child = tokio::process::Command::new(common::bin())
+        .args([
+            "run",
+            &url,
+            "--server-key",
+            server.pubs(),
+            "--key",
+            client.p(),
+        ])
+        .args(["--", "sh", "-c", "echo ready; sleep 60"])
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(common::GUARD, out.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.as_deref(), Some("ready"));
+    let t0 = std::time::Instant::now();
+    std::fs::write(&envs, "# nobody\n").unwrap();
+    let o = tokio::time::timeout(common::PROMPT, child.wait_with_output())
+        .await
+        .expect("run stops at once, not after the session TTL (60 s)")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(255));
+    assert_eq!(
+        text(&o.stderr),
+        format!(
+            "execrelay: {url}: environment \"env-1\" was revoked at the relay: its key is no longer listed there\n"
+        )
+    );
+    eprintln!("stopped {:?} after the revocation", t0.elapsed());
+    drop(env);
+    drop(relay);
 }

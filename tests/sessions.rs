@@ -309,6 +309,81 @@ async fn a_session_resumed_in_time_is_not_expired_at_all() {
     assert!(session.is_attached_to(c2.conn_id));
 }
 
+/// `sessionTtlMs` keeps a detached session past the server's default TTL (here 60 s, the
+/// protocol's default), and no longer than it asked.
+#[tokio::test(start_paused = true)]
+async fn a_session_ttl_asked_for_keeps_a_detached_session_past_the_default() {
+    let reg = with_ttl(60_000);
+    let c1 = conn(&reg);
+    let (session, _token) = reg.create(false, &c1).unwrap();
+    session.set_detached_ttl(Duration::from_secs(3600));
+    session.detach(c1.conn_id);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    settle().await;
+    assert!(!session.is_closed(), "kept past the default 60 s");
+    tokio::time::advance(Duration::from_secs(3600 - 61 - 1)).await;
+    settle().await;
+    assert!(!session.is_closed(), "kept until its own TTL");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    assert!(session.is_closed(), "expired at its own TTL");
+    assert!(reg.session(&session.id).is_none());
+}
+
+/// `initialize` grants `sessionTtlMs` up to `max_session_ttl_ms` (the result's
+/// `limits.detachedSessionTtlMs` says what), refuses more with `-32602` naming the bound and
+/// carrying it, and a resume may set it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_grants_a_session_ttl_up_to_the_servers_max() {
+    let reg = shared(ServerConfig {
+        max_session_ttl_ms: 600_000,
+        ..cfg()
+    });
+    let mut t = connect_to(&reg);
+    let e = t
+        .client
+        .call_err("initialize", json!({"sessionTtlMs": 600_001}))
+        .await;
+    assert_eq!(e["code"], -32602, "{e}");
+    assert_eq!(
+        e["message"],
+        "sessionTtlMs 600001 is above this server's max_session_ttl_ms (600000)"
+    );
+    assert_eq!(e["data"], json!({"member": "sessionTtlMs", "max": 600_000}));
+    assert_eq!(reg.session_count(), 0, "a refused TTL creates nothing");
+    // A failed initialize may be retried.
+    let init = t
+        .client
+        .call("initialize", json!({"sessionTtlMs": 600_000}))
+        .await;
+    assert_eq!(init["limits"]["detachedSessionTtlMs"], 600_000, "{init}");
+    t.client.notify("initialized", json!({})).await;
+    let (sid, token) = credentials(&init);
+    assert_eq!(
+        reg.session(&sid).unwrap().detached_ttl(),
+        Duration::from_secs(600)
+    );
+    drop(t.client);
+    // Without it, the server's default.
+    let mut u = connect_to(&reg);
+    let other = u.client.handshake().await;
+    assert_eq!(other["limits"]["detachedSessionTtlMs"], 60_000, "{other}");
+    // A resume sets it again; without it, the session keeps what it had.
+    let mut v = connect_to(&reg);
+    let r = v
+        .client
+        .call(
+            "initialize",
+            json!({"resume": {"sessionId": sid, "resumeToken": token}, "sessionTtlMs": 5000}),
+        )
+        .await;
+    assert_eq!(r["limits"]["detachedSessionTtlMs"], 5000, "{r}");
+    drop(v.client);
+    let mut w = connect_to(&reg);
+    let r = w.client.resume(&sid, &token).await;
+    assert_eq!(r["limits"]["detachedSessionTtlMs"], 5000, "{r}");
+}
+
 /// A WebSocket server in this process, for the client library.
 async fn ws_server(cfg: ServerConfig) -> (String, Arc<SessionRegistry>, CancellationToken) {
     let server = execrelay::server::Server::new(Arc::new(cfg)).expect("server starts");
@@ -367,6 +442,7 @@ async fn the_client_survives_killed_links_without_loss_or_duplicates() {
             }
             ProcessEvent::Exited(info) => break info,
             ProcessEvent::Lost { from, to } => panic!("lost events {from}..={to}"),
+            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
         }
     };
     assert_eq!(killed, 7);

@@ -40,6 +40,7 @@ async fn stdout_of(p: &mut execrelay::client::ProcessHandle) -> Vec<u8> {
                 return out;
             }
             Some(ProcessEvent::Lost { from, to }) => panic!("lost {from}..={to}"),
+            Some(ProcessEvent::Omitted { .. }) => panic!("no cap was asked for"),
             None => panic!("the event stream ended without an exit notice"),
         }
     }

@@ -244,6 +244,7 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
     let envs = deploy::environments(&keydir, &[("load".to_string(), server_keys.public)])?;
     let mut relay = RelayProc::start(&bins, &out, &relay_key, &envs, &times).await?;
     let relay_pub = execrelay::noise::keys::pub_path(&relay_key);
+    let load_processes = args.clients * args.per_client;
     let mut server = ServerProc::start(
         &bins,
         &out,
@@ -254,7 +255,14 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
         &authorized,
         relay.addr(),
         &times,
-        &["--max-sessions=128".to_string()],
+        // Every client connects from 127.0.0.1: the server's per-address quotas (32 sessions,
+        // 512 processes by default) and its process limit (256) are raised to the load.
+        &[
+            "--max-sessions=128".to_string(),
+            "--max-sessions-per-address=128".to_string(),
+            format!("--max-processes={}", load_processes + 64),
+            format!("--max-processes-per-address={}", load_processes + 64),
+        ],
         &[],
     )
     .await
@@ -348,7 +356,8 @@ pub async fn run(args: LoadArgs) -> Result<i32> {
                                     exited = true;
                                     break;
                                 }
-                                ProcessEvent::Lost { .. } => {
+                                // Nothing is asked to be omitted, nor may be lost.
+                                ProcessEvent::Lost { .. } | ProcessEvent::Omitted { .. } => {
                                     failures.fetch_add(1, Ordering::Relaxed);
                                 }
                             }

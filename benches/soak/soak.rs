@@ -237,6 +237,8 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
             "--relay-backoff-max-ms=1000".to_string(),
             "--max-sessions=512".to_string(),
             "--max-sessions-per-key=64".to_string(),
+            // Every client connects from 127.0.0.1 (abandoned sessions wait out their TTL).
+            "--max-sessions-per-address=512".to_string(),
         ];
         if i == 1 {
             extra.extend(args.server_b_flag.iter().cloned());

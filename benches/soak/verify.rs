@@ -169,7 +169,8 @@ impl Delivery {
                 }
                 n
             }
-            ProcessEvent::Lost { .. } => {
+            // The soak never asks for `headAndTail`: output said omitted is output lost.
+            ProcessEvent::Lost { .. } | ProcessEvent::Omitted { .. } => {
                 self.lost_events += 1;
                 0
             }

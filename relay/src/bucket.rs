@@ -68,6 +68,11 @@ impl TokenBucket {
         self.refill(now);
         self.tokens
     }
+
+    /// Tokens when full.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
 }
 
 #[cfg(test)]

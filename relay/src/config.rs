@@ -34,10 +34,68 @@ pub const HANDSHAKE_FAILURE_BURST: u32 = 8;
 pub const HANDSHAKE_FAILURE_REFILL: Duration = Duration::from_secs(2);
 
 /// How long an endpoint refuses new `OPEN`s (`busy`) once its handshake-failure bucket is
-/// empty, under [`HandshakeBudgetPolicy::RefuseOpens`]. Long enough to make guessing
-/// pointless (five refills at the default rate), short enough that an honest client sharing
-/// the link gets in after one retry cycle.
+/// empty, under [`HandshakeBudgetPolicy::RefuseOpens`] (the exec server's last-resort budget
+/// of its environment link, which the relay's per-client budgets keep from ever emptying for
+/// one client's sake: [`ADDRESS_HANDSHAKE_FAILURE_BURST`]).
 pub const HANDSHAKE_COOLDOWN: Duration = Duration::from_secs(10);
+
+/// Handshake failures one address (IPv4 address or IPv6 /64) may cause through a relay back
+/// to back, over all its client links (§6.4, §8): each `RESET` with a handshake-failure
+/// reason an environment answers to one of its `OPEN`s takes a token (as does the link's own
+/// bucket, [`HANDSHAKE_FAILURE_BURST`]). The relay forwards an `OPEN` from an address only
+/// while its `OPEN`s awaiting an answer are fewer than its tokens, so the failures an
+/// environment can see from one address in any interval `t` are at most this burst plus
+/// `t` / [`ADDRESS_HANDSHAKE_FAILURE_REFILL`], however many links it opens. Also the most
+/// handshakes one address has in flight through the relay at once: 256 is more than a busy
+/// host behind one NAT opens together (each client library keeps at most 16 in flight per
+/// link; the exec server takes 32 pending per link).
+pub const ADDRESS_HANDSHAKE_FAILURE_BURST: u32 = 256;
+
+/// One handshake failure of an address forgiven per this interval: an address that keeps
+/// sending bad handshakes costs an environment at most one a second.
+pub const ADDRESS_HANDSHAKE_FAILURE_REFILL: Duration = Duration::from_secs(1);
+
+/// Memory a queued frame costs the relay beside its wire bytes: the `Frame` itself in its
+/// queue slot, its payload's allocation header, the bookkeeping of its lane. A frame is
+/// charged `wire_len + QUEUED_FRAME_OVERHEAD_BYTES` against its link's share and the relay's
+/// total, so that a flood of small frames (a `RESET busy` is 48 bytes on the wire and about
+/// three times that in memory) is counted at what it holds.
+pub const QUEUED_FRAME_OVERHEAD_BYTES: usize = 128;
+
+/// Bytes (at their memory cost) the relay queues for one client link besides its streams'
+/// `DATA`: refusals of its `OPEN`s, `ACCEPT`s, `RESET`s of any origin, coalesced `ACK`s
+/// (§6.4 "every byte queued for a client link counts against that link's own share"). A
+/// frame that would pass it closes the link (`control_queue_full`): the peer is not reading.
+/// Its `DATA` is held to one window per stream by the flow accounting instead. 256 KiB holds
+/// a reading client's worst burst (a `RESET` for each of its 1024 streams when its
+/// environment goes, its 64 `OPEN`s of a second refused); one address holds at most
+/// 64 × 256 KiB = 16 MiB of them, a sixteenth of [`MAX_QUEUED_BYTES`].
+pub const CLIENT_LINK_SHARE_BYTES: usize = 256 << 10;
+
+/// A client link with no stream for this long is closed (§6.4 `IDLE_LINK_TIMEOUT`), so that
+/// links which hold nothing cannot keep the relay's link slots (their pongs keep them alive).
+/// As the exec server's `idle_link_timeout_ms`.
+pub const IDLE_LINK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A client link whose WebSocket message has taken this long to arrive since its first
+/// byte is closed (§6.4): a peer trickling one message holds its slot without sending
+/// anything the relay could act on (and cannot answer pings meanwhile). 10 s is a 64 KiB
+/// frame at 6.5 KB/s.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Streams one address (IPv4 address or IPv6 /64) may hold to one environment through a
+/// relay at once. The relay cannot see client keys (message 1 hides them); an address is its
+/// nearest view of one client, and the exec server holds each key to its own quota
+/// (`max_streams_per_key`). Half an exec server's streams per link (1024): one host cannot
+/// take an environment's streams from others.
+pub const MAX_STREAMS_PER_ADDRESS_PER_ENVIRONMENT: usize = 512;
+
+/// When another exec server claims an environment id whose link is up, how long the holder
+/// has to answer a ping (a probe) to keep it. A holder that answers keeps the id and the
+/// newcomer is refused (`environment_in_use`: two servers share the key); one that does not
+/// is dead (its host crashed or its path broke without the relay noticing) and the newcomer
+/// takes the id at once, instead of waiting for the keepalive.
+pub const ENVIRONMENT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Malformed frames tolerated back to back per link before it is closed (§6.4): frames that do
 /// not decode, break a header rule (`ack bits` ≠ 0, `RESUME`, `seq` outside `DATA`, a zero
@@ -248,6 +306,22 @@ impl Default for EndpointConfig {
 /// Settings of a relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayConfig {
+    /// Handshake failures per client link ([`HANDSHAKE_FAILURE_BURST`],
+    /// [`HANDSHAKE_FAILURE_REFILL`]); the failure that takes the last token closes the link.
+    pub handshake_failures: BucketConfig,
+    /// Handshake failures per client address ([`ADDRESS_HANDSHAKE_FAILURE_BURST`],
+    /// [`ADDRESS_HANDSHAKE_FAILURE_REFILL`]).
+    pub address_handshake_failures: BucketConfig,
+    /// See [`CLIENT_LINK_SHARE_BYTES`].
+    pub client_link_share_bytes: usize,
+    /// See [`IDLE_LINK_TIMEOUT`].
+    pub idle_link_timeout: Duration,
+    /// See [`MESSAGE_TIMEOUT`].
+    pub message_timeout: Duration,
+    /// See [`MAX_STREAMS_PER_ADDRESS_PER_ENVIRONMENT`].
+    pub max_streams_per_address_per_environment: usize,
+    /// See [`ENVIRONMENT_PROBE_TIMEOUT`].
+    pub environment_probe_timeout: Duration,
     /// See [`MAX_ENVIRONMENTS`].
     pub max_environments: usize,
     /// See [`MAX_STREAMS_PER_ENVIRONMENT`].
@@ -278,6 +352,16 @@ impl Default for RelayConfig {
     fn default() -> Self {
         let e = EndpointConfig::default();
         RelayConfig {
+            handshake_failures: e.handshake_failures,
+            address_handshake_failures: BucketConfig {
+                burst: ADDRESS_HANDSHAKE_FAILURE_BURST,
+                refill: ADDRESS_HANDSHAKE_FAILURE_REFILL,
+            },
+            client_link_share_bytes: CLIENT_LINK_SHARE_BYTES,
+            idle_link_timeout: IDLE_LINK_TIMEOUT,
+            message_timeout: MESSAGE_TIMEOUT,
+            max_streams_per_address_per_environment: MAX_STREAMS_PER_ADDRESS_PER_ENVIRONMENT,
+            environment_probe_timeout: ENVIRONMENT_PROBE_TIMEOUT,
             max_environments: MAX_ENVIRONMENTS,
             max_streams_per_environment: MAX_STREAMS_PER_ENVIRONMENT,
             max_streams_per_client_link: MAX_STREAMS_PER_CLIENT_LINK,
@@ -307,7 +391,24 @@ pub enum ConfigError {
     /// The send queue cannot hold one frame.
     #[error("the send queue must hold at least one frame ({MAX_FRAME_BYTES} bytes)")]
     SendQueue,
+    /// A client link's share cannot hold one refusal.
+    #[error(
+        "the client link share must hold at least one RESET ({} bytes at its memory cost)",
+        MIN_CLIENT_LINK_SHARE_BYTES
+    )]
+    ClientShare,
 }
+
+// One address's client links can never hold more than a sixteenth of the total.
+const _: () =
+    assert!(MAX_CLIENT_LINKS_PER_ADDRESS * CLIENT_LINK_SHARE_BYTES <= MAX_QUEUED_BYTES / 16);
+// The overhead charged per queued frame covers the frame itself and its payload's handle.
+const _: () =
+    assert!(std::mem::size_of::<crate::frame::Frame>() + 32 <= QUEUED_FRAME_OVERHEAD_BYTES);
+
+/// The smallest client link share: one `RESET` with the longest reason, at its memory cost.
+pub const MIN_CLIENT_LINK_SHARE_BYTES: usize =
+    crate::frame::HEADER_BYTES + crate::frame::MAX_RESET_REASON_BYTES + QUEUED_FRAME_OVERHEAD_BYTES;
 
 fn nonzero(v: u64, name: &'static str) -> Result<(), ConfigError> {
     if v == 0 {
@@ -379,6 +480,30 @@ impl RelayConfig {
         if self.control_reserve_bytes < MAX_FRAME_BYTES {
             return Err(ConfigError::SendQueue);
         }
+        nonzero(
+            self.handshake_failures.burst.into(),
+            "handshake failure burst",
+        )?;
+        nonzero(
+            self.address_handshake_failures.burst.into(),
+            "address handshake failure burst",
+        )?;
+        nonzero(
+            self.max_streams_per_address_per_environment as u64,
+            "streams per address per environment",
+        )?;
+        nonzero(
+            self.idle_link_timeout.as_millis() as u64,
+            "idle link timeout",
+        )?;
+        nonzero(self.message_timeout.as_millis() as u64, "message timeout")?;
+        nonzero(
+            self.environment_probe_timeout.as_millis() as u64,
+            "environment probe timeout",
+        )?;
+        if self.client_link_share_bytes < MIN_CLIENT_LINK_SHARE_BYTES {
+            return Err(ConfigError::ClientShare);
+        }
         self.keepalive.validate()
     }
 }
@@ -394,6 +519,7 @@ mod tests {
         assert_eq!(STREAM_WINDOW_RECORDS, 16);
         assert_eq!(KEEPALIVE_INTERVAL, Duration::from_secs(15));
         assert_eq!(PONG_TIMEOUT, Duration::from_secs(30));
+        assert_eq!(IDLE_LINK_TIMEOUT, Duration::from_secs(60));
     }
 
     #[test]

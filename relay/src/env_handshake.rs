@@ -10,13 +10,13 @@
 //!
 //! Payloads (where the spec is silent, decided here):
 //!
-//! - Message 1: `{"version": 1, "ts": MICROS}`. `ts` works as in §3: microseconds since the
-//!   Unix epoch, and the relay admits a message 1 only if its `ts` is larger than the last one
-//!   it accepted **for that environment id** and within [`MAX_CLOCK_SKEW`] of its own clock
-//!   ([`LinkTimestamps`]). Without it, anyone who captured a message 1 (from a plain `ws://`
-//!   link, or a relay log of raw traffic) could replay it and have the relay replace the
-//!   environment's live link with the replayer's, taking the environment offline. Refused
-//!   with `RESET replayed_handshake` or `RESET clock_skew`.
+//! - Message 1: `{"version": 1, "ts": MICROS}`. `ts` works as in §3, with the same replay
+//!   cache ([`crate::replay`], per environment id: [`LinkTimestamps`]): microseconds since
+//!   the Unix epoch, admitted only within the clock window of the relay's clock, not earlier
+//!   than the moment the relay started, and never twice for one id. Without it, anyone who
+//!   captured a message 1 (from a plain `ws://` link, or a relay log of raw traffic) could
+//!   replay it (before or after a relay restart) and take the environment's id. Refused with
+//!   `RESET replayed_handshake`, `RESET clock_skew` (or `busy` past the per-id limit).
 //! - Message 2: `{"version": 1, "relayVersion": "…"}`. The environment verifies message 2
 //!   (which proves the relay holds the pinned key) before it treats the link as up.
 //!
@@ -27,15 +27,13 @@
 //! which check failed ([`LinkRefusal`]). This module never reads a clock (callers pass `now`)
 //! and never logs key material.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::frame::{Frame, FrameType, LINK_STREAM};
 use crate::keys::environments::{EnvironmentsFile, NotAdmitted};
 use crate::keys::{Keypair, KEY_BYTES};
+use crate::replay::{ReplayCache, ReplayError, ReplayLimits};
 
 /// The Noise protocol name (as for streams, §3).
 pub const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
@@ -52,13 +50,10 @@ pub const MAX_LINK_PAYLOAD: usize = 1024;
 pub const MAX_LINK_MSG1_BYTES: usize = 32 + 48 + MAX_LINK_PAYLOAD + 16;
 /// Largest message 2: ephemeral key (32) + payload + tag (16).
 pub const MAX_LINK_MSG2_BYTES: usize = 32 + MAX_LINK_PAYLOAD + 16;
-/// How far an environment's `ts` may be from the relay's clock, either way: §3's 10 minutes,
-/// the exec server's `noise::timestamp::MAX_CLOCK_SKEW` (which is defined as this constant).
-pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
-/// Environment ids whose last accepted `ts` a relay remembers. Only admitted environments
-/// (listed, key proven) are recorded, and entries older than [`MAX_CLOCK_SKEW`] are worth
-/// nothing (the clock check refuses their replays anyway) and go first; twice the relay's
-/// environment limit, about 150 bytes each (3 MiB at most).
+/// Environment ids whose accepted stamps a relay remembers. Only admitted environments
+/// (listed, key proven) are recorded, and stamps out of the clock window are worth nothing
+/// (the clock check refuses their replays anyway) and go first; twice the relay's environment
+/// limit.
 pub const TRACKED_ENVIRONMENTS: usize = 2 * crate::config::MAX_ENVIRONMENTS;
 
 /// The `RESET` reason of a refused link whose key or id did not check out (§6.2).
@@ -69,6 +64,9 @@ pub const REASON_REPLAYED: &str = "replayed_handshake";
 pub const REASON_CLOCK_SKEW: &str = "clock_skew";
 /// The `RESET` reason of a link whose first frame is not a link handshake.
 pub const REASON_MALFORMED: &str = "malformed_frame";
+/// The `RESET` reason of a link refused because another live link holds the id (two exec
+/// servers share the environment's key): the live holder keeps it.
+pub const REASON_HELD: &str = "environment_in_use";
 
 /// Message 1 payload.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -119,27 +117,15 @@ pub enum LinkRefusal {
     /// The id is not listed, or listed with another key, or the file is unusable.
     #[error("{0}")]
     NotAdmitted(#[from] NotAdmitted),
-    /// Replayed: `ts` not above the last accepted for the id.
-    #[error("replayed message 1: its ts {ts} is not above {last}, already accepted for this environment id")]
-    Replayed {
-        /// The refused `ts`.
-        ts: u64,
-        /// The last accepted.
-        last: u64,
-    },
-    /// The environment's clock is too far from the relay's.
-    #[error(
-        "the environment's clock is {} s {} the relay's, more than the {} s allowed: fix the clock of one of them",
-        secs(env_ts.abs_diff(*relay_ts)),
-        if env_ts < relay_ts { "behind" } else { "ahead of" },
-        MAX_CLOCK_SKEW.as_secs()
-    )]
-    ClockSkew {
-        /// The environment's `ts`.
-        env_ts: u64,
-        /// The relay's clock.
-        relay_ts: u64,
-    },
+    /// The `ts` of message 1 is refused by the replay cache: a replay, a stamp from before
+    /// the relay started, a clock too far from the relay's, or too many handshakes of the id
+    /// within the window.
+    #[error("{0}")]
+    Stamp(#[from] ReplayError),
+    /// Another exec server holds the id with this key, and it answered the relay's ping: two
+    /// servers share an environment key. The live holder keeps the id.
+    #[error("environment id held by a live link: two exec servers share this environment key")]
+    Held,
     /// The relay refused the link (seen by the environment): the `RESET` reason.
     #[error("the relay refused the link: {0}")]
     Refused(String),
@@ -148,17 +134,13 @@ pub enum LinkRefusal {
     WrongRelay,
 }
 
-fn secs(micros: u64) -> String {
-    format!("{}.{}", micros / 1_000_000, (micros % 1_000_000) / 100_000)
-}
-
 impl LinkRefusal {
     /// The `RESET` reason the relay sends for this refusal (never more detail: the
     /// environment's operator reads the relay's log for that).
     pub fn reset_reason(&self) -> &'static str {
         match self {
-            LinkRefusal::Replayed { .. } => REASON_REPLAYED,
-            LinkRefusal::ClockSkew { .. } => REASON_CLOCK_SKEW,
+            LinkRefusal::Stamp(e) => e.reset_reason(),
+            LinkRefusal::Held => REASON_HELD,
             LinkRefusal::UnexpectedFrame { .. } | LinkRefusal::Payload(_) => REASON_MALFORMED,
             _ => REASON_UNAUTHORIZED,
         }
@@ -470,7 +452,7 @@ pub fn finish_admission(
     relay_version: &str,
 ) -> Result<AdmittedLink, LinkRefusal> {
     environments.admits(env_id, &hs.env_key)?;
-    timestamps.admit(env_id, hs.ts, now)?;
+    timestamps.admit(&env_id.to_string(), hs.ts, now)?;
     let (env_key, ts) = (hs.env_key, hs.ts);
     let accept = hs.accept(relay_version)?;
     Ok(AdmittedLink {
@@ -480,77 +462,19 @@ pub fn finish_admission(
     })
 }
 
-/// The relay's memory of link-handshake timestamps: the last accepted `ts` per environment id,
-/// sans-IO (the caller passes its clock as microseconds since the Unix epoch).
-///
-/// The check and the record are one step ([`admit`](Self::admit)): the relay's admission is
-/// synchronous (a look at the environments file), so no handshake waits between them.
-#[derive(Debug)]
-pub struct LinkTimestamps {
-    capacity: usize,
-    last: HashMap<String, u64>,
-}
+/// The relay's replay cache of link-handshake stamps, per environment id ([`crate::replay`]).
+pub type LinkTimestamps = ReplayCache<String>;
 
-impl LinkTimestamps {
-    /// A table remembering at most `capacity` ids ([`TRACKED_ENVIRONMENTS`] in the relay).
-    pub fn new(capacity: usize) -> Self {
-        LinkTimestamps {
-            capacity: capacity.max(1),
-            last: HashMap::new(),
-        }
-    }
-
-    /// Check `ts` for `env_id` against the clock `now` (microseconds since the epoch) and the
-    /// last accepted `ts`; if it passes, record it. Call only for an admitted environment
-    /// (listed, key proven), so strangers cannot fill the table.
-    pub fn admit(&mut self, env_id: &str, ts: u64, now: u64) -> Result<(), LinkRefusal> {
-        let max_skew = u64::try_from(MAX_CLOCK_SKEW.as_micros()).unwrap_or(u64::MAX);
-        if ts.abs_diff(now) > max_skew {
-            return Err(LinkRefusal::ClockSkew {
-                env_ts: ts,
-                relay_ts: now,
-            });
-        }
-        if let Some(&last) = self.last.get(env_id) {
-            if ts <= last {
-                return Err(LinkRefusal::Replayed { ts, last });
-            }
-        }
-        if !self.last.contains_key(env_id) && self.last.len() >= self.capacity {
-            // Entries past the clock window protect nothing: the clock check refuses them.
-            let horizon = now.saturating_sub(max_skew);
-            self.last.retain(|_, t| *t >= horizon);
-            if self.last.len() >= self.capacity {
-                // Still full of live entries: forget the oldest (its replays are refused by
-                // the clock within 10 minutes of its ts anyway).
-                if let Some(oldest) = self
-                    .last
-                    .iter()
-                    .min_by_key(|(_, t)| **t)
-                    .map(|(id, _)| id.clone())
-                {
-                    self.last.remove(&oldest);
-                }
-            }
-        }
-        self.last.insert(env_id.to_string(), ts);
-        Ok(())
-    }
-
-    /// The last accepted `ts` of `env_id`.
-    pub fn last_accepted(&self, env_id: &str) -> Option<u64> {
-        self.last.get(env_id).copied()
-    }
-
-    /// Ids remembered.
-    pub fn len(&self) -> usize {
-        self.last.len()
-    }
-
-    /// Whether none is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.last.is_empty()
-    }
+/// An empty [`LinkTimestamps`] for a relay that started at `started` (microseconds since the
+/// epoch), with the clock window `window`.
+pub fn link_timestamps(window: std::time::Duration, started: u64) -> LinkTimestamps {
+    ReplayCache::new(
+        ReplayLimits {
+            window,
+            ..ReplayLimits::with_keys(TRACKED_ENVIRONMENTS)
+        },
+        started,
+    )
 }
 
 #[cfg(test)]

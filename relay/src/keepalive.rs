@@ -2,11 +2,19 @@
 //! link is dead.
 //!
 //! A ping goes out every `interval` minus a jitter drawn from a seeded generator. Each ping
-//! carries an 8-byte counter; only a pong echoing a counter we sent answers it (and every ping
-//! before it). The link is dead when its oldest unanswered ping is `pong_timeout` old.
-//! Nothing else counts: inbound data, unsolicited pongs and stale echoes do not keep a link
-//! alive, so a peer that keeps sending but never answers is dead, and a silent peer that
-//! answers lives forever.
+//! carries 8 random bytes (`getrandom`): a peer that never reads its link cannot guess them,
+//! so it cannot answer blindly and pass for alive. Only a pong echoing a payload we sent
+//! answers it (and every ping before it). The link is dead when its oldest unanswered ping is
+//! `pong_timeout` old. Nothing else counts: inbound data, unsolicited pongs and stale echoes
+//! do not keep a link alive, so a peer that keeps sending but never answers is dead, and a
+//! silent peer that answers lives forever.
+//!
+//! A **probe** ([`Keepalive::probe`]) asks for proof of life now: a ping goes out at once,
+//! and if neither it nor any later ping is answered within the probe's deadline the link is
+//! dead. The relay probes an environment's link when another exec server claims its id.
+//!
+//! Sans-IO: it never reads a clock (callers pass `now`); the payloads are its one
+//! non-deterministic input.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -41,10 +49,32 @@ pub struct Keepalive {
     rng: SplitMix64,
     next_ping: Instant,
     ping_due: bool,
-    sent: u64,
-    /// (counter, when handed to the writer) of pings not yet answered, oldest first.
-    outstanding: VecDeque<(u64, Instant)>,
+    /// The seeded generator's fallback for payloads if the system's randomness fails.
+    fallback: SplitMix64,
+    /// (payload, when handed to the writer) of pings not yet answered, oldest first.
+    outstanding: VecDeque<([u8; 8], Instant)>,
+    /// A probe: answered if a pong echoes a ping sent at or after `since`; dead at `deadline`.
+    probe: Option<Probe>,
     dead: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The probe's ping is due (or was sent) from here; any ping handed out since answers it.
+    since: Instant,
+    deadline: Instant,
+    /// The probe's ping went out (`poll_ping` took it).
+    sent: bool,
+}
+
+/// Eight bytes nobody can guess; the seeded generator's if the system's randomness fails
+/// (then only as unpredictable as the seed, which a peer does not see either).
+fn random_payload(fallback: &mut SplitMix64) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    if getrandom::getrandom(&mut b).is_err() {
+        b = fallback.next().to_le_bytes();
+    }
+    b
 }
 
 impl Keepalive {
@@ -55,8 +85,9 @@ impl Keepalive {
             rng: SplitMix64(seed),
             next_ping: now,
             ping_due: false,
-            sent: 0,
+            fallback: SplitMix64(seed ^ 0x5DEE_CE66_D1CE_4E5B),
             outstanding: VecDeque::new(),
+            probe: None,
             dead: false,
         };
         k.next_ping = now + k.jittered_interval();
@@ -79,10 +110,8 @@ impl Keepalive {
             .outstanding
             .front()
             .map(|(_, at)| *at + self.cfg.pong_timeout);
-        match (ping, death) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let probe = self.probe.map(|p| p.deadline);
+        [ping, death, probe].into_iter().flatten().min()
     }
 
     /// Advance to `now`: a ping may become due, or the link dead.
@@ -96,9 +125,33 @@ impl Keepalive {
                 return;
             }
         }
+        if self.probe.is_some_and(|p| now >= p.deadline) {
+            self.dead = true;
+            return;
+        }
         if !self.ping_due && now >= self.next_ping {
             self.ping_due = true;
         }
+    }
+
+    /// Ask for proof of life: a ping is due now, and unless a pong answers it (or a later
+    /// ping) within `deadline`, the link is dead at `now + deadline`. A probe already running
+    /// keeps its own (earlier) deadline.
+    pub fn probe(&mut self, now: Instant, deadline: std::time::Duration) {
+        if self.dead || self.probe.is_some() {
+            return;
+        }
+        self.ping_due = true;
+        self.probe = Some(Probe {
+            since: now,
+            deadline: now + deadline,
+            sent: false,
+        });
+    }
+
+    /// Whether a probe waits for its answer.
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
     }
 
     /// Whether a ping waits for the writer.
@@ -112,25 +165,34 @@ impl Keepalive {
             return None;
         }
         self.ping_due = false;
-        self.sent += 1;
-        if self.outstanding.len() < MAX_OUTSTANDING_PINGS {
-            self.outstanding.push_back((self.sent, now));
+        let payload = random_payload(&mut self.fallback);
+        if self.outstanding.len() >= MAX_OUTSTANDING_PINGS {
+            // The oldest decides death: forget the newest instead.
+            self.outstanding.pop_back();
+        }
+        self.outstanding.push_back((payload, now));
+        if let Some(p) = self.probe.as_mut() {
+            p.sent = true;
         }
         self.next_ping = now + self.jittered_interval();
-        Some(self.sent.to_be_bytes())
+        Some(payload)
     }
 
-    /// A pong arrived. Returns whether it answered a ping of ours.
+    /// A pong arrived. Returns whether it answered a ping of ours (and every ping before it);
+    /// a running probe is answered by a ping sent since it started.
     pub fn on_pong(&mut self, payload: &[u8]) -> bool {
         let Ok(bytes) = <[u8; 8]>::try_from(payload) else {
             return false;
         };
-        let n = u64::from_be_bytes(bytes);
-        let answers = self.outstanding.iter().any(|(c, _)| *c == n);
-        if answers {
-            self.outstanding.retain(|(c, _)| *c > n);
+        let Some(i) = self.outstanding.iter().position(|(p, _)| *p == bytes) else {
+            return false;
+        };
+        let sent_at = self.outstanding[i].1;
+        self.outstanding.drain(..=i);
+        if self.probe.is_some_and(|p| p.sent && sent_at >= p.since) {
+            self.probe = None;
         }
-        answers
+        true
     }
 
     /// Whether the link is dead.
@@ -164,14 +226,19 @@ mod tests {
         let mut k = Keepalive::new(cfg(), t0, 1);
         assert_eq!(k.poll_timeout(), Some(t0 + s(15)));
         k.handle_timeout(t0 + s(15));
-        assert_eq!(k.poll_ping(t0 + s(15)), Some(1u64.to_be_bytes()));
+        let first = k.poll_ping(t0 + s(15)).unwrap();
         k.handle_timeout(t0 + s(30));
         assert!(k.poll_ping(t0 + s(30)).is_some());
         assert!(!k.on_pong(b"junk"), "a pong that echoes nothing of ours");
-        assert!(
-            !k.on_pong(&9u64.to_be_bytes()),
-            "an echo of a ping never sent"
-        );
+        for guess in [1u64, 2, 3] {
+            assert!(
+                !k.on_pong(&guess.to_be_bytes()),
+                "a counter guessed blindly answers nothing"
+            );
+        }
+        let mut other = first;
+        other[0] ^= 1;
+        assert!(!k.on_pong(&other), "an echo of a ping never sent");
         k.handle_timeout(t0 + s(45) - Duration::from_nanos(1));
         assert!(!k.is_dead());
         assert_eq!(k.poll_timeout(), Some(t0 + s(45)));
@@ -186,13 +253,62 @@ mod tests {
         let s = Duration::from_secs;
         let mut k = Keepalive::new(cfg(), t0, 1);
         k.handle_timeout(t0 + s(15));
-        k.poll_ping(t0 + s(15));
+        let first = k.poll_ping(t0 + s(15)).unwrap();
         k.handle_timeout(t0 + s(30));
-        k.poll_ping(t0 + s(30));
-        assert!(k.on_pong(&2u64.to_be_bytes()));
+        let second = k.poll_ping(t0 + s(30)).unwrap();
+        assert_ne!(first, second, "payloads are not a counter");
+        assert!(k.on_pong(&second));
         // Nothing outstanding: the next event is the next ping.
         assert_eq!(k.poll_timeout(), Some(t0 + s(45)));
-        assert!(!k.on_pong(&1u64.to_be_bytes()), "a stale echo");
+        assert!(!k.on_pong(&first), "a stale echo");
+    }
+
+    /// Ping payloads are random: a thousand pings, a thousand distinct payloads, none of them
+    /// a small counter.
+    #[test]
+    fn ping_payloads_are_unpredictable() {
+        let t0 = Instant::now();
+        let mut k = Keepalive::new(cfg(), t0, 1);
+        let mut seen = std::collections::HashSet::new();
+        for i in 1..=1000u32 {
+            let now = t0 + Duration::from_secs(15) * i;
+            k.handle_timeout(now);
+            let p = k.poll_ping(now).unwrap();
+            assert!(k.on_pong(&p));
+            assert!(u64::from_be_bytes(p) > u64::from(i), "{p:?}");
+            seen.insert(p);
+        }
+        assert_eq!(seen.len(), 1000);
+    }
+
+    /// A probe pings at once; a link that answers within its deadline lives on, one that does
+    /// not is dead at the deadline exactly (well before the pong timeout). An answer to a ping
+    /// sent before the probe does not count for it.
+    #[test]
+    fn a_probe_needs_an_answer_within_its_deadline() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut k = Keepalive::new(cfg(), t0, 1);
+        k.handle_timeout(t0 + s(15));
+        let old = k.poll_ping(t0 + s(15)).unwrap();
+        k.probe(t0 + s(16), s(5));
+        assert!(k.wants_ping() && k.probing());
+        assert_eq!(k.poll_timeout(), Some(t0 + s(21)));
+        assert!(k.on_pong(&old), "the old ping is answered...");
+        assert!(k.probing(), "...but that is no answer to the probe");
+        let p = k.poll_ping(t0 + s(16)).unwrap();
+        assert!(k.on_pong(&p));
+        assert!(!k.probing());
+        k.handle_timeout(t0 + s(21));
+        assert!(!k.is_dead());
+
+        let mut silent = Keepalive::new(cfg(), t0, 1);
+        silent.probe(t0, s(5));
+        silent.poll_ping(t0).unwrap();
+        silent.handle_timeout(t0 + s(5) - Duration::from_nanos(1));
+        assert!(!silent.is_dead());
+        silent.handle_timeout(t0 + s(5));
+        assert!(silent.is_dead());
     }
 
     #[test]

@@ -34,6 +34,10 @@
 //!   with a control reserve, limits.
 //! - [`env_handshake`]: the environment link's Noise handshake (§6.2), both roles, and the
 //!   relay's admission of an environment (environments file, message-1 `ts`).
+//! - [`replay`]: the replay cache of message-1 stamps (§3), per key; shared by the exec
+//!   server (stream handshakes, per client key) and the relay (environment links, per id).
+//! - [`descriptors`]: `RLIMIT_NOFILE` (raised to the hard limit at start), open descriptors,
+//!   the reserve (the exec server's) and the relay's caps derived from the limit.
 //!
 //! Key files (no tokio, no sockets):
 //!
@@ -105,6 +109,7 @@
 pub mod bucket;
 pub mod closed_set;
 pub mod config;
+pub mod descriptors;
 pub mod driver;
 pub mod endpoint;
 pub mod env_handshake;
@@ -114,6 +119,7 @@ pub mod http;
 pub mod keepalive;
 pub mod keys;
 pub mod reason;
+pub mod replay;
 pub mod router;
 pub mod server;
 pub mod setting;

@@ -35,6 +35,10 @@ pub enum Reason {
     EnvironmentOffline,
     /// Relay: the environment's link died or was replaced.
     EnvironmentGone,
+    /// Relay: the environment is no longer listed (its key was removed from the
+    /// environments file): its streams are reset, and `OPEN`s for it refused, with this
+    /// reason, so that its clients stop at once instead of waiting for it to come back.
+    EnvironmentRevoked,
     /// Relay: the client link that opened the stream died.
     ClientGone,
     /// Handshake message 1 whose `ts` is not above one already accepted for its key (the
@@ -46,7 +50,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::WindowExceeded,
         Reason::MalformedFrame,
         Reason::Busy,
@@ -60,6 +64,7 @@ impl Reason {
         Reason::Closed,
         Reason::EnvironmentOffline,
         Reason::EnvironmentGone,
+        Reason::EnvironmentRevoked,
         Reason::ClientGone,
         Reason::ReplayedHandshake,
         Reason::ClockSkew,
@@ -81,6 +86,7 @@ impl Reason {
             Reason::Closed => "closed",
             Reason::EnvironmentOffline => "environment_offline",
             Reason::EnvironmentGone => "environment_gone",
+            Reason::EnvironmentRevoked => "environment_revoked",
             Reason::ClientGone => "client_gone",
             Reason::ReplayedHandshake => "replayed_handshake",
             Reason::ClockSkew => "clock_skew",
@@ -165,11 +171,16 @@ pub enum CloseReason {
     Replaced,
     /// Relay: its environment is no longer listed.
     Revoked,
+    /// Relay: a client link that held no stream for the idle timeout.
+    Idle,
+    /// A WebSocket message that took longer than the message timeout to arrive (a client
+    /// link trickling one message).
+    MessageTimeout,
 }
 
 impl CloseReason {
     /// Every close reason, in counter order.
-    pub const ALL: [CloseReason; 12] = [
+    pub const ALL: [CloseReason; 14] = [
         CloseReason::MalformedBudget,
         CloseReason::UnknownStreamBudget,
         CloseReason::HandshakeBudget,
@@ -182,6 +193,8 @@ impl CloseReason {
         CloseReason::Local,
         CloseReason::Replaced,
         CloseReason::Revoked,
+        CloseReason::Idle,
+        CloseReason::MessageTimeout,
     ];
 
     /// Metrics label and log text.
@@ -199,6 +212,8 @@ impl CloseReason {
             CloseReason::Local => "local",
             CloseReason::Replaced => "replaced",
             CloseReason::Revoked => "revoked",
+            CloseReason::Idle => "idle",
+            CloseReason::MessageTimeout => "message_timeout",
         }
     }
 
@@ -232,6 +247,12 @@ pub struct Counters {
     pub data_bytes_in: u64,
     /// Payload bytes sent in `DATA` frames.
     pub data_bytes_out: u64,
+    /// Relay: environments' `RESET`s answering a client's `OPEN` with a handshake-failure
+    /// reason, charged to that client's link and address.
+    pub handshake_failures: u64,
+    /// Relay: `OPEN`s whose route ended before their answer by the client's doing (its
+    /// `RESET`, a broken rule, its link's death), charged to its address.
+    pub abandoned_opens: u64,
 }
 
 impl Counters {

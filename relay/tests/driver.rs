@@ -12,8 +12,8 @@ use bytes::Bytes;
 use common::{cfg, relay_cfg, sid, ADDR};
 use execrelay_relay::config::EndpointConfig;
 use execrelay_relay::driver::{
-    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, RelayHub, StreamError,
-    StreamHandle,
+    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, ReadAhead, RelayHub,
+    StreamError, StreamHandle,
 };
 use execrelay_relay::frame::{Frame, FrameType, MAX_PAYLOAD_BYTES};
 use execrelay_relay::reason::CloseReason;
@@ -256,7 +256,14 @@ async fn dropping_both_halves_finishes_the_stream_after_its_records() {
 
 /// A relay hub with one environment link and one client link, over in-memory WebSockets.
 async fn relay_net() -> (RelayHub, EndpointLink, Incoming, EndpointLink) {
-    let hub = RelayHub::new(relay_cfg()).unwrap();
+    relay_net_with(relay_cfg()).await
+}
+
+/// [`relay_net`] with the relay's settings `rcfg`.
+async fn relay_net_with(
+    rcfg: execrelay_relay::config::RelayConfig,
+) -> (RelayHub, EndpointLink, Incoming, EndpointLink) {
+    let hub = RelayHub::new(rcfg).unwrap();
     let (env_ws, relay_env_ws) = ws_pair().await;
     let (client_ws, relay_client_ws) = ws_pair().await;
     let h = hub.clone();
@@ -475,4 +482,145 @@ async fn a_pending_open_reset_by_the_peer_cancels_its_request_and_a_late_answer_
     let mut fifth = timeout(GUARD, incoming.next()).await.unwrap().unwrap();
     drop(raw);
     timeout(GUARD, fifth.cancelled()).await.unwrap();
+}
+
+/// The relay's side of a client link as its listener builds it: an in-memory pipe under a
+/// read-ahead buffer whose arrivals are tracked, served by `hub` for `env1` from `ADDR`.
+/// Returns the raw far end (the test writes WebSocket bytes by hand) and the link's task.
+async fn tracked_client_link(
+    hub: &RelayHub,
+) -> (DuplexStream, tokio::task::JoinHandle<CloseReason>) {
+    let (far, near) = tokio::io::duplex(64 << 10);
+    let mut near = ReadAhead::new(near);
+    let arrivals = near.arrivals();
+    let ws =
+        WebSocketStream::from_raw_socket(near, Role::Server, Some(link_websocket_config())).await;
+    let link = hub.add_client("env1", ADDR).unwrap();
+    let task = tokio::spawn(link.serve_with(ws, Some(arrivals)));
+    (far, task)
+}
+
+/// A masked client-to-server WebSocket frame header (FIN, `opcode`) for a `len`-byte payload
+/// (< 126), with a zero masking key (so the payload goes as it is).
+fn ws_header(opcode: u8, len: u8) -> Vec<u8> {
+    vec![0x80 | opcode, 0x80 | len, 0, 0, 0, 0]
+}
+
+/// Drain what the relay writes to `far` (its pings), so its writes never block.
+fn drain_far(far: DuplexStream) -> tokio::io::WriteHalf<DuplexStream> {
+    let (mut rd, wr) = tokio::io::split(far);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while matches!(tokio::io::AsyncReadExt::read(&mut rd, &mut buf).await, Ok(n) if n > 0) {}
+    });
+    wr
+}
+
+/// Finding 4, trickling: a client link that trickles one WebSocket message a byte every 3 s
+/// (60 such links were alive after 30 s) is closed `message_timeout` at 10 s from the
+/// message's first byte: not before, and without waiting for the keepalive (45 s). A
+/// complete message in between starts the clock again.
+#[tokio::test(start_paused = true)]
+async fn a_client_link_trickling_one_message_is_closed_at_the_message_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let hub = RelayHub::new(relay_cfg()).unwrap();
+    let (far, task) = tracked_client_link(&hub).await;
+    let mut w = drain_far(far);
+    // A complete ping first, then 8 s later the first bytes of a 100-byte binary message.
+    let mut ping = ws_header(0x9, 2);
+    ping.extend_from_slice(b"hi");
+    w.write_all(&ping).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let start = Instant::now();
+    w.write_all(&ws_header(0x2, 100)).await.unwrap();
+    let mut sent = 0;
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if task.is_finished() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not closed at 10 s"
+        );
+        w.write_all(&[0]).await.unwrap();
+        sent += 1;
+    }
+    assert_eq!(sent, 3, "bytes at 3, 6 and 9 s; closed at 10 s");
+    let reason = timeout(GUARD, task).await.unwrap().unwrap();
+    assert_eq!(reason, CloseReason::MessageTimeout);
+    assert_eq!(
+        hub.snapshot().counters.closes(CloseReason::MessageTimeout),
+        1
+    );
+}
+
+/// A slow but steady peer is not a trickler: messages that each arrive within the deadline
+/// (a 100-byte message over 9 s, then another) keep the link, however long it runs.
+#[tokio::test(start_paused = true)]
+async fn a_client_link_whose_messages_each_arrive_in_time_is_kept() {
+    use tokio::io::AsyncWriteExt;
+    let hub = RelayHub::new(relay_cfg()).unwrap();
+    let (far, task) = tracked_client_link(&hub).await;
+    let mut w = drain_far(far);
+    for _ in 0..3 {
+        // A ping of 100 bytes is not allowed (control frames ≤ 125): use 100 of them.
+        w.write_all(&ws_header(0x9, 100)).await.unwrap();
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            w.write_all(&[b'x'; 10]).await.unwrap();
+        }
+        assert!(!task.is_finished());
+    }
+    assert_eq!(hub.snapshot().links, 1, "alive after 27 s of slow messages");
+    assert_eq!(
+        hub.snapshot().counters.closes(CloseReason::MessageTimeout),
+        0
+    );
+    drop(w);
+    hub.shutdown();
+    let reason = timeout(GUARD, task).await.unwrap().unwrap();
+    assert_eq!(reason, CloseReason::Local);
+}
+
+/// Idleness through the driver: when a client link's last stream ends because its
+/// environment went, its reader re-arms its timer at once (the router says so), and the link
+/// is closed `idle` one timeout after the stream's end, not at its next keepalive event (an
+/// idle timeout of 2 s, below the 15 s ping interval, shows the difference).
+#[tokio::test(start_paused = true)]
+async fn a_client_link_left_without_a_stream_is_closed_idle_one_timeout_after() {
+    let idle = Duration::from_secs(2);
+    let (hub, env, incoming, client) = relay_net_with(execrelay_relay::config::RelayConfig {
+        idle_link_timeout: idle,
+        ..relay_cfg()
+    })
+    .await;
+    let acc = acceptor(incoming, 1);
+    let a = client
+        .open(sid(1), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let _accepted = acc.await.unwrap();
+    // Long after the idle timeout, the link with a stream lives on.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(client.close_reason(), None);
+    env.close();
+    let gone = Instant::now();
+    let mut rx = a.stream.receiver;
+    let end = timeout(GUARD, rx.recv()).await.unwrap();
+    assert!(
+        matches!(
+            end,
+            Err(StreamError::PeerReset(_) | StreamError::LinkClosed(_))
+        ),
+        "{end:?}"
+    );
+    timeout(GUARD, client.closed()).await.unwrap();
+    let after = gone.elapsed();
+    assert!(
+        after >= idle && after < idle + Duration::from_secs(1),
+        "{after:?}"
+    );
+    assert_eq!(hub.snapshot().counters.closes(CloseReason::Idle), 1);
 }

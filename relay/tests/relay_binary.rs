@@ -49,6 +49,16 @@ impl Running {
 }
 
 fn start(dir: &std::path::Path, env_keys: &Keypair) -> (Running, Keypair) {
+    start_limited(dir, env_keys, None)
+}
+
+/// [`start`] under `sh -c 'ulimit LIMIT; exec relay …'` (`-Sn 200`: the soft open files
+/// limit only; `-n 300`: soft and hard).
+fn start_limited(
+    dir: &std::path::Path,
+    env_keys: &Keypair,
+    ulimit: Option<&str>,
+) -> (Running, Keypair) {
     let relay_keys = Keypair::generate().unwrap();
     let key = dir.join("relay.key");
     relay_keys.write(&key, "relay").unwrap();
@@ -61,7 +71,17 @@ fn start(dir: &std::path::Path, env_keys: &Keypair) -> (Running, Keypair) {
         ),
     )
     .unwrap();
-    let mut child = Command::new(BIN)
+    let mut cmd = match ulimit {
+        Some(limit) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
+                .arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = cmd
         .args([
             "--listen",
             "ws://127.0.0.1:0",
@@ -172,6 +192,103 @@ async fn the_binary_prints_its_url_serves_readyz_and_metrics_and_exits_on_sigter
         .unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
     guard("the environment link closes", env.closed()).await;
+}
+
+/// Finding 3: the relay kept a 1024 soft `RLIMIT_NOFILE`, so 16 addresses × 64 client
+/// links used every descriptor: new clients timed out, `/metrics` was unreachable, and a
+/// restarting environment could not reconnect, while its caps (4,096 client links, 10,000
+/// environments) could never be reached. Now (1) the soft limit is raised to the hard limit
+/// at start; (2) the caps are derived from the limit (`RelayDescriptorPlan`), keeping a
+/// reserve for environment links and the metrics listener: under a hard limit of 300, client
+/// links are capped at what fits (one more gets `503` before its upgrade), and with every
+/// client slot taken from two addresses, `/metrics` answers and an environment is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_the_soft_limit_is_raised_and_the_caps_keep_a_reserve() {
+    use execrelay_relay::descriptors::{nofile_limit, RelayDescriptorPlan};
+    use execrelay_relay::server::settings::RelaySettings;
+    let hard = nofile_limit().unwrap().hard;
+    let dir = tempfile::tempdir().unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    // (1) Only the soft limit lowered: raised back to the hard one.
+    let (mut r, _) = start_limited(dir.path(), &env_keys, Some("-Sn 200"));
+    if hard > 200 {
+        r.wait_stderr(&["open files: soft limit raised from 200 to"]);
+    } else {
+        r.wait_stderr(&["open files: soft limit 200"]);
+    }
+    sigterm(&r.child);
+    let _ = r.child.wait();
+
+    // (2) A hard limit of 300: the caps shrink to fit it.
+    const LIMIT: u64 = 300;
+    let plan =
+        RelayDescriptorPlan::derive(LIMIT, RelaySettings::default().descriptor_needs()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut r, relay_keys) = start_limited(dir.path(), &env_keys, Some(&format!("-n {LIMIT}")));
+    r.wait_stderr(&["open files limit too low for the configured caps"]);
+    let (_, body) = http_get(r.metrics, "/metrics").await;
+    assert_eq!(
+        metric_of(&body, "execrelay_relay_client_links_max"),
+        plan.client_links
+    );
+    // Every client slot taken, from two addresses (64 each at most).
+    let mut held = Vec::new();
+    for source in [[127, 0, 0, 2], [127, 0, 0, 3]] {
+        for _ in 0..64 {
+            if held.len() as u64 == plan.client_links {
+                break;
+            }
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::from((source, 0))).unwrap();
+            let tcp = guard("connect", socket.connect(r.addr)).await.unwrap();
+            let (ws, _) = guard(
+                "upgrade",
+                tokio_tungstenite::client_async(
+                    format!("ws://{}/v1/connect/sandbox-1", r.addr),
+                    tcp,
+                ),
+            )
+            .await
+            .expect("a client link within the cap");
+            held.push(ws);
+        }
+    }
+    assert_eq!(held.len() as u64, plan.client_links);
+    // One more: 503 before the upgrade.
+    let tcp = guard("connect", tokio::net::TcpStream::connect(r.addr))
+        .await
+        .unwrap();
+    let over = guard(
+        "upgrade",
+        tokio_tungstenite::client_async(format!("ws://{}/v1/connect/sandbox-1", r.addr), tcp),
+    )
+    .await;
+    match over {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status(), 503)
+        }
+        other => panic!("expected 503, got {:?}", other.map(|_| ())),
+    }
+    // The metrics listener and an environment still get their descriptors.
+    let (status, body) = http_get(r.metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric_of(&body, "execrelay_relay_links{kind=\"client\"}"),
+        plan.client_links
+    );
+    let mut ws = harness::connect(r.addr, "/v1/env/sandbox-1").await;
+    env_handshake(
+        &mut ws,
+        &env_keys,
+        &relay_keys.public,
+        "sandbox-1",
+        next_ts(),
+    )
+    .await
+    .expect("the environment is admitted with every client slot taken");
+    drop(held);
+    sigterm(&r.child);
+    let _ = r.child.wait();
 }
 
 #[test]

@@ -6,32 +6,34 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use execrelay_relay::frame::{FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
+use execrelay_relay::config::QUEUED_FRAME_OVERHEAD_BYTES;
+use execrelay_relay::frame::{FrameType, HEADER_BYTES};
 use execrelay_relay::reason::{CloseReason, Reason};
 
-/// `control_reserve_bytes` also bounds the refusals a client link can pile up: a client that
-/// floods `OPEN`s past its rate and never reads the `RESET busy` answers used to make the
-/// relay queue one `RESET` per `OPEN`, without bound (48 bytes each on the wire, more in
-/// memory), for as long as its link's writes kept completing. Now its link closes
-/// (`control_queue_full`) as soon as a refusal would push its control lane past the reserve;
-/// nobody else notices.
+/// Every frame queued for a client link counts against its share (`client_link_share_bytes`,
+/// at its memory cost), refusals included: a client that floods `OPEN`s past its rate and
+/// never reads the `RESET busy` answers used to make the relay hold up to a whole control
+/// reserve of them (21,000 refusals, about 3 MiB in memory, per link: 601 MB for 320 links
+/// of five addresses). Now its link closes (`control_queue_full`) when a refusal would pass
+/// its share, exactly at the edge: the refusals that fit are queued, the next closes the
+/// link and frees them; nobody else notices.
 #[test]
-fn a_client_that_floods_opens_and_never_reads_the_refusals_is_closed_at_the_control_reserve() {
+fn a_client_that_floods_opens_and_never_reads_the_refusals_is_closed_at_its_share() {
     let clock = Clock::new();
     let now = clock.now;
+    let reset_cost = HEADER_BYTES + "busy".len() + QUEUED_FRAME_OVERHEAD_BYTES;
+    let fit = 100;
     let mut rcfg = relay_cfg();
     rcfg.opens_per_second = 1;
-    rcfg.control_reserve_bytes = MAX_FRAME_BYTES;
+    rcfg.client_link_share_bytes = fit * reset_cost;
     let mut net = Net::new(rcfg);
     net.add_env(now, "env1", cfg());
     net.add_client(now, "env1", cfg());
     net.add_client(now, "env1", cfg());
     establish_via(&mut net, now, 1, 0, 200);
     let bad = net.clients[0].1;
-    let reset_bytes = HEADER_BYTES + "busy".len();
-    // The refusals that fit the reserve: the first OPEN is admitted (the bucket's one token),
-    // the rest are refused and queued, unread.
-    let fit = MAX_FRAME_BYTES / reset_bytes;
+    // The first OPEN is admitted (the bucket's one token), the rest refused and queued,
+    // unread.
     for n in 0..=fit {
         let mut id = [0u8; 16];
         id[..8].copy_from_slice(&(n as u64 + 1).to_be_bytes());
@@ -40,8 +42,8 @@ fn a_client_that_floods_opens_and_never_reads_the_refusals_is_closed_at_the_cont
         assert!(net.router.is_live(bad), "closed after {n} OPENs");
     }
     assert_eq!(net.router.counters().resets(Reason::Busy), fit as u64);
-    assert!(net.router.link_queued_bytes(bad) <= MAX_FRAME_BYTES);
-    // One more refusal would pass the reserve: the link closes instead, its queue freed and
+    assert_eq!(net.router.link_share_bytes(bad), fit * reset_cost);
+    // One more refusal would pass the share: the link closes instead, its queue freed and
     // its admitted stream reset on the environment.
     net.router.handle_frame(
         now,
@@ -98,7 +100,7 @@ fn a_receiver_that_acknowledges_records_it_was_never_given_is_reset_and_the_queu
             raw(FrameType::Data, sid(1), seq, 0, 16, &vec![7; record]),
         );
     }
-    let one_window = 16 * (HEADER_BYTES + record);
+    let one_window = 16 * (HEADER_BYTES + record + QUEUED_FRAME_OVERHEAD_BYTES);
     assert_eq!(net.router.stream_queued_bytes(c, &sid(1)), one_window);
     // The client acknowledges all 16 without having read one.
     net.router
@@ -156,7 +158,7 @@ fn an_environment_that_acknowledges_records_it_was_never_given_is_reset_alone() 
     // Two of three written to the environment; it acknowledges three.
     assert_eq!(
         net.router.stream_queued_bytes(e, &sid(1)),
-        3 * (HEADER_BYTES + 2)
+        3 * (HEADER_BYTES + 2 + QUEUED_FRAME_OVERHEAD_BYTES)
     );
     let mut written = 0;
     while written < 2 {

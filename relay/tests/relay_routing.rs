@@ -6,6 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
+use execrelay_relay::config::QUEUED_FRAME_OVERHEAD_BYTES;
 use execrelay_relay::endpoint::Event;
 use execrelay_relay::frame::{FrameType, HEADER_BYTES, MAX_PAYLOAD_BYTES};
 use execrelay_relay::reason::{CloseReason, Reason};
@@ -116,6 +117,42 @@ fn environment_offline_then_gone_then_offline_again() {
     assert_eq!(net.router.counters().resets(Reason::EnvironmentOffline), 2);
 }
 
+/// A revoked environment's streams are reset `environment_revoked`, and so are its `OPEN`s
+/// until it is listed (and links) again: its clients stop instead of waiting for it.
+#[test]
+fn a_revoked_environment_says_so_to_its_streams_and_its_opens() {
+    let clock = Clock::new();
+    let mut net = Net::new(relay_cfg());
+    net.add_client(clock.now, "env1", cfg());
+    net.add_env(clock.now, "env1", cfg());
+    establish_via(&mut net, clock.now, 0, 0, 1);
+    net.router.remove_environment("env1");
+    net.pump(clock.now);
+    assert_eq!(
+        events(net.client(0)),
+        vec![peer_reset(1, "environment_revoked")]
+    );
+    assert!(net.router.is_revoked("env1"));
+    net.client(0).open(sid(2), Bytes::new()).unwrap();
+    net.pump(clock.now);
+    assert_eq!(
+        events(net.client(0)),
+        vec![peer_reset(2, "environment_revoked")]
+    );
+    assert_eq!(net.router.counters().resets(Reason::EnvironmentRevoked), 2);
+    // Listed again and linked: streams flow, and a later loss of its link is `environment_gone`.
+    net.add_env(clock.now, "env1", cfg());
+    assert!(!net.router.is_revoked("env1"));
+    establish_via(&mut net, clock.now, 0, 1, 3);
+    let env_link = net.envs[1].1;
+    net.router.link_closed(env_link, CloseReason::Transport);
+    net.pump(clock.now);
+    assert_eq!(
+        events(net.client(0)),
+        vec![peer_reset(3, "environment_gone")]
+    );
+}
+
 #[test]
 fn a_client_link_death_resets_its_streams_on_the_environment_and_nothing_else() {
     let clock = Clock::new();
@@ -156,27 +193,59 @@ fn a_client_link_death_resets_its_streams_on_the_environment_and_nothing_else() 
     );
 }
 
+/// Two links for one environment id (two exec servers sharing a key): the live holder keeps
+/// the id. Before, each new link replaced the other, without end (7 times in 30 s, each
+/// resetting every stream). A second link is refused while the holder answers a probe; a
+/// holder that does not answer within the probe timeout is closed (`keepalive_timeout`), its
+/// streams reset `environment_gone`, and the next claim takes the id.
 #[test]
-fn a_new_environment_link_replaces_the_old_one_and_new_streams_reach_it() {
-    let clock = Clock::new();
+fn the_live_holder_keeps_the_environment_id_and_a_silent_one_loses_it_to_a_probe() {
+    use execrelay_relay::router::{AddLinkError, RouterEvent};
+    let mut clock = Clock::new();
     let mut net = Net::new(relay_cfg());
     net.add_env(clock.now, "env1", cfg());
     net.add_client(clock.now, "env1", cfg());
     establish_via(&mut net, clock.now, 0, 0, 1);
-    let old = net.envs[0].1;
-    net.add_env(clock.now, "env1", cfg());
-    net.pump(clock.now);
-    assert_eq!(net.closed, vec![(old, CloseReason::Replaced)]);
-    assert!(!net.router.is_live(old));
+    let holder = net.envs[0].1;
+    let claim = net.router.add_environment_link(clock.now, "env1", 9);
+    assert_eq!(claim, Err(AddLinkError::Held { holder }));
+    // The holder answers the probe's ping: it keeps the id.
+    net.router.probe(clock.now, holder);
+    while let Some(t) = net.router.poll_transmit(clock.now, holder) {
+        if let execrelay_relay::transmit::Transmit::Ping(p) = t {
+            net.router.handle_pong(holder, &p);
+        }
+    }
+    let answered: Vec<_> = std::iter::from_fn(|| net.router.poll_event()).collect();
+    assert!(answered.contains(&RouterEvent::ProbeAnswered { link: holder }));
+    clock.advance(relay_cfg().environment_probe_timeout * 2);
+    net.router.handle_timeout(clock.now, holder);
+    assert!(net.router.is_live(holder));
+    assert_eq!(
+        net.router.add_environment_link(clock.now, "env1", 9),
+        Err(AddLinkError::Held { holder })
+    );
+    // Now the holder goes silent (its pings are never answered) and is probed again.
+    net.router.probe(clock.now, holder);
+    while net.router.poll_transmit(clock.now, holder).is_some() {}
+    let deadline = net.router.poll_timeout(holder).unwrap();
+    assert_eq!(deadline, clock.now + relay_cfg().environment_probe_timeout);
+    net.router
+        .handle_timeout(deadline - std::time::Duration::from_millis(1), holder);
+    assert!(net.router.is_live(holder));
+    net.router.handle_timeout(deadline, holder);
+    assert!(!net.router.is_live(holder));
+    net.pump(deadline);
+    assert!(net
+        .closed
+        .contains(&(holder, CloseReason::KeepaliveTimeout)));
     assert_eq!(
         events(net.client(0)),
         vec![peer_reset(1, "environment_gone")]
     );
-    establish_via(&mut net, clock.now, 0, 1, 2);
-    assert!(
-        events(net.env(0)).is_empty(),
-        "the old link sees nothing new"
-    );
+    // The claim succeeds now, and new streams reach the new link.
+    net.add_env(deadline, "env1", cfg());
+    establish_via(&mut net, deadline, 0, 1, 2);
     assert_eq!(net.router.environment_count(), 1);
 }
 
@@ -199,7 +268,7 @@ fn the_relay_resets_a_sender_past_its_window_alone_and_holds_at_most_one_window(
     }
     assert_eq!(
         net.router.stream_queued_bytes(e, &sid(1)),
-        16 * (HEADER_BYTES + 1000)
+        16 * (HEADER_BYTES + 1000 + QUEUED_FRAME_OVERHEAD_BYTES)
     );
     net.router.handle_frame(
         clock.now,
@@ -263,7 +332,7 @@ fn a_slow_client_holds_back_the_environment_through_the_relay_without_loss() {
         push_up(r, ep, *link, now);
         let queued = net.router.stream_queued_bytes(c, &sid(1));
         assert!(
-            queued <= 16 * (HEADER_BYTES + MAX_PAYLOAD_BYTES),
+            queued <= 16 * (HEADER_BYTES + MAX_PAYLOAD_BYTES + QUEUED_FRAME_OVERHEAD_BYTES),
             "{queued}"
         );
         // The client reads its frames but consumes at most 8 records a round.

@@ -208,10 +208,13 @@ fn random_frames_into_a_router_never_panic_and_queues_drain_to_zero() {
                 // Links die and come back.
                 let l = links.remove(r.below(links.len() as u64) as usize);
                 router.link_closed(l, execrelay_relay::reason::CloseReason::Transport);
-                links.push(if r.below(2) == 0 {
-                    router.add_environment_link(now, "e", step).unwrap()
-                } else {
-                    router.add_client_link(now, "e", ADDR, step).unwrap()
+                // An environment link only if the id is free (the live holder keeps it).
+                let env = (r.below(2) == 0)
+                    .then(|| router.add_environment_link(now, "e", step).ok())
+                    .flatten();
+                links.push(match env {
+                    Some(l) => l,
+                    None => router.add_client_link(now, "e", ADDR, step).unwrap(),
                 });
             }
             router.handle_timeout(now, l);

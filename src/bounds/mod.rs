@@ -8,7 +8,8 @@
 //!   connection's budget under the server's) and [`Charge`] (bytes held against it, given back
 //!   on drop). The connection processor charges each request's message here; the Noise
 //!   deframer charges each unfinished message before it grows.
-//! - [`descriptors`]: `RLIMIT_NOFILE` (raised to the hard limit at start), the count of open
+//! - [`descriptors`] (`execrelay_relay::descriptors`, re-exported: the relay binary uses the
+//!   same code): `RLIMIT_NOFILE` (raised to the hard limit at start), the count of open
 //!   descriptors, and the [`DescriptorReserve`] that refuses a new connection or link while
 //!   fewer than the reserve are free, so a spawn never fails for a connection's sake.
 //! - [`idle`]: [`IdleTimer`], the sans-IO rule "idle since when, closed at which deadline"
@@ -22,9 +23,11 @@
 //! pass `now`), or block.
 
 pub mod byte_budget;
-pub mod descriptors;
 pub mod give_back;
 pub mod idle;
+
+/// Descriptors live in the relay crate (beneath every layer), shared with the relay binary.
+pub use execrelay_relay::descriptors;
 
 pub use byte_budget::{ByteBudget, Charge, OverBudget};
 pub use descriptors::{DescriptorReserve, LowOnDescriptors, NofileLimit};

@@ -1,7 +1,29 @@
-//! The `execrelay` command line: `serve`, `run`, `demo`. `main.rs` only calls [`main`].
+//! The `execrelay` command line: `serve`, `run`, `attach`, `ps`, `kill`, `cp`, `keygen`,
+//! `demo`. `main.rs` only calls [`main`].
+//!
+//! Layout: one file per command (`serve.rs`, `run.rs`, `detached.rs` for `run --detach`,
+//! `attach`, `ps` and `kill`, `cp.rs`, `keygen.rs`, `demo.rs`) and what they share:
+//! `words.rs` (where `run`'s options end and its command begins), `connect.rs` and `hosts.rs`
+//! (a target and the key flags → the library's `Target`, host aliases from the configuration
+//! file), `failure.rs` and `outcome.rs` (exit statuses and their words), `terminal.rs` (raw
+//! mode, size, the resume notices, approval prompts), `duration.rs`. It holds no logic the
+//! library lacks: everything it does to a server goes through `crate::client`.
 
+pub mod connect;
+pub mod cp;
+pub mod demo;
+pub mod detached;
+pub mod duration;
+pub mod failure;
+pub mod hosts;
+pub mod keygen;
+pub mod outcome;
 pub mod run;
 pub mod serve;
+pub mod terminal;
+pub mod words;
+
+use std::ffi::OsString;
 
 use clap::{Parser, Subcommand};
 
@@ -19,59 +41,21 @@ pub struct Cli {
 pub enum Command {
     /// Run an exec server.
     Serve(Box<serve::ServeArgs>),
-    /// Run a command on a server, like `ssh host cmd`.
+    /// Run a command on a server, as `ssh host cmd` does.
     Run(run::RunArgs),
+    /// Show a detached command's output and wait for its end (Ctrl-C detaches again).
+    Attach(detached::AttachArgs),
+    /// List the detached commands this client started on a server.
+    Ps(detached::PsArgs),
+    /// Send a signal to a detached command.
+    Kill(detached::KillArgs),
+    /// Copy files and directories to or from a server (tar over an exec, as `kubectl cp`).
+    Cp(cp::CpArgs),
     /// Start a local server and run a demo command through it.
-    Demo(run::DemoArgs),
-    /// Generate a static X25519 key pair: NAME (private, mode 0600) and NAME.pub.
-    Keygen(KeygenArgs),
-}
-
-/// Flags of `execrelay keygen`.
-#[derive(Debug, clap::Args)]
-pub struct KeygenArgs {
-    /// Where to write the private key; the public key goes to NAME.pub.
-    #[arg(short = 'o', long = "output", value_name = "NAME")]
-    pub output: std::path::PathBuf,
-    /// Comment on the public key line [default: user@host].
-    #[arg(short = 'c', long)]
-    pub comment: Option<String>,
-    /// Do nothing (and succeed) when NAME exists already: for a service's first start, as
-    /// sshd makes its host keys.
-    #[arg(long)]
-    pub if_missing: bool,
-}
-
-fn keygen(args: KeygenArgs) -> i32 {
-    if args.if_missing && args.output.exists() {
-        eprintln!("execrelay keygen: {} exists; kept", args.output.display());
-        return 0;
-    }
-    let comment = args.comment.unwrap_or_else(|| {
-        let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "host".into());
-        format!("{user}@{host}")
-    });
-    let kp = match crate::noise::keys::Keypair::generate() {
-        Ok(k) => k,
-        Err(e) => {
-            eprintln!("execrelay keygen: {e}");
-            return 1;
-        }
-    };
-    match kp.write(&args.output, &comment) {
-        Ok(()) => {
-            println!("{}", crate::noise::keys::public_line(&kp.public, &comment));
-            0
-        }
-        Err(e) => {
-            eprintln!("execrelay keygen: -o {e}");
-            1
-        }
-    }
+    Demo(demo::DemoArgs),
+    /// Make a key pair (NAME, mode 0600, and NAME.pub), or show a key's fingerprint (-l) or
+    /// public line (-y).
+    Keygen(keygen::KeygenArgs),
 }
 
 /// Keep freed memory in the process instead of handing it back to the kernel after every
@@ -86,15 +70,28 @@ pub fn tune_allocator() {
     }
 }
 
+/// The words after `run` on the command line (what `run` reads again to find its command).
+fn words_after_run(raw: &[OsString]) -> Vec<OsString> {
+    match raw.iter().skip(1).position(|w| w == "run") {
+        Some(i) => raw[i + 2..].to_vec(),
+        None => Vec::new(),
+    }
+}
+
 /// Entry point of the binary; returns the process exit code.
 pub fn main() -> i32 {
     tune_allocator();
-    let cli = Cli::parse();
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let cli = Cli::parse_from(&raw);
     match cli.command {
         Command::Serve(args) => serve::main(*args),
-        Command::Run(args) => run::main(args),
-        Command::Demo(args) => run::demo_main(args),
-        Command::Keygen(args) => keygen(args),
+        Command::Run(args) => run::main(args, &words_after_run(&raw)),
+        Command::Attach(args) => detached::attach_main(args),
+        Command::Ps(args) => detached::ps_main(args),
+        Command::Kill(args) => detached::kill_main(args),
+        Command::Cp(args) => cp::main(args),
+        Command::Demo(args) => demo::demo_main(args),
+        Command::Keygen(args) => keygen::main(args),
     }
 }
 

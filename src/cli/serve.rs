@@ -89,8 +89,13 @@ pub struct ServeArgs {
     /// `--config` file (this flag wins).
     #[arg(long, value_name = "FILE")]
     pub exec_policy: Option<PathBuf>,
+    /// The longest `sessionTtlMs` a client may ask for, as a duration (`24h`, `90m`; the
+    /// same setting as --max-session-ttl-ms) [default: 24h].
+    #[arg(long, value_name = "DURATION", value_parser = super::duration::parse_duration,
+          help_heading = "Limits", conflicts_with = "max_session_ttl_ms")]
+    pub max_session_ttl: Option<std::time::Duration>,
     /// Every limit of `config.rs`.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Limits")]
     pub settings: ConfigFlags,
 }
 
@@ -260,6 +265,9 @@ impl ServeArgs {
             None => ServerConfig::default(),
         };
         self.settings.apply(&mut c);
+        if let Some(ttl) = self.max_session_ttl {
+            c.max_session_ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        }
         c.validate()?;
         Ok(c)
     }

@@ -37,6 +37,13 @@ pub enum ClientError {
     /// The session could not be resumed within its TTL.
     #[error("session lost: {0}")]
     SessionLost(String),
+    /// The server no longer knows the session (it expired while detached, or was closed):
+    /// resuming it was refused with `-32003`.
+    #[error("the session expired on the server (or was closed)")]
+    SessionExpired,
+    /// The relay revoked the environment (its key is no longer listed): nothing retries.
+    #[error("{0}")]
+    Revoked(String),
 }
 
 impl ClientError {
@@ -61,10 +68,14 @@ impl ClientError {
         }
     }
 
-    /// The JSON-RPC code, if this is a server error.
+    /// The JSON-RPC code, if this is a server error (or a local refusal the server would
+    /// have answered with that code).
     pub fn code(&self) -> Option<i64> {
         match self {
             ClientError::Rpc { code, .. } => Some(*code),
+            // What the server answers for the same mistake (`protocol.md` §2): the id is
+            // taken, here by a live handle before the request is even sent.
+            ClientError::ProcessIdInUse(_) => Some(-32002),
             _ => None,
         }
     }

@@ -20,6 +20,7 @@
 //!   release it and keep reading the child.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,13 +28,13 @@ use serde_json::Value;
 use tokio::sync::{mpsc, Notify};
 
 use super::rpc_connection::{Notification, RpcConnection};
-use super::{Client, ClientError, Shared};
+use super::{AckPolicy, Client, ClientError, Shared};
 use crate::connection::message::{Call, Note, Reply};
 use crate::process::event_log::{EventBody, EVENT_OVERHEAD_BYTES};
 use crate::rpc::messages::ExitInfo;
 use crate::rpc::messages::StreamName;
 use crate::rpc::messages::{AckParams, ReadParams};
-use crate::rpc::notification::{decode_exit_info, decode_output_params};
+use crate::rpc::notification::{decode_exit_info, decode_omitted_params, decode_output_params};
 use crate::rpc::Method;
 use crate::sync::lock;
 
@@ -68,6 +69,14 @@ pub enum ProcessEvent {
         /// The bytes.
         data: Bytes,
     },
+    /// The server read `omitted_bytes` of `stream` and did not keep them
+    /// (`outputCapKeep: "headAndTail"`): the kept tail follows.
+    Omitted {
+        /// Which stream.
+        stream: StreamName,
+        /// How many bytes.
+        omitted_bytes: u64,
+    },
     /// The server no longer had events `from..=to` (only possible without acks).
     Lost {
         /// First missing seq.
@@ -100,19 +109,25 @@ pub(super) struct ProcSlot {
     /// When this process last delivered an event (or was started, or asked about): the
     /// silence watch (`silence.rs`) asks the server about a process quiet for long.
     pub(super) heard: tokio::time::Instant,
+    /// Shared with the process's controllers: set when the exit notice is received, after
+    /// which they send nothing more (the server forgets the process once its exit is
+    /// acknowledged, and a request then would only be answered "unknown process").
+    pub(super) finished: Arc<AtomicBool>,
     pub(super) notify: Arc<Notify>,
 }
 
 impl ProcSlot {
-    pub(super) fn new() -> Self {
+    /// A slot expecting events after `after` (0: from the first).
+    pub(super) fn new(after: u64) -> Self {
         ProcSlot {
             buf: VecDeque::new(),
-            received: 0,
-            consumed: 0,
-            acked: 0,
+            received: after,
+            consumed: after,
+            acked: after,
             unacked_cost: 0,
             done: false,
             heard: tokio::time::Instant::now(),
+            finished: Arc::new(AtomicBool::new(false)),
             notify: Arc::new(Notify::new()),
         }
     }
@@ -189,6 +204,18 @@ impl Client {
                     self.deliver(&conn, &process_id, seq, ProcessEvent::Exited(info))
                         .await;
                 }
+                Notification::Omitted {
+                    process_id,
+                    seq,
+                    stream,
+                    omitted_bytes,
+                } => {
+                    let ev = ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
+                    };
+                    self.deliver(&conn, &process_id, seq, ev).await;
+                }
                 Notification::Other { method, params } => {
                     let Some(pid) = params.get("processId").and_then(Value::as_str) else {
                         continue;
@@ -205,6 +232,15 @@ impl Client {
                             Some(info) => ProcessEvent::Exited(info),
                             None => continue,
                         },
+                        Some(Method::ProcessOutputOmitted) => {
+                            match decode_omitted_params(&params) {
+                                Some((stream, omitted_bytes)) => ProcessEvent::Omitted {
+                                    stream,
+                                    omitted_bytes,
+                                },
+                                None => continue,
+                            }
+                        }
                         _ => continue,
                     };
                     self.deliver(&conn, pid, seq, ev).await;
@@ -241,6 +277,7 @@ impl Client {
     fn push(slot: &mut ProcSlot, seq: u64, ev: ProcessEvent) {
         if matches!(ev, ProcessEvent::Exited(_)) {
             slot.done = true;
+            slot.finished.store(true, Ordering::Release);
         }
         slot.received = seq;
         slot.heard = tokio::time::Instant::now();
@@ -328,6 +365,13 @@ impl Client {
                         stream,
                         data: chunk,
                     },
+                    EventBody::Omitted {
+                        stream,
+                        omitted_bytes,
+                    } => ProcessEvent::Omitted {
+                        stream,
+                        omitted_bytes,
+                    },
                     EventBody::Exited(info) => ProcessEvent::Exited(info),
                 };
                 let mut procs = lock(&self.shared.procs);
@@ -355,10 +399,6 @@ impl Client {
     /// The application took events up to `seq` of `pid`: acknowledge now and then, so the
     /// server releases them (and keeps the child going).
     fn consumed(&self, pid: &str, seq: u64, bytes: u64, exited: bool) {
-        let every = self
-            .shared
-            .ack_every
-            .load(std::sync::atomic::Ordering::Relaxed);
         let ack = {
             let mut procs = lock(&self.shared.procs);
             let Some(slot) = procs.get_mut(pid) else {
@@ -366,7 +406,17 @@ impl Client {
             };
             slot.consumed = seq;
             slot.unacked_cost += bytes + EVENT_OVERHEAD_BYTES as u64;
-            self.shared.opts.acks && (exited || slot.unacked_cost >= every) && Self::take_ack(slot)
+            let retained = self
+                .shared
+                .server_retained
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let (every, at_exit) = match self.shared.opts.ack_policy {
+                AckPolicy::Eager => (ack_threshold(retained), true),
+                AckPolicy::Lazy => ((retained / 2).max(1), false),
+            };
+            self.shared.opts.acks
+                && ((exited && at_exit) || slot.unacked_cost >= every)
+                && Self::take_ack(slot)
         };
         if ack {
             self.send_ack(pid, seq);
@@ -400,7 +450,9 @@ impl Client {
         }
     }
 
-    pub(super) async fn next_event_of(&self, pid: &str) -> Option<ProcessEvent> {
+    /// The next event of `pid` and its seq (a [`ProcessEvent::Lost`] carries the last seq of
+    /// its range).
+    pub(super) async fn next_event_of(&self, pid: &str) -> Option<(u64, ProcessEvent)> {
         loop {
             let notify = {
                 let mut procs = lock(&self.shared.procs);
@@ -416,15 +468,20 @@ impl Client {
                     if exited {
                         lock(&self.shared.procs).remove(pid);
                     }
-                    return Some(ev);
+                    return Some((seq, ev));
                 }
                 if lock(&self.shared.lost).is_some() {
                     return None;
                 }
                 // About to wait for more: acknowledge everything taken first. The server may
                 // be holding the child back until it is (its retention counts unacknowledged
-                // events); a client that waits while owing an ack would wait for ever.
-                if self.shared.opts.acks && Self::take_ack(slot) {
+                // events); a client that waits while owing an ack would wait for ever. (The
+                // lazy policy acks at half the server's retention, counted in the same units:
+                // a server held back by retention has been owed that much.)
+                if self.shared.opts.acks
+                    && self.shared.opts.ack_policy == AckPolicy::Eager
+                    && Self::take_ack(slot)
+                {
                     let seq = slot.acked;
                     drop(procs);
                     self.send_ack(pid, seq);

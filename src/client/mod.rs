@@ -2,7 +2,9 @@
 //! survive transport failures by resuming the session.
 //!
 //! Layout: [`rpc_connection`] is one JSON-RPC connection; this module owns the session
-//! (`initialize`, resume with backoff inside the server's TTL) and starting processes;
+//! (`initialize`, resuming another client's session with [`Client::resume`]) and starting
+//! processes; `supervise.rs` keeps it through lost connections (resume with backoff inside the
+//! TTL, the [`ConnectionState`], the typed [`Client::loss`]);
 //! `options.rs` what an application sets, `error.rs` what it gets back when something fails,
 //! `target.rs` where the server is and how one transport to it is opened; `diagnostics.rs`
 //! what the client can say about a process whose output stopped; `silence.rs` asks
@@ -33,6 +35,7 @@ mod options;
 mod process_handle;
 pub mod rpc_connection;
 mod silence;
+mod supervise;
 mod target;
 
 use std::collections::HashMap;
@@ -61,7 +64,7 @@ pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
 pub use diagnostics::DeliveryState;
 pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
-pub use options::{ClientOptions, InProcessConfig, StartOptions};
+pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};
 pub use process_handle::{
     ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
     STDIN_WRITE_BYTES,
@@ -93,7 +96,7 @@ struct Shared {
     procs: Mutex<HashMap<String, ProcSlot>>,
     reconnected: Notify,
     shutdown: CancellationToken,
-    lost: Mutex<Option<String>>,
+    lost: Mutex<Option<ClientError>>,
     connects: std::sync::atomic::AtomicU64,
     /// Decisions on the server's approval requests, by id (a re-sent request is not asked
     /// again).
@@ -102,9 +105,23 @@ struct Shared {
     local: Mutex<Option<OwnedServer>>,
     /// The server's `maxMessageBytes`, from its last `initialize` result.
     server_max_message: std::sync::atomic::AtomicUsize,
-    /// Consumed output (in the server's cost units) after which an ack goes out: at most
-    /// [`ACK_EVERY_BYTES`], and at most half the server's `retainedOutputBytes`.
-    ack_every: std::sync::atomic::AtomicU64,
+    /// The server's `retainedOutputBytes`, from its last `initialize` result.
+    server_retained: std::sync::atomic::AtomicU64,
+    /// How long the session survives detached, as the server granted it.
+    granted_ttl_ms: std::sync::atomic::AtomicU64,
+    /// The connection's state, for an application that shows it (`execrelay run`).
+    state: tokio::sync::watch::Sender<ConnectionState>,
+}
+
+/// Where a client's connection stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Connected (the first connection, or a resumed one).
+    Connected,
+    /// The connection was lost; resuming the session.
+    Resuming,
+    /// Given up: the session is lost ([`Client::lost_reason`] says why).
+    Lost,
 }
 
 /// A connected client. Cheap to clone; every clone shares the session.
@@ -130,7 +147,11 @@ impl Client {
             approvals: Arc::new(Mutex::new(approval::Approvals::default())),
             local: Mutex::new(None),
             server_max_message: std::sync::atomic::AtomicUsize::new(MAX_MESSAGE_BYTES),
-            ack_every: std::sync::atomic::AtomicU64::new(ACK_EVERY_BYTES),
+            server_retained: std::sync::atomic::AtomicU64::new(
+                crate::config::RETAINED_OUTPUT_BYTES as u64,
+            ),
+            granted_ttl_ms: std::sync::atomic::AtomicU64::new(0),
+            state: tokio::sync::watch::Sender::new(ConnectionState::Connected),
         });
         Client { shared }
     }
@@ -140,26 +161,39 @@ impl Client {
         let client = Client::unconnected(target, opts);
         client.establish(None).await?;
         tokio::spawn(client.clone().watch_silence());
-        let c = client.clone();
-        if client.shared.opts.reconnect && client.shared.target.can_reconnect() {
-            tokio::spawn(async move { c.supervise().await });
-        } else {
-            // Nothing to resume: when the connection ends, so do the event streams.
-            tokio::spawn(async move {
-                let conn = lock(&c.shared.conn).clone();
-                if let Some(conn) = conn {
-                    conn.closed().await;
-                    if !c.shared.shutdown.is_cancelled() {
-                        let why = match conn.failure() {
-                            Some(e) => e.to_string(),
-                            None => "the connection to the server was lost".into(),
-                        };
-                        c.fail(why).await;
-                    }
-                }
-            });
-        }
+        client.watch_connection();
         Ok(client)
+    }
+
+    /// Connect and resume a session that another client started (its id and resume token,
+    /// e.g. kept in a file by `execrelay run --detach`), handing out the events of its
+    /// processes `attach`: each a process id and the last seq already shown (0: from the
+    /// first event the server still holds; a range it no longer holds is
+    /// [`ProcessEvent::Lost`]). One handle per entry of `attach`, in order (their `pid` is 0:
+    /// `process/list` has it).
+    pub async fn resume(
+        target: Target,
+        opts: ClientOptions,
+        session_id: &str,
+        resume_token: &str,
+        attach: &[(String, u64)],
+    ) -> Result<(Client, Vec<ProcessHandle>), ClientError> {
+        let client = Client::unconnected(target, opts);
+        let mut handles = Vec::new();
+        for (id, after) in attach {
+            // Registered before the resume: its replay starts at once.
+            let slot = ProcSlot::new(*after);
+            let (finished, notify) = (slot.finished.clone(), slot.notify.clone());
+            lock(&client.shared.procs).insert(id.clone(), slot);
+            handles.push(
+                ProcessHandle::new(id.clone(), 0, client.clone(), finished, notify).after(*after),
+            );
+        }
+        client
+            .establish(Some((session_id.to_string(), resume_token.to_string())))
+            .await?;
+        client.watch_connection();
+        Ok((client, handles))
     }
 
     /// A client over an already-open transport (no reconnection: the caller owns the
@@ -213,7 +247,10 @@ impl Client {
             if let Some(conn) = conn {
                 conn.closed().await;
                 if !c.shared.shutdown.is_cancelled() {
-                    c.fail("the in-process server ended".into()).await;
+                    c.fail(ClientError::SessionLost(
+                        "the in-process server ended".into(),
+                    ))
+                    .await;
                 }
             }
         });
@@ -225,8 +262,40 @@ impl Client {
         lock(&self.shared.session).as_ref().map(|s| s.0.clone())
     }
 
+    /// Where the connection stands now and, through the receiver, each change (a lost
+    /// connection being resumed, resumed, or given up).
+    pub fn connection_state(&self) -> tokio::sync::watch::Receiver<ConnectionState> {
+        self.shared.state.subscribe()
+    }
+
+    /// How long the session survives detached, as the server granted it (`limits.
+    /// detachedSessionTtlMs` of the last `initialize`).
+    pub fn granted_session_ttl(&self) -> Duration {
+        Duration::from_millis(
+            self.shared
+                .granted_ttl_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// The session's id and resume token: what a later client needs to resume it
+    /// ([`ClientOptions`] aside), e.g. after this one is gone.
+    pub fn session_credentials(&self) -> Option<(String, String)> {
+        lock(&self.shared.session)
+            .as_ref()
+            .map(|(id, token, _)| (id.clone(), token.clone()))
+    }
+
     /// Why the session was lost, if it was.
     pub fn lost_reason(&self) -> Option<String> {
+        lock(&self.shared.lost).as_ref().map(ToString::to_string)
+    }
+
+    /// Why the session was lost, typed: [`ClientError::SessionExpired`] (the server no longer
+    /// knows it), [`ClientError::Revoked`], [`ClientError::Refused`] (this client's key is no
+    /// longer authorized), [`ClientError::SessionLost`] (no resume within the TTL), or the
+    /// protocol error of a server that broke the protocol.
+    pub fn loss(&self) -> Option<ClientError> {
         lock(&self.shared.lost).clone()
     }
 
@@ -334,6 +403,11 @@ impl Client {
                     approve: self.shared.opts.approval_handler.is_some(),
                 },
             },
+            session_ttl_ms: self
+                .shared
+                .opts
+                .session_ttl
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         };
         let init = match conn.call_typed(Call::Initialize(params)).await? {
             Reply::Initialize(init) => init,
@@ -348,8 +422,12 @@ impl Client {
             usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );
-        self.shared.ack_every.store(
-            event_stream::ack_threshold(init.limits.retained_output_bytes),
+        self.shared.server_retained.store(
+            init.limits.retained_output_bytes,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.shared.granted_ttl_ms.store(
+            init.limits.detached_session_ttl_ms,
             std::sync::atomic::Ordering::Relaxed,
         );
         *lock(&self.shared.session) = Some((
@@ -358,7 +436,13 @@ impl Client {
             init.limits.detached_session_ttl_ms,
         ));
         *lock(&self.shared.conn) = Some(conn.clone());
-        if resume.is_some() && self.shared.opts.acks {
+        // (Lazy acks repeat nothing: what was consumed and not acknowledged is kept on
+        // purpose, and its bytes still count towards the next ack, so the server is never
+        // left waiting with a full retention.)
+        if resume.is_some()
+            && self.shared.opts.acks
+            && self.shared.opts.ack_policy == AckPolicy::Eager
+        {
             // An ack sent on the dead connection may be lost. Were it not repeated, the server
             // would replay only events this client already consumed (and drops as duplicates,
             // so they never count towards a new ack): with its retention full of them, it would
@@ -382,82 +466,6 @@ impl Client {
         Ok(())
     }
 
-    /// Watch the connection; on loss, resume with backoff until the deadline.
-    async fn supervise(&self) {
-        loop {
-            let conn = lock(&self.shared.conn).clone();
-            let Some(conn) = conn else { return };
-            tokio::select! {
-                _ = conn.closed() => {}
-                _ = self.shared.shutdown.cancelled() => return,
-            }
-            if self.shared.shutdown.is_cancelled() {
-                return;
-            }
-            // A server that broke the protocol (a malformed binary message) is not resumed:
-            // it would only send the same again.
-            if let Some(e) = conn.failure() {
-                self.fail(e.to_string()).await;
-                return;
-            }
-            let Some((sid, tok, ttl)) = lock(&self.shared.session).clone() else {
-                return;
-            };
-            let deadline = tokio::time::Instant::now()
-                + self
-                    .shared
-                    .opts
-                    .reconnect_deadline
-                    .unwrap_or(Duration::from_millis(ttl));
-            let mut delay = RECONNECT_INITIAL_DELAY;
-            let mut attempt = 0u32;
-            loop {
-                attempt += 1;
-                match self.establish(Some((sid.clone(), tok.clone()))).await {
-                    Ok(()) => {
-                        tracing::info!(attempt, "session resumed");
-                        break;
-                    }
-                    Err(ClientError::Rpc {
-                        code: -32003,
-                        message,
-                        ..
-                    }) => {
-                        self.fail(format!("server refused resume: {message}")).await;
-                        return;
-                    }
-                    Err(e @ ClientError::Protocol(_)) => {
-                        self.fail(e.to_string()).await;
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::debug!(attempt, error = %e, "reconnect failed");
-                        if tokio::time::Instant::now() + delay > deadline {
-                            self.fail(format!("could not reconnect within the session TTL: {e}"))
-                                .await;
-                            return;
-                        }
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = self.shared.shutdown.cancelled() => return,
-                        }
-                        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
-                    }
-                }
-            }
-        }
-    }
-
-    async fn fail(&self, why: String) {
-        tracing::warn!(%why, "session lost");
-        *lock(&self.shared.lost) = Some(why);
-        // Ending every event stream tells the application.
-        for slot in lock(&self.shared.procs).values() {
-            slot.notify.notify_waiters();
-        }
-        self.shared.reconnected.notify_waiters();
-    }
-
     /// Current connection, waiting for a reconnect if one is under way.
     async fn connection(&self) -> Result<RpcConnection, ClientError> {
         loop {
@@ -467,7 +475,7 @@ impl Client {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(why) = lock(&self.shared.lost).clone() {
-                return Err(ClientError::SessionLost(why));
+                return Err(why);
             }
             let c = lock(&self.shared.conn).clone();
             match c {
@@ -516,14 +524,15 @@ impl Client {
         let id = opts.params.process_id.clone();
         // A live handle owns its id's slot: replacing it would leave that handle waiting on a
         // slot no event reaches any more.
-        let slot = {
+        let (slot, finished) = {
             let mut procs = lock(&self.shared.procs);
             match procs.entry(id.clone()) {
                 std::collections::hash_map::Entry::Occupied(_) => {
                     return Err(ClientError::ProcessIdInUse(id));
                 }
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(ProcSlot::new()).notify.clone()
+                    let s = v.insert(ProcSlot::new(0));
+                    (s.notify.clone(), s.finished.clone())
                 }
             }
         };
@@ -586,7 +595,13 @@ impl Client {
                 }
             }
         };
-        Ok(ProcessHandle::new(id, result.pid, self.clone(), slot))
+        Ok(ProcessHandle::new(
+            id,
+            result.pid,
+            self.clone(),
+            finished,
+            slot,
+        ))
     }
 
     /// `server/info`.

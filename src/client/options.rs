@@ -64,6 +64,26 @@ pub struct ClientOptions {
     /// is closed and resumed. `None`: never ask. Default
     /// [`SILENCE_PROBE_AFTER`](super::SILENCE_PROBE_AFTER).
     pub silence_probe: Option<Duration>,
+    /// How long the session may stay detached (`sessionTtlMs`, `protocol.md` §3); `None`:
+    /// the server's default. Sent again on every resume. Above the server's
+    /// `max_session_ttl_ms`, `initialize` fails with `-32602` (its `data.max` says the most).
+    pub session_ttl: Option<Duration>,
+    /// When consumed events are acknowledged (with [`acks`](Self::acks)).
+    pub ack_policy: AckPolicy,
+}
+
+/// When a client acknowledges the events its application consumed (`process/ack`): what the
+/// server may release, and so what another client resuming the session can still be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckPolicy {
+    /// Every `ACK_EVERY_BYTES` of output and at the exit notice: the server holds little.
+    #[default]
+    Eager,
+    /// Only when half the server's `retainedOutputBytes` were consumed since the last ack,
+    /// and never the exit notice: the server keeps what it can, so a later client resuming
+    /// the session (`execrelay attach`) is shown it again; the process stays known (exited)
+    /// until its session is closed.
+    Lazy,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -76,6 +96,8 @@ impl std::fmt::Debug for ClientOptions {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("approval_handler", &self.approval_handler.is_some())
             .field("silence_probe", &self.silence_probe)
+            .field("session_ttl", &self.session_ttl)
+            .field("ack_policy", &self.ack_policy)
             .finish()
     }
 }
@@ -91,6 +113,8 @@ impl Default for ClientOptions {
             max_message_bytes: MAX_MESSAGE_BYTES,
             approval_handler: None,
             silence_probe: Some(super::SILENCE_PROBE_AFTER),
+            session_ttl: None,
+            ack_policy: AckPolicy::Eager,
         }
     }
 }
@@ -124,6 +148,7 @@ impl StartOptions {
                 drain_timeout_ms: None,
                 kill_grace_ms: None,
                 kill_process_group_on_exit: false,
+                output_cap_keep: Default::default(),
             },
         }
     }

@@ -21,6 +21,7 @@
 //!   [`Client::call`], and a write carries its idempotency key.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,29 +60,53 @@ pub struct ProcessHandle {
     /// same requests.
     control: ProcessController,
     write_seq: u64,
+    /// The seq of the last event handed out.
+    last_seq: u64,
     /// Its event slot's identity (the slot's `Notify`): a handle removes only its own slot.
     slot: Arc<Notify>,
 }
 
 impl ProcessHandle {
     /// A handle for the process `id` just started by `client`.
-    pub(super) fn new(id: String, pid: u32, client: Client, slot: Arc<Notify>) -> Self {
+    pub(super) fn new(
+        id: String,
+        pid: u32,
+        client: Client,
+        finished: Arc<AtomicBool>,
+        slot: Arc<Notify>,
+    ) -> Self {
         ProcessHandle {
             control: ProcessController {
                 id: id.clone(),
                 client,
+                finished,
             },
             id,
             pid,
             write_seq: 0,
+            last_seq: 0,
             slot,
         }
+    }
+
+    /// A handle whose events after `seq` are the ones still to come (a resumed attach).
+    pub(super) fn after(mut self, seq: u64) -> Self {
+        self.last_seq = seq;
+        self
     }
 
     /// The next event; `None` after the exit notice, or if the session was lost (see
     /// [`Client::lost_reason`]).
     pub async fn next_event(&mut self) -> Option<ProcessEvent> {
-        self.control.client.next_event_of(&self.id).await
+        let (seq, ev) = self.control.client.next_event_of(&self.id).await?;
+        self.last_seq = seq;
+        Some(ev)
+    }
+
+    /// The seq of the last event handed out by [`next_event`](Self::next_event) (0: none
+    /// yet), e.g. to resume from there later (`execrelay attach --since-last`).
+    pub fn consumed_seq(&self) -> u64 {
+        self.last_seq
     }
 
     /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`).
@@ -139,11 +164,15 @@ impl Drop for ProcessHandle {
     }
 }
 
-/// Controls a process without owning its event stream.
+/// Controls a process without owning its event stream. Once the process's exit notice has
+/// been received, its requests are answered here without being sent (as the server answers
+/// them for an exited process: nothing to signal, resize or close, `exited` to a write): the
+/// server forgets a process once its exit is acknowledged, and would answer "unknown process".
 #[derive(Clone)]
 pub struct ProcessController {
     id: String,
     client: Client,
+    finished: Arc<AtomicBool>,
 }
 
 /// `-32001`, the server's "unknown process id".
@@ -156,6 +185,11 @@ impl ProcessController {
     /// (so the server released it) before the answer could come back. The process existed
     /// (this controller comes from its start), so it has exited: the caller answers as the
     /// server does for an exited process, rather than fail a request that did its work.
+    ///
+    /// A server answers such a repeat as for an exited process itself while it remembers the
+    /// id (`session::ended_ids`, the last 1,024 ended per session); this rule covers a repeat
+    /// that arrives after that memory moved on (many processes of the session ending during
+    /// one reconnect) and a server that does not remember ended ids at all.
     async fn control(&self, call: Call) -> Result<Option<Reply>, ClientError> {
         let shared = &self.client.shared;
         let mut repeated = false;
@@ -176,8 +210,16 @@ impl ProcessController {
         }
     }
 
+    /// Whether the process's exit notice was received.
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
     /// Send a signal by name.
     pub async fn signal(&self, name: &str) -> Result<(), ClientError> {
+        if self.is_finished() {
+            return Ok(());
+        }
         self.control(Call::Signal(SignalParams {
             process_id: self.id.clone(),
             signal: name.to_string(),
@@ -188,6 +230,9 @@ impl ProcessController {
 
     /// Resize the PTY.
     pub async fn resize(&self, size: TermSize) -> Result<(), ClientError> {
+        if self.is_finished() {
+            return Ok(());
+        }
         self.control(Call::Resize(ResizeParams {
             process_id: self.id.clone(),
             rows: size.rows,
@@ -210,6 +255,9 @@ impl ProcessController {
     /// Write with an explicit idempotency key. A repeat after a reconnect that finds the
     /// process gone answers `exited`, as the server does for a write to an exited process.
     pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
+        if self.is_finished() {
+            return Ok("exited".into());
+        }
         let r = self
             .control(Call::Write(WriteCall {
                 process_id: self.id.clone(),
@@ -228,6 +276,9 @@ impl ProcessController {
 
     /// Close stdin.
     pub async fn close_stdin(&self) -> Result<(), ClientError> {
+        if self.is_finished() {
+            return Ok(());
+        }
         self.control(Call::CloseStdin(ProcessRef {
             process_id: self.id.clone(),
         }))
@@ -243,6 +294,9 @@ impl ProcessController {
     /// Terminate: SIGTERM, then SIGKILL after `grace` (the server's default when `None`, for
     /// which `graceMs` is left out of the request).
     async fn terminate_after(&self, grace: Option<Duration>) -> Result<bool, ClientError> {
+        if self.is_finished() {
+            return Ok(false);
+        }
         let r = self
             .control(Call::Terminate(TerminateParams {
                 process_id: self.id.clone(),
@@ -305,6 +359,9 @@ impl StdinWriter {
     /// the pipeline is full. An error means the process takes no more input (or the session
     /// is lost): nothing further will be written.
     pub async fn write(&mut self, data: Bytes) -> Result<(), StdinRefused> {
+        if self.control.is_finished() {
+            return Err(StdinRefused::Status("exited".into()));
+        }
         // A write must fit the server's message limit once in base64, with room for the rest
         // of the request.
         let limit = self
@@ -356,6 +413,8 @@ impl StdinWriter {
     }
 
     async fn send(&self, conn: &RpcConnection, w: &InFlight) -> Option<PendingCall> {
+        // (A write already in flight when the exit arrived is still answered by the server:
+        // `exited`, the process being known until its exit is acknowledged.)
         let id = &self.control.id;
         conn.start_write(id, &w.write_id, &w.data).await.ok()
     }

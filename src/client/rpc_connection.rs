@@ -68,6 +68,17 @@ pub enum Notification {
         /// Raw bytes.
         data: bytes::Bytes,
     },
+    /// `process/outputOmitted`, typed (from an in-process connection).
+    Omitted {
+        /// The process.
+        process_id: String,
+        /// Its seq.
+        seq: u64,
+        /// Which stream.
+        stream: StreamName,
+        /// Bytes not kept.
+        omitted_bytes: u64,
+    },
     /// `process/exited`, typed (from an in-process connection).
     Exited {
         /// The process.
@@ -447,6 +458,12 @@ impl RpcConnection {
                                 seq: e.seq,
                                 stream,
                                 data: chunk,
+                            },
+                            EventBody::Omitted { stream, omitted_bytes } => Notification::Omitted {
+                                process_id: e.process_id,
+                                seq: e.seq,
+                                stream,
+                                omitted_bytes,
                             },
                             EventBody::Exited(info) => Notification::Exited {
                                 process_id: e.process_id,

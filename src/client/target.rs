@@ -89,15 +89,18 @@ pub(super) async fn open_transport(target: &Target, max: usize) -> Result<Transp
             .map_err(|e| ClientError::Connect(e.to_string())),
         Target::Noise { url, config, pool } => {
             use crate::link::client::NoiseError;
-            let link = pool
-                .link(url, config)
-                .await
-                .map_err(|e| ClientError::Connect(e.to_string()))?;
+            let link = pool.link(url, config).await.map_err(|e| match e {
+                NoiseError::EnvironmentRevoked(_) => ClientError::Revoked(e.to_string()),
+                e => ClientError::Connect(e.to_string()),
+            })?;
             match link.open_stream().await {
                 Ok(t) => Ok(t),
                 // A refusal is final: retrying the same keys will not help.
                 Err(e @ (NoiseError::Refused(_) | NoiseError::ServerKey)) => {
                     Err(ClientError::Refused(e.to_string()))
+                }
+                Err(e @ NoiseError::EnvironmentRevoked(_)) => {
+                    Err(ClientError::Revoked(e.to_string()))
                 }
                 Err(e) => Err(ClientError::Connect(e.to_string())),
             }

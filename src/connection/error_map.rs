@@ -21,13 +21,11 @@ impl From<SessionError> for RpcError {
             E::QuotaReached { limit, value } => RpcError::limit_reached(limit, value as u64),
             E::ProcessExists(id) => RpcError::process_exists(&id),
             E::UnknownProcess(id) => RpcError::unknown_process(&id),
-            // Out of descriptors: say so plainly, the OS text alone reads like a client error.
-            E::Spawn(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                RpcError::internal(format!(
-                    "spawn failed: the server is out of file descriptors ({e})"
-                ))
+            // What failed, which path, which errno (`protocol.md` §2); out of descriptors is
+            // said plainly (the OS text alone reads like a client error).
+            E::Start(e) => {
+                RpcError::start_failed(e.message(), e.what.as_str(), &e.path, &e.errno_name())
             }
-            E::Spawn(e) => RpcError::internal(format!("spawn failed: {e}")),
             E::NotApproved { reason, rule } => RpcError::not_approved(reason, rule.as_deref()),
             E::Containment(e) => RpcError::internal(e.to_string()),
         }
@@ -53,6 +51,7 @@ impl From<ProcessError> for RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::{StartError, StartWhat};
     use crate::rpc::ErrorCode;
 
     fn wire(e: impl Into<RpcError>) -> (i64, String) {
@@ -97,19 +96,31 @@ mod tests {
             e.data,
             Some(json!({"reason": "denied by the client", "rule": "deletes files"}))
         );
-        let (code, msg) = wire(SessionError::Spawn(std::io::Error::from_raw_os_error(2)));
-        assert_eq!(code, -32603);
-        assert!(
-            msg.starts_with("spawn failed: No such file or directory"),
-            "{msg}"
+        let start = |what, path: &str, errno| {
+            SessionError::Start(StartError::new(
+                what,
+                path,
+                &std::io::Error::from_raw_os_error(errno),
+            ))
+        };
+        let e: RpcError = start(StartWhat::Program, "nosuchprog", libc::ENOENT).into();
+        assert_eq!(e.code.code(), -32007);
+        assert_eq!(e.message, "program \"nosuchprog\" not found in PATH");
+        assert_eq!(
+            e.data,
+            Some(json!({"what": "program", "path": "nosuchprog", "errno": "ENOENT"}))
         );
-        let (code, msg) = wire(SessionError::Spawn(std::io::Error::from_raw_os_error(
-            libc::EMFILE,
-        )));
-        assert_eq!(code, -32603);
+        let e: RpcError = start(StartWhat::Cwd, "/x", libc::ENOENT).into();
+        assert_eq!(e.message, "cwd \"/x\": no such directory");
+        assert_eq!(
+            e.data,
+            Some(json!({"what": "cwd", "path": "/x", "errno": "ENOENT"}))
+        );
+        let (code, msg) = wire(start(StartWhat::Other, "sh", libc::EMFILE));
+        assert_eq!(code, -32007);
         assert!(
             msg.starts_with(
-                "spawn failed: the server is out of file descriptors (Too many open files"
+                "cannot start \"sh\": the server is out of file descriptors (Too many open files"
             ),
             "{msg}"
         );

@@ -19,9 +19,11 @@ use crate::config::{
 };
 use crate::process::signals::parse_signal;
 use crate::process::spawn::SpawnSpec;
+use crate::process::WriteStatus;
 use crate::process::{check_term_size, ProcessOptions};
 use crate::rpc::messages::{
-    AckParams, ReadParams, StartParams, StartResult, TermSize, PROTOCOL_VERSION,
+    AckParams, ExitReason, OutputCapKeep, ReadParams, StartParams, StartResult, TermSize,
+    PROTOCOL_VERSION,
 };
 use crate::rpc::RpcError;
 use crate::session::{Caller, Session, SessionRegistry, StartSpec};
@@ -63,22 +65,35 @@ pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
         Call::Start(p) => start(ctx, p).await,
         Call::Read(p) => read(ctx, p).await.map(Handled::from),
         Call::Write(p) => write(ctx, p).await.map(Handled::from),
+        // A process that ended and was forgotten (its exit acknowledged while this request
+        // was on its way) is answered as an exited one: nothing to close, resize or signal.
         Call::CloseStdin(p) => {
-            ctx.session.get(&p.process_id)?.close_stdin().await;
+            if let Some(proc) = ctx.session.get_or_ended(&p.process_id)? {
+                proc.close_stdin().await;
+            }
             Ok(Reply::Empty.into())
         }
         Call::Resize(p) => {
-            ctx.session.get(&p.process_id)?.resize(TermSize {
-                rows: p.rows,
-                cols: p.cols,
-            })?;
+            if let Some(proc) = ctx.session.get_or_ended(&p.process_id)? {
+                proc.resize(TermSize {
+                    rows: p.rows,
+                    cols: p.cols,
+                })?;
+            }
             Ok(Reply::Empty.into())
         }
         Call::Signal(p) => {
             let sig = parse_signal(&p.signal).ok_or_else(|| {
                 RpcError::invalid_params(format!("unknown signal {:?}", p.signal))
             })?;
-            ctx.session.get(&p.process_id)?.signal(sig)?;
+            let Some(proc) = ctx.session.get_or_ended(&p.process_id)? else {
+                return Ok(Reply::Empty.into());
+            };
+            if ends_by_default(sig) {
+                // Should it die of it, a client ended it (`reason: "terminated"`).
+                proc.mark_ending(ExitReason::Terminated);
+            }
+            proc.signal(sig)?;
             Ok(Reply::Empty.into())
         }
         Call::Terminate(p) => {
@@ -87,7 +102,10 @@ pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
                 within_cap("graceMs", g, "max_kill_grace_ms", cap)?;
             }
             let running = match ctx.session.get(&p.process_id) {
-                Ok(proc) => proc.terminate(p.grace_ms.map(Duration::from_millis)).await,
+                Ok(proc) => {
+                    proc.mark_ending(ExitReason::Terminated);
+                    proc.terminate(p.grace_ms.map(Duration::from_millis)).await
+                }
                 Err(_) => false,
             };
             Ok(Reply::Terminate { running }.into())
@@ -108,6 +126,17 @@ pub async fn dispatch(ctx: &Ctx, call: Call) -> Result<Handled, RpcError> {
         Call::Initialize(_) | Call::Ack(_) => Err(RpcError::invalid_request("not here")),
         Call::NotFound(name) => Err(RpcError::method_not_found(&name)),
     }
+}
+
+/// Whether `sig`'s default action ends a process: a client that sends one of these meant to
+/// end it (its exit notice says `terminated` should it die). `SIGWINCH`, `SIGCONT` and
+/// `SIGSTOP` do not end anything.
+fn ends_by_default(sig: nix::sys::signal::Signal) -> bool {
+    use nix::sys::signal::Signal as S;
+    !matches!(
+        sig,
+        S::SIGWINCH | S::SIGCONT | S::SIGSTOP | S::SIGTSTP | S::SIGCHLD | S::SIGURG
+    )
 }
 
 /// `process/start`, through the exec policy: it may wait for the client's approval (the
@@ -172,6 +201,20 @@ pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, Rp
     if let Some(t) = p.timeout_ms {
         within_cap("timeoutMs", t, "max_timeout_ms", config.max_timeout_ms)?;
     }
+    if p.output_cap_keep == OutputCapKeep::HeadAndTail {
+        let Some(cap) = p.output_bytes_cap else {
+            return Err(RpcError::invalid_params(
+                "outputCapKeep \"headAndTail\" needs outputBytesCap",
+            ));
+        };
+        let tail = cap - cap / 2;
+        let max = config.max_output_tail_bytes as u64;
+        if tail > max {
+            return Err(RpcError::invalid_params(format!(
+                "outputBytesCap {cap} with outputCapKeep \"headAndTail\" keeps a tail of {tail} bytes, above this server's max_output_tail_bytes ({max})"
+            )));
+        }
+    }
     // A value the client left out is the default, lowered to the cap of a server configured
     // below it (the client chose nothing that could be refused).
     let drain = match p.drain_timeout_ms {
@@ -210,6 +253,7 @@ pub fn start_spec(p: StartParams, config: &ServerConfig) -> Result<StartSpec, Rp
         options: ProcessOptions {
             timeout: p.timeout_ms.map(Duration::from_millis),
             output_cap: p.output_bytes_cap,
+            output_cap_keep: p.output_cap_keep,
             drain_timeout: Duration::from_millis(drain),
             kill_grace: Duration::from_millis(grace),
             kill_group_on_exit: p.kill_process_group_on_exit,
@@ -226,11 +270,9 @@ pub fn argv_bytes(argv: &[String]) -> usize {
 
 /// `-32602` when a client's `value` of `member` is above the server's `cap` (named by its
 /// setting).
-fn within_cap(member: &str, value: u64, setting: &str, cap: u64) -> Result<(), RpcError> {
+pub fn within_cap(member: &str, value: u64, setting: &str, cap: u64) -> Result<(), RpcError> {
     if value > cap {
-        return Err(RpcError::invalid_params(format!(
-            "{member} {value} is above this server's {setting} ({cap})"
-        )));
+        return Err(RpcError::above_cap(member, value, setting, cap));
     }
     Ok(())
 }
@@ -283,8 +325,10 @@ async fn write(ctx: &Ctx, p: WriteCall) -> Result<Reply, RpcError> {
             "writeId must be at most {MAX_WRITE_ID_BYTES} bytes"
         )));
     }
-    let proc = ctx.session.get(&p.process_id)?;
-    Ok(Reply::Write(proc.write(&p.data, p.write_id).await))
+    match ctx.session.get_or_ended(&p.process_id)? {
+        Some(proc) => Ok(Reply::Write(proc.write(&p.data, p.write_id).await)),
+        None => Ok(Reply::Write(WriteStatus::Exited)),
+    }
 }
 
 /// `process/ack` (a notification): ignored without the acks capability or for an unknown

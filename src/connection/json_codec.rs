@@ -25,8 +25,8 @@ use crate::rpc::jsonrpc::{
 };
 use crate::rpc::messages::{ApprovalDecision, ApproveResult, StartResult, WriteParams};
 use crate::rpc::notification::{
-    decode_read_event, encode_exit_notice, encode_output_delta, exit_event_json, output_event_json,
-    ReadEvent,
+    decode_read_event, encode_exit_notice, encode_output_delta, encode_output_omitted,
+    exit_event_json, omitted_event_json, output_event_json, ReadEvent,
 };
 use crate::rpc::write_request::decode_write_chunk;
 use crate::rpc::{Method, RpcError};
@@ -146,6 +146,7 @@ pub fn decode_call(name: &str, params: Value) -> Call {
         Method::Initialized
         | Method::ProcessOutputDelta
         | Method::ProcessExited
+        | Method::ProcessOutputOmitted
         | Method::ProcessApprove => Ok(Call::NotFound(name.to_string())),
     };
     call.unwrap_or_else(invalid)
@@ -175,6 +176,16 @@ pub fn encode_event(p: &ManagedProcess, ev: &Event, binary: bool) -> OutMessage 
         EventBody::Output { stream, chunk } => {
             OutMessage::Text(encode_output_delta(&p.id_json, ev.seq, *stream, chunk))
         }
+        // JSON in both forms (`protocol.md` §5): at most once per stream.
+        EventBody::Omitted {
+            stream,
+            omitted_bytes,
+        } => OutMessage::Text(encode_output_omitted(
+            &p.id,
+            ev.seq,
+            *stream,
+            *omitted_bytes,
+        )),
         EventBody::Exited(info) => OutMessage::Text(encode_exit_notice(&p.id, ev.seq, info)),
     }
 }
@@ -192,6 +203,10 @@ pub fn reply_value(reply: &Reply) -> Value {
                     EventBody::Output { stream, chunk } => {
                         output_event_json(ev.seq, *stream, chunk)
                     }
+                    EventBody::Omitted {
+                        stream,
+                        omitted_bytes,
+                    } => omitted_event_json(ev.seq, *stream, *omitted_bytes),
                     EventBody::Exited(info) => exit_event_json(ev.seq, info),
                 })
                 .collect();
@@ -303,6 +318,13 @@ pub fn decode_reply(method: Method, v: Value) -> Result<Reply, String> {
                         ReadEvent::Output { stream, data } => EventBody::Output {
                             stream,
                             chunk: data,
+                        },
+                        ReadEvent::Omitted {
+                            stream,
+                            omitted_bytes,
+                        } => EventBody::Omitted {
+                            stream,
+                            omitted_bytes,
                         },
                         ReadEvent::Exited(info) => EventBody::Exited(info),
                     },

@@ -38,9 +38,9 @@ pub const MAX_OPENING_STREAMS: usize = 16;
 /// Attempts of an OPEN the server answered `busy`, with doubling backoff from 50 ms.
 const BUSY_RETRIES: u32 = 6;
 /// Fresh handshakes after the server refused one as a replay (`replayed_handshake`). A
-/// genuine client meets that only when another link with the same key (another process, or
-/// another pool) had a handshake stamped later accepted before this one was checked; the next
-/// handshake, stamped after that, passes.
+/// genuine client meets that when two processes sharing its key stamped the same microsecond,
+/// or when it stamped just before the server (re)started; a fresh stamp passes (unless this
+/// machine's clock is behind the server's by more than the server's uptime).
 const REPLAYED_RETRIES: u32 = 2;
 
 /// Client-side Noise settings.
@@ -104,9 +104,9 @@ pub enum NoiseError {
     /// The server had too many handshakes pending (retried by `open_stream`).
     #[error("the server is busy; try again")]
     Busy,
-    /// The server refused message 1 as a replay: its `ts` was not above one it had already
-    /// accepted for this key (retried by `open_stream` with a fresh handshake).
-    #[error("the server refused the handshake as a replay (a later one with the same key was accepted first)")]
+    /// The server refused message 1 as a replay: its `ts` was already seen for this key, or
+    /// earlier than the server's start (retried by `open_stream` with a fresh handshake).
+    #[error("the server refused the handshake as a replay: this machine's clock may be behind the server's (a handshake stamped before the server started is refused); check both clocks")]
     Replayed,
     /// The relay has no link from this environment now (`environment_offline`), or it went
     /// away while the handshake was under way (`environment_gone`). Transient: the exec
@@ -116,14 +116,19 @@ pub enum NoiseError {
     /// No answer in time.
     #[error("no answer to the handshake within {0:?}")]
     Timeout(Duration),
+    /// The relay no longer lists this environment (`environment_revoked`): it will not come
+    /// back, so nothing retries.
+    #[error("environment {0:?} was revoked at the relay: its key is no longer listed there")]
+    EnvironmentRevoked(String),
 }
 
 fn explain_reset(reason: &str) -> String {
     match reason {
         "handshake_failed" => "the server refused the handshake: check --server-key (it must be the server's public key) and --key".into(),
         "unauthorized" => "the server refused this client: its key is not authorized (or a required token is missing or wrong)".into(),
-        "busy" | "too_many_streams" => format!("the server is busy ({reason}); try again"),
-        "clock_skew" => "the server refused the handshake: this machine's clock and the server's differ by more than 10 minutes; fix the clock (see the server's log for the difference)".into(),
+        "busy" => format!("the server is busy ({reason}); try again"),
+        "too_many_streams" => "the server refused a new stream (too_many_streams): this client key holds its maximum of streams (max_streams_per_key), or the server's link is full; close some streams or try again later".into(),
+        "clock_skew" => "the server refused the handshake: this machine's clock and the server's differ by more than the server's clock window (2 minutes by default); fix the clock (see the server's log for the difference)".into(),
         other => format!("the server reset the stream: {other}"),
     }
 }
@@ -137,7 +142,8 @@ pub struct ClientLink {
     link: EndpointLink,
     opening: tokio::sync::Semaphore,
     /// Held from stamping a message 1 until its `OPEN` is queued, so that `OPEN`s leave in
-    /// the order of their `ts`: the server refuses a `ts` below one it has seen.
+    /// the order of their `ts` (the server's replay cache accepts any order; ordered stamps
+    /// keep its logs readable).
     stamp_order: Mutex<()>,
 }
 
@@ -281,6 +287,7 @@ impl ClientLink {
                 "environment_offline" | "environment_gone" => {
                     NoiseError::EnvironmentOffline(self.target.env_id.clone(), reason)
                 }
+                "environment_revoked" => NoiseError::EnvironmentRevoked(self.target.env_id.clone()),
                 _ => NoiseError::Refused(explain_reset(&reason)),
             },
             _ => NoiseError::LinkLost,

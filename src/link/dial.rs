@@ -169,7 +169,7 @@ pub async fn dial(
             };
             Err(DialError::Connect {
                 url: ws_url.to_string(),
-                why: why.unwrap_or_else(|| e.to_string()),
+                why: why.unwrap_or_else(|| crate::transport::websocket::handshake_error(&e)),
             })
         }
         Err(_) => Err(DialError::Timeout(ws_url.to_string(), deadline)),

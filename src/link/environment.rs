@@ -26,7 +26,7 @@ use crate::noise::keys::{fingerprint, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
 use execrelay_relay::driver::{recv_frame, send_frame};
 use execrelay_relay::env_handshake::{
-    EnvironmentHandshake, LinkRefusal, REASON_CLOCK_SKEW, REASON_UNAUTHORIZED,
+    EnvironmentHandshake, LinkRefusal, REASON_CLOCK_SKEW, REASON_HELD, REASON_UNAUTHORIZED,
 };
 use execrelay_relay::reason::CloseReason;
 
@@ -163,6 +163,7 @@ pub async fn run_environment(
     let span = tracing::info_span!("environment_link", env = %dial_cfg.env_id);
     async move {
         let mut attempt = 0u64;
+        let mut held = HeldReport::default();
         loop {
             if stop.is_cancelled() {
                 return;
@@ -171,7 +172,8 @@ pub async fn run_environment(
             health.update(|st, _| st.dialling());
             // Not raced against `stop` as a whole: a link that is up ends with the
             // connections (the context's `shutdown`), after the exit notices went out.
-            let outcome = connect_and_serve(&dial_cfg, &url, &ctx, &health, attempt, &stop).await;
+            let outcome =
+                connect_and_serve(&dial_cfg, &url, &ctx, &health, attempt, &stop, &mut held).await;
             let delay = match outcome {
                 Attempt::Stopped => return,
                 Attempt::Lived(lived) => backoff.delay(Some(lived), random()),
@@ -189,6 +191,13 @@ pub async fn run_environment(
     .await
 }
 
+/// Whether the relay's "another server holds this id" refusal was reported since the link was
+/// last up: said once (two servers share this environment's key), then quietly retried.
+#[derive(Debug, Default)]
+struct HeldReport {
+    said: bool,
+}
+
 /// One attempt: dial, handshake (abandoned when `stop` fires), serve until the link ends
 /// (with the context's `shutdown`, like every connection).
 async fn connect_and_serve(
@@ -198,14 +207,16 @@ async fn connect_and_serve(
     health: &EnvironmentHealth,
     attempt: u64,
     stop: &CancellationToken,
+    held: &mut HeldReport,
 ) -> Attempt {
     let ws = tokio::select! {
         _ = stop.cancelled() => return Attempt::Stopped,
-        ws = establish(dial_cfg, url, ctx, health, attempt) => match ws {
+        ws = establish(dial_cfg, url, ctx, health, attempt, held) => match ws {
             Ok(ws) => ws,
             Err(outcome) => return outcome,
         },
     };
+    held.said = false;
     let started = tokio::time::Instant::now();
     let reason = run_link(ws, LinkPeer::Relay(format!("relay {url}")), ctx.clone()).await;
     let lived = started.elapsed();
@@ -227,6 +238,7 @@ async fn establish(
     ctx: &LinkContext,
     health: &EnvironmentHealth,
     attempt: u64,
+    held: &mut HeldReport,
 ) -> Result<LinkSocket, Attempt> {
     let keys = &ctx.noise.keys;
     let unreachable = |why: String| {
@@ -266,6 +278,37 @@ async fn establish(
         }
     };
     if let Err(e) = hs.finish(&answer) {
+        if matches!(&e, LinkRefusal::Refused(r) if r == REASON_HELD) {
+            // Another exec server with this key holds the id and is alive: the relay keeps
+            // it. Said once; the redials (at the backoff's pace) are quiet until one succeeds.
+            if held.said {
+                tracing::debug!(attempt, "the relay still gives the id to another server");
+            } else {
+                held.said = true;
+                tracing::error!(
+                    attempt,
+                    env = %dial_cfg.env_id,
+                    key = %fingerprint(&keys.public),
+                    "another exec server with this environment key holds environment {:?} at the relay (environment_in_use): two servers share a key. This one keeps trying and takes over when the other stops; give each server its own key and id",
+                    dial_cfg.env_id
+                );
+            }
+            ctx.registry
+                .metrics()
+                .environment_link()
+                .refused("environment_in_use");
+            health.update(|st, now| {
+                st.refused(
+                    now,
+                    false,
+                    format!(
+                        "another exec server with this environment key holds environment {} at {url} (environment_in_use)",
+                        dial_cfg.env_id
+                    ),
+                )
+            });
+            return Err(Attempt::Refused);
+        }
         let refusal = Refusal::of(&e, dial_cfg, &fingerprint(&keys.public), url);
         // The relay's RESET reason, or a message 2 that does not verify (another relay key).
         tracing::error!(

@@ -6,6 +6,7 @@
 //!
 //! - [`server`]: the exec server's end of one link (direct `noise+ws://` on `/v1/link`, or the
 //!   environment link): handshakes, `ts`, authorization, one `ConnectionProcessor` per stream.
+//! - [`key_quota`]: streams per client key (`max_streams_per_key`), server-wide.
 //! - [`client`]: the client's link (direct or through a relay), shared through a
 //!   [`client::LinkPool`].
 //! - [`virtual_stream`]: one stream as a [`Transport`](crate::transport::Transport): sealing
@@ -23,6 +24,7 @@ pub mod client;
 pub mod dial;
 pub mod environment;
 pub mod health;
+pub mod key_quota;
 pub mod server;
 pub mod trust;
 pub mod virtual_stream;

@@ -8,8 +8,9 @@
 //!
 //! - The engine's two tasks per link (reader, writer). The reader never waits on a stream.
 //! - This module's accept loop ([`run_link`]): one [`OpenRequest`] per `OPEN`; it reads
-//!   message 1 and checks its `ts` in order (so `OPEN`s of one key are judged in the order
-//!   they were stamped), then hands the stream to its own task.
+//!   message 1, checks its `ts` against the listener's replay cache (any order: parallel
+//!   clients of one key stamp independently) and the key's stream quota, then hands the
+//!   stream to its own task.
 //! - One task per stream: authorization (the engine caps pending ones at
 //!   `max_pending_authorizations`), then the stream's `ConnectionProcessor`, whose reader
 //!   decrypts (in that task) and whose writer seals (in that task)
@@ -17,9 +18,16 @@
 //!   close record and then its `RESET` (§8).
 //!
 //! Budgets (§8) are the engine's: handshake failures are charged through
-//! [`OpenRequest::handshake_failed`]; an empty bucket closes a direct link
-//! ([`HandshakeBudgetPolicy::CloseLink`]) or refuses new `OPEN`s on an environment link for a
-//! cool-down ([`HandshakeBudgetPolicy::RefuseOpens`]), never touching established streams.
+//! [`OpenRequest::handshake_failed`] and answered with a handshake-failure reason
+//! (`handshake_failed`, `unauthorized`, `replayed_handshake`, `clock_skew`). On a direct link
+//! the bucket is the client's (`handshake_failure_burst`): the failure that takes its last
+//! token closes the link ([`HandshakeBudgetPolicy::CloseLink`]). On the environment link the
+//! relay charges each such `RESET` to the client link and address whose `OPEN` it answers,
+//! so the link keeps only a last-resort budget (`relay_link_handshake_failure_burst`, far
+//! above what one relay-throttled client can spend) that refuses new `OPEN`s for a cool-down
+//! when empty ([`HandshakeBudgetPolicy::RefuseOpens`]), never touching established streams.
+//! A `ts` refused because its key has too many handshakes in the window is load (`busy`),
+//! not a failure.
 //!
 //! Bounds (issue 9) this module applies per link:
 //!
@@ -29,7 +37,8 @@
 //!   whose message cannot grow is reset `busy` alone (counted as a `busy` Noise failure).
 //! - **Quotas and idleness per stream**: each stream's connection gets the client's key, the
 //!   link's peer address on a direct link (none through the relay, which hides the clients'
-//!   addresses) and `idle_connection_timeout_ms`.
+//!   addresses) and `idle_connection_timeout_ms`. A key holds at most `max_streams_per_key`
+//!   streams over all links (`super::key_quota`); more are refused `too_many_streams`.
 //! - **Idle links**: a direct link that holds no stream (pending or open) for
 //!   `idle_link_timeout_ms` is closed (not a failure). The environment link is never closed
 //!   for idleness: it is how clients reach this server at all.
@@ -44,6 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 use tokio_tungstenite::WebSocketStream;
@@ -51,6 +61,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::key_quota::{KeyStream, StreamsPerKey};
 use super::virtual_stream::noise_transport;
 use crate::bounds::{ByteBudget, IdleTimer};
 use crate::config::ServerConfig;
@@ -104,6 +115,21 @@ impl LinkPeer {
             LinkPeer::Direct(_) => HandshakeBudgetPolicy::CloseLink,
             LinkPeer::Relay(_) => HandshakeBudgetPolicy::RefuseOpens {
                 cooldown: HANDSHAKE_COOLDOWN,
+            },
+        }
+    }
+
+    /// The handshake-failure bucket: the client's on a direct link, the last-resort one of
+    /// the environment link (the relay charges every failure to the client that caused it).
+    fn failure_budget(&self, config: &ServerConfig) -> BucketConfig {
+        match self {
+            LinkPeer::Direct(_) => BucketConfig {
+                burst: config.handshake_failure_burst,
+                refill: Duration::from_millis(config.handshake_failure_refill_ms),
+            },
+            LinkPeer::Relay(_) => BucketConfig {
+                burst: config.relay_link_handshake_failure_burst,
+                refill: Duration::from_millis(config.relay_link_handshake_failure_refill_ms),
             },
         }
     }
@@ -187,16 +213,17 @@ pub fn keepalive_config(config: &ServerConfig) -> KeepaliveConfig {
     }
 }
 
-/// The engine settings of one server link: the server's limits, and what an empty handshake
-/// budget does (`policy`).
-pub fn endpoint_config(config: &ServerConfig, policy: HandshakeBudgetPolicy) -> EndpointConfig {
+/// The engine settings of one server link: the server's limits, the handshake-failure
+/// bucket (`failures`) and what its emptying does (`policy`).
+pub fn endpoint_config(
+    config: &ServerConfig,
+    failures: BucketConfig,
+    policy: HandshakeBudgetPolicy,
+) -> EndpointConfig {
     EndpointConfig {
         max_streams: config.max_streams_per_link,
         max_pending_opens: config.max_pending_authorizations,
-        handshake_failures: BucketConfig {
-            burst: config.handshake_failure_burst,
-            refill: Duration::from_millis(config.handshake_failure_refill_ms),
-        },
+        handshake_failures: failures,
         on_handshake_budget_empty: policy,
         // The environment link (`RefuseOpens`) carries every client's streams: frames for
         // streams it no longer remembers are dropped, never a reason to close it.
@@ -215,6 +242,8 @@ pub struct LinkContext {
     pub registry: Arc<SessionRegistry>,
     /// Message-1 timestamps, one table per listener.
     pub timestamps: SharedHelloTimestamps,
+    /// Streams per client key, one table for the whole server.
+    pub streams_per_key: Arc<StreamsPerKey>,
     /// Fires when connections must end (the server's shutdown).
     pub shutdown: CancellationToken,
     /// Every task a link starts (authorizations, stream processors), awaited at shutdown.
@@ -225,10 +254,14 @@ fn short(sid: &StreamId) -> String {
     sid.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
 
-fn ts_reason(e: &TimestampError) -> Reason {
+/// The `RESET` reason of a refused `ts`, and whether it is a handshake failure (charged, as
+/// a replay or a clock far off) or load (a key with too many handshakes in the window: `busy`,
+/// that key's own doing, never charged to anyone).
+fn ts_reason(e: &TimestampError) -> (Reason, bool) {
     match e {
-        TimestampError::ClockSkew { .. } => Reason::ClockSkew,
-        TimestampError::Replayed { .. } => Reason::ReplayedHandshake,
+        TimestampError::ClockSkew { .. } => (Reason::ClockSkew, true),
+        TimestampError::KeyBusy { .. } => (Reason::Busy, false),
+        _ => (Reason::ReplayedHandshake, true),
     }
 }
 
@@ -247,7 +280,7 @@ where
     let metrics = ctx.registry.metrics().clone();
     let _live = GaugeGuard::new(&metrics.noise_links);
     let config = ctx.registry.config();
-    let cfg = endpoint_config(config, peer.policy());
+    let cfg = endpoint_config(config, peer.failure_budget(config), peer.policy());
     let (link, mut incoming) = match EndpointLink::spawn_server(ws, cfg) {
         Ok(x) => x,
         Err(e) => {
@@ -322,7 +355,8 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// One `OPEN`: message 1 and its `ts` here, in order; authorization and the stream in a task.
+/// One `OPEN`: message 1, its `ts` and the key's quota here; authorization and the stream in a
+/// task.
 fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
     let live = link.live.enter();
     let sid = req.stream();
@@ -349,10 +383,26 @@ fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
                     "handshake refused: {e}"
                 );
                 metrics.noise_failure(e.reset_reason());
-                req.handshake_failed(ts_reason(&e));
+                match ts_reason(&e) {
+                    (reason, true) => req.handshake_failed(reason),
+                    (reason, false) => req.refuse(reason),
+                }
                 return;
             }
         };
+    // The key's share of the server's streams (`max_streams_per_key`): a refusal, not a
+    // failure (the key is genuine; it holds enough already).
+    let Some(quota) = ctx.streams_per_key.try_enter(&pending.client_key) else {
+        tracing::warn!(
+            stream = %short(&sid),
+            client = %fingerprint(&pending.client_key),
+            max = ctx.streams_per_key.limit(),
+            "stream refused: this client key holds its maximum of streams (max_streams_per_key)"
+        );
+        metrics.noise_failure("too_many_streams");
+        req.refuse(Reason::TooManyStreams);
+        return;
+    };
     let task = stream_task(
         ctx.clone(),
         link.clone(),
@@ -360,7 +410,7 @@ fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
         pending,
         admission,
         format!("{}/{}", link.name, short(&sid)),
-        live,
+        (live, quota),
     );
     ctx.tasks.spawn(task.in_current_span());
 }
@@ -373,8 +423,9 @@ async fn stream_task(
     pending: PendingHandshake,
     admission: Admission,
     peer: String,
-    _held: LiveGuard,
+    held: (LiveGuard, KeyStream),
 ) {
+    let (_live_stream, key_stream) = held;
     let sid = req.stream();
     let metrics = ctx.registry.metrics().clone();
     let auth = AuthRequest {
@@ -404,7 +455,7 @@ async fn stream_task(
         req.handshake_failed(Reason::Unauthorized);
         return;
     }
-    admission.accept();
+    admission.accept(unix_micros(SystemTime::now()));
     let client_key = pending.client_key;
     let (msg2, keys) = match pending.accept(env!("CARGO_PKG_VERSION")) {
         Ok(x) => x,
@@ -421,13 +472,22 @@ async fn stream_task(
     let config = ctx.registry.config();
     // The stream's unfinished messages are charged to the link's reassembly budget, and each
     // keeps its charge until the connection takes it.
-    let (transport, end) = noise_transport(
+    let (mut transport, end) = noise_transport(
         handle,
         keys,
         config.max_message_bytes,
         link.reassembly.clone(),
         peer,
     );
+    // The key holds this stream while its client can still send on it: the quota's slot goes
+    // with the inbound half, given back as soon as the connection stops reading (the peer
+    // closed, idleness, eviction), not when the connection's last writes are flushed (up to
+    // a few seconds later: parallel clients of one key that finish and start again would
+    // otherwise count twice).
+    transport.incoming = Box::pin(transport.incoming.map(move |m| {
+        let _ = &key_stream;
+        m
+    }));
     ConnectionProcessor::run(
         transport,
         ctx.registry.clone(),

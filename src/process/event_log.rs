@@ -38,8 +38,26 @@ pub enum EventBody {
         /// Raw bytes.
         chunk: Bytes,
     },
+    /// Output of `stream` read and not kept (`outputCapKeep: "headAndTail"`): between the
+    /// head already delivered and the tail that follows this event.
+    Omitted {
+        /// Source stream.
+        stream: StreamName,
+        /// Bytes not kept.
+        omitted_bytes: u64,
+    },
     /// The exit notice; always the last event.
     Exited(ExitInfo),
+}
+
+impl EventBody {
+    /// Bytes of output it carries (0 for notices).
+    pub fn output_len(&self) -> usize {
+        match self {
+            EventBody::Output { chunk, .. } => chunk.len(),
+            EventBody::Omitted { .. } | EventBody::Exited(_) => 0,
+        }
+    }
 }
 
 /// One numbered event.
@@ -53,11 +71,7 @@ pub struct Event {
 
 impl Event {
     fn cost(&self) -> usize {
-        EVENT_OVERHEAD_BYTES
-            + match &self.body {
-                EventBody::Output { chunk, .. } => chunk.len(),
-                EventBody::Exited(_) => 0,
-            }
+        EVENT_OVERHEAD_BYTES + self.body.output_len()
     }
 }
 
@@ -170,6 +184,15 @@ impl EventLog {
     /// it first.
     pub fn append_output(&mut self, stream: StreamName, chunk: Bytes) -> u64 {
         self.push(EventBody::Output { stream, chunk })
+    }
+
+    /// Append the notice that `omitted` bytes of `stream` were not kept. Like the exit notice
+    /// it is charged without admission (a notice is never held back; at most one per stream).
+    pub fn append_omitted(&mut self, stream: StreamName, omitted: u64) -> u64 {
+        self.push(EventBody::Omitted {
+            stream,
+            omitted_bytes: omitted,
+        })
     }
 
     /// Append the exit notice; it takes the highest seq. Appending twice is a bug upstream;
@@ -328,10 +351,7 @@ impl EventLog {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for ev in self.events.iter().skip(skip) {
-            let len = match &ev.body {
-                EventBody::Output { chunk, .. } => chunk.len(),
-                EventBody::Exited(_) => 0,
-            };
+            let len = ev.body.output_len();
             if !out.is_empty() && bytes + len > max_bytes {
                 break;
             }
@@ -394,6 +414,7 @@ mod tests {
         ExitInfo {
             exit_code: Some(0),
             signal: None,
+            reason: Default::default(),
             timed_out: false,
             output_drain_timed_out: false,
             stdout_bytes: 0,

@@ -11,7 +11,6 @@
 //! only async lock is stdin's, held by at most one write at a time. It never spawns (that is
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -32,7 +31,7 @@ use super::stall_watch::Observation;
 use super::write_ids::WriteIds;
 use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
-use crate::rpc::messages::{ExitInfo, TermSize};
+use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep, TermSize};
 use crate::rpc::notification::json_string;
 use crate::sync::lock;
 
@@ -47,6 +46,8 @@ pub struct ProcessOptions {
     pub timeout: Option<Duration>,
     /// `outputBytesCap`, per stream.
     pub output_cap: Option<u64>,
+    /// `outputCapKeep`: what the cap keeps (the head, or the head and the tail).
+    pub output_cap_keep: OutputCapKeep,
     /// `drainTimeoutMs`.
     pub drain_timeout: Duration,
     /// `killGraceMs`.
@@ -175,7 +176,11 @@ pub struct ManagedProcess {
     pub(crate) finished: CancellationToken,
     /// The session is gone: pumps stop waiting for room and quit.
     pub(crate) abandoned: CancellationToken,
-    pub(crate) timed_out: AtomicBool,
+    /// Why the process is being ended, by whoever started ending it first (a timeout, a
+    /// client, the session's close or expiry, shutdown); `None`: nobody here did.
+    end_cause: Mutex<Option<ExitReason>>,
+    /// The session cgroup's OOM kill count when the process started (`None`: not known here).
+    pub(crate) oom_kills_at_start: Option<u64>,
     stdin: tokio::sync::Mutex<StdinState>,
     pty: Option<PtyControl>,
     delivery: Mutex<Option<Arc<ReadySet>>>,
@@ -229,7 +234,8 @@ impl ManagedProcess {
             exited: CancellationToken::new(),
             finished: CancellationToken::new(),
             abandoned: CancellationToken::new(),
-            timed_out: AtomicBool::new(false),
+            end_cause: Mutex::new(None),
+            oom_kills_at_start: scope.oom_kills(),
             stdin: tokio::sync::Mutex::new(StdinState {
                 writer: stdin,
                 closed: false,
@@ -637,9 +643,45 @@ fn containment_io(e: ContainmentError) -> std::io::Error {
 }
 
 impl ManagedProcess {
-    /// Record that `timeoutMs` fired (reported as `timedOut` in the exit notice).
-    pub(crate) fn mark_timed_out(&self) {
-        self.timed_out.store(true, Ordering::SeqCst);
+    /// Record why the process is being ended, before the signal that ends it: the first
+    /// cause recorded wins (a client's terminate after a timeout does not make it
+    /// `terminated`), and nothing is recorded once the exit notice is in the log.
+    pub fn mark_ending(&self, reason: ExitReason) {
+        if self.finished.is_cancelled() {
+            return;
+        }
+        let mut cause = lock(&self.end_cause);
+        if cause.is_none() {
+            *cause = Some(reason);
+        }
+    }
+
+    /// The cause recorded by [`mark_ending`](Self::mark_ending), if any.
+    pub fn end_cause(&self) -> Option<ExitReason> {
+        *lock(&self.end_cause)
+    }
+
+    /// The session cgroup's OOM kill count now, against the one at start: whether the
+    /// kernel's OOM killer struck in the session while this process ran (`None`: not known).
+    pub(crate) fn oom_killed_since_start(&self) -> Option<bool> {
+        let before = self.oom_kills_at_start?;
+        let now = self.scope.oom_kills()?;
+        Some(now > before)
+    }
+}
+
+/// The `reason` of an exit notice (`protocol.md` §5): the cause recorded before the end when
+/// there is one; else `oomKilled` for a death by `SIGKILL` while the session's OOM count rose
+/// (the kernel sent it: nobody here did); else `exited`.
+pub fn exit_reason(
+    cause: Option<ExitReason>,
+    signal: Option<&str>,
+    oom: Option<bool>,
+) -> ExitReason {
+    match (cause, signal, oom) {
+        (Some(c), _, _) => c,
+        (None, Some("SIGKILL"), Some(true)) => ExitReason::OomKilled,
+        _ => ExitReason::Exited,
     }
 }
 
@@ -657,6 +699,26 @@ mod tests {
                 chunk: bytes::Bytes::from_static(b"x"),
             },
         }
+    }
+
+    /// The first recorded cause wins; without one, only a SIGKILL while the session's OOM
+    /// count rose is `oomKilled`; an unknown count never is.
+    #[test]
+    fn the_exit_reason_is_the_first_cause_else_the_oom_killer_else_exited() {
+        use ExitReason as R;
+        assert_eq!(
+            exit_reason(Some(R::Timeout), Some("SIGKILL"), Some(true)),
+            R::Timeout
+        );
+        assert_eq!(
+            exit_reason(Some(R::ServerShutdown), None, None),
+            R::ServerShutdown
+        );
+        assert_eq!(exit_reason(None, Some("SIGKILL"), Some(true)), R::OomKilled);
+        assert_eq!(exit_reason(None, Some("SIGKILL"), Some(false)), R::Exited);
+        assert_eq!(exit_reason(None, Some("SIGKILL"), None), R::Exited);
+        assert_eq!(exit_reason(None, Some("SIGTERM"), Some(true)), R::Exited);
+        assert_eq!(exit_reason(None, None, Some(true)), R::Exited);
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`stall_watch`]: sans-IO rule of the stall watchdog (output stopped for no reason
 //!   outside the server).
 //! - [`write_ids`]: the `writeId`s a process remembers (each stored once).
+//! - [`start_error`]: why a spawn failed (program, cwd, pty, other) and the OS error's name.
+//! - [`tail_ring`]: the kept tail of a capped stream (`outputCapKeep: "headAndTail"`).
 //! - [`signals`]: signal names (signalling itself is by identity: `managed_process.rs` through
 //!   `containment/`).
 //! - [`error`]: the typed [`ProcessError`].
@@ -37,6 +39,8 @@ pub mod ready_set;
 pub mod signals;
 pub mod spawn;
 pub mod stall_watch;
+pub mod start_error;
+pub mod tail_ring;
 pub mod write_ids;
 
 pub use error::ProcessError;
@@ -45,3 +49,4 @@ pub use managed_process::{
 };
 pub use output_budget::OutputBudget;
 pub use ready_set::ReadySet;
+pub use start_error::{StartError, StartWhat};

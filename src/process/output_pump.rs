@@ -9,7 +9,6 @@
 //! the exit notice last. Neither ever writes to a transport.
 
 use std::os::unix::process::ExitStatusExt;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,14 +20,16 @@ use tokio::time::Instant;
 
 use super::containment::SessionScope;
 use super::event_log::LogLimits;
-use super::managed_process::{ManagedProcess, ProcessOptions};
+use super::managed_process::{exit_reason, ManagedProcess, ProcessOptions};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
 use super::spawn::{spawn_into, OutputReader, SpawnSpec};
+use super::start_error::StartError;
+use super::tail_ring::TailRing;
 use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
-use crate::rpc::messages::{ExitInfo, StreamName};
+use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep, StreamName};
 
 /// Spawn a child into the session's `scope` and start its pumps and supervisor.
 #[allow(clippy::too_many_arguments)]
@@ -41,7 +42,7 @@ pub fn start_process(
     metrics: Arc<Metrics>,
     budget: Arc<OutputBudget>,
     scope: &Arc<SessionScope>,
-) -> std::io::Result<Arc<ManagedProcess>> {
+) -> Result<Arc<ManagedProcess>, StartError> {
     let spawned = spawn_into(spec, Some(scope))?;
     let streams = spawned.outputs.len();
     let proc = Arc::new(ManagedProcess::new(
@@ -295,8 +296,79 @@ impl Source {
     }
 }
 
+/// What a cap does with a stream: how many bytes go out live, and the ring of the kept tail.
+struct CapPlan {
+    /// Bytes delivered live at most (`None`: no cap).
+    head: Option<u64>,
+    /// With `headAndTail`: the last bytes past the head, sent when the stream ends.
+    tail: Option<TailRing>,
+}
+
+impl CapPlan {
+    /// `headAndTail` delivers the first half of the cap live and keeps the last half.
+    fn of(opts: &ProcessOptions) -> CapPlan {
+        match (opts.output_cap, opts.output_cap_keep) {
+            (None, _) => CapPlan {
+                head: None,
+                tail: None,
+            },
+            (Some(cap), OutputCapKeep::Head) => CapPlan {
+                head: Some(cap),
+                tail: None,
+            },
+            (Some(cap), OutputCapKeep::HeadAndTail) => {
+                let head = cap / 2;
+                // The handler refused a tail above `max_output_tail_bytes`, so it fits.
+                let tail = usize::try_from(cap - head).unwrap_or(usize::MAX);
+                CapPlan {
+                    head: Some(head),
+                    tail: Some(TailRing::new(tail)),
+                }
+            }
+        }
+    }
+}
+
+/// One stream's pump: the live part, then (`headAndTail`) the kept tail when the stream
+/// ended, unless the session is gone.
 async fn pump(p: Arc<ManagedProcess>, stream: StreamName, reader: OutputReader) -> StreamEnd {
-    let cap = p.opts.output_cap;
+    let mut plan = CapPlan::of(&p.opts);
+    let mut end = pump_live(&p, stream, reader, &mut plan).await;
+    if let Some(ring) = plan.tail.take() {
+        // Bytes left unread at the deadline would have been kept (the tail), not discarded:
+        // a cut here is a drain timeout even past the head.
+        if let StreamEnd::Cut { .. } = end {
+            end = StreamEnd::Cut { capped: false };
+        }
+        let (omitted, kept) = ring.finish();
+        if p.abandoned.is_cancelled() {
+            return end;
+        }
+        if omitted > 0 {
+            {
+                let mut inner = p.inner();
+                inner.dropped_bytes += omitted;
+                inner.log.append_omitted(stream, omitted);
+            }
+            p.notify_delivery();
+        }
+        for chunk in kept {
+            if !wait_admitted(&p, Want::Append(stream, chunk)).await {
+                return end;
+            }
+            p.notify_delivery();
+        }
+    }
+    end
+}
+
+async fn pump_live(
+    p: &Arc<ManagedProcess>,
+    stream: StreamName,
+    reader: OutputReader,
+    plan: &mut CapPlan,
+) -> StreamEnd {
+    let cap = plan.head;
     let mut delivered: u64 = 0;
     let mut capped = cap == Some(0);
     let mut first = [0u8; FIRST_READ_BYTES];
@@ -328,7 +400,7 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, reader: OutputReader) 
                     Ok(ready) => {
                         // Room for a whole chunk before reading one (once capped, bytes are
                         // discarded: never wait for the client then).
-                        if !capped && !wait_admitted(&p, Want::Room(PUMP_CHUNK_BYTES)).await {
+                        if !capped && !wait_admitted(p, Want::Room(PUMP_CHUNK_BYTES)).await {
                             return StreamEnd::Cut { capped };
                         }
                         // Let the other tasks (the connection's writer) run once while the
@@ -375,15 +447,22 @@ async fn pump(p: Arc<ManagedProcess>, stream: StreamName, reader: OutputReader) 
                         Some(cap) => (cap - delivered).min(n as u64) as usize,
                         None => n,
                     };
-                    if keep < n {
+                    // Past the head: dropped, or into the kept tail (whose omitted bytes are
+                    // counted when the stream ends).
+                    if keep < n && plan.tail.is_none() {
                         inner.dropped_bytes += (n - keep) as u64;
                     }
                     keep
                 };
+                if keep < n {
+                    if let Some(ring) = plan.tail.as_mut() {
+                        ring.push(chunk.slice(keep..));
+                    }
+                }
                 // Once capped, bytes are discarded: never wait for the client then.
                 if keep > 0 {
                     let chunk = chunk.slice(..keep);
-                    if !wait_admitted(&p, Want::Append(stream, chunk)).await {
+                    if !wait_admitted(p, Want::Append(stream, chunk)).await {
                         return StreamEnd::Cut { capped };
                     }
                     delivered += keep as u64;
@@ -416,7 +495,7 @@ async fn supervise(
                 tokio::select! {
                     s = &mut wait => s,
                     _ = tokio::time::sleep(t) => {
-                        p.mark_timed_out();
+                        p.mark_ending(ExitReason::Timeout);
                         tracing::info!("timeout reached; terminating");
                         p.terminate(None).await;
                         wait.await
@@ -447,12 +526,19 @@ async fn supervise(
             p.inner().drain.stream_ended(i, end);
         }
     }
+    // Read off the runtime's clock but not off its threads: one small cgroup file, once.
+    let oom = match (p.end_cause(), signal.as_deref()) {
+        (None, Some("SIGKILL")) => p.oom_killed_since_start(),
+        _ => None,
+    };
+    let reason = exit_reason(p.end_cause(), signal.as_deref(), oom);
     {
         let mut inner = p.inner();
         let info = ExitInfo {
             exit_code,
             signal,
-            timed_out: p.timed_out.load(Ordering::SeqCst),
+            reason,
+            timed_out: reason == ExitReason::Timeout,
             output_drain_timed_out: inner.drain.timed_out(),
             stdout_bytes: inner.stdout_bytes,
             stderr_bytes: inner.stderr_bytes,
@@ -467,7 +553,7 @@ async fn supervise(
     }
     p.finished.cancel();
     p.notify_delivery();
-    tracing::info!("exit notice ready");
+    tracing::info!(%reason, "exit notice ready");
     if p.opts.kill_group_on_exit {
         // The leader is reaped: what is left of its group is reached through the scope.
         p.terminate(None).await;

@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 
 use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
+use super::start_error::{classify, StartError, StartWhat};
 use crate::rpc::messages::{StreamName, TermSize};
 
 /// What to start.
@@ -61,13 +62,48 @@ pub struct Spawned {
 }
 
 /// Start a child as `processes.md` §1 requires, in no session scope.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
+pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, StartError> {
     spawn_into(spec, None)
 }
 
 /// Start a child as `processes.md` §1 requires, placed in `scope` (its cgroup, or its part of
-/// the process tree) before it runs the program. Fails if the scope was closed.
-pub fn spawn_into(spec: &SpawnSpec, scope: Option<&SessionScope>) -> io::Result<Spawned> {
+/// the process tree) before it runs the program. Fails if the scope was closed. A failure
+/// says what failed (`start_error.rs`): the program, the working directory, the terminal.
+pub fn spawn_into(spec: &SpawnSpec, scope: Option<&SessionScope>) -> Result<Spawned, StartError> {
+    let program = spec.argv.first().map(String::as_str).unwrap_or("");
+    let other = |e: io::Error| StartError::new(StartWhat::Other, program, &e);
+    match spec.tty {
+        None => spawn_pipes(spec, scope).map_err(|e| match e {
+            Failure::Launch(e) => classify(spec, &e),
+            Failure::After(e) => other(e),
+        }),
+        Some(size) => {
+            let ws = winsize(size);
+            let pty = nix::pty::openpty(Some(&ws), None)
+                .map_err(|e| StartError::new(StartWhat::Pty, "", &io::Error::from(e)))?;
+            spawn_pty(spec, scope, pty).map_err(|e| match e {
+                Failure::Launch(e) => classify(spec, &e),
+                Failure::After(e) => other(e),
+            })
+        }
+    }
+}
+
+/// Where a spawn failed: launching (fork, `chdir`, exec: the errno says what the child met)
+/// or around it (descriptors, the pidfd: the server's own trouble).
+enum Failure {
+    Launch(io::Error),
+    After(io::Error),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::After(e)
+    }
+}
+
+/// The command for `spec`: program, arguments, environment, working directory.
+fn command(spec: &SpawnSpec) -> Result<Command, Failure> {
     let (program, args) = spec
         .argv
         .split_first()
@@ -87,86 +123,95 @@ pub fn spawn_into(spec: &SpawnSpec, scope: Option<&SessionScope>) -> io::Result<
         cmd.current_dir(cwd);
     }
     cmd.kill_on_drop(false);
-    let parent = std::process::id() as libc::pid_t;
+    Ok(cmd)
+}
 
-    match spec.tty {
-        None => {
-            cmd.stdin(if spec.pipe_stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            });
-            cmd.stdout(Stdio::piped());
-            cmd.stderr(Stdio::piped());
-            let (mut child, direct) = launch(&mut cmd, parent, false, scope)?;
-            let pid = child
-                .id()
-                .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
-            let stdout = child
-                .stdout
-                .take()
-                .ok_or_else(|| io::Error::other("no stdout pipe"))?;
-            let stderr = child
-                .stderr
-                .take()
-                .ok_or_else(|| io::Error::other("no stderr pipe"))?;
-            let stdin = child.stdin.take().map(InputWriter::Pipe);
-            Ok(Spawned {
-                child,
-                pid,
-                outputs: vec![
-                    (StreamName::Stdout, OutputReader::Stdout(stdout)),
-                    (StreamName::Stderr, OutputReader::Stderr(stderr)),
-                ],
-                stdin,
-                pty: None,
-                direct,
-            })
-        }
-        Some(size) => {
-            let ws = winsize(size);
-            let pty = nix::pty::openpty(Some(&ws), None).map_err(io::Error::from)?;
-            set_cloexec(pty.master.as_raw_fd())?;
-            set_cloexec(pty.slave.as_raw_fd())?;
-            cmd.stdin(Stdio::from(pty.slave.try_clone()?));
-            cmd.stdout(Stdio::from(pty.slave.try_clone()?));
-            cmd.stderr(Stdio::from(pty.slave.try_clone()?));
-            let (child, direct) = launch(&mut cmd, parent, true, scope)?;
-            // Our copies of the slave must go, or the master never sees end of file.
-            drop(cmd);
-            drop(pty.slave);
-            let pid = child
-                .id()
-                .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
-            set_nonblocking(pty.master.as_raw_fd())?;
-            let master = Arc::new(pty.master);
-            // SAFETY: each AsyncFd owns its OwnedFd, which stays open and unchanged until
-            // the AsyncFd is dropped.
-            let reader = unsafe { AsyncFd::register(master.try_clone()?) }
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            // SAFETY: as for the reader: this AsyncFd owns its own duplicate of the master.
-            let writer = unsafe { AsyncFd::register(master.try_clone()?) }
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            Ok(Spawned {
-                child,
-                pid,
-                outputs: vec![(StreamName::Pty, OutputReader::Pty(reader))],
-                stdin: Some(InputWriter::Pty(writer)),
-                pty: Some(PtyControl { master }),
-                direct,
-            })
-        }
-    }
+/// A child on pipes.
+fn spawn_pipes(spec: &SpawnSpec, scope: Option<&SessionScope>) -> Result<Spawned, Failure> {
+    let mut cmd = command(spec)?;
+    let parent = std::process::id() as libc::pid_t;
+    cmd.stdin(if spec.pipe_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    cmd.stdout(Stdio::piped());
+    cmd.stderr(Stdio::piped());
+    let (mut child, direct) = launch(&mut cmd, parent, false, scope)?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("no stdout pipe"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| io::Error::other("no stderr pipe"))?;
+    let stdin = child.stdin.take().map(InputWriter::Pipe);
+    Ok(Spawned {
+        child,
+        pid,
+        outputs: vec![
+            (StreamName::Stdout, OutputReader::Stdout(stdout)),
+            (StreamName::Stderr, OutputReader::Stderr(stderr)),
+        ],
+        stdin,
+        pty: None,
+        direct,
+    })
+}
+
+/// A child on the terminal `pty` (opened by the caller).
+fn spawn_pty(
+    spec: &SpawnSpec,
+    scope: Option<&SessionScope>,
+    pty: nix::pty::OpenptyResult,
+) -> Result<Spawned, Failure> {
+    let mut cmd = command(spec)?;
+    let parent = std::process::id() as libc::pid_t;
+    set_cloexec(pty.master.as_raw_fd())?;
+    set_cloexec(pty.slave.as_raw_fd())?;
+    cmd.stdin(Stdio::from(pty.slave.try_clone()?));
+    cmd.stdout(Stdio::from(pty.slave.try_clone()?));
+    cmd.stderr(Stdio::from(pty.slave.try_clone()?));
+    let (child, direct) = launch(&mut cmd, parent, true, scope)?;
+    // Our copies of the slave must go, or the master never sees end of file.
+    drop(cmd);
+    drop(pty.slave);
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
+    set_nonblocking(pty.master.as_raw_fd())?;
+    let master = Arc::new(pty.master);
+    // SAFETY: each AsyncFd owns its OwnedFd, which stays open and unchanged until
+    // the AsyncFd is dropped.
+    let reader = unsafe { AsyncFd::register(master.try_clone()?) }
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    // SAFETY: as for the reader: this AsyncFd owns its own duplicate of the master.
+    let writer = unsafe { AsyncFd::register(master.try_clone()?) }
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(Spawned {
+        child,
+        pid,
+        outputs: vec![(StreamName::Pty, OutputReader::Pty(reader))],
+        stdin: Some(InputWriter::Pty(writer)),
+        pty: Some(PtyControl { master }),
+        direct,
+    })
 }
 
 /// Fork and exec `cmd`: placed in `scope`, opened as a pidfd and registered with the
-/// subreaper before the reaper can see it (the fork gate is held across all three).
+/// subreaper before the reaper can see it (the fork gate is held across all three). A failed
+/// fork or exec is [`Failure::Launch`] (its errno is the child's); the rest
+/// [`Failure::After`].
 fn launch(
     cmd: &mut Command,
     parent: libc::pid_t,
     tty: bool,
     scope: Option<&SessionScope>,
-) -> io::Result<(tokio::process::Child, Arc<DirectChild>)> {
+) -> Result<(tokio::process::Child, Arc<DirectChild>), Failure> {
     // Held until the child is recorded: a scope kill that starts meanwhile waits for it.
     let placement = scope
         .map(|s| s.begin_placement())
@@ -186,7 +231,7 @@ fn launch(
         });
     }
     let gate = subreaper::fork_guard();
-    let mut child = cmd.spawn()?;
+    let mut child = cmd.spawn().map_err(Failure::Launch)?;
     let pid = child
         .id()
         .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
@@ -195,7 +240,10 @@ fn launch(
         Err(e) => {
             // Nobody has reaped it (see subreaper.rs), so its pid is still its own.
             let _ = child.start_kill();
-            return Err(io::Error::new(e.kind(), format!("pidfd_open: {e}")));
+            return Err(Failure::After(io::Error::new(
+                e.kind(),
+                format!("pidfd_open: {e}"),
+            )));
         }
     };
     let direct = Arc::new(DirectChild::new(

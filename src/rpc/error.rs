@@ -34,6 +34,9 @@ pub enum ErrorCode {
     /// The exec policy denied the process, or its approval was refused, timed out or lost
     /// with its session; `data.reason` says which.
     NotApproved,
+    /// The process could not be started; `data` says what (`program`, `cwd`, `pty`,
+    /// `other`), which path and which `errno`.
+    StartFailed,
 }
 
 impl ErrorCode {
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::LimitReached => -32004,
             ErrorCode::OutputNotRetained => -32005,
             ErrorCode::NotApproved => -32006,
+            ErrorCode::StartFailed => -32007,
         }
     }
 }
@@ -177,6 +181,27 @@ impl RpcError {
         }
     }
 
+    /// `-32007`: the process could not be started. `what` is `program`, `cwd`, `pty` or
+    /// `other`; `path` the program or directory concerned; `errno` the OS error's name
+    /// (`ENOENT`), so a client maps `program` + `ENOENT` to 127 and `program` +
+    /// `EACCES`/`ENOEXEC` to 126 without reading the message.
+    pub fn start_failed(message: impl Into<String>, what: &str, path: &str, errno: &str) -> Self {
+        let mut e = Self::new(ErrorCode::StartFailed, message);
+        e.data = Some(json!({ "what": what, "path": path, "errno": errno }));
+        e
+    }
+
+    /// `-32602` for a client's `value` of `member` above the server's `cap` (named by its
+    /// `setting`): the message names all four, `data` carries `member` and `max` so a client
+    /// can ask again within it.
+    pub fn above_cap(member: &str, value: u64, setting: &str, cap: u64) -> Self {
+        let mut e = Self::invalid_params(format!(
+            "{member} {value} is above this server's {setting} ({cap})"
+        ));
+        e.data = Some(json!({ "member": member, "max": cap }));
+        e
+    }
+
     /// The `error` member of a JSON-RPC response.
     pub fn to_json(&self) -> Value {
         let mut v = json!({ "code": self.code.code(), "message": self.message });
@@ -219,6 +244,25 @@ mod tests {
         assert_eq!(ErrorCode::LimitReached.code(), -32004);
         assert_eq!(ErrorCode::OutputNotRetained.code(), -32005);
         assert_eq!(ErrorCode::NotApproved.code(), -32006);
+        assert_eq!(ErrorCode::StartFailed.code(), -32007);
+    }
+
+    #[test]
+    fn start_failures_carry_what_path_and_errno() {
+        let e = RpcError::start_failed("program \"x\" not found in PATH", "program", "x", "ENOENT")
+            .to_json();
+        assert_eq!(e["code"], -32007);
+        assert_eq!(
+            e["data"],
+            json!({"what": "program", "path": "x", "errno": "ENOENT"})
+        );
+        let e = RpcError::above_cap("sessionTtlMs", 5, "max_session_ttl_ms", 4).to_json();
+        assert_eq!(e["code"], -32602);
+        assert_eq!(
+            e["message"],
+            "sessionTtlMs 5 is above this server's max_session_ttl_ms (4)"
+        );
+        assert_eq!(e["data"], json!({"member": "sessionTtlMs", "max": 4}));
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub struct InitializeParams {
     /// Optional features the client supports.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// How long the session may stay detached before it expires (`protocol.md` §3); absent:
+    /// the server's default. At most the server's `max_session_ttl_ms`, else `-32602`. A
+    /// resume may set it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ttl_ms: Option<u64>,
 }
 
 /// Which session to resume.
@@ -139,7 +144,8 @@ pub struct AdvertisedLimits {
     pub max_processes: u64,
     /// Retained output per process.
     pub retained_output_bytes: u64,
-    /// How long a detached session survives.
+    /// How long this session survives detached: what `sessionTtlMs` asked for, or the
+    /// server's default.
     pub detached_session_ttl_ms: u64,
 }
 
@@ -258,6 +264,29 @@ pub struct StartParams {
     /// Terminate the process group once the exit notice is ready.
     #[serde(default)]
     pub kill_process_group_on_exit: bool,
+    /// What `outputBytesCap` keeps: the head (default), or the head and the tail.
+    #[serde(default, skip_serializing_if = "OutputCapKeep::is_head")]
+    pub output_cap_keep: OutputCapKeep,
+}
+
+/// `outputCapKeep` of `process/start` (`protocol.md` §5): which bytes of a capped stream reach
+/// the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OutputCapKeep {
+    /// The first `outputBytesCap` bytes; the rest is read and dropped.
+    #[default]
+    Head,
+    /// The first half of the cap live, the last half kept in a ring and sent when the stream
+    /// ends, after a `process/outputOmitted` event counting what fell between them.
+    HeadAndTail,
+}
+
+impl OutputCapKeep {
+    /// The default (`head`): left out of a request.
+    pub fn is_head(&self) -> bool {
+        *self == OutputCapKeep::Head
+    }
 }
 
 /// `process/start` result.
@@ -351,6 +380,50 @@ pub struct AckParams {
     pub seq: u64,
 }
 
+/// Why a process ended (`reason` of the exit notice, `protocol.md` §5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ExitReason {
+    /// It exited on its own, or died of a signal nobody here sent (also what a notice from a
+    /// server that predates `reason` reads as).
+    #[default]
+    Exited,
+    /// Its `timeoutMs` passed.
+    Timeout,
+    /// `process/terminate`, or a terminating `process/signal`, from a client.
+    Terminated,
+    /// Its session was closed (`session/close`, or the end of a stdio connection).
+    SessionClosed,
+    /// Its detached session's TTL ran out.
+    SessionExpired,
+    /// The server shut down.
+    ServerShutdown,
+    /// The kernel's OOM killer, as the session's cgroup recorded it (cgroup v2 with the
+    /// memory controller; elsewhere it cannot be known and reads as `exited`).
+    OomKilled,
+}
+
+impl ExitReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitReason::Exited => "exited",
+            ExitReason::Timeout => "timeout",
+            ExitReason::Terminated => "terminated",
+            ExitReason::SessionClosed => "sessionClosed",
+            ExitReason::SessionExpired => "sessionExpired",
+            ExitReason::ServerShutdown => "serverShutdown",
+            ExitReason::OomKilled => "oomKilled",
+        }
+    }
+}
+
+impl std::fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The exit notice (`process/exited` params, and the `exited` event of `process/read`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -359,7 +432,10 @@ pub struct ExitInfo {
     pub exit_code: Option<i32>,
     /// Signal name for a death by signal.
     pub signal: Option<String>,
-    /// `timeoutMs` passed.
+    /// Why it ended.
+    #[serde(default)]
+    pub reason: ExitReason,
+    /// `timeoutMs` passed (`reason == "timeout"`).
     pub timed_out: bool,
     /// Output could still have been pending at the drain deadline.
     pub output_drain_timed_out: bool,
@@ -367,7 +443,7 @@ pub struct ExitInfo {
     pub stdout_bytes: u64,
     /// Bytes the child wrote to stderr.
     pub stderr_bytes: u64,
-    /// Bytes discarded by `outputBytesCap`.
+    /// Bytes discarded by `outputBytesCap` (with `headAndTail`: the omitted bytes).
     pub dropped_bytes: u64,
     /// From spawn to exit notice.
     pub duration_ms: u64,

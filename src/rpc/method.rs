@@ -39,6 +39,9 @@ pub enum Method {
     ProcessOutputDelta,
     /// `process/exited` (server → client notification).
     ProcessExited,
+    /// `process/outputOmitted` (server → client notification, `outputCapKeep:
+    /// "headAndTail"`).
+    ProcessOutputOmitted,
     /// `process/approve` (server → client request, `protocol.md` §7).
     ProcessApprove,
 }
@@ -64,7 +67,7 @@ pub enum MethodClass {
 }
 
 /// Every method and its wire name: the one table.
-pub const TABLE: [(Method, &str); 16] = [
+pub const TABLE: [(Method, &str); 17] = [
     (Method::Initialize, "initialize"),
     (Method::Initialized, "initialized"),
     (Method::ServerInfo, "server/info"),
@@ -80,6 +83,7 @@ pub const TABLE: [(Method, &str); 16] = [
     (Method::ProcessAck, "process/ack"),
     (Method::ProcessOutputDelta, "process/outputDelta"),
     (Method::ProcessExited, "process/exited"),
+    (Method::ProcessOutputOmitted, "process/outputOmitted"),
     (Method::ProcessApprove, "process/approve"),
 ];
 
@@ -113,9 +117,10 @@ impl Method {
             | Method::ProcessResize => MethodClass::Exclusive,
             Method::ProcessRead => MethodClass::Shared,
             Method::ProcessAck => MethodClass::Ack,
-            Method::ProcessOutputDelta | Method::ProcessExited | Method::ProcessApprove => {
-                MethodClass::ServerToClient
-            }
+            Method::ProcessOutputDelta
+            | Method::ProcessExited
+            | Method::ProcessOutputOmitted
+            | Method::ProcessApprove => MethodClass::ServerToClient,
         }
     }
 }

@@ -81,6 +81,34 @@ pub fn encode_exit_notice(process_id: &str, seq: u64, info: &ExitInfo) -> String
         .to_string()
 }
 
+/// Encode the `process/outputOmitted` notification (`outputCapKeep: "headAndTail"`): JSON in
+/// both output forms, at most twice per process (not a hot path).
+pub fn encode_output_omitted(
+    process_id: &str,
+    seq: u64,
+    stream: StreamName,
+    omitted: u64,
+) -> String {
+    json!({
+        "jsonrpc": "2.0",
+        "method": Method::ProcessOutputOmitted.as_str(),
+        "params": {
+            "processId": process_id,
+            "seq": seq,
+            "stream": stream.as_str(),
+            "omittedBytes": omitted,
+        },
+    })
+    .to_string()
+}
+
+/// The stream and count of `process/outputOmitted` params (or of an `outputOmitted` event of a
+/// `process/read` result, which has the same members).
+pub fn decode_omitted_params(params: &Value) -> Option<(StreamName, u64)> {
+    let stream = StreamName::from_wire(params.get("stream")?.as_str()?)?;
+    Some((stream, params.get("omittedBytes")?.as_u64()?))
+}
+
 /// An output delta as the client's fast path decodes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputDelta {
@@ -157,6 +185,16 @@ pub fn output_event_json(seq: u64, stream: StreamName, chunk: &[u8]) -> Value {
     })
 }
 
+/// The JSON of an `outputOmitted` event in a `process/read` result.
+pub fn omitted_event_json(seq: u64, stream: StreamName, omitted: u64) -> Value {
+    json!({
+        "seq": seq,
+        "type": "outputOmitted",
+        "stream": stream.as_str(),
+        "omittedBytes": omitted,
+    })
+}
+
 /// The JSON of the exit event in a `process/read` result.
 pub fn exit_event_json(seq: u64, info: &ExitInfo) -> Value {
     let mut v = serde_json::to_value(info).unwrap_or_else(|_| json!({}));
@@ -176,6 +214,13 @@ pub enum ReadEvent {
         /// The bytes.
         data: Bytes,
     },
+    /// Output the server read and did not keep (`outputCapKeep: "headAndTail"`).
+    Omitted {
+        /// Which stream.
+        stream: StreamName,
+        /// How many bytes.
+        omitted_bytes: u64,
+    },
     /// The exit notice.
     Exited(ExitInfo),
 }
@@ -186,6 +231,12 @@ pub fn decode_read_event(v: &Value) -> Option<(u64, ReadEvent)> {
     let seq = v.get("seq")?.as_u64()?;
     let ev = if v["type"] == "exited" {
         ReadEvent::Exited(decode_exit_info(v)?)
+    } else if v["type"] == "outputOmitted" {
+        let (stream, omitted_bytes) = decode_omitted_params(v)?;
+        ReadEvent::Omitted {
+            stream,
+            omitted_bytes,
+        }
     } else {
         let (stream, data) = decode_output_params(v)?;
         ReadEvent::Output { stream, data }
@@ -207,7 +258,8 @@ mod tests {
         ExitInfo {
             exit_code: Some(3),
             signal: None,
-            timed_out: false,
+            reason: crate::rpc::messages::ExitReason::Timeout,
+            timed_out: true,
             output_drain_timed_out: true,
             stdout_bytes: 10,
             stderr_bytes: 2,
@@ -354,7 +406,35 @@ mod tests {
             encode_exit_notice("p", 4, &info()),
             "{\"jsonrpc\":\"2.0\",\"method\":\"process/exited\",\"params\":{\"droppedBytes\":1,\
              \"durationMs\":42,\"exitCode\":3,\"outputDrainTimedOut\":true,\"processId\":\"p\",\
-             \"seq\":4,\"signal\":null,\"stderrBytes\":2,\"stdoutBytes\":10,\"timedOut\":false}}"
+             \"reason\":\"timeout\",\"seq\":4,\"signal\":null,\"stderrBytes\":2,\"stdoutBytes\":10,\"timedOut\":true}}"
+        );
+    }
+
+    /// The omitted notice is plain JSON-RPC with the members of `protocol.md` §5, and an exit
+    /// notice without `reason` (a server that predates it) reads as `exited`.
+    #[test]
+    fn the_omitted_notice_round_trips_and_old_exit_notices_read_as_exited() {
+        let text = encode_output_omitted("p\"1", 9, StreamName::Stdout, 123);
+        let Ok(Inbound::Notification { method, params }) = parse_inbound(text.as_bytes()) else {
+            panic!("not a notification: {text}");
+        };
+        assert_eq!(Method::parse(&method), Some(Method::ProcessOutputOmitted));
+        assert_eq!(params["processId"], "p\"1");
+        assert_eq!(params["seq"], 9);
+        assert_eq!(
+            decode_omitted_params(&params),
+            Some((StreamName::Stdout, 123))
+        );
+        assert_eq!(
+            decode_output_delta(text.as_bytes()),
+            None,
+            "never an output delta"
+        );
+        let mut old = serde_json::to_value(info()).unwrap();
+        old.as_object_mut().unwrap().remove("reason");
+        assert_eq!(
+            decode_exit_info(&old).map(|i| i.reason),
+            Some(crate::rpc::messages::ExitReason::Exited)
         );
     }
 
@@ -376,6 +456,18 @@ mod tests {
         let v = exit_event_json(6, &info());
         assert_eq!(v["type"], "exited");
         assert_eq!(decode_read_event(&v), Some((6, ReadEvent::Exited(info()))));
+        let v = omitted_event_json(7, StreamName::Stderr, 1 << 40);
+        assert_eq!(v["type"], "outputOmitted");
+        assert_eq!(
+            decode_read_event(&v),
+            Some((
+                7,
+                ReadEvent::Omitted {
+                    stream: StreamName::Stderr,
+                    omitted_bytes: 1 << 40
+                }
+            ))
+        );
         assert_eq!(decode_read_event(&json!({"type": "output"})), None);
         assert_eq!(
             decode_read_event(&json!({"seq": 1, "type": "exited"})),

@@ -9,6 +9,8 @@
 //! - [`quota`]: the per-key and per-address quotas of sessions and processes.
 //! - `gated_start.rs`: starting through the exec policy: allow, deny, or ask the client and
 //!   wait (`process/list` shows `pendingApproval`); a start retried for a pending id joins it.
+//! - [`ended_ids`]: the bounded ids of processes that ended and were forgotten, so that a
+//!   control request crossing the exit's acknowledgement is answered as for an exited one.
 //! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
 //!   ids, callbacks, and the `-32006` reasons.
 //! - `stall_watchdog.rs`: the task that watches every attached process for a stall (the
@@ -22,6 +24,7 @@
 //! delivery goes through the attached connection's [`ReadySet`](crate::process::ReadySet).
 
 pub mod approvals;
+pub mod ended_ids;
 mod gated_start;
 // `session::session` is the one session, beside the registry of them all.
 pub mod quota;
@@ -38,6 +41,7 @@ pub use session::{ConnHandle, Session, StartSpec};
 pub use session_registry::SessionRegistry;
 
 use crate::process::containment::ContainmentError;
+use crate::process::StartError;
 
 /// Failures of session and process bookkeeping; mapped to JSON-RPC codes in
 /// `connection/error_map.rs`.
@@ -68,9 +72,9 @@ pub enum SessionError {
     /// No such process.
     #[error("unknown process id {0:?}")]
     UnknownProcess(String),
-    /// The OS refused to start the child.
-    #[error("spawn failed: {0}")]
-    Spawn(std::io::Error),
+    /// The child could not be started: what failed, which path, the OS error.
+    #[error("{0}")]
+    Start(StartError),
     /// The exec policy denied it, or its approval was refused, timed out or withdrawn.
     #[error("not approved: {reason}")]
     NotApproved {
@@ -98,8 +102,7 @@ impl SessionError {
                 limit,
                 value: *value,
             },
-            // An OS error keeps its number (EMFILE is mapped apart in `error_map.rs`).
-            SessionError::Spawn(e) => SessionError::Spawn(duplicate_io(e)),
+            SessionError::Start(e) => SessionError::Start(e.clone()),
             SessionError::Containment(e) => SessionError::Containment(duplicate_containment(e)),
             SessionError::NotApproved { reason, rule } => SessionError::NotApproved {
                 reason,

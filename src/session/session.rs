@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::approvals::{reason, Approvals, RequestSink, Resolution};
+use super::ended_ids::EndedIds;
 use super::gated_start::PendingStart;
 use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
@@ -39,6 +41,7 @@ use crate::process::event_log::LogLimits;
 use crate::process::output_pump::start_process;
 use crate::process::spawn::SpawnSpec;
 use crate::process::{ManagedProcess, ProcessOptions, ReadySet};
+use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
 
 /// A validated `process/start`: what to spawn and how to run it. The connection's handler
@@ -98,6 +101,8 @@ pub struct Session {
     pub(super) owner_address: Option<AddressKey>,
     pub(super) config: Arc<ServerConfig>,
     pub(super) processes: Mutex<HashMap<String, Slot>>,
+    /// Ids of processes that ended and were forgotten. Lock order: after `processes`.
+    pub(super) ended: Mutex<EndedIds>,
     pub(super) attach: Mutex<AttachState>,
     pub(super) registry: Weak<SessionRegistry>,
     pub(super) closed: CancellationToken,
@@ -110,9 +115,24 @@ pub struct Session {
     pub(super) closing: TaskTracker,
     /// Cancelled once close has ended every process of the session.
     pub(super) terminated: CancellationToken,
+    /// How long the session survives detached, in milliseconds: the server's default, or
+    /// what the client's `sessionTtlMs` asked for (within `max_session_ttl_ms`).
+    pub(super) detached_ttl_ms: AtomicU64,
 }
 
 impl Session {
+    /// How long the session survives detached.
+    pub fn detached_ttl(&self) -> Duration {
+        Duration::from_millis(self.detached_ttl_ms.load(Ordering::Relaxed))
+    }
+
+    /// Set how long the session survives detached (`sessionTtlMs`, already checked against
+    /// the server's `max_session_ttl_ms`); takes effect at the next detach.
+    pub fn set_detached_ttl(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.detached_ttl_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Whether a connection holds the session.
     pub fn is_attached(&self) -> bool {
         lock(&self.attach).current.is_some()
@@ -169,7 +189,14 @@ impl Session {
     /// expiry timer.
     pub fn detach(self: &Arc<Self>, conn_id: u64) {
         if self.closed.is_cancelled() {
-            return; // closed on purpose (`session/close`): nothing to keep
+            // Closed on purpose (`session/close`): nothing to keep, but let go of the
+            // connection (its request sink holds the connection's control lane open, and its
+            // writer would wait for it until its flush deadline).
+            let mut st = lock(&self.attach);
+            if st.current.as_ref().is_some_and(|c| c.conn_id == conn_id) {
+                st.current = None;
+            }
+            return;
         }
         let generation = {
             let mut st = lock(&self.attach);
@@ -184,7 +211,7 @@ impl Session {
             }
             st.generation
         };
-        let ttl = self.config.detached_ttl();
+        let ttl = self.detached_ttl();
         // The deadline is fixed now, not when the timer task first runs.
         let deadline = Instant::now() + ttl;
         let me = Arc::downgrade(self);
@@ -198,7 +225,7 @@ impl Session {
             };
             if !stale {
                 tracing::info!(session = %s.id, "detached session expired");
-                s.close_with(reason::SESSION_EXPIRED);
+                s.close_with(reason::SESSION_EXPIRED, ExitReason::SessionExpired);
             }
         });
     }
@@ -208,11 +235,12 @@ impl Session {
     /// end of a session"). [`terminated`](Self::terminated) resolves when that is done.
     /// Idempotent.
     pub fn close(&self) {
-        self.close_with(reason::SESSION_CLOSED)
+        self.close_with(reason::SESSION_CLOSED, ExitReason::SessionClosed)
     }
 
-    /// Close, telling pending approvals `why` (one of [`reason`]'s phrases).
-    fn close_with(&self, why: &'static str) {
+    /// Close, telling pending approvals `why` (one of [`reason`]'s phrases) and the exit
+    /// notices of the processes it ends `ended` (unless something else was ending them).
+    fn close_with(&self, why: &'static str, ended: ExitReason) {
         // The attach lock orders close against `start`'s insertion: a process is either
         // taken here or refused there.
         let procs: Vec<Arc<ManagedProcess>> = {
@@ -221,14 +249,21 @@ impl Session {
                 return;
             }
             self.closed.cancel();
-            lock(&self.processes)
+            let procs: Vec<Arc<ManagedProcess>> = lock(&self.processes)
                 .drain()
                 .filter_map(|(_, s)| match s {
                     Slot::Ready(p) => Some(p),
                     // A start waiting for approval spawned nothing: dropping its slot is all.
                     Slot::Starting | Slot::Pending(_) => None,
                 })
-                .collect()
+                .collect();
+            // A request already on its way for one of them (a stdin pump's last write
+            // crossing `session/close`) is answered as for an exited process.
+            let mut ended = lock(&self.ended);
+            for p in &procs {
+                ended.insert(p.id.clone());
+            }
+            procs
         };
         // After `closed` is set: a request registered later sees it and withdraws itself.
         let withdrawn = lock(&self.approvals).take_all();
@@ -240,6 +275,7 @@ impl Session {
         }
         // Nobody will read their output again.
         for p in &procs {
+            p.mark_ending(ended);
             p.abandon();
         }
         let grace = end_grace(&procs, &self.config);
@@ -306,6 +342,18 @@ impl Session {
         }
     }
 
+    /// Find a process for a control request: `Ok(None)` when `id` names one of this
+    /// session's processes that ended and was forgotten (see [`ended_ids`](super::ended_ids)),
+    /// to be answered as for an exited process.
+    pub fn get_or_ended(&self, id: &str) -> Result<Option<Arc<ManagedProcess>>, SessionError> {
+        let procs = lock(&self.processes);
+        match procs.get(id) {
+            Some(Slot::Ready(p)) => Ok(Some(p.clone())),
+            None if lock(&self.ended).contains(id) => Ok(None),
+            _ => Err(SessionError::UnknownProcess(id.to_string())),
+        }
+    }
+
     /// Start a process for connection `conn_id`, without asking the exec policy (see
     /// [`start_checked`](Self::start_checked)). Its events are not delivered until
     /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
@@ -339,6 +387,7 @@ impl Session {
             return Err(SessionError::TooManyProcesses(self.config.max_processes));
         }
         procs.insert(id.to_string(), slot);
+        lock(&self.ended).remove(id);
         Ok(())
     }
 
@@ -386,7 +435,7 @@ impl Session {
                 if self.closed.is_cancelled() {
                     return Err(SessionError::UnknownSession);
                 }
-                return Err(SessionError::Spawn(e));
+                return Err(SessionError::Start(e));
             }
         };
         {
@@ -447,6 +496,7 @@ impl Session {
                 if let Some(Slot::Ready(cur)) = procs.get(&p.id) {
                     if Arc::ptr_eq(cur, &p) {
                         procs.remove(&p.id);
+                        lock(&s.ended).insert(p.id.clone());
                     }
                 }
             }

@@ -31,6 +31,7 @@ use crate::policy::{PolicyFile, Verdict};
 use crate::process::containment::Containment;
 use crate::process::spawn::SpawnSpec;
 use crate::process::{ManagedProcess, OutputBudget};
+use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
 
 /// All sessions of one server.
@@ -254,6 +255,7 @@ impl SessionRegistry {
             owner_address: conn.peer_addr.map(AddressKey::of),
             config: self.config.clone(),
             processes: Mutex::new(HashMap::new()),
+            ended: Mutex::new(Default::default()),
             attach: Mutex::new(AttachState {
                 current: Some(conn.clone()),
                 generation: 1,
@@ -264,6 +266,7 @@ impl SessionRegistry {
             scope,
             closing: self.closing.clone(),
             terminated: CancellationToken::new(),
+            detached_ttl_ms: AtomicU64::new(self.config.detached_session_ttl_ms),
         });
         {
             let mut sessions = lock(&self.sessions);
@@ -404,6 +407,7 @@ impl SessionRegistry {
         for s in &sessions {
             for p in s.processes() {
                 let grace = p.opts.kill_grace.min(max_grace);
+                p.mark_ending(ExitReason::ServerShutdown);
                 let q = p.clone();
                 // All at once: an exited process's group is looked up in its scope (a walk).
                 terminations.push(async move { q.terminate(Some(grace)).await });

@@ -59,7 +59,7 @@ pub async fn connect_websocket(
     let (ws, _response) = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(connected)) => connected,
         Ok(Err(WsError::Io(error))) => return Err(FramingError::Io(error)),
-        Ok(Err(error)) => return Err(FramingError::Protocol(error.to_string())),
+        Ok(Err(error)) => return Err(FramingError::Protocol(handshake_error(&error))),
         Err(_elapsed) => {
             return Err(FramingError::Io(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -80,6 +80,28 @@ pub async fn connect_websocket(
         peer,
         Some(KeepaliveConfig::default()),
     ))
+}
+
+/// A failed WebSocket handshake as a person reads it: an HTTP answer by its status and the
+/// first line of its body (a listener's hint of what it is and which URL form reaches it, in
+/// the `404` to an upgrade on a path it does not serve), anything else as tungstenite says it.
+pub fn handshake_error(e: &WsError) -> String {
+    match e {
+        WsError::Http(response) => {
+            let body = response
+                .body()
+                .as_deref()
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(|t| t.lines().next())
+                .unwrap_or("")
+                .trim();
+            match body {
+                "" => format!("HTTP {}", response.status()),
+                body => format!("HTTP {}: {body}", response.status()),
+            }
+        }
+        e => e.to_string(),
+    }
 }
 
 /// A dialled WebSocket (a link's, or a plain JSON-RPC client's): TLS for `wss://`, over the TCP

@@ -11,6 +11,7 @@
 
 pub mod binary;
 pub mod contain;
+pub mod cut_proxy;
 pub mod fifo;
 pub mod interop;
 pub mod local;
@@ -305,6 +306,9 @@ pub struct Collected {
     pub exit: Value,
     pub seqs: Vec<u64>,
     pub other: Vec<Value>,
+    /// `process/outputOmitted` notices: the stream, `omittedBytes`, and how many bytes of
+    /// that stream had arrived before it (where the head ends and the kept tail begins).
+    pub omitted: Vec<(String, u64, usize)>,
 }
 
 impl Collected {
@@ -328,6 +332,18 @@ impl Collected {
             "process/exited" => {
                 self.exit = p.clone();
                 true
+            }
+            "process/outputOmitted" => {
+                let stream = p["stream"].as_str().expect("stream").to_string();
+                let at = match stream.as_str() {
+                    "stdout" => self.stdout.len(),
+                    "stderr" => self.stderr.len(),
+                    "pty" => self.pty.len(),
+                    s => panic!("unknown stream {s}"),
+                };
+                let n = p["omittedBytes"].as_u64().expect("omittedBytes");
+                self.omitted.push((stream, n, at));
+                false
             }
             m => panic!("unexpected notification {m}"),
         }

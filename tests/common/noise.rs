@@ -316,6 +316,36 @@ impl RawLink {
         RawLink::connect_path(port, "/v1/link", "").await
     }
 
+    /// [`RawLink::connect_path`] from the loopback address `source` (127.0.0.2, …): another
+    /// client address on one host.
+    pub async fn connect_from(
+        source: std::net::Ipv4Addr,
+        port: u16,
+        path: &str,
+        env_id: &str,
+    ) -> RawLink {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((source, 0).into()).unwrap();
+        let tcp = tokio::time::timeout(PROMPT, sock.connect(([127, 0, 0, 1], port).into()))
+            .await
+            .expect("connect (hang guard)")
+            .expect("connect");
+        let url = format!("ws://127.0.0.1:{port}{path}");
+        let (ws, _) = tokio::time::timeout(
+            PROMPT,
+            tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(tcp)),
+        )
+        .await
+        .expect("upgrade (hang guard)")
+        .expect("upgrade the raw link");
+        RawLink {
+            ws,
+            backlog: VecDeque::new(),
+            env_id: env_id.to_string(),
+            send_limits: HashMap::new(),
+        }
+    }
+
     /// Open a link to `path` on `port` whose handshakes name environment `env_id` (a relay's
     /// client link: `/v1/connect/ID`).
     pub async fn connect_path(port: u16, path: &str, env_id: &str) -> RawLink {
@@ -495,6 +525,40 @@ impl RawLink {
                 self.backlog.push_back(f);
             }
         }
+    }
+
+    /// The last record of `sid` the server accepts now: the largest `ack + window` it
+    /// reported.
+    pub fn send_limit(&self, sid: &StreamId) -> u64 {
+        self.send_limits.get(sid).copied().unwrap_or(0)
+    }
+
+    /// Wait until the server reported `sid`'s records up to `seq` consumed (its `ack` reached
+    /// `seq`: credit up to `seq + window`), or reset the stream; true if consumed. Other
+    /// frames are kept for later.
+    pub async fn wait_consumed(&mut self, sid: &StreamId, seq: u64, window: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + GUARD;
+        if self
+            .backlog
+            .iter()
+            .any(|f| f.stream == *sid && f.ftype == FrameType::Reset)
+        {
+            return false;
+        }
+        while self.send_limit(sid) < seq + window {
+            let f = self
+                .read_any(deadline)
+                .await
+                .expect("the link ended while waiting for the server to consume");
+            let reset = f.stream == *sid && f.ftype == FrameType::Reset;
+            if f.ftype != FrameType::Ack {
+                self.backlog.push_back(f);
+            }
+            if reset {
+                return false;
+            }
+        }
+        true
     }
 
     /// Seal `v` as records of `st` and send their DATA frames (each carrying the stream's

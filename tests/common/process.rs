@@ -92,6 +92,14 @@ pub async fn read_until(
 /// Collect the rest of `pid`'s events (through its exit notice) on top of `acc`.
 pub async fn finish(client: &mut RawClient, pid: &str, mut acc: Collected) -> Collected {
     let rest = client.collect(pid).await;
+    for (stream, n, at) in rest.omitted {
+        let before = match stream.as_str() {
+            "stdout" => acc.stdout.len(),
+            "stderr" => acc.stderr.len(),
+            _ => acc.pty.len(),
+        };
+        acc.omitted.push((stream, n, before + at));
+    }
     acc.seqs.extend(rest.seqs);
     acc.stdout.extend(rest.stdout);
     acc.stderr.extend(rest.stderr);

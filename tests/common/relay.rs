@@ -90,6 +90,8 @@ pub fn quick_redial(cfg: ServerConfig) -> ServerConfig {
 pub struct InRelay {
     pub port: u16,
     pub keys: Keypair,
+    /// Its metrics, rendered on demand.
+    pub metrics: execrelay_relay::server::MetricsHandle,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -163,10 +165,12 @@ impl InRelay {
         if let Some(tls) = tls {
             server = server.with_tls(tls);
         }
+        let metrics = server.metrics_handle();
         let task = tokio::spawn(server.run(listener, None, shutdown.clone()));
         InRelay {
             port,
             keys,
+            metrics,
             shutdown,
             task,
         }
@@ -175,6 +179,12 @@ impl InRelay {
     /// `ws://127.0.0.1:PORT`, what `serve --relay` takes.
     pub fn url(&self) -> String {
         format!("ws://127.0.0.1:{}", self.port)
+    }
+
+    /// Environment links refused because a live link holds their id.
+    pub fn refusals_in_use(&self) -> u64 {
+        self.metrics
+            .value("execrelay_relay_environment_handshakes_total{result=\"environment_in_use\"}")
     }
 
     /// `relay+ws://127.0.0.1:PORT/ENV`, what clients use.
@@ -252,6 +262,15 @@ impl InEnv {
     /// Streams open on this server now.
     pub fn streams(&self) -> i64 {
         self.registry.metrics().noise_streams.get()
+    }
+
+    /// Noise failures of this server counted with `reason` (`busy`, `replayed_handshake`, …).
+    pub fn noise_failures(&self, reason: &'static str) -> u64 {
+        self.registry
+            .metrics()
+            .noise_failures
+            .get_or_create(&execrelay::metrics::ReasonLabel { reason })
+            .get()
     }
 
     /// Wait until the environment link is up.

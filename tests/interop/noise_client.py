@@ -16,7 +16,7 @@ Usage:
 non-ASCII process id, decoding every binary delta from the layout of §5.1.
 
 --ts-offset-seconds S adds S seconds to the `ts` of every message 1 (a client whose clock
-is off); the server refuses more than 10 minutes either way (§3).
+is off); the server refuses more than 2 minutes either way, or earlier than its start (§3).
 
 URL is `noise+ws://HOST:PORT`; the client connects a WebSocket to `ws://HOST:PORT/v1/link`.
 

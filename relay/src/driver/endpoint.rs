@@ -414,7 +414,7 @@ impl EndpointLink {
             graveyard: Mutex::new(Vec::new()),
             signals: LinkSignals::new(),
         });
-        tokio::spawn(run_io(ws, shared.clone()));
+        tokio::spawn(run_io(ws, shared.clone(), None));
         Ok(EndpointLink { shared })
     }
 

@@ -49,7 +49,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
-pub use read_ahead::{ReadAhead, READ_AHEAD_BYTES};
+pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES};
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
 pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
 
@@ -164,18 +164,30 @@ pub(crate) trait LinkCore: Send + Sync + 'static {
     /// The driver saw the link end; idempotent.
     fn on_closed(this: &Arc<Self>, reason: CloseReason);
     fn write_timeout(this: &Arc<Self>) -> Duration;
+    /// How long one WebSocket message may take to arrive from its first byte (with the
+    /// socket's [`Arrivals`]); `None`: no deadline.
+    fn message_timeout(_this: &Arc<Self>) -> Option<Duration> {
+        None
+    }
 }
 
 /// Run a link until it ends: the writer in its own task, the reader here. Returns why it
-/// ended.
-pub(crate) async fn run_io<S, C>(ws: WebSocketStream<S>, core: Arc<C>) -> CloseReason
+/// ended. With `arrivals` (the socket's, [`ReadAhead::arrivals`]) and a
+/// [`LinkCore::message_timeout`], a message that takes longer to arrive closes the link
+/// (`message_timeout`).
+pub(crate) async fn run_io<S, C>(
+    ws: WebSocketStream<S>,
+    core: Arc<C>,
+    arrivals: Option<Arc<Arrivals>>,
+) -> CloseReason
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     C: LinkCore,
 {
     let (sink, stream) = ws.split();
     let mut writer = tokio::spawn(write_loop(sink, core.clone()));
-    let reason = read_loop(stream, &core).await;
+    let deadline = C::message_timeout(&core).and_then(|t| arrivals.map(|a| (a, t)));
+    let reason = read_loop(stream, &core, deadline).await;
     C::on_closed(&core, reason);
     // The writer sees the close signal; bound the wait in case it is stuck in a write.
     if tokio::time::timeout(LINK_CLOSE_TIMEOUT * 2, &mut writer)
@@ -187,26 +199,33 @@ where
     reason
 }
 
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn read_loop<S, C>(
     mut stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
     core: &Arc<C>,
+    message_deadline: Option<(Arc<Arrivals>, Duration)>,
 ) -> CloseReason
 where
     S: AsyncRead + AsyncWrite + Unpin,
     C: LinkCore,
 {
     let mut closed = C::signals(core).closed.subscribe();
+    let never = Arrivals::default();
+    let arrivals = message_deadline.as_ref().map_or(&never, |(a, _)| &**a);
     loop {
         if let Some(r) = *closed.borrow_and_update() {
             return r;
         }
-        let timer = C::next_timer(core);
-        let sleep = async move {
-            match timer {
-                Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-                None => std::future::pending().await,
-            }
-        };
+        let timer = C::next_timer(core).map(tokio::time::Instant::from_std);
+        let message_due = message_deadline
+            .as_ref()
+            .and_then(|(a, t)| a.pending_since().map(|s| s + *t));
         tokio::select! {
             biased;
             r = closed.changed() => {
@@ -214,37 +233,64 @@ where
                     return CloseReason::Local;
                 }
             }
-            m = stream.next() => match m {
-                Some(Ok(Message::Binary(b))) => C::on_frame(core, now(), b),
-                Some(Ok(Message::Pong(p))) => C::on_pong(core, now(), &p),
-                // tungstenite queued the pong; it goes out with our next read or write.
-                Some(Ok(Message::Ping(_))) => C::signals(core).writer.notify_one(),
-                Some(Ok(Message::Text(_))) => C::on_closed(core, CloseReason::Protocol),
-                Some(Ok(Message::Frame(_))) => {}
-                // tungstenite refuses a message over `max_message_size` / `max_frame_size`
-                // from its header, before buffering it (`link_websocket_config`).
-                Some(Err(WsError::Capacity(e))) => {
-                    tracing::debug!(error = %e, "link read refused");
-                    C::on_closed(core, CloseReason::OversizedFrame)
+            m = stream.next() => {
+                if matches!(
+                    m,
+                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))
+                ) {
+                    arrivals.message_done();
                 }
-                // The peer's TCP connection ended without a close frame: the transport ended.
-                Some(Err(WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake))) => {
-                    C::on_closed(core, CloseReason::Transport)
+                on_message(core, m)
+            }
+            _ = sleep_until_some(timer) => C::on_timer(core, now()),
+            _ = sleep_until_some(message_due) => {
+                // Still unfinished (the mark is cleared with each message, and a new mark is
+                // later): the deadline holds.
+                let late = message_deadline.as_ref().is_some_and(|(a, t)| {
+                    a.pending_since()
+                        .is_some_and(|s| tokio::time::Instant::now() >= s + *t)
+                });
+                if late {
+                    tracing::debug!("a WebSocket message took too long to arrive");
+                    C::on_closed(core, CloseReason::MessageTimeout);
                 }
-                Some(Err(WsError::Protocol(e))) => {
-                    tracing::debug!(error = %e, "WebSocket protocol error on a link");
-                    C::on_closed(core, CloseReason::Protocol)
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "link read failed");
-                    C::on_closed(core, CloseReason::Transport)
-                }
-                Some(Ok(Message::Close(_))) | None => C::on_closed(core, CloseReason::Transport),
-            },
-            _ = sleep => C::on_timer(core, now()),
+            }
             // The writer took a ping: the next deadline moved; look again.
             _ = C::signals(core).timer.notified() => {}
+            // Bytes of a new message: arm its deadline.
+            _ = arrivals.marked.notified() => {}
         }
+    }
+}
+
+/// One item of the WebSocket, handed to the core.
+fn on_message<C: LinkCore>(core: &Arc<C>, m: Option<Result<Message, WsError>>) {
+    match m {
+        Some(Ok(Message::Binary(b))) => C::on_frame(core, now(), b),
+        Some(Ok(Message::Pong(p))) => C::on_pong(core, now(), &p),
+        // tungstenite queued the pong; it goes out with our next read or write.
+        Some(Ok(Message::Ping(_))) => C::signals(core).writer.notify_one(),
+        Some(Ok(Message::Text(_))) => C::on_closed(core, CloseReason::Protocol),
+        Some(Ok(Message::Frame(_))) => {}
+        // tungstenite refuses a message over `max_message_size` / `max_frame_size`
+        // from its header, before buffering it (`link_websocket_config`).
+        Some(Err(WsError::Capacity(e))) => {
+            tracing::debug!(error = %e, "link read refused");
+            C::on_closed(core, CloseReason::OversizedFrame)
+        }
+        // The peer's TCP connection ended without a close frame: the transport ended.
+        Some(Err(WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake))) => {
+            C::on_closed(core, CloseReason::Transport)
+        }
+        Some(Err(WsError::Protocol(e))) => {
+            tracing::debug!(error = %e, "WebSocket protocol error on a link");
+            C::on_closed(core, CloseReason::Protocol)
+        }
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "link read failed");
+            C::on_closed(core, CloseReason::Transport)
+        }
+        Some(Ok(Message::Close(_))) | None => C::on_closed(core, CloseReason::Transport),
     }
 }
 

@@ -15,13 +15,54 @@
 //! what it takes from here exactly as they applied to the socket.
 //!
 //! Writes go straight through (tungstenite buffers its own writes).
+//!
+//! # Arrivals
+//!
+//! On request ([`ReadAhead::arrivals`]) it also tells when bytes first arrived after the
+//! reader last finished a message ([`Arrivals`]): the relay's driver closes a client link
+//! whose message takes longer than its deadline to arrive (a peer trickling one message).
 
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+
+/// When the bytes of an unfinished WebSocket message started to arrive. The socket side
+/// ([`ReadAhead`]) marks the first bytes read from the socket after the reader finished a
+/// message; the reader clears the mark with each message it completes. Bytes of the next
+/// message read together with the end of the last are not marked until more arrive, so the
+/// mark is never earlier than the truth (a deadline on it never closes a link early).
+#[derive(Debug, Default)]
+pub struct Arrivals {
+    since: Mutex<Option<tokio::time::Instant>>,
+    /// Wakes the reader when a mark appears, so that it arms its deadline.
+    pub marked: Notify,
+}
+
+impl Arrivals {
+    /// Bytes came from the socket now.
+    fn bytes_arrived(&self) {
+        let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if since.is_none() {
+            *since = Some(tokio::time::Instant::now());
+            self.marked.notify_one();
+        }
+    }
+
+    /// The reader finished a message: nothing is pending.
+    pub fn message_done(&self) {
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Since when bytes of an unfinished message have been arriving, if any.
+    pub fn pending_since(&self) -> Option<tokio::time::Instant> {
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// Most bytes read from the socket in one system call, and held per connection while data
 /// flows: a full frame (64 KiB) and its WebSocket header at once.
@@ -37,6 +78,8 @@ pub struct ReadAhead<S> {
     inner: S,
     /// Bytes read from `inner` and not yet handed out; empty (unallocated) when idle.
     buf: BytesMut,
+    /// Marked when bytes come from the socket, if someone asked ([`ReadAhead::arrivals`]).
+    arrivals: Option<Arc<Arrivals>>,
 }
 
 impl<S> ReadAhead<S> {
@@ -45,7 +88,13 @@ impl<S> ReadAhead<S> {
         ReadAhead {
             inner,
             buf: BytesMut::new(),
+            arrivals: None,
         }
+    }
+
+    /// Start telling when bytes arrive (see [`Arrivals`]); the same handle on every call.
+    pub fn arrivals(&mut self) -> Arc<Arrivals> {
+        self.arrivals.get_or_insert_with(Default::default).clone()
     }
 
     /// The stream itself.
@@ -78,7 +127,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
             if out.remaining() >= READ_AHEAD_BYTES {
                 // A caller that reads this much needs no buffer of ours.
                 me.buf = BytesMut::new();
-                return Pin::new(&mut me.inner).poll_read(cx, out);
+                let before = out.filled().len();
+                let r = Pin::new(&mut me.inner).poll_read(cx, out);
+                if out.filled().len() > before {
+                    if let Some(a) = &me.arrivals {
+                        a.bytes_arrived();
+                    }
+                }
+                return r;
             }
             // The buffer's capacity is kept across refills while data flows (clear, not free).
             me.buf.clear();
@@ -98,7 +154,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
                     me.buf = BytesMut::new();
                     return Poll::Ready(Ok(()));
                 }
-                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Ok(_)) => {
+                    if let Some(a) = &me.arrivals {
+                        a.bytes_arrived();
+                    }
+                }
             }
         }
         let n = out.remaining().min(me.buf.len());

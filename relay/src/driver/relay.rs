@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tracing::Span;
 
-use super::{now, run_io, seed, LinkCore, LinkSignals};
+use super::{now, run_io, seed, Arrivals, LinkCore, LinkSignals};
 use crate::config::{ConfigError, RelayConfig};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Counters};
@@ -43,6 +43,9 @@ use crate::transmit::Transmit;
 struct HubLinkState {
     signals: Arc<LinkSignals>,
     span: Span,
+    /// Those waiting for the link to answer a probe ([`RelayHub::probe`]): told `()` when it
+    /// does, dropped when the link ends.
+    probes: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 struct HubInner<T: RoutingTable> {
@@ -120,6 +123,8 @@ impl<T: RoutingTable> HubShared<T> {
     /// Run `f` on the router, then wake the writers it names and close the links it closed.
     fn with<R>(&self, f: impl FnOnce(&mut Router<T>) -> R) -> R {
         let mut inner = lock(&self.inner);
+        // Inputs without a `now` of their own (a link's end, a revocation) act at this time.
+        inner.router.tick(now());
         let r = f(&mut inner.router);
         while let Some(ev) = inner.router.poll_event() {
             match ev {
@@ -129,8 +134,22 @@ impl<T: RoutingTable> HubShared<T> {
                     }
                 }
                 RouterEvent::Close { link, reason } => {
-                    if let Some(s) = inner.links.get(&link) {
+                    if let Some(s) = inner.links.get_mut(&link) {
                         s.signals.close(reason);
+                        // Dead: whoever waits for its answer learns it at once.
+                        s.probes.clear();
+                    }
+                }
+                RouterEvent::Rearm { link } => {
+                    if let Some(s) = inner.links.get(&link) {
+                        s.signals.timer.notify_one();
+                    }
+                }
+                RouterEvent::ProbeAnswered { link } => {
+                    if let Some(s) = inner.links.get_mut(&link) {
+                        for p in s.probes.drain(..) {
+                            let _ = p.send(());
+                        }
                     }
                 }
                 RouterEvent::Stream {
@@ -196,7 +215,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     }
 
     /// Serve an environment link whose handshake on stream id 0 succeeded, until it ends
-    /// (replacing the environment's previous link). Returns why it ended.
+    /// (refused while another live link holds the id). Returns why it ended.
     pub async fn serve_environment<S>(
         &self,
         ws: WebSocketStream<S>,
@@ -221,9 +240,11 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
         Ok(self.add_client(env, addr)?.serve(ws).await)
     }
 
-    /// Register an environment link (its handshake succeeded) now, replacing the
-    /// environment's previous link at once; serve it with [`PendingLink::serve`]. Frames routed
-    /// to it meanwhile wait in its queue. Dropping the [`PendingLink`] unserved closes it.
+    /// Register an environment link (its handshake succeeded) now; serve it with
+    /// [`PendingLink::serve`]. Frames routed to it meanwhile wait in its queue. Dropping the
+    /// [`PendingLink`] unserved closes it. While another link holds the id this is refused
+    /// ([`AddLinkError::Held`]): [`probe`](Self::probe) the holder, and try again if it did
+    /// not answer (it is closed then).
     pub fn add_environment(&self, env: &str) -> Result<PendingLink<T>, AddLinkError> {
         let seed = seed();
         let id = self
@@ -250,6 +271,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
             HubLinkState {
                 signals: signals.clone(),
                 span: Span::current(),
+                probes: Vec::new(),
             },
         );
         PendingLink {
@@ -263,6 +285,30 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     /// The environment is no longer listed: its link closes at once, its streams reset.
     pub fn remove_environment(&self, env: &str) {
         self.shared.with(|r| r.remove_environment(env));
+    }
+
+    /// Ask `link` for proof of life ([`Router::probe`]): true once it answers, false if it
+    /// closes first (it does at the probe timeout if it stays silent).
+    pub async fn probe(&self, link: LinkId) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let timeout = {
+            let mut inner = lock(&self.shared.inner);
+            if !inner.router.is_live(link) {
+                return false;
+            }
+            match inner.links.get_mut(&link) {
+                Some(s) => s.probes.push(tx),
+                None => return false,
+            }
+            inner.router.config().environment_probe_timeout
+        };
+        self.shared.with(|r| r.probe(now(), link));
+        // The router closes a silent link at the probe timeout; the margin only guards
+        // against a link whose reader is gone.
+        matches!(
+            tokio::time::timeout(timeout + Duration::from_secs(1), rx).await,
+            Ok(Ok(()))
+        )
     }
 
     /// Close every link (graceful shutdown): each link's tasks send a close frame (bounded by
@@ -305,26 +351,42 @@ impl<T: RoutingTable + 'static> PendingLink<T> {
     }
 
     /// Drive the link over `ws` until it ends. Returns why it ended.
-    pub async fn serve<S>(mut self, ws: WebSocketStream<S>) -> CloseReason
+    pub async fn serve<S>(self, ws: WebSocketStream<S>) -> CloseReason
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.serve_with(ws, None).await
+    }
+
+    /// [`serve`](Self::serve), with the socket's [`Arrivals`]: a client link whose message
+    /// takes longer than the relay's message timeout to arrive is closed
+    /// (`message_timeout`).
+    pub async fn serve_with<S>(
+        mut self,
+        ws: WebSocketStream<S>,
+        arrivals: Option<Arc<Arrivals>>,
+    ) -> CloseReason
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         self.served = true;
-        let write_timeout = {
+        let (write_timeout, message_timeout) = {
             let inner = lock(&self.hub.inner);
-            // Closed between registration and now (replaced or revoked at once): say so.
+            // Closed between registration and now (revoked at once): say so.
             if !inner.router.is_live(self.id) {
-                self.signals.close(CloseReason::Replaced);
+                self.signals.close(CloseReason::Revoked);
             }
-            inner.router.config().keepalive.write_timeout
+            let cfg = inner.router.config();
+            (cfg.keepalive.write_timeout, cfg.message_timeout)
         };
         let link = Arc::new(HubLink {
             hub: self.hub.clone(),
             id: self.id,
             signals: self.signals.clone(),
             write_timeout,
+            message_timeout: arrivals.is_some().then_some(message_timeout),
         });
-        run_io(ws, link).await
+        run_io(ws, link, arrivals).await
     }
 }
 
@@ -344,6 +406,7 @@ struct HubLink<T: RoutingTable> {
     id: LinkId,
     signals: Arc<LinkSignals>,
     write_timeout: Duration,
+    message_timeout: Option<Duration>,
 }
 
 impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
@@ -386,9 +449,16 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
     fn on_closed(this: &Arc<Self>, reason: CloseReason) {
         this.hub.with(|r| r.link_closed(this.id, reason));
         this.signals.close(reason);
+        if let Some(s) = lock(&this.hub.inner).links.get_mut(&this.id) {
+            s.probes.clear();
+        }
     }
 
     fn write_timeout(this: &Arc<Self>) -> Duration {
         this.write_timeout
+    }
+
+    fn message_timeout(this: &Arc<Self>) -> Option<Duration> {
+        this.message_timeout
     }
 }

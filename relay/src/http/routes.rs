@@ -122,6 +122,10 @@ pub struct Routes<R> {
     pub metrics: Option<MetricsRenderer>,
     /// The upgrades, tried in order.
     pub upgrades: Vec<UpgradeRoute<R>>,
+    /// What this listener is and which URL form reaches it, sent as the body of the `404` to
+    /// an upgrade on a path it does not serve: a client dialling the wrong URL form (`ws://`
+    /// or `noise+ws://` at a relay) can tell its user what to type instead.
+    pub not_found_hint: Option<&'static str>,
 }
 
 /// A plain HTTP reply, always followed by closing the connection.
@@ -141,6 +145,9 @@ pub enum Reply {
     Forbidden,
     /// `404`.
     NotFound,
+    /// `404` for an upgrade on a path this listener does not serve, with the listener's hint
+    /// ([`Routes::not_found_hint`]) as the body.
+    NotServedHere(&'static str),
     /// `405` with `Allow: GET`.
     MethodNotAllowed,
     /// `426` with `Sec-WebSocket-Version: 13`: a WebSocket version we do not speak.
@@ -157,7 +164,7 @@ impl Reply {
             Reply::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Reply::BadRequest(_) => StatusCode::BAD_REQUEST,
             Reply::Forbidden => StatusCode::FORBIDDEN,
-            Reply::NotFound => StatusCode::NOT_FOUND,
+            Reply::NotFound | Reply::NotServedHere(_) => StatusCode::NOT_FOUND,
             Reply::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Reply::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
             Reply::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -180,6 +187,7 @@ impl Reply {
                 Reply::BadRequest(why) => (TEXT, None, Bytes::from(format!("{why}\n"))),
                 Reply::Forbidden => (TEXT, None, Bytes::from_static(FORBIDDEN_BODY.as_bytes())),
                 Reply::NotFound => (TEXT, None, Bytes::from_static(b"not found\n")),
+                Reply::NotServedHere(hint) => (TEXT, None, Bytes::from(format!("{hint}\n"))),
                 Reply::MethodNotAllowed => (
                     TEXT,
                     Some((header::ALLOW, "GET")),
@@ -264,7 +272,10 @@ pub fn decide<R: Clone, B>(routes: &Routes<R>, request: &Request<B>) -> Decision
             .iter()
             .find_map(|r| r.path.matches(path).map(|id| (r, id)))
         else {
-            return Decision::Reply(Reply::NotFound);
+            return Decision::Reply(match routes.not_found_hint {
+                Some(hint) => Reply::NotServedHere(hint),
+                None => Reply::NotFound,
+            });
         };
         let accept = match check_websocket_handshake(request.method(), request.version(), headers) {
             Ok(accept) => accept,

@@ -140,12 +140,24 @@ impl Keypair {
         Ok(())
     }
 
-    /// Load a private key file, refusing one readable by group or others.
+    /// Load a private key file, refusing one readable by group or others. A public key line
+    /// given instead is named as such (before its mode is looked at: a `.pub` is readable by
+    /// all, and `chmod 600` would not help).
     pub fn load(path: &Path) -> Result<Keypair, KeyError> {
         let meta = fs::metadata(path).map_err(|source| KeyError::Io {
             path: path.to_path_buf(),
             source,
         })?;
+        if meta.is_file() && meta.len() <= MAX_KEY_FILE_BYTES {
+            if let Ok(text) = fs::read_to_string(path) {
+                if text.trim_start().starts_with(PUBLIC_KEY_TAG) {
+                    return Err(KeyError::Format {
+                        path: path.display().to_string(),
+                        why: "this is a public key (execrelay-x25519 …), and a private key is needed here: give the file without .pub".into(),
+                    });
+                }
+            }
+        }
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(KeyError::Permissions(path.to_path_buf(), mode));
@@ -162,6 +174,54 @@ impl Keypair {
             why: "a private key must be 32 bytes".into(),
         })?;
         Keypair::from_private(private)
+    }
+
+    /// A key file's key as [`KeyFile`]: the private key (and its public key) or a public key
+    /// line, whichever the file holds (`execrelay keygen -l -f FILE`).
+    pub fn read_any(path: &Path) -> Result<KeyFile, KeyError> {
+        let text = read_bounded(path)?;
+        let line = text
+            .lines()
+            .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .unwrap_or("")
+            .trim();
+        if line.starts_with(PUBLIC_KEY_TAG) {
+            let public = parse_public(line).map_err(|why| KeyError::Format {
+                path: path.display().to_string(),
+                why,
+            })?;
+            let comment = line
+                .split_whitespace()
+                .skip(2)
+                .collect::<Vec<_>>()
+                .join(" ");
+            return Ok(KeyFile::Public { public, comment });
+        }
+        Keypair::load(path).map(KeyFile::Private)
+    }
+}
+
+/// What a key file holds.
+#[derive(Debug)]
+pub enum KeyFile {
+    /// A private key (mode 0600), with its public key derived.
+    Private(Keypair),
+    /// A public key line, with its comment.
+    Public {
+        /// The key.
+        public: [u8; KEY_BYTES],
+        /// The comment after it (may be empty).
+        comment: String,
+    },
+}
+
+impl KeyFile {
+    /// The public key, whichever the file holds.
+    pub fn public(&self) -> [u8; KEY_BYTES] {
+        match self {
+            KeyFile::Private(k) => k.public,
+            KeyFile::Public { public, .. } => *public,
+        }
     }
 }
 
@@ -209,28 +269,56 @@ pub fn parse_public(line: &str) -> Result<[u8; KEY_BYTES], String> {
         .map_err(|_| "a public key must be 32 bytes".to_string())
 }
 
-/// A public key given as `KEY_OR_FILE` (`--server-key`, `--relay-key`): a file holding the
-/// public key line, or the line itself. The caller's error names its flag.
+/// `--server-key KEY_OR_FILE`: a file holding the public key line, or the line itself. A
+/// private key file given instead is named as such (a bare base64 line in a file that only
+/// its owner may read, or next to its `.pub`); a path that does not exist is said to be
+/// missing, not read as a malformed key.
 pub fn load_public(arg: &str) -> Result<[u8; KEY_BYTES], KeyError> {
     let path = Path::new(arg);
-    if !path.exists() {
-        // Not a file: the key line itself, or a file that is missing (say both).
-        return parse_public(arg).map_err(|why| KeyError::Format {
-            path: arg.to_string(),
-            why: format!(
-                "no such file, nor a public key line (`{PUBLIC_KEY_TAG} <base64> [comment]`): {why}"
-            ),
+    if path.exists() {
+        let text = read_bounded(path)?;
+        let name = path.display().to_string();
+        let line = text
+            .lines()
+            .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .unwrap_or("")
+            .trim();
+        if !line.starts_with(PUBLIC_KEY_TAG) && looks_private(path) {
+            return Err(KeyError::Format {
+                path: name,
+                why: format!(
+                    "this is a private key, and a public key is needed here: give {}",
+                    pub_path(path).display()
+                ),
+            });
+        }
+        return parse_public(line).map_err(|why| KeyError::Format { path: name, why });
+    }
+    let line = arg.trim();
+    if line.starts_with(PUBLIC_KEY_TAG) {
+        return parse_public(line).map_err(|why| KeyError::Format {
+            path: "the key line".into(),
+            why,
         });
     }
-    let text = read_bounded(path)?;
-    let line = text
-        .lines()
-        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
-        .unwrap_or("");
-    parse_public(line).map_err(|why| KeyError::Format {
-        path: path.display().to_string(),
-        why,
-    })
+    match parse_public(line) {
+        Ok(key) => Ok(key),
+        Err(_) => Err(KeyError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such file (give the exec server's .pub file, or its key line `execrelay-x25519 …`)",
+            ),
+        }),
+    }
+}
+
+/// Whether the key file at `path` is a private key: only its owner may read it, or its
+/// `.pub` is next to it (a public key file is readable by all, `execrelay keygen` writes
+/// it 0644).
+fn looks_private(path: &Path) -> bool {
+    let owner_only = fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 == 0);
+    owner_only || pub_path(path).exists()
 }
 
 pub(crate) fn read_bounded(path: &Path) -> Result<String, KeyError> {
@@ -248,21 +336,43 @@ pub(crate) fn read_bounded(path: &Path) -> Result<String, KeyError> {
     fs::read_to_string(path).map_err(io)
 }
 
-/// Parse an authorized-keys file: one public key line per line, `#` comments, blank lines.
-pub fn parse_authorized(text: &str, name: &str) -> Result<HashSet<[u8; KEY_BYTES]>, KeyError> {
-    let mut keys = HashSet::new();
+/// Parse an authorized-keys file: one public key line per line, `#` comments, blank lines. A
+/// line that is not a public key is skipped, as sshd does, and reported in `skipped` (its
+/// place `name:LINE` and what is wrong), so one typo does not lock every client out; the
+/// caller logs them.
+pub fn parse_authorized(text: &str, name: &str) -> ParsedKeys {
+    let mut parsed = ParsedKeys::default();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let key = parse_public(line).map_err(|why| KeyError::Format {
-            path: format!("{name}:{}", i + 1),
-            why,
-        })?;
-        keys.insert(key);
+        match parse_public(line) {
+            Ok(key) => {
+                parsed.keys.insert(key);
+            }
+            Err(why) => parsed.skipped.push(format!("{name}:{}: {why}", i + 1)),
+        }
     }
-    Ok(keys)
+    parsed
+}
+
+/// The keys of an authorized-keys file, and the lines that were skipped.
+#[derive(Debug, Default)]
+pub struct ParsedKeys {
+    /// Every public key listed.
+    pub keys: HashSet<[u8; KEY_BYTES]>,
+    /// `FILE:LINE: why` of each line that is not a public key.
+    pub skipped: Vec<String>,
+}
+
+impl ParsedKeys {
+    /// Log each skipped line (a warning naming the file and line).
+    fn warn(&self) {
+        for why in &self.skipped {
+            tracing::warn!("authorized keys: skipped a line that is not a public key: {why}");
+        }
+    }
 }
 
 /// The keys of the last read, or why it failed.
@@ -290,10 +400,11 @@ impl AuthorizedKeys {
     /// Load at start: errors are fatal here, so a typo is caught before serving.
     pub fn load(path: &Path) -> Result<AuthorizedKeys, KeyError> {
         let text = read_bounded(path)?;
-        let keys = parse_authorized(&text, &path.display().to_string())?;
+        let parsed = parse_authorized(&text, &path.display().to_string());
+        parsed.warn();
         Ok(AuthorizedKeys {
             path: path.to_path_buf(),
-            state: Mutex::new((stamp(path), Ok(keys))),
+            state: Mutex::new((stamp(path), Ok(parsed.keys))),
         })
     }
 
@@ -304,9 +415,10 @@ impl AuthorizedKeys {
         if now != st.0 || now.is_none() {
             let reloaded = read_bounded(&self.path)
                 .map_err(|e| e.to_string())
-                .and_then(|t| {
-                    parse_authorized(&t, &self.path.display().to_string())
-                        .map_err(|e| e.to_string())
+                .map(|t| {
+                    let parsed = parse_authorized(&t, &self.path.display().to_string());
+                    parsed.warn();
+                    parsed.keys
                 });
             match &reloaded {
                 Ok(k) => tracing::info!(keys = k.len(), "authorized keys reloaded"),
@@ -398,6 +510,36 @@ mod tests {
         assert_eq!(Keypair::from_private(kp.private).unwrap().public, kp.public);
     }
 
+    /// A public key where a private one is needed, and the reverse, are named as such; a
+    /// missing key file is said to be missing.
+    #[test]
+    fn public_and_private_keys_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let kp = Keypair::generate().unwrap();
+        kp.write(&path, "me").unwrap();
+        let e = Keypair::load(&pub_path(&path)).unwrap_err().to_string();
+        assert!(e.contains("this is a public key"), "{e}");
+        let e = load_public(path.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("this is a private key"), "{e}");
+        assert!(e.contains("k.pub"), "{e}");
+        let gone = dir.path().join("nope.pub");
+        let e = load_public(gone.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("no such file"), "{e}");
+        assert!(!e.contains("base64"), "{e}");
+        assert!(matches!(Keypair::read_any(&path), Ok(KeyFile::Private(_))));
+        match Keypair::read_any(&pub_path(&path)) {
+            Ok(KeyFile::Public { public, comment }) => {
+                assert_eq!((public, comment.as_str()), (kp.public, "me"))
+            }
+            other => panic!("{other:?}"),
+        }
+        // The key line itself still works, as does a bare key on the command line.
+        let line = public_line(&kp.public, "x");
+        assert_eq!(load_public(&line).unwrap(), kp.public);
+        assert_eq!(load_public(&b64().encode(kp.public)).unwrap(), kp.public);
+    }
+
     #[test]
     fn open_permissions_and_garbage_are_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -417,13 +559,25 @@ mod tests {
     }
 
     #[test]
-    fn authorized_keys_parse_with_comments_and_report_the_bad_line() {
+    fn authorized_keys_parse_with_comments_and_skip_the_bad_line() {
         let a = Keypair::generate().unwrap();
         let text = format!("# ops\n\n{}\n", public_line(&a.public, "a"));
-        let keys = parse_authorized(&text, "f").unwrap();
-        assert!(keys.contains(&a.public));
-        let err = parse_authorized("# x\nexecrelay-x25519 nope\n", "f").unwrap_err();
-        assert!(err.to_string().contains("f:2"), "{err}");
+        let parsed = parse_authorized(&text, "f");
+        assert!(parsed.keys.contains(&a.public));
+        assert!(parsed.skipped.is_empty());
+        // A bad line is skipped and named; the good lines around it still count.
+        let text = format!(
+            "# x\nexecrelay-x25519 nope\n{}\n",
+            public_line(&a.public, "a")
+        );
+        let parsed = parse_authorized(&text, "f");
+        assert!(parsed.keys.contains(&a.public), "the good line counts");
+        assert_eq!(parsed.skipped.len(), 1);
+        assert!(
+            parsed.skipped[0].starts_with("f:2: "),
+            "{:?}",
+            parsed.skipped
+        );
     }
 
     #[test]

@@ -5,7 +5,10 @@
 
 use std::time::Instant;
 
-use super::{Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable, StreamChange};
+use super::{
+    Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable, Settle, StreamChange,
+    HANDSHAKE_FAILURE_REASONS,
+};
 use crate::flow::{FlowError, RelayFlow};
 use crate::frame::{Frame, FrameType, StreamId};
 use crate::reason::{CloseReason, DropReason, Reason};
@@ -13,6 +16,7 @@ use crate::reason::{CloseReason, DropReason, Reason};
 impl<T: RoutingTable> Router<T> {
     /// One binary WebSocket message arrived on `link` at `now`.
     pub fn handle_frame(&mut self, now: Instant, link: LinkId, msg: Vec<u8>) {
+        self.tick(now);
         let Some(l) = self.links.get(&link) else {
             return;
         };
@@ -70,7 +74,7 @@ impl<T: RoutingTable> Router<T> {
                 stream: s,
             };
             if self.owns(link, kind, &key) {
-                self.reset_route(&key, Reason::MalformedFrame);
+                self.reset_route(&key, Reason::MalformedFrame, kind);
             }
         }
         if let Some(l) = self.links.get_mut(&link) {
@@ -105,26 +109,17 @@ impl<T: RoutingTable> Router<T> {
         }
     }
 
-    /// Refuse a client's `OPEN` with `reason`, touching nothing else. Refusals are the one
-    /// control frame a client can make the relay queue without holding a stream, so they are
-    /// held to the link's control reserve: a client that sends `OPEN`s faster than it reads
-    /// their refusals (its control lane already past [`RelayConfig::control_reserve_bytes`])
-    /// is not reading its link, and the link is closed (`control_queue_full`).
+    /// Refuse a client's `OPEN` with `reason`, touching nothing else. The refusal counts
+    /// against the link's share like every frame queued for it (a client that sends `OPEN`s
+    /// faster than it reads their refusals is not reading its link: closed at its share,
+    /// [`RelayConfig::client_link_share_bytes`]). The id is not remembered as closed: frames
+    /// for an id whose `OPEN` was refused are charged as unknown (an honest client sends
+    /// nothing after an `OPEN` but waits for its answer).
     fn refuse(&mut self, link: LinkId, stream: StreamId, reason: Reason) {
         self.counters.dropped(DropReason::RefusedOpen);
         self.counters.reset(reason);
         self.stream_event(link, stream, StreamChange::Refused(reason));
-        let reset = Frame::reset(stream, reason.as_str());
-        let reserve = self.cfg.control_reserve_bytes;
-        let Some(l) = self.links.get_mut(&link) else {
-            return;
-        };
-        if l.out.control_bytes().saturating_add(reset.wire_len()) > reserve {
-            self.close_link(link, CloseReason::ControlQueueFull);
-            return;
-        }
-        l.closed_streams.insert(stream);
-        self.enqueue(link, reset, Lane::Control);
+        self.enqueue(link, Frame::reset(stream, reason.as_str()), Lane::Control);
     }
 
     fn on_open(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
@@ -132,7 +127,7 @@ impl<T: RoutingTable> Router<T> {
         if let Some(r) = self.table.get_mut(&key) {
             if r.client == link {
                 // The opener's own id again: its stream is broken, as on a direct link.
-                self.reset_route(&key, Reason::DuplicateOpen);
+                self.reset_route(&key, Reason::DuplicateOpen, LinkKind::Client);
             } else {
                 // Another client holds the id: refuse this one, never disturb the holder.
                 self.refuse(link, s, Reason::Busy);
@@ -150,9 +145,32 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         let Some(env_link) = self.envs.get(&key.env).and_then(|e| e.link) else {
-            self.refuse(link, s, Reason::EnvironmentOffline);
+            let why = if self.is_revoked(&key.env) {
+                Reason::EnvironmentRevoked
+            } else {
+                Reason::EnvironmentOffline
+            };
+            self.refuse(link, s, why);
             return;
         };
+        let addr = self.links.get(&link).and_then(|l| l.addr);
+        if let Some(a) = addr {
+            // Forwarded only while every pending OPEN of the address could pay for a failure:
+            // what one address can make environments' handshakes fail stays within its bucket.
+            let paid = self.per_addr.get_mut(&a).is_some_and(|st| {
+                let tokens = st.failures.remaining(now) as usize;
+                st.pending_opens < tokens
+            });
+            let per_env = self
+                .addr_env_streams
+                .get(&(a, key.env.clone()))
+                .copied()
+                .unwrap_or(0);
+            if !paid || per_env >= self.cfg.max_streams_per_address_per_environment {
+                self.refuse(link, s, Reason::Busy);
+                return;
+            }
+        }
         let env_full = self
             .envs
             .get(&key.env)
@@ -181,9 +199,19 @@ impl<T: RoutingTable> Router<T> {
         }
         if let Some(l) = self.links.get_mut(&link) {
             l.streams.insert(s);
+            l.idle_since = None;
         }
         if let Some(e) = self.envs.get_mut(&key.env) {
             e.streams.insert(s);
+        }
+        if let Some(a) = addr {
+            if let Some(st) = self.per_addr.get_mut(&a) {
+                st.pending_opens += 1;
+            }
+            *self
+                .addr_env_streams
+                .entry((a, key.env.clone()))
+                .or_insert(0) += 1;
         }
         if let Some(e) = self.links.get_mut(&env_link) {
             e.closed_streams.remove(&s);
@@ -201,13 +229,16 @@ impl<T: RoutingTable> Router<T> {
             return;
         };
         if r.accepted {
-            self.reset_route(&key, Reason::MalformedFrame);
+            self.reset_route(&key, Reason::MalformedFrame, LinkKind::Environment);
             return;
         }
-        r.accepted = true;
         r.to_env
             .on_report(0, f.window.min(self.cfg.max_window_records));
+        let answered = r.clone();
+        r.accepted = true;
         let client = r.client;
+        let addr = self.links.get(&client).and_then(|l| l.addr);
+        self.settle(&answered, &key.env, addr, Settle::Answered);
         self.stream_event(client, key.stream, StreamChange::Accepted);
         self.enqueue(client, f, Lane::Control);
     }
@@ -243,10 +274,28 @@ impl<T: RoutingTable> Router<T> {
             } else {
                 route.client
             };
-            if let Some(l) = self.links.get_mut(&dest) {
-                l.closed_streams.insert(key.stream);
+            // An environment's refusal of an OPEN leaves the id unknown on the client link
+            // (frames for it are charged, as for a refusal of the relay's own).
+            let answers_open = !from_client && !route.accepted;
+            if !answers_open {
+                if let Some(l) = self.links.get_mut(&dest) {
+                    l.closed_streams.insert(key.stream);
+                }
             }
+            let failed =
+                answers_open && HANDSHAKE_FAILURE_REASONS.contains(&f.reset_reason().as_str());
+            let client_addr = self.links.get(&route.client).and_then(|l| l.addr);
             self.enqueue(dest, f, Lane::AfterData);
+            let how = match (from_client, failed) {
+                (true, _) => Settle::Abandoned,
+                (false, true) => Settle::Failed,
+                (false, false) => Settle::Refund,
+            };
+            self.settle(&route, &key.env, client_addr, how);
+            if failed {
+                // Charged to whoever sent the OPEN, never to the environment (§8).
+                self.charge_failure(now, route.client, client_addr);
+            }
             return;
         }
         if from_client
@@ -258,7 +307,7 @@ impl<T: RoutingTable> Router<T> {
             // the stream and forgotten it (charged there as an unknown stream: a flood of them
             // could close the environment's link). Its DATA before the ACCEPT is past a
             // window not yet granted (`window_exceeded`, below); only its RESET goes through.
-            self.reset_route(&key, Reason::MalformedFrame);
+            self.reset_route(&key, Reason::MalformedFrame, kind);
             return;
         }
         // Records of the other direction still in this link's queue have not reached its
@@ -280,7 +329,7 @@ impl<T: RoutingTable> Router<T> {
         }
         .saturating_sub(undelivered);
         if f.ack > delivered {
-            self.reset_route(&key, Reason::MalformedFrame);
+            self.reset_route(&key, Reason::MalformedFrame, kind);
             return;
         }
         // The frame's report is about the other direction, whose receiver is its sender.
@@ -297,7 +346,7 @@ impl<T: RoutingTable> Router<T> {
         }
         if !from_client && !r.accepted {
             // The environment sends nothing before its ACCEPT, and the link is ordered.
-            self.reset_route(&key, Reason::MalformedFrame);
+            self.reset_route(&key, Reason::MalformedFrame, kind);
             return;
         }
         let flow = if from_client {
@@ -307,17 +356,18 @@ impl<T: RoutingTable> Router<T> {
         };
         match flow.on_data(f.seq) {
             Ok(()) => self.enqueue(dest, f, Lane::Data),
-            Err(FlowError::WindowExceeded { .. }) => self.reset_route(&key, Reason::WindowExceeded),
-            Err(_) => self.reset_route(&key, Reason::MalformedFrame),
+            Err(FlowError::WindowExceeded { .. }) => {
+                self.reset_route(&key, Reason::WindowExceeded, kind)
+            }
+            Err(_) => self.reset_route(&key, Reason::MalformedFrame, kind),
         }
     }
 
-    /// Remove a route and its bookkeeping on both links; their queues keep its frames.
+    /// Remove a route and its bookkeeping on both links; their queues keep its frames. The
+    /// caller settles the route's address accounting ([`Router::settle`]).
     fn remove_route(&mut self, key: &RouteKey) -> Option<Route> {
         let route = self.table.remove(key)?;
-        if let Some(l) = self.links.get_mut(&route.client) {
-            l.streams.remove(&key.stream);
-        }
+        self.client_lost_stream(route.client, &key.stream);
         if let Some(e) = self.envs.get_mut(&key.env) {
             e.streams.remove(&key.stream);
         }
@@ -325,11 +375,18 @@ impl<T: RoutingTable> Router<T> {
     }
 
     /// The relay resets a routed stream on both of its links (its queued frames dropped),
-    /// counted once by `reason`. Nothing else is touched.
-    fn reset_route(&mut self, key: &RouteKey, reason: Reason) {
+    /// counted once by `reason`, for a rule broken by the `fault` side. Nothing else is
+    /// touched.
+    fn reset_route(&mut self, key: &RouteKey, reason: Reason, fault: LinkKind) {
         let Some(route) = self.remove_route(key) else {
             return;
         };
+        let addr = self.links.get(&route.client).and_then(|l| l.addr);
+        let how = match fault {
+            LinkKind::Client => Settle::Abandoned,
+            LinkKind::Environment => Settle::Refund,
+        };
+        self.settle(&route, &key.env, addr, how);
         self.counters.reset(reason);
         self.stream_event(route.client, key.stream, StreamChange::Reset(reason));
         for link in [route.client, route.env_link] {

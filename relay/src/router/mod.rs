@@ -4,7 +4,7 @@
 //!
 //! - In: [`Router::add_environment_link`], [`Router::add_client_link`],
 //!   [`Router::handle_frame`], [`Router::handle_pong`], [`Router::handle_timeout`],
-//!   [`Router::link_closed`], [`Router::remove_environment`].
+//!   [`Router::link_closed`], [`Router::remove_environment`], [`Router::probe`].
 //! - Out: [`Router::poll_transmit`] per link, [`Router::poll_timeout`] per link,
 //!   [`Router::poll_event`] (which link's writer to wake, which link to close).
 //!
@@ -25,8 +25,21 @@
 //!   control lane grow past its reserve.
 //! - **An `OPEN` for a routed id never disturbs the holder**; a client link's streams,
 //!   budgets and death affect only that link and the streams it opened.
+//! - **Budgets are charged to who spends them** (§6.4, §8): an environment's `RESET` that
+//!   answers an `OPEN` with a handshake-failure reason is charged to the client link that sent
+//!   the `OPEN` and to its address, never to the environment; an empty bucket closes that
+//!   link. An address's `OPEN`s awaiting an answer never outnumber its tokens, so what one
+//!   address can make an environment's handshakes fail is bounded exactly.
+//! - **Every byte queued for a client link counts against its share** (all but its `DATA`,
+//!   which the windows bound) **and the total**; a frame that would pass the share closes the
+//!   link: it is not reading.
+//! - **A client link that holds nothing is reaped**: no stream for `idle_link_timeout`.
+//! - **The live holder of an environment id keeps it**: a second link for the id is refused
+//!   while the first answers a probe (two exec servers share a key); a holder that does not
+//!   answer is closed and the newcomer takes the id.
 //! - Every reset and drop is counted by reason ([`Counters`]); resets once per stream.
 
+mod budgets;
 mod inbound;
 mod queue;
 mod table;
@@ -36,6 +49,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use budgets::{HANDSHAKE_FAILURE_REASONS, MAX_TRACKED_ADDRESSES};
 pub use table::{LinkId, MemoryTable, Route, RouteKey, RoutingTable};
 
 use crate::bucket::TokenBucket;
@@ -46,6 +60,7 @@ use crate::http::AddressKey;
 use crate::keepalive::Keepalive;
 use crate::reason::{CloseReason, Counters, Reason};
 use crate::transmit::Transmit;
+use budgets::{AddrState, Settle, PRUNE_ADDRESSES_FROM};
 use queue::OutQueue;
 
 /// Which side of the relay a link is on.
@@ -85,6 +100,17 @@ pub enum RouterEvent {
         /// The link.
         link: LinkId,
     },
+    /// `link`'s timer moved (another link's event made it idle): its reader must look at
+    /// [`Router::poll_timeout`] again.
+    Rearm {
+        /// The link.
+        link: LinkId,
+    },
+    /// `link` answered a probe ([`Router::probe`]): it is alive.
+    ProbeAnswered {
+        /// The link.
+        link: LinkId,
+    },
     /// The relay closed `link`: close its socket. Its streams are already reset.
     Close {
         /// The link.
@@ -113,6 +139,13 @@ pub enum AddLinkError {
     /// The address holds its maximum of client links.
     #[error("too many client links from this address")]
     TooManyLinksFromAddress,
+    /// The environment has a live link: only one link holds an id. Probe the holder
+    /// ([`Router::probe`]); if it does not answer, it is closed and the id is free.
+    #[error("the environment id is held by another link")]
+    Held {
+        /// The link that holds the id.
+        holder: LinkId,
+    },
 }
 
 #[derive(Debug)]
@@ -128,6 +161,10 @@ struct Link {
     unknown: TokenBucket,
     /// Client link: `OPEN`s per second.
     opens: Option<TokenBucket>,
+    /// Client link: handshake failures its `OPEN`s caused.
+    failures: Option<TokenBucket>,
+    /// Client link: since when it holds no stream (`None` while it holds one).
+    idle_since: Option<Instant>,
     keepalive: Keepalive,
     /// A `Wake` was emitted and the writer has not yet found the queue empty.
     wake_pending: bool,
@@ -146,14 +183,32 @@ pub struct Router<T: RoutingTable = MemoryTable> {
     table: T,
     links: HashMap<LinkId, Link>,
     envs: HashMap<Arc<str>, EnvState>,
-    /// Client links per address (IPv4 address or IPv6 /64, as the HTTP front counts them:
-    /// one host owns a whole /64).
-    per_addr: HashMap<AddressKey, usize>,
+    /// Per client address (IPv4 address or IPv6 /64, as the HTTP front counts them: one
+    /// host owns a whole /64): its links, its handshake-failure bucket, its pending `OPEN`s.
+    /// Kept while it has a link, a pending `OPEN` or a bucket not yet full again, so that
+    /// closing every link does not refill the bucket.
+    per_addr: HashMap<AddressKey, AddrState>,
+    /// The size of `per_addr` at which it is next swept for addresses with nothing to keep.
+    prune_addresses_at: usize,
+    /// Streams per (address, environment).
+    addr_env_streams: HashMap<(AddressKey, Arc<str>), usize>,
     next_id: LinkId,
     queued_bytes: usize,
     events: VecDeque<RouterEvent>,
     counters: Counters,
+    /// Environments revoked since this relay started and not listed again, oldest first (at
+    /// most [`REVOKED_REMEMBERED`]): their `OPEN`s are refused `environment_revoked`, not
+    /// `environment_offline`, so a client stops instead of waiting for a link that will not
+    /// come.
+    revoked: VecDeque<Arc<str>>,
+    /// The latest `now` any input brought (time only moves forward through inputs); used
+    /// where an effect of one link's input starts another link's clock.
+    clock: Option<Instant>,
 }
+
+/// Revoked environment ids the router remembers (each a short string): beyond it the oldest
+/// is forgotten and its `OPEN`s read `environment_offline` again, as after a restart.
+pub const REVOKED_REMEMBERED: usize = 4096;
 
 impl Router<MemoryTable> {
     /// A relay with an in-memory routing table.
@@ -172,10 +227,14 @@ impl<T: RoutingTable> Router<T> {
             links: HashMap::new(),
             envs: HashMap::new(),
             per_addr: HashMap::new(),
+            prune_addresses_at: PRUNE_ADDRESSES_FROM,
+            addr_env_streams: HashMap::new(),
             next_id: 1,
             queued_bytes: 0,
             events: VecDeque::new(),
             counters: Counters::default(),
+            revoked: VecDeque::new(),
+            clock: None,
         })
     }
 
@@ -194,9 +253,25 @@ impl<T: RoutingTable> Router<T> {
         self.queued_bytes
     }
 
-    /// Bytes queued for `link`.
+    /// Bytes queued for `link` (at their memory cost).
     pub fn link_queued_bytes(&self, link: LinkId) -> usize {
         self.links.get(&link).map_or(0, |l| l.out.bytes())
+    }
+
+    /// Bytes queued for `link` other than `DATA`: what a client link's share holds.
+    pub fn link_share_bytes(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.out.non_data_bytes())
+    }
+
+    /// Streams `link` holds (a client link: the streams it opened).
+    pub fn link_stream_count(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.streams.len())
+    }
+
+    /// Addresses the relay keeps state for (links, pending `OPEN`s, or a failure bucket not
+    /// yet full again).
+    pub fn tracked_addresses(&self) -> usize {
+        self.per_addr.len()
     }
 
     /// `DATA` bytes queued on `link` for `stream`.
@@ -255,8 +330,10 @@ impl<T: RoutingTable> Router<T> {
     ) -> LinkId {
         let id = self.next_id;
         self.next_id += 1;
-        let opens = (kind == LinkKind::Client)
-            .then(|| TokenBucket::per_second(self.cfg.opens_per_second, now));
+        self.tick(now);
+        let client = kind == LinkKind::Client;
+        let opens = client.then(|| TokenBucket::per_second(self.cfg.opens_per_second, now));
+        let failures = client.then(|| TokenBucket::new(self.cfg.handshake_failures, now));
         self.links.insert(
             id,
             Link {
@@ -269,6 +346,8 @@ impl<T: RoutingTable> Router<T> {
                 malformed: TokenBucket::new(self.cfg.malformed_frames, now),
                 unknown: TokenBucket::new(self.cfg.unknown_stream_frames, now),
                 opens,
+                failures,
+                idle_since: client.then_some(now),
                 keepalive: Keepalive::new(self.cfg.keepalive, now, seed),
                 wake_pending: false,
             },
@@ -276,24 +355,33 @@ impl<T: RoutingTable> Router<T> {
         id
     }
 
-    /// Register an environment link whose handshake (§6.2) succeeded. A previous link of the
-    /// same environment is replaced: closed, its streams reset (`environment_gone`).
+    /// Move the router's clock to `now` (never back). Every input that carries `now` does
+    /// it; a driver calls it before inputs that do not ([`link_closed`](Self::link_closed),
+    /// [`remove_environment`](Self::remove_environment), [`handle_pong`](Self::handle_pong)),
+    /// so that an idle clock started by them starts at the right time.
+    pub fn tick(&mut self, now: Instant) {
+        self.clock = Some(self.clock.map_or(now, |c| c.max(now)));
+    }
+
+    /// Register an environment link whose handshake (§6.2) succeeded. While another link
+    /// holds the id this is refused ([`AddLinkError::Held`]): the caller probes the holder
+    /// ([`Router::probe`]) and tries again once it is gone; the live holder keeps the id.
     pub fn add_environment_link(
         &mut self,
         now: Instant,
         env: &str,
         seed: u64,
     ) -> Result<LinkId, AddLinkError> {
+        self.tick(now);
         let env: Arc<str> = Arc::from(env);
-        match self.envs.get(&env).and_then(|e| e.link) {
-            Some(old) => self.close_link(old, CloseReason::Replaced),
-            None => {
-                if self.environment_count() >= self.cfg.max_environments {
-                    return Err(AddLinkError::TooManyEnvironments);
-                }
-            }
+        if let Some(holder) = self.envs.get(&env).and_then(|e| e.link) {
+            return Err(AddLinkError::Held { holder });
+        }
+        if self.environment_count() >= self.cfg.max_environments {
+            return Err(AddLinkError::TooManyEnvironments);
         }
         let id = self.new_link(LinkKind::Environment, env.clone(), None, now, seed);
+        self.revoked.retain(|r| *r != env);
         self.envs.entry(env).or_default().link = Some(id);
         Ok(id)
     }
@@ -307,20 +395,56 @@ impl<T: RoutingTable> Router<T> {
         addr: IpAddr,
         seed: u64,
     ) -> Result<LinkId, AddLinkError> {
+        self.tick(now);
         let addr = AddressKey::of(addr);
-        let n = self.per_addr.get(&addr).copied().unwrap_or(0);
+        let n = self.per_addr.get(&addr).map_or(0, |a| a.links);
         if n >= self.cfg.max_client_links_per_address {
             return Err(AddLinkError::TooManyLinksFromAddress);
         }
-        self.per_addr.insert(addr, n + 1);
+        self.prune_addresses(now);
+        let failures = self.cfg.address_handshake_failures;
+        self.per_addr
+            .entry(addr)
+            .or_insert_with(|| AddrState {
+                links: 0,
+                failures: TokenBucket::new(failures, now),
+                pending_opens: 0,
+                touched: now,
+            })
+            .links += 1;
         Ok(self.new_link(LinkKind::Client, Arc::from(env), Some(addr), now, seed))
     }
 
-    /// The environment is no longer listed: close its link at once (its streams reset).
+    /// Ask `link` for proof of life (a ping now); unless it answers within the environment
+    /// probe timeout it is closed (`keepalive_timeout`). [`RouterEvent::ProbeAnswered`] says
+    /// it answered. For an environment's holder when another link claims its id.
+    pub fn probe(&mut self, now: Instant, link: LinkId) {
+        self.tick(now);
+        let timeout = self.cfg.environment_probe_timeout;
+        if let Some(l) = self.links.get_mut(&link) {
+            l.keepalive.probe(now, timeout);
+            self.wake(link);
+            self.events.push_back(RouterEvent::Rearm { link });
+        }
+    }
+
+    /// The environment is no longer listed: close its link at once (its streams reset
+    /// `environment_revoked`), and refuse its `OPEN`s so from now on.
     pub fn remove_environment(&mut self, env: &str) {
+        if !self.revoked.iter().any(|r| &**r == env) {
+            if self.revoked.len() >= REVOKED_REMEMBERED {
+                self.revoked.pop_front();
+            }
+            self.revoked.push_back(Arc::from(env));
+        }
         if let Some(link) = self.envs.get(env).and_then(|e| e.link) {
             self.close_link(link, CloseReason::Revoked);
         }
+    }
+
+    /// Whether `env` was revoked (and not listed again since).
+    pub fn is_revoked(&self, env: &str) -> bool {
+        self.revoked.iter().any(|r| &**r == env)
     }
 
     /// The driver saw `link` end (socket closed, write deadline, shutdown): reset its streams
@@ -331,22 +455,32 @@ impl<T: RoutingTable> Router<T> {
 
     // ---- timers --------------------------------------------------------------------------
 
-    /// When [`handle_timeout`](Self::handle_timeout) must next be called for `link`.
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called for `link`: its
+    /// keepalive, or (a client link holding no stream) its idle deadline.
     pub fn poll_timeout(&self, link: LinkId) -> Option<Instant> {
-        self.links
-            .get(&link)
-            .and_then(|l| l.keepalive.poll_timeout())
+        let l = self.links.get(&link)?;
+        let idle = l.idle_since.map(|t| t + self.cfg.idle_link_timeout);
+        [l.keepalive.poll_timeout(), idle]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Advance `link`'s keepalive to `now`: a ping may become due (its writer is woken), or
-    /// the link dead (closed).
+    /// Advance `link`'s timers to `now`: a ping may become due (its writer is woken), or the
+    /// link dead (closed), or idle for too long (a client link with no stream: closed).
     pub fn handle_timeout(&mut self, now: Instant, link: LinkId) {
+        self.tick(now);
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
         l.keepalive.handle_timeout(now);
         if l.keepalive.is_dead() {
             self.close_link(link, CloseReason::KeepaliveTimeout);
+        } else if l
+            .idle_since
+            .is_some_and(|t| now >= t + self.cfg.idle_link_timeout)
+        {
+            self.close_link(link, CloseReason::Idle);
         } else if l.keepalive.wants_ping() {
             self.wake(link);
         }
@@ -355,7 +489,11 @@ impl<T: RoutingTable> Router<T> {
     /// A WebSocket pong arrived on `link`.
     pub fn handle_pong(&mut self, link: LinkId, payload: &[u8]) {
         if let Some(l) = self.links.get_mut(&link) {
+            let probing = l.keepalive.probing();
             l.keepalive.on_pong(payload);
+            if probing && !l.keepalive.probing() {
+                self.events.push_back(RouterEvent::ProbeAnswered { link });
+            }
         }
     }
 
@@ -375,9 +513,10 @@ impl<T: RoutingTable> Router<T> {
         if let Some(p) = l.keepalive.poll_ping(now) {
             return Some(Transmit::Ping(p));
         }
+        let before = l.out.bytes();
         match l.out.pop() {
             Some(f) => {
-                self.queued_bytes -= f.wire_len();
+                self.queued_bytes -= before - l.out.bytes();
                 self.counters.frames_out[f.ftype as usize] += 1;
                 if f.ftype == crate::frame::FrameType::Data {
                     self.counters.data_bytes_out += f.payload.len() as u64;
@@ -410,10 +549,24 @@ impl<T: RoutingTable> Router<T> {
         });
     }
 
+    /// Queue `f` on `link`. On a client link, everything but `DATA` counts against its
+    /// share: a frame that would pass it closes the link instead (`control_queue_full`: the
+    /// peer is not reading what is queued for it).
     fn enqueue(&mut self, link: LinkId, f: Frame, lane: Lane) {
+        let share = self.cfg.client_link_share_bytes;
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
+        if l.kind == LinkKind::Client && !matches!(lane, Lane::Data) {
+            let adds = match lane {
+                Lane::Ack => l.out.ack_cost(&f.stream),
+                _ => queue::cost(&f),
+            };
+            if l.out.non_data_bytes().saturating_add(adds) > share {
+                self.close_link(link, CloseReason::ControlQueueFull);
+                return;
+            }
+        }
         self.queued_bytes += match lane {
             Lane::Control => l.out.push_control(f),
             Lane::Ack => l.out.push_ack(f),
@@ -438,11 +591,8 @@ impl<T: RoutingTable> Router<T> {
         self.counters.closed(reason);
         self.queued_bytes -= l.out.bytes();
         if let Some(addr) = l.addr {
-            if let Some(n) = self.per_addr.get_mut(&addr) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_addr.remove(&addr);
-                }
+            if let Some(a) = self.per_addr.get_mut(&addr) {
+                a.links -= 1;
             }
         }
         match l.kind {
@@ -459,6 +609,10 @@ impl<T: RoutingTable> Router<T> {
                         if let Some(e) = self.links.get_mut(&route.env_link) {
                             e.closed_streams.insert(s);
                         }
+                        // An OPEN that dies with its link before its answer costs its token:
+                        // otherwise a client could send OPENs that fail, close its link
+                        // before the failures come back, and never pay for them.
+                        self.settle(&route, &l.env, l.addr, Settle::Abandoned);
                         self.counters.reset(Reason::ClientGone);
                         self.stream_event(link, s, StreamChange::Reset(Reason::ClientGone));
                         let reset = Frame::reset(s, Reason::ClientGone.as_str());
@@ -474,27 +628,33 @@ impl<T: RoutingTable> Router<T> {
                     }
                     _ => HashSet::new(),
                 };
+                let why = if self.is_revoked(&l.env) {
+                    Reason::EnvironmentRevoked
+                } else {
+                    Reason::EnvironmentGone
+                };
                 for s in streams {
                     let key = RouteKey {
                         env: l.env.clone(),
                         stream: s,
                     };
                     if let Some(route) = self.table.remove(&key) {
+                        let addr = self.links.get(&route.client).and_then(|c| c.addr);
+                        self.settle(&route, &l.env, addr, Settle::Refund);
+                        self.client_lost_stream(route.client, &s);
                         if let Some(c) = self.links.get_mut(&route.client) {
-                            c.streams.remove(&s);
                             c.closed_streams.insert(s);
                         }
-                        self.counters.reset(Reason::EnvironmentGone);
-                        self.stream_event(
-                            route.client,
-                            s,
-                            StreamChange::Reset(Reason::EnvironmentGone),
-                        );
-                        let reset = Frame::reset(s, Reason::EnvironmentGone.as_str());
+                        self.counters.reset(why);
+                        self.stream_event(route.client, s, StreamChange::Reset(why));
+                        let reset = Frame::reset(s, why.as_str());
                         self.enqueue(route.client, reset, Lane::AfterData);
                     }
                 }
             }
+        }
+        if let Some(addr) = l.addr {
+            self.forget_address_if_done(addr);
         }
         if self
             .envs
@@ -504,6 +664,19 @@ impl<T: RoutingTable> Router<T> {
             self.envs.remove(&l.env);
         }
         true
+    }
+
+    /// Client link `link` no longer holds `stream`; with no stream left, its idle clock starts
+    /// (and its reader is told to look at its timer again).
+    fn client_lost_stream(&mut self, link: LinkId, stream: &StreamId) {
+        let now = self.clock;
+        if let Some(l) = self.links.get_mut(&link) {
+            l.streams.remove(stream);
+            if l.kind == LinkKind::Client && l.streams.is_empty() && l.idle_since.is_none() {
+                l.idle_since = now;
+                self.events.push_back(RouterEvent::Rearm { link });
+            }
+        }
     }
 }
 

@@ -6,6 +6,9 @@
 //! here; `ACCEPT`, `RESET` and the coalesced `ACK` are at most one each per stream; `OPEN`
 //! is admitted only while the control lane is under its reserve.
 //!
+//! Every frame is counted at its memory cost ([`cost`]: wire bytes plus
+//! [`QUEUED_FRAME_OVERHEAD_BYTES`]), so that small frames are counted at what they hold.
+//!
 //! Order: a stream's `DATA` frames leave in arrival order. A `RESET` forwarded from a sender
 //! waits behind that sender's queued `DATA` ([`OutQueue::push_reset_after_data`]), so that the
 //! last records (an authenticated close) are not overtaken. `ACK`s may overtake `DATA`; both
@@ -13,7 +16,16 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::config::QUEUED_FRAME_OVERHEAD_BYTES;
 use crate::frame::{Frame, StreamId, HEADER_BYTES};
+
+/// What `f` costs while queued: its wire bytes and [`QUEUED_FRAME_OVERHEAD_BYTES`].
+pub(crate) fn cost(f: &Frame) -> usize {
+    f.wire_len() + QUEUED_FRAME_OVERHEAD_BYTES
+}
+
+/// What a queued `ACK` costs (its payload is dropped).
+const ACK_COST: usize = HEADER_BYTES + QUEUED_FRAME_OVERHEAD_BYTES;
 
 #[derive(Debug, Default)]
 struct StreamOut {
@@ -34,6 +46,8 @@ pub(crate) struct OutQueue {
     data: HashMap<StreamId, StreamOut>,
     ready: VecDeque<StreamId>,
     bytes: usize,
+    /// The part of `bytes` that is `DATA`.
+    data_bytes: usize,
 }
 
 impl OutQueue {
@@ -45,6 +59,12 @@ impl OutQueue {
     /// Bytes in the control lane.
     pub fn control_bytes(&self) -> usize {
         self.control_bytes
+    }
+
+    /// Bytes of everything but `DATA`: control frames, `ACK`s, `RESET`s waiting behind their
+    /// stream's `DATA` (what a client link's share holds).
+    pub fn non_data_bytes(&self) -> usize {
+        self.bytes - self.data_bytes
     }
 
     /// `DATA` bytes queued for `stream`.
@@ -65,7 +85,7 @@ impl OutQueue {
     /// `OPEN`, `ACCEPT` or `RESET`, after the control frames already queued. Returns the
     /// bytes added.
     pub fn push_control(&mut self, f: Frame) -> usize {
-        let n = f.wire_len();
+        let n = cost(&f);
         self.control_bytes += n;
         self.bytes += n;
         self.control.push_back(f);
@@ -82,13 +102,22 @@ impl OutQueue {
         }
         self.acks.push_back(f.stream);
         self.ack_frames.insert(f.stream, f);
-        self.bytes += HEADER_BYTES;
-        HEADER_BYTES
+        self.bytes += ACK_COST;
+        ACK_COST
+    }
+
+    /// What [`push_ack`](Self::push_ack) of a frame for `stream` would add.
+    pub fn ack_cost(&self, stream: &StreamId) -> usize {
+        if self.ack_frames.contains_key(stream) {
+            0
+        } else {
+            ACK_COST
+        }
     }
 
     /// A `DATA` frame (admitted by the window check). Returns the bytes added.
     pub fn push_data(&mut self, f: Frame) -> usize {
-        let n = f.wire_len();
+        let n = cost(&f);
         let id = f.stream;
         let d = self.data.entry(id).or_default();
         d.frames.push_back(f);
@@ -98,6 +127,7 @@ impl OutQueue {
             self.ready.push_back(id);
         }
         self.bytes += n;
+        self.data_bytes += n;
         n
     }
 
@@ -105,9 +135,9 @@ impl OutQueue {
     pub fn push_reset_after_data(&mut self, f: Frame) -> usize {
         if let Some(d) = self.data.get_mut(&f.stream) {
             if !d.frames.is_empty() {
-                let n = f.wire_len();
+                let n = cost(&f);
                 if let Some(old) = d.then.replace(f) {
-                    self.bytes -= old.wire_len();
+                    self.bytes -= cost(&old);
                 }
                 self.bytes += n;
                 return n;
@@ -120,10 +150,11 @@ impl OutQueue {
     pub fn drop_stream(&mut self, stream: &StreamId) -> usize {
         let mut freed = 0;
         if let Some(d) = self.data.remove(stream) {
-            freed += d.bytes + d.then.map_or(0, |f| f.wire_len());
+            self.data_bytes -= d.bytes;
+            freed += d.bytes + d.then.map_or(0, |f| cost(&f));
         }
         if self.ack_frames.remove(stream).is_some() {
-            freed += HEADER_BYTES;
+            freed += ACK_COST;
         }
         self.bytes -= freed;
         freed
@@ -132,14 +163,14 @@ impl OutQueue {
     /// The next frame: control, then `ACK`s, then one `DATA` of the next stream in turn.
     pub fn pop(&mut self) -> Option<Frame> {
         if let Some(f) = self.control.pop_front() {
-            let n = f.wire_len();
+            let n = cost(&f);
             self.control_bytes -= n;
             self.bytes -= n;
             return Some(f);
         }
         while let Some(id) = self.acks.pop_front() {
             if let Some(f) = self.ack_frames.remove(&id) {
-                self.bytes -= HEADER_BYTES;
+                self.bytes -= ACK_COST;
                 return Some(f);
             }
         }
@@ -151,9 +182,10 @@ impl OutQueue {
             let Some(f) = d.frames.pop_front() else {
                 continue;
             };
-            let n = f.wire_len();
+            let n = cost(&f);
             d.bytes -= n;
             self.bytes -= n;
+            self.data_bytes -= n;
             if !d.frames.is_empty() {
                 d.in_ready = true;
                 self.ready.push_back(id);
@@ -162,7 +194,7 @@ impl OutQueue {
                 self.data.remove(&id);
                 if let Some(r) = then {
                     // Already counted in `bytes`: move it to the control lane's share.
-                    self.control_bytes += r.wire_len();
+                    self.control_bytes += cost(&r);
                     self.control.push_back(r);
                 }
             }
@@ -238,9 +270,14 @@ mod tests {
         q.push_ack(ack(5, 1));
         q.push_reset_after_data(Frame::reset([5; 16], "closed"));
         assert!(q.bytes() > 0);
-        assert_eq!(q.stream_bytes(&[5; 16]), HEADER_BYTES + 10);
+        assert_eq!(
+            q.stream_bytes(&[5; 16]),
+            HEADER_BYTES + 10 + QUEUED_FRAME_OVERHEAD_BYTES
+        );
+        assert_eq!(q.non_data_bytes(), q.bytes() - q.stream_bytes(&[5; 16]));
         q.drop_stream(&[5; 16]);
         assert_eq!(q.bytes(), 0);
+        assert_eq!(q.non_data_bytes(), 0);
         assert!(q.pop().is_none());
         assert!(q.is_empty());
     }

@@ -408,6 +408,25 @@ pub fn init_logging(default: &str, json: bool) {
     };
 }
 
+/// Raise the soft open files limit to the hard one (distributions ship a soft 1024 for
+/// `select()`'s sake, which the relay never uses) and log both; the caps are derived from
+/// the result.
+fn raise_descriptor_limit() {
+    match crate::descriptors::raise_nofile_limit() {
+        Ok((before, after)) if after.soft > before.soft => tracing::info!(
+            "open files: soft limit raised from {} to {} (the hard limit)",
+            before.soft,
+            after.soft
+        ),
+        Ok((_, after)) => tracing::info!(
+            "open files: soft limit {} (hard limit {})",
+            after.soft,
+            after.hard
+        ),
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
+}
+
 /// After the relay has finished, how long remaining runtime threads get before the process
 /// exits anyway.
 const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -431,6 +450,8 @@ pub fn run(args: RelayArgs) -> i32 {
         return keygen(k);
     }
     init_logging("info", matches!(args.log_format, LogFormat::Json));
+    // Before the server sizes its caps from it (`RelayDescriptorPlan`).
+    raise_descriptor_limit();
     let Prepared {
         listen,
         metrics,

@@ -20,8 +20,12 @@ use tracing::Instrument;
 
 use super::metrics::{ClientRefusal, LinkOutcome};
 use super::{lock, unix_micros, Shared, RELAY_VERSION};
-use crate::driver::{recv_frame, send_frame, FrameIoError, RelayHub, LINK_CLOSE_TIMEOUT};
-use crate::env_handshake::{finish_admission, precheck_link_open, read_link_open};
+use crate::driver::{
+    recv_frame, send_frame, FrameIoError, PendingLink, RelayHub, LINK_CLOSE_TIMEOUT,
+};
+use crate::env_handshake::{
+    finish_admission, precheck_link_open, read_link_open, AdmittedLink, LinkRefusal,
+};
 use crate::frame::{Frame, LINK_STREAM};
 use crate::http::FrontStream;
 use crate::keys::fingerprint;
@@ -135,27 +139,74 @@ async fn environment_link_inner(
         shared.apply_reload(&mut file, &hub);
         precheck_link_open(&id, &open, &file)
     };
-    let read = pre.and_then(|()| read_link_open(&shared.keys, &id, &open));
-    let admitted = {
-        let mut file = lock(&shared.environments);
-        shared.apply_reload(&mut file, &hub);
-        let checked = read.and_then(|hs| {
-            let mut ts = lock(&shared.timestamps);
-            finish_admission(hs, &id, &file, &mut ts, unix_micros(), RELAY_VERSION)
-        });
-        match checked {
-            Ok(a) if !stop.is_cancelled() => hub.add_environment(&id).map(|p| (a, p)).map_err(Err),
-            Ok(_) => return,
-            Err(refusal) => Err(Ok(refusal)),
+    let mut read = Some(pre.and_then(|()| read_link_open(&shared.keys, &id, &open)));
+    // Admission (key, fresh `ts`) and registration under the lock; if a live link holds the
+    // id, probe it outside the lock: a holder that answers keeps the id (two exec servers
+    // share the key: this newcomer is refused), a silent one is closed at the probe timeout
+    // and the newcomer takes the id, re-checked against the file as it is then.
+    let mut admitted_once: Option<AdmittedLink> = None;
+    let mut probed = false;
+    let registered = loop {
+        let step = {
+            let mut file = lock(&shared.environments);
+            shared.apply_reload(&mut file, &hub);
+            let checked = match (admitted_once.take(), read.take()) {
+                (Some(a), _) => file
+                    .admits(&id, &a.env_key)
+                    .map(|()| a)
+                    .map_err(LinkRefusal::from),
+                (None, Some(read)) => read.and_then(|hs| {
+                    let mut ts = lock(&shared.timestamps);
+                    finish_admission(hs, &id, &file, &mut ts, unix_micros(), RELAY_VERSION)
+                }),
+                (None, None) => return,
+            };
+            match checked {
+                Ok(a) if !stop.is_cancelled() => match hub.add_environment(&id) {
+                    Ok(p) => Claim::Registered(a, p),
+                    Err(AddLinkError::Held { holder }) => Claim::Held(a, holder),
+                    Err(e) => Claim::Refused(Err(e)),
+                },
+                Ok(_) => return,
+                Err(refusal) => Claim::Refused(Ok(refusal)),
+            }
+        };
+        match step {
+            Claim::Registered(a, p) => break Ok((a, p)),
+            Claim::Held(a, holder) if !probed => {
+                probed = true;
+                let alive = tokio::select! {
+                    alive = hub.probe(holder) => alive,
+                    () = stop.cancelled() => return,
+                };
+                if alive {
+                    break Err(Ok((LinkRefusal::Held, Some(holder))));
+                }
+                tracing::info!(
+                    holder,
+                    "the link holding this environment id did not answer a probe: closed, this one takes the id"
+                );
+                admitted_once = Some(a);
+            }
+            Claim::Held(_, holder) => break Err(Ok((LinkRefusal::Held, Some(holder)))),
+            Claim::Refused(Ok(r)) => break Err(Ok((r, None))),
+            Claim::Refused(Err(e)) => break Err(Err(e)),
         }
     };
-    let (admitted, link) = match admitted {
+    let (admitted, link) = match registered {
         Ok(ok) => ok,
-        Err(Ok(refusal)) => {
+        Err(Ok((refusal, holder))) => {
             shared
                 .stats
                 .link_handshake(LinkOutcome::of_reason(refusal.reset_reason()));
-            tracing::warn!(error = %refusal, "environment link refused ({})", refusal.reset_reason());
+            match holder {
+                Some(holder) => report_shared_key(&shared, &id, holder),
+                None => tracing::warn!(
+                    error = %refusal,
+                    "environment link refused ({})",
+                    refusal.reset_reason()
+                ),
+            }
             refuse(ws, &refusal.reset_frame(), timeout).await;
             return;
         }
@@ -192,13 +243,40 @@ async fn environment_link_inner(
     log_close("environment", reason);
 }
 
+/// One attempt to register an admitted environment link.
+enum Claim {
+    Registered(AdmittedLink, PendingLink),
+    /// A live link holds the id.
+    Held(AdmittedLink, crate::router::LinkId),
+    /// `Ok`: refused by the admission checks; `Err`: by the hub.
+    Refused(Result<LinkRefusal, AddLinkError>),
+}
+
+/// A second exec server claimed the id of a live, answering one: two servers share the
+/// environment's key. The live one keeps the id; said once per holder at `warn` (the other
+/// server redials with its backoff, each refused again), then at `debug`.
+fn report_shared_key(shared: &Shared, id: &str, holder: crate::router::LinkId) {
+    let first = lock(&shared.shared_keys_reported).insert(id.to_string(), holder) != Some(holder);
+    if first {
+        tracing::warn!(
+            holder,
+            "two exec servers share the key of this environment: the live link keeps the id and this newer one is refused (environment_in_use) — give each server its own key and environment id, or stop one"
+        );
+    } else {
+        tracing::debug!(
+            holder,
+            "environment link refused: the id is held (environment_in_use)"
+        );
+    }
+}
+
 /// An upgraded `/v1/connect/ID`: registered with the hub (per-address limit), then driven.
 /// Client links are not authenticated by the relay (§6.2): the environment authenticates every
 /// stream end to end.
 pub(crate) async fn client_link(
     hub: RelayHub,
     shared: Arc<Shared>,
-    ws: Ws,
+    mut ws: Ws,
     id: String,
     peer: SocketAddr,
     stop: CancellationToken,
@@ -228,7 +306,9 @@ pub(crate) async fn client_link(
             }
         };
         tracing::info!(link = link.id(), "client link up");
-        let reason = link.serve(ws).await;
+        // A message that takes longer than `message_timeout_ms` to arrive closes the link.
+        let arrivals = ws.get_mut().arrivals();
+        let reason = link.serve_with(ws, Some(arrivals)).await;
         log_close("client", reason);
     }
     .instrument(span)

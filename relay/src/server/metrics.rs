@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 
 use super::settings::RelaySettings;
 use crate::driver::relay::RelaySnapshot;
-use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_MALFORMED, REASON_REPLAYED};
+use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_HELD, REASON_MALFORMED, REASON_REPLAYED};
 use crate::tls::validity::utc;
 use crate::tls::TlsFigures;
 
@@ -67,10 +67,13 @@ pub enum LinkOutcome {
     Timeout,
     /// Refused for load: too many environments, or too many handshakes at once.
     Busy,
+    /// Another live link holds the id (it answered the relay's probe): two exec servers
+    /// share the environment's key.
+    InUse,
 }
 
 impl LinkOutcome {
-    const ALL: [LinkOutcome; 7] = [
+    const ALL: [LinkOutcome; 8] = [
         LinkOutcome::Accepted,
         LinkOutcome::Unauthorized,
         LinkOutcome::Replayed,
@@ -78,6 +81,7 @@ impl LinkOutcome {
         LinkOutcome::Malformed,
         LinkOutcome::Timeout,
         LinkOutcome::Busy,
+        LinkOutcome::InUse,
     ];
 
     /// The metrics label.
@@ -90,6 +94,7 @@ impl LinkOutcome {
             LinkOutcome::Malformed => REASON_MALFORMED,
             LinkOutcome::Timeout => "timeout",
             LinkOutcome::Busy => "busy",
+            LinkOutcome::InUse => REASON_HELD,
         }
     }
 
@@ -99,6 +104,8 @@ impl LinkOutcome {
             REASON_REPLAYED => LinkOutcome::Replayed,
             REASON_CLOCK_SKEW => LinkOutcome::ClockSkew,
             REASON_MALFORMED => LinkOutcome::Malformed,
+            REASON_HELD => LinkOutcome::InUse,
+            "busy" => LinkOutcome::Busy,
             _ => LinkOutcome::Unauthorized,
         }
     }
@@ -197,6 +204,9 @@ pub struct Figures {
     pub environments_file_ok: bool,
     /// The TLS listener's counts and certificate, when the relay speaks TLS.
     pub tls: Option<TlsFigures>,
+    /// Client links the relay holds at most (`max_client_links`, as the descriptor limit
+    /// allowed).
+    pub max_client_links: usize,
 }
 
 /// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`),
@@ -338,6 +348,21 @@ pub fn render(figures: &Figures, stats: &ServerStats, settings: &RelaySettings) 
         handshakes,
     );
     r.register(
+        "client_links_max",
+        "Client links the relay holds at most: max_client_links, lowered at start if the open files limit could not hold it",
+        gauge(figures.max_client_links),
+    );
+    r.register(
+        "handshake_failures",
+        "Environments' handshake-failure RESETs answering a client's OPEN, charged to that client's link and address",
+        counter(c.handshake_failures),
+    );
+    r.register(
+        "abandoned_opens",
+        "OPENs whose route ended before their answer by the client's doing (its RESET, a broken rule, its link's death), charged to its address",
+        counter(c.abandoned_opens),
+    );
+    r.register(
         "client_links_refused",
         "Client links closed after their upgrade because their address holds its maximum",
         counter(
@@ -454,6 +479,7 @@ mod tests {
                 not_after: 4_102_444_799,
                 fingerprint: "SHA256:AB".into(),
             }),
+            max_client_links: 4096,
         };
         let stats = ServerStats::default();
         stats.link_handshake(LinkOutcome::Accepted);
@@ -487,6 +513,10 @@ mod tests {
             "execrelay_relay_tls_certificate_reloads_total{result=\"ok\"} 2",
             "execrelay_relay_tls_certificate_reloads_total{result=\"error\"} 1",
             "execrelay_relay_tls_handshakes_total{result=\"error\"} 4",
+            "execrelay_relay_client_links_max 4096",
+            "execrelay_relay_handshake_failures_total 0",
+            "execrelay_relay_link_closes_total{reason=\"idle\"} 0",
+            "execrelay_relay_link_closes_total{reason=\"message_timeout\"} 0",
             "# EOF",
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");

@@ -35,20 +35,27 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::descriptors::{nofile_limit, RelayDescriptorPlan};
 use crate::driver::{link_websocket_config_with, RelayHub};
-use crate::env_handshake::{LinkTimestamps, TRACKED_ENVIRONMENTS};
+use crate::env_handshake::LinkTimestamps;
 use crate::http::{
     self, AddressSlots, Front, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute,
 };
 use crate::keys::environments::{EnvironmentsFile, Reload};
 use crate::keys::{fingerprint, Keypair};
+use crate::replay::ReplayCache;
 use crate::tls::{TlsListener, CERTIFICATE_POLL_MS};
 use metrics::{Figures, ServerStats};
 use settings::{RelaySettings, SettingsError};
 
 /// The path prefix of environment links: `/v1/env/ID`.
 pub const ENV_PATH_PREFIX: &str = "/v1/env/";
+/// The body of the `404` a WebSocket upgrade on another path gets: a client that dialled the
+/// relay with `ws://` or `noise+ws://` learns what to use (its CLI shows it).
+pub const RELAY_HINT: &str =
+    "this is an execrelay relay; clients use relay+ws://HOST:PORT/ENVIRONMENT_ID (relay+wss:// over TLS)";
+
 /// The path prefix of client links: `/v1/connect/ID`.
 pub const CONNECT_PATH_PREFIX: &str = "/v1/connect/";
 /// The relay's version, sent in message 2 of every environment link.
@@ -76,6 +83,9 @@ pub enum ServerError {
     /// A setting is invalid.
     #[error(transparent)]
     Settings(#[from] SettingsError),
+    /// The open files limit cannot hold a relay.
+    #[error(transparent)]
+    Descriptors(#[from] crate::descriptors::TooFewDescriptors),
 }
 
 /// What the links of a relay share.
@@ -90,6 +100,9 @@ pub(crate) struct Shared {
     pub link_handshakes: Arc<Semaphore>,
     /// The same slots, counted per peer address.
     pub link_handshake_addresses: Arc<AddressSlots>,
+    /// Per environment id, the holder link whose second claimant was last reported (two
+    /// exec servers share a key): reported once per holder, not at every redial.
+    pub shared_keys_reported: Mutex<std::collections::HashMap<String, crate::router::LinkId>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -168,25 +181,49 @@ pub async fn run(
 }
 
 impl RelayServer {
-    /// A relay: settings checked, hub built.
+    /// A relay: settings checked, caps sized to the process's descriptor limit (read, not
+    /// raised: the binary raises it first), hub built.
     pub fn new(config: RelayServerConfig) -> Result<RelayServer, ServerError> {
         config.settings.validate()?;
-        let hub = RelayHub::new(config.settings.engine()).map_err(SettingsError::from)?;
+        let needs = config.settings.descriptor_needs();
+        let limit = nofile_limit().map(|l| l.soft).unwrap_or(u64::MAX);
+        let plan = RelayDescriptorPlan::derive(limit, needs)?;
+        if plan.lowered(&needs) {
+            tracing::warn!(
+                limit,
+                max_client_links = plan.client_links,
+                max_pending_handshakes = plan.pending_handshakes,
+                descriptor_reserve = plan.reserve,
+                "open files limit too low for the configured caps: lowered to fit (raise `ulimit -n` to keep them)"
+            );
+        } else {
+            tracing::info!(
+                limit,
+                max_client_links = plan.client_links,
+                descriptor_reserve = plan.reserve,
+                "open files: caps fit the limit"
+            );
+        }
+        let settings = config.settings.within(&plan);
+        let hub = RelayHub::new(settings.engine()).map_err(SettingsError::from)?;
         tracing::info!(
             key = %fingerprint(&config.keys.public),
             environments = config.environments.current().len(),
             file = %config.environments.path().display(),
             "relay configured"
         );
+        // Nothing stamped before this moment is admitted: a restart opens no replay window.
+        let timestamps: LinkTimestamps = ReplayCache::new(settings.replay_limits(), unix_micros());
         let shared = Arc::new(Shared {
             keys: config.keys,
             environments: Mutex::new(config.environments),
-            timestamps: Mutex::new(LinkTimestamps::new(TRACKED_ENVIRONMENTS)),
-            link_handshakes: Arc::new(Semaphore::new(config.settings.max_pending_link_handshakes)),
+            timestamps: Mutex::new(timestamps),
+            shared_keys_reported: Mutex::new(std::collections::HashMap::new()),
+            link_handshakes: Arc::new(Semaphore::new(settings.max_pending_link_handshakes)),
             link_handshake_addresses: AddressSlots::new(
-                config.settings.max_pending_link_handshakes_per_address,
+                settings.max_pending_link_handshakes_per_address,
             ),
-            settings: config.settings,
+            settings,
             stats: ServerStats::default(),
         });
         Ok(RelayServer {
@@ -208,6 +245,11 @@ impl RelayServer {
         &self.hub
     }
 
+    /// The settings in force: as configured, with the caps the descriptor limit allows.
+    pub fn settings(&self) -> &RelaySettings {
+        &self.shared.settings
+    }
+
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render_metrics(&self) -> String {
         render(&self.hub, &self.shared, self.tls.as_ref())
@@ -216,6 +258,16 @@ impl RelayServer {
     /// The `/status` document now.
     pub fn render_status(&self) -> String {
         status(&self.hub, &self.shared, self.tls.as_ref())
+    }
+
+    /// A handle that renders this relay's metrics while it runs (for embedders and tests
+    /// without a metrics listener).
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle {
+            hub: self.hub.clone(),
+            shared: self.shared.clone(),
+            tls: self.tls.clone(),
+        }
     }
 
     /// Serve relay links on `listener` (and metrics on `metrics`, if given) until `shutdown`
@@ -254,6 +306,7 @@ impl RelayServer {
         let routes = Routes {
             health: Some(health.clone()),
             metrics: None,
+            not_found_hint: Some(RELAY_HINT),
             upgrades: vec![
                 UpgradeRoute {
                     path: PathPattern::WithId(ENV_PATH_PREFIX),
@@ -315,6 +368,7 @@ impl RelayServer {
                     health: Some(health),
                     metrics: Some(renderer),
                     upgrades: Vec::new(),
+                    not_found_hint: None,
                 },
                 limits: settings.metrics_front_limits(),
                 websocket: link_websocket_config_with(settings.max_frame_bytes),
@@ -346,6 +400,30 @@ impl RelayServer {
     }
 }
 
+/// Renders a running relay's metrics ([`RelayServer::metrics_handle`]).
+#[derive(Clone)]
+pub struct MetricsHandle {
+    hub: RelayHub,
+    shared: Arc<Shared>,
+    tls: Option<TlsListener>,
+}
+
+impl MetricsHandle {
+    /// The metrics text now (what `GET /metrics` answers).
+    pub fn render(&self) -> String {
+        render(&self.hub, &self.shared, self.tls.as_ref())
+    }
+
+    /// One series' value (`name{labels}` exactly as rendered), 0 if absent.
+    pub fn value(&self, series: &str) -> u64 {
+        self.render()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+}
+
 fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figures {
     let (listed, ok) = {
         let file = lock(&shared.environments);
@@ -356,6 +434,7 @@ fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figure
         environments_listed: listed,
         environments_file_ok: ok,
         tls: tls.map(|t| t.store().figures()),
+        max_client_links: shared.settings.max_client_links,
     }
 }
 

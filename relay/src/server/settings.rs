@@ -13,14 +13,18 @@ use serde::Deserialize;
 
 use crate::config::{
     BucketConfig, ConfigError as EngineConfigError, KeepaliveConfig, RelayConfig,
-    CLOSED_STREAMS_REMEMBERED, CONTROL_RESERVE_BYTES, KEEPALIVE_INTERVAL, MALFORMED_FRAME_BURST,
-    MALFORMED_FRAME_REFILL, MAX_CLIENT_LINKS_PER_ADDRESS, MAX_ENVIRONMENTS, MAX_QUEUED_BYTES,
-    MAX_RELAY_WINDOW_RECORDS, MAX_STREAMS_PER_CLIENT_LINK, MAX_STREAMS_PER_ENVIRONMENT,
-    OPENS_PER_SECOND, PONG_TIMEOUT, UNKNOWN_STREAM_BURST, UNKNOWN_STREAM_REFILL,
+    ADDRESS_HANDSHAKE_FAILURE_BURST, ADDRESS_HANDSHAKE_FAILURE_REFILL, CLIENT_LINK_SHARE_BYTES,
+    CLOSED_STREAMS_REMEMBERED, CONTROL_RESERVE_BYTES, ENVIRONMENT_PROBE_TIMEOUT,
+    HANDSHAKE_FAILURE_BURST, HANDSHAKE_FAILURE_REFILL, IDLE_LINK_TIMEOUT, KEEPALIVE_INTERVAL,
+    MALFORMED_FRAME_BURST, MALFORMED_FRAME_REFILL, MAX_CLIENT_LINKS_PER_ADDRESS, MAX_ENVIRONMENTS,
+    MAX_QUEUED_BYTES, MAX_RELAY_WINDOW_RECORDS, MAX_STREAMS_PER_ADDRESS_PER_ENVIRONMENT,
+    MAX_STREAMS_PER_CLIENT_LINK, MAX_STREAMS_PER_ENVIRONMENT, MESSAGE_TIMEOUT, OPENS_PER_SECOND,
+    PONG_TIMEOUT, UNKNOWN_STREAM_BURST, UNKNOWN_STREAM_REFILL,
 };
 use crate::env_handshake::MAX_LINK_MSG1_BYTES;
 use crate::frame::{HEADER_BYTES, MAX_FRAME_BYTES};
 use crate::http::FrontLimits;
+use crate::replay::{HANDSHAKE_CLOCK_WINDOW, MAX_HANDSHAKES_PER_KEY_WINDOW};
 
 /// Client links a relay holds at once, over all addresses (beside
 /// [`MAX_CLIENT_LINKS_PER_ADDRESS`] per address). One more is refused with `503` before the
@@ -61,6 +65,13 @@ pub const MAX_PENDING_HANDSHAKES: usize = 1024;
 /// The same, from one peer address (IPv4 address or IPv6 /64): one address cannot take more
 /// than a sixteenth of the slots.
 pub const MAX_PENDING_HANDSHAKES_PER_ADDRESS: usize = 64;
+
+/// Descriptors that client links and connections before their upgrade never take: kept for
+/// environment links (a fleet reconnecting after a relay restart must get back in however
+/// many clients hold links) and, beside the fixed ones, the metrics listener. The relay sizes
+/// `max_client_links` and `max_pending_handshakes` down at start if the open files limit
+/// cannot hold them beside it (`crate::descriptors::RelayDescriptorPlan`).
+pub const DESCRIPTOR_RESERVE: usize = 1024;
 
 /// The smallest frame limit that still carries the link handshake (message 1 and its header).
 pub const MIN_FRAME_BYTES: usize = HEADER_BYTES + MAX_LINK_MSG1_BYTES;
@@ -173,12 +184,30 @@ relay_settings! {
     /// See [`OPENS_PER_SECOND`].
     opens_per_second: u32 = OPENS_PER_SECOND, Count,
         "`OPEN`s (handshakes) per second per client link, as a bucket of this burst; more are reset `busy`";
+    /// See [`HANDSHAKE_FAILURE_BURST`]: per client link.
+    handshake_failure_burst: u32 = HANDSHAKE_FAILURE_BURST, Count,
+        "handshake failures per client link (an environment's `RESET` `handshake_failed`, `unauthorized`, `replayed_handshake` or `clock_skew` answering its `OPEN`); the one that takes the last token closes the link";
+    /// See [`HANDSHAKE_FAILURE_REFILL`].
+    handshake_failure_refill_ms: u64 = millis(HANDSHAKE_FAILURE_REFILL), Millis,
+        "one handshake failure of a client link forgiven per this interval";
+    /// See [`ADDRESS_HANDSHAKE_FAILURE_BURST`].
+    address_handshake_failure_burst: u32 = ADDRESS_HANDSHAKE_FAILURE_BURST, Count,
+        "handshake failures per client address (IPv4 address or IPv6 /64) over all its links, and the most `OPEN`s it has awaiting an answer (more are reset `busy` unforwarded); the one that takes the last token closes that link";
+    /// See [`ADDRESS_HANDSHAKE_FAILURE_REFILL`].
+    address_handshake_failure_refill_ms: u64 = millis(ADDRESS_HANDSHAKE_FAILURE_REFILL), Millis,
+        "one handshake failure of an address forgiven per this interval";
+    /// See [`MAX_STREAMS_PER_ADDRESS_PER_ENVIRONMENT`].
+    max_streams_per_address_per_environment: usize = MAX_STREAMS_PER_ADDRESS_PER_ENVIRONMENT, Count,
+        "streams one address (IPv4 address or IPv6 /64) holds to one environment; more `OPEN`s are reset `busy`";
     /// See [`MAX_QUEUED_BYTES`].
     max_queued_bytes: usize = MAX_QUEUED_BYTES, Bytes,
-        "bytes queued on all links together; above it new streams are reset `busy`";
+        "bytes queued on all links together (each frame at its memory cost: its bytes + 128); above it new streams are reset `busy`";
+    /// See [`CLIENT_LINK_SHARE_BYTES`].
+    client_link_share_bytes: usize = CLIENT_LINK_SHARE_BYTES, Bytes,
+        "bytes queued for one client link besides its streams' `DATA` (refusals, `ACCEPT`s, `RESET`s, `ACK`s, each at its memory cost); one more closes the link: it is not reading";
     /// See [`CONTROL_RESERVE_BYTES`].
     control_reserve_bytes: usize = CONTROL_RESERVE_BYTES, Bytes,
-        "control-frame share of a link's queue; an `OPEN` past it is reset `busy`, and a client link whose unread refusals would pass it is closed";
+        "control-frame share of an environment link's queue; a client's `OPEN` that would pass it is reset `busy`";
     /// See [`MAX_RELAY_WINDOW_RECORDS`].
     max_window_records: u32 = MAX_RELAY_WINDOW_RECORDS, Count,
         "largest receive window (records) honoured per stream; records past it are reset `window_exceeded`";
@@ -191,6 +220,24 @@ relay_settings! {
     /// See [`PONG_TIMEOUT`]; also every write's deadline.
     pong_timeout_ms: u64 = millis(PONG_TIMEOUT), Millis,
         "a link whose ping is unanswered this long, or whose write takes this long, is closed";
+    /// See [`IDLE_LINK_TIMEOUT`].
+    idle_link_timeout_ms: u64 = millis(IDLE_LINK_TIMEOUT), Millis,
+        "a client link that holds no stream this long is closed";
+    /// See [`MESSAGE_TIMEOUT`].
+    message_timeout_ms: u64 = millis(MESSAGE_TIMEOUT), Millis,
+        "a client link whose WebSocket message takes longer than this to arrive (from its first byte) is closed";
+    /// See [`ENVIRONMENT_PROBE_TIMEOUT`].
+    environment_probe_timeout_ms: u64 = millis(ENVIRONMENT_PROBE_TIMEOUT), Millis,
+        "when a second exec server claims a live environment id, how long the holder has to answer a ping: it keeps the id if it does (the newcomer is refused `environment_in_use`), is closed if not";
+    /// See [`HANDSHAKE_CLOCK_WINDOW`].
+    handshake_clock_window_ms: u64 = millis(HANDSHAKE_CLOCK_WINDOW), Millis,
+        "how far an environment link's message-1 `ts` may be from the relay's clock, either way (`clock_skew` beyond); accepted stamps are remembered this long";
+    /// See [`MAX_HANDSHAKES_PER_KEY_WINDOW`].
+    max_handshakes_per_key_window: usize = MAX_HANDSHAKES_PER_KEY_WINDOW, Count,
+        "environment link handshakes of one id remembered within the clock window; more are refused `busy` until older ones age out";
+    /// See [`DESCRIPTOR_RESERVE`].
+    descriptor_reserve: usize = DESCRIPTOR_RESERVE, Count,
+        "file descriptors client links and connections before their upgrade never take (kept for environment links); `max_client_links` and `max_pending_handshakes` are lowered at start if the open files limit cannot hold them beside it";
     /// See [`MAX_PENDING_LINK_HANDSHAKES`].
     max_pending_link_handshakes: usize = MAX_PENDING_LINK_HANDSHAKES, Count,
         "environment links upgraded and not yet through their handshake; more are refused (`RESET busy`) at once";
@@ -240,6 +287,15 @@ impl RelaySettings {
                 return Err(SettingsError(format!("{} must be greater than 0", s.name)));
             }
         }
+        let one_address = self
+            .max_client_links_per_address
+            .saturating_mul(self.client_link_share_bytes);
+        if one_address > self.max_queued_bytes / 4 {
+            return Err(SettingsError(format!(
+                "max_client_links_per_address × client_link_share_bytes ({one_address}) must be at most a quarter of max_queued_bytes ({}): otherwise one address that does not read could fill the queue to where other environments refuse new streams",
+                self.max_queued_bytes
+            )));
+        }
         if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
             return Err(SettingsError(format!(
                 "max_frame_bytes must be between {MIN_FRAME_BYTES} (a link handshake) and {MAX_FRAME_BYTES} (the protocol's maximum)"
@@ -254,6 +310,19 @@ impl RelaySettings {
         let interval = Duration::from_millis(self.keepalive_interval_ms);
         let pong = Duration::from_millis(self.pong_timeout_ms);
         RelayConfig {
+            handshake_failures: BucketConfig {
+                burst: self.handshake_failure_burst,
+                refill: Duration::from_millis(self.handshake_failure_refill_ms),
+            },
+            address_handshake_failures: BucketConfig {
+                burst: self.address_handshake_failure_burst,
+                refill: Duration::from_millis(self.address_handshake_failure_refill_ms),
+            },
+            client_link_share_bytes: self.client_link_share_bytes,
+            idle_link_timeout: Duration::from_millis(self.idle_link_timeout_ms),
+            message_timeout: Duration::from_millis(self.message_timeout_ms),
+            max_streams_per_address_per_environment: self.max_streams_per_address_per_environment,
+            environment_probe_timeout: Duration::from_millis(self.environment_probe_timeout_ms),
             max_environments: self.max_environments,
             max_streams_per_environment: self.max_streams_per_environment,
             max_streams_per_client_link: self.max_streams_per_client_link,
@@ -305,6 +374,36 @@ impl RelaySettings {
     pub fn environments_poll(&self) -> Duration {
         Duration::from_millis(self.environments_poll_ms)
     }
+
+    /// The replay limits of environment links' message-1 stamps.
+    pub fn replay_limits(&self) -> crate::replay::ReplayLimits {
+        crate::replay::ReplayLimits {
+            window: Duration::from_millis(self.handshake_clock_window_ms),
+            per_key: self.max_handshakes_per_key_window,
+            ..crate::replay::ReplayLimits::with_keys(crate::env_handshake::TRACKED_ENVIRONMENTS)
+        }
+    }
+
+    /// What these settings ask of the descriptor limit.
+    pub fn descriptor_needs(&self) -> crate::descriptors::RelayDescriptorNeeds {
+        crate::descriptors::RelayDescriptorNeeds {
+            client_links: self.max_client_links as u64,
+            pending_handshakes: self.max_pending_handshakes as u64,
+            metrics: crate::http::MAX_METRICS_SCRAPES as u64 + 1,
+            reserve: self.descriptor_reserve as u64,
+        }
+    }
+
+    /// These settings with the caps of `plan` (never above what was configured).
+    pub fn within(&self, plan: &crate::descriptors::RelayDescriptorPlan) -> RelaySettings {
+        let cap = |v: usize, c: u64| v.min(usize::try_from(c).unwrap_or(usize::MAX));
+        RelaySettings {
+            max_client_links: cap(self.max_client_links, plan.client_links),
+            max_pending_handshakes: cap(self.max_pending_handshakes, plan.pending_handshakes),
+            descriptor_reserve: cap(self.descriptor_reserve, plan.reserve),
+            ..self.clone()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -349,6 +448,10 @@ mod tests {
             "max_frame_bytes = 100",
             "max_frame_bytes = 70000",
             "control_reserve_bytes = 1000",
+            "client_link_share_bytes = 100",
+            "idle_link_timeout_ms = 0",
+            // 64 links × 1 MiB of share from one address: over a quarter of 256 MiB.
+            "client_link_share_bytes = 1048577",
         ] {
             let err = RelaySettings::from_toml(bad).unwrap_err();
             assert!(

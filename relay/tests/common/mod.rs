@@ -184,6 +184,8 @@ pub fn raw(
 // ---- relay wiring ---------------------------------------------------------------------------
 
 pub const ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+/// Another address (the hostile one, in the budget tests).
+pub const ADDR2: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2));
 
 /// A relay with endpoints attached to its links.
 pub struct Net {
@@ -212,7 +214,18 @@ impl Net {
     }
 
     pub fn add_client(&mut self, now: Instant, env: &str, cfg: EndpointConfig) -> usize {
-        let link = self.router.add_client_link(now, env, ADDR, 4).unwrap();
+        self.add_client_from(now, env, ADDR, cfg)
+    }
+
+    /// A client link from `addr`.
+    pub fn add_client_from(
+        &mut self,
+        now: Instant,
+        env: &str,
+        addr: IpAddr,
+        cfg: EndpointConfig,
+    ) -> usize {
+        let link = self.router.add_client_link(now, env, addr, 4).unwrap();
         self.clients.push((client(now, cfg), link));
         self.clients.len() - 1
     }

@@ -131,10 +131,18 @@ pub fn environments_text(entries: &[(&str, &Keypair)]) -> String {
 
 impl Relay {
     pub async fn start(settings: RelaySettings, entries: &[(&str, &Keypair)]) -> Relay {
+        Relay::start_with(settings, entries, Keypair::generate().unwrap()).await
+    }
+
+    /// [`Relay::start`] with the relay's key `keys` (a restarted relay keeps its key).
+    pub async fn start_with(
+        settings: RelaySettings,
+        entries: &[(&str, &Keypair)],
+        keys: Keypair,
+    ) -> Relay {
         let dir = tempfile::tempdir().unwrap();
         let environments = dir.path().join("environments");
         std::fs::write(&environments, environments_text(entries)).unwrap();
-        let keys = Keypair::generate().unwrap();
         let server = RelayServer::new(RelayServerConfig {
             keys: keys.clone(),
             environments: EnvironmentsFile::load(&environments).unwrap(),
@@ -222,6 +230,26 @@ pub async fn connect(addr: SocketAddr, path: &str) -> Ws {
             format!("ws://{addr}{path}"),
             tcp,
             Some(link_websocket_config()),
+        ),
+    )
+    .await
+    .unwrap();
+    ws
+}
+
+/// A WebSocket to the relay from `source` (another loopback address: another peer address).
+pub async fn ws_from(source: std::net::Ipv4Addr, relay: &Relay, path: &str) -> Ws {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    let tcp = guard("connect", socket.connect(relay.addr)).await.unwrap();
+    let (ws, _) = guard(
+        "upgrade",
+        tokio_tungstenite::client_async_with_config(
+            format!("ws://{}{path}", relay.addr),
+            tcp,
+            Some(execrelay_relay::driver::link_websocket_config()),
         ),
     )
     .await

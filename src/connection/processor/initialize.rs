@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::super::delivery::ControlMessage;
+use super::super::handlers::within_cap;
 use super::super::message::Outbound;
 use super::{ConnectionProcessor, State};
 use crate::rpc::messages::{
@@ -19,6 +20,11 @@ use crate::session::{ConnHandle, RequestSink, ServerRequest};
 impl ConnectionProcessor {
     pub(super) fn initialize(&mut self, p: InitializeParams) -> Result<InitializeResult, RpcError> {
         let can_approve = p.capabilities.server_requests.approve;
+        // Checked before anything is created or resumed: a refused TTL changes nothing.
+        if let Some(ttl) = p.session_ttl_ms {
+            let cap = self.registry.config().max_session_ttl_ms;
+            within_cap("sessionTtlMs", ttl, "max_session_ttl_ms", cap)?;
+        }
         // Decided before the session is attached, so that every delta of this connection,
         // replays included, goes out in this form (§5.1). stdio cannot carry binary messages
         // and answers `false`.
@@ -44,6 +50,9 @@ impl ConnectionProcessor {
                 (s, t, false)
             }
         };
+        if let Some(ttl) = p.session_ttl_ms {
+            session.set_detached_ttl(std::time::Duration::from_millis(ttl));
+        }
         tracing::info!(session = %session.id, resumed, binary, "initialized");
         self.can_approve = can_approve;
         let cfg = self.registry.config();
@@ -57,7 +66,8 @@ impl ConnectionProcessor {
                 max_message_bytes: cfg.max_message_bytes as u64,
                 max_processes: cfg.max_processes as u64,
                 retained_output_bytes: cfg.retained_output_bytes as u64,
-                detached_session_ttl_ms: cfg.detached_session_ttl_ms,
+                detached_session_ttl_ms: u64::try_from(session.detached_ttl().as_millis())
+                    .unwrap_or(u64::MAX),
             },
             capabilities: Capabilities {
                 // A resumed session keeps the acks it was created with.

@@ -611,6 +611,7 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
 /// Every error response of a connection is made here, so each is counted once by code.
 fn counted_error(registry: &SessionRegistry, id: Option<RequestId>, e: &RpcError) -> Outbound {
     registry.metrics().rpc_error(e.code.code());
+    tracing::debug!(code = e.code.code(), error = %e.message, "error response");
     Outbound::Error {
         id,
         error: e.clone(),

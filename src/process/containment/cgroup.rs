@@ -255,7 +255,8 @@ pub fn v2_is_empty(cg: &Cgroup) -> io::Result<bool> {
     Ok(events_field(&cg.read("cgroup.events")?, "populated") == Some(0))
 }
 
-fn events_field(text: &str, key: &str) -> Option<u64> {
+/// The value of `key` in a flat-keyed cgroup file (`cgroup.events`, `memory.events`).
+pub fn events_field(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()

@@ -433,6 +433,18 @@ fn setup_v2(d: &cgroup::Detected, name: &str, pids_max: Option<u64>) -> Result<T
         let _ = inst.remove_tree();
         return Err("neither cgroup.kill nor cgroup.freeze (kernel older than 5.2)".into());
     }
+    // The memory controller for the sessions, when the server's cgroup has it to give: only
+    // so that each session's `memory.events` counts its OOM kills (the exit notice's
+    // `oomKilled`). Best effort and no limit is set: without it, an OOM kill reads as a
+    // plain SIGKILL (`exited`).
+    if own
+        .read("cgroup.subtree_control")
+        .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+    {
+        if let Err(e) = inst.write("cgroup.subtree_control", "+memory") {
+            tracing::debug!(error = %e, "memory controller not enabled for sessions: OOM kills will not be told apart");
+        }
+    }
     if pids_max.is_some() {
         let enable = |cg: &Cgroup| -> std::io::Result<()> {
             if !cg

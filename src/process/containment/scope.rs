@@ -129,6 +129,19 @@ impl SessionScope {
         }
     }
 
+    /// How many processes of the scope the kernel's OOM killer has killed so far: `oom_kill`
+    /// of the session cgroup's `memory.events` (cgroup v2 with the memory controller enabled
+    /// for it). `None` where it cannot be known: cgroup v1 (its sessions have no memory
+    /// cgroup), the `none` backend, or a v2 tree without the memory controller.
+    pub fn oom_kills(&self) -> Option<u64> {
+        match &self.cgroups {
+            ScopeCgroups::V2 { cg, .. } => {
+                cgroup::events_field(&cg.read("memory.events").ok()?, "oom_kill")
+            }
+            ScopeCgroups::V1 { .. } | ScopeCgroups::None => None,
+        }
+    }
+
     /// Begin placing a child (called by `spawn.rs` before it forks). Fails once the scope
     /// was killed or removed.
     pub fn begin_placement(&self) -> Result<Placement<'_>, ContainmentError> {

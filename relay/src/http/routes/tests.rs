@@ -24,6 +24,7 @@ fn relay_routes(capacity: Option<Arc<Semaphore>>) -> Routes<Tag> {
     Routes {
         health: Health::always(),
         metrics: None,
+        not_found_hint: None,
         upgrades: vec![
             UpgradeRoute {
                 path: PathPattern::Exact("/v1/link"),
@@ -148,6 +149,7 @@ fn plain_requests() {
     let metrics: Routes<Tag> = Routes {
         health: None,
         metrics: Some(Arc::new(|| "# EOF\n".to_owned())),
+        not_found_hint: None,
         upgrades: Vec::new(),
     };
     assert_eq!(
@@ -180,6 +182,7 @@ fn health_routes_follow_the_callers_check() {
             status: Some(Arc::new(|| "{\"ok\":true}".to_owned())),
         }),
         metrics: None,
+        not_found_hint: None,
         upgrades: Vec::new(),
     };
     let get = |p: &str| Request::get(p).body(()).unwrap();
@@ -207,6 +210,7 @@ fn health_routes_follow_the_callers_check() {
     let plain: Routes<Tag> = Routes {
         health: Health::always(),
         metrics: None,
+        not_found_hint: None,
         upgrades: Vec::new(),
     };
     assert_eq!(reply_of(decide(&plain, &get("/status"))), Reply::NotFound);
@@ -214,6 +218,7 @@ fn health_routes_follow_the_callers_check() {
     let none: Routes<Tag> = Routes {
         health: None,
         metrics: None,
+        not_found_hint: None,
         upgrades: Vec::new(),
     };
     for path in ["/readyz", "/livez", "/status"] {
@@ -302,4 +307,18 @@ fn replies_carry_their_status_and_headers() {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     let r = Reply::Metrics(String::new()).into_response();
     assert_eq!(r.headers()[header::CONTENT_TYPE], METRICS_CONTENT_TYPE);
+}
+
+/// An upgrade on a path the listener does not serve gets its hint as the body of the
+/// `404` (a client dialled the wrong URL form); other requests keep the plain `404`.
+#[test]
+fn an_upgrade_elsewhere_is_told_what_this_listener_is() {
+    let mut routes = relay_routes(None);
+    routes.not_found_hint = Some("this is a relay");
+    let d = decide(&routes, &upgrade("/").body(()).unwrap());
+    let reply = reply_of(d);
+    assert_eq!(reply, Reply::NotServedHere("this is a relay"));
+    assert_eq!(reply.status(), StatusCode::NOT_FOUND);
+    let get = Request::get("/nothing").body(()).unwrap();
+    assert_eq!(reply_of(decide(&routes, &get)), Reply::NotFound);
 }
