@@ -327,6 +327,14 @@ async fn write(ctx: &Ctx, p: WriteCall) -> Result<Reply, RpcError> {
     }
     match ctx.session.get_or_ended(&p.process_id)? {
         Some(proc) => Ok(Reply::Write(proc.write(&p.data, p.write_id).await)),
+        // Forgotten: a write it accepted, repeated after a resume, did its work.
+        None if p
+            .write_id
+            .as_deref()
+            .is_some_and(|w| ctx.session.ended_wrote(&p.process_id, w)) =>
+        {
+            Ok(Reply::Write(WriteStatus::Accepted))
+        }
         None => Ok(Reply::Write(WriteStatus::Exited)),
     }
 }

@@ -489,6 +489,12 @@ impl ManagedProcess {
         Ok(())
     }
 
+    /// The last `n` `writeId`s this process accepted, oldest first (kept by the session once
+    /// the process is forgotten: see `session::ended_ids`).
+    pub async fn last_write_ids(&self, n: usize) -> Vec<Arc<str>> {
+        self.stdin.lock().await.ids.newest(n)
+    }
+
     /// `process/write`: applied in request order by the caller's queue; waits for pipe space
     /// but gives up with `exited` when the child exits meanwhile. A `writeId` already written
     /// is answered `accepted` whatever happened since: a write repeated after a resume (its

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::approvals::{reason, Approvals, RequestSink, Resolution};
-use super::ended_ids::EndedIds;
+use super::ended_ids::{EndedIds, ENDED_WRITE_IDS};
 use super::gated_start::PendingStart;
 use super::quota::{AddressKey, Owner};
 use super::session_registry::SessionRegistry;
@@ -354,6 +354,12 @@ impl Session {
         }
     }
 
+    /// Whether `id` is a process of this session that ended and was forgotten after it
+    /// accepted the write `write_id` (a repeat of it is answered `accepted`).
+    pub fn ended_wrote(&self, id: &str, write_id: &str) -> bool {
+        lock(&self.ended).wrote(id, write_id)
+    }
+
     /// Start a process for connection `conn_id`, without asking the exec policy (see
     /// [`start_checked`](Self::start_checked)). Its events are not delivered until
     /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
@@ -491,12 +497,15 @@ impl Session {
                 _ = wait => {}
                 _ = closed.cancelled() => return,
             }
+            // Final once the child exited: a write after that is `exited` or, for an id
+            // already written, `accepted` without a new id remembered.
+            let written = p.last_write_ids(ENDED_WRITE_IDS).await;
             if let Some(s) = me.upgrade() {
                 let mut procs = lock(&s.processes);
                 if let Some(Slot::Ready(cur)) = procs.get(&p.id) {
                     if Arc::ptr_eq(cur, &p) {
                         procs.remove(&p.id);
-                        lock(&s.ended).insert(p.id.clone());
+                        lock(&s.ended).insert_with_writes(p.id.clone(), written);
                     }
                 }
             }
