@@ -492,6 +492,16 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
         let r = replaced.lock().unwrap_or_else(|e| e.into_inner());
         (r.0 + r.1) as u64
     };
+    // Each loss is followed by a new registration (the relay keeps a live holder's id, so a
+    // new link waits out the old one's keepalive rather than replacing it).
+    let env_links_lost: u64 = servers
+        .iter()
+        .map(|s| {
+            std::fs::read_to_string(&s.log)
+                .map(|t| t.matches("environment link lost").count() as u64)
+                .unwrap_or(0)
+        })
+        .sum();
 
     // The report.
     let st = &sh.stats;
@@ -504,7 +514,7 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
         "soak: seed {} ran {:.0} s (+{:.0} s to drain and check): {} processes ({} checked, {} \
          abandoned with their clients), {:.2} GB of output and {:.2} GB of stdin moved, {} \
          clients ({} left their sessions to expire), relay started {} times, {} environment \
-         links replaced",
+         links lost and registered again ({} replaced at the relay)",
         args.seed,
         args.duration_s,
         (run_time.as_secs_f64() - args.duration_s as f64).max(0.0),
@@ -516,6 +526,7 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
         st.clients.load(Ordering::Relaxed),
         st.clients_abandoned.load(Ordering::Relaxed),
         relay_starts,
+        env_links_lost,
         replacements,
     );
     let by_kind = st.by_kind.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -736,6 +747,7 @@ pub async fn run(args: SoakArgs) -> Result<i32> {
             "faults": faults,
             "relay_starts": relay_starts,
             "env_links_replaced": replacements,
+            "env_links_lost": env_links_lost,
             "lost": lost, "duplicated": dup, "corrupt": corrupt,
             "stalls_client": cs, "stalls_server": ss, "silence_rescues": rescued,
             "children_left": tagged.len() + under.len(),

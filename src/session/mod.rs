@@ -10,7 +10,8 @@
 //! - `gated_start.rs`: starting through the exec policy: allow, deny, or ask the client and
 //!   wait (`process/list` shows `pendingApproval`); a start retried for a pending id joins it.
 //! - [`ended_ids`]: the bounded ids of processes that ended and were forgotten, so that a
-//!   control request crossing the exit's acknowledgement is answered as for an exited one.
+//!   control request crossing the exit's acknowledgement is answered as for an exited one,
+//!   with their last accepted `writeId`s (a repeated write is answered `accepted`).
 //! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
 //!   ids, callbacks, and the `-32006` reasons.
 //! - `stall_watchdog.rs`: the task that watches every attached process for a stall (the
