@@ -38,13 +38,14 @@ for t in $targets; do
     took=$(( $(date +%s) - start ))
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | awk '{s+=$1} END {print s+0}')
     corpus=$(find "corpus/$t" -type f | wc -l)
-    rate=$(( took > 0 ? execs / took : execs ))
+    # libFuzzer's own rate: `took` also counts building the target.
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | awk '{s+=$1} END {print s+0}')
     if [ "$code" -ne 0 ]; then
         artifact=$(grep -o 'Test unit written to [^ ]*' "$log" | tail -n 1 | sed 's/Test unit written to //')
         line="fuzz: $t: CRASH after $execs executions in ${took} s: ${artifact:-see $log}"
         failed+=("$t")
     else
-        line="fuzz: $t: $execs executions in ${took} s ($rate/s), corpus $corpus inputs, no crash"
+        line="fuzz: $t: $execs executions in ${took} s with the build ($rate/s), corpus $corpus inputs, no crash"
     fi
     echo "$line"
     summary+=("$line")
