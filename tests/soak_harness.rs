@@ -286,6 +286,13 @@ fn info(stdout: u64, stderr: u64, code: Option<i32>, signal: Option<&str>) -> Ex
     .unwrap()
 }
 
+/// The notice of a process its client terminated (every notice carries a `reason`; without
+/// one in the JSON it reads `exited`).
+fn terminated(mut info: ExitInfo) -> ExitInfo {
+    info.reason = execrelay::rpc::messages::ExitReason::Terminated;
+    info
+}
+
 fn expect(kind: Kind, bytes: u64, stdin: Option<(u64, u64)>, counts_term: bool) -> Expect {
     Expect {
         kind,
@@ -368,19 +375,34 @@ fn a_terminated_process_owes_the_prefix_it_wrote() {
     let mut d = Delivery::new(expect(Kind::Terminated, 1 << 20, None, true));
     d.event(&out(5, 0, 5000));
     d.event(&err("term 5000\n"));
-    d.event(&ProcessEvent::Exited(info(5000, 10, Some(143), None)));
+    d.event(&ProcessEvent::Exited(terminated(info(
+        5000,
+        10,
+        Some(143),
+        None,
+    ))));
     let v = check(&d, true);
     assert!(v.problems.is_empty(), "{:?}", v.problems);
     // It says it wrote more than arrived.
     let mut d = Delivery::new(expect(Kind::Terminated, 1 << 20, None, true));
     d.event(&out(5, 0, 5000));
     d.event(&err("term 6000\n"));
-    d.event(&ProcessEvent::Exited(info(5000, 10, Some(143), None)));
+    d.event(&ProcessEvent::Exited(terminated(info(
+        5000,
+        10,
+        Some(143),
+        None,
+    ))));
     let v = check(&d, true);
     assert_eq!(v.lost, 1000, "{:?}", v.problems);
     // Died of SIGTERM.
     let mut d = Delivery::new(expect(Kind::Terminated, 1 << 20, None, false));
     d.event(&out(5, 0, 7000));
-    d.event(&ProcessEvent::Exited(info(7000, 0, None, Some("SIGTERM"))));
+    d.event(&ProcessEvent::Exited(terminated(info(
+        7000,
+        0,
+        None,
+        Some("SIGTERM"),
+    ))));
     assert!(check(&d, true).problems.is_empty());
 }
