@@ -3,10 +3,12 @@
 //! `benches/ssh_baseline.sh` in the same run, ratios against it.
 //!
 //! Measured: throughput of `head -c N /dev/zero` to the client over stdio, plain WebSocket and
-//! Noise, each with JSON output and with binary output (`protocol.md` §5.1; stdio carries only
-//! JSON), in MB/s, CPU seconds per GB (server and client together, and the server alone) and
+//! Noise (`noise`: the client's default suite, aesgcm where the CPU has AES-NI; `noise0`:
+//! chachapoly pinned), each with JSON output and with binary output (`protocol.md` §5.1; stdio
+//! carries only JSON), in MB/s, CPU seconds per GB (server and client together, and the server alone) and
 //! server peak RSS; upload (`head -c N /dev/zero | execrelay run URL -- sh -c 'cat >…'`, the
-//! real CLI, to `/dev/null`) over WebSocket and Noise; fan-in (many Noise streams at once);
+//! real CLI, to `/dev/null`) over WebSocket and Noise, with binary writes (§5.2) and with
+//! `--json-input`; fan-in (many Noise streams at once);
 //! exec and connect latency; resume; a slow consumer. Every throughput figure is printed with
 //! its ratio to OpenSSH and to the raw pipe measured in the same run.
 
@@ -18,6 +20,7 @@ use execrelay::client::{
     Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions, Target,
 };
 use execrelay::config::BackendChoice;
+use execrelay::noise::suite::{NoiseSuite, SuiteChoice};
 use tokio::io::AsyncBufReadExt;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -373,12 +376,22 @@ async fn throughput(kind: &str, form: &str, n: u64, keys: &NoiseKeys) -> Through
             let info = c.server_info().await.expect("info");
             (c, info["pid"].as_u64().unwrap_or(0) as u32, None)
         }
-        "noise" => {
+        // `noise`: the client's default suite (aesgcm where the CPU has AES-NI); `noise0`:
+        // suite 0 (chachapoly) pinned.
+        "noise" | "noise0" => {
             let s = start_noise_server(keys).await;
+            let mut config = (*keys.config).clone();
+            if kind == "noise0" {
+                config.suite = SuiteChoice::Pinned(NoiseSuite::ChaChaPoly);
+            }
+            eprintln!(
+                "[bench] {kind}: Noise suite {}",
+                config.suite.preferred().as_str()
+            );
             let c = Client::connect(
                 Target::Noise {
                     url: s.url.clone(),
-                    config: keys.config.clone(),
+                    config: std::sync::Arc::new(config),
                     pool: execrelay::link::client::LinkPool::new(),
                 },
                 form_options(form),
@@ -421,14 +434,21 @@ async fn throughput(kind: &str, form: &str, n: u64, keys: &NoiseKeys) -> Through
 /// against a server of `kind` (`ws` or `noise`). MB/s, and CPU seconds per GB of the server
 /// and the client (`execrelay run`) together.
 async fn upload(kind: &str, n: u64, keys: &NoiseKeys) -> (f64, f64) {
-    let mut s = match kind {
-        "noise" => start_noise_server(keys).await,
-        _ => start_ws_server().await,
+    // `ws`, `noise`: binary writes (protocol.md §5.2, the CLI's default); `ws_json`,
+    // `noise_json`: `--json-input`, JSON with base64.
+    let noise = kind.starts_with("noise");
+    let mut s = if noise {
+        start_noise_server(keys).await
+    } else {
+        start_ws_server().await
     };
     let server_pid = s.child.id().unwrap_or(0);
     let mut run = std::process::Command::new(server_bin());
     run.arg("run").arg(&s.url);
-    if kind == "noise" {
+    if kind.ends_with("_json") {
+        run.arg("--json-input");
+    }
+    if noise {
         run.arg("--server-key")
             .arg(keys.dir.join("server.pub"))
             .arg("--key")
@@ -712,9 +732,9 @@ fn read_baseline() -> HashMap<String, f64> {
 /// output deltas of `n` bytes (64 KiB chunks; base64 in JSON, or binary messages) into `DATA`
 /// frames and opening them again, on one thread, with no I/O. Both ends of a real link pay it
 /// on top of everything the plain WebSocket path pays.
-fn record_layer_cpu_per_gb(n: u64, binary: bool) -> f64 {
+fn record_layer_cpu_per_gb(n: u64, binary: bool, suite: NoiseSuite) -> f64 {
     use base64::Engine;
-    use execrelay::noise::handshake::{read_hello, ClientHandshake};
+    use execrelay::noise::handshake::{read_hello_suite, ClientHandshake};
     use execrelay::noise::keys::Keypair;
     use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
     use execrelay_relay::frame::Frame;
@@ -723,8 +743,9 @@ fn record_layer_cpu_per_gb(n: u64, binary: bool) -> f64 {
         Keypair::generate().expect("key"),
     );
     let sid = [5u8; 16];
-    let (hs, m1) = ClientHandshake::start(&c, &s.public, "", &sid, None, 1).expect("m1");
-    let (m2, server_keys) = read_hello(&s, "", &sid, &m1)
+    let (hs, m1) =
+        ClientHandshake::start_suite(suite, &c, &s.public, "", &sid, None, 1).expect("m1");
+    let (m2, server_keys) = read_hello_suite(suite, &s, "", &sid, &m1)
         .expect("hello")
         .accept("bench")
         .expect("m2");
@@ -773,11 +794,14 @@ async fn main() {
 
     let keys = noise_keys();
     in_process_section(&keys).await;
-    let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise".into());
+    let kinds = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "stdio,ws,noise,noise0".into());
     let forms = std::env::var("BENCH_FORMS").unwrap_or_else(|_| "json,binary".into());
     let ratios = |key: &str, mbps: f64| {
         if let Some(ssh) = base.get("ssh_chacha_MBps") {
             println!("{key}_vs_ssh_chacha_ratio {:.2}", mbps / ssh);
+        }
+        if let Some(ssh) = base.get("ssh_aes128gcm_MBps") {
+            println!("{key}_vs_ssh_aes128gcm_ratio {:.2}", mbps / ssh);
         }
         if let Some(raw) = base.get("raw_pipe_MBps") {
             println!("{key}_vs_raw_pipe_ratio {:.2}", mbps / raw);
@@ -818,26 +842,32 @@ async fn main() {
     // The record layer's own cost, and what it implies: the Noise path does all the work of
     // the plain WebSocket path plus this, so with every core busy and perfect overlap it cannot
     // exceed cores / (ws CPU-s/GB + record CPU-s/GB).
-    if kinds.split(',').any(|k| k == "noise") {
+    if kinds.split(',').any(|k| k.starts_with("noise")) {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
-        for form in ["json", "binary"] {
-            let rec = record_layer_cpu_per_gb(n.min(1 << 30), form == "binary");
-            println!("noise_{form}_record_layer_cpu_s_per_GB {rec:.2}");
-            if let Some(ws) = cpu_per_gb.get(&format!("ws_{form}")) {
-                let ceiling = cores / (ws + rec) * 1e3;
-                println!("noise_{form}_ceiling_MBps {ceiling:.0}");
-                if let Some(ssh) = base.get("ssh_chacha_MBps") {
-                    println!(
-                        "noise_{form}_ceiling_vs_ssh_chacha_ratio {:.2}",
-                        ceiling / ssh
-                    );
+        for (suite, tag) in [
+            (NoiseSuite::AesGcm, "aesgcm"),
+            (NoiseSuite::ChaChaPoly, "chachapoly"),
+        ] {
+            for form in ["json", "binary"] {
+                let rec = record_layer_cpu_per_gb(n.min(1 << 30), form == "binary", suite);
+                println!("noise_{tag}_{form}_record_layer_cpu_s_per_GB {rec:.2}");
+                if let Some(ws) = cpu_per_gb.get(&format!("ws_{form}")) {
+                    let ceiling = cores / (ws + rec) * 1e3;
+                    println!("noise_{tag}_{form}_ceiling_MBps {ceiling:.0}");
+                    if let Some(ssh) = base.get("ssh_chacha_MBps") {
+                        println!(
+                            "noise_{tag}_{form}_ceiling_vs_ssh_chacha_ratio {:.2}",
+                            ceiling / ssh
+                        );
+                    }
                 }
             }
         }
     }
 
     // Upload through the real CLI, beside `ssh host 'cat >/dev/null'` (ssh_baseline.sh).
-    let up_kinds = std::env::var("UPLOAD_KINDS").unwrap_or_else(|_| "ws,noise".into());
+    let up_kinds =
+        std::env::var("UPLOAD_KINDS").unwrap_or_else(|_| "ws,noise,ws_json,noise_json".into());
     for kind in up_kinds.split(',').filter(|k| !k.is_empty()) {
         let mut results = Vec::new();
         for r in 0..repeats {

@@ -17,7 +17,7 @@
 #
 # stdout keys (values are plain decimal numbers):
 #   raw_pipe_MBps ssh_chacha_MBps ssh_cpu_s_per_GB ssh_cpu_client_s_per_GB
-#   ssh_cpu_server_s_per_GB ssh_upload_MBps ssh_upload_cpu_s_per_GB
+#   ssh_cpu_server_s_per_GB ssh_aes128gcm_MBps ssh_upload_MBps ssh_upload_cpu_s_per_GB
 #   ssh_controlmaster_p50_ms ssh_controlmaster_p99_ms
 #   ssh_fresh_p50_ms ssh_fresh_p99_ms
 # 1 MB = 1e6 bytes, 1 GB = 1e9 bytes. Percentiles use the nearest-rank method.
@@ -194,6 +194,14 @@ done
 [ "$ready" -eq 1 ] || die "sshd on 127.0.0.1:$PORT did not accept a login within 10 s: $(cat "$TMP/sshd.log")"
 log "sshd pid $SSHD_PID ready on 127.0.0.1:$PORT ($("$SSH" -V 2>&1))"
 
+# SSH_BASELINE_EXEC: run that command (bash -c) while this sshd is up, with
+# SSH_BENCH_CONFIG (the client config to pass with -F) in its environment, and
+# exit with its status instead of measuring here (benches/python_sdk.sh).
+if [ -n "${SSH_BASELINE_EXEC:-}" ]; then
+    SSH_BENCH_CONFIG="$TMP/ssh_config" SSH_BENCH_DIR="$TMP" bash -c "$SSH_BASELINE_EXEC"
+    exit $?
+fi
+
 # ------------------------------------------------------------- measure ---
 # Python times each run with perf_counter (monotonic, ns resolution), which
 # avoids the fork cost of calling `date` around every sample.
@@ -295,6 +303,17 @@ human(f"ssh CPU per GB: client {c_cpu:.2f} s, server (sshd + remote shell/head) 
 out("ssh_cpu_s_per_GB", c_cpu + s_cpu)
 out("ssh_cpu_client_s_per_GB", c_cpu)
 out("ssh_cpu_server_s_per_GB", s_cpu)
+
+# 2a. the same with aes128-gcm@openssh.com (AES-NI; what the AESGCM Noise suite is compared to)
+wait_sshd_idle()
+rates = []
+for _ in range(repeats):
+    dt, _ = timed(base + ["-c", "aes128-gcm@openssh.com", host,
+                          f"head -c {nbytes} /dev/zero"], "ssh aes128-gcm transfer")
+    wait_sshd_idle()
+    rates.append(nbytes / 1e6 / dt)
+human(f"ssh aes128-gcm: {', '.join(f'{x:.0f}' for x in rates)} MB/s")
+out("ssh_aes128gcm_MBps", statistics.median(rates))
 
 # 2b. ssh upload with chacha20-poly1305: `head -c N /dev/zero | ssh host 'cat >/dev/null'`
 #     (the client side's CPU includes `head`, as `execrelay run`'s upload figure does not)

@@ -160,6 +160,132 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
+/// A Noise suite of `secure-transport.md` §3, by the number a client writes in bits 0–1 of its
+/// `OPEN` frame's flags. Declared here, with the `noise_suites` setting; `noise/` implements
+/// it (protocol names, record AEADs, the client's choice by CPU features).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NoiseSuite {
+    /// Suite 0, `Noise_IK_25519_ChaChaPoly_BLAKE2s`: every implementation has it.
+    ChaChaPoly = 0,
+    /// Suite 1, `Noise_IK_25519_AESGCM_BLAKE2s`: several times faster where the CPU has
+    /// hardware AES and carry-less multiply.
+    AesGcm = 1,
+}
+
+impl NoiseSuite {
+    /// Every suite this build implements, by number.
+    pub const ALL: [NoiseSuite; 2] = [NoiseSuite::ChaChaPoly, NoiseSuite::AesGcm];
+
+    /// The suite's number in the `OPEN` flags.
+    pub const fn number(self) -> u16 {
+        self as u16
+    }
+
+    /// The suite a number names, if this build implements it (2 and 3 are reserved).
+    pub fn from_number(n: u16) -> Option<NoiseSuite> {
+        NoiseSuite::ALL.into_iter().find(|s| s.number() == n)
+    }
+
+    /// The setting's spelling (`chachapoly`, `aesgcm`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            NoiseSuite::ChaChaPoly => "chachapoly",
+            NoiseSuite::AesGcm => "aesgcm",
+        }
+    }
+}
+
+impl std::fmt::Display for NoiseSuite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for NoiseSuite {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "0" | "chachapoly" => Ok(NoiseSuite::ChaChaPoly),
+            "1" | "aesgcm" => Ok(NoiseSuite::AesGcm),
+            other => Err(format!(
+                "unknown Noise suite {other:?}: use chachapoly (suite 0) or aesgcm (suite 1)"
+            )),
+        }
+    }
+}
+
+/// The Noise suites a server accepts (`noise_suites`): a non-empty set, written as a comma
+/// list (`chachapoly,aesgcm`; the numbers `0` and `1` are accepted too). An `OPEN` with a
+/// suite outside it is reset `unsupported_suite`, which tells a client to retry with suite 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoiseSuites {
+    bits: u8,
+}
+
+impl NoiseSuites {
+    /// Both suites (the default).
+    pub const ALL: NoiseSuites = NoiseSuites { bits: 0b11 };
+
+    /// Exactly `suites` (may be empty; a configuration refuses an empty set).
+    pub fn of(suites: &[NoiseSuite]) -> NoiseSuites {
+        NoiseSuites {
+            bits: suites.iter().fold(0, |b, s| b | 1 << s.number()),
+        }
+    }
+
+    /// Whether `suite` is accepted.
+    pub fn contains(self, suite: NoiseSuite) -> bool {
+        self.bits & (1 << suite.number()) != 0
+    }
+
+    /// Whether no suite is accepted (a configuration error).
+    pub fn is_empty(self) -> bool {
+        self.bits == 0
+    }
+}
+
+impl Default for NoiseSuites {
+    fn default() -> Self {
+        NoiseSuites::ALL
+    }
+}
+
+impl std::fmt::Display for NoiseSuites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = NoiseSuite::ALL
+            .into_iter()
+            .filter(|s| self.contains(*s))
+            .map(NoiseSuite::as_str)
+            .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl std::str::FromStr for NoiseSuites {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut set = NoiseSuites { bits: 0 };
+        for word in s.split(',').filter(|w| !w.trim().is_empty()) {
+            let suite: NoiseSuite = word.parse()?;
+            set.bits |= 1 << suite.number();
+        }
+        if set.is_empty() {
+            return Err(
+                "noise_suites lists no suite: give chachapoly, aesgcm or both (comma-separated)"
+                    .into(),
+            );
+        }
+        Ok(set)
+    }
+}
+
+impl<'de> Deserialize<'de> for NoiseSuites {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Check a `cgroup_name`: 1 to [`MAX_CGROUP_NAME_BYTES`] bytes of `[A-Za-z0-9_.-]`, not
 /// starting with `.` or `-` (it becomes a directory name next to other cgroups).
 pub fn check_cgroup_name(n: &str) -> Result<(), String> {
@@ -623,6 +749,10 @@ settings! {
     cgroup_name: String = String::from(DEFAULT_CGROUP_NAME), shown DEFAULT_CGROUP_NAME,
         values "NAME",
         "base name of the server's instance cgroup (`NAME-<pid>-<start time>-<n>`, one child per session); servers sharing a parent cgroup and a name remove each other's leftovers after a crash";
+    /// See [`NoiseSuites`].
+    noise_suites: NoiseSuites = NoiseSuites::ALL, shown "chachapoly,aesgcm",
+        values "chachapoly,aesgcm",
+        "the Noise suites a `noise+ws://` stream may use (`chachapoly` = suite 0, `aesgcm` = suite 1, comma-separated); an `OPEN` with another is reset `unsupported_suite` and a client retries with suite 0";
 }
 
 /// A configuration that cannot work.
@@ -728,6 +858,11 @@ impl ServerConfig {
             )));
         }
         check_cgroup_name(&self.cgroup_name).map_err(ConfigError)?;
+        if self.noise_suites.is_empty() {
+            return Err(ConfigError(
+                "noise_suites must list at least one suite (chachapoly, aesgcm)".into(),
+            ));
+        }
         Ok(())
     }
 

@@ -737,3 +737,42 @@ async fn no_command_is_a_login_shell_on_a_terminal_when_stdin_is_one() {
     assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "tty=no\n");
 }
+
+/// `run`'s stdin over a network target: binary writes by default (`protocol.md` §5.2),
+/// JSON with `--json-input`; the command gets the same bytes, its end of input included.
+#[tokio::test]
+async fn run_stdin_goes_byte_exact_as_binary_writes_and_as_json() {
+    let (_server, url, _) = ws_server(&[]).await;
+    let home = Home::new();
+    let data = common::noise::pattern(3 << 20, 11);
+    for extra in [&[][..], &["--json-input"][..]] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[&url, "--", "sha256sum"]);
+        let mut child = home
+            .cmd(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = data.clone();
+        let writer = tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut stdin, &input)
+                .await
+                .unwrap();
+        });
+        let o = tokio::time::timeout(GUARD, child.wait_with_output())
+            .await
+            .expect("run ended (hang guard)")
+            .unwrap();
+        writer.await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", text(&o.stderr));
+        assert_eq!(
+            text(&o.stdout),
+            format!("{}  -\n", sha256(&data)),
+            "{extra:?}"
+        );
+    }
+}

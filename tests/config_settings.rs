@@ -88,6 +88,7 @@ const CONSTANTS: &[(&str, u64)] = &[
 const WORDS: &[(&str, &str, &str, &str)] = &[
     ("containment_backend", "auto", "none", "cgroup1"),
     ("cgroup_name", DEFAULT_CGROUP_NAME, "from-file", "from-flag"),
+    ("noise_suites", "chachapoly,aesgcm", "chachapoly", "aesgcm"),
 ];
 
 fn serve_config(args: &[&str]) -> ServerConfig {
@@ -211,6 +212,21 @@ fn bad_word_settings_are_refused() {
     }
     assert!(ServerConfig::from_toml("containment_backend = \"v2\"\n").is_err());
     assert!(ServerConfig::from_toml("cgroup_name = \"a b\"\n").is_err());
+    // Noise suites: only the ones this build implements, and at least one.
+    for bad in ["", "rc4", "chachapoly,2", ","] {
+        let flag = format!("--noise-suites={bad}");
+        let err = Cli::try_parse_from(["execrelay", "serve", flag.as_str()])
+            .err()
+            .unwrap_or_else(|| panic!("--noise-suites {bad:?} accepted"));
+        assert!(err.to_string().contains("noise"), "{bad:?}: {err}");
+    }
+    let err = ServerConfig::from_toml("noise_suites = \"3\"\n").unwrap_err();
+    assert!(err.to_string().contains("chachapoly"), "{err}");
+    let c = ServerConfig::from_toml("noise_suites = \"1,0\"\n").expect("numbers work too");
+    assert_eq!(
+        c.text_value_of("noise_suites").as_deref(),
+        Some("chachapoly,aesgcm")
+    );
 }
 
 #[test]

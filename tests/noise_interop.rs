@@ -7,7 +7,9 @@
 //! stream id on another link, is reset, and that a client whose clock is 11 minutes off is
 //! refused with a log line that says so (`secure-transport.md` §3, `ts`). And that the same
 //! client, asking for binary output (`protocol.md` §5.1), decodes the server's binary deltas
-//! from the layout in the spec alone.
+//! from the layout in the spec alone; that it speaks both Noise suites (§3: ChaChaPoly and
+//! AESGCM, chosen in the `OPEN`'s flags), and that a server restricted to suite 0 resets a
+//! suite 1 `OPEN` with `unsupported_suite`.
 //!
 //! Needs `python3` with the `venv` module (Debian: the `python3-venv` package). On first use
 //! the tests build their own virtual environment, `target/interop-venv`, and install
@@ -80,6 +82,11 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Fixture {
+        Fixture::start_with(&[]).await
+    }
+
+    /// A server with `extra` arguments to `execrelay serve`.
+    async fn start_with(extra: &[&str]) -> Fixture {
         // Fail first on a missing Python, with what to install.
         python().await;
         let dir = tempfile::tempdir().expect("temp dir");
@@ -99,6 +106,7 @@ impl Fixture {
             .arg(&server_key)
             .arg("--authorized-keys")
             .arg(&authorized)
+            .args(extra)
             .spawn()
             .expect("spawn execrelay serve");
         let (first, stdout) = first_line(&mut server, GUARD).await;
@@ -181,8 +189,68 @@ fn check_initialize(lines: &[String], report: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_noise_client_initializes_and_runs_a_command() {
+    runs_a_command_in_suite("0").await;
+}
+
+/// Suite 1 (`Noise_IK_25519_AESGCM_BLAKE2s`, `secure-transport.md` §3): the independent
+/// client writes 1 in the `OPEN`'s flags, handshakes in AESGCM and seals its records with
+/// AESGCM's big-endian nonces; the server answers in kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_noise_client_speaks_suite_1() {
+    runs_a_command_in_suite("1").await;
+}
+
+/// A server restricted to suite 0 resets the independent client's suite 1 `OPEN` with
+/// `unsupported_suite`, and takes its suite 0 `OPEN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restricted_to_suite_0_resets_suite_1_with_unsupported_suite() {
+    let fx = Fixture::start_with(&["--noise-suites", "chachapoly"]).await;
+    let out = fx.client(&["--suite", "1"]).await;
+    let report = fx.report(&out);
+    assert!(
+        lines(&out)
+            .iter()
+            .any(|l| l.starts_with("ERROR") && l.contains("'unsupported_suite'")),
+        "{report}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    let out = fx.client(&["--suite", "0"]).await;
+    let report = fx.report(&out);
+    assert!(lines(&out).iter().any(|l| l == "EXITED 0"), "{report}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    fx.stop().await;
+}
+
+/// Binary writes (`protocol.md` §5.2) from the independent client, written from the spec's
+/// layout alone: negotiated, answered by id, the `writeId` shared with a JSON write, a
+/// malformed one answered `-32700`, and the close flag ending the child's input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_noise_client_uploads_with_binary_writes() {
     let fx = Fixture::start().await;
-    let out = fx.client(&[]).await;
+    let out = fx.client(&["--binary-input", "--suite", "1"]).await;
+    let report = fx.report(&out);
+    let lines = lines(&out);
+    let want = [
+        "WRITE 3 accepted",
+        "WRITE 4 accepted",
+        "MALFORMED -32700",
+        "WRITE 6 accepted",
+        "OUTPUT interop-in|",
+        "EXITED 0",
+    ];
+    let got: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("INITIALIZE_RESULT"))
+        .collect();
+    assert_eq!(got, want, "{report}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    fx.stop().await;
+}
+
+async fn runs_a_command_in_suite(suite: &str) {
+    let fx = Fixture::start().await;
+    let out = fx.client(&["--suite", suite]).await;
     let report = fx.report(&out);
     let lines = lines(&out);
     assert!(

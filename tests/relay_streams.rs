@@ -223,6 +223,14 @@ async fn relay_restarts_lose_and_repeat_nothing() {
         relay.stop().await;
         relay = InRelay::start_at(&envs, relay_keys.clone(), port, Default::default()).await;
         env.registered().await;
+        // The client resumed through the new relay before the next restart: progress alone
+        // can come from output received before this one (a fast link buffers plenty), and
+        // two restarts within one outage would be one resume.
+        let want = i as u64 + 2;
+        eventually("the client resumed through the restarted relay", || {
+            client.connection_count() >= want
+        })
+        .await;
     }
     let (hash, len, exit) = tokio::time::timeout(GUARD * 2, reader)
         .await
@@ -546,4 +554,62 @@ async fn an_empty_handshake_bucket_refuses_new_streams_and_keeps_the_environment
     assert_eq!(env.links(), 1, "the environment link is kept");
     env.stop().await;
     relay.stop().await;
+}
+
+/// Both Noise suites (`secure-transport.md` §3) through a real relay, on one client link:
+/// the relay forwards the suite bits of each `OPEN` unchanged, so a suite 1 and a suite 0
+/// stream both reach the exec server; an exec server restricted to suite 0 behind the relay
+/// answers suite 1 `unsupported_suite`, which the client turns into suite 0 on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_suites_cross_the_relay_and_the_fallback_works_through_it() {
+    use execrelay::noise::suite::{NoiseSuite, NoiseSuites, SuiteChoice};
+    for restricted in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let client = Keypair::generate().unwrap();
+        let config = if restricted {
+            ServerConfig {
+                noise_suites: NoiseSuites::of(&[NoiseSuite::ChaChaPoly]),
+                ..ServerConfig::default()
+            }
+        } else {
+            ServerConfig::default()
+        };
+        let (relay, _env, server, _auth) = relay_and_env(dir.path(), &[&client], config).await;
+        let cfg = NoiseClientConfig::new(client.clone(), server.public);
+        let link = ClientLink::connect(&relay.client_url("env"), cfg)
+            .await
+            .unwrap();
+        let open = |choice| {
+            let link = link.clone();
+            async move {
+                tokio::time::timeout(PROMPT, link.open_stream_with(choice))
+                    .await
+                    .expect("open (hang guard)")
+            }
+        };
+        if restricted {
+            let err = open(SuiteChoice::Pinned(NoiseSuite::AesGcm))
+                .await
+                .err()
+                .expect("suite 1 refused behind the relay");
+            assert!(err.to_string().contains("unsupported_suite"), "{err}");
+            let t = open(SuiteChoice::Prefer(NoiseSuite::AesGcm))
+                .await
+                .expect("fell back to suite 0");
+            let mut t = TransportRpc { t, next_id: 0 };
+            init(&mut t, json!({})).await;
+            alive(&mut t).await;
+            assert_eq!(
+                link.suite_for(SuiteChoice::Prefer(NoiseSuite::AesGcm)),
+                NoiseSuite::ChaChaPoly
+            );
+        } else {
+            for suite in [NoiseSuite::AesGcm, NoiseSuite::ChaChaPoly] {
+                let t = open(SuiteChoice::Pinned(suite)).await.expect("a stream");
+                let mut t = TransportRpc { t, next_id: 0 };
+                init(&mut t, json!({})).await;
+                alive(&mut t).await;
+            }
+        }
+    }
 }

@@ -99,9 +99,12 @@ async fn pipelined_writes_arrive_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_in_flight_survive_a_killed_connection_exactly_once() {
     let (url, stop) = ws_server().await;
-    let client = Client::connect(Target::Ws(url), ClientOptions::default())
-        .await
-        .unwrap();
+    // JSON writes (binary ones: tests/binary_input.rs).
+    let opts = ClientOptions {
+        binary_input: false,
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(Target::Ws(url), opts).await.unwrap();
     let data = pattern(24 << 20, 5);
     let mut p = client
         .start(start_opts("sum", &["sha256sum"]))
@@ -185,6 +188,8 @@ async fn writes_fit_the_servers_message_limit() {
         Target::Ws(url),
         ClientOptions {
             reconnect: false,
+            // The JSON form is the one the message limit cuts (a binary write is one chunk).
+            binary_input: false,
             ..ClientOptions::default()
         },
     )

@@ -5,7 +5,9 @@
 //! would only ever reach the AEAD's refusal.) Replayed, tampered and raw records are mixed in
 //! to keep the failure paths covered.
 //!
-//! Input: a sequence of operations, each an opcode byte and its operands:
+//! Input: a suite byte (low bit: 0 ChaChaPoly, 1 AESGCM, `secure-transport.md` §3: both
+//! suites' AEADs and nonce layouts are fuzzed), then a sequence of operations, each an opcode
+//! byte and its operands:
 //! - `0 LEN:u16 BYTES`: one record whose plaintext is BYTES (first byte = kind).
 //! - `1 LEN:u16 BYTES`: BYTES as one message, sealed into `DATA` frames in place.
 //! - `2`: the last record again (must be refused as a replay).
@@ -15,6 +17,7 @@
 use std::sync::Arc;
 
 use execrelay::noise::cipher::TransportKeys;
+use execrelay::noise::suite::NoiseSuite;
 use execrelay::noise::record::{
     MessageDeframer, Opened, RecordError, RecordOpener, RecordSealer, MAX_RECORD_BODY,
 };
@@ -25,9 +28,12 @@ use libfuzzer_sys::fuzz_target;
 /// reachable with short inputs.
 const MAX_MESSAGE: usize = 1024;
 
-fn pair() -> (RecordSealer, RecordOpener) {
+fn pair(suite: NoiseSuite) -> (RecordSealer, RecordOpener) {
     let keys = |initiator| {
-        Arc::new(TransportKeys::from_split(initiator, [1; 32], [2; 32]).expect("fixed keys"))
+        Arc::new(
+            TransportKeys::from_split_suite(suite, initiator, [1; 32], [2; 32])
+                .expect("fixed keys"),
+        )
     };
     (
         RecordSealer::new(keys(true)),
@@ -62,9 +68,16 @@ fn check(opened: &Result<Opened, RecordError>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let (mut sealer, mut opener) = pair();
+    let Some((&suite, mut input)) = data.split_first() else {
+        return;
+    };
+    let suite = if suite & 1 == 1 {
+        NoiseSuite::AesGcm
+    } else {
+        NoiseSuite::ChaChaPoly
+    };
+    let (mut sealer, mut opener) = pair(suite);
     let sid = [7u8; 16];
-    let mut input = data;
     let mut last: Option<(u64, Vec<u8>)> = None;
     while let Some((&op, rest)) = input.split_first() {
         input = rest;

@@ -188,6 +188,8 @@ fn frame_kind(f: &Frame) -> String {
             .take(64)
             .collect();
         format!("RESET ({reason}) on {on}")
+    } else if f.flags != 0 {
+        format!("{:?} with flags {:#06x} on {on}", f.ftype, f.flags)
     } else {
         format!("{:?} on {on}", f.ftype)
     }
@@ -325,9 +327,15 @@ pub fn read_link_open(
     env_id: &str,
     open: &Frame,
 ) -> Result<RelayHandshake, LinkRefusal> {
-    if open.stream != LINK_STREAM || open.ftype != FrameType::Open || open.seq != 0 {
+    // The environment link's handshake is always suite 0 (§3): an OPEN with suite bits is
+    // not one.
+    if open.stream != LINK_STREAM
+        || open.ftype != FrameType::Open
+        || open.seq != 0
+        || open.flags != 0
+    {
         return Err(LinkRefusal::UnexpectedFrame {
-            expected: "OPEN",
+            expected: "OPEN (flags 0)",
             got: frame_kind(open),
         });
     }
@@ -424,9 +432,9 @@ pub fn precheck_link_open(
     open: &Frame,
     environments: &EnvironmentsFile,
 ) -> Result<(), LinkRefusal> {
-    if open.stream != LINK_STREAM || open.ftype != FrameType::Open {
+    if open.stream != LINK_STREAM || open.ftype != FrameType::Open || open.flags != 0 {
         return Err(LinkRefusal::UnexpectedFrame {
-            expected: "OPEN",
+            expected: "OPEN (flags 0)",
             got: frame_kind(open),
         });
     }

@@ -21,6 +21,10 @@ pub const MAX_RESET_REASON_BYTES: usize = 256;
 /// Length of a stream id.
 pub const STREAM_ID_BYTES: usize = 16;
 
+/// The bits of an `OPEN` frame's flags that carry the Noise suite (§3, §5): the relay passes
+/// them unchanged, and an endpoint reads them with [`Frame::suite_bits`].
+pub const OPEN_SUITE_MASK: u16 = 0b11;
+
 /// A stream id: 16 random bytes chosen by the client.
 pub type StreamId = [u8; STREAM_ID_BYTES];
 
@@ -76,8 +80,9 @@ pub enum FrameError {
     /// Type byte not in the table.
     #[error("unknown frame type {0}")]
     UnknownType(u8),
-    /// Flags must be 0 in version 1.
-    #[error("nonzero flags {0:#06x}")]
+    /// Flags must be 0 in version 1, except the suite bits of an `OPEN`
+    /// ([`OPEN_SUITE_MASK`]).
+    #[error("flags {0:#06x} not allowed on this frame (only an OPEN carries flags: bits 0-1, the Noise suite)")]
     BadFlags(u16),
     /// A `RESET` reason over 256 bytes.
     #[error("reset reason too long")]
@@ -116,6 +121,9 @@ pub enum RuleError {
 pub struct Frame {
     /// Type.
     pub ftype: FrameType,
+    /// Flags: on `OPEN`, bits 0–1 are the Noise suite ([`OPEN_SUITE_MASK`]); 0 on every
+    /// other frame (checked by [`decode`](Self::decode)). A relay forwards them unchanged.
+    pub flags: u16,
     /// Stream id.
     pub stream: StreamId,
     /// `DATA`: the record number; otherwise 0.
@@ -135,6 +143,7 @@ impl Frame {
     pub fn new(ftype: FrameType, stream: StreamId, seq: u64, payload: Bytes) -> Self {
         Frame {
             ftype,
+            flags: 0,
             stream,
             seq,
             ack: 0,
@@ -206,7 +215,12 @@ impl Frame {
         }
         let ftype = FrameType::from_u8(msg[1]).ok_or(FrameError::UnknownType(msg[1]))?;
         let flags = u16::from_be_bytes([msg[2], msg[3]]);
-        if flags != 0 {
+        let allowed = if ftype == FrameType::Open {
+            OPEN_SUITE_MASK
+        } else {
+            0
+        };
+        if flags & !allowed != 0 {
             return Err(FrameError::BadFlags(flags));
         }
         let mut stream = [0u8; STREAM_ID_BYTES];
@@ -227,6 +241,7 @@ impl Frame {
         }
         Ok(Frame {
             ftype,
+            flags,
             stream,
             seq: be64(20),
             ack: be64(28),
@@ -254,6 +269,7 @@ impl Frame {
             self.ack_bits,
             self.window,
         );
+        header[2..4].copy_from_slice(&self.flags.to_be_bytes());
         let mut b = Vec::with_capacity(len);
         b.extend_from_slice(&header);
         b.extend_from_slice(&self.payload);
@@ -287,6 +303,12 @@ impl Frame {
         Ok(())
     }
 
+    /// The Noise suite number an `OPEN` carries (bits 0–1 of its flags; 0 on other frames).
+    /// What the number means is the endpoints' business: a relay never reads it.
+    pub fn suite_bits(&self) -> u16 {
+        self.flags & OPEN_SUITE_MASK
+    }
+
     /// The size of this frame on the link.
     pub fn wire_len(&self) -> usize {
         HEADER_BYTES + self.payload.len()
@@ -305,6 +327,7 @@ mod tests {
     fn sample() -> Frame {
         Frame {
             ftype: FrameType::Data,
+            flags: 0,
             stream: *b"0123456789abcdef",
             seq: 7,
             ack: 5,
@@ -352,6 +375,28 @@ mod tests {
         v[1] = 9;
         assert_eq!(Frame::decode(&v), Err(FrameError::UnknownType(9)));
         let mut v = good.clone();
+        v[3] = 1;
+        assert_eq!(Frame::decode(&v), Err(FrameError::BadFlags(1)));
+        // An OPEN carries the suite in bits 0-1 and nothing else.
+        let mut open = Frame::new(FrameType::Open, [1; 16], 0, Bytes::from_static(b"m1"));
+        open.window = 16;
+        for suite in 0..=3u16 {
+            open.flags = suite;
+            let bytes = open.encode().unwrap();
+            assert_eq!(&bytes[2..4], &suite.to_be_bytes());
+            let back = Frame::decode(&bytes).unwrap();
+            assert_eq!(back.suite_bits(), suite);
+            assert_eq!(back, open);
+        }
+        for bad in [4u16, 0x8000, 0x0105] {
+            let mut v = open.encode().unwrap();
+            v[2..4].copy_from_slice(&bad.to_be_bytes());
+            assert_eq!(Frame::decode(&v), Err(FrameError::BadFlags(bad)));
+        }
+        // Suite bits are an OPEN's alone.
+        let mut v = Frame::new(FrameType::Accept, [1; 16], 0, Bytes::new())
+            .encode()
+            .unwrap();
         v[3] = 1;
         assert_eq!(Frame::decode(&v), Err(FrameError::BadFlags(1)));
         let big = vec![0u8; MAX_FRAME_BYTES + 1];

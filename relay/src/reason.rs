@@ -46,11 +46,15 @@ pub enum Reason {
     ReplayedHandshake,
     /// Handshake message 1 whose `ts` is more than 10 minutes from the server's clock.
     ClockSkew,
+    /// An `OPEN` whose Noise suite (its flags' bits 0–1) the server does not accept: not one
+    /// it implements, or not one its configuration lists (`secure-transport.md` §3). A
+    /// client may retry with suite 0.
+    UnsupportedSuite,
 }
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::WindowExceeded,
         Reason::MalformedFrame,
         Reason::Busy,
@@ -68,6 +72,7 @@ impl Reason {
         Reason::ClientGone,
         Reason::ReplayedHandshake,
         Reason::ClockSkew,
+        Reason::UnsupportedSuite,
     ];
 
     /// The wire text (and metrics label).
@@ -90,6 +95,7 @@ impl Reason {
             Reason::ClientGone => "client_gone",
             Reason::ReplayedHandshake => "replayed_handshake",
             Reason::ClockSkew => "clock_skew",
+            Reason::UnsupportedSuite => "unsupported_suite",
         }
     }
 

@@ -43,6 +43,44 @@ fn a_stream_through_the_relay_carries_data_both_ways_untouched() {
     assert_eq!(net.router.queued_bytes(), 0);
 }
 
+/// The Noise suite rides in the `OPEN`'s flags (§3, §5): the relay passes every value of the
+/// suite bits through unchanged (reserved ones included: the exec server decides), and the
+/// stream is routed like any other.
+#[test]
+fn the_suite_bits_of_an_open_pass_the_relay_unchanged() {
+    let clock = Clock::new();
+    let mut net = Net::new(relay_cfg());
+    net.add_env(clock.now, "env1", cfg());
+    net.add_client(clock.now, "env1", cfg());
+    for (stream, flags) in [(1u8, 1u16), (2, 0), (3, 3), (4, 2)] {
+        net.client(0)
+            .open_with_flags(sid(stream), flags, Bytes::from_static(b"msg1"))
+            .unwrap();
+        net.pump(clock.now);
+        assert_eq!(
+            events(net.env(0)),
+            vec![Event::OpenRequested {
+                stream: sid(stream),
+                flags,
+                payload: Bytes::from_static(b"msg1")
+            }]
+        );
+    }
+    // Anything beyond the suite bits is not an OPEN this engine sends.
+    assert!(net
+        .client(0)
+        .open_with_flags(sid(9), 4, Bytes::from_static(b"msg1"))
+        .is_err());
+    net.env(0)
+        .accept(sid(1), Bytes::from_static(b"msg2"))
+        .unwrap();
+    net.pump(clock.now);
+    assert!(matches!(
+        &events(net.client(0))[..],
+        [Event::Accepted { .. }]
+    ));
+}
+
 #[test]
 fn an_open_for_a_routed_id_is_busy_and_never_disturbs_the_holder() {
     let clock = Clock::new();

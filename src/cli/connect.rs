@@ -14,6 +14,7 @@ use crate::client::Target;
 use crate::link::client::{LinkPool, NoiseClientConfig};
 use crate::link::dial::{LinkTarget, TlsRoots};
 use crate::noise::keys::{fingerprint, load_public, Keypair};
+use crate::noise::suite::SuiteChoice;
 
 /// How to reach and authenticate to the server: every command that talks to one takes these.
 #[derive(Debug, Clone, Default, Args)]
@@ -35,6 +36,12 @@ pub struct ConnFlags {
     /// roots. Overrides the host's `ca_file`.
     #[arg(long, value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
+    /// noise+ws and relay+ws: the Noise suite of the streams: `auto` (aesgcm where the CPU has
+    /// hardware AES, else chachapoly; back to chachapoly when the server does not accept
+    /// aesgcm), or pinned: `chachapoly` (suite 0), `aesgcm` (suite 1). Overrides the host's
+    /// `noise_suite` [default: auto].
+    #[arg(long, value_name = "auto|chachapoly|aesgcm")]
+    pub noise_suite: Option<SuiteChoice>,
 }
 
 /// A server to talk to, resolved.
@@ -188,6 +195,11 @@ fn build(
         (Some(p), _) => Some((p.clone(), From::Flag("--ca-file"))),
         (None, Some((from, v))) => Some((expand_home(&v), from)),
         (None, None) => None,
+    };
+    config.suite = match (flags.noise_suite, entry(|h| &h.noise_suite, "noise_suite")) {
+        (Some(s), _) => s,
+        (None, Some((from, v))) => v.parse().map_err(|e| from.fail(e))?,
+        (None, None) => SuiteChoice::Auto,
     };
     if let Some((path, from)) = ca {
         let roots = TlsRoots::CaFile(path);

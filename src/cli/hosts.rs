@@ -8,6 +8,7 @@
 //! key = "~/.config/execrelay/id"          # default for every host when absent
 //! ca_file = "/etc/ssl/private-ca.pem"     # optional
 //! token_file = "~/.config/execrelay/token" # optional
+//! noise_suite = "auto"                    # optional: auto, chachapoly or aesgcm
 //! ```
 //!
 //! Where: `$EXECRELAY_CONFIG`, else `$XDG_CONFIG_HOME/execrelay/config.toml`, else
@@ -79,6 +80,8 @@ pub struct Host {
     pub ca_file: Option<Entry>,
     /// `token_file`.
     pub token_file: Option<Entry>,
+    /// `noise_suite`: `auto`, `chachapoly` or `aesgcm`.
+    pub noise_suite: Option<Entry>,
 }
 
 /// The configuration file, read.
@@ -105,6 +108,7 @@ struct RawHost {
     key: Option<Spanned<String>>,
     ca_file: Option<Spanned<String>>,
     token_file: Option<Spanned<String>>,
+    noise_suite: Option<Spanned<String>>,
 }
 
 impl HostsFile {
@@ -169,6 +173,7 @@ impl HostsFile {
                     key: entry(h.key),
                     ca_file: entry(h.ca_file),
                     token_file: entry(h.token_file),
+                    noise_suite: entry(h.noise_suite),
                 };
                 (k, host)
             })

@@ -113,6 +113,10 @@ pub struct RunArgs {
     /// transport carries them; `protocol.md` §5.1).
     #[arg(long)]
     pub json_output: bool,
+    /// Send stdin as JSON `process/write` requests with base64 instead of binary writes (the
+    /// default where the server offers them; `protocol.md` §5.2).
+    #[arg(long)]
+    pub json_input: bool,
 }
 
 /// The id of the one process `run` starts.
@@ -276,6 +280,7 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
             plan.start.params.argv.clone(),
         )),
         binary_output: !args.json_output,
+        binary_input: !args.json_input,
         ..ClientOptions::default()
     };
     let (client, url) = match &remote {

@@ -66,8 +66,8 @@ pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};
 pub use process_handle::{
-    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_WRITES_IN_FLIGHT,
-    STDIN_WRITE_BYTES,
+    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_BINARY_WRITES_IN_FLIGHT,
+    STDIN_BINARY_WRITE_BYTES, STDIN_WRITES_IN_FLIGHT, STDIN_WRITE_BYTES,
 };
 pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
 use target::open_transport;
@@ -109,6 +109,8 @@ struct Shared {
     server_retained: std::sync::atomic::AtomicU64,
     /// How long the session survives detached, as the server granted it.
     granted_ttl_ms: std::sync::atomic::AtomicU64,
+    /// `capabilities.binaryOutput` of the last `initialize` result.
+    granted_binary_output: std::sync::atomic::AtomicBool,
     /// The connection's state, for an application that shows it (`execrelay run`).
     state: tokio::sync::watch::Sender<ConnectionState>,
 }
@@ -151,6 +153,7 @@ impl Client {
                 crate::config::RETAINED_OUTPUT_BYTES as u64,
             ),
             granted_ttl_ms: std::sync::atomic::AtomicU64::new(0),
+            granted_binary_output: std::sync::atomic::AtomicBool::new(false),
             state: tokio::sync::watch::Sender::new(ConnectionState::Connected),
         });
         Client { shared }
@@ -278,6 +281,23 @@ impl Client {
         )
     }
 
+    /// Whether the server sends output as binary messages (`protocol.md` §5.1): its last
+    /// `initialize` granted `binaryOutput` (asked for with [`ClientOptions::binary_output`]).
+    pub fn binary_output(&self) -> bool {
+        self.shared
+            .granted_binary_output
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether stdin writes travel as binary messages (`protocol.md` §5.2): the client asked
+    /// for them ([`ClientOptions::binary_input`]), the server's last `initialize` granted
+    /// `binaryInput`, and the connection is a network one.
+    pub fn binary_input(&self) -> bool {
+        lock(&self.shared.conn)
+            .as_ref()
+            .is_some_and(|c| c.binary_input())
+    }
+
     /// The session's id and resume token: what a later client needs to resume it
     /// ([`ClientOptions`] aside), e.g. after this one is gone.
     pub fn session_credentials(&self) -> Option<(String, String)> {
@@ -399,6 +419,7 @@ impl Client {
             capabilities: Capabilities {
                 acks: self.shared.opts.acks,
                 binary_output: self.shared.opts.binary_output,
+                binary_input: self.shared.opts.binary_input,
                 server_requests: ServerRequests {
                     approve: self.shared.opts.approval_handler.is_some(),
                 },
@@ -418,12 +439,17 @@ impl Client {
             }
         };
         conn.notify_typed(Note::Initialized).await?;
+        conn.set_binary_input(init.capabilities.binary_input);
         self.shared.server_max_message.store(
             usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );
         self.shared.server_retained.store(
             init.limits.retained_output_bytes,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.shared.granted_binary_output.store(
+            init.capabilities.binary_output,
             std::sync::atomic::Ordering::Relaxed,
         );
         self.shared.granted_ttl_ms.store(

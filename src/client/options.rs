@@ -47,6 +47,10 @@ pub struct ClientOptions {
     /// `false` where the transport cannot carry them (stdio), and the client accepts both
     /// forms either way.
     pub binary_output: bool,
+    /// Offer binary writes (`capabilities.binaryInput`, `protocol.md` §5.2): where the server
+    /// answers `true`, stdin goes as binary messages (no base64, no JSON on the input path),
+    /// else as JSON. On by default.
+    pub binary_input: bool,
     /// Resume automatically after a transport failure.
     pub reconnect: bool,
     /// Give up resuming after this long (default: the server's TTL).
@@ -91,6 +95,8 @@ impl std::fmt::Debug for ClientOptions {
         f.debug_struct("ClientOptions")
             .field("client_name", &self.client_name)
             .field("acks", &self.acks)
+            .field("binary_output", &self.binary_output)
+            .field("binary_input", &self.binary_input)
             .field("reconnect", &self.reconnect)
             .field("reconnect_deadline", &self.reconnect_deadline)
             .field("max_message_bytes", &self.max_message_bytes)
@@ -108,6 +114,7 @@ impl Default for ClientOptions {
             client_name: "execrelay-client".into(),
             acks: true,
             binary_output: true,
+            binary_input: true,
             reconnect: true,
             reconnect_deadline: None,
             max_message_bytes: MAX_MESSAGE_BYTES,

@@ -50,6 +50,15 @@ const WRITE_REQUEST_SLACK: usize = 4096;
 /// a reconnect may have to send again).
 pub const STDIN_WRITES_IN_FLIGHT: usize = 8;
 
+/// The most a [`StdinWriter`] puts in one binary write (`protocol.md` §5.2, at most
+/// `MAX_CHUNK_BYTES`): 512 bytes less, so that the write with its head (at most 524 bytes) and
+/// its length prefix fits one Noise record, as the server's output chunks do.
+pub const STDIN_BINARY_WRITE_BYTES: usize = crate::config::PUMP_CHUNK_BYTES;
+
+/// Binary writes a [`StdinWriter`] keeps in flight: the same 2 MiB as
+/// [`STDIN_WRITES_IN_FLIGHT`] JSON writes, in smaller pieces.
+pub const STDIN_BINARY_WRITES_IN_FLIGHT: usize = 32;
+
 /// A started process.
 pub struct ProcessHandle {
     /// Its id.
@@ -263,6 +272,7 @@ impl ProcessController {
                 process_id: self.id.clone(),
                 data: Bytes::copy_from_slice(data),
                 write_id: Some(write_id.to_string()),
+                close_stdin: false,
             }))
             .await?;
         match r {
@@ -317,6 +327,8 @@ impl ProcessController {
 struct InFlight {
     write_id: String,
     data: Bytes,
+    /// The last write of [`StdinWriter::finish`]: it closes stdin too.
+    close_stdin: bool,
     /// Its request on the current connection; `None` once that connection is gone.
     call: Option<PendingCall>,
     /// Sent again after a reconnect (so an earlier attempt may have been applied).
@@ -355,32 +367,41 @@ impl std::fmt::Display for StdinRefused {
 }
 
 impl StdinWriter {
-    /// Queue `data` (split into writes of at most [`STDIN_WRITE_BYTES`]); waits only while
-    /// the pipeline is full. An error means the process takes no more input (or the session
-    /// is lost): nothing further will be written.
+    /// Queue `data` (split into writes of at most [`STDIN_WRITE_BYTES`], or
+    /// [`STDIN_BINARY_WRITE_BYTES`] where the connection takes binary writes); waits only
+    /// while the pipeline is full. An error means the process takes no more input (or the
+    /// session is lost): nothing further will be written.
     pub async fn write(&mut self, data: Bytes) -> Result<(), StdinRefused> {
         if self.control.is_finished() {
             return Err(StdinRefused::Status("exited".into()));
         }
-        // A write must fit the server's message limit once in base64, with room for the rest
-        // of the request.
+        let binary = self.binary().await?;
+        // A JSON write must fit the server's message limit once in base64, with room for the
+        // rest of the request; a binary one, one chunk.
         let limit = self
             .control
             .client
             .shared
             .server_max_message
             .load(std::sync::atomic::Ordering::Relaxed);
-        let most = (limit.saturating_sub(WRITE_REQUEST_SLACK) / 4 * 3).clamp(1, STDIN_WRITE_BYTES);
+        let (most, in_flight) = if binary {
+            (STDIN_BINARY_WRITE_BYTES, STDIN_BINARY_WRITES_IN_FLIGHT)
+        } else {
+            let most =
+                (limit.saturating_sub(WRITE_REQUEST_SLACK) / 4 * 3).clamp(1, STDIN_WRITE_BYTES);
+            (most, STDIN_WRITES_IN_FLIGHT)
+        };
         let mut rest = data;
         while !rest.is_empty() {
             let piece = rest.split_to(rest.len().min(most));
-            while self.in_flight.len() >= STDIN_WRITES_IN_FLIGHT {
+            while self.in_flight.len() >= in_flight {
                 self.settle_oldest().await?;
             }
             self.next += 1;
             let mut w = InFlight {
                 write_id: format!("s-{}", self.next),
                 data: piece,
+                close_stdin: false,
                 call: None,
                 repeated: false,
             };
@@ -395,6 +416,26 @@ impl StdinWriter {
         Ok(())
     }
 
+    /// Whether this writer's writes go as binary messages now (`protocol.md` §5.2: the
+    /// connection negotiated `binaryInput`); else as JSON with base64.
+    pub async fn binary_writes(&self) -> bool {
+        self.binary().await.unwrap_or(false)
+    }
+
+    /// Whether the current connection takes binary writes.
+    async fn binary(&self) -> Result<bool, StdinRefused> {
+        Ok(match &self.conn {
+            Some(conn) => conn.binary_input(),
+            None => self
+                .control
+                .client
+                .connection()
+                .await
+                .map_err(StdinRefused::Error)?
+                .binary_input(),
+        })
+    }
+
     /// Wait until every queued write was answered `accepted`.
     pub async fn flush(&mut self) -> Result<(), StdinRefused> {
         while !self.in_flight.is_empty() {
@@ -403,20 +444,62 @@ impl StdinWriter {
         Ok(())
     }
 
-    /// Write everything queued, then close stdin (`process/closeStdin`).
+    /// Write everything queued, then close stdin: with binary writes (`protocol.md` §5.2) an
+    /// empty write whose close-stdin flag is set, in the pipeline like any write (resent, with
+    /// its `writeId`, after a reconnect); else `process/closeStdin`.
     pub async fn finish(mut self) -> Result<(), StdinRefused> {
-        self.flush().await?;
-        self.control
-            .close_stdin()
-            .await
-            .map_err(StdinRefused::Error)
+        let binary = self.binary().await?;
+        if !binary || self.control.is_finished() {
+            self.flush().await?;
+            return self
+                .control
+                .close_stdin()
+                .await
+                .map_err(StdinRefused::Error);
+        }
+        while self.in_flight.len() >= STDIN_BINARY_WRITES_IN_FLIGHT {
+            self.settle_oldest().await?;
+        }
+        self.next += 1;
+        let mut w = InFlight {
+            write_id: format!("s-{}", self.next),
+            data: Bytes::new(),
+            close_stdin: true,
+            call: None,
+            repeated: false,
+        };
+        if let Some(conn) = &self.conn {
+            w.call = self.send(conn, &w).await;
+        }
+        let unsent = w.call.is_none();
+        self.in_flight.push_back(w);
+        if unsent {
+            self.resend().await?;
+        }
+        while let Some(oldest) = self.in_flight.front() {
+            let closing = oldest.close_stdin;
+            match self.settle_oldest().await {
+                Ok(()) => {}
+                // Stdin already closed, or the process gone: closing it is done, as
+                // `process/closeStdin` would have answered.
+                Err(StdinRefused::Status(s))
+                    if closing && (s == "stdinClosed" || s == "exited") =>
+                {
+                    return Ok(())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     async fn send(&self, conn: &RpcConnection, w: &InFlight) -> Option<PendingCall> {
         // (A write already in flight when the exit arrived is still answered by the server:
         // `exited`, the process being known until its exit is acknowledged.)
         let id = &self.control.id;
-        conn.start_write(id, &w.write_id, &w.data).await.ok()
+        conn.start_write(id, &w.write_id, &w.data, w.close_stdin)
+            .await
+            .ok()
     }
 
     /// Send every unanswered write again, in order, on the current connection (waiting for a

@@ -14,7 +14,7 @@
 //! [`Client`]: super::Client
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::{SinkExt, StreamExt};
@@ -30,6 +30,7 @@ use crate::connection::message::{
 };
 use crate::process::event_log::EventBody;
 use crate::rpc::binary_output::{decode_output_message, is_binary_message};
+use crate::rpc::binary_write::{encode_write_head, fits_binary_write};
 use crate::rpc::jsonrpc::{
     encode_error, encode_notification, encode_request, encode_response, parse_inbound, Inbound,
 };
@@ -39,7 +40,7 @@ use crate::rpc::write_request::encode_write_request;
 use crate::rpc::{Method, RpcError};
 use crate::session::ApprovalAnswer;
 use crate::sync::lock;
-use crate::transport::{FlowProbe, Transport};
+use crate::transport::{FlowProbe, OutMessage, Transport};
 
 /// Outbound messages queued for the writer task. Bounded so a dead peer cannot make the
 /// client buffer without limit.
@@ -193,18 +194,19 @@ impl Responder {
 }
 
 /// Queue a JSON text from a task: never from the reader, the outbound queue may be full.
-fn send_json(out: &mpsc::Sender<String>, text: String) {
+fn send_json(out: &mpsc::Sender<OutMessage>, text: String) {
     let out = out.clone();
     tokio::spawn(async move {
-        let _ = out.send(text).await;
+        let _ = out.send(OutMessage::Text(text)).await;
     });
 }
 
 /// Where requests go.
 #[derive(Clone)]
 enum Out {
-    /// JSON texts for the writer task of a network transport.
-    Json(mpsc::Sender<String>),
+    /// Messages for the writer task of a network transport: JSON texts, and binary writes
+    /// (`protocol.md` §5.2) once negotiated. One queue, so requests keep their order.
+    Json(mpsc::Sender<OutMessage>),
     /// Typed messages into an in-process server's request queue.
     Local {
         requests: mpsc::Sender<Typed>,
@@ -223,9 +225,23 @@ pub struct RpcConnection {
     failure: Arc<Mutex<Option<ClientError>>>,
     /// The transport's flow control, where it has one of its own (a Noise stream).
     flow: Option<Arc<dyn FlowProbe>>,
+    /// The server accepted binary writes (`capabilities.binaryInput`, §5.2) on this connection.
+    binary_input: Arc<AtomicBool>,
 }
 
 impl RpcConnection {
+    /// Whether writes go as binary messages (the server said `binaryInput: true`).
+    pub fn binary_input(&self) -> bool {
+        self.binary_input.load(Ordering::Relaxed)
+    }
+
+    /// Record what `initialize`'s result said about binary writes: from now on
+    /// [`start_write`](Self::start_write) sends binary messages (a network connection only).
+    pub fn set_binary_input(&self, on: bool) {
+        let network = matches!(self.out, Out::Json(_));
+        self.binary_input.store(on && network, Ordering::Relaxed);
+    }
+
     /// Start the reader and writer tasks over `transport`.
     pub fn start(
         transport: Transport,
@@ -243,7 +259,7 @@ impl RpcConnection {
         fast: Option<FastPath>,
         requests: Option<RequestHandler>,
     ) -> RpcConnection {
-        let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+        let (out_tx, mut out_rx) = mpsc::channel::<OutMessage>(OUTBOUND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let closed = CancellationToken::new();
         let Transport {
@@ -261,13 +277,13 @@ impl RpcConnection {
                     m = out_rx.recv() => m,
                 };
                 let Some(msg) = msg else { break };
-                if outgoing.feed(msg.into()).await.is_err() {
+                if outgoing.feed(msg).await.is_err() {
                     break;
                 }
                 // Batch whatever else is queued before flushing.
                 let mut ok = true;
                 while let Ok(m) = out_rx.try_recv() {
-                    if outgoing.feed(m.into()).await.is_err() {
+                    if outgoing.feed(m).await.is_err() {
                         ok = false;
                         break;
                     }
@@ -391,6 +407,7 @@ impl RpcConnection {
             closed,
             failure,
             flow,
+            binary_input: Arc::default(),
         }
     }
 
@@ -489,6 +506,7 @@ impl RpcConnection {
             closed,
             failure: Arc::default(),
             flow: None,
+            binary_input: Arc::default(),
         }
     }
 
@@ -549,7 +567,7 @@ impl RpcConnection {
         }
         let sent = match (&self.out, body) {
             (Out::Json(out), RequestBody::Json(method, params)) => out
-                .send(encode_request(&Value::from(id), method, &params))
+                .send(encode_request(&Value::from(id), method, &params).into())
                 .await
                 .map_err(|_| ClientError::ConnectionLost),
             (Out::Local { requests, capacity }, RequestBody::Typed(call)) => requests
@@ -613,7 +631,7 @@ impl RpcConnection {
     async fn notify_json(&self, method: &str, params: Value) -> Result<(), ClientError> {
         match &self.out {
             Out::Json(out) => out
-                .send(encode_notification(method, &params))
+                .send(encode_notification(method, &params).into())
                 .await
                 .map_err(|_| ClientError::ConnectionLost),
             Out::Local { .. } => Err(ClientError::Protocol("JSON to an in-process server".into())),
@@ -631,6 +649,7 @@ impl RpcConnection {
         process_id: &str,
         write_id: &str,
         data: &bytes::Bytes,
+        close_stdin: bool,
     ) -> Result<PendingCall, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -640,10 +659,29 @@ impl RpcConnection {
             return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
         }
         let sent = match &self.out {
-            Out::Json(out) => out
-                .send(encode_write_request(id, process_id, write_id, data))
-                .await
-                .is_ok(),
+            Out::Json(out) => {
+                let binary = self.binary_input.load(Ordering::Relaxed)
+                    && fits_binary_write(id, process_id, write_id, data.len());
+                let msg = if binary {
+                    // The chunk goes as the message's second part: not copied here.
+                    OutMessage::Binary {
+                        head: encode_write_head(id, close_stdin, process_id, write_id),
+                        payload: data.clone(),
+                    }
+                } else {
+                    OutMessage::Text(encode_write_request(id, process_id, write_id, data))
+                };
+                let sent = out.send(msg).await.is_ok();
+                if sent && close_stdin && !binary {
+                    // The flag has no JSON form: the same request, then its closeStdin.
+                    let close = serde_json::json!({"processId": process_id});
+                    let close_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                    let text = encode_request(&Value::from(close_id), "process/closeStdin", &close);
+                    out.send(text.into()).await.is_ok()
+                } else {
+                    sent
+                }
+            }
             Out::Local { requests, .. } => requests
                 .send(Typed::Request {
                     id: RequestId::from(id),
@@ -651,6 +689,7 @@ impl RpcConnection {
                         process_id: process_id.to_string(),
                         data: data.clone(),
                         write_id: Some(write_id.to_string()),
+                        close_stdin,
                     }),
                 })
                 .await

@@ -93,12 +93,14 @@ pub(super) async fn open_transport(target: &Target, max: usize) -> Result<Transp
                 NoiseError::EnvironmentRevoked(_) => ClientError::Revoked(e.to_string()),
                 e => ClientError::Connect(e.to_string()),
             })?;
-            match link.open_stream().await {
+            match link.open_stream_with(config.suite).await {
                 Ok(t) => Ok(t),
                 // A refusal is final: retrying the same keys will not help.
-                Err(e @ (NoiseError::Refused(_) | NoiseError::ServerKey)) => {
-                    Err(ClientError::Refused(e.to_string()))
-                }
+                Err(
+                    e @ (NoiseError::Refused(_)
+                    | NoiseError::ServerKey
+                    | NoiseError::UnsupportedSuite(_)),
+                ) => Err(ClientError::Refused(e.to_string())),
                 Err(e @ NoiseError::EnvironmentRevoked(_)) => {
                     Err(ClientError::Revoked(e.to_string()))
                 }

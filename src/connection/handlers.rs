@@ -326,7 +326,16 @@ async fn write(ctx: &Ctx, p: WriteCall) -> Result<Reply, RpcError> {
         )));
     }
     match ctx.session.get_or_ended(&p.process_id)? {
-        Some(proc) => Ok(Reply::Write(proc.write(&p.data, p.write_id).await)),
+        Some(proc) => {
+            let status = proc.write(&p.data, p.write_id).await;
+            // As a `process/closeStdin` right after it (`protocol.md` §5.2): whatever the
+            // write's status (closing is idempotent, so a repeated write closes again
+            // harmlessly).
+            if p.close_stdin {
+                proc.close_stdin().await;
+            }
+            Ok(Reply::Write(status))
+        }
         // Forgotten: a write it accepted, repeated after a resume, did its work.
         None if p
             .write_id

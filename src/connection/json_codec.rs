@@ -140,6 +140,7 @@ pub fn decode_call(name: &str, params: Value) -> Call {
                 process_id: p.process_id,
                 data: data.into(),
                 write_id: p.write_id,
+                close_stdin: false,
             }))
         }),
         // Not something a client may call.
@@ -403,6 +404,7 @@ mod tests {
             process_id: "p".into(),
             data: bytes::Bytes::from_static(b"\x00\xffhi"),
             write_id: Some("w-1".into()),
+            close_stdin: false,
         });
         let text = encode_call(7, &write).unwrap();
         match decode_inbound(text.as_bytes()) {

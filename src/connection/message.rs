@@ -102,6 +102,9 @@ pub struct WriteCall {
     pub data: Bytes,
     /// Idempotency key.
     pub write_id: Option<String>,
+    /// Close stdin right after this chunk (the binary write's flag, `protocol.md` §5.2; a
+    /// JSON write never sets it).
+    pub close_stdin: bool,
 }
 
 /// A request's method and its decoded params.

@@ -116,6 +116,21 @@ pub(super) fn admit(budget: &ByteBudget, bytes: &[u8]) -> Admission {
     }
 }
 
+/// What a binary write (`protocol.md` §5.2) holds beyond its bytes: its decoded ids and the
+/// request's bookkeeping (no parsed tree: the chunk is a slice of the message).
+pub const BINARY_WRITE_OVERHEAD_BYTES: usize = 1024;
+
+/// Charge a binary write of `len` bytes its length and [`BINARY_WRITE_OVERHEAD_BYTES`], or
+/// the `-32004` that refuses it like a JSON write that does not fit (a write never finishes at
+/// once, so it is never charged past the budget).
+pub(super) fn admit_binary_write(budget: &ByteBudget, len: usize) -> Result<Charge, RpcError> {
+    let cost = len.saturating_add(BINARY_WRITE_OVERHEAD_BYTES);
+    budget.try_charge(cost).map_err(|over| {
+        tracing::debug!(limit = over.limit, bytes = len, "binary write refused");
+        RpcError::limit_reached(over.limit, over.max as u64)
+    })
+}
+
 /// The envelope of a message that did not fit its budget: enough to answer it, without
 /// building its params (serde skips them without allocating).
 #[derive(Deserialize)]

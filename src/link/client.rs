@@ -12,6 +12,7 @@
 //! counter ([`next_hello_ts`]): links are shared only through a pool the caller owns.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use super::virtual_stream::noise_transport;
 use crate::bounds::ByteBudget;
 use crate::noise::handshake::ClientHandshake;
 use crate::noise::keys::{fingerprint, Keypair, KEY_BYTES};
+use crate::noise::suite::{NoiseSuite, SuiteChoice};
 use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
 use crate::transport::Transport;
@@ -58,6 +60,9 @@ pub struct NoiseClientConfig {
     pub keepalive: KeepaliveConfig,
     /// How `relay+wss://` verifies the relay's certificate.
     pub tls: TlsRoots,
+    /// The Noise suite of the streams (`secure-transport.md` §3): by CPU features with a
+    /// fallback to suite 0 (the default), or pinned.
+    pub suite: SuiteChoice,
 }
 
 impl NoiseClientConfig {
@@ -70,6 +75,7 @@ impl NoiseClientConfig {
             max_message_bytes: crate::config::MAX_MESSAGE_BYTES,
             keepalive: KeepaliveConfig::default(),
             tls: TlsRoots::Platform,
+            suite: SuiteChoice::Auto,
         }
     }
 }
@@ -79,6 +85,7 @@ impl std::fmt::Debug for NoiseClientConfig {
         f.debug_struct("NoiseClientConfig")
             .field("client", &fingerprint(&self.keys.public))
             .field("server", &fingerprint(&self.server_public))
+            .field("suite", &self.suite)
             .finish_non_exhaustive()
     }
 }
@@ -120,6 +127,11 @@ pub enum NoiseError {
     /// back, so nothing retries.
     #[error("environment {0:?} was revoked at the relay: its key is no longer listed there")]
     EnvironmentRevoked(String),
+    /// The server does not accept this Noise suite (`unsupported_suite`). With
+    /// [`SuiteChoice::Auto`] the stream is opened again in suite 0 instead; a pinned suite
+    /// fails with this.
+    #[error("the server does not accept Noise suite {0} (it answered unsupported_suite): pin another with --noise-suite (chachapoly works everywhere), use --noise-suite auto, or add {0} to the server's noise_suites")]
+    UnsupportedSuite(NoiseSuite),
 }
 
 fn explain_reset(reason: &str) -> String {
@@ -145,6 +157,9 @@ pub struct ClientLink {
     /// the order of their `ts` (the server's replay cache accepts any order; ordered stamps
     /// keep its logs readable).
     stamp_order: Mutex<()>,
+    /// The server refused suite 1 on this link (`unsupported_suite`): its later streams open
+    /// in suite 0 straight away (only with [`SuiteChoice::Auto`]).
+    fell_back: AtomicBool,
 }
 
 impl Drop for ClientLink {
@@ -251,14 +266,35 @@ impl ClientLink {
             link,
             opening: tokio::sync::Semaphore::new(MAX_OPENING_STREAMS),
             stamp_order: Mutex::new(()),
+            fell_back: AtomicBool::new(false),
         }))
+    }
+
+    /// The suite a stream opened with `choice` starts in on this link: the choice's, or
+    /// suite 0 once the server refused another one here (and the choice allows falling back).
+    pub fn suite_for(&self, choice: SuiteChoice) -> NoiseSuite {
+        if choice.may_fall_back() && self.fell_back.load(Ordering::Relaxed) {
+            NoiseSuite::ChaChaPoly
+        } else {
+            choice.preferred()
+        }
     }
 
     /// Open a new virtual stream: handshake, then a transport. At most
     /// [`MAX_OPENING_STREAMS`] handshakes are in flight per link; an OPEN the server turns
     /// away as busy is retried with backoff, one refused as a replay is retried at once with
-    /// a fresh handshake ([`REPLAYED_RETRIES`]).
+    /// a fresh handshake ([`REPLAYED_RETRIES`]), and one refused `unsupported_suite` is opened
+    /// again in suite 0 when the suite was chosen automatically (the link remembers it).
     pub async fn open_stream(self: &Arc<Self>) -> Result<Transport, NoiseError> {
+        self.open_stream_with(self.cfg.suite).await
+    }
+
+    /// [`open_stream`](Self::open_stream) with the suite chosen by `choice` instead of the
+    /// link's configuration (a pooled link serves clients whose choices differ).
+    pub async fn open_stream_with(
+        self: &Arc<Self>,
+        choice: SuiteChoice,
+    ) -> Result<Transport, NoiseError> {
         let _slot = self
             .opening
             .acquire()
@@ -267,22 +303,33 @@ impl ClientLink {
         let mut delay = Duration::from_millis(50);
         let (mut busy, mut replayed) = (0, 0);
         loop {
-            match self.open_stream_once().await {
+            match self.open_stream_once(self.suite_for(choice)).await {
                 Err(NoiseError::Busy) if busy < BUSY_RETRIES => {
                     busy += 1;
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
                 Err(NoiseError::Replayed) if replayed < REPLAYED_RETRIES => replayed += 1,
+                Err(NoiseError::UnsupportedSuite(suite))
+                    if suite != NoiseSuite::ChaChaPoly && choice.may_fall_back() =>
+                {
+                    tracing::info!(
+                        url = %self.url,
+                        refused = %suite,
+                        "the server does not accept this Noise suite; using chachapoly on this link"
+                    );
+                    self.fell_back.store(true, Ordering::Relaxed);
+                }
                 other => return other,
             }
         }
     }
 
-    fn refusal(&self, e: StreamError) -> NoiseError {
+    fn refusal(&self, suite: NoiseSuite, e: StreamError) -> NoiseError {
         match e {
             StreamError::PeerReset(reason) => match reason.as_str() {
                 "busy" => NoiseError::Busy,
+                "unsupported_suite" => NoiseError::UnsupportedSuite(suite),
                 "replayed_handshake" => NoiseError::Replayed,
                 "environment_offline" | "environment_gone" => {
                     NoiseError::EnvironmentOffline(self.target.env_id.clone(), reason)
@@ -294,7 +341,10 @@ impl ClientLink {
         }
     }
 
-    async fn open_stream_once(self: &Arc<Self>) -> Result<Transport, NoiseError> {
+    async fn open_stream_once(
+        self: &Arc<Self>,
+        suite: NoiseSuite,
+    ) -> Result<Transport, NoiseError> {
         if self.is_dead() {
             return Err(NoiseError::LinkLost);
         }
@@ -304,7 +354,8 @@ impl ClientLink {
         let (hs, opening) = {
             // Stamp and queue under one lock: OPENs leave in the order of their `ts`.
             let _order = lock(&self.stamp_order);
-            let (hs, msg1) = ClientHandshake::start(
+            let (hs, msg1) = ClientHandshake::start_suite(
+                suite,
                 &self.cfg.keys,
                 &self.cfg.server_public,
                 &self.target.env_id,
@@ -315,13 +366,13 @@ impl ClientLink {
             .map_err(|e| NoiseError::Refused(e.to_string()))?;
             let opening = self
                 .link
-                .open(sid, Bytes::from(msg1))
-                .map_err(|e| self.refusal(e))?;
+                .open_with_flags(sid, suite.number(), Bytes::from(msg1))
+                .map_err(|e| self.refusal(suite, e))?;
             (hs, opening)
         };
         let Accepted { payload, stream } = match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
             Ok(Ok(a)) => a,
-            Ok(Err(e)) => return Err(self.refusal(e)),
+            Ok(Err(e)) => return Err(self.refusal(suite, e)),
             // Dropping the opening abandons the stream.
             Err(_) => return Err(NoiseError::Timeout(OPEN_TIMEOUT)),
         };

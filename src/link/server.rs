@@ -7,8 +7,9 @@
 //! # Tasks
 //!
 //! - The engine's two tasks per link (reader, writer). The reader never waits on a stream.
-//! - This module's accept loop ([`run_link`]): one [`OpenRequest`] per `OPEN`; it reads
-//!   message 1, checks its `ts` against the listener's replay cache (any order: parallel
+//! - This module's accept loop ([`run_link`]): one [`OpenRequest`] per `OPEN`; it checks the
+//!   suite the `OPEN`'s flags name against `noise_suites` (else `unsupported_suite`, not
+//!   charged), reads message 1 in that suite, checks its `ts` against the listener's replay cache (any order: parallel
 //!   clients of one key stamp independently) and the key's stream quota, then hands the
 //!   stream to its own task.
 //! - One task per stream: authorization (the engine caps pending ones at
@@ -68,8 +69,9 @@ use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
 use crate::noise::authorizer::{AuthRequest, Authorizer};
-use crate::noise::handshake::{read_hello, PendingHandshake};
+use crate::noise::handshake::{read_hello_suite, PendingHandshake};
 use crate::noise::keys::{fingerprint, Keypair};
+use crate::noise::suite::NoiseSuite;
 use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps, TimestampError};
 use crate::session::SessionRegistry;
 use execrelay_relay::config::{
@@ -361,7 +363,29 @@ fn on_open(ctx: &LinkContext, link: &PerLink, req: OpenRequest) {
     let live = link.live.enter();
     let sid = req.stream();
     let metrics = ctx.registry.metrics();
-    let pending = match read_hello(&ctx.noise.keys, &ctx.noise.env_id, &sid, req.payload()) {
+    // The suite first (§3): one this server does not implement or list is refused before any
+    // cryptography, uncharged (an honest client of another configuration meets it), and the
+    // reason tells the client to retry with suite 0.
+    let accepted = ctx.registry.config().noise_suites;
+    let Some(suite) = NoiseSuite::from_number(req.suite_bits()).filter(|s| accepted.contains(*s))
+    else {
+        tracing::info!(
+            stream = %short(&sid),
+            suite = req.suite_bits(),
+            accepted = %accepted,
+            "stream refused: Noise suite not accepted here (noise_suites)"
+        );
+        metrics.noise_failure("unsupported_suite");
+        req.refuse(Reason::UnsupportedSuite);
+        return;
+    };
+    let pending = match read_hello_suite(
+        suite,
+        &ctx.noise.keys,
+        &ctx.noise.env_id,
+        &sid,
+        req.payload(),
+    ) {
         Ok(p) => p,
         Err(e) => {
             tracing::info!(stream = %short(&sid), error = %e, "handshake failed");

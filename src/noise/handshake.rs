@@ -1,8 +1,10 @@
 //! The Noise handshake of `secure-transport.md` §3, sans-IO: a handshake state that turns into
 //! a transport state.
 //!
-//! `Noise_IK_25519_ChaChaPoly_BLAKE2s`, the client initiating with the server's static key
-//! pinned. The prologue binds the handshake to its environment and stream id, so a message 1
+//! `Noise_IK_25519_ChaChaPoly_BLAKE2s` (suite 0) or `Noise_IK_25519_AESGCM_BLAKE2s` (suite 1,
+//! [`super::suite`]), the client initiating with the server's static key pinned. The suite is
+//! carried outside (the `OPEN` frame's flags) and is the first input of the handshake hash, so
+//! both sides must build with the same one or message 1 does not decrypt. The prologue binds the handshake to its environment and stream id, so a message 1
 //! captured on one stream cannot be spliced onto another. Errors from the cryptography are
 //! deliberately opaque ([`HandshakeError::Rejected`]): they are never explained to the peer.
 
@@ -11,10 +13,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::keys::{Keypair, KEY_BYTES};
+use super::suite::{protocol_name, NoiseSuite};
 use execrelay_relay::frame::StreamId;
 
-/// The Noise protocol name.
-pub const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
+/// The Noise protocol name of suite 0 (every other suite's: [`protocol_name`]).
+pub const NOISE_PARAMS: &str = protocol_name(NoiseSuite::ChaChaPoly);
 /// Prologue prefix.
 pub const PROLOGUE_TAG: &[u8] = b"execrelay/noise/v1";
 /// Largest message-1 payload (JSON), in bytes.
@@ -70,13 +73,16 @@ pub struct Welcome {
 pub type TransportKeys = Arc<super::cipher::TransportKeys>;
 
 /// `Split()` of a finished handshake into the directional record keys.
-fn split(hs: &mut snow::HandshakeState) -> Result<TransportKeys, HandshakeError> {
+fn split(
+    suite: NoiseSuite,
+    hs: &mut snow::HandshakeState,
+) -> Result<TransportKeys, HandshakeError> {
     if !hs.is_handshake_finished() {
         return Err(HandshakeError::Rejected);
     }
     let initiator = hs.is_initiator();
     let (c1, c2) = hs.dangerously_get_raw_split();
-    super::cipher::TransportKeys::from_split(initiator, c1, c2)
+    super::cipher::TransportKeys::from_split_suite(suite, initiator, c1, c2)
         .map(Arc::new)
         .map_err(|_| HandshakeError::Rejected)
 }
@@ -94,8 +100,14 @@ pub fn prologue(env_id: &str, stream: &StreamId) -> Vec<u8> {
     p
 }
 
-fn builder<'a>(keys: &'a Keypair, prologue: &'a [u8]) -> Result<snow::Builder<'a>, HandshakeError> {
-    let params = NOISE_PARAMS.parse().map_err(|_| HandshakeError::Rejected)?;
+fn builder<'a>(
+    suite: NoiseSuite,
+    keys: &'a Keypair,
+    prologue: &'a [u8],
+) -> Result<snow::Builder<'a>, HandshakeError> {
+    let params = protocol_name(suite)
+        .parse()
+        .map_err(|_| HandshakeError::Rejected)?;
     snow::Builder::new(params)
         .local_private_key(&keys.private)
         .and_then(|b| b.prologue(prologue))
@@ -105,10 +117,11 @@ fn builder<'a>(keys: &'a Keypair, prologue: &'a [u8]) -> Result<snow::Builder<'a
 /// The client's side, between message 1 and message 2.
 pub struct ClientHandshake {
     hs: snow::HandshakeState,
+    suite: NoiseSuite,
 }
 
 impl ClientHandshake {
-    /// Build message 1 for `stream`, stamped `ts` (a client takes it from
+    /// Build a suite 0 message 1 for `stream`, stamped `ts` (a client takes it from
     /// [`next_hello_ts`](super::timestamp::next_hello_ts)).
     pub fn start(
         keys: &Keypair,
@@ -118,8 +131,30 @@ impl ClientHandshake {
         token: Option<&str>,
         ts: u64,
     ) -> Result<(ClientHandshake, Vec<u8>), HandshakeError> {
+        Self::start_suite(
+            NoiseSuite::ChaChaPoly,
+            keys,
+            server_public,
+            env_id,
+            stream,
+            token,
+            ts,
+        )
+    }
+
+    /// Build message 1 in `suite` (the caller writes the suite's number in the `OPEN`'s
+    /// flags).
+    pub fn start_suite(
+        suite: NoiseSuite,
+        keys: &Keypair,
+        server_public: &[u8; KEY_BYTES],
+        env_id: &str,
+        stream: &StreamId,
+        token: Option<&str>,
+        ts: u64,
+    ) -> Result<(ClientHandshake, Vec<u8>), HandshakeError> {
         let pro = prologue(env_id, stream);
-        let mut hs = builder(keys, &pro)?
+        let mut hs = builder(suite, keys, &pro)?
             .remote_public_key(server_public)
             .and_then(|b| b.build_initiator())
             .map_err(|_| HandshakeError::Rejected)?;
@@ -137,7 +172,12 @@ impl ClientHandshake {
             .write_message(&payload, &mut msg)
             .map_err(|_| HandshakeError::Rejected)?;
         msg.truncate(n);
-        Ok((ClientHandshake { hs }, msg))
+        Ok((ClientHandshake { hs, suite }, msg))
+    }
+
+    /// The suite of this handshake.
+    pub fn suite(&self) -> NoiseSuite {
+        self.suite
     }
 
     /// Verify message 2 and switch to transport mode.
@@ -158,7 +198,7 @@ impl ClientHandshake {
                 welcome.version
             )));
         }
-        let t = split(&mut self.hs)?;
+        let t = split(self.suite, &mut self.hs)?;
         Ok((t, welcome))
     }
 }
@@ -166,6 +206,7 @@ impl ClientHandshake {
 /// The server's side after a valid message 1, waiting for authorization.
 pub struct PendingHandshake {
     hs: snow::HandshakeState,
+    suite: NoiseSuite,
     /// The client's static key, authenticated by message 1.
     pub client_key: [u8; KEY_BYTES],
     /// The decoded payload.
@@ -178,10 +219,23 @@ impl std::fmt::Debug for PendingHandshake {
     }
 }
 
-/// Read message 1, checking in order: size, decryption (which authenticates the client key),
-/// payload size and shape (a missing `ts` is refused here). The `ts` check against replays
-/// ([`super::timestamp`]) and authorization are the caller's next steps.
+/// Read a suite 0 message 1; see [`read_hello_suite`].
 pub fn read_hello(
+    keys: &Keypair,
+    env_id: &str,
+    stream: &StreamId,
+    msg1: &[u8],
+) -> Result<PendingHandshake, HandshakeError> {
+    read_hello_suite(NoiseSuite::ChaChaPoly, keys, env_id, stream, msg1)
+}
+
+/// Read message 1 of `suite` (the number the `OPEN` carried; whether the server accepts it is
+/// the caller's check, before this one), checking in order: size, decryption (which
+/// authenticates the client key), payload size and shape (a missing `ts` is refused here).
+/// The `ts` check against replays ([`super::timestamp`]) and authorization are the caller's
+/// next steps.
+pub fn read_hello_suite(
+    suite: NoiseSuite,
     keys: &Keypair,
     env_id: &str,
     stream: &StreamId,
@@ -191,7 +245,7 @@ pub fn read_hello(
         return Err(HandshakeError::TooLarge);
     }
     let pro = prologue(env_id, stream);
-    let mut hs = builder(keys, &pro)?
+    let mut hs = builder(suite, keys, &pro)?
         .build_responder()
         .map_err(|_| HandshakeError::Rejected)?;
     let mut payload = vec![0u8; msg1.len()];
@@ -216,6 +270,7 @@ pub fn read_hello(
     }
     Ok(PendingHandshake {
         hs,
+        suite,
         client_key,
         hello,
     })
@@ -238,7 +293,7 @@ impl PendingHandshake {
             .write_message(&payload, &mut msg)
             .map_err(|_| HandshakeError::Rejected)?;
         msg.truncate(n);
-        let t = split(&mut self.hs)?;
+        let t = split(self.suite, &mut self.hs)?;
         Ok((msg, t))
     }
 }
@@ -283,47 +338,97 @@ mod tests {
     }
 
     /// Known-answer cross-check: records sealed with our split keys are byte for byte what
-    /// `snow`'s own transport produces from the same handshake, in both directions.
+    /// `snow`'s own transport produces from the same handshake, in both directions, in every
+    /// suite (so the nonce layout of each is Noise's).
     #[test]
     fn records_match_snows_own_transport() {
+        for suite in NoiseSuite::ALL {
+            let (client, server) = pair();
+            let pro = prologue("env", &[4u8; 16]);
+            let mut i = builder(suite, &client, &pro)
+                .unwrap()
+                .remote_public_key(&server.public)
+                .unwrap()
+                .build_initiator()
+                .unwrap();
+            let mut r = builder(suite, &server, &pro)
+                .unwrap()
+                .build_responder()
+                .unwrap();
+            let (mut m, mut p) = (vec![0u8; 1024], vec![0u8; 1024]);
+            let n = i.write_message(b"", &mut m).unwrap();
+            r.read_message(&m[..n], &mut p).unwrap();
+            let n = r.write_message(b"", &mut m).unwrap();
+            i.read_message(&m[..n], &mut p).unwrap();
+            let (ours_i, ours_r) = (split(suite, &mut i).unwrap(), split(suite, &mut r).unwrap());
+            assert_eq!(ours_i.suite(), suite);
+            let snow_i = i.into_stateless_transport_mode().unwrap();
+            let snow_r = r.into_stateless_transport_mode().unwrap();
+            for n in [1u64, 2, 0x0102_0304_0506_0708] {
+                let mut theirs = vec![0u8; 64];
+                let len = snow_i
+                    .write_message(n, b"to the server", &mut theirs)
+                    .unwrap();
+                let mut mine = b"to the server".to_vec();
+                let tag = ours_i.seal_in_place(n, &mut mine).unwrap();
+                mine.extend_from_slice(tag.as_ref());
+                assert_eq!(mine, &theirs[..len], "{suite} record {n}");
+                let len = snow_r
+                    .write_message(n, b"to the client", &mut theirs)
+                    .unwrap();
+                let mut mine = b"to the client".to_vec();
+                let tag = ours_r.seal_in_place(n, &mut mine).unwrap();
+                mine.extend_from_slice(tag.as_ref());
+                assert_eq!(mine, &theirs[..len], "{suite} record {n}");
+                assert_eq!(
+                    ours_i.open_in_place(n, &mut mine).unwrap(),
+                    b"to the client"
+                );
+            }
+        }
+    }
+
+    /// The suite is the first input of the handshake hash: a message 1 read as another suite
+    /// than the one it was written in does not decrypt (what a flag flipped on the path
+    /// meets), and a suite 1 handshake completes like a suite 0 one.
+    #[test]
+    fn a_message_1_read_in_another_suite_is_rejected() {
         let (client, server) = pair();
-        let pro = prologue("env", &[4u8; 16]);
-        let mut i = builder(&client, &pro)
-            .unwrap()
-            .remote_public_key(&server.public)
-            .unwrap()
-            .build_initiator()
-            .unwrap();
-        let mut r = builder(&server, &pro).unwrap().build_responder().unwrap();
-        let (mut m, mut p) = (vec![0u8; 1024], vec![0u8; 1024]);
-        let n = i.write_message(b"", &mut m).unwrap();
-        r.read_message(&m[..n], &mut p).unwrap();
-        let n = r.write_message(b"", &mut m).unwrap();
-        i.read_message(&m[..n], &mut p).unwrap();
-        let (ours_i, ours_r) = (split(&mut i).unwrap(), split(&mut r).unwrap());
-        let snow_i = i.into_stateless_transport_mode().unwrap();
-        let snow_r = r.into_stateless_transport_mode().unwrap();
-        for n in [1u64, 2, 0x0102_0304_0506_0708] {
-            let mut theirs = vec![0u8; 64];
-            let len = snow_i
-                .write_message(n, b"to the server", &mut theirs)
-                .unwrap();
-            let mut mine = b"to the server".to_vec();
-            let tag = ours_i.seal_in_place(n, &mut mine).unwrap();
-            mine.extend_from_slice(tag.as_ref());
-            assert_eq!(mine, &theirs[..len]);
-            let len = snow_r
-                .write_message(n, b"to the client", &mut theirs)
-                .unwrap();
-            let mut mine = b"to the client".to_vec();
-            let tag = ours_r.seal_in_place(n, &mut mine).unwrap();
-            mine.extend_from_slice(tag.as_ref());
-            assert_eq!(mine, &theirs[..len]);
+        let sid = [3u8; 16];
+        for (wrote, read) in [
+            (NoiseSuite::AesGcm, NoiseSuite::ChaChaPoly),
+            (NoiseSuite::ChaChaPoly, NoiseSuite::AesGcm),
+        ] {
+            let (_, m1) =
+                ClientHandshake::start_suite(wrote, &client, &server.public, "", &sid, None, 7)
+                    .unwrap();
             assert_eq!(
-                ours_i.open_in_place(n, &mut mine).unwrap(),
-                b"to the client"
+                read_hello_suite(read, &server, "", &sid, &m1).unwrap_err(),
+                HandshakeError::Rejected
             );
         }
+        let (c, m1) = ClientHandshake::start_suite(
+            NoiseSuite::AesGcm,
+            &client,
+            &server.public,
+            "",
+            &sid,
+            None,
+            7,
+        )
+        .unwrap();
+        assert_eq!(c.suite(), NoiseSuite::AesGcm);
+        let pending = read_hello_suite(NoiseSuite::AesGcm, &server, "", &sid, &m1).unwrap();
+        let (m2, st) = pending.accept("1").unwrap();
+        let (ct, _) = c.finish(&m2).unwrap();
+        assert_eq!(
+            (ct.suite(), st.suite()),
+            (NoiseSuite::AesGcm, NoiseSuite::AesGcm)
+        );
+        let mut rec = b"fast".to_vec();
+        let tag = st.seal_in_place(9, &mut rec).unwrap();
+        rec.extend_from_slice(tag.as_ref());
+        assert_eq!(ct.open_in_place(9, &mut rec).unwrap(), b"fast");
     }
 
     /// `secure-transport.md` §3: a message 1 without `ts` (or with one that is not a
@@ -338,7 +443,7 @@ mod tests {
             br#"{"version":1,"ts":"1764547200123456"}"#,
         ] {
             let pro = prologue("", &sid);
-            let mut i = builder(&client, &pro)
+            let mut i = builder(NoiseSuite::ChaChaPoly, &client, &pro)
                 .unwrap()
                 .remote_public_key(&server.public)
                 .unwrap()

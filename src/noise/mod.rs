@@ -5,10 +5,14 @@
 //!
 //! - [`keys`]: X25519 key files, public key lines, the authorized-keys file (re-exported from
 //!   `execrelay_relay::keys`, where the relay finds them too).
-//! - [`handshake`]: sans-IO `Noise_IK_25519_ChaChaPoly_BLAKE2s` with the stream-binding
-//!   prologue; a handshake state that turns into transport keys.
+//! - [`suite`]: the suites (0: `Noise_IK_25519_ChaChaPoly_BLAKE2s`, 1:
+//!   `Noise_IK_25519_AESGCM_BLAKE2s`), their protocol names, the client's choice by CPU
+//!   features.
+//! - [`handshake`]: sans-IO Noise IK in either suite with the stream-binding prologue; a
+//!   handshake state that turns into transport keys.
 //! - [`cipher`]: the directional record keys from the handshake's split, and the in-place
-//!   ChaCha20-Poly1305 on records (the hot path of every encrypted byte).
+//!   AEAD on records, ChaCha20-Poly1305 or AES-256-GCM with the suite's nonce layout (the hot
+//!   path of every encrypted byte).
 //! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
 //!   close, and length-prefixed messages cut into records.
 //! - [`timestamp`]: the `ts` of handshake message 1: the client's increasing stamp and the
@@ -23,4 +27,5 @@ pub mod cipher;
 pub mod handshake;
 pub use execrelay_relay::keys;
 pub mod record;
+pub mod suite;
 pub mod timestamp;

@@ -57,6 +57,9 @@ pub struct Capabilities {
     /// Output deltas as binary messages (`protocol.md` §5.1) instead of JSON with base64.
     #[serde(default)]
     pub binary_output: bool,
+    /// The client may send `process/write` as binary messages (`protocol.md` §5.2).
+    #[serde(default)]
+    pub binary_input: bool,
 }
 
 /// `capabilities.serverRequests`: on the wire a list of method names

@@ -15,10 +15,13 @@
 //!   client's hand-written encoder (SIMD base64 in place) and the server's chunk decoder.
 //! - [`binary_output`]: both directions of the binary output message (§5.1): the server's
 //!   head encoder and the client's checked decoder.
+//! - [`binary_write`]: both directions of the binary write (§5.2): the client's head encoder
+//!   and the server's checked decoder.
 //!
 //! It must never import a layer above it: it knows no process, session or connection.
 
 pub mod binary_output;
+pub mod binary_write;
 pub mod error;
 pub mod jsonrpc;
 pub mod messages;

@@ -61,7 +61,7 @@ fn venv_dir() -> PathBuf {
 }
 
 /// Run `cmd` within `limit`; its output, or why it could not run.
-async fn run_for(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
+pub async fn run_for(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -76,26 +76,54 @@ async fn run_for(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
 }
 
 async fn check_imports(py: &str) -> Result<(), String> {
-    let out = run_for(Command::new(py).args(["-c", IMPORT_CHECK]), VENV_TIMEOUT)
+    check_imports_of(py, IMPORT_CHECK, REQUIREMENTS).await
+}
+
+/// Whether `py` runs `code` (its imports): if not, what to install from `requirements`.
+async fn check_imports_of(py: &str, code: &str, requirements: &str) -> Result<(), String> {
+    let out = run_for(Command::new(py).args(["-c", code]), VENV_TIMEOUT)
         .await
-        .map_err(|e| format!("the Noise interop test cannot run `{py}`: {e}"))?;
+        .map_err(|e| format!("cannot run `{py}`: {e}"))?;
     if out.status.success() {
         return Ok(());
     }
     Err(format!(
-        "`{py}` lacks the interop client's packages: run `{py} -m pip install -r {REQUIREMENTS}`\n{}",
+        "`{py}` lacks the packages it needs: run `{py} -m pip install -r {requirements}`\n{}",
         text(&out.stderr)
     ))
 }
 
-/// Build (or reuse) the tests' virtual environment and return its interpreter.
+/// Build (or reuse) the interop client's virtual environment and return its interpreter.
 async fn prepare_venv() -> Result<String, String> {
-    let venv = venv_dir();
-    let venv_python = venv.join("bin").join("python3");
-    let py = venv_python.display().to_string();
-    let requirements =
-        std::fs::read_to_string(REQUIREMENTS).map_err(|e| format!("read {REQUIREMENTS}: {e}"))?;
-    // One builder at a time, across the tests of this process and other test processes.
+    let hint = format!(
+        "Or set EXECRELAY_INTEROP_PYTHON to an interpreter with the packages of {REQUIREMENTS}."
+    );
+    requirements_venv(
+        &venv_dir(),
+        Path::new(REQUIREMENTS),
+        "the Noise interop test",
+        &hint,
+        Some(IMPORT_CHECK),
+    )
+    .await
+}
+
+/// The interpreter of a virtual environment at `venv` holding `requirements`: reused while
+/// its stamp equals the requirements' text (and `imports`, when given, import), else built
+/// from scratch with `python3 -m venv` and pip. One builder at a time, across the tests of
+/// this process and other test processes (a lock file beside it). Errors say what to
+/// install; `needed_by` names who needs it, `hint` is added to the install advice.
+pub async fn requirements_venv(
+    venv: &Path,
+    requirements: &Path,
+    needed_by: &str,
+    hint: &str,
+    imports: Option<&str>,
+) -> Result<String, String> {
+    let py = venv.join("bin").join("python3").display().to_string();
+    let reqs_name = requirements.display().to_string();
+    let wanted =
+        std::fs::read_to_string(requirements).map_err(|e| format!("read {reqs_name}: {e}"))?;
     let lock_path = venv.with_extension("lock");
     let _lock = tokio::task::spawn_blocking(move || {
         if let Some(dir) = lock_path.parent() {
@@ -109,41 +137,47 @@ async fn prepare_venv() -> Result<String, String> {
     .await
     .map_err(|e| e.to_string())??;
 
+    let imports_ok = |py: String| {
+        let reqs = reqs_name.clone();
+        async move {
+            match imports {
+                Some(code) => check_imports_of(&py, code, &reqs).await,
+                None => Ok(()),
+            }
+        }
+    };
     let stamp = venv.join(READY_STAMP);
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(requirements.as_str())
-        && check_imports(&py).await.is_ok()
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str())
+        && imports_ok(py.clone()).await.is_ok()
     {
         return Ok(py);
     }
     // Missing, stale or broken: build it from scratch.
     if venv.exists() {
-        std::fs::remove_dir_all(&venv).map_err(|e| format!("{}: {e}", venv.display()))?;
+        std::fs::remove_dir_all(venv).map_err(|e| format!("{}: {e}", venv.display()))?;
     }
     let out = run_for(
-        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        Command::new("python3").arg("-m").arg("venv").arg(venv),
         VENV_TIMEOUT,
     )
     .await
     .map_err(|e| {
         format!(
-            "the Noise interop test needs Python 3 (`python3`) to build its virtual \
-             environment: {e}. Install it (Debian: `apt-get install python3 python3-venv`), \
-             or set EXECRELAY_INTEROP_PYTHON to an interpreter with the packages of \
-             {REQUIREMENTS}"
+            "{needed_by} needs Python 3 (`python3`) to build its virtual environment: {e}. \
+             Install it (Debian: `apt-get install python3 python3-venv`). {hint}"
         )
     })?;
     if !out.status.success() {
         return Err(format!(
             "`python3 -m venv {}` failed. On Debian and Ubuntu the venv module is a package of \
-             its own: `apt-get install python3-venv`. Or set EXECRELAY_INTEROP_PYTHON to an \
-             interpreter with the packages of {REQUIREMENTS}.\n{}{}",
+             its own: `apt-get install python3-venv`. {hint}\n{}{}",
             venv.display(),
             text(&out.stdout),
             text(&out.stderr)
         ));
     }
     let out = run_for(
-        Command::new(&venv_python)
+        Command::new(&py)
             .args([
                 "-m",
                 "pip",
@@ -152,20 +186,20 @@ async fn prepare_venv() -> Result<String, String> {
                 "--quiet",
             ])
             .arg("-r")
-            .arg(REQUIREMENTS),
+            .arg(requirements),
         PIP_TIMEOUT,
     )
     .await
-    .map_err(|e| format!("{py} -m pip install -r {REQUIREMENTS}: {e}"))?;
+    .map_err(|e| format!("{py} -m pip install -r {reqs_name}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "`{py} -m pip install -r {REQUIREMENTS}` failed (it needs PyPI, or a mirror \
+            "`{py} -m pip install -r {reqs_name}` failed (it needs PyPI, or a mirror \
              configured for pip):\n{}{}",
             text(&out.stdout),
             text(&out.stderr)
         ));
     }
-    check_imports(&py).await?;
-    std::fs::write(&stamp, &requirements).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    imports_ok(py.clone()).await?;
+    std::fs::write(&stamp, &wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
     Ok(py)
 }

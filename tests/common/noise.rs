@@ -25,6 +25,7 @@ use execrelay::noise::authorizer::{AuthDenied, AuthRequest, Authorizer};
 use execrelay::noise::handshake::{prologue, ClientHandshake, NOISE_PARAMS};
 use execrelay::noise::keys::{Keypair, KEY_BYTES};
 use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
+use execrelay::noise::suite::NoiseSuite;
 use execrelay::noise::timestamp::next_hello_ts;
 use execrelay::server::{Listener, Server};
 use execrelay::transport::Transport;
@@ -380,8 +381,14 @@ impl RawLink {
 
     /// Send an `OPEN` frame for `sid` carrying `msg1` and the initial window.
     pub async fn send_open(&mut self, sid: StreamId, msg1: Vec<u8>) {
+        self.send_open_flags(sid, 0, msg1).await;
+    }
+
+    /// Send an `OPEN` frame for `sid` with `flags` (bits 0–1: the Noise suite).
+    pub async fn send_open_flags(&mut self, sid: StreamId, flags: u16, msg1: Vec<u8>) {
         let mut f = Frame::new(FrameType::Open, sid, 0, Bytes::from(msg1));
         f.window = RAW_WINDOW;
+        f.flags = flags;
         self.send_frame(&f).await;
     }
 
@@ -453,11 +460,29 @@ impl RawLink {
 
     /// Handshake a stream with `client` against `server`; panics unless ACCEPTed.
     pub async fn open(&mut self, client: &Keypair, server: &[u8; KEY_BYTES]) -> RawStream {
+        self.open_suite(NoiseSuite::ChaChaPoly, client, server)
+            .await
+    }
+
+    /// [`RawLink::open`] in `suite` (its number in the `OPEN`'s flags).
+    pub async fn open_suite(
+        &mut self,
+        suite: NoiseSuite,
+        client: &Keypair,
+        server: &[u8; KEY_BYTES],
+    ) -> RawStream {
         let sid = random_sid();
-        let (hs, m1) =
-            ClientHandshake::start(client, server, &self.env_id, &sid, None, next_hello_ts())
-                .unwrap();
-        self.send_open(sid, m1).await;
+        let (hs, m1) = ClientHandshake::start_suite(
+            suite,
+            client,
+            server,
+            &self.env_id,
+            &sid,
+            None,
+            next_hello_ts(),
+        )
+        .unwrap();
+        self.send_open_flags(sid, suite.number(), m1).await;
         let f = self.frame_for(&sid).await;
         assert_eq!(
             f.ftype,

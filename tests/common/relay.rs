@@ -28,17 +28,15 @@ use execrelay_relay::tls::TlsListener;
 use super::binary::first_line;
 use super::{bin, eventually, PROMPT};
 
-/// The `execrelay-relay` binary, next to `execrelay`. `cargo test --workspace` builds it (the
-/// relay package has tests of its own); when it is missing (`cargo test -p execrelay` on a
-/// fresh target), it is built once here.
+/// The `execrelay-relay` binary, next to `execrelay`, brought up to date once per test
+/// binary: `cargo test --workspace` builds it (the relay package has tests of its own), but
+/// `cargo test -p execrelay` or `--test NAME` does not, and would otherwise run a missing or
+/// stale relay (a no-op build when it is fresh).
 pub fn relay_bin() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let path = Path::new(bin()).with_file_name("execrelay-relay");
-            if path.exists() {
-                return path;
-            }
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = std::process::Command::new(cargo)
                 .args([

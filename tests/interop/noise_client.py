@@ -68,7 +68,14 @@ except ImportError as e:  # pragma: no cover - reported, not handled
 # Constants from the specification
 # ---------------------------------------------------------------------------------------------
 
-NOISE_PROTOCOL = b"Noise_IK_25519_ChaChaPoly_BLAKE2s"  # secure-transport.md §3
+# secure-transport.md §3: the suites by the number the client writes in bits 0-1 of its OPEN
+# frame's flags. The record nonce layout follows the suite's Noise cipher (noiseprotocol's own:
+# ChaChaPoly little-endian, AESGCM big-endian), which is what the server must match.
+NOISE_PROTOCOLS = {
+    0: b"Noise_IK_25519_ChaChaPoly_BLAKE2s",
+    1: b"Noise_IK_25519_AESGCM_BLAKE2s",
+}
+SUITE = 0  # set by --suite
 PROLOGUE_PREFIX = b"execrelay/noise/v1"  # §3
 LINK_PATH = "/v1/link"  # §1: a noise+ws:// listener accepts physical links there
 
@@ -152,9 +159,11 @@ def load_private_key(path):
 # ---------------------------------------------------------------------------------------------
 
 
-def encode_frame(ftype, stream_id, payload=b"", seq=0, ack=0, ack_bits=0, window=WINDOW):
+def encode_frame(ftype, stream_id, payload=b"", seq=0, ack=0, ack_bits=0, window=WINDOW,
+                 flags=0):
     """One frame = one binary WebSocket message: the 44-byte header, then the payload."""
-    frame = HEADER.pack(FRAME_VERSION, ftype, 0, stream_id, seq, ack, ack_bits, window) + payload
+    frame = HEADER.pack(FRAME_VERSION, ftype, flags, stream_id, seq, ack, ack_bits,
+                        window) + payload
     assert len(frame) <= MAX_FRAME_BYTES
     return frame
 
@@ -306,7 +315,7 @@ class Stream:
     def __init__(self, link, client_private, server_public, environment_id=""):
         self.link = link
         self.stream_id = os.urandom(16)  # random, chosen by the client (§5)
-        self.noise = NoiseConnection.from_name(NOISE_PROTOCOL)
+        self.noise = NoiseConnection.from_name(NOISE_PROTOCOLS[SUITE])
         self.noise.set_as_initiator()
         self.noise.set_prologue(prologue(environment_id, self.stream_id))
         self.noise.set_keypair_from_private_bytes(Keypair.STATIC, client_private)
@@ -325,7 +334,7 @@ class Stream:
     def open(self, token):
         """Send message 1 in an OPEN frame; return the frame's handshake payload (for replay)."""
         message1 = bytes(self.noise.write_message(handshake_payload(token)))
-        self.link.send(encode_frame(OPEN, self.stream_id, message1))
+        self.link.send(encode_frame(OPEN, self.stream_id, message1, flags=SUITE))
         return message1
 
     def accept(self):
@@ -375,7 +384,10 @@ class Stream:
     def send_message(self, message):
         """A JSON-RPC message on the stream: 4-byte big-endian length, then the JSON, cut into
         records of at most MAX_RECORD_PLAINTEXT bytes (§4)."""
-        body = json.dumps(message, separators=(",", ":")).encode("utf-8")
+        self.send_bytes(json.dumps(message, separators=(",", ":")).encode("utf-8"))
+
+    def send_bytes(self, body):
+        """One message of the stream (JSON text or a binary message), length-prefixed (§4)."""
         data = struct.pack("!I", len(body)) + body
         for off in range(0, len(data), MAX_RECORD_PLAINTEXT):
             self.send_record(KIND_STREAM, data[off:off + MAX_RECORD_PLAINTEXT])
@@ -543,14 +555,33 @@ class Rpc:
             raise Failure(f"unexpected response: {msg!r}")
 
 
+# protocol.md §5.2: a binary write. Integers big-endian: kind u8 (1), flags u8 (bit 0: close
+# stdin after this chunk), request id u64, process id length u16 (1..256), writeId length u8
+# (0: none), the process id, the writeId, then the raw stdin bytes.
+WRITE_HEAD = struct.Struct("!BBQHB")
+assert WRITE_HEAD.size == 13
+KIND_WRITE = 1
+FLAG_CLOSE_STDIN = 1
+
+
+def encode_binary_write(msg_id, process_id, write_id, data, close_stdin=False, flags=None):
+    pid = process_id.encode("utf-8")
+    wid = write_id.encode("utf-8")
+    if flags is None:
+        flags = FLAG_CLOSE_STDIN if close_stdin else 0
+    return WRITE_HEAD.pack(KIND_WRITE, flags, msg_id, len(pid), len(wid)) + pid + wid + data
+
+
 def emit(line):
     print(line, flush=True)
 
 
-def initialize(rpc, binary_output=False):
-    params = {"clientName": "py-interop"}
+def initialize(rpc, binary_output=False, binary_input=False):
+    params = {"clientName": "py-interop", "capabilities": {}}
     if binary_output:
-        params["capabilities"] = {"binaryOutput": True}
+        params["capabilities"]["binaryOutput"] = True
+    if binary_input:
+        params["capabilities"]["binaryInput"] = True
     result = rpc.call(1, "initialize", params)
     emit("INITIALIZE_RESULT " + json.dumps(result, separators=(",", ":")))
     return result
@@ -594,18 +625,67 @@ def run_echo(rpc, binary_output=False):
             return
 
 
+def response_to(rpc, msg_id):
+    """The response (result or error) with `msg_id`; notifications are kept."""
+    while True:
+        msg = rpc.stream.next_message()
+        if "method" in msg:
+            rpc.notifications.append(msg)
+            continue
+        if msg.get("id") == msg_id:
+            return msg
+        raise Failure(f"unexpected response while waiting for {msg_id}: {msg!r}")
+
+
+def run_upload(rpc):
+    """Binary writes (protocol.md §5.2) to `cat`: a write with a writeId, the same writeId
+    again as JSON (not written twice), a malformed binary write (reserved flag: -32700, id
+    null), then an empty write whose close flag ends cat's input. Prints every answer and what
+    cat printed."""
+    rpc.notify("initialized", {})
+    pid = "py-ürload"
+    rpc.call(2, "process/start", {"processId": pid, "argv": ["cat"], "pipeStdin": True})
+    rpc.stream.send_bytes(encode_binary_write(3, pid, "w-1", b"interop-in\n"))
+    emit(f"WRITE 3 {response_to(rpc, 3)['result']['status']}")
+    chunk = base64.b64encode(b"DUPLICATE\n").decode("ascii")
+    rpc.stream.send_message({"jsonrpc": "2.0", "id": 4, "method": "process/write",
+                             "params": {"processId": pid, "writeId": "w-1", "chunk": chunk}})
+    emit(f"WRITE 4 {response_to(rpc, 4)['result']['status']}")
+    rpc.stream.send_bytes(encode_binary_write(5, pid, "", b"x", flags=0x02))
+    bad = response_to(rpc, None)
+    emit(f"MALFORMED {bad['error']['code']}")
+    rpc.stream.send_bytes(encode_binary_write(6, pid, "w-2", b"", close_stdin=True))
+    emit(f"WRITE 6 {response_to(rpc, 6)['result']['status']}")
+    out = b""
+    while True:
+        note = rpc.next_notification()
+        params = note.get("params") or {}
+        if note["method"] == "process/outputDelta":
+            out += base64.b64decode(params["chunk"], validate=True)
+        elif note["method"] == "process/exited":
+            emit("OUTPUT " + out.decode("utf-8", "replace").replace("\n", "|"))
+            emit(f"EXITED {params.get('exitCode')}")
+            return
+
+
 # ---------------------------------------------------------------------------------------------
 # Modes
 # ---------------------------------------------------------------------------------------------
 
 
-def mode_ok(link, client_private, server_public, token, binary_output=False):
+def mode_ok(link, client_private, server_public, token, binary_output=False,
+            binary_input=False):
     stream = Stream(link, client_private, server_public)
     stream.open(token)
     stream.accept()
     rpc = Rpc(stream)
-    initialize(rpc, binary_output)
-    run_echo(rpc, binary_output)
+    result = initialize(rpc, binary_output, binary_input)
+    if binary_input:
+        if result.get("capabilities", {}).get("binaryInput") is not True:
+            raise Failure(f"binaryInput not granted: {result!r}")
+        run_upload(rpc)
+    else:
+        run_echo(rpc, binary_output)
     stream.close()
     return 0
 
@@ -622,7 +702,7 @@ def mode_replay(link, client_private, server_public, token):
     other_id = os.urandom(16)
     while other_id == first.stream_id:
         other_id = os.urandom(16)
-    link.send(encode_frame(OPEN, other_id, message1))
+    link.send(encode_frame(OPEN, other_id, message1, flags=SUITE))
     while True:
         answer = link.next_frame(other_id)
         if answer.ftype in (ACCEPT, RESET):
@@ -648,7 +728,7 @@ def mode_replay_other_link(url, deadline, link, client_private, server_public, t
     first.accept()
     second = Link(url, deadline)
     try:
-        second.send(encode_frame(OPEN, first.stream_id, message1))
+        second.send(encode_frame(OPEN, first.stream_id, message1, flags=SUITE))
         while True:
             answer = second.next_frame(first.stream_id)
             if answer.ftype in (ACCEPT, RESET):
@@ -672,9 +752,15 @@ def main(argv=None):
     parser.add_argument("--token", default=None)
     parser.add_argument("--ts-offset-seconds", type=float, default=0.0)
     parser.add_argument("--binary-output", action="store_true")
+    parser.add_argument("--binary-input", action="store_true",
+                        help="upload to cat with binary writes (protocol.md §5.2)")
+    parser.add_argument("--suite", type=int, choices=sorted(NOISE_PROTOCOLS), default=0,
+                        help="Noise suite: 0 ChaChaPoly, 1 AESGCM (secure-transport.md §3)")
     parser.add_argument("--mode", choices=["ok", "replay-on-other-stream",
                                            "replay-on-other-link"], default="ok")
     args = parser.parse_args(argv)
+    global SUITE
+    SUITE = args.suite
     HELLO_CLOCK.offset_us = int(args.ts_offset_seconds * 1_000_000)
 
     deadline = time.monotonic() + TIMEOUT_S
@@ -685,7 +771,7 @@ def main(argv=None):
         link = Link(args.url, deadline)
         if args.mode == "ok":
             return mode_ok(link, client_private, server_public, args.token,
-                           args.binary_output)
+                           args.binary_output, args.binary_input)
         if args.mode == "replay-on-other-link":
             return mode_replay_other_link(args.url, deadline, link, client_private,
                                           server_public, args.token)

@@ -224,7 +224,11 @@ impl Inner {
     fn dispatch(&mut self, link: &Arc<Shared>) {
         while let Some(ev) = self.ep.poll_event() {
             match ev {
-                Event::OpenRequested { stream, payload } => {
+                Event::OpenRequested {
+                    stream,
+                    flags,
+                    payload,
+                } => {
                     let generation = self.next_generation;
                     self.next_generation += 1;
                     let (cancel, cancelled) = oneshot::channel();
@@ -239,6 +243,7 @@ impl Inner {
                         link: link.clone(),
                         stream,
                         generation,
+                        flags,
                         payload,
                         cancelled: Some(cancelled),
                         answered: false,
@@ -443,12 +448,22 @@ impl EndpointLink {
     /// Client: open `stream` with handshake message 1; resolves to the server's message 2 and
     /// the stream, or to the reason it was refused.
     pub fn open(&self, stream: StreamId, msg1: Bytes) -> Result<Opening, StreamError> {
+        self.open_with_flags(stream, 0, msg1)
+    }
+
+    /// Client: [`open`](Self::open) with `flags` on the `OPEN` (bits 0–1: the Noise suite).
+    pub fn open_with_flags(
+        &self,
+        stream: StreamId,
+        flags: u16,
+        msg1: Bytes,
+    ) -> Result<Opening, StreamError> {
         let (tx, rx) = oneshot::channel();
         Shared::with(&self.shared, |i| {
             if let Some(reason) = i.ep.is_closed() {
                 return Err(StreamError::LinkClosed(reason));
             }
-            i.ep.open(stream, msg1)?;
+            i.ep.open_with_flags(stream, flags, msg1)?;
             i.openings.insert(stream, tx);
             Ok::<_, StreamError>(())
         })?;
@@ -538,6 +553,7 @@ pub struct OpenRequest {
     stream: StreamId,
     /// Which `OPEN` of `stream` this is (ids may be reused after a reset).
     generation: u64,
+    flags: u16,
     payload: Bytes,
     /// Resolves (the sender dropped) once the stream is gone unanswered.
     cancelled: Option<oneshot::Receiver<()>>,
@@ -553,6 +569,11 @@ impl OpenRequest {
     /// The `OPEN` payload (handshake message 1).
     pub fn payload(&self) -> &Bytes {
         &self.payload
+    }
+
+    /// The Noise suite number the client chose (bits 0–1 of the `OPEN`'s flags).
+    pub fn suite_bits(&self) -> u16 {
+        self.flags & crate::frame::OPEN_SUITE_MASK
     }
 
     /// Resolves once the stream ended before its answer (the peer reset it, broke a rule on

@@ -16,6 +16,8 @@ pub enum Event {
     OpenRequested {
         /// The stream.
         stream: StreamId,
+        /// The `OPEN`'s flags (bits 0–1: the Noise suite the client chose).
+        flags: u16,
         /// The `OPEN` payload.
         payload: Bytes,
     },
@@ -96,6 +98,9 @@ pub enum UseError {
     /// A payload over one frame's maximum.
     #[error("payload larger than a frame")]
     TooLarge,
+    /// `OPEN` flags outside the suite bits.
+    #[error("OPEN flags other than the Noise suite bits (0-1)")]
+    BadFlags,
 }
 
 /// Why a stream cannot send now.

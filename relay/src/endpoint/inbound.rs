@@ -107,6 +107,7 @@ impl Endpoint {
         self.pending_opens += 1;
         self.events.push_back(Event::OpenRequested {
             stream: id,
+            flags: f.flags,
             payload: f.payload,
         });
     }

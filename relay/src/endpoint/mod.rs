@@ -268,8 +268,24 @@ impl Endpoint {
 
     // ---- the application's calls ------------------------------------------------------
 
-    /// Client: open `stream` (16 random bytes, not 0) with handshake message 1 as payload.
+    /// Client: open `stream` (16 random bytes, not 0) with handshake message 1 as payload,
+    /// flags 0 (Noise suite 0).
     pub fn open(&mut self, stream: StreamId, payload: Bytes) -> Result<(), UseError> {
+        self.open_with_flags(stream, 0, payload)
+    }
+
+    /// Client: open `stream` with `flags` on the `OPEN` (the Noise suite in bits 0–1,
+    /// [`OPEN_SUITE_MASK`](crate::frame::OPEN_SUITE_MASK); other bits are refused as
+    /// [`UseError::BadFlags`]).
+    pub fn open_with_flags(
+        &mut self,
+        stream: StreamId,
+        flags: u16,
+        payload: Bytes,
+    ) -> Result<(), UseError> {
+        if flags & !crate::frame::OPEN_SUITE_MASK != 0 {
+            return Err(UseError::BadFlags);
+        }
         self.usable()?;
         if self.side != Side::Client {
             return Err(UseError::WrongSide);
@@ -291,6 +307,7 @@ impl Endpoint {
             .insert(stream, Stream::new(StreamState::Opening, self.cfg.window));
         let mut open = Frame::new(FrameType::Open, stream, 0, payload);
         open.window = self.cfg.window;
+        open.flags = flags;
         self.push_control(open);
         Ok(())
     }

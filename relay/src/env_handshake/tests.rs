@@ -325,7 +325,10 @@ fn wrong_frames_and_oversized_messages_are_refused_before_cryptography() {
     on_stream.stream = [1; 16];
     let mut data = open.clone();
     data.ftype = FrameType::Data;
-    for f in [on_stream, data] {
+    // The environment link's handshake is suite 0 only.
+    let mut suite_1 = open.clone();
+    suite_1.flags = 1;
+    for f in [on_stream, data, suite_1] {
         let err = s.admit("sandbox-1", &f, NOW).unwrap_err();
         assert!(
             matches!(err, LinkRefusal::UnexpectedFrame { .. }),

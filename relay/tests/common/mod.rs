@@ -138,6 +138,7 @@ pub fn establish(c: &mut Endpoint, s: &mut Endpoint, now: Instant, stream: Strea
         ev,
         vec![Event::OpenRequested {
             stream,
+            flags: 0,
             payload: Bytes::from_static(b"msg1")
         }]
     );
@@ -292,6 +293,7 @@ pub fn establish_via(net: &mut Net, now: Instant, c: usize, e: usize, stream: u8
         events(net.env(e)),
         vec![Event::OpenRequested {
             stream: sid(stream),
+            flags: 0,
             payload: Bytes::from_static(b"msg1")
         }]
     );

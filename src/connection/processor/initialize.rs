@@ -30,6 +30,12 @@ impl ConnectionProcessor {
         // and answers `false`.
         let binary = p.capabilities.binary_output && self.binary_capable;
         self.form.set_binary(binary);
+        // Binary writes (§5.2): the inlet decodes them from the next message on (the reader
+        // runs this before it reads another). A new `initialize` cannot change it: it is
+        // refused once the connection is initialized.
+        let binary_input = p.capabilities.binary_input && self.binary_capable;
+        self.binary_input
+            .store(binary_input, std::sync::atomic::Ordering::Relaxed);
         let conn = ConnHandle {
             conn_id: self.conn_id,
             ready: self.ready.clone(),
@@ -53,7 +59,7 @@ impl ConnectionProcessor {
         if let Some(ttl) = p.session_ttl_ms {
             session.set_detached_ttl(std::time::Duration::from_millis(ttl));
         }
-        tracing::info!(session = %session.id, resumed, binary, "initialized");
+        tracing::info!(session = %session.id, resumed, binary, binary_input, "initialized");
         self.can_approve = can_approve;
         let cfg = self.registry.config();
         let result = InitializeResult {
@@ -73,6 +79,7 @@ impl ConnectionProcessor {
                 // A resumed session keeps the acks it was created with.
                 acks: session.acks,
                 binary_output: binary,
+                binary_input,
                 // The server requests this connection will receive (`protocol.md` §7).
                 server_requests: p.capabilities.server_requests,
             },

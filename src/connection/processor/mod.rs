@@ -15,6 +15,7 @@ mod initialize;
 mod inlet;
 
 use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -109,6 +110,9 @@ pub struct ConnectionProcessor {
     form: Arc<OutputForm>,
     /// The transport carries binary messages (`protocol.md` §5.1): not stdio.
     binary_capable: bool,
+    /// The connection negotiated binary writes (§5.2); shared with the inlet, which decodes
+    /// them.
+    binary_input: Arc<AtomicBool>,
     evict: CancellationToken,
     cancel: CancellationToken,
     /// Ends long polls; a child of `cancel`, fired alone on a half-close.
@@ -136,7 +140,9 @@ impl ConnectionProcessor {
             sink: transport.outgoing,
             form: form.clone(),
         };
+        let binary_input = Arc::new(AtomicBool::new(false));
         let inlet = Inlet::Json {
+            binary_input: binary_input.clone(),
             incoming: transport.incoming,
             budget: registry.inbound_budget().child(
                 REQUEST_BUDGET_NAME,
@@ -148,6 +154,7 @@ impl ConnectionProcessor {
             outlet,
             form,
             binary_capable: transport.binary_messages,
+            binary_input,
             peer: transport.peer,
             flow: transport.flow,
         };
@@ -168,6 +175,7 @@ impl ConnectionProcessor {
             form: Arc::new(OutputForm::default()),
             // Events travel typed; "binary" means nothing here.
             binary_capable: false,
+            binary_input: Arc::new(AtomicBool::new(false)),
             peer: "in-process".to_string(),
             flow: None,
         };
@@ -188,6 +196,7 @@ impl ConnectionProcessor {
             outlet,
             form,
             binary_capable,
+            binary_input,
             flow,
             ..
         } = edge;
@@ -213,6 +222,7 @@ impl ConnectionProcessor {
                 ready,
                 form,
                 binary_capable,
+                binary_input,
                 evict: CancellationToken::new(),
                 cancel: cancel.clone(),
                 closing: cancel.child_token(),
@@ -624,6 +634,7 @@ struct Edge {
     outlet: Outlet,
     form: Arc<OutputForm>,
     binary_capable: bool,
+    binary_input: Arc<AtomicBool>,
     peer: String,
     /// The transport's flow-control state, for the stall watchdog (Noise streams).
     flow: Option<Arc<dyn FlowProbe>>,
