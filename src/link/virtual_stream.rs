@@ -190,8 +190,12 @@ pub fn noise_transport(
 struct NoiseFlow(FlowProbe);
 
 impl crate::transport::FlowProbe for NoiseFlow {
-    fn can_send(&self) -> Option<bool> {
-        self.0.flow().map(|f| f.can_send())
+    fn snapshot(&self) -> Option<crate::transport::FlowSnapshot> {
+        self.0.flow().map(|f| crate::transport::FlowSnapshot {
+            can_send: f.can_send(),
+            sent: f.sent,
+            link_queued_bytes: f.link_queued_bytes as u64,
+        })
     }
 
     fn describe(&self) -> String {

@@ -334,6 +334,7 @@ impl ManagedProcess {
                 log.would_admit_output(PUMP_CHUNK_BYTES).is_ok(),
             )
         };
+        let flow = ready.flow().and_then(|f| f.snapshot());
         let o = Observation {
             progress,
             unwritten,
@@ -341,7 +342,9 @@ impl ManagedProcess {
             pump_waiting,
             would_admit,
             writer: ready.phase(),
-            transport_can_send: ready.flow().and_then(|f| f.can_send()),
+            transport_can_send: flow.map(|f| f.can_send),
+            transport_sent: flow.map(|f| f.sent),
+            link_queued_bytes: flow.map(|f| f.link_queued_bytes),
         };
         Some((o, ready))
     }

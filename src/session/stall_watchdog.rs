@@ -63,14 +63,14 @@ async fn run(registry: Weak<SessionRegistry>, bound: Duration) {
             seen.insert(key);
             let w = watched.entry(key).or_insert_with(|| Watched {
                 process: Arc::downgrade(&p),
-                watch: StallWatch::new(bound),
+                watch: StallWatch::with_interval(bound, interval),
             });
             let Some((o, ready)) = p.stall_observation() else {
                 // Detached: output is held on purpose until a client resumes.
                 if w.watch.is_stalled() {
                     metrics.stalled_streams.dec();
                 }
-                w.watch = StallWatch::new(bound);
+                w.watch = StallWatch::with_interval(bound, interval);
                 continue;
             };
             match w.watch.observe(now, &o) {
