@@ -379,11 +379,11 @@ mod tests {
             progress: [5, 5, 0, 0],
             ..stuck.clone()
         };
-        // Moved at 9 s: the bound counts from there.
-        assert_eq!(after(&mut w, t0, 9, &moved), Verdict::Fine);
-        assert_eq!(after(&mut w, t0, 18, &moved), Verdict::Fine);
+        // Moved at 1 s, suspect again from the next look (2 s): the bound counts from there.
+        assert_eq!(after(&mut w, t0, 1, &moved), Verdict::Fine);
+        assert_eq!(after(&mut w, t0, 11, &moved), Verdict::Fine);
         assert_eq!(
-            after(&mut w, t0, 19, &moved),
+            after(&mut w, t0, 12, &moved),
             Verdict::Stalled(StallKind::Delivery)
         );
         // What the transport sent is progress too.
