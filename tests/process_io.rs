@@ -152,6 +152,33 @@ async fn stdin_writes_close_and_write_ids() {
     assert_eq!(got.stdout, b"chunk-1;chunk-2;", "{}", text(&got.stdout));
     assert_eq!(got.exit["exitCode"], 0);
 
+    // A write repeated after the child took its bytes and exited (the first answer lost with
+    // a connection, say) is answered as the first time; a new one is `exited`.
+    start_checked(
+        c,
+        json!({"processId": "once", "argv": ["head", "-c", "5"], "pipeStdin": true}),
+    )
+    .await;
+    let write =
+        |id: &'static str| json!({"processId": "once", "chunk": b64(b"12345"), "writeId": id});
+    let r = c.call("process/write", write("w-1")).await;
+    assert_eq!(r, json!({"status": "accepted"}));
+    let got = collect_checked(c, "once").await;
+    assert_eq!(got.stdout, b"12345");
+    assert_eq!(got.exit["exitCode"], 0);
+    let r = c.call("process/write", write("w-1")).await;
+    assert_eq!(
+        r,
+        json!({"status": "accepted"}),
+        "the repeat of a write that was done"
+    );
+    let r = c.call("process/write", write("w-2")).await;
+    assert_eq!(
+        r,
+        json!({"status": "exited"}),
+        "a new write to an exited process"
+    );
+
     // Without pipeStdin there is nothing to write to.
     let pid = start_checked(c, json!({"processId": "nostdin", "argv": ["sleep", "100"]})).await;
     let r = c.write("nostdin", b"x").await;
@@ -463,4 +490,72 @@ async fn a_write_that_crosses_session_close_answers_exited() {
         )
         .await;
     assert_eq!(e["code"], -32001, "{e}");
+}
+
+/// A write whose answer was lost with its connection is repeated after the resume; meanwhile
+/// the child took the bytes and exited, and the client acknowledged the exit notice, so the
+/// session forgot the process. The repeat did its work and is answered `accepted`, as it
+/// was while the process was still known; a write id it never accepted is `exited`. (Found
+/// by the chaos soak: a terminal's last stdin writes were answered `exited` after a link cut,
+/// although the child had read every byte.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_repeated_after_its_process_was_forgotten_is_accepted() {
+    let mut ip = in_process(cfg(), 1 << 20);
+    let c = &mut ip.client;
+    c.call(
+        "initialize",
+        json!({"clientName": "test", "capabilities": {"acks": true}}),
+    )
+    .await;
+    c.notify("initialized", json!({})).await;
+    // `head -c 5` exits once it read its five bytes: the write is what ends it.
+    start_checked(
+        c,
+        json!({"processId": "reader", "argv": ["head", "-c", "5"], "pipeStdin": true}),
+    )
+    .await;
+    let write = |id: &str| json!({"processId": "reader", "chunk": b64(b"12345"), "writeId": id});
+    assert_eq!(
+        c.call("process/write", write("s-1")).await,
+        json!({"status": "accepted"})
+    );
+    let got = collect_checked(c, "reader").await;
+    assert_eq!(got.stdout, b"12345");
+    let seq = *got.seqs.last().expect("the exit notice's seq");
+    c.notify("process/ack", json!({"processId": "reader", "seq": seq}))
+        .await;
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while list_entry(c, "reader").await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "still listed");
+        tokio::task::yield_now().await;
+    }
+
+    assert_eq!(
+        c.call("process/write", write("s-1")).await,
+        json!({"status": "accepted"}),
+        "the repeat of a write the process took"
+    );
+    assert_eq!(
+        c.call("process/write", write("s-2")).await,
+        json!({"status": "exited"}),
+        "a write it never took"
+    );
+    assert_eq!(
+        c.write("reader", b"no id").await,
+        json!({"status": "exited"})
+    );
+
+    // A new start of the id does not inherit the old process's write ids.
+    start_checked(
+        c,
+        json!({"processId": "reader", "argv": ["cat"], "pipeStdin": true}),
+    )
+    .await;
+    assert_eq!(
+        c.call("process/write", write("s-1")).await,
+        json!({"status": "accepted"})
+    );
+    assert_eq!(c.close_stdin("reader").await, json!({}));
+    let got = collect_checked(c, "reader").await;
+    assert_eq!(got.stdout, b"12345", "written by the new process, once");
 }

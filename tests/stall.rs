@@ -287,7 +287,8 @@ async fn a_debug_build_stops_at_a_stall_with_the_streams_flow_state() {
         .lines()
         .find(|l| l.starts_with("execrelay (debug build): stalled stream"))
         .unwrap_or_else(|| panic!("{text}"));
-    assert!(line.contains("transport: sent "), "{line}");
+    assert!(line.contains("transport: send: sent "), "{line}");
+    assert!(line.contains("; receive: received "), "{line}");
     assert!(line.contains(" acked "), "{line}");
     assert!(line.contains(" window 16 "), "{line}");
     assert!(line.contains(" queued "), "{line}");

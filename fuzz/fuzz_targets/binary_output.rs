@@ -14,6 +14,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(is_binary_message(data));
         assert!(!d.data.is_empty() && d.data.len() <= execrelay::config::MAX_CHUNK_BYTES);
         let again = encode_output_message(&d.process_id, d.seq, d.stream, &d.data);
-        assert_eq!(again, data, "an accepted message re-encodes to the same bytes");
+        assert_eq!(
+            again, data,
+            "an accepted message re-encodes to the same bytes"
+        );
     }
 });

@@ -54,7 +54,9 @@ fn take_u16(input: &mut &[u8]) -> usize {
 }
 
 fn take_u64(input: &mut &[u8]) -> u64 {
-    take(input, 8).iter().fold(0u64, |acc, &x| acc << 8 | x as u64)
+    take(input, 8)
+        .iter()
+        .fold(0u64, |acc, &x| acc << 8 | x as u64)
 }
 
 fn check(opened: &Result<Opened, RecordError>) {
@@ -123,7 +125,10 @@ fuzz_target!(|data: &[u8]| {
                     }
                     let i = at % bad.len();
                     bad[i] ^= 1u8 << (at % 8);
-                    assert!(opener.open(n + 1, &bad).is_err(), "a tampered record opened");
+                    assert!(
+                        opener.open(n + 1, &bad).is_err(),
+                        "a tampered record opened"
+                    );
                 }
             }
             _ => {

@@ -184,6 +184,11 @@ impl RecvWindow {
     pub fn consumed(&self) -> u64 {
         self.consumed
     }
+
+    /// Highest record reported to the sender (the `ack` of the last frame that carried one).
+    pub fn reported(&self) -> u64 {
+        self.reported
+    }
 }
 
 /// A relay's accounting of one stream direction: the receiver's highest report and the

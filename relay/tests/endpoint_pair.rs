@@ -703,3 +703,44 @@ fn credit_that_returns_while_the_send_queue_is_full_wakes_the_stream_when_it_dra
     assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(2) }]);
     assert_eq!(c.send_ready(&sid(2)), Ok(2));
 }
+
+/// Both directions of a stream's flow control as a watchdog reads them: the sender's
+/// (`stream_flow`) and the receiver's (`stream_recv_flow`: received, consumed, reported), which
+/// together say who waits for whom.
+#[test]
+fn the_receivers_side_of_a_stream_says_what_it_took_and_reported() {
+    let clock = Clock::new();
+    let (mut c, mut s) = (client(clock.now, cfg()), server(clock.now, cfg()));
+    establish(&mut c, &mut s, clock.now, sid(1));
+    for n in 1..=10u64 {
+        c.send(&sid(1), Bytes::from(format!("r{n}"))).unwrap();
+    }
+    pump(&mut c, &mut s, clock.now);
+    let r = s.stream_recv_flow(&sid(1)).unwrap();
+    assert_eq!(
+        (
+            r.received,
+            r.consumed,
+            r.reported,
+            r.window,
+            r.queued_records
+        ),
+        (10, 0, 0, 16, 10)
+    );
+    for seq in 1..=8 {
+        s.consumed(&sid(1), seq).unwrap();
+    }
+    // Consumed, not yet reported: the report leaves with the next frame.
+    let r = s.stream_recv_flow(&sid(1)).unwrap();
+    assert_eq!((r.consumed, r.reported, r.queued_records), (8, 0, 2));
+    pump(&mut c, &mut s, clock.now);
+    let r = s.stream_recv_flow(&sid(1)).unwrap();
+    assert_eq!((r.consumed, r.reported), (8, 8));
+    assert_eq!(
+        r.to_string(),
+        "received 10 consumed 8 reported 8 window 16 queued 2 records"
+    );
+    let f = c.stream_flow(&sid(1)).unwrap();
+    assert_eq!((f.sent, f.acked, f.credit), (10, 8, 14));
+    assert!(s.stream_recv_flow(&sid(9)).is_none(), "no such stream");
+}

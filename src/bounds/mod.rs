@@ -14,6 +14,8 @@
 //!   fewer than the reserve are free, so a spawn never fails for a connection's sake.
 //! - [`idle`]: [`IdleTimer`], the sans-IO rule "idle since when, closed at which deadline"
 //!   that connections and link drivers apply.
+//! - [`give_back`]: [`GiveBack`], the rule for when the server hands the memory its
+//!   allocator keeps back to the system (after a burst, when it becomes idle), and the call.
 //!
 //! # What it must never do
 //!
@@ -21,6 +23,7 @@
 //! pass `now`), or block.
 
 pub mod byte_budget;
+pub mod give_back;
 pub mod idle;
 
 /// Descriptors live in the relay crate (beneath every layer), shared with the relay binary.
@@ -28,4 +31,5 @@ pub use execrelay_relay::descriptors;
 
 pub use byte_budget::{ByteBudget, Charge, OverBudget};
 pub use descriptors::{DescriptorReserve, LowOnDescriptors, NofileLimit};
+pub use give_back::GiveBack;
 pub use idle::IdleTimer;

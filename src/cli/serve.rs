@@ -429,6 +429,7 @@ pub fn main(args: ServeArgs) -> i32 {
         // Installed before the URL is printed: a client may signal us as soon as it reads it.
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
+        spawn_state_dump(server.registry());
         let listeners = match bind(listen, noise, relay, probes).await {
             Ok(listeners) => listeners,
             Err(e) => {
@@ -443,6 +444,26 @@ pub fn main(args: ServeArgs) -> i32 {
     // stdin that never ends, which would keep a signalled server alive forever.
     rt.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     code
+}
+
+/// `SIGUSR1` logs what every process's output waits for, one `stream state:` line each
+/// (`session::stream_state`): for an operator, or a harness that saw output stop from outside.
+fn spawn_state_dump(registry: &Arc<crate::session::SessionRegistry>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let registry = Arc::downgrade(registry);
+    match signal(SignalKind::user_defined1()) {
+        Ok(mut sig) => {
+            tokio::spawn(async move {
+                while sig.recv().await.is_some() {
+                    let Some(registry) = registry.upgrade() else {
+                        return;
+                    };
+                    crate::session::stream_state::log_all(&registry);
+                }
+            });
+        }
+        Err(e) => tracing::warn!("cannot listen for SIGUSR1 (the stream state dump): {e}"),
+    }
 }
 
 /// Raise the soft limit of open files to the hard limit and log both; a

@@ -133,6 +133,22 @@ impl ProcSlot {
     }
 }
 
+impl ProcSlot {
+    /// What this slot says about delivery, for [`Client::delivery_state`].
+    pub(super) fn delivery(&self) -> super::DeliveryState {
+        super::DeliveryState {
+            received_seq: self.received,
+            consumed_seq: self.consumed,
+            acked_seq: self.acked,
+            buffered_events: self.buf.len(),
+            exit_received: self.done,
+            since_last_event: self.heard.elapsed(),
+            connection: 0,
+            transport: None,
+        }
+    }
+}
+
 impl Client {
     /// In-order output (and replays) handled on the connection's reader; anything else (a gap
     /// to fill, an exit notice) goes to the router task.

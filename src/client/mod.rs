@@ -6,7 +6,8 @@
 //! processes; `supervise.rs` keeps it through lost connections (resume with backoff inside the
 //! TTL, the [`ConnectionState`], the typed [`Client::loss`]);
 //! `options.rs` what an application sets, `error.rs` what it gets back when something fails,
-//! `target.rs` where the server is and how one transport to it is opened; `silence.rs` asks
+//! `target.rs` where the server is and how one transport to it is opened; `diagnostics.rs`
+//! what the client can say about a process whose output stopped; `silence.rs` asks
 //! the server about a process that has been quiet for long, so that a client never waits
 //! forever on a live connection. `event_stream.rs` holds the per-process event streams that
 //! hand out every event exactly once and in order (deduplicated by `seq`, gaps filled with
@@ -27,6 +28,7 @@
 //! ```
 
 mod approval;
+mod diagnostics;
 mod error;
 mod event_stream;
 mod options;
@@ -60,6 +62,7 @@ use rpc_connection::{Notification, RpcConnection};
 pub use crate::connection::local::LocalLimits as InProcessLimits;
 pub use crate::rpc::messages::{ApprovalDecision, ApproveParams};
 pub use approval::{ApprovalHandler, REMEMBERED_APPROVALS};
+pub use diagnostics::DeliveryState;
 pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};

@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use super::rpc_connection::{PendingCall, RpcConnection};
 use super::{Client, ClientError, ProcessEvent};
 use crate::connection::message::{Call, Reply, WriteCall};
+use crate::process::WriteStatus;
 use crate::rpc::messages::{ProcessRef, ResizeParams, SignalParams, TermSize, TerminateParams};
 use crate::sync::lock;
 
@@ -183,7 +184,41 @@ pub struct ProcessController {
     finished: Arc<AtomicBool>,
 }
 
+/// `-32001`, the server's "unknown process id".
+const UNKNOWN_PROCESS: i64 = -32001;
+
 impl ProcessController {
+    /// A control request about this process, sent again after a reconnect as every request
+    /// safe to repeat is. `None` when a repeat finds the process unknown: the first attempt
+    /// may well have been applied, the process exited and this client took its exit notice
+    /// (so the server released it) before the answer could come back. The process existed
+    /// (this controller comes from its start), so it has exited: the caller answers as the
+    /// server does for an exited process, rather than fail a request that did its work.
+    ///
+    /// A server answers such a repeat as for an exited process itself while it remembers the
+    /// id (`session::ended_ids`, the last 1,024 ended per session); this rule covers a repeat
+    /// that arrives after that memory moved on (many processes of the session ending during
+    /// one reconnect) and a server that does not remember ended ids at all.
+    async fn control(&self, call: Call) -> Result<Option<Reply>, ClientError> {
+        let shared = &self.client.shared;
+        let mut repeated = false;
+        loop {
+            let conn = self.client.connection().await?;
+            match conn.call_typed(call.clone()).await {
+                Err(ClientError::ConnectionLost)
+                    if shared.opts.reconnect && shared.target.can_reconnect() =>
+                {
+                    repeated = true;
+                }
+                Err(ClientError::Rpc {
+                    code: UNKNOWN_PROCESS,
+                    ..
+                }) if repeated => return Ok(None),
+                other => return other.map(Some),
+            }
+        }
+    }
+
     /// Whether the process's exit notice was received.
     pub fn is_finished(&self) -> bool {
         self.finished.load(Ordering::Acquire)
@@ -194,13 +229,12 @@ impl ProcessController {
         if self.is_finished() {
             return Ok(());
         }
-        self.client
-            .call_typed(Call::Signal(SignalParams {
-                process_id: self.id.clone(),
-                signal: name.to_string(),
-            }))
-            .await
-            .map(|_| ())
+        self.control(Call::Signal(SignalParams {
+            process_id: self.id.clone(),
+            signal: name.to_string(),
+        }))
+        .await
+        .map(|_| ())
     }
 
     /// Resize the PTY.
@@ -208,14 +242,13 @@ impl ProcessController {
         if self.is_finished() {
             return Ok(());
         }
-        self.client
-            .call_typed(Call::Resize(ResizeParams {
-                process_id: self.id.clone(),
-                rows: size.rows,
-                cols: size.cols,
-            }))
-            .await
-            .map(|_| ())
+        self.control(Call::Resize(ResizeParams {
+            process_id: self.id.clone(),
+            rows: size.rows,
+            cols: size.cols,
+        }))
+        .await
+        .map(|_| ())
     }
 
     /// A pipelined writer of this process's stdin (see [`StdinWriter`]).
@@ -228,14 +261,14 @@ impl ProcessController {
         }
     }
 
-    /// Write with an explicit idempotency key.
+    /// Write with an explicit idempotency key. A repeat after a reconnect that finds the
+    /// process gone answers `exited`, as the server does for a write to an exited process.
     pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
         if self.is_finished() {
             return Ok("exited".into());
         }
         let r = self
-            .client
-            .call_typed(Call::Write(WriteCall {
+            .control(Call::Write(WriteCall {
                 process_id: self.id.clone(),
                 data: Bytes::copy_from_slice(data),
                 write_id: Some(write_id.to_string()),
@@ -243,8 +276,9 @@ impl ProcessController {
             }))
             .await?;
         match r {
-            Reply::Write(status) => Ok(status.as_str().to_string()),
-            other => Err(ClientError::Protocol(format!(
+            Some(Reply::Write(status)) => Ok(status.as_str().to_string()),
+            None => Ok(WriteStatus::Exited.as_str().to_string()),
+            Some(other) => Err(ClientError::Protocol(format!(
                 "bad write result: {other:?}"
             ))),
         }
@@ -255,12 +289,11 @@ impl ProcessController {
         if self.is_finished() {
             return Ok(());
         }
-        self.client
-            .call_typed(Call::CloseStdin(ProcessRef {
-                process_id: self.id.clone(),
-            }))
-            .await
-            .map(|_| ())
+        self.control(Call::CloseStdin(ProcessRef {
+            process_id: self.id.clone(),
+        }))
+        .await
+        .map(|_| ())
     }
 
     /// Terminate.
@@ -275,15 +308,15 @@ impl ProcessController {
             return Ok(false);
         }
         let r = self
-            .client
-            .call_typed(Call::Terminate(TerminateParams {
+            .control(Call::Terminate(TerminateParams {
                 process_id: self.id.clone(),
                 grace_ms: grace.map(|g| g.as_millis() as u64),
             }))
             .await?;
         match r {
-            Reply::Terminate { running } => Ok(running),
-            other => Err(ClientError::Protocol(format!(
+            Some(Reply::Terminate { running }) => Ok(running),
+            None => Ok(false),
+            Some(other) => Err(ClientError::Protocol(format!(
                 "bad terminate result: {other:?}"
             ))),
         }
@@ -298,6 +331,8 @@ struct InFlight {
     close_stdin: bool,
     /// Its request on the current connection; `None` once that connection is gone.
     call: Option<PendingCall>,
+    /// Sent again after a reconnect (so an earlier attempt may have been applied).
+    repeated: bool,
 }
 
 /// Stdin as a pipeline: up to [`STDIN_WRITES_IN_FLIGHT`] `process/write` requests in flight,
@@ -368,6 +403,7 @@ impl StdinWriter {
                 data: piece,
                 close_stdin: false,
                 call: None,
+                repeated: false,
             };
             if let Some(conn) = &self.conn {
                 w.call = self.send(conn, &w).await;
@@ -430,6 +466,7 @@ impl StdinWriter {
             data: Bytes::new(),
             close_stdin: true,
             call: None,
+            repeated: false,
         };
         if let Some(conn) = &self.conn {
             w.call = self.send(conn, &w).await;
@@ -480,6 +517,7 @@ impl StdinWriter {
                 let call = self.send(&conn, &self.in_flight[i]).await;
                 all_sent &= call.is_some();
                 self.in_flight[i].call = call;
+                self.in_flight[i].repeated = true;
                 if !all_sent {
                     break;
                 }
@@ -498,11 +536,21 @@ impl StdinWriter {
             let Some(oldest) = self.in_flight.front_mut() else {
                 return Ok(());
             };
+            let repeated = oldest.repeated;
             let outcome = match oldest.call.take() {
                 Some(call) => call.outcome().await,
                 None => Err(ClientError::ConnectionLost),
             };
             match outcome {
+                // Repeated, and the process is gone: it exited (and its exit notice was
+                // taken) meanwhile, what the server says of a write to an exited process.
+                Err(ClientError::Rpc {
+                    code: UNKNOWN_PROCESS,
+                    ..
+                }) if repeated => {
+                    self.in_flight.pop_front();
+                    return Err(StdinRefused::Status(WriteStatus::Exited.as_str().into()));
+                }
                 Ok(v) => {
                     self.in_flight.pop_front();
                     return match v["status"].as_str() {

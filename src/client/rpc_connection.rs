@@ -40,8 +40,7 @@ use crate::rpc::write_request::encode_write_request;
 use crate::rpc::{Method, RpcError};
 use crate::session::ApprovalAnswer;
 use crate::sync::lock;
-use crate::transport::OutMessage;
-use crate::transport::Transport;
+use crate::transport::{FlowProbe, OutMessage, Transport};
 
 /// Outbound messages queued for the writer task. Bounded so a dead peer cannot make the
 /// client buffer without limit.
@@ -224,6 +223,8 @@ pub struct RpcConnection {
     next_id: Arc<AtomicU64>,
     closed: CancellationToken,
     failure: Arc<Mutex<Option<ClientError>>>,
+    /// The transport's flow control, where it has one of its own (a Noise stream).
+    flow: Option<Arc<dyn FlowProbe>>,
     /// The server accepted binary writes (`capabilities.binaryInput`, §5.2) on this connection.
     binary_input: Arc<AtomicBool>,
 }
@@ -264,6 +265,7 @@ impl RpcConnection {
         let Transport {
             mut incoming,
             mut outgoing,
+            flow,
             ..
         } = transport;
 
@@ -404,6 +406,7 @@ impl RpcConnection {
             next_id: Arc::new(AtomicU64::new(1)),
             closed,
             failure,
+            flow,
             binary_input: Arc::default(),
         }
     }
@@ -502,6 +505,7 @@ impl RpcConnection {
             next_id: Arc::new(AtomicU64::new(1)),
             closed,
             failure: Arc::default(),
+            flow: None,
             binary_input: Arc::default(),
         }
     }
@@ -590,6 +594,13 @@ impl RpcConnection {
                 Err(self.failure().unwrap_or(ClientError::ConnectionLost))
             }
         }
+    }
+
+    /// The transport's flow-control state in both directions, in words (`send: sent 12 acked
+    /// 8 window 16 …; receive: received …`), where it has flow control of its own (a Noise
+    /// stream); `None` otherwise.
+    pub fn flow_state(&self) -> Option<String> {
+        self.flow.as_ref().map(|f| f.describe())
     }
 
     /// Why the connection ended, when the server broke the protocol (a malformed binary

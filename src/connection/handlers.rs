@@ -336,6 +336,14 @@ async fn write(ctx: &Ctx, p: WriteCall) -> Result<Reply, RpcError> {
             }
             Ok(Reply::Write(status))
         }
+        // Forgotten: a write it accepted, repeated after a resume, did its work.
+        None if p
+            .write_id
+            .as_deref()
+            .is_some_and(|w| ctx.session.ended_wrote(&p.process_id, w)) =>
+        {
+            Ok(Reply::Write(WriteStatus::Accepted))
+        }
         None => Ok(Reply::Write(WriteStatus::Exited)),
     }
 }

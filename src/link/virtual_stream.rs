@@ -190,14 +190,20 @@ pub fn noise_transport(
 struct NoiseFlow(FlowProbe);
 
 impl crate::transport::FlowProbe for NoiseFlow {
-    fn can_send(&self) -> Option<bool> {
-        self.0.flow().map(|f| f.can_send())
+    fn snapshot(&self) -> Option<crate::transport::FlowSnapshot> {
+        self.0.flow().map(|f| crate::transport::FlowSnapshot {
+            can_send: f.can_send(),
+            sent: f.sent,
+            link_queued_bytes: f.link_queued_bytes as u64,
+        })
     }
 
     fn describe(&self) -> String {
-        match self.0.flow() {
-            Some(f) => f.to_string(),
-            None => "stream gone".into(),
+        // Both directions: a sender waiting for credit is explained by what its peer last
+        // reported, and this side's receiving half says what it still owes its peer.
+        match (self.0.flow(), self.0.recv_flow()) {
+            (Some(send), Some(recv)) => format!("send: {send}; receive: {recv}"),
+            _ => "stream gone".into(),
         }
     }
 }

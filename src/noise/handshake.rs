@@ -108,10 +108,23 @@ fn builder<'a>(
     let params = protocol_name(suite)
         .parse()
         .map_err(|_| HandshakeError::Rejected)?;
-    snow::Builder::new(params)
+    new_builder(params)
         .local_private_key(&keys.private)
         .and_then(|b| b.prologue(prologue))
         .map_err(|_| HandshakeError::Rejected)
+}
+
+/// Snow's builder with its default primitives.
+#[cfg(not(fuzzing))]
+fn new_builder<'a>(params: snow::params::NoiseParams) -> snow::Builder<'a> {
+    snow::Builder::new(params)
+}
+
+/// In a fuzz build, the same primitives with X25519 results remembered and fixed ephemeral
+/// keys ([`super::fuzz_resolver`]): the fuzzer reaches the same code many times faster.
+#[cfg(fuzzing)]
+fn new_builder<'a>(params: snow::params::NoiseParams) -> snow::Builder<'a> {
+    snow::Builder::with_resolver(params, Box::new(super::fuzz_resolver::FuzzResolver))
 }
 
 /// The client's side, between message 1 and message 2.

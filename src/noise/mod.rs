@@ -18,12 +18,16 @@
 //! - [`timestamp`]: the `ts` of handshake message 1: the client's increasing stamp and the
 //!   server's replay check (sans-IO, a bounded LRU per client key).
 //! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
+//! - `fuzz_resolver` (fuzz builds only, `cfg(fuzzing)`): snow's primitives with X25519
+//!   results remembered and fixed ephemeral keys, so the handshake fuzz target is cheap.
 //!
 //! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_relay::frame`), so
 //! that the relay routes exactly the frames these modules produce.
 
 pub mod authorizer;
 pub mod cipher;
+#[cfg(fuzzing)]
+pub mod fuzz_resolver;
 pub mod handshake;
 pub use execrelay_relay::keys;
 pub mod record;

@@ -334,6 +334,7 @@ impl ManagedProcess {
                 log.would_admit_output(PUMP_CHUNK_BYTES).is_ok(),
             )
         };
+        let flow = ready.flow().and_then(|f| f.snapshot());
         let o = Observation {
             progress,
             unwritten,
@@ -341,7 +342,9 @@ impl ManagedProcess {
             pump_waiting,
             would_admit,
             writer: ready.phase(),
-            transport_can_send: ready.flow().and_then(|f| f.can_send()),
+            transport_can_send: flow.map(|f| f.can_send),
+            transport_sent: flow.map(|f| f.sent),
+            link_queued_bytes: flow.map(|f| f.link_queued_bytes),
         };
         Some((o, ready))
     }
@@ -489,20 +492,28 @@ impl ManagedProcess {
         Ok(())
     }
 
+    /// The last `n` `writeId`s this process accepted, oldest first (kept by the session once
+    /// the process is forgotten: see `session::ended_ids`).
+    pub async fn last_write_ids(&self, n: usize) -> Vec<Arc<str>> {
+        self.stdin.lock().await.ids.newest(n)
+    }
+
     /// `process/write`: applied in request order by the caller's queue; waits for pipe space
-    /// but gives up with `exited` when the child exits meanwhile.
+    /// but gives up with `exited` when the child exits meanwhile. A `writeId` already written
+    /// is answered `accepted` whatever happened since: a write repeated after a resume (its
+    /// answer lost with the connection) may arrive after the child took its bytes and exited,
+    /// and it did its work.
     pub async fn write(&self, data: &[u8], write_id: Option<String>) -> WriteStatus {
-        if !self.is_running() {
-            return WriteStatus::Exited;
-        }
-        let mut st = tokio::select! {
-            st = self.stdin.lock() => st,
-            _ = self.exited.cancelled() => return WriteStatus::Exited,
-        };
+        // Never held for long once the child exited: a write blocked on its pipe gives up
+        // then (below), and `close_stdin` does not wait on a dead child either.
+        let mut st = self.stdin.lock().await;
         if let Some(id) = &write_id {
             if st.ids.contains(id) {
                 return WriteStatus::Accepted;
             }
+        }
+        if !self.is_running() {
+            return WriteStatus::Exited;
         }
         if st.closed {
             return WriteStatus::StdinClosed;

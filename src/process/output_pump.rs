@@ -271,9 +271,8 @@ impl Source {
         let fd = match self {
             Source::Pipe(pipe) => pipe.as_raw_fd(),
             Source::Reader(OutputReader::Pty(fd)) => fd.get_ref().as_raw_fd(),
-            // Not built by `Source::new` (pipes move onto the reactor).
+            // Not built by `Source::new` (pipes are `Source::Pipe`).
             Source::Reader(_) => return Ok(Chunk::Nothing),
-            Source::Lost => return Ok(Chunk::Eof),
         };
         let mut chunk = BytesMut::zeroed(PUMP_CHUNK_BYTES);
         // Both descriptors are non-blocking (the reactor's registrations set them so).

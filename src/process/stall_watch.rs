@@ -11,11 +11,22 @@
 //!
 //! 1. **Events wait and the transport would take them**: unwritten events, and the writer is
 //!    not waiting for its transport, or it is while the transport says it has credit and room
-//!    (a wake-up lost between the writer, the ready queue and the flow control).
+//!    (a wake-up lost between the writer, the ready queue and the flow control); and the link
+//!    the transport shares with other streams has nothing queued. A link with bytes queued is
+//!    congestion, not a stall: its own writer is behind (the relay reads slowly, or the host
+//!    runs the server's tasks late), and a writer whose wake-up was really lost is still
+//!    found once the link has drained, since nothing else would wake it.
 //! 2. **The child waits and the client owes nothing**: a pump waits for room, nothing is
 //!    unwritten, and the client owes no acknowledgement; unless the pump waits for the
 //!    server-wide budget and that budget really has no room (another process's client holds
 //!    it). A pump there waits for a release no one will make.
+//!
+//! "None of its counters moved" includes the transport's own count of what it sent. And the
+//! bound must pass under looks that came on time: a look that comes more than
+//! [`LATE_LOOK_FACTOR`] intervals after the previous one means the server did not run its
+//! own tasks meanwhile (the watchdog is one of them: an overloaded host, a blocked runtime
+//! thread), so nothing is concluded across that gap and the suspicion starts again. A real
+//! lost wake-up lasts forever and is reported after one bound of on-time looks.
 //!
 //! This module owns only the rule ([`StallWatch`]): it never reads a clock or a process (the
 //! driver in `session/` observes and passes `now`), and it decides nothing but "stalled".
@@ -43,7 +54,15 @@ pub struct Observation {
     pub writer: WriterPhase,
     /// Whether the transport would take a message now, where it can say (Noise streams).
     pub transport_can_send: Option<bool>,
+    /// What the transport sent so far, where it can say: any change is progress.
+    pub transport_sent: Option<u64>,
+    /// Bytes queued on the link the transport shares with other streams, where it can say.
+    pub link_queued_bytes: Option<u64>,
 }
+
+/// A look that comes later than this many look intervals after the previous one restarts
+/// the suspicion (module docs).
+pub const LATE_LOOK_FACTOR: u32 = 2;
 
 /// Why a process is stalled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +93,8 @@ impl Observation {
                 WriterPhase::Closed => true,
                 WriterPhase::Busy | WriterPhase::Idle => false,
             };
-            return (!transport_holds).then_some(StallKind::Delivery);
+            let link_congested = self.link_queued_bytes.is_some_and(|b| b > 0);
+            return (!transport_holds && !link_congested).then_some(StallKind::Delivery);
         }
         let waits_for_nothing = match self.pump_waiting {
             None => false,
@@ -102,18 +122,29 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub struct StallWatch {
     bound: Duration,
-    progress: Option<[u64; 4]>,
+    /// How often the driver looks.
+    interval: Duration,
+    progress: Option<([u64; 4], Option<u64>)>,
+    /// When the previous look was made.
+    last_look: Option<Instant>,
     /// Since when the current suspicion has held, with the progress unchanged.
     suspect_since: Option<Instant>,
     stalled: bool,
 }
 
 impl StallWatch {
-    /// A watch that declares a stall after `bound` (not zero).
+    /// A watch that declares a stall after `bound` (not zero), looked at every quarter of it.
     pub fn new(bound: Duration) -> Self {
+        Self::with_interval(bound, bound / 4)
+    }
+
+    /// A watch that declares a stall after `bound`, looked at every `interval`.
+    pub fn with_interval(bound: Duration, interval: Duration) -> Self {
         StallWatch {
             bound,
+            interval,
             progress: None,
+            last_look: None,
             suspect_since: None,
             stalled: false,
         }
@@ -126,8 +157,17 @@ impl StallWatch {
 
     /// Take one observation made at `now`.
     pub fn observe(&mut self, now: Instant, o: &Observation) -> Verdict {
-        let moved = self.progress.is_some_and(|p| p != o.progress);
-        self.progress = Some(o.progress);
+        let counters = (o.progress, o.transport_sent);
+        let moved = self.progress.is_some_and(|p| p != counters);
+        self.progress = Some(counters);
+        let late = self
+            .last_look
+            .is_some_and(|at| now.saturating_duration_since(at) > self.interval * LATE_LOOK_FACTOR);
+        self.last_look = Some(now);
+        if late && !self.stalled {
+            // The server did not run its tasks meanwhile: start the bound again from here.
+            self.suspect_since = None;
+        }
         let suspect = o.suspect();
         if moved || suspect.is_none() {
             self.suspect_since = None;
@@ -166,11 +206,28 @@ mod tests {
             would_admit: true,
             writer: WriterPhase::Idle,
             transport_can_send: None,
+            transport_sent: None,
+            link_queued_bytes: None,
         }
     }
 
+    /// The look at `secs`, after on-time looks (one a second) with the same observation from
+    /// the previous look on; the verdicts of those looks must be `Fine` or `StillStalled`.
     fn after(w: &mut StallWatch, t0: Instant, secs: u64, o: &Observation) -> Verdict {
-        w.observe(t0 + Duration::from_secs(secs), o)
+        let at = t0 + Duration::from_secs(secs);
+        if let Some(mut t) = w.last_look {
+            t += Duration::from_secs(1);
+            while t < at {
+                let v = w.observe(t, o);
+                assert!(
+                    matches!(v, Verdict::Fine | Verdict::StillStalled),
+                    "{v:?} at {:?} before {secs} s",
+                    t - t0
+                );
+                t += Duration::from_secs(1);
+            }
+        }
+        w.observe(at, o)
     }
 
     /// The stall that was seen: a full log, everything written, no acks, its pump waiting.
@@ -310,10 +367,10 @@ mod tests {
             ..stuck.clone()
         };
         assert_eq!(after(&mut w, t0, 9, &held), Verdict::Fine);
-        assert_eq!(after(&mut w, t0, 12, &stuck), Verdict::Fine);
-        assert_eq!(after(&mut w, t0, 21, &stuck), Verdict::Fine);
+        // Suspect again from 10 s (one look a second).
+        assert_eq!(after(&mut w, t0, 19, &stuck), Verdict::Fine);
         assert_eq!(
-            after(&mut w, t0, 22, &stuck),
+            after(&mut w, t0, 20, &stuck),
             Verdict::Stalled(StallKind::Delivery)
         );
         let mut w = StallWatch::new(BOUND);
@@ -322,12 +379,131 @@ mod tests {
             progress: [5, 5, 0, 0],
             ..stuck.clone()
         };
-        assert_eq!(after(&mut w, t0, 9, &moved), Verdict::Fine);
-        assert_eq!(after(&mut w, t0, 18, &moved), Verdict::Fine);
-        assert_eq!(after(&mut w, t0, 27, &moved), Verdict::Fine);
+        // Moved at 1 s, suspect again from the next look (2 s): the bound counts from there.
+        assert_eq!(after(&mut w, t0, 1, &moved), Verdict::Fine);
+        assert_eq!(after(&mut w, t0, 11, &moved), Verdict::Fine);
         assert_eq!(
-            after(&mut w, t0, 28, &moved),
+            after(&mut w, t0, 12, &moved),
             Verdict::Stalled(StallKind::Delivery)
         );
+        // What the transport sent is progress too.
+        let mut w = StallWatch::new(BOUND);
+        let sending = |n| Observation {
+            transport_sent: Some(n),
+            ..stuck.clone()
+        };
+        for s in 0..30 {
+            assert_eq!(after(&mut w, t0, s, &sending(s)), Verdict::Fine, "at {s} s");
+        }
+        assert_eq!(after(&mut w, t0, 39, &sending(29)), Verdict::Fine);
+        assert_eq!(
+            after(&mut w, t0, 40, &sending(29)),
+            Verdict::Stalled(StallKind::Delivery)
+        );
+    }
+
+    /// The delivery rule, case by case, on a Noise stream: only a writer whose stream has
+    /// credit, whose link has nothing queued and which sends nothing, with events waiting,
+    /// is stalled.
+    #[test]
+    fn a_stream_with_credit_on_an_empty_link_that_sends_nothing_is_a_stall() {
+        let t0 = Instant::now();
+        let genuine = Observation {
+            unwritten: true,
+            writer: WriterPhase::Outlet,
+            transport_can_send: Some(true),
+            transport_sent: Some(7),
+            link_queued_bytes: Some(0),
+            ..obs()
+        };
+        let mut w = StallWatch::new(BOUND);
+        assert_eq!(after(&mut w, t0, 0, &genuine), Verdict::Fine);
+        assert_eq!(after(&mut w, t0, 9, &genuine), Verdict::Fine);
+        assert_eq!(
+            after(&mut w, t0, 10, &genuine),
+            Verdict::Stalled(StallKind::Delivery)
+        );
+        for (why, o) in [
+            // Congestion: the shared link has bytes queued (its own writer is behind).
+            (
+                "link queued",
+                Observation {
+                    link_queued_bytes: Some(1_678_879),
+                    ..genuine.clone()
+                },
+            ),
+            // The client does not read: no credit.
+            (
+                "no credit",
+                Observation {
+                    transport_can_send: Some(false),
+                    ..genuine.clone()
+                },
+            ),
+            // Nothing to write.
+            (
+                "no output pending",
+                Observation {
+                    unwritten: false,
+                    ..genuine.clone()
+                },
+            ),
+        ] {
+            let mut w = StallWatch::new(BOUND);
+            for s in 0..60 {
+                assert_eq!(after(&mut w, t0, s, &o), Verdict::Fine, "{why} at {s} s");
+            }
+        }
+        // Congestion that drains while the writer still writes nothing: a stall, one bound
+        // after the link emptied.
+        let mut w = StallWatch::new(BOUND);
+        let congested = Observation {
+            link_queued_bytes: Some(100_000),
+            ..genuine.clone()
+        };
+        assert_eq!(after(&mut w, t0, 30, &congested), Verdict::Fine);
+        assert_eq!(after(&mut w, t0, 40, &genuine), Verdict::Fine);
+        assert_eq!(
+            after(&mut w, t0, 41, &genuine),
+            Verdict::Stalled(StallKind::Delivery)
+        );
+    }
+
+    /// Looks that come late (the server did not run its tasks, the watchdog among them) are
+    /// no evidence: the bound must pass under on-time looks.
+    #[test]
+    fn a_late_look_restarts_the_bound() {
+        let t0 = Instant::now();
+        let stuck = Observation {
+            unwritten: true,
+            writer: WriterPhase::Outlet,
+            transport_can_send: Some(true),
+            link_queued_bytes: Some(0),
+            ..obs()
+        };
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = StallWatch::new(BOUND);
+        assert_eq!(w.observe(at(0), &stuck), Verdict::Fine);
+        // Twelve seconds without a look: more than twice the 2.5 s interval.
+        assert_eq!(w.observe(at(12), &stuck), Verdict::Fine, "late");
+        // On time from there (every 2.5 s at most 5 s apart): a stall one bound later.
+        for s in [14, 16, 18, 20] {
+            assert_eq!(w.observe(at(s), &stuck), Verdict::Fine, "at {s} s");
+        }
+        assert_eq!(
+            w.observe(at(22), &stuck),
+            Verdict::Stalled(StallKind::Delivery)
+        );
+        // Exactly twice the interval apart is still on time.
+        let mut w = StallWatch::new(BOUND);
+        for s in [0, 5] {
+            assert_eq!(w.observe(at(s), &stuck), Verdict::Fine);
+        }
+        assert_eq!(
+            w.observe(at(10), &stuck),
+            Verdict::Stalled(StallKind::Delivery)
+        );
+        // A reported stall stays reported across a late look, until something moves.
+        assert_eq!(w.observe(at(40), &stuck), Verdict::StillStalled);
     }
 }

@@ -39,6 +39,12 @@ impl WriteIds {
         }
     }
 
+    /// The `n` most recently remembered ids, oldest first.
+    pub fn newest(&self, n: usize) -> Vec<Arc<str>> {
+        let skip = self.order.len().saturating_sub(n);
+        self.order.iter().skip(skip).cloned().collect()
+    }
+
     /// How many ids are remembered.
     pub fn len(&self) -> usize {
         self.order.len()

@@ -45,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::bounds::DescriptorReserve;
+use crate::bounds::give_back::{give_back, GIVE_BACK_CHECK_MS};
+use crate::bounds::{DescriptorReserve, GiveBack};
 use crate::config::{ServerConfig, SHUTDOWN_DELIVERY_GRACE_MS};
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::link::environment::{run_environment, RelayDial};
@@ -240,6 +241,7 @@ impl Server {
             _ => None,
         });
         let health = server_health(&registry, environment.clone(), stop_accepting.clone());
+        tasks.spawn(give_back_memory(registry.clone(), conn_shutdown.clone()));
         // One table for every listener: a key's streams count over all its links.
         let streams_per_key = StreamsPerKey::new(config.max_streams_per_key);
         for listener in listeners {
@@ -432,6 +434,26 @@ impl Server {
         tasks.wait().await;
         // 4. Every session is closed (nothing of theirs is left running) and its scope removed.
         registry.close_all().await;
+    }
+}
+
+/// Hand the memory the allocator keeps back to the system after a burst of output, and when
+/// the server becomes idle (`bounds::give_back`), until `stop`.
+async fn give_back_memory(registry: Arc<SessionRegistry>, stop: CancellationToken) {
+    let mut rule = GiveBack::new();
+    let every = Duration::from_millis(GIVE_BACK_CHECK_MS);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let st = registry.stats();
+        let idle = st.sessions_attached + st.sessions_detached == 0;
+        if rule.observe(st.retained_output_bytes as u64, idle) {
+            // Off the runtime's threads: it walks every arena of the allocator.
+            let _ = tokio::task::spawn_blocking(give_back).await;
+            tracing::debug!(idle, "memory handed back to the system");
+        }
     }
 }
 

@@ -1,37 +1,75 @@
 //! The ids of a session's processes that ended and were forgotten (their exit acknowledged,
 //! retained for `exited_retention_ms` without acks, or ended by `session/close`), so that a
 //! control request that crossed that on the wire is answered as for an exited process
-//! (`closeStdin` `{}`, `write` `exited`, `signal` `{}`), not `-32001`.
+//! (`closeStdin` `{}`, `write` `exited`, `signal` `{}`), not `-32001`; and the last
+//! `writeId`s such a process accepted, so that a write repeated after a resume (its answer
+//! lost with the connection, the child meanwhile exited and forgotten) is answered
+//! `accepted`, as it would have been before the process was forgotten: it did its work.
 //!
 //! Why: a client's stdin pump may send its `process/closeStdin` while its event loop, on
 //! another task, acknowledges the exit notice: nothing orders the two, and a normal run must
 //! not end in an "unknown process" error (nor count one in the server's metrics).
 //!
-//! Owns only the bounded list of ids, oldest first. It must never hold a process or its
-//! output: a forgotten process's memory is released at once.
+//! Owns only the bounded list of ids, oldest first, and the bounded list of write ids. It
+//! must never hold a process or its output: a forgotten process's memory is released at
+//! once.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 /// How many ended ids a session remembers; the oldest is forgotten first. A request for an
 /// id older than that is answered `-32001`, as for an id never seen.
 pub const ENDED_PROCESS_IDS: usize = 1024;
 
-/// The last [`ENDED_PROCESS_IDS`] ids of processes forgotten by one session.
+/// How many of an ended process's last accepted `writeId`s are kept: what a client may have
+/// in flight and repeat after a resume (the client library pipelines 8).
+pub const ENDED_WRITE_IDS: usize = 16;
+
+/// Bytes of ended processes' `writeId`s one session keeps (each id is at most 256 bytes):
+/// the oldest process's ids are forgotten first. A repeat of a forgotten one is answered
+/// `exited`, as before this memory existed.
+pub const ENDED_WRITE_ID_BYTES: usize = 64 * 1024;
+
+/// The last [`ENDED_PROCESS_IDS`] ids of processes forgotten by one session, with the last
+/// `writeId`s they accepted (within [`ENDED_WRITE_ID_BYTES`]).
 #[derive(Debug, Default)]
 pub struct EndedIds {
     order: VecDeque<String>,
     set: HashSet<String>,
+    /// Process id and its last accepted write ids, oldest process first.
+    writes: VecDeque<(String, Vec<Arc<str>>)>,
+    write_bytes: usize,
 }
 
 impl EndedIds {
     /// Remember `id` as ended, forgetting the oldest past the bound.
     pub fn insert(&mut self, id: String) {
+        self.insert_with_writes(id, Vec::new());
+    }
+
+    /// Remember `id` as ended with the last `writeId`s it accepted (only the last
+    /// [`ENDED_WRITE_IDS`] are kept), forgetting the oldest past the bounds.
+    pub fn insert_with_writes(&mut self, id: String, mut write_ids: Vec<Arc<str>>) {
+        if write_ids.len() > ENDED_WRITE_IDS {
+            write_ids.drain(..write_ids.len() - ENDED_WRITE_IDS);
+        }
+        if !write_ids.is_empty() && !self.writes.iter().any(|(p, _)| *p == id) {
+            self.write_bytes += write_ids.iter().map(|w| w.len()).sum::<usize>();
+            self.writes.push_back((id.clone(), write_ids));
+            while self.write_bytes > ENDED_WRITE_ID_BYTES {
+                let Some((_, old)) = self.writes.pop_front() else {
+                    break;
+                };
+                self.write_bytes -= old.iter().map(|w| w.len()).sum::<usize>();
+            }
+        }
         if self.set.contains(&id) {
             return;
         }
         if self.order.len() >= ENDED_PROCESS_IDS {
             if let Some(old) = self.order.pop_front() {
                 self.set.remove(&old);
+                self.forget_writes(&old);
             }
         }
         self.set.insert(id.clone());
@@ -43,11 +81,27 @@ impl EndedIds {
         if self.set.remove(id) {
             self.order.retain(|o| o != id);
         }
+        self.forget_writes(id);
+    }
+
+    fn forget_writes(&mut self, id: &str) {
+        if let Some(i) = self.writes.iter().position(|(p, _)| p == id) {
+            if let Some((_, old)) = self.writes.remove(i) {
+                self.write_bytes -= old.iter().map(|w| w.len()).sum::<usize>();
+            }
+        }
     }
 
     /// Whether `id` is a remembered ended process.
     pub fn contains(&self, id: &str) -> bool {
         self.set.contains(id)
+    }
+
+    /// Whether the ended process `id` accepted the write `write_id` (and it is remembered).
+    pub fn wrote(&self, id: &str, write_id: &str) -> bool {
+        self.writes
+            .iter()
+            .any(|(p, ws)| p == id && ws.iter().any(|w| &**w == write_id))
     }
 
     /// How many ids are remembered.
@@ -58,6 +112,11 @@ impl EndedIds {
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
+    }
+
+    /// Bytes of `writeId`s held.
+    pub fn write_id_bytes(&self) -> usize {
+        self.write_bytes
     }
 }
 
@@ -91,5 +150,42 @@ mod tests {
         assert!(e.is_empty());
         e.remove("never");
         assert!(e.is_empty());
+    }
+
+    #[test]
+    fn an_ended_process_keeps_its_last_write_ids_within_both_bounds() {
+        let mut e = EndedIds::default();
+        let ids: Vec<Arc<str>> = (0..ENDED_WRITE_IDS + 4)
+            .map(|i| Arc::from(format!("s-{i}")))
+            .collect();
+        e.insert_with_writes("p".into(), ids);
+        assert!(e.wrote("p", &format!("s-{}", ENDED_WRITE_IDS + 3)));
+        assert!(e.wrote("p", "s-4"), "the last {ENDED_WRITE_IDS} are kept");
+        assert!(!e.wrote("p", "s-3"), "older ones are not");
+        assert!(!e.wrote("q", "s-4"), "another process's ids are its own");
+
+        // Bytes: 256-byte ids, 16 per process; the oldest processes' ids go first.
+        let big = |p: usize| -> Vec<Arc<str>> {
+            (0..ENDED_WRITE_IDS)
+                .map(|i| Arc::from(format!("{p:03}-{i:03}-{}", "x".repeat(248))))
+                .collect()
+        };
+        let per_process = ENDED_WRITE_IDS * 256;
+        let fit = ENDED_WRITE_ID_BYTES / per_process;
+        for p in 0..fit + 1 {
+            e.insert_with_writes(format!("big{p}"), big(p));
+            assert!(e.write_id_bytes() <= ENDED_WRITE_ID_BYTES);
+        }
+        assert!(
+            !e.wrote("p", "s-4"),
+            "the oldest process's ids were forgotten"
+        );
+        assert!(e.wrote(&format!("big{fit}"), &big(fit)[0]));
+        assert!(e.contains("p"), "its id is still an ended one");
+
+        // A new start of the id takes it back, write ids and all.
+        e.remove(&format!("big{fit}"));
+        assert!(!e.wrote(&format!("big{fit}"), &big(fit)[0]));
+        assert!(e.write_id_bytes() <= ENDED_WRITE_ID_BYTES - per_process);
     }
 }

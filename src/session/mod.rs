@@ -9,7 +9,8 @@
 //! - `error.rs`: [`SessionError`].
 //! - [`quota`]: the per-key and per-address quotas of sessions and processes.
 //! - [`ended_ids`]: the bounded ids of processes that ended and were forgotten, so that a
-//!   control request crossing the exit's acknowledgement is answered as for an exited one.
+//!   control request crossing the exit's acknowledgement is answered as for an exited one,
+//!   with their last accepted `writeId`s (a repeated write is answered `accepted`).
 //! - [`approvals`]: the session's pending server → client requests (`process/approve`), their
 //!   ids, callbacks, and the `-32006` reasons.
 //! - `table.rs`: **the core**: sessions, holders, process slots, quotas, approvals and every
@@ -27,6 +28,9 @@
 //!   create, resume, shutdown, and the timer task that fires the table's deadlines.
 //! - `stall_watchdog.rs`: the task that watches every attached process for a stall (the
 //!   rule is `process::stall_watch`) and reports it.
+//! - [`stream_state`]: what a process's output waits for, in one line (log counters, pump,
+//!   writer, the transport's flow control both ways): the watchdog's report, and every
+//!   process's at once for an operator (`execrelay serve` logs them on `SIGUSR1`).
 //!
 //! It takes already-decoded, validated options and returns typed [`SessionError`]s (the
 //! connection maps them to JSON-RPC). It must never decode JSON nor write to a transport:
@@ -44,6 +48,7 @@ mod spec;
 pub mod session;
 pub mod session_registry;
 mod stall_watchdog;
+pub mod stream_state;
 mod table;
 mod verdict;
 

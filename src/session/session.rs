@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::approvals::{reason, Resolution, Taken};
-use super::ended_ids::EndedIds;
+use super::ended_ids::{EndedIds, ENDED_WRITE_IDS};
 use super::error::SessionError;
 use super::pending::PendingStart;
 pub use super::spec::{ConnHandle, StartSpec};
@@ -319,6 +319,17 @@ impl Session {
             .ok_or_else(|| SessionError::UnknownProcess(id.to_string()))
     }
 
+    /// Whether `id` is a process of this session that ended and was forgotten after it
+    /// accepted the write `write_id` (a repeat of it is answered `accepted`).
+    pub fn ended_wrote(&self, id: &str, write_id: &str) -> bool {
+        let in_table = self.with_table(|t| t.ended_wrote(&self.id, id, write_id));
+        in_table.unwrap_or(false)
+            || self
+                .ended_at_close
+                .get()
+                .is_some_and(|e| e.wrote(id, write_id))
+    }
+
     /// Start a process for connection `conn_id`, without asking the exec policy (see
     /// [`start_checked`](Self::start_checked)). Its events are not delivered until
     /// [`enable_delivery`](Self::enable_delivery) (after the start result is written).
@@ -431,8 +442,11 @@ impl Session {
                 _ = wait => {}
                 _ = closed.cancelled() => return,
             }
+            // Final once the child exited: a write after that is `exited` or, for an id
+            // already written, `accepted` without a new id remembered.
+            let written = p.last_write_ids(ENDED_WRITE_IDS).await;
             if let Some(shared) = shared.upgrade() {
-                lock(&shared.table).exit_delivered(now(), &session, &p.id, serial, acks);
+                lock(&shared.table).exit_delivered(now(), &session, &p.id, serial, acks, written);
                 shared.wake.notify_one();
             }
         });

@@ -64,42 +64,24 @@ async fn run(processes: Processes, metrics: Arc<Metrics>, bound: Duration) {
             seen.insert(key);
             let w = watched.entry(key).or_insert_with(|| Watched {
                 process: Arc::downgrade(&p),
-                watch: StallWatch::new(bound),
+                watch: StallWatch::with_interval(bound, interval),
             });
             let Some((o, ready)) = p.stall_observation() else {
                 // Detached: output is held on purpose until a client resumes.
                 if w.watch.is_stalled() {
                     metrics.stalled_streams.dec();
                 }
-                w.watch = StallWatch::new(bound);
+                w.watch = StallWatch::with_interval(bound, interval);
                 continue;
             };
             match w.watch.observe(now, &o) {
                 Verdict::Stalled(kind) => {
                     metrics.stalls.inc();
                     metrics.stalled_streams.inc();
-                    let flow = ready
-                        .flow()
-                        .map(|f| f.describe())
-                        .unwrap_or_else(|| "no flow control of its own".into());
-                    let st = p.stats();
                     let report = format!(
-                        "stalled stream: {} (no progress for {bound:?}); session {session_id} \
-                         process {:?} pid {}: log next_seq {} written {} released {} acked {} \
-                         unwritten {} B retained {} B; pump waiting for {:?}; writer {:?}, \
-                         process queued for it: {}; transport: {flow}",
+                        "stalled stream: {} (no progress for {bound:?}); {}",
                         kind.as_str(),
-                        p.id,
-                        p.pid,
-                        st.next_seq,
-                        st.written_through,
-                        st.released_through,
-                        st.acked_through,
-                        st.unwritten_bytes,
-                        st.retained_bytes,
-                        o.pump_waiting,
-                        o.writer,
-                        ready.contains(&p),
+                        super::stream_state::describe(&session_id, &p, &o, &ready),
                     );
                     tracing::error!(session = %session_id, process = %p.id, "{report}");
                     if abort_on_stall() {

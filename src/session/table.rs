@@ -16,6 +16,7 @@
 //! one lock that guards the table, and feeds it `now` and what happened.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
@@ -86,6 +87,9 @@ struct SlotEntry<H: Handles> {
     serial: u64,
     /// The retention deadline, once its exit notice was delivered.
     reap: Option<TimerKey>,
+    /// The process's last accepted writeIds, once its exit notice was delivered: kept with
+    /// its id when it is forgotten, so a repeat of one is still answered `accepted`.
+    written: Vec<Arc<str>>,
 }
 
 /// The connection that holds a session.
@@ -438,6 +442,7 @@ impl<H: Handles> SessionTable<H> {
                 slot,
                 serial,
                 reap: None,
+                written: Vec::new(),
             },
         );
         // A new start takes an ended id back: it names a live process again.
@@ -475,7 +480,8 @@ impl<H: Handles> SessionTable<H> {
 
     /// The exit notice of process `process` (slot `serial`) of session `id` was delivered
     /// (acknowledged with acks, written without): it is forgotten now with acks, or
-    /// `exitedRetentionMs` after `now` without.
+    /// `exitedRetentionMs` after `now` without. `written`: its last accepted writeIds (final
+    /// once the child exited), remembered with its id once it is forgotten.
     pub fn exit_delivered(
         &mut self,
         now: Instant,
@@ -483,15 +489,17 @@ impl<H: Handles> SessionTable<H> {
         process: &str,
         serial: u64,
         acks: bool,
+        written: Vec<Arc<str>>,
     ) {
         if acks {
             if self.free(id, process, serial).is_some() {
-                self.forgot(id, process);
+                self.forgot(id, process, written);
             }
             return;
         }
-        if self.slot_mut(id, process, serial).is_none() {
-            return;
+        match self.slot_mut(id, process, serial) {
+            Some(s) => s.written = written,
+            None => return,
         }
         let key = self.arm(
             now + self.limits.exited_retention,
@@ -506,10 +514,18 @@ impl<H: Handles> SessionTable<H> {
         }
     }
 
-    fn forgot(&mut self, id: &str, process: &str) {
+    fn forgot(&mut self, id: &str, process: &str, written: Vec<Arc<str>>) {
         if let Some(e) = self.sessions.get_mut(id) {
-            e.ended.insert(process.to_string());
+            e.ended.insert_with_writes(process.to_string(), written);
         }
+    }
+
+    /// Whether `process` is a process of session `id` that ended and was forgotten after it
+    /// accepted the write `write_id`.
+    pub fn ended_wrote(&self, id: &str, process: &str, write_id: &str) -> bool {
+        self.sessions
+            .get(id)
+            .is_some_and(|e| e.ended.wrote(process, write_id))
     }
 
     /// Whether `process` names a process of session `id` that ended and was forgotten (see
@@ -628,8 +644,9 @@ impl<H: Handles> SessionTable<H> {
                 Timer::Reap { session, process } => {
                     if let Some(e) = self.sessions.get_mut(&session) {
                         if e.slots.get(&process).is_some_and(|s| s.reap == Some(key)) {
-                            e.slots.remove(&process);
-                            e.ended.insert(process);
+                            if let Some(s) = e.slots.remove(&process) {
+                                e.ended.insert_with_writes(process, s.written);
+                            }
                         }
                     }
                 }

@@ -104,9 +104,25 @@ pub type MessageSink = Pin<Box<dyn Sink<OutMessage, Error = io::Error> + Send>>;
 pub trait FlowProbe: Send + Sync {
     /// Whether the transport would accept another message now (window credit and queue
     /// room), or `None` once it is gone.
-    fn can_send(&self) -> Option<bool>;
+    fn can_send(&self) -> Option<bool> {
+        self.snapshot().map(|s| s.can_send)
+    }
+    /// The sending side now, or `None` once it is gone.
+    fn snapshot(&self) -> Option<FlowSnapshot>;
     /// Its flow-control state for the log (`sent 12 acked 8 window 16 …`).
     fn describe(&self) -> String;
+}
+
+/// One look at a transport's sending side (a [`FlowProbe`]'s), for the stall watchdog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowSnapshot {
+    /// It would take a message now: window credit, and room in the link's queue.
+    pub can_send: bool,
+    /// Records (or messages) it sent so far: any change is progress.
+    pub sent: u64,
+    /// Bytes queued on the link the transport shares with other streams, all streams'
+    /// (0 for a transport of its own).
+    pub link_queued_bytes: u64,
 }
 
 /// One client connection, framed.

@@ -19,7 +19,7 @@ use super::stream::{
     EndCell, LinkRef, StreamError, StreamHandle, StreamLink, StreamReceiver, StreamSender,
 };
 use super::{now, LinkCore, LinkSignals};
-use crate::endpoint::{Endpoint, Event, ResetCause, SendError, StreamFlow, UseError};
+use crate::endpoint::{Endpoint, Event, RecvFlow, ResetCause, SendError, StreamFlow, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Reason};
 use crate::sync::lock;
@@ -145,6 +145,10 @@ impl StreamLink for Shared {
 
     fn stream_flow(&self, id: StreamId) -> Option<StreamFlow> {
         self.with(|inner| inner.ep.stream_flow(&id))
+    }
+
+    fn stream_recv_flow(&self, id: StreamId) -> Option<RecvFlow> {
+        self.with(|inner| inner.ep.stream_recv_flow(&id))
     }
 
     fn receiver_dropped(&self, id: StreamId, last: Option<u64>) {

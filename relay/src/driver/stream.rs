@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::endpoint::{SendError, StreamFlow, UseError};
+use crate::endpoint::{RecvFlow, SendError, StreamFlow, UseError};
 use crate::frame::StreamId;
 use crate::reason::{CloseReason, Reason};
 
@@ -48,6 +48,8 @@ pub(crate) trait StreamLink: Send + Sync + std::fmt::Debug {
     fn end(&self, id: StreamId, reason: Reason, reset: bool);
     /// The sending direction of `id` now, or `None` once it is gone.
     fn stream_flow(&self, id: StreamId) -> Option<StreamFlow>;
+    /// The receiving direction of `id` now, or `None` once it is gone.
+    fn stream_recv_flow(&self, id: StreamId) -> Option<RecvFlow>;
     /// The receiver of `id` was dropped, having discarded up to `last`. Only queued: a drop
     /// may happen while the link's lock is held.
     fn receiver_dropped(&self, id: StreamId, last: Option<u64>);
@@ -245,6 +247,12 @@ impl FlowProbe {
     /// briefly; never waits.
     pub fn flow(&self) -> Option<StreamFlow> {
         self.link.stream_flow(self.id)
+    }
+
+    /// The stream's receiving direction now, or `None` once it is gone. Takes the link's lock
+    /// briefly; never waits.
+    pub fn recv_flow(&self) -> Option<RecvFlow> {
+        self.link.stream_recv_flow(self.id)
     }
 }
 

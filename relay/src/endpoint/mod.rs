@@ -80,6 +80,33 @@ impl StreamFlow {
     }
 }
 
+/// One stream's receiving direction (secure-transport.md §7): what arrived, what the
+/// application took, and what the sender was last told. A sender that waits for credit while
+/// `consumed` is past `reported` waits for a report this side still owes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvFlow {
+    /// Records received (the last `seq`).
+    pub received: u64,
+    /// Records the application consumed.
+    pub consumed: u64,
+    /// The `ack` last sent to the peer…
+    pub reported: u64,
+    /// …with this window.
+    pub window: u32,
+    /// Records received and not yet taken by the application.
+    pub queued_records: usize,
+}
+
+impl std::fmt::Display for RecvFlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "received {} consumed {} reported {} window {} queued {} records",
+            self.received, self.consumed, self.reported, self.window, self.queued_records,
+        )
+    }
+}
+
 impl std::fmt::Display for StreamFlow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -214,6 +241,18 @@ impl Endpoint {
             link_queued_bytes: self.queued_data_bytes,
             link_has_room: self.queued_data_bytes < self.cfg.send_queue_bytes,
             waiting: s.wants_writable,
+        })
+    }
+
+    /// One stream's receiving direction, or `None` if it is not in the table.
+    pub fn stream_recv_flow(&self, stream: &StreamId) -> Option<RecvFlow> {
+        let s = self.streams.get(stream)?;
+        Some(RecvFlow {
+            received: s.recv.received(),
+            consumed: s.recv.consumed(),
+            reported: s.recv.reported(),
+            window: s.recv.window(),
+            queued_records: s.recv.received().saturating_sub(s.recv.consumed()) as usize,
         })
     }
 

@@ -211,8 +211,8 @@ fn an_exited_process_is_forgotten_after_retention_without_acks_and_at_once_with(
     let mut t = table_with(&["a"]);
     let s1 = t.reserve("a", "p", Slot::Ready(1)).unwrap();
     let s2 = t.reserve("a", "q", Slot::Ready(2)).unwrap();
-    t.exit_delivered(t0, "a", "p", s1, false);
-    t.exit_delivered(t0, "a", "q", s2, true);
+    t.exit_delivered(t0, "a", "p", s1, false, vec![]);
+    t.exit_delivered(t0, "a", "q", s2, true, vec![]);
     assert!(t.slot("a", "q").is_none(), "acked: gone at once");
     assert_eq!(t.poll_timeout(), Some(t0 + RETENTION));
     t.handle_timeout(t0 + RETENTION - ms(1));
@@ -223,13 +223,40 @@ fn an_exited_process_is_forgotten_after_retention_without_acks_and_at_once_with(
 }
 
 #[test]
+fn a_forgotten_process_keeps_its_last_write_ids_on_both_paths() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    let s1 = t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    let s2 = t.reserve("a", "q", Slot::Ready(2)).unwrap();
+    let w = |ids: &[&str]| ids.iter().map(|&i| Arc::<str>::from(i)).collect::<Vec<_>>();
+    t.exit_delivered(t0, "a", "p", s1, false, w(&["p-1", "p-2"]));
+    t.exit_delivered(t0, "a", "q", s2, true, w(&["q-1"]));
+    assert!(
+        t.ended_wrote("a", "q", "q-1"),
+        "acked: forgotten with its writes"
+    );
+    assert!(!t.ended_wrote("a", "q", "q-2"));
+    assert!(
+        !t.ended_wrote("a", "p", "p-1"),
+        "not forgotten before its retention"
+    );
+    t.handle_timeout(t0 + RETENTION);
+    assert!(
+        t.ended_wrote("a", "p", "p-2"),
+        "retention over: forgotten with its writes"
+    );
+    assert!(!t.ended_wrote("a", "p", "q-1"), "another process's write");
+    assert!(!t.ended_wrote("b", "p", "p-1"), "another session");
+}
+
+#[test]
 fn a_slot_taken_again_is_not_reaped_by_the_old_one() {
     let t0 = Instant::now();
     let mut t = table_with(&["a"]);
     let old = t.reserve("a", "p", Slot::Ready(1)).unwrap();
-    t.exit_delivered(t0, "a", "p", old, true);
+    t.exit_delivered(t0, "a", "p", old, true, vec![]);
     let new = t.reserve("a", "p", Slot::Ready(2)).unwrap();
-    t.exit_delivered(t0, "a", "p", old, false);
+    t.exit_delivered(t0, "a", "p", old, false, vec![]);
     assert!(!t.replace("a", "p", old, Slot::Starting), "stale serial");
     assert!(t.free("a", "p", old).is_none());
     assert_eq!(t.poll_timeout(), None, "no deadline for a stale slot");
@@ -316,7 +343,7 @@ fn close_takes_everything_out_once() {
     let mut t = table_with(&["a"]);
     let log = Log::default();
     let s = t.reserve("a", "p", Slot::Ready(1)).unwrap();
-    t.exit_delivered(t0, "a", "p", s, false);
+    t.exit_delivered(t0, "a", "p", s, false, vec![]);
     register(&mut t, t0, &log);
     t.detach(t0, "a", 1);
     let c = t.close("a").unwrap();
@@ -339,10 +366,10 @@ fn a_forgotten_process_is_an_ended_one_until_its_id_is_taken_again() {
     let r = t.reserve("a", "r", Slot::Starting).unwrap();
     assert!(!t.is_ended("a", "p"), "live");
     // Acknowledged: forgotten and ended at once.
-    t.exit_delivered(t0, "a", "p", p, true);
+    t.exit_delivered(t0, "a", "p", p, true, vec![]);
     assert!(t.is_ended("a", "p"));
     // Retained without acks: ended only once the retention is over.
-    t.exit_delivered(t0, "a", "q", q, false);
+    t.exit_delivered(t0, "a", "q", q, false, vec![]);
     assert!(!t.is_ended("a", "q"));
     t.handle_timeout(t0 + RETENTION);
     assert!(t.is_ended("a", "q"));
@@ -363,7 +390,7 @@ fn close_hands_over_the_ended_ids_and_the_ones_it_ends() {
     let p = t.reserve("a", "p", Slot::Ready(1)).unwrap();
     t.reserve("a", "q", Slot::Ready(2)).unwrap();
     t.reserve("a", "w", Slot::Pending(())).unwrap();
-    t.exit_delivered(t0, "a", "p", p, true);
+    t.exit_delivered(t0, "a", "p", p, true, vec![]);
     let c = t.close("a").unwrap();
     assert!(c.ended.contains("p"), "forgotten before");
     assert!(c.ended.contains("q"), "ended by the close");

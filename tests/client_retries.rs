@@ -1,0 +1,157 @@
+//! A control request the client library sends again after a reconnect may find its process
+//! gone: the first attempt was applied, the process exited, the application took its exit
+//! notice (so the server released it), and only the answer was lost with the link. The repeat
+//! is then answered `-32001 unknown process`; the library answers what the server says of an
+//! exited process instead of failing a request that did its work (found by the soak: a
+//! `closeStdin` whose answer was lost in a connection break failed a run that had worked).
+//!
+//! A fake server makes the race exact: on its first connection it takes the request and drops
+//! the connection unanswered; on the resumed one it answers the repeat `-32001`.
+
+mod common;
+use common::GUARD;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use execrelay::client::{Client, ClientError, ClientOptions, StartOptions, StdinRefused, Target};
+use execrelay::rpc::messages::TermSize;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::Message;
+
+/// A server that answers `initialize` (fresh or resumed) and `process/start`; the first
+/// `method` request on the first connection drops that connection unanswered, and every later
+/// one is answered `-32001` (`repeat_unknown`) or, on the first connection, dropped as said.
+/// Counts the `method` requests it saw.
+async fn fake_server(
+    method: &'static str,
+    first_attempt_unknown: bool,
+) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(AtomicUsize::new(0));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        let mut conn = 0;
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            conn += 1;
+            let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                continue;
+            };
+            while let Some(Ok(m)) = ws.next().await {
+                let Message::Text(text) = m else { continue };
+                let v: Value = serde_json::from_str(&text).unwrap();
+                let reply = match v["method"].as_str() {
+                    Some("initialize") => json!({"jsonrpc": "2.0", "id": v["id"], "result": {
+                        "protocolVersion": 1, "serverVersion": "fake", "sessionId": "s",
+                        "resumeToken": "t", "resumed": conn > 1,
+                        "limits": {"maxMessageBytes": 16777216, "maxProcesses": 8,
+                            "retainedOutputBytes": 8388608, "detachedSessionTtlMs": 60000},
+                        "capabilities": {"acks": true, "binaryOutput": false}}}),
+                    Some("process/start") => {
+                        json!({"jsonrpc": "2.0", "id": v["id"], "result": {"processId": "p", "pid": 1}})
+                    }
+                    Some(m) if m == method => {
+                        seen2.fetch_add(1, Ordering::SeqCst);
+                        if conn == 1 && !first_attempt_unknown {
+                            // Applied, and the answer lost with the link.
+                            break;
+                        }
+                        json!({"jsonrpc": "2.0", "id": v["id"], "error": {
+                            "code": -32001, "message": "unknown process id \"p\""}})
+                    }
+                    _ => continue,
+                };
+                if ws.send(Message::Text(reply.to_string())).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    (url, seen)
+}
+
+async fn client(url: &str) -> Client {
+    Client::connect(Target::Ws(url.to_string()), ClientOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(GUARD, f).await.expect("hang guard")
+}
+
+#[tokio::test]
+async fn a_repeated_close_stdin_that_finds_the_process_gone_succeeds() {
+    let (url, seen) = fake_server("process/closeStdin", false).await;
+    let c = client(&url).await;
+    let h = c.start(StartOptions::new("p", ["cat"])).await.unwrap();
+    within(h.close_stdin())
+        .await
+        .expect("the first attempt did its work");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        2,
+        "sent, then sent again after the resume"
+    );
+    assert_eq!(c.connection_count(), 2);
+}
+
+#[tokio::test]
+async fn repeated_signal_resize_terminate_and_write_answer_as_for_an_exited_process() {
+    for method in [
+        "process/signal",
+        "process/resize",
+        "process/terminate",
+        "process/write",
+    ] {
+        let (url, seen) = fake_server(method, false).await;
+        let c = client(&url).await;
+        let mut h = c.start(StartOptions::new("p", ["cat"])).await.unwrap();
+        match method {
+            "process/signal" => within(h.signal("SIGINT")).await.unwrap(),
+            "process/resize" => within(h.resize(TermSize { rows: 5, cols: 5 }))
+                .await
+                .unwrap(),
+            "process/terminate" => assert!(!within(h.terminate(None)).await.unwrap()),
+            _ => assert_eq!(within(h.write(b"x")).await.unwrap(), "exited"),
+        }
+        assert_eq!(seen.load(Ordering::SeqCst), 2, "{method}");
+    }
+}
+
+#[tokio::test]
+async fn a_pipelined_write_repeated_into_a_gone_process_is_exited() {
+    let (url, _) = fake_server("process/write", false).await;
+    let c = client(&url).await;
+    let h = c.start(StartOptions::new("p", ["cat"])).await.unwrap();
+    let mut w = h.stdin_writer();
+    let r = within(async {
+        w.write(Bytes::from_static(b"data")).await?;
+        w.flush().await
+    })
+    .await;
+    match r {
+        Err(StdinRefused::Status(s)) => assert_eq!(s, "exited"),
+        other => panic!("expected `exited`, got {other:?}"),
+    }
+}
+
+/// Not a repeat: an unknown process on the first attempt is still the server's error.
+#[tokio::test]
+async fn an_unknown_process_on_the_first_attempt_is_still_an_error() {
+    let (url, seen) = fake_server("process/signal", true).await;
+    let c = client(&url).await;
+    let h = c.start(StartOptions::new("p", ["cat"])).await.unwrap();
+    match within(h.signal("SIGINT")).await {
+        Err(ClientError::Rpc { code: -32001, .. }) => {}
+        other => panic!("expected -32001, got {other:?}"),
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+}
