@@ -109,6 +109,10 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+/// The relay's version, sent in message 2 of every environment link and of every
+/// relay-to-relay link.
+pub const RELAY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod bucket;
 pub mod closed_set;
 pub mod cluster;

@@ -458,7 +458,7 @@ fn spawn_state_dump(registry: &Arc<crate::session::SessionRegistry>) {
                     let Some(registry) = registry.upgrade() else {
                         return;
                     };
-                    crate::session::stream_state::log_all(&registry);
+                    crate::session::stream_state::log_all(registry.all_processes());
                 }
             });
         }

@@ -7,7 +7,6 @@
 //! It only reads: it never wakes, signals or changes a process, and takes each lock briefly
 //! (never across an `.await`).
 
-use super::session_registry::SessionRegistry;
 use crate::process::stall_watch::Observation;
 use crate::process::{ManagedProcess, ReadySet};
 
@@ -41,11 +40,14 @@ pub fn describe(
     )
 }
 
-/// One line per process the server knows: [`describe`] for those delivering to a connection,
-/// the log's counters for the others (detached, or exited and released).
-pub fn lines(registry: &SessionRegistry) -> Vec<String> {
-    registry
-        .all_processes()
+/// One line per process of `processes` (the registry's `all_processes`): [`describe`] for
+/// those delivering to a connection, the log's counters for the others (detached, or exited
+/// and released). Takes the processes, not the registry, so that the watchdog the registry
+/// starts can use [`describe`] without an import circle.
+pub fn lines(
+    processes: impl IntoIterator<Item = (String, std::sync::Arc<ManagedProcess>)>,
+) -> Vec<String> {
+    processes
         .into_iter()
         .map(|(session_id, p)| match p.stall_observation() {
             Some((o, ready)) => describe(&session_id, &p, &o, &ready),
@@ -70,8 +72,8 @@ pub fn lines(registry: &SessionRegistry) -> Vec<String> {
 }
 
 /// Log [`lines`] at `info`, each starting `stream state: `, then how many there were.
-pub fn log_all(registry: &SessionRegistry) {
-    let lines = lines(registry);
+pub fn log_all(processes: impl IntoIterator<Item = (String, std::sync::Arc<ManagedProcess>)>) {
+    let lines = lines(processes);
     for line in &lines {
         tracing::info!("stream state: {line}");
     }

@@ -268,7 +268,7 @@ impl ClusterNode {
 
     /// A stamp for message 1 of a relay link, above every earlier one of this relay.
     fn next_ts(&self) -> u64 {
-        let now = crate::server::unix_micros();
+        let now = crate::replay::unix_micros(std::time::SystemTime::now());
         let prev = self
             .last_ts
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
@@ -284,7 +284,7 @@ impl ClusterNode {
     /// subject (lookups are answered from now on), and claim it (an older holder elsewhere
     /// yields).
     pub fn hold(self: &Arc<Self>, hub: &RelayHub, env: &str, link: LinkId) {
-        let since_us = crate::server::unix_micros();
+        let since_us = crate::replay::unix_micros(std::time::SystemTime::now());
         let me = self.clone();
         let (hub, env_owned) = (hub.clone(), env.to_string());
         let task = tokio::spawn(async move {
@@ -605,8 +605,8 @@ impl ClusterNode {
             open,
             &self.spec.keys,
             &mut stamps,
-            crate::server::unix_micros(),
-            crate::server::RELAY_VERSION,
+            crate::replay::unix_micros(std::time::SystemTime::now()),
+            crate::RELAY_VERSION,
         );
         match &r {
             Ok(_) => bump(&self.stats.relay_links_admitted),

@@ -132,8 +132,7 @@ pub const RELAY_HINT: &str =
 
 /// The path prefix of client links: `/v1/connect/ID`.
 pub const CONNECT_PATH_PREFIX: &str = "/v1/connect/";
-/// The relay's version, sent in message 2 of every environment link.
-pub const RELAY_VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use crate::RELAY_VERSION;
 
 /// How long shutdown waits for links to close (each sends its close frame within the
 /// driver's `LINK_CLOSE_TIMEOUT`) before it returns anyway.
