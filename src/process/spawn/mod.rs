@@ -195,6 +195,16 @@ fn spawn_pty(
     })
 }
 
+/// A containment failure around a spawn as an I/O error that keeps the OS errno: running out
+/// of descriptors while opening a scope's `cgroup.procs` must read as `EMFILE` (out of file
+/// descriptors) to the client, not as an unknown error.
+fn scope_error(e: containment::ContainmentError) -> io::Error {
+    match e {
+        containment::ContainmentError::Io(io) => io,
+        other => io::Error::other(other.to_string()),
+    }
+}
+
 /// Clone and exec `spec` with `stdio` on 0–2: placed in `scope` (by the kernel, or by the
 /// child before exec), its pidfd (from the clone) registered with the subreaper before the
 /// reaper can see it (the fork gate is held across all three). A failed clone or a failure
@@ -207,7 +217,7 @@ fn launch(
     scope: Option<&SessionScope>,
     pref: ClonePreference,
 ) -> Result<(Arc<DirectChild>, CloneMethod), Failure> {
-    let scope_err = |e: containment::ContainmentError| io::Error::other(e.to_string());
+    let scope_err = scope_error;
     // Held until the child is recorded: a scope kill that starts meanwhile waits for it.
     let mut placement = scope
         .map(|s| s.begin_placement())
@@ -447,5 +457,24 @@ impl InputWriter {
     /// Whether this is a terminal (end of file is sent as `^D`, not by closing).
     pub fn is_pty(&self) -> bool {
         matches!(self, InputWriter::Pty(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_out_of_descriptors_reads_as_emfile() {
+        let e = scope_error(containment::ContainmentError::Io(
+            io::Error::from_raw_os_error(libc::EMFILE),
+        ));
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+        let start = StartError::new(StartWhat::Other, "sleep", &e);
+        assert_eq!(start.errno_name(), "EMFILE");
+        assert!(start.out_of_descriptors());
+        let closed = scope_error(containment::ContainmentError::ScopeClosed);
+        assert_eq!(closed.raw_os_error(), None);
+        assert_eq!(closed.to_string(), "session scope is closed");
     }
 }
