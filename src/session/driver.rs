@@ -100,7 +100,15 @@ impl Shared {
                 resolution,
             } => request.resolve(resolution),
             Action::Abandon(p) => p.abandon(),
-            Action::Arm(_) => self.wake.notify_one(),
+            Action::Arm(at) => {
+                // The timer task sleeps until the earliest deadline it read: wake it to read
+                // this earlier one.
+                tracing::trace!(
+                    in_ms = at.saturating_duration_since(now()).as_millis() as u64,
+                    "session deadline armed"
+                );
+                self.wake.notify_one()
+            }
             in_order => perform_in_order(in_order),
         }
         None
