@@ -245,3 +245,17 @@ async fn demo(args: DemoArgs, start_relay: DemoRelay) -> anyhow::Result<i32> {
     println!("demo: done (every byte between client and exec server crossed the relay encrypted)");
     Ok(status)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build without the `demo` feature has no relay to hand in: `demo` refuses at once
+    /// (before making keys or starting a server) with the usage-error status.
+    #[test]
+    fn without_a_relay_demo_exits_2_before_starting_anything() {
+        let args = DemoArgs { argv: Vec::new() };
+        assert_eq!(demo_main(args, None), NO_RELAY_EXIT);
+        assert_eq!(NO_RELAY_EXIT, 2);
+    }
+}
