@@ -767,7 +767,7 @@ fn record_layer_cpu_per_gb(n: u64, binary: bool, suite: NoiseSuite) -> f64 {
     use execrelay::noise::handshake::{read_hello_suite, ClientHandshake};
     use execrelay::noise::keys::Keypair;
     use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
-    use execrelay_relay::frame::Frame;
+    use execrelay_protocol::frame::Frame;
     let (c, s) = (
         Keypair::generate().expect("key"),
         Keypair::generate().expect("key"),
@@ -953,11 +953,11 @@ async fn main() {
         // its guaranteed chunk, the process itself (64 KiB), what its client has not yet
         // acknowledged (ACK_EVERY_BYTES) and the one sealed message its stream sink may hold.
         let budget_kib = (execrelay::config::OUTPUT_BUDGET_BYTES / 1024) as u64;
-        let link_queue_kib = (execrelay_relay::config::LINK_SEND_QUEUE_BYTES / 1024) as u64;
+        let link_queue_kib = (execrelay_protocol::config::LINK_SEND_QUEUE_BYTES / 1024) as u64;
         let per_stream_kib = ((execrelay::process::output_budget::GUARANTEED_OUTPUT_BYTES
             + 64 * 1024
             + execrelay::client::ACK_EVERY_BYTES as usize
-            + execrelay_relay::frame::MAX_FRAME_BYTES)
+            + execrelay_protocol::frame::MAX_FRAME_BYTES)
             / 1024) as u64;
         let bound = idle + budget_kib + link_queue_kib + fan as u64 * per_stream_kib;
         println!("fanin_server_idle_rss_KiB {idle}");

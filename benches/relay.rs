@@ -29,13 +29,13 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use bytes::Bytes;
-use execrelay_relay::config::EndpointConfig;
-use execrelay_relay::driver::{
+use execrelay_io::driver::{
     link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, StreamHandle,
 };
-use execrelay_relay::env_handshake::EnvironmentHandshake;
-use execrelay_relay::frame::MAX_PAYLOAD_BYTES;
-use execrelay_relay::keys::{public_line, Keypair};
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::env_handshake::EnvironmentHandshake;
+use execrelay_protocol::frame::MAX_PAYLOAD_BYTES;
+use execrelay_protocol::keys::{public_line, Keypair};
 use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpStream;
 

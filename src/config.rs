@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use execrelay_relay::http::FrontLimits;
+use execrelay_io::http::FrontLimits;
 use serde::Deserialize;
 
 /// Largest JSON-RPC message accepted, in bytes (`protocol.md` §1). Large enough for a 1 MiB
@@ -371,7 +371,7 @@ pub const HANDSHAKE_CLOCK_WINDOW_MS: u64 = 120_000;
 /// `MAX_HANDSHAKES_PER_KEY_WINDOW`); more are refused `busy` until older ones age out (that
 /// key alone).
 pub const MAX_HANDSHAKES_PER_KEY_WINDOW: usize =
-    execrelay_relay::replay::MAX_HANDSHAKES_PER_KEY_WINDOW;
+    execrelay_protocol::replay::MAX_HANDSHAKES_PER_KEY_WINDOW;
 /// Interval of WebSocket pings on every link and WebSocket of the server (`noise+ws://`
 /// links, the environment link, plain `ws://` connections; `secure-transport.md` §6.4), less
 /// a jitter of up to a tenth.
@@ -465,14 +465,14 @@ pub const IN_PROCESS_EVENT_QUEUE: usize = 256;
 pub const IN_PROCESS_SHUTDOWN_MS: u64 = 5_000;
 
 /// How a setting reads (`--help`, the README table): shared with the relay's settings.
-pub use execrelay_relay::setting::{Setting, Unit};
+pub use execrelay_io::setting::{Setting, Unit};
 
 /// One setting of [`ServerConfig`] whose value is a word, not a number (a backend, a name).
-pub use execrelay_relay::setting::TextSetting;
+pub use execrelay_io::setting::TextSetting;
 
 // Every setting, declared once by the settings macro both servers share (its docs say what
 // it generates).
-execrelay_relay::settings! {
+execrelay_io::settings! {
     /// Limits and timings of one exec server. Every field has a flag of `execrelay serve`
     /// (the same name in kebab-case) and a key (the same name) in the `--config` TOML file;
     /// flags win over the file. Each field's default is the named constant in its doc.

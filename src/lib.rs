@@ -17,9 +17,9 @@
 //!    (the exec policy: rules, the resolved path, the file re-read on change).
 //!
 //! Beneath every layer, the `execrelay-relay` crate (`relay/`): the link engine, the HTTP
-//! front of every TCP listener (`execrelay_relay::http`: `/readyz`, `/metrics`, the Origin
+//! front of every TCP listener (`execrelay_io::http`: `/readyz`, `/metrics`, the Origin
 //! refusal, WebSocket upgrades; routes injected by the caller), the key files
-//! (`execrelay_relay::keys`, re-exported as [`noise::keys`]) and the relay server itself.
+//! (`execrelay_protocol::keys`, re-exported as [`noise::keys`]) and the relay server itself.
 //! 2. [`process`]: spawning, output pumps, drain deadlines, the event log, the ready queue.
 //! 3. [`session`]: sessions shared by all connections of a server.
 //! 4. [`connection`]: one connection's state machine, request ordering, writer, handlers,

@@ -12,7 +12,7 @@
 //!   running and exited, output bytes retained for clients): set from a [`StateSnapshot`] the
 //!   caller takes from the registry at scrape time, so they can never drift from the truth.
 //! - [`Metrics::render`], the OpenMetrics text; the endpoint that serves it is the HTTP front
-//!   (`execrelay_relay::http`), wired by the composition root (`server.rs`), whose renderer renders
+//!   (`execrelay_io::http`), wired by the composition root (`server.rs`), whose renderer renders
 //!   `metrics.render(&registry.stats())`.
 //!
 //! A leaf (layer 1): it imports nothing of the crate, never builds or reads a registry itself.

@@ -8,7 +8,7 @@ use execrelay::cli::{Cli, Command};
 use execrelay::config::*;
 
 /// Every setting with its constant, written out by hand: a second source to check the one the
-/// settings macro (`execrelay_relay::settings!`) uses.
+/// settings macro (`execrelay_io::settings!`) uses.
 const CONSTANTS: &[(&str, u64)] = &[
     ("max_message_bytes", MAX_MESSAGE_BYTES as u64),
     ("max_processes", MAX_PROCESSES as u64),

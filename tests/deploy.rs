@@ -14,12 +14,12 @@ use clap::Parser;
 use execrelay::cli::{Cli, Command};
 use execrelay::metrics::{ContainmentStage, Metrics, StateSnapshot};
 use execrelay::noise::keys::{public_line, Keypair};
-use execrelay_relay::driver::RelaySnapshot;
-use execrelay_relay::reason::Counters;
+use execrelay_io::driver::RelaySnapshot;
+use execrelay_io::tls::TlsFigures;
+use execrelay_protocol::reason::Counters;
 use execrelay_relay::server::cli::RelayArgs;
 use execrelay_relay::server::metrics::{render, Figures, ServerStats};
 use execrelay_relay::server::settings::RelaySettings;
-use execrelay_relay::tls::TlsFigures;
 
 fn deploy(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,4 +1,4 @@
-//! The HTTP front (`execrelay_relay::http`) over real sockets: what plain requests get (`/readyz`,
+//! The HTTP front (`execrelay_io::http`) over real sockets: what plain requests get (`/readyz`,
 //! `/metrics`, `403` for a cross-origin upgrade, `404`, `405`, `431`), WebSocket upgrades handed
 //! to the caller, and every limit at its edge: head bytes, header fields, handshake slots, slots
 //! per peer address, the total head deadline against trickling clients and the
@@ -26,11 +26,11 @@ use execrelay::config::{
     ServerConfig, MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_ADDRESS,
     REQUEST_HEAD_TIMEOUT_MS,
 };
-use execrelay_relay::http::{
+use execrelay_io::http::{
     serve, Front, FrontLimits, Health, MetricsRenderer, PathPattern, Routes, Upgrade, UpgradeRoute,
     MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
 };
-use execrelay_relay::tls::{CertificateFiles, TlsListener};
+use execrelay_io::tls::{CertificateFiles, TlsListener};
 
 /// Hang guard on every wait.
 const GUARD: Duration = Duration::from_secs(30);

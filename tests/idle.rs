@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::{ConnectionEnd, ConnectionOptions};
-use execrelay_relay::frame::Frame;
+use execrelay_protocol::frame::Frame;
 
 const T: Duration = Duration::from_secs(10);
 

@@ -25,7 +25,7 @@ use execrelay::link::server::NoiseServerConfig;
 use execrelay::noise::keys::{public_line, Keypair};
 use execrelay::server::{Listener, Server};
 use execrelay::session::SessionRegistry;
-use execrelay_relay::config::KeepaliveConfig;
+use execrelay_protocol::config::KeepaliveConfig;
 
 const INTERVAL_MS: u64 = 100;
 const PONG_MS: u64 = 600;

@@ -3,8 +3,9 @@
 //! aside) names a module of a strictly lower layer than the file's own, or its own module.
 //! A violation fails the test naming `file:line`.
 //!
-//! `layers/circles.rs` checks, with the same lexer, that no files of `src/` or `relay/src/`
-//! import one another in a circle.
+//! `layers/circles.rs` checks, with the same lexer, that no files of one crate of the
+//! workspace import one another in a circle; `layers/crates.rs`, that no crate names a crate
+//! of its own tier or above, and that the link engine (`protocol/src/`) is sans-IO.
 //!
 //! The checker is a small lexer, not a parser: it blanks comments and literals, then looks
 //! for `crate::`. Paths through `super::` stay inside a module by house style and are not
@@ -17,6 +18,9 @@ use std::path::{Path, PathBuf};
 // The file-level check: no import circles inside a crate.
 #[path = "layers/circles.rs"]
 mod circles;
+// The crate-level check: dependency directions between the workspace's crates.
+#[path = "layers/crates.rs"]
+mod crates;
 
 /// Each top-level module of `src/` and its layer (`ARCHITECTURE.md`, "Layers"). A module
 /// may use `crate::X` only for X of a strictly lower layer, or itself.
@@ -340,8 +344,8 @@ fn no_module_imports_its_own_layer_or_above() {
         report.len(),
         report.join("\n")
     );
-    // The table names only modules that exist (the HTTP front is `execrelay_relay::http`, in
-    // the relay crate beneath every layer).
+    // The table names only modules that exist (the HTTP front is `execrelay_io::http`, in
+    // the shared I/O crate beneath every layer).
     for (m, _) in LAYERS {
         assert!(
             seen.contains_key(*m),

@@ -35,8 +35,8 @@ use execrelay::noise::handshake::ClientHandshake;
 use execrelay::noise::keys::Keypair;
 use execrelay::noise::record::RecordSealer;
 use execrelay::noise::timestamp::next_hello_ts;
-use execrelay_relay::config::STREAM_WINDOW_RECORDS;
-use execrelay_relay::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
+use execrelay_protocol::config::STREAM_WINDOW_RECORDS;
+use execrelay_protocol::frame::{Frame, FrameType, StreamId, MAX_FRAME_BYTES};
 
 const MIB: u64 = 1024 * 1024;
 /// `max_message_bytes`.

@@ -304,7 +304,7 @@ async fn concurrent_scrapes_are_capped() {
     // Fill every slot with a connection that has not sent its request yet. The server accepts
     // in order and takes a slot before accepting the next connection.
     let mut held = Vec::new();
-    for _ in 0..execrelay_relay::http::MAX_METRICS_SCRAPES {
+    for _ in 0..execrelay_io::http::MAX_METRICS_SCRAPES {
         held.push(TcpStream::connect(addr).await.expect("connect"));
     }
     // One more is closed without an answer (a FIN, or a reset since its request is unread).

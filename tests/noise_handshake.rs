@@ -23,7 +23,7 @@ use execrelay::config::ServerConfig;
 use execrelay::noise::handshake::{ClientHandshake, MAX_MSG1_BYTES};
 use execrelay::noise::keys::Keypair;
 use execrelay::noise::timestamp::{next_hello_ts, unix_micros};
-use execrelay_relay::frame::{Frame, FrameType};
+use execrelay_protocol::frame::{Frame, FrameType};
 
 // =============================================================================================
 // 4. The prologue binds message 1 to its stream.
@@ -178,7 +178,7 @@ async fn a_message_1_stamped_before_the_server_started_is_refused() {
 // 8b. The failure budget runs on tokio's clock.
 
 /// An `OPEN` whose message 1 is garbage (a charged handshake failure); its stream id.
-async fn garbage_open(link: &mut RawLink) -> execrelay_relay::frame::StreamId {
+async fn garbage_open(link: &mut RawLink) -> execrelay_protocol::frame::StreamId {
     let sid = random_sid();
     link.send_open(sid, b"garbage".to_vec()).await;
     sid

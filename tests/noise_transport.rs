@@ -25,8 +25,8 @@ use execrelay::link::client::ClientLink;
 use execrelay::noise::record::MAX_RECORD_BODY;
 use execrelay::rpc::messages::StreamName;
 use execrelay::transport::Transport;
-use execrelay_relay::config::MALFORMED_FRAME_BURST;
-use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
+use execrelay_protocol::config::MALFORMED_FRAME_BURST;
+use execrelay_protocol::frame::{Frame, FrameType, HEADER_BYTES, MAX_FRAME_BYTES};
 
 /// The defaults, but one client key (from one address) may hold every session slot: these
 /// tests run 64 sessions of one key, past the per-client quotas (`quotas.rs` tests those).

@@ -23,7 +23,7 @@ use serde_json::json;
 use execrelay::config::ServerConfig;
 use execrelay::link::client::{LinkPool, NoiseClientConfig};
 use execrelay::noise::keys::Keypair;
-use execrelay_relay::frame::FrameType;
+use execrelay_protocol::frame::FrameType;
 
 /// The attacker's address (the authorized client is on 127.0.0.1).
 const HOSTILE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -59,7 +59,7 @@ async fn accepted(
     key: &Keypair,
     server: &Keypair,
     n: usize,
-) -> Vec<execrelay_relay::frame::StreamId> {
+) -> Vec<execrelay_protocol::frame::StreamId> {
     let mut sids = Vec::new();
     for _ in 0..n {
         sids.push(link.send_hello(key, &server.public).await.0);
@@ -220,7 +220,7 @@ async fn one_key_cannot_take_the_environments_streams() {
     accepted(&mut b, &other, &server, 8).await;
     // One of the greedy key's streams ends: one more fits, and no more.
     let gone = held.pop().unwrap();
-    a.send_frame(&execrelay_relay::frame::Frame::reset(gone, "done"))
+    a.send_frame(&execrelay_protocol::frame::Frame::reset(gone, "done"))
         .await;
     eventually("the ended stream is gone", || env.streams() == 15).await;
     accepted(&mut a2, &greedy, &server, 1).await;

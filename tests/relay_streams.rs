@@ -26,7 +26,7 @@ use execrelay::link::client::{ClientLink, LinkPool, NoiseClientConfig};
 use execrelay::noise::handshake::ClientHandshake;
 use execrelay::noise::keys::Keypair;
 use execrelay::noise::timestamp::next_hello_ts;
-use execrelay_relay::frame::{Frame, FrameType};
+use execrelay_protocol::frame::{Frame, FrameType};
 use execrelay_relay::server::settings::RelaySettings;
 
 /// A relay, and one environment `env` registered with it whose authorizer allows `clients`.
@@ -519,7 +519,7 @@ async fn through_the_relay_quotas_count_keys_not_addresses() {
 /// here 2 instead of 1024, so that one client can reach it), once empty, refuses new `OPEN`s
 /// (`busy`) for a cool-down without closing the link (it carries every client's streams) or
 /// touching an established stream. (The cool-down's end is tested on the engine, on paused
-/// time: `relay/tests/endpoint_pair.rs`; that one client never reaches the default budget,
+/// time: `protocol/tests/endpoint_pair.rs`; that one client never reaches the default budget,
 /// in `tests/relay_attack.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_handshake_bucket_refuses_new_streams_and_keeps_the_environment_link() {

@@ -28,7 +28,7 @@ use execrelay::config::ServerConfig;
 use execrelay::link::client::{ClientLink, NoiseClientConfig};
 use execrelay::link::dial::TlsRoots;
 use execrelay::noise::keys::Keypair;
-use execrelay_relay::tls::{CertificateFiles, TlsListener};
+use execrelay_io::tls::{CertificateFiles, TlsListener};
 
 /// PEM of a certificate and of its key.
 struct Pem {
@@ -336,8 +336,7 @@ async fn certificates_replaced_while_links_are_up() {
     let url = format!("relay+{base}/env");
     let env = env_over_wss(base, &relay, &server, &client, &old_pin).await;
     let mut up = stream(&url, &client, &server, &old_pin).await.unwrap();
-    let fingerprint =
-        |pem: &Pem| execrelay_relay::tls::certificate_fingerprint(&pem_der(&pem.cert));
+    let fingerprint = |pem: &Pem| execrelay_io::tls::certificate_fingerprint(&pem_der(&pem.cert));
 
     // A broken file: kept out; the old certificate still serves new links.
     replace(&files.cert, "-----BEGIN CERTIFICATE-----\nbroken\n", 0o644);

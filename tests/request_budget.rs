@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use execrelay::config::ServerConfig;
 use execrelay::connection::parse_cost;
-use execrelay_relay::frame::{Frame, FrameType};
+use execrelay_protocol::frame::{Frame, FrameType};
 
 /// A `process/write` of `data` to `pid` with request id `id`, as the bytes sent.
 fn write_message(id: u64, pid: &str, data: &[u8]) -> Vec<u8> {

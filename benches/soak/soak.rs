@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use execrelay::noise::keys::Keypair;
-use execrelay_relay::config::KeepaliveConfig;
+use execrelay_protocol::config::KeepaliveConfig;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 

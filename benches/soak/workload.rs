@@ -18,7 +18,7 @@ use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Targe
 use execrelay::link::client::{LinkPool, NoiseClientConfig};
 use execrelay::noise::keys::Keypair;
 use execrelay::rpc::messages::TermSize;
-use execrelay_relay::config::KeepaliveConfig;
+use execrelay_protocol::config::KeepaliveConfig;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;

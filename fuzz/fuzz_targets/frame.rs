@@ -1,6 +1,6 @@
 //! Frame decoder: any bytes decode or fail cleanly, and what decodes re-encodes identically.
 #![no_main]
-use execrelay_relay::frame::Frame;
+use execrelay_protocol::frame::Frame;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -21,7 +21,7 @@ use execrelay::noise::suite::NoiseSuite;
 use execrelay::noise::record::{
     MessageDeframer, Opened, RecordError, RecordOpener, RecordSealer, MAX_RECORD_BODY,
 };
-use execrelay_relay::frame::Frame;
+use execrelay_protocol::frame::Frame;
 use libfuzzer_sys::fuzz_target;
 
 /// Small, so that the deframer's length refusals and messages spanning records are both

@@ -26,7 +26,7 @@ use execrelay::rpc::binary_output::{decode_output_message, is_binary_message};
 use execrelay::rpc::jsonrpc::{parse_inbound, Inbound};
 use execrelay::rpc::method::TABLE;
 use execrelay::rpc::notification::{decode_exit_info, decode_output_delta, decode_output_params};
-use execrelay_relay::frame::Frame;
+use execrelay_protocol::frame::Frame;
 use libfuzzer_sys::fuzz_target;
 
 /// Large enough for every message of a session (a write of 256 KiB in base64), small enough

@@ -15,13 +15,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use bytes::Bytes;
+use execrelay_io::driver::{EndpointLink, StreamError};
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::frame::{FrameType, LINK_STREAM};
+use execrelay_protocol::keys::environments::{parse_environments, EnvironmentsFile};
+use execrelay_protocol::keys::{public_line, Keypair};
 use execrelay_relay::cluster::relay_link;
 use execrelay_relay::cluster::{ClusterKeys, ClusterSpec};
-use execrelay_relay::config::EndpointConfig;
-use execrelay_relay::driver::{EndpointLink, StreamError};
-use execrelay_relay::frame::{FrameType, LINK_STREAM};
-use execrelay_relay::keys::environments::{parse_environments, EnvironmentsFile};
-use execrelay_relay::keys::{public_line, Keypair};
 use execrelay_relay::server::{RelayServer, RelayServerConfig};
 use harness::*;
 use tokio::net::TcpListener;
@@ -472,7 +472,7 @@ async fn client_via_front(relay: &Relay, id: &str) -> EndpointLink {
         tokio_tungstenite::client_async_with_config(
             req,
             tcp,
-            Some(execrelay_relay::driver::link_websocket_config()),
+            Some(execrelay_io::driver::link_websocket_config()),
         ),
     )
     .await

@@ -13,11 +13,11 @@ mod harness;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use execrelay_relay::config::EndpointConfig;
-use execrelay_relay::driver::send_frame;
-use execrelay_relay::env_handshake::EnvironmentHandshake;
-use execrelay_relay::frame::FrameType;
-use execrelay_relay::keys::Keypair;
+use execrelay_io::driver::send_frame;
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::env_handshake::EnvironmentHandshake;
+use execrelay_protocol::frame::FrameType;
+use execrelay_protocol::keys::Keypair;
 use execrelay_relay::server::settings::RelaySettings;
 use harness::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,8 +28,8 @@ const HOSTILE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// A relay with `ENV` listed and up (echoing), and an honest client's stream through it.
 struct Scene {
     relay: Relay,
-    client: execrelay_relay::driver::EndpointLink,
-    stream: execrelay_relay::driver::StreamHandle,
+    client: execrelay_io::driver::EndpointLink,
+    stream: execrelay_io::driver::StreamHandle,
 }
 
 impl Scene {
@@ -155,7 +155,7 @@ async fn non_reading_link(relay: &Relay, path: &str) -> Ws {
         tokio_tungstenite::client_async_with_config(
             format!("ws://{}{path}", relay.addr),
             tcp,
-            Some(execrelay_relay::driver::link_websocket_config()),
+            Some(execrelay_io::driver::link_websocket_config()),
         ),
     )
     .await

@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 
-use execrelay_relay::config::EndpointConfig;
-use execrelay_relay::driver::EndpointLink;
-use execrelay_relay::env_handshake::LinkRefusal;
-use execrelay_relay::keys::{public_line, Keypair};
+use execrelay_io::driver::EndpointLink;
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::env_handshake::LinkRefusal;
+use execrelay_protocol::keys::{public_line, Keypair};
 use harness::{env_handshake, guard, http_get, metric_of, next_ts, GUARD};
 
 const BIN: &str = env!("CARGO_BIN_EXE_execrelay-relay");
@@ -204,7 +204,7 @@ async fn the_binary_prints_its_url_serves_readyz_and_metrics_and_exits_on_sigter
 /// client slot taken from two addresses, `/metrics` answers and an environment is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn descriptors_the_soft_limit_is_raised_and_the_caps_keep_a_reserve() {
-    use execrelay_relay::descriptors::{nofile_limit, RelayDescriptorPlan};
+    use execrelay_io::descriptors::{nofile_limit, RelayDescriptorPlan};
     use execrelay_relay::server::settings::RelaySettings;
     let hard = nofile_limit().unwrap().hard;
     let dir = tempfile::tempdir().unwrap();

@@ -10,12 +10,12 @@
 mod harness;
 
 use bytes::Bytes;
-use execrelay_relay::config::EndpointConfig;
-use execrelay_relay::driver::{recv_frame, StreamError};
-use execrelay_relay::env_handshake::LinkRefusal;
-use execrelay_relay::frame::{Frame, FrameType, LINK_STREAM, MAX_FRAME_BYTES};
-use execrelay_relay::keys::Keypair;
-use execrelay_relay::reason::CloseReason;
+use execrelay_io::driver::{recv_frame, StreamError};
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::env_handshake::LinkRefusal;
+use execrelay_protocol::frame::{Frame, FrameType, LINK_STREAM, MAX_FRAME_BYTES};
+use execrelay_protocol::keys::Keypair;
+use execrelay_protocol::reason::CloseReason;
 use harness::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,9 +26,9 @@ const ENV: &str = "sandbox-1";
 struct Bystander {
     relay: Relay,
     env_keys: Keypair,
-    env: execrelay_relay::driver::EndpointLink,
-    client: execrelay_relay::driver::EndpointLink,
-    stream: execrelay_relay::driver::StreamHandle,
+    env: execrelay_io::driver::EndpointLink,
+    client: execrelay_io::driver::EndpointLink,
+    stream: execrelay_io::driver::StreamHandle,
 }
 
 impl Bystander {
@@ -206,7 +206,7 @@ async fn an_unlisted_key_a_wrong_id_and_a_wrong_relay_key_are_refused_with_a_cle
     // No key material in the log: fingerprints only.
     let text = logs.text();
     let b64 = |k: &Keypair| {
-        execrelay_relay::keys::public_line(&k.public, "")
+        execrelay_protocol::keys::public_line(&k.public, "")
             .split_whitespace()
             .nth(1)
             .unwrap()
@@ -612,7 +612,7 @@ async fn a_sender_past_its_window_is_reset_alone() {
         ..EndpointConfig::default()
     };
     let (_slow, mut incoming) =
-        execrelay_relay::driver::EndpointLink::spawn_server(ws, small_window).unwrap();
+        execrelay_io::driver::EndpointLink::spawn_server(ws, small_window).unwrap();
     let mut raw = b.relay.ws("/v1/connect/slow").await;
     let id = stream_id();
     send_raw(&mut raw, &open_frame(id, 16)).await;

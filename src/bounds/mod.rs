@@ -8,7 +8,7 @@
 //!   connection's budget under the server's) and [`Charge`] (bytes held against it, given back
 //!   on drop). The connection processor charges each request's message here; the Noise
 //!   deframer charges each unfinished message before it grows.
-//! - [`descriptors`] (`execrelay_relay::descriptors`, re-exported: the relay binary uses the
+//! - [`descriptors`] (`execrelay_io::descriptors`, re-exported: the relay binary uses the
 //!   same code): `RLIMIT_NOFILE` (raised to the hard limit at start), the count of open
 //!   descriptors, and the [`DescriptorReserve`] that refuses a new connection or link while
 //!   fewer than the reserve are free, so a spawn never fails for a connection's sake.
@@ -26,8 +26,9 @@ pub mod byte_budget;
 pub mod give_back;
 pub mod idle;
 
-/// Descriptors live in the relay crate (beneath every layer), shared with the relay binary.
-pub use execrelay_relay::descriptors;
+/// Descriptors live in the shared I/O crate (`execrelay_io`, beneath every layer), shared with
+/// the relay binary.
+pub use execrelay_io::descriptors;
 
 pub use byte_budget::{ByteBudget, Charge, OverBudget};
 pub use descriptors::{DescriptorReserve, LowOnDescriptors, NofileLimit};

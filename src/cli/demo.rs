@@ -1,7 +1,13 @@
 //! `execrelay demo`: the whole path on one machine (throwaway keys, a relay in this process,
 //! an exec server registered with it, a client through it), ending with the demo command's
 //! own exit status and words (`exited with status 7`, `killed by SIGKILL`).
+//!
+//! The relay is the `execrelay-relay` crate's server, which this library never links: the
+//! `execrelay` binary (built with the `demo` feature, on by default) hands it in as a
+//! [`DemoRelay`]. A build without the feature says so and how to get one.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use clap::Args;
@@ -17,12 +23,44 @@ pub struct DemoArgs {
     pub argv: Vec<String>,
 }
 
-/// `execrelay demo`: the whole path on one machine. Throwaway keys; a relay in this process;
-/// an exec server (`execrelay serve --relay …`, a child process) registered with it; and the
-/// demo client running a command through the relay over Noise.
-pub fn demo_main(args: DemoArgs) -> i32 {
+/// What the demo's relay is given: a bound listener, the relay's keys, the environments file
+/// that lists the demo's exec server, and the token that stops it.
+pub struct DemoRelayConfig {
+    /// The relay's listener, bound to a free port of 127.0.0.1.
+    pub listener: tokio::net::TcpListener,
+    /// The relay's static key pair.
+    pub keys: crate::noise::keys::Keypair,
+    /// The environments file (one line: the demo's environment id and exec server key).
+    pub environments: std::path::PathBuf,
+    /// Cancelled when the demo is done; the relay then shuts down and its future ends.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+/// Runs the demo's relay until its stop token is cancelled. The `execrelay` binary passes
+/// one that runs `execrelay_relay::server::run` when built with the `demo` feature.
+pub type DemoRelay =
+    fn(DemoRelayConfig) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+
+/// The exit code of `demo` in a build without a relay (as for a usage error).
+pub const NO_RELAY_EXIT: i32 = 2;
+
+/// `execrelay demo`: the whole path on one machine. Throwaway keys; a relay in this process
+/// (`relay`, from the binary); an exec server (`execrelay serve --relay …`, a child process)
+/// registered with it; and the demo client running a command through the relay over Noise.
+pub fn demo_main(args: DemoArgs, relay: Option<DemoRelay>) -> i32 {
+    let Some(relay) = relay else {
+        eprintln!(
+            "execrelay demo: this execrelay was built without the `demo` feature, so it has no \
+             relay to run in process; rebuild with `cargo build --features demo` (on by default), \
+             or start `execrelay-relay` and `execrelay serve --relay` yourself (README)"
+        );
+        return NO_RELAY_EXIT;
+    };
     // The relay's own link notices (a link closing at shutdown) are not the demo's story.
-    crate::cli::init_logging("warn,execrelay_relay=error", false);
+    crate::cli::init_logging(
+        "warn,execrelay_relay=error,execrelay_io=error,execrelay_protocol=error",
+        false,
+    );
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -30,7 +68,7 @@ pub fn demo_main(args: DemoArgs) -> i32 {
             return 1;
         }
     };
-    match rt.block_on(demo(args)) {
+    match rt.block_on(demo(args, relay)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("execrelay demo: {e}");
@@ -42,12 +80,9 @@ pub fn demo_main(args: DemoArgs) -> i32 {
 /// How long the demo waits for the exec server to register with the relay.
 const DEMO_REGISTER_TIMEOUT: Duration = Duration::from_secs(15);
 
-async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
+async fn demo(args: DemoArgs, start_relay: DemoRelay) -> anyhow::Result<i32> {
     use crate::link::client::{LinkPool, NoiseClientConfig};
     use crate::noise::keys::{fingerprint, public_line, Keypair};
-    use execrelay_relay::keys::environments::EnvironmentsFile;
-    use execrelay_relay::server::settings::RelaySettings;
-    use execrelay_relay::server::RelayServerConfig;
     use tokio::io::AsyncBufReadExt;
 
     // 1. Throwaway keys, as `execrelay keygen` writes them.
@@ -87,17 +122,13 @@ async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
     // 2. The relay, in this process.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let relay_url = format!("ws://{}", listener.local_addr()?);
-    let relay_config = RelayServerConfig {
-        keys: relay_keys.clone(),
-        environments: EnvironmentsFile::load(&dir.join("environments"))?,
-        settings: RelaySettings::default(),
-    };
     let relay_stop = tokio_util::sync::CancellationToken::new();
-    let relay = tokio::spawn(execrelay_relay::server::run(
+    let relay = tokio::spawn(start_relay(DemoRelayConfig {
         listener,
-        relay_config,
-        relay_stop.clone(),
-    ));
+        keys: relay_keys.clone(),
+        environments: dir.join("environments"),
+        stop: relay_stop.clone(),
+    }));
     println!(
         "demo: relay listening on {relay_url} (key {}); it routes frames and reads none",
         fingerprint(&relay_keys.public)
@@ -213,4 +244,18 @@ async fn demo(args: DemoArgs) -> anyhow::Result<i32> {
     let _ = tokio::time::timeout(Duration::from_secs(10), relay).await;
     println!("demo: done (every byte between client and exec server crossed the relay encrypted)");
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build without the `demo` feature has no relay to hand in: `demo` refuses at once
+    /// (before making keys or starting a server) with the usage-error status.
+    #[test]
+    fn without_a_relay_demo_exits_2_before_starting_anything() {
+        let args = DemoArgs { argv: Vec::new() };
+        assert_eq!(demo_main(args, None), NO_RELAY_EXIT);
+        assert_eq!(NO_RELAY_EXIT, 2);
+    }
 }

@@ -80,8 +80,9 @@ fn words_after_run(raw: &[OsString]) -> Vec<OsString> {
     }
 }
 
-/// Entry point of the binary; returns the process exit code.
-pub fn main() -> i32 {
+/// Entry point of the binary; returns the process exit code. `demo_relay` is the relay
+/// `execrelay demo` runs in process (the binary's, with the `demo` feature), or `None`.
+pub fn main(demo_relay: Option<demo::DemoRelay>) -> i32 {
     tune_allocator();
     let raw: Vec<OsString> = std::env::args_os().collect();
     let cli = Cli::parse_from(&raw);
@@ -92,10 +93,10 @@ pub fn main() -> i32 {
         Command::Ps(args) => detached::ps_main(args),
         Command::Kill(args) => detached::kill_main(args),
         Command::Cp(args) => cp::main(args),
-        Command::Demo(args) => demo::demo_main(args),
+        Command::Demo(args) => demo::demo_main(args, demo_relay),
         Command::Keygen(args) => keygen::main(args),
     }
 }
 
 /// Install the tracing subscriber: stderr, `RUST_LOG` (default `default`), text or JSON.
-pub use execrelay_relay::server::cli::init_logging;
+pub use execrelay_io::service::init_logging;

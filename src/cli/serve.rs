@@ -19,8 +19,8 @@ use crate::link::environment::RelayDial;
 use crate::link::server::NoiseServerConfig;
 use crate::policy::PolicyFile;
 use crate::server::{bound_noise_url, bound_url, parse_listen, ListenAddr, Listener, Server};
-use execrelay_relay::http::{METRICS_PATH, READYZ_PATH};
-use execrelay_relay::server::cli::spawn_signal_handler;
+use execrelay_io::http::{METRICS_PATH, READYZ_PATH};
+use execrelay_io::service::spawn_signal_handler;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]

@@ -6,7 +6,7 @@
 //! `open_stream` sends `OPEN` (handshake message 1, with the environment id in the prologue
 //! for a relay target), waits for `ACCEPT`, verifies message 2 and only then hands out a
 //! [`Transport`]: the client sends no application data before the server is authenticated.
-//! The engine (`execrelay_relay::driver::EndpointLink`) owns frames, windows, keepalive and
+//! The engine (`execrelay_io::driver::EndpointLink`) owns frames, windows, keepalive and
 //! the write deadline; a stream whose consumer stops reading holds back its server's sender
 //! and nothing else. There is no process-wide state here except the message-1 timestamp
 //! counter ([`next_hello_ts`]): links are shared only through a pool the caller owns.
@@ -28,9 +28,9 @@ use crate::noise::suite::{NoiseSuite, SuiteChoice};
 use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
 use crate::transport::Transport;
-use execrelay_relay::config::{EndpointConfig, KeepaliveConfig};
-use execrelay_relay::driver::{Accepted, EndpointLink, StreamError};
-use execrelay_relay::reason::Reason;
+use execrelay_io::driver::{Accepted, EndpointLink, StreamError};
+use execrelay_protocol::config::{EndpointConfig, KeepaliveConfig};
+use execrelay_protocol::reason::Reason;
 
 /// How long connecting a link, and each `OPEN` waiting for its `ACCEPT`, may take.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -413,7 +413,7 @@ impl ClientLink {
     }
 
     /// A copy of the link's counters (frames and bytes by type and direction, resets, drops).
-    pub fn counters(&self) -> execrelay_relay::reason::Counters {
+    pub fn counters(&self) -> execrelay_protocol::reason::Counters {
         self.link.counters()
     }
 

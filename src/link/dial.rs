@@ -17,8 +17,8 @@ pub use super::dial_error::DialError;
 pub use super::trust::{load_ca_file, TlsRoots};
 
 use crate::transport::websocket::{connect_websocket_stream, ClientSocket};
-use execrelay_relay::driver::link_websocket_config;
-use execrelay_relay::http::MAX_ROUTE_ID_BYTES;
+use execrelay_io::driver::link_websocket_config;
+use execrelay_io::http::MAX_ROUTE_ID_BYTES;
 
 /// A dialled link's WebSocket (over the read-ahead buffer of
 /// [`crate::transport::websocket::ClientSocket`]).

@@ -1,6 +1,6 @@
 //! The exec server's environment link (`secure-transport.md` §6.1–§6.2): dial the relay at
 //! `URL/v1/env/ID`, prove the environment's key in the link handshake on stream id 0
-//! (`execrelay_relay::env_handshake`, pinning the relay's key), then serve the link exactly
+//! (`execrelay_protocol::env_handshake`, pinning the relay's key), then serve the link exactly
 //! as a direct one ([`super::server::run_link`]: per-stream handshakes, authorization,
 //! `ConnectionProcessor`s, session binding to the client key), with the budget policy of a
 //! link that carries many clients' streams: an empty handshake bucket refuses new `OPEN`s for
@@ -24,11 +24,11 @@ use super::server::{run_link, LinkContext, LinkPeer};
 use crate::config::ServerConfig;
 use crate::noise::keys::{fingerprint, KEY_BYTES};
 use crate::noise::timestamp::next_hello_ts;
-use execrelay_relay::driver::{recv_frame, send_frame};
-use execrelay_relay::env_handshake::{
+use execrelay_io::driver::{recv_frame, send_frame};
+use execrelay_protocol::env_handshake::{
     EnvironmentHandshake, LinkRefusal, REASON_CLOCK_SKEW, REASON_HELD, REASON_UNAUTHORIZED,
 };
-use execrelay_relay::reason::CloseReason;
+use execrelay_protocol::reason::CloseReason;
 
 /// How long the link handshake (message 1 out, message 2 or a refusal back) may take.
 pub const LINK_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

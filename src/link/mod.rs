@@ -1,6 +1,6 @@
 //! Noise physical links (layer 5): the exec server's and the client's ends of links that
 //! carry many encrypted virtual streams over one WebSocket (`secure-transport.md` §2–§8),
-//! built on the link engine of the `relay/` crate (`execrelay_relay::driver::EndpointLink`).
+//! built on the link engine of the `relay/` crate (`execrelay_io::driver::EndpointLink`).
 //!
 //! # Layout
 //!

@@ -1,6 +1,6 @@
 //! The exec server's side of a physical link, on the link engine: a direct `noise+ws://` link
 //! (path `/v1/link`) or the environment link to a relay (`super::environment`). The engine
-//! (`execrelay_relay::driver::EndpointLink`) owns frames, streams, windows, keepalive, the
+//! (`execrelay_io::driver::EndpointLink`) owns frames, streams, windows, keepalive, the
 //! write deadline and the budgets; this module owns what sits above it: the Noise handshake,
 //! the message-1 `ts` check, authorization, and one `ConnectionProcessor` per stream.
 //!
@@ -74,12 +74,12 @@ use crate::noise::keys::{fingerprint, Keypair};
 use crate::noise::suite::NoiseSuite;
 use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps, TimestampError};
 use crate::session::SessionRegistry;
-use execrelay_relay::config::{
+use execrelay_io::driver::{EndpointLink, OpenRequest};
+use execrelay_protocol::config::{
     BucketConfig, EndpointConfig, HandshakeBudgetPolicy, KeepaliveConfig, HANDSHAKE_COOLDOWN,
 };
-use execrelay_relay::driver::{EndpointLink, OpenRequest};
-use execrelay_relay::frame::StreamId;
-use execrelay_relay::reason::{CloseReason, Reason};
+use execrelay_protocol::frame::StreamId;
+use execrelay_protocol::reason::{CloseReason, Reason};
 
 /// The path physical links connect to.
 pub const LINK_PATH: &str = "/v1/link";

@@ -36,8 +36,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, OtherError, RootCertStore};
 
 use super::dial_error::DialError;
-use execrelay_relay::tls::certificate_fingerprint;
-use execrelay_relay::tls::validity::{utc, Validity};
+use execrelay_io::tls::certificate_fingerprint;
+use execrelay_io::tls::validity::{utc, Validity};
 
 /// How `wss://` verifies the server: the platform's roots, or one CA file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! One Noise virtual stream as a [`Transport`], over a stream handle of the link engine
-//! (`execrelay_relay::driver::StreamHandle`).
+//! (`execrelay_io::driver::StreamHandle`).
 //!
 //! # Where the work runs
 //!
@@ -49,8 +49,8 @@ use crate::noise::record::{
 };
 use crate::sync::lock;
 use crate::transport::{FramingError, OutMessage, Transport};
-use execrelay_relay::driver::{FlowProbe, StreamHandle, StreamReceiver, StreamSender};
-use execrelay_relay::reason::Reason;
+use execrelay_io::driver::{FlowProbe, StreamHandle, StreamReceiver, StreamSender};
+use execrelay_protocol::reason::Reason;
 
 /// Largest record plaintext (kind byte and body) assembled by a sink.
 const RECORD_PLAINTEXT: usize = 1 + MAX_RECORD_BODY;
@@ -454,8 +454,8 @@ impl Drop for NoiseSink {
 mod tests {
     use super::*;
     use crate::noise::cipher;
-    use execrelay_relay::config::EndpointConfig;
-    use execrelay_relay::driver::{link_websocket_config, Accepted, EndpointLink};
+    use execrelay_io::driver::{link_websocket_config, Accepted, EndpointLink};
+    use execrelay_protocol::config::EndpointConfig;
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::protocol::Role;
     use tokio_tungstenite::WebSocketStream;

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::{Keypair, KEY_BYTES};
 use super::suite::{protocol_name, NoiseSuite};
-use execrelay_relay::frame::StreamId;
+use execrelay_protocol::frame::StreamId;
 
 /// The Noise protocol name of suite 0 (every other suite's: [`protocol_name`]).
 pub const NOISE_PARAMS: &str = protocol_name(NoiseSuite::ChaChaPoly);

@@ -4,7 +4,7 @@
 //! # Layout
 //!
 //! - [`keys`]: X25519 key files, public key lines, the authorized-keys file (re-exported from
-//!   `execrelay_relay::keys`, where the relay finds them too).
+//!   `execrelay_protocol::keys`, where the relay finds them too).
 //! - [`suite`]: the suites (0: `Noise_IK_25519_ChaChaPoly_BLAKE2s`, 1:
 //!   `Noise_IK_25519_AESGCM_BLAKE2s`), their protocol names, the client's choice by CPU
 //!   features.
@@ -21,7 +21,7 @@
 //! - `fuzz_resolver` (fuzz builds only, `cfg(fuzzing)`): snow's primitives with X25519
 //!   results remembered and fixed ephemeral keys, so the handshake fuzz target is cheap.
 //!
-//! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_relay::frame`), so
+//! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_protocol::frame`), so
 //! that the relay routes exactly the frames these modules produce.
 
 pub mod authorizer;
@@ -29,7 +29,7 @@ pub mod cipher;
 #[cfg(fuzzing)]
 pub mod fuzz_resolver;
 pub mod handshake;
-pub use execrelay_relay::keys;
+pub use execrelay_protocol::keys;
 pub mod record;
 pub mod suite;
 pub mod timestamp;

@@ -122,7 +122,7 @@ impl RecordSealer {
     /// encrypted there. The hot path of every encrypted byte.
     pub fn seal_message_frames(
         &mut self,
-        stream: &execrelay_relay::frame::StreamId,
+        stream: &execrelay_protocol::frame::StreamId,
         msg: &[u8],
     ) -> Result<Vec<Vec<u8>>, RecordError> {
         self.seal_message_parts(stream, &[msg])
@@ -134,10 +134,10 @@ impl RecordSealer {
     /// head and its chunk are copied once each, into the frames, never joined first.
     pub fn seal_message_parts(
         &mut self,
-        stream: &execrelay_relay::frame::StreamId,
+        stream: &execrelay_protocol::frame::StreamId,
         parts: &[&[u8]],
     ) -> Result<Vec<Vec<u8>>, RecordError> {
-        use execrelay_relay::frame::{Frame, FrameType, HEADER_BYTES};
+        use execrelay_protocol::frame::{Frame, FrameType, HEADER_BYTES};
         let len = parts
             .iter()
             .try_fold(0usize, |sum, p| sum.checked_add(p.len()))
@@ -511,7 +511,7 @@ mod tests {
 
     #[test]
     fn frames_sealed_in_place_match_records() {
-        use execrelay_relay::frame::Frame;
+        use execrelay_protocol::frame::Frame;
         let (mut cs, _, _, mut so) = channel();
         let big = vec![b'y'; 200 * 1024];
         let frames = cs.seal_message_frames(&[9; 16], &big).unwrap();
@@ -571,7 +571,7 @@ mod tests {
             let frames = cs.seal_message_parts(&[9; 16], &parts).unwrap();
             let mut got = Vec::new();
             for f in frames {
-                let f = execrelay_relay::frame::Frame::decode_owned(f).unwrap();
+                let f = execrelay_protocol::frame::Frame::decode_owned(f).unwrap();
                 if let Opened::Messages(m) = so.open_owned(f.seq, f.payload).unwrap() {
                     got.extend(m);
                 }

@@ -3,7 +3,7 @@
 //!
 //! - Client side: [`next_hello_ts`], microseconds since the Unix epoch, strictly increasing
 //!   across every handshake of the process (so unique per client key within a process).
-//! - Server side: the replay cache of the relay crate (`execrelay_relay::replay`, shared with
+//! - Server side: the replay cache of the protocol crate (`execrelay_protocol::replay`, shared with
 //!   the relay's environment links), per client key: a `ts` is accepted within the clock
 //!   window (`handshake_clock_window_ms`, ±2 minutes), not earlier than the moment the
 //!   listener started, and once. Parallel clients of one key (several processes, several
@@ -20,18 +20,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-pub use execrelay_relay::replay::unix_micros;
-use execrelay_relay::replay::{ReplayCache, ReplayLimits};
+pub use execrelay_protocol::replay::unix_micros;
+use execrelay_protocol::replay::{ReplayCache, ReplayLimits};
 
 use super::keys::{fingerprint, KEY_BYTES};
 use crate::config::ServerConfig;
 use crate::sync::lock as locked;
 
-pub use execrelay_relay::replay::ReplayError as TimestampError;
+pub use execrelay_protocol::replay::ReplayError as TimestampError;
 
 /// Client keys whose accepted stamps the server remembers; past it, the least recently
 /// accepted key is forgotten first (as past the cache's total of stamps,
-/// `execrelay_relay::replay::MAX_TRACKED_STAMPS`). Forgetting a key matters only if one of its
+/// `execrelay_protocol::replay::MAX_TRACKED_STAMPS`). Forgetting a key matters only if one of its
 /// message 1s is replayed within the clock window of its capture (the start rule and the
 /// clock refuse the rest), so this is the number of distinct authorized keys that can
 /// handshake within 2 minutes without weakening the replay check.

@@ -10,7 +10,7 @@
 //!   environment link to a relay (`Listener::Relay`: dialled, redialled with backoff), the
 //!   metrics endpoint and the health endpoint (`/readyz`, `/livez`, `/status`, also on the
 //!   metrics endpoint: ready while accepting and, with a relay link, while it is up); every
-//!   TCP listener is an HTTP front (`execrelay_relay::http`) whose
+//!   TCP listener is an HTTP front (`execrelay_io::http`) whose
 //!   routes and upgrade hand-off are wired here. A new kind is one more [`Listener`] variant
 //!   and one more arm in [`Server::run`].
 //! - **Process containment at start** ([`start_containment`]): the backend (a cgroup per
@@ -31,8 +31,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use execrelay_relay::driver::link_websocket_config;
-use execrelay_relay::http::{
+use execrelay_io::driver::link_websocket_config;
+use execrelay_io::http::{
     self, Front, FrontStream, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute, REPLY_TIMEOUT_MS,
 };

@@ -15,7 +15,7 @@
 
 /// The unit the per-address quotas count: an IPv4 address, or the /64 prefix of an IPv6
 /// address — the HTTP front's own key for its handshake slots, so both count a host alike.
-pub use execrelay_relay::http::AddressKey;
+pub use execrelay_io::http::AddressKey;
 
 /// Who owns a session, for the quotas.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

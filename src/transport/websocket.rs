@@ -15,7 +15,7 @@
 //!
 //! - Interpret JSON-RPC: messages are opaque bytes here.
 //! - Serve HTTP: accepting connections, the request head, `/readyz`, the `Origin` refusal and
-//!   the upgrade belong to the HTTP front (`execrelay_relay::http`).
+//!   the upgrade belong to the HTTP front (`execrelay_io::http`).
 //! - Log message contents (they carry process output and stdin), or panic on anything a peer
 //!   sends.
 
@@ -24,8 +24,8 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use execrelay_relay::config::KeepaliveConfig;
-use execrelay_relay::driver::ReadAhead;
+use execrelay_io::driver::ReadAhead;
+use execrelay_protocol::config::KeepaliveConfig;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -105,7 +105,7 @@ pub fn handshake_error(e: &WsError) -> String {
 }
 
 /// A dialled WebSocket (a link's, or a plain JSON-RPC client's): TLS for `wss://`, over the TCP
-/// stream under a read-ahead buffer (`execrelay_relay::driver::read_ahead`: tungstenite reads
+/// stream under a read-ahead buffer (`execrelay_io::driver::read_ahead`: tungstenite reads
 /// 4 KiB at a time, which would otherwise be one system call each).
 pub type ClientSocket = WebSocketStream<MaybeTlsStream<ReadAhead<TcpStream>>>;
 

@@ -14,7 +14,7 @@
 //! The socket sits behind a `std::sync::Mutex` held only for one poll, never across an
 //! `.await`; each half registers its own waker kind with tokio-tungstenite (read or write), as
 //! the crate's own split does. The schedule and the death rule are the link engine's
-//! (`execrelay_relay::keepalive::Keepalive`), so plain WebSockets and links behave alike.
+//! (`execrelay_protocol::keepalive::Keepalive`), so plain WebSockets and links behave alike.
 
 use std::future::Future;
 use std::io;
@@ -30,8 +30,8 @@ use tokio_tungstenite::tungstenite::error::Error as WsError;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use execrelay_relay::config::KeepaliveConfig;
-use execrelay_relay::keepalive::Keepalive;
+use execrelay_protocol::config::KeepaliveConfig;
+use execrelay_protocol::keepalive::Keepalive;
 
 struct Shared<S> {
     ws: Mutex<WebSocketStream<S>>,

@@ -29,7 +29,7 @@ use execrelay::noise::suite::NoiseSuite;
 use execrelay::noise::timestamp::next_hello_ts;
 use execrelay::server::{Listener, Server};
 use execrelay::transport::Transport;
-use execrelay_relay::frame::{Frame, FrameType, StreamId};
+use execrelay_protocol::frame::{Frame, FrameType, StreamId};
 
 use super::{GUARD, PROMPT};
 

@@ -20,10 +20,10 @@ use execrelay::noise::authorizer::Authorizer;
 use execrelay::noise::keys::{public_line, Keypair};
 use execrelay::server::{Listener, Server};
 use execrelay::session::SessionRegistry;
-use execrelay_relay::keys::environments::EnvironmentsFile;
+use execrelay_io::tls::TlsListener;
+use execrelay_protocol::keys::environments::EnvironmentsFile;
 use execrelay_relay::server::settings::RelaySettings;
 use execrelay_relay::server::{RelayServer, RelayServerConfig};
-use execrelay_relay::tls::TlsListener;
 
 use super::binary::first_line;
 use super::{bin, eventually, PROMPT};

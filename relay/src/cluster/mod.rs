@@ -31,8 +31,10 @@ pub mod relay_link;
 
 use std::path::{Path, PathBuf};
 
-use crate::keys::environments::{parse_environments, valid_environment_id, Environments};
-use crate::keys::{fingerprint, Keypair, KEY_BYTES};
+use execrelay_protocol::keys::environments::{
+    parse_environments, valid_environment_id, Environments,
+};
+use execrelay_protocol::keys::{fingerprint, Keypair, KEY_BYTES};
 
 /// How long a relay waits for the directory's answer to a lookup (NATS request/reply).
 /// Holders answer from memory at once; 1 s covers a loaded NATS server and stays well under a
@@ -180,7 +182,7 @@ impl ClusterKeys {
             path: path.to_path_buf(),
             error,
         };
-        let text = crate::keys::read_bounded(path).map_err(|e| err(e.to_string()))?;
+        let text = execrelay_protocol::keys::read_bounded(path).map_err(|e| err(e.to_string()))?;
         let nodes = parse_environments(&text, &path.display().to_string())
             .map_err(|e| err(e.to_string()))?;
         if nodes.is_empty() {

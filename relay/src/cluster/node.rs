@@ -31,12 +31,12 @@ use tokio::task::JoinHandle;
 use super::directory::{newest_wins, subject, DirectoryMessage, Holder, Verdict};
 use super::relay_link::{self, RELAY_PATH_PREFIX};
 use super::ClusterSpec;
-use crate::bucket::TokenBucket;
-use crate::driver::{link_websocket_config_with, recv_frame, send_frame, RelayHub};
-use crate::env_handshake::{LinkRefusal, LinkTimestamps};
-use crate::frame::Frame;
-use crate::reason::CloseReason;
-use crate::router::LinkId;
+use execrelay_io::driver::{link_websocket_config_with, recv_frame, send_frame, RelayHub};
+use execrelay_protocol::bucket::TokenBucket;
+use execrelay_protocol::env_handshake::{LinkRefusal, LinkTimestamps};
+use execrelay_protocol::frame::Frame;
+use execrelay_protocol::reason::CloseReason;
+use execrelay_protocol::router::LinkId;
 
 /// The `RESET` reason of a misrouted stream while the directory (NATS) is unreachable.
 pub const REASON_DIRECTORY_UNAVAILABLE: &str = "directory_unavailable";
@@ -268,7 +268,7 @@ impl ClusterNode {
 
     /// A stamp for message 1 of a relay link, above every earlier one of this relay.
     fn next_ts(&self) -> u64 {
-        let now = crate::replay::unix_micros(std::time::SystemTime::now());
+        let now = execrelay_protocol::replay::unix_micros(std::time::SystemTime::now());
         let prev = self
             .last_ts
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
@@ -284,7 +284,7 @@ impl ClusterNode {
     /// subject (lookups are answered from now on), and claim it (an older holder elsewhere
     /// yields).
     pub fn hold(self: &Arc<Self>, hub: &RelayHub, env: &str, link: LinkId) {
-        let since_us = crate::replay::unix_micros(std::time::SystemTime::now());
+        let since_us = execrelay_protocol::replay::unix_micros(std::time::SystemTime::now());
         let me = self.clone();
         let (hub, env_owned) = (hub.clone(), env.to_string());
         let task = tokio::spawn(async move {
@@ -520,7 +520,7 @@ impl ClusterNode {
             Ok(p) => p,
             // Another client link's forwarding link (or the environment itself) got here
             // first: it serves this client too.
-            Err(crate::router::AddLinkError::Held { .. }) => return Ok(()),
+            Err(execrelay_protocol::router::AddLinkError::Held { .. }) => return Ok(()),
             Err(e) => {
                 bump(&self.stats.forward_failures);
                 return Err(ForwardError::Dial(e.to_string()));
@@ -605,7 +605,7 @@ impl ClusterNode {
             open,
             &self.spec.keys,
             &mut stamps,
-            crate::replay::unix_micros(std::time::SystemTime::now()),
+            execrelay_protocol::replay::unix_micros(std::time::SystemTime::now()),
             crate::RELAY_VERSION,
         );
         match &r {

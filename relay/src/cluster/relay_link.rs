@@ -1,7 +1,7 @@
 //! The relay-to-relay link's handshake, sans-IO: how a forwarding relay proves to the holder
 //! that it is a relay of the cluster, and the holder proves it back.
 //!
-//! The environment link's handshake (`crate::env_handshake`) with other keys and another
+//! The environment link's handshake (`execrelay_protocol::env_handshake`) with other keys and another
 //! prologue: `Noise_IK_25519_ChaChaPoly_BLAKE2s` on stream id 0 of `GET /v1/relay/ID`, the
 //! forwarding relay as initiator with its own static key (its `--key`), pinning the holder's
 //! key as the cluster keys file lists it for the node id the directory named; prologue
@@ -20,12 +20,12 @@
 //! holder holds it. The distinct prologue means a relay link's message 1 never opens an
 //! environment link and an environment's never opens a relay link.
 
-use crate::env_handshake::{
+use execrelay_protocol::env_handshake::{
     prologue_tagged, read_open_with_prologue, EnvironmentHandshake, LinkRefusal, LinkTimestamps,
 };
-use crate::frame::Frame;
-use crate::keys::environments::NotAdmitted;
-use crate::keys::{Keypair, KEY_BYTES};
+use execrelay_protocol::frame::Frame;
+use execrelay_protocol::keys::environments::NotAdmitted;
+use execrelay_protocol::keys::{Keypair, KEY_BYTES};
 
 use super::ClusterKeys;
 
@@ -87,9 +87,9 @@ pub fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env_handshake::{link_timestamps, read_link_open, REASON_REPLAYED};
-    use crate::keys::environments::parse_environments;
-    use crate::keys::public_line;
+    use execrelay_protocol::env_handshake::{link_timestamps, read_link_open, REASON_REPLAYED};
+    use execrelay_protocol::keys::environments::parse_environments;
+    use execrelay_protocol::keys::public_line;
     use std::time::Duration;
 
     struct Cluster {

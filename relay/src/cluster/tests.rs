@@ -1,5 +1,5 @@
 use super::*;
-use crate::keys::{public_line, Keypair};
+use execrelay_protocol::keys::{public_line, Keypair};
 
 fn write_keys(dir: &Path, lines: &str) -> PathBuf {
     let p = dir.join("cluster-keys");

@@ -7,7 +7,6 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use tokio::net::TcpListener;
@@ -18,10 +17,11 @@ use std::path::Path;
 use super::settings::{RelayFlags, RelaySettings};
 use super::{bound_tls_url, bound_url, RelayServer, RelayServerConfig};
 use crate::cluster::ClusterFlags;
-use crate::http::METRICS_PATH;
-use crate::keys::environments::EnvironmentsFile;
-use crate::keys::Keypair;
-use crate::tls::{CertificateFiles, TlsListener};
+use execrelay_io::http::METRICS_PATH;
+use execrelay_io::service::{init_logging, spawn_signal_handler};
+use execrelay_io::tls::{CertificateFiles, TlsListener};
+use execrelay_protocol::keys::environments::EnvironmentsFile;
+use execrelay_protocol::keys::Keypair;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -412,7 +412,7 @@ impl RelayArgs {
             let current = tls.store().current();
             tracing::info!(
                 fingerprint = %current.fingerprint,
-                not_after = %crate::tls::validity::utc(current.validity.not_after),
+                not_after = %execrelay_io::tls::validity::utc(current.validity.not_after),
                 "TLS certificate loaded"
             );
             server = server.with_tls(tls);
@@ -456,27 +456,11 @@ impl RelayArgs {
     }
 }
 
-/// Install the tracing subscriber: stderr, `RUST_LOG` (default `default`), text or JSON. The
-/// exec server's binary uses it too, so both log alike.
-pub fn init_logging(default: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
-}
-
 /// Raise the soft open files limit to the hard one (distributions ship a soft 1024 for
 /// `select()`'s sake, which the relay never uses) and log both; the caps are derived from
 /// the result.
 fn raise_descriptor_limit() {
-    match crate::descriptors::raise_nofile_limit() {
+    match execrelay_io::descriptors::raise_nofile_limit() {
         Ok((before, after)) if after.soft > before.soft => tracing::info!(
             "open files: soft limit raised from {} to {} (the hard limit)",
             before.soft,
@@ -600,7 +584,10 @@ fn keygen(args: &RelayKeygenArgs) -> i32 {
     });
     match written {
         Ok(kp) => {
-            println!("{}", crate::keys::public_line(&kp.public, &comment));
+            println!(
+                "{}",
+                execrelay_protocol::keys::public_line(&kp.public, &comment)
+            );
             0
         }
         Err(e) => {
@@ -608,31 +595,6 @@ fn keygen(args: &RelayKeygenArgs) -> i32 {
             1
         }
     }
-}
-
-/// Cancel `shutdown` on SIGTERM or SIGINT. The handlers are registered before this returns,
-/// so a signal sent right after is never lost to the default action.
-/// Cancel `shutdown` on SIGTERM or SIGINT (both binaries' graceful shutdown). The handlers are
-/// registered before this returns (not in the spawned task), so a signal sent right after is
-/// never lost to the default action.
-pub fn spawn_signal_handler(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers");
-        return;
-    };
-    let shutdown = Arc::new(shutdown);
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("signal received: shutting down");
-        shutdown.cancel();
-    });
 }
 
 #[cfg(test)]

@@ -23,17 +23,17 @@ use super::{lock, unix_micros, Shared, RELAY_VERSION};
 use crate::cluster::node::{
     ClusterNode, Located, REASON_DIRECTORY_UNAVAILABLE, REASON_HOLDER_UNREACHABLE,
 };
-use crate::driver::{
+use execrelay_io::driver::{
     recv_frame, send_frame, FrameIoError, PendingLink, RelayHub, LINK_CLOSE_TIMEOUT,
 };
-use crate::env_handshake::{
+use execrelay_io::http::FrontStream;
+use execrelay_protocol::env_handshake::{
     finish_admission, precheck_link_open, read_link_open, AdmittedLink, LinkRefusal,
 };
-use crate::frame::{Frame, FrameType, LINK_STREAM};
-use crate::http::FrontStream;
-use crate::keys::fingerprint;
-use crate::reason::CloseReason;
-use crate::router::AddLinkError;
+use execrelay_protocol::frame::{Frame, FrameType, LINK_STREAM};
+use execrelay_protocol::keys::fingerprint;
+use execrelay_protocol::reason::CloseReason;
+use execrelay_protocol::router::AddLinkError;
 
 type Ws = WebSocketStream<FrontStream>;
 
@@ -264,7 +264,7 @@ async fn environment_link_inner(
 enum Claim {
     Registered(AdmittedLink, PendingLink),
     /// A live link holds the id.
-    Held(AdmittedLink, crate::router::LinkId),
+    Held(AdmittedLink, execrelay_protocol::router::LinkId),
     /// `Ok`: refused by the admission checks; `Err`: by the hub.
     Refused(Result<LinkRefusal, AddLinkError>),
 }
@@ -272,7 +272,7 @@ enum Claim {
 /// A second exec server claimed the id of a live, answering one: two servers share the
 /// environment's key. The live one keeps the id; said once per holder at `warn` (the other
 /// server redials with its backoff, each refused again), then at `debug`.
-fn report_shared_key(shared: &Shared, id: &str, holder: crate::router::LinkId) {
+fn report_shared_key(shared: &Shared, id: &str, holder: execrelay_protocol::router::LinkId) {
     let first = lock(&shared.shared_keys_reported).insert(id.to_string(), holder) != Some(holder);
     if first {
         tracing::warn!(

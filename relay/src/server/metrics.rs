@@ -17,10 +17,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::settings::RelaySettings;
-use crate::driver::relay::RelaySnapshot;
-use crate::env_handshake::{REASON_CLOCK_SKEW, REASON_HELD, REASON_MALFORMED, REASON_REPLAYED};
-use crate::tls::validity::utc;
-use crate::tls::TlsFigures;
+use execrelay_io::driver::relay::RelaySnapshot;
+use execrelay_io::tls::validity::utc;
+use execrelay_io::tls::TlsFigures;
+use execrelay_protocol::env_handshake::{
+    REASON_CLOCK_SKEW, REASON_HELD, REASON_MALFORMED, REASON_REPLAYED,
+};
 
 /// A label with one value from a fixed set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -221,7 +223,7 @@ pub struct ClusterFigures {
     /// Forwarding relay-to-relay links up.
     pub forwarding_links: usize,
     /// Traffic across relay-to-relay links.
-    pub forwarded: crate::router::Forwarded,
+    pub forwarded: execrelay_protocol::router::Forwarded,
     /// Lookups asked, missed (no holder), failed (directory unreachable or a bound), answered.
     pub lookups: u64,
     /// See `lookups`.
@@ -593,7 +595,7 @@ pub fn status(figures: &Figures, settings: &RelaySettings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reason::Counters;
+    use execrelay_protocol::reason::Counters;
 
     #[test]
     fn every_family_renders_with_fixed_labels() {

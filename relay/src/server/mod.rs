@@ -109,17 +109,17 @@ use tokio_util::task::TaskTracker;
 use crate::cluster::node::{ClusterNode, NodeLimits};
 use crate::cluster::relay_link::RELAY_PATH_PREFIX;
 use crate::cluster::ClusterSpec;
-use crate::descriptors::{nofile_limit, RelayDescriptorPlan};
-use crate::driver::{link_websocket_config_with, RelayHub};
-use crate::env_handshake::LinkTimestamps;
-use crate::http::{
+use execrelay_io::descriptors::{nofile_limit, RelayDescriptorPlan};
+use execrelay_io::driver::{link_websocket_config_with, RelayHub};
+use execrelay_io::http::{
     self, AddressSlots, Front, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute,
 };
-use crate::keys::environments::{EnvironmentsFile, Reload};
-use crate::keys::{fingerprint, Keypair};
-use crate::replay::ReplayCache;
-use crate::tls::{TlsListener, CERTIFICATE_POLL_MS};
+use execrelay_io::tls::{TlsListener, CERTIFICATE_POLL_MS};
+use execrelay_protocol::env_handshake::LinkTimestamps;
+use execrelay_protocol::keys::environments::{EnvironmentsFile, Reload};
+use execrelay_protocol::keys::{fingerprint, Keypair};
+use execrelay_protocol::replay::ReplayCache;
 use metrics::{Figures, ServerStats};
 use settings::{RelaySettings, SettingsError};
 
@@ -158,7 +158,7 @@ pub enum ServerError {
     Settings(#[from] SettingsError),
     /// The open files limit cannot hold a relay.
     #[error(transparent)]
-    Descriptors(#[from] crate::descriptors::TooFewDescriptors),
+    Descriptors(#[from] execrelay_io::descriptors::TooFewDescriptors),
 }
 
 /// What the links of a relay share.
@@ -175,17 +175,18 @@ pub(crate) struct Shared {
     pub link_handshake_addresses: Arc<AddressSlots>,
     /// Per environment id, the holder link whose second claimant was last reported (two
     /// exec servers share a key): reported once per holder, not at every redial.
-    pub shared_keys_reported: Mutex<std::collections::HashMap<String, crate::router::LinkId>>,
+    pub shared_keys_reported:
+        Mutex<std::collections::HashMap<String, execrelay_protocol::router::LinkId>>,
     /// The relay's membership of a cluster (`--cluster`), set once at the start of
     /// [`RelayServer::run`]; unset when standalone.
     pub cluster: std::sync::OnceLock<Arc<ClusterNode>>,
 }
 
-pub(crate) use crate::sync::lock;
+pub(crate) use execrelay_protocol::sync::lock;
 
 /// Microseconds since the Unix epoch now (the link handshake's clock).
 pub(crate) fn unix_micros() -> u64 {
-    crate::replay::unix_micros(SystemTime::now())
+    execrelay_protocol::replay::unix_micros(SystemTime::now())
 }
 
 impl Shared {

@@ -1,6 +1,6 @@
 //! Every setting of the relay server: the limits of `secure-transport.md` §6.4 (the engine's
 //! [`RelayConfig`] constants, one source of truth) and the server's own (HTTP front, link
-//! handshake, environments file), each declared once by [`settings!`](crate::settings): a field of
+//! handshake, environments file), each declared once by [`settings!`](execrelay_io::settings): a field of
 //! [`RelaySettings`] (and so a key of the `--config` TOML file), its default (the named
 //! constant), its `execrelay-relay` flag in [`RelayFlags`], and its row in [`SETTINGS`].
 //!
@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{
+use execrelay_io::http::FrontLimits;
+use execrelay_protocol::config::{
     BucketConfig, ConfigError as EngineConfigError, KeepaliveConfig, RelayConfig,
     ADDRESS_HANDSHAKE_FAILURE_BURST, ADDRESS_HANDSHAKE_FAILURE_REFILL, CLIENT_LINK_SHARE_BYTES,
     CLOSED_STREAMS_REMEMBERED, CONTROL_RESERVE_BYTES, ENVIRONMENT_PROBE_TIMEOUT,
@@ -21,10 +22,9 @@ use crate::config::{
     MAX_STREAMS_PER_CLIENT_LINK, MAX_STREAMS_PER_ENVIRONMENT, MESSAGE_TIMEOUT, OPENS_PER_SECOND,
     PONG_TIMEOUT, UNKNOWN_STREAM_BURST, UNKNOWN_STREAM_REFILL,
 };
-use crate::env_handshake::MAX_LINK_MSG1_BYTES;
-use crate::frame::{HEADER_BYTES, MAX_FRAME_BYTES};
-use crate::http::FrontLimits;
-use crate::replay::{HANDSHAKE_CLOCK_WINDOW, MAX_HANDSHAKES_PER_KEY_WINDOW};
+use execrelay_protocol::env_handshake::MAX_LINK_MSG1_BYTES;
+use execrelay_protocol::frame::{HEADER_BYTES, MAX_FRAME_BYTES};
+use execrelay_protocol::replay::{HANDSHAKE_CLOCK_WINDOW, MAX_HANDSHAKES_PER_KEY_WINDOW};
 
 /// Client links a relay holds at once, over all addresses (beside
 /// [`MAX_CLIENT_LINKS_PER_ADDRESS`] per address). One more is refused with `503` before the
@@ -70,19 +70,19 @@ pub const MAX_PENDING_HANDSHAKES_PER_ADDRESS: usize = 64;
 /// environment links (a fleet reconnecting after a relay restart must get back in however
 /// many clients hold links) and, beside the fixed ones, the metrics listener. The relay sizes
 /// `max_client_links` and `max_pending_handshakes` down at start if the open files limit
-/// cannot hold them beside it (`crate::descriptors::RelayDescriptorPlan`).
+/// cannot hold them beside it (`execrelay_io::descriptors::RelayDescriptorPlan`).
 pub const DESCRIPTOR_RESERVE: usize = 1024;
 
 /// The smallest frame limit that still carries the link handshake (message 1 and its header).
 pub const MIN_FRAME_BYTES: usize = HEADER_BYTES + MAX_LINK_MSG1_BYTES;
 
-pub use crate::setting::{Setting, Unit};
+pub use execrelay_io::setting::{Setting, Unit};
 
 const fn millis(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-crate::settings! {
+execrelay_io::settings! {
     /// Limits and timings of one relay. Every field has a flag of `execrelay-relay` (the
     /// same name in kebab-case) and a key (the same name) in the `--config` TOML file;
     /// flags win over the file. Each field's default is the named constant in its doc.
@@ -338,26 +338,28 @@ impl RelaySettings {
     }
 
     /// The replay limits of environment links' message-1 stamps.
-    pub fn replay_limits(&self) -> crate::replay::ReplayLimits {
-        crate::replay::ReplayLimits {
+    pub fn replay_limits(&self) -> execrelay_protocol::replay::ReplayLimits {
+        execrelay_protocol::replay::ReplayLimits {
             window: Duration::from_millis(self.handshake_clock_window_ms),
             per_key: self.max_handshakes_per_key_window,
-            ..crate::replay::ReplayLimits::with_keys(crate::env_handshake::TRACKED_ENVIRONMENTS)
+            ..execrelay_protocol::replay::ReplayLimits::with_keys(
+                execrelay_protocol::env_handshake::TRACKED_ENVIRONMENTS,
+            )
         }
     }
 
     /// What these settings ask of the descriptor limit.
-    pub fn descriptor_needs(&self) -> crate::descriptors::RelayDescriptorNeeds {
-        crate::descriptors::RelayDescriptorNeeds {
+    pub fn descriptor_needs(&self) -> execrelay_io::descriptors::RelayDescriptorNeeds {
+        execrelay_io::descriptors::RelayDescriptorNeeds {
             client_links: self.max_client_links as u64,
             pending_handshakes: self.max_pending_handshakes as u64,
-            metrics: crate::http::MAX_METRICS_SCRAPES as u64 + 1,
+            metrics: execrelay_io::http::MAX_METRICS_SCRAPES as u64 + 1,
             reserve: self.descriptor_reserve as u64,
         }
     }
 
     /// These settings with the caps of `plan` (never above what was configured).
-    pub fn within(&self, plan: &crate::descriptors::RelayDescriptorPlan) -> RelaySettings {
+    pub fn within(&self, plan: &execrelay_io::descriptors::RelayDescriptorPlan) -> RelaySettings {
         let cap = |v: usize, c: u64| v.min(usize::try_from(c).unwrap_or(usize::MAX));
         RelaySettings {
             max_client_links: cap(self.max_client_links, plan.client_links),
@@ -378,7 +380,10 @@ mod tests {
         s.validate().unwrap();
         let mut engine = s.engine();
         // The jitter is derived; the rest is the engine's defaults exactly.
-        assert_eq!(engine.keepalive.jitter, crate::config::KEEPALIVE_JITTER);
+        assert_eq!(
+            engine.keepalive.jitter,
+            execrelay_protocol::config::KEEPALIVE_JITTER
+        );
         engine.keepalive = KeepaliveConfig::default();
         assert_eq!(engine, RelayConfig::default());
         for setting in SETTINGS {

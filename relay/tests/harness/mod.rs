@@ -11,14 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use execrelay_relay::config::EndpointConfig;
-use execrelay_relay::driver::{
+use execrelay_io::driver::{
     link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, StreamHandle,
 };
-use execrelay_relay::env_handshake::{EnvironmentHandshake, LinkRefusal};
-use execrelay_relay::frame::{Frame, FrameType, StreamId};
-use execrelay_relay::keys::environments::EnvironmentsFile;
-use execrelay_relay::keys::{public_line, Keypair};
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::env_handshake::{EnvironmentHandshake, LinkRefusal};
+use execrelay_protocol::frame::{Frame, FrameType, StreamId};
+use execrelay_protocol::keys::environments::EnvironmentsFile;
+use execrelay_protocol::keys::{public_line, Keypair};
 use execrelay_relay::server::settings::RelaySettings;
 use execrelay_relay::server::{RelayServer, RelayServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -249,7 +249,7 @@ pub async fn ws_from(source: std::net::Ipv4Addr, relay: &Relay, path: &str) -> W
         tokio_tungstenite::client_async_with_config(
             format!("ws://{}{path}", relay.addr),
             tcp,
-            Some(execrelay_relay::driver::link_websocket_config()),
+            Some(execrelay_io::driver::link_websocket_config()),
         ),
     )
     .await
@@ -389,7 +389,7 @@ pub async fn recv_until(ws: &mut Ws, pred: impl Fn(&Frame) -> bool) -> Option<Fr
         match recv_frame(ws, GUARD).await {
             Ok(f) if pred(&f) => return Some(f),
             Ok(_) => continue,
-            Err(execrelay_relay::driver::FrameIoError::Timeout(_)) => panic!("hang guard: frame"),
+            Err(execrelay_io::driver::FrameIoError::Timeout(_)) => panic!("hang guard: frame"),
             Err(_) => return None,
         }
     }

@@ -235,7 +235,10 @@ fn the_cluster_from_flags_or_the_config_file_and_its_mistakes_named() {
     std::fs::write(dir.path().join("envs"), "# none yet\n").unwrap();
     std::fs::write(
         dir.path().join("cluster-keys"),
-        format!("relay-a {}\n", crate::keys::public_line(&node.public, "a")),
+        format!(
+            "relay-a {}\n",
+            execrelay_protocol::keys::public_line(&node.public, "a")
+        ),
     )
     .unwrap();
     let config = dir.path().join("relay.toml");

@@ -1,0 +1,449 @@
+//! The thin tokio driver of a link: the only module of this crate that imports tokio.
+//!
+//! One link = two tasks around a sans-IO core behind a `std::sync::Mutex` (never held across
+//! an `.await`):
+//!
+//! ```text
+//!  WebSocket ──▶ reader task ──lock──▶ core.handle_frame / handle_pong / handle_timeout
+//!                  │  (never awaits anything but the socket, its timer and the close signal)
+//!                  └──▶ events: try_send into bounded per-stream queues, wake wakers, wake writer
+//!  WebSocket ◀── writer task ◀─lock── core.poll_transmit (ping, control, ACKs, DATA round robin)
+//!                  (each feed/flush under the write deadline; sleeps on a Notify)
+//! ```
+//!
+//! - [`endpoint`]: the exec server's and the client's link ([`EndpointLink`]), with per-stream
+//!   handles ([`StreamHandle`]).
+//! - [`relay`]: the relay's links around one shared [`Router`](execrelay_protocol::router::Router)
+//!   ([`RelayHub`]).
+//!
+//! # Invariants
+//!
+//! - **The reader never awaits a destination.** It hands each frame to the core, and the
+//!   core's output to bounded queues with `try_send`; a full stream queue means the peer broke
+//!   its window (the core checks the window first, so this is a second line), and that stream
+//!   alone is reset `window_exceeded`.
+//! - **Reading is never tied to writing.** A peer that does not read blocks only the writer,
+//!   and only until the write deadline, which kills the link.
+//! - **Keepalive is the core's**: the reader's timer runs the core's `handle_timeout`; pings
+//!   and their pongs are WebSocket pings, answered by the peer's WebSocket layer. Inbound
+//!   frames never count as a pong.
+//! - Every queue is bounded: per-stream inbound by the window, the writer's batch by
+//!   [`WRITE_BATCH_BYTES`], the WebSocket's write buffer by [`link_websocket_config`].
+
+pub mod endpoint;
+mod link_state;
+pub mod read_ahead;
+pub mod relay;
+pub mod stream;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, Notify};
+use tokio_tungstenite::tungstenite::error::ProtocolError;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+
+pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
+pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES};
+pub use relay::{PendingLink, RelayHub, RelaySnapshot};
+pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
+
+use execrelay_protocol::frame::{Frame, FrameError, MAX_FRAME_BYTES};
+use execrelay_protocol::reason::CloseReason;
+use execrelay_protocol::transmit::Transmit;
+
+/// Bytes the writer takes from the core per batch before it flushes the socket: large
+/// enough to coalesce many small frames into one write, small enough that a ping or a
+/// control frame queued meanwhile waits for at most this much.
+pub const WRITE_BATCH_BYTES: usize = 256 << 10;
+
+/// How long a closing link waits for its close frame to go out (and for its writer to stop)
+/// before the socket is dropped: a peer that does not read must not keep a dead link open.
+pub const LINK_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The WebSocket's own write buffer: tungstenite starts writing once this much is buffered.
+const WS_WRITE_BUFFER: usize = 128 << 10;
+
+/// WebSocket settings for a physical link: a message (one frame) over [`MAX_FRAME_BYTES`] is
+/// refused before it is buffered whole, and the write buffer is bounded (one batch of writes
+/// plus two frames).
+pub fn link_websocket_config() -> WebSocketConfig {
+    link_websocket_config_with(MAX_FRAME_BYTES)
+}
+
+/// [`link_websocket_config`] with a lower frame limit (the relay's `--max-frame-bytes`):
+/// a message over `max_frame_bytes` (clamped to [`MAX_FRAME_BYTES`]) is refused from its
+/// header and closes the link ([`CloseReason::OversizedFrame`]).
+pub fn link_websocket_config_with(max_frame_bytes: usize) -> WebSocketConfig {
+    let max = max_frame_bytes.min(MAX_FRAME_BYTES);
+    WebSocketConfig {
+        max_message_size: Some(max),
+        max_frame_size: Some(max),
+        write_buffer_size: WS_WRITE_BUFFER,
+        max_write_buffer_size: WS_WRITE_BUFFER + 2 * MAX_FRAME_BYTES,
+        ..WebSocketConfig::default()
+    }
+}
+
+/// The clock of the driver: tokio's (so paused test time applies), as the core's `Instant`.
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// A random seed for keepalive jitter, without a randomness dependency: std's per-process
+/// random hash keys, mixed with a counter.
+pub(crate) fn seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish()
+}
+
+/// How the I/O loop wakes a link's writer and learns that the link is over.
+#[derive(Debug)]
+pub(crate) struct LinkSignals {
+    pub writer: Notify,
+    /// Wakes the reader to recompute its timer: the writer took a ping, which moves the
+    /// core's next deadline (the pong timeout) while the reader may be waiting with none.
+    pub timer: Notify,
+    pub closed: watch::Sender<Option<CloseReason>>,
+}
+
+impl LinkSignals {
+    pub fn new() -> Self {
+        LinkSignals {
+            writer: Notify::new(),
+            timer: Notify::new(),
+            closed: watch::channel(None).0,
+        }
+    }
+
+    /// Record the first close reason (later ones are ignored).
+    pub fn close(&self, reason: CloseReason) {
+        self.closed.send_if_modified(|c| {
+            if c.is_none() {
+                *c = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Wait until the link is closed.
+    pub fn wait_closed(&self) -> impl Future<Output = CloseReason> + Send + 'static {
+        let mut rx = self.closed.subscribe();
+        async move {
+            loop {
+                if let Some(r) = *rx.borrow_and_update() {
+                    return r;
+                }
+                if rx.changed().await.is_err() {
+                    return CloseReason::Local;
+                }
+            }
+        }
+    }
+}
+
+/// What the I/O loop needs from a link's core (an endpoint, or one link of a relay).
+pub(crate) trait LinkCore: Send + Sync + 'static {
+    fn signals(this: &Arc<Self>) -> &LinkSignals;
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>);
+    fn on_pong(this: &Arc<Self>, now: Instant, payload: &[u8]);
+    fn on_timer(this: &Arc<Self>, now: Instant);
+    fn next_timer(this: &Arc<Self>) -> Option<Instant>;
+    /// Transmits in order, until `max_bytes` of frames or the core has nothing.
+    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Vec<Transmit>, max_bytes: usize);
+    /// The driver saw the link end; idempotent.
+    fn on_closed(this: &Arc<Self>, reason: CloseReason);
+    fn write_timeout(this: &Arc<Self>) -> Duration;
+    /// How long one WebSocket message may take to arrive from its first byte (with the
+    /// socket's [`Arrivals`]); `None`: no deadline.
+    fn message_timeout(_this: &Arc<Self>) -> Option<Duration> {
+        None
+    }
+}
+
+/// Run a link until it ends: the writer in its own task, the reader here. Returns why it
+/// ended. With `arrivals` (the socket's, [`ReadAhead::arrivals`]) and a
+/// [`LinkCore::message_timeout`], a message that takes longer to arrive closes the link
+/// (`message_timeout`).
+pub(crate) async fn run_io<S, C>(
+    ws: WebSocketStream<S>,
+    core: Arc<C>,
+    arrivals: Option<Arc<Arrivals>>,
+) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: LinkCore,
+{
+    let (sink, stream) = ws.split();
+    let mut writer = tokio::spawn(write_loop(sink, core.clone()));
+    let deadline = C::message_timeout(&core).and_then(|t| arrivals.map(|a| (a, t)));
+    let reason = read_loop(stream, &core, deadline).await;
+    C::on_closed(&core, reason);
+    // The writer sees the close signal; bound the wait in case it is stuck in a write.
+    if tokio::time::timeout(LINK_CLOSE_TIMEOUT * 2, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+    reason
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn read_loop<S, C>(
+    mut stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
+    core: &Arc<C>,
+    message_deadline: Option<(Arc<Arrivals>, Duration)>,
+) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    C: LinkCore,
+{
+    let mut closed = C::signals(core).closed.subscribe();
+    let never = Arrivals::default();
+    let arrivals = message_deadline.as_ref().map_or(&never, |(a, _)| &**a);
+    loop {
+        if let Some(r) = *closed.borrow_and_update() {
+            return r;
+        }
+        let timer = C::next_timer(core).map(tokio::time::Instant::from_std);
+        let message_due = message_deadline
+            .as_ref()
+            .and_then(|(a, t)| a.pending_since().map(|s| s + *t));
+        tokio::select! {
+            biased;
+            r = closed.changed() => {
+                if r.is_err() {
+                    return CloseReason::Local;
+                }
+            }
+            m = stream.next() => {
+                if matches!(
+                    m,
+                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))
+                ) {
+                    arrivals.message_done();
+                }
+                on_message(core, m)
+            }
+            _ = sleep_until_some(timer) => C::on_timer(core, now()),
+            _ = sleep_until_some(message_due) => {
+                // Still unfinished (the mark is cleared with each message, and a new mark is
+                // later): the deadline holds.
+                let late = message_deadline.as_ref().is_some_and(|(a, t)| {
+                    a.pending_since()
+                        .is_some_and(|s| tokio::time::Instant::now() >= s + *t)
+                });
+                if late {
+                    tracing::debug!("a WebSocket message took too long to arrive");
+                    C::on_closed(core, CloseReason::MessageTimeout);
+                }
+            }
+            // The writer took a ping: the next deadline moved; look again.
+            _ = C::signals(core).timer.notified() => {}
+            // Bytes of a new message: arm its deadline.
+            _ = arrivals.marked.notified() => {}
+        }
+    }
+}
+
+/// One item of the WebSocket, handed to the core.
+fn on_message<C: LinkCore>(core: &Arc<C>, m: Option<Result<Message, WsError>>) {
+    match m {
+        Some(Ok(Message::Binary(b))) => C::on_frame(core, now(), b),
+        Some(Ok(Message::Pong(p))) => C::on_pong(core, now(), &p),
+        // tungstenite queued the pong; it goes out with our next read or write.
+        Some(Ok(Message::Ping(_))) => C::signals(core).writer.notify_one(),
+        Some(Ok(Message::Text(_))) => C::on_closed(core, CloseReason::Protocol),
+        Some(Ok(Message::Frame(_))) => {}
+        // tungstenite refuses a message over `max_message_size` / `max_frame_size`
+        // from its header, before buffering it (`link_websocket_config`).
+        Some(Err(WsError::Capacity(e))) => {
+            tracing::debug!(error = %e, "link read refused");
+            C::on_closed(core, CloseReason::OversizedFrame)
+        }
+        // The peer's TCP connection ended without a close frame: the transport ended.
+        Some(Err(WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake))) => {
+            C::on_closed(core, CloseReason::Transport)
+        }
+        Some(Err(WsError::Protocol(e))) => {
+            tracing::debug!(error = %e, "WebSocket protocol error on a link");
+            C::on_closed(core, CloseReason::Protocol)
+        }
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "link read failed");
+            C::on_closed(core, CloseReason::Transport)
+        }
+        Some(Ok(Message::Close(_))) | None => C::on_closed(core, CloseReason::Transport),
+    }
+}
+
+async fn write_loop<S, C>(
+    mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+    core: Arc<C>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    C: LinkCore,
+{
+    let signals_closed = C::signals(&core).closed.subscribe();
+    let deadline = C::write_timeout(&core);
+    let mut batch = Vec::new();
+    'run: loop {
+        if signals_closed.borrow().is_some() {
+            break;
+        }
+        // Register for a wake-up before looking, so a notify in between is not lost.
+        let notified = C::signals(&core).writer.notified();
+        batch.clear();
+        C::poll_batch(&core, now(), &mut batch, WRITE_BATCH_BYTES);
+        if batch.is_empty() {
+            let mut closed = signals_closed.clone();
+            tokio::select! {
+                _ = notified => {}
+                _ = closed.changed() => {}
+            }
+            continue;
+        }
+        if batch.iter().any(|t| matches!(t, Transmit::Ping(_))) {
+            // While a ping waited for us the core had no deadline for the reader's timer; now
+            // it has one (the pong timeout): a silent peer must still be found dead.
+            C::signals(&core).timer.notify_one();
+        }
+        for t in batch.drain(..) {
+            let msg = match t {
+                Transmit::Frame(f) => match f.encode() {
+                    Ok(b) => Message::Binary(b),
+                    Err(_) => continue,
+                },
+                Transmit::Ping(p) => Message::Ping(p.to_vec()),
+            };
+            if let Err(r) = deadlined(deadline, &signals_closed, sink.feed(msg)).await {
+                C::on_closed(&core, r);
+                break 'run;
+            }
+        }
+        if let Err(r) = deadlined(deadline, &signals_closed, sink.flush()).await {
+            C::on_closed(&core, r);
+            break;
+        }
+    }
+    // Say why in the close frame (a fixed reason of ours, never a peer's words), so the other
+    // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …
+    let close = match *signals_closed.borrow() {
+        None | Some(CloseReason::Transport) => None,
+        Some(reason) => Some(CloseFrame {
+            code: if reason == CloseReason::Local {
+                CloseCode::Normal
+            } else {
+                CloseCode::Policy
+            },
+            reason: reason.as_str().into(),
+        }),
+    };
+    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
+        if close.is_some() {
+            let _ = sink.send(Message::Close(close)).await;
+        }
+        let _ = sink.close().await;
+    })
+    .await;
+}
+
+/// One write under the deadline; also abandoned when the link closes meanwhile.
+async fn deadlined<F, E>(
+    deadline: Duration,
+    closed: &watch::Receiver<Option<CloseReason>>,
+    write: F,
+) -> Result<(), CloseReason>
+where
+    F: Future<Output = Result<(), E>>,
+{
+    let mut closed = closed.clone();
+    tokio::select! {
+        r = tokio::time::timeout(deadline, write) => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(CloseReason::Transport),
+            Err(_) => Err(CloseReason::WriteTimeout),
+        },
+        _ = closed.wait_for(|c| c.is_some()) => Err(CloseReason::Local),
+    }
+}
+
+/// Why a frame could not be exchanged outside a running link (the environment link's
+/// handshake on stream id 0, §6.2, before the link is handed to the engine).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameIoError {
+    /// Nothing within the deadline.
+    #[error("no frame within {0:?}")]
+    Timeout(Duration),
+    /// The socket ended or failed.
+    #[error("the link closed")]
+    Closed,
+    /// A message that is not a valid frame.
+    #[error("malformed frame: {0}")]
+    Frame(#[from] FrameError),
+    /// A text message.
+    #[error("text message on a link")]
+    Text,
+}
+
+/// Send one frame on a link that is not (yet) driven by the engine, under `deadline`.
+pub async fn send_frame<S>(
+    ws: &mut WebSocketStream<S>,
+    frame: &Frame,
+    deadline: Duration,
+) -> Result<(), FrameIoError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let bytes = frame.encode()?;
+    match tokio::time::timeout(deadline, ws.send(Message::Binary(bytes))).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(FrameIoError::Closed),
+        Err(_) => Err(FrameIoError::Timeout(deadline)),
+    }
+}
+
+/// Receive one frame on a link that is not (yet) driven by the engine, under `deadline`
+/// (pings are answered and skipped).
+pub async fn recv_frame<S>(
+    ws: &mut WebSocketStream<S>,
+    deadline: Duration,
+) -> Result<Frame, FrameIoError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let read = async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => return Ok(Frame::decode_owned(b)?),
+                Some(Ok(Message::Text(_))) => return Err(FrameIoError::Text),
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                    return Err(FrameIoError::Closed)
+                }
+            }
+        }
+    };
+    tokio::time::timeout(deadline, read)
+        .await
+        .map_err(|_| FrameIoError::Timeout(deadline))?
+}

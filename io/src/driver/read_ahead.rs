@@ -1,0 +1,250 @@
+//! [`ReadAhead`]: a read buffer under a WebSocket, so that the socket is read in large reads.
+//!
+//! tungstenite (0.24) reads its socket [`TUNGSTENITE_READ_BYTES`] (4 KiB) at a time: a frame
+//! of 64 KiB cost sixteen `recv` system calls, each through the reactor. Under it, this
+//! adapter reads up to [`READ_AHEAD_BYTES`] per system call and hands tungstenite its small
+//! reads from memory: one `recv` per frame or more, for one extra copy of each byte within
+//! the cache.
+//!
+//! # Bounds
+//!
+//! At most [`READ_AHEAD_BYTES`] are buffered per connection, and only while data flows: the
+//! buffer is released as soon as it is drained and the socket has nothing more (a read would
+//! block), so an idle connection holds none. Nothing is read that tungstenite did not ask for
+//! beyond that one buffer: its own limits (`max_message_size`, `max_frame_size`) apply to
+//! what it takes from here exactly as they applied to the socket.
+//!
+//! Writes go straight through (tungstenite buffers its own writes).
+//!
+//! # Arrivals
+//!
+//! On request ([`ReadAhead::arrivals`]) it also tells when bytes first arrived after the
+//! reader last finished a message ([`Arrivals`]): the relay's driver closes a client link
+//! whose message takes longer than its deadline to arrive (a peer trickling one message).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use execrelay_protocol::sync::lock;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+
+/// When the bytes of an unfinished WebSocket message started to arrive. The socket side
+/// ([`ReadAhead`]) marks the first bytes read from the socket after the reader finished a
+/// message; the reader clears the mark with each message it completes. Bytes of the next
+/// message read together with the end of the last are not marked until more arrive, so the
+/// mark is never earlier than the truth (a deadline on it never closes a link early).
+#[derive(Debug, Default)]
+pub struct Arrivals {
+    since: Mutex<Option<tokio::time::Instant>>,
+    /// Wakes the reader when a mark appears, so that it arms its deadline.
+    pub marked: Notify,
+}
+
+impl Arrivals {
+    /// Bytes came from the socket now.
+    fn bytes_arrived(&self) {
+        let mut since = lock(&self.since);
+        if since.is_none() {
+            *since = Some(tokio::time::Instant::now());
+            self.marked.notify_one();
+        }
+    }
+
+    /// The reader finished a message: nothing is pending.
+    pub fn message_done(&self) {
+        *lock(&self.since) = None;
+    }
+
+    /// Since when bytes of an unfinished message have been arriving, if any.
+    pub fn pending_since(&self) -> Option<tokio::time::Instant> {
+        *lock(&self.since)
+    }
+}
+
+/// Most bytes read from the socket in one system call, and held per connection while data
+/// flows: a full frame (64 KiB) and its WebSocket header at once.
+pub const READ_AHEAD_BYTES: usize = 128 << 10;
+
+/// How much tungstenite 0.24 reads per call (its `READ_BUFFER_CHUNK_SIZE`), for reference.
+pub const TUNGSTENITE_READ_BYTES: usize = 4096;
+
+/// A stream whose reads go through a buffer of up to [`READ_AHEAD_BYTES`], held only while
+/// it is not empty or the socket keeps delivering.
+#[derive(Debug)]
+pub struct ReadAhead<S> {
+    inner: S,
+    /// Bytes read from `inner` and not yet handed out; empty (unallocated) when idle.
+    buf: BytesMut,
+    /// Marked when bytes come from the socket, if someone asked ([`ReadAhead::arrivals`]).
+    arrivals: Option<Arc<Arrivals>>,
+}
+
+impl<S> ReadAhead<S> {
+    /// Buffer the reads of `inner`.
+    pub fn new(inner: S) -> Self {
+        ReadAhead {
+            inner,
+            buf: BytesMut::new(),
+            arrivals: None,
+        }
+    }
+
+    /// Start telling when bytes arrive (see [`Arrivals`]); the same handle on every call.
+    pub fn arrivals(&mut self) -> Arc<Arrivals> {
+        self.arrivals.get_or_insert_with(Default::default).clone()
+    }
+
+    /// The stream itself.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The stream itself.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Bytes read ahead and not yet handed out.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        if out.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if me.buf.is_empty() {
+            if out.remaining() >= READ_AHEAD_BYTES {
+                // A caller that reads this much needs no buffer of ours.
+                me.buf = BytesMut::new();
+                let before = out.filled().len();
+                let r = Pin::new(&mut me.inner).poll_read(cx, out);
+                if out.filled().len() > before {
+                    if let Some(a) = &me.arrivals {
+                        a.bytes_arrived();
+                    }
+                }
+                return r;
+            }
+            // The buffer's capacity is kept across refills while data flows (clear, not free).
+            me.buf.clear();
+            me.buf.reserve(READ_AHEAD_BYTES);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut me.inner), cx, &mut me.buf) {
+                Poll::Pending => {
+                    // Idle: hold no buffer while waiting.
+                    me.buf = BytesMut::new();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => {
+                    me.buf = BytesMut::new();
+                    return Poll::Ready(Err(e));
+                }
+                // End of stream: nothing put into `out`.
+                Poll::Ready(Ok(0)) => {
+                    me.buf = BytesMut::new();
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Ok(_)) => {
+                    if let Some(a) = &me.arrivals {
+                        a.bytes_arrived();
+                    }
+                }
+            }
+        }
+        let n = out.remaining().min(me.buf.len());
+        out.put_slice(&me.buf[..n]);
+        me.buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Small reads see every byte in order, across refills; the buffer is gone once drained
+    /// and the peer has nothing more (the read would block), and never exceeds its bound.
+    #[tokio::test]
+    async fn small_reads_see_every_byte_and_idle_holds_no_buffer() {
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        let mut r = ReadAhead::new(b);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        a.write_all(&data).await.unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; TUNGSTENITE_READ_BYTES];
+        while got.len() < data.len() {
+            let n = r.read(&mut chunk).await.unwrap();
+            assert!(n > 0);
+            assert!(r.buffered() < READ_AHEAD_BYTES);
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, data);
+        // Drained, and the next read would block: no buffer held.
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut rb = ReadBuf::new(&mut chunk);
+        assert!(Pin::new(&mut r).poll_read(&mut cx, &mut rb).is_pending());
+        assert_eq!(r.buf.capacity(), 0, "an idle connection holds no buffer");
+        // End of stream reads as zero bytes.
+        drop(a);
+        assert_eq!(r.read(&mut chunk).await.unwrap(), 0);
+    }
+
+    /// A read at least as large as the buffer goes straight to the stream.
+    #[tokio::test]
+    async fn large_reads_bypass_the_buffer() {
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        let mut r = ReadAhead::new(b);
+        a.write_all(&[7u8; 1000]).await.unwrap();
+        let mut big = vec![0u8; READ_AHEAD_BYTES];
+        assert_eq!(r.read(&mut big).await.unwrap(), 1000);
+        assert_eq!(r.buf.capacity(), 0);
+        // Writes pass through.
+        r.write_all(b"back").await.unwrap();
+        let mut four = [0u8; 4];
+        a.read_exact(&mut four).await.unwrap();
+        assert_eq!(&four, b"back");
+    }
+}
