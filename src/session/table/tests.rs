@@ -4,7 +4,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::session::approvals::Resolution;
 use crate::session::quota::AddressKey;
 
 /// Plain values for the driver's handles: a session by name, a process by number.
@@ -15,6 +14,7 @@ impl Handles for Test {
     type Process = u32;
     type Pending = ();
     type Conn = u64;
+    type Spec = &'static str;
 }
 
 const TTL: Duration = Duration::from_millis(500);
@@ -73,21 +73,40 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// Every action queued, in order.
+fn drain(t: &mut SessionTable<Test>) -> Vec<Action<Test>> {
+    std::iter::from_fn(|| t.poll_action()).collect()
+}
+
+/// The queued actions, the wake-ups of the timer left out.
+fn effects(t: &mut SessionTable<Test>) -> Vec<Action<Test>> {
+    drain(t)
+        .into_iter()
+        .filter(|a| !matches!(a, Action::Arm(_)))
+        .collect()
+}
+
 #[test]
 fn a_detached_session_expires_at_its_ttl_and_not_before() {
     let t0 = Instant::now();
     let mut t = table_with(&["a"]);
     assert_eq!(t.poll_timeout(), None, "attached: no deadline");
-    assert_eq!(t.detach(t0, "a", 99), None, "not the holder: nothing");
-    assert_eq!(t.detach(t0, "a", 1), Some(vec![]));
+    assert!(!t.detach(t0, "a", 99), "not the holder: nothing");
+    assert!(t.poll_action().is_none());
+    assert!(t.detach(t0, "a", 1));
+    assert!(matches!(drain(&mut t)[..], [Action::Arm(at)] if at == t0 + TTL));
     assert_eq!(t.poll_timeout(), Some(t0 + TTL));
     t.handle_timeout(t0 + TTL - ms(1));
     assert!(t.poll_action().is_none());
     assert_eq!(t.session("a"), Some("a"));
     t.handle_timeout(t0 + TTL);
-    match t.poll_action() {
-        Some(Action::Expired(c)) => assert_eq!(c.session, "a"),
-        _ => panic!("expected the session to expire"),
+    match &drain(&mut t)[..] {
+        [Action::SignalScope {
+            session: "a",
+            cause: EndCause::Expired,
+            ..
+        }, Action::Forget { session: "a", .. }] => {}
+        other => panic!("expected the session to expire: {other:?}"),
     }
     assert_eq!(t.session("a"), None, "gone at once");
     assert_eq!(t.poll_timeout(), None);
@@ -100,10 +119,17 @@ fn a_stale_expiry_never_closes_a_resumed_session() {
     t.detach(t0, "a", 1); // due at 500
     t.resume("a", &[0], None, holder(2, true)).unwrap(); // t=300
     t.detach(t0 + ms(400), "a", 2); // due at 900
+    drain(&mut t);
     t.handle_timeout(t0 + ms(600));
     assert!(t.poll_action().is_none(), "the first deadline was disarmed");
     t.handle_timeout(t0 + ms(900));
-    assert!(matches!(t.poll_action(), Some(Action::Expired(_))));
+    assert!(matches!(
+        t.poll_action(),
+        Some(Action::SignalScope {
+            cause: EndCause::Expired,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -136,10 +162,15 @@ fn resume_evicts_the_previous_holder_and_checks_token_and_key() {
         Err(SessionError::UnknownSession)
     ));
     assert_eq!(t.holder("a").map(|h| h.conn_id), Some(1), "unchanged");
-    let (s, a) = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
-    assert_eq!((s, a.evicted), ("a", Some(1)));
-    let (_, a) = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
-    assert_eq!(a.evicted, None, "the same connection evicts nobody");
+    assert!(t.poll_action().is_none(), "a failed resume does nothing");
+    let s = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
+    assert_eq!(s, "a");
+    assert!(matches!(drain(&mut t)[..], [Action::Evict(1)]));
+    t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
+    assert!(
+        t.poll_action().is_none(),
+        "the same connection evicts nobody"
+    );
 }
 
 #[test]
@@ -163,7 +194,7 @@ fn sessions_are_bounded_by_max_sessions_and_the_owners_quota() {
         create(&mut t, "o3", anonymous()),
         Err(SessionError::TooManySessions(4))
     ));
-    t.close("o2").unwrap();
+    assert!(t.close("o2"));
     create(&mut t, "o3", anonymous()).unwrap();
 }
 
@@ -257,7 +288,9 @@ fn a_slot_taken_again_is_not_reaped_by_the_old_one() {
     t.exit_delivered(t0, "a", "p", old, true, vec![]);
     let new = t.reserve("a", "p", Slot::Ready(2)).unwrap();
     t.exit_delivered(t0, "a", "p", old, false, vec![]);
-    assert!(!t.replace("a", "p", old, Slot::Starting), "stale serial");
+    assert!(!t.approved("a", "p", old, "x", vec![]), "stale serial");
+    assert!(!t.handle_spawned("a", "p", old, Some(9)), "stale serial");
+    assert!(matches!(effects(&mut t)[..], [Action::Abandon(9)]));
     assert!(t.free("a", "p", old).is_none());
     assert_eq!(t.poll_timeout(), None, "no deadline for a stale slot");
     assert!(matches!(t.slot("a", "p"), Some((Slot::Ready(2), s)) if s == new));
@@ -291,15 +324,31 @@ fn an_unanswered_approval_times_out_at_its_deadline() {
     };
     assert_eq!(r.id, "s-1");
     assert_eq!(t.poll_timeout(), Some(t0 + APPROVAL));
+    assert!(matches!(
+        effects(&mut t)[..],
+        [Action::Request { to: 1, .. }]
+    ));
     t.handle_timeout(t0 + APPROVAL);
-    let Some(Action::ApprovalTimedOut(taken)) = t.poll_action() else {
+    let Some(Action::Resolve {
+        request,
+        resolution,
+    }) = t.poll_action()
+    else {
         panic!("expected a timeout")
     };
-    taken.resolve(Resolution::Refused {
-        reason: crate::session::approvals::reason::TIMED_OUT,
-    });
+    assert_eq!(
+        resolution,
+        Resolution::Refused {
+            reason: reason::TIMED_OUT
+        }
+    );
+    request.resolve(resolution);
     assert_eq!(log.lock().unwrap().len(), 1);
-    assert_eq!(t.answer("a", "s-1").0, AnswerOutcome::LateOrDuplicate);
+    assert_eq!(
+        t.answer("a", "s-1", Resolution::Approved),
+        AnswerOutcome::LateOrDuplicate
+    );
+    assert!(t.poll_action().is_none(), "a late answer resolves nothing");
 }
 
 #[test]
@@ -308,11 +357,23 @@ fn an_answer_disarms_the_deadline() {
     let mut t = table_with(&["a"]);
     let log = Log::default();
     register(&mut t, t0, &log);
-    let (o, taken) = t.answer("a", "s-1");
+    drain(&mut t);
+    let o = t.answer("a", "s-1", Resolution::Approved);
     assert_eq!(o, AnswerOutcome::Answered);
-    taken.unwrap().resolve(Resolution::Approved);
+    let Some(Action::Resolve {
+        request,
+        resolution: Resolution::Approved,
+    }) = t.poll_action()
+    else {
+        panic!("the answer resolves it")
+    };
+    request.resolve(Resolution::Approved);
+    assert_eq!(*log.lock().unwrap(), [Resolution::Approved]);
     assert_eq!(t.poll_timeout(), None);
-    assert_eq!(t.answer("a", "s-9").0, AnswerOutcome::NeverSent);
+    assert_eq!(
+        t.answer("a", "s-9", Resolution::Approved),
+        AnswerOutcome::NeverSent
+    );
 }
 
 #[test]
@@ -325,15 +386,28 @@ fn approvals_wait_for_a_resume_and_are_withdrawn_when_nobody_can_answer() {
         register(&mut t, t0, &log),
         Some(Registered::Held(_))
     ));
-    let a = t.attach("a", holder(2, true)).unwrap();
-    let ids: Vec<String> = a.resend.iter().map(|r| r.id.clone()).collect();
-    assert_eq!(ids, ["s-1"], "sent again, same id");
-    let a = t.attach("a", holder(3, false)).unwrap();
-    assert_eq!(a.withdrawn.len(), 1, "nobody can answer it now");
+    drain(&mut t);
+    assert!(t.attach("a", holder(2, true)));
+    match &drain(&mut t)[..] {
+        [Action::Request { to: 2, request }] => assert_eq!(request.id, "s-1", "same id"),
+        other => panic!("sent again: {other:?}"),
+    }
+    assert!(t.attach("a", holder(3, false)));
+    let refused = Resolution::Refused {
+        reason: reason::RESUMED_WITHOUT_CAPABILITY,
+    };
+    match &drain(&mut t)[..] {
+        [Action::Evict(2), Action::Resolve { resolution, .. }] => assert_eq!(resolution, &refused),
+        other => panic!("nobody can answer it now: {other:?}"),
+    }
     assert_eq!(t.poll_timeout(), None, "its deadline went with it");
     assert!(matches!(
         register(&mut t, t0, &log),
-        Some(Registered::Refused(..))
+        Some(Registered::Refused(_))
+    ));
+    assert!(matches!(
+        &drain(&mut t)[..],
+        [Action::Resolve { resolution, .. }] if *resolution == refused
     ));
 }
 
@@ -346,10 +420,27 @@ fn close_takes_everything_out_once() {
     t.exit_delivered(t0, "a", "p", s, false, vec![]);
     register(&mut t, t0, &log);
     t.detach(t0, "a", 1);
-    let c = t.close("a").unwrap();
-    assert_eq!((c.processes, c.withdrawn.len()), (vec![1], 1));
+    drain(&mut t);
+    assert!(t.close("a"));
+    match &drain(&mut t)[..] {
+        [Action::SignalScope {
+            session: "a",
+            processes,
+            cause: EndCause::Closed,
+        }, Action::Resolve { resolution, .. }, Action::Forget { session: "a", .. }] => {
+            assert_eq!(processes, &[1]);
+            assert_eq!(
+                resolution,
+                &Resolution::Refused {
+                    reason: reason::SESSION_CLOSED
+                }
+            );
+        }
+        other => panic!("one end of the session: {other:?}"),
+    }
     assert_eq!(t.poll_timeout(), None, "every deadline of it disarmed");
-    assert!(t.close("a").is_none(), "idempotent");
+    assert!(!t.close("a"), "idempotent");
+    assert!(t.poll_action().is_none(), "a second close does nothing");
     assert!(matches!(
         t.resume("a", &[0], None, holder(5, true)),
         Err(SessionError::UnknownSession)
@@ -391,12 +482,266 @@ fn close_hands_over_the_ended_ids_and_the_ones_it_ends() {
     t.reserve("a", "q", Slot::Ready(2)).unwrap();
     t.reserve("a", "w", Slot::Pending(())).unwrap();
     t.exit_delivered(t0, "a", "p", p, true, vec![]);
-    let c = t.close("a").unwrap();
-    assert!(c.ended.contains("p"), "forgotten before");
-    assert!(c.ended.contains("q"), "ended by the close");
+    drain(&mut t);
+    assert!(t.close("a"));
+    let Some(Action::Forget { ended, .. }) = drain(&mut t).pop() else {
+        panic!("the close forgets the session last")
+    };
+    assert!(ended.contains("p"), "forgotten before");
+    assert!(ended.contains("q"), "ended by the close");
     assert!(
-        !c.ended.contains("w"),
+        !ended.contains("w"),
         "a start waiting for approval never ran"
     );
-    assert_eq!(c.ended.len(), 2);
+    assert_eq!(ended.len(), 2);
+}
+
+// ---- the actions: the table decides, the driver does ------------------------------------
+
+#[test]
+fn an_expiring_session_signals_its_scope_exactly_once_then_is_forgotten() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a", "b"]);
+    t.reserve("a", "p", Slot::Ready(1)).unwrap();
+    t.reserve("a", "q", Slot::Ready(2)).unwrap();
+    t.reserve("a", "s", Slot::Starting).unwrap();
+    t.detach(t0, "a", 1);
+    drain(&mut t);
+    t.handle_timeout(t0 + TTL);
+    let actions = drain(&mut t);
+    let signals: Vec<_> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SignalScope {
+                session,
+                processes,
+                cause,
+            } => Some((*session, processes.clone(), *cause)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(signals.len(), 1, "one signal of the scope: {actions:?}");
+    let (session, mut processes, cause) = signals[0].clone();
+    processes.sort();
+    assert_eq!(
+        (session, processes, cause),
+        ("a", vec![1, 2], EndCause::Expired)
+    );
+    assert_eq!(cause.exit_reason(), ExitReason::SessionExpired);
+    match &actions[..] {
+        [Action::SignalScope { .. }, Action::Forget {
+            session: "a",
+            ended,
+        }] => {
+            assert!(ended.contains("p") && ended.contains("q"));
+            assert!(!ended.contains("s"), "never spawned");
+        }
+        other => panic!("signal, then forget: {other:?}"),
+    }
+    assert!(t.session("a").is_none(), "forgotten");
+    assert_eq!(t.session("b"), Some("b"), "another session untouched");
+    assert!(matches!(
+        t.resume("a", &[0], None, holder(5, true)),
+        Err(SessionError::UnknownSession)
+    ));
+    t.handle_timeout(t0 + TTL * 10);
+    assert!(t.poll_action().is_none(), "nothing more, ever");
+    assert!(!t.close("a"));
+    assert!(t.poll_action().is_none());
+}
+
+#[test]
+fn a_start_spawns_once_and_a_start_over_quota_spawns_nothing() {
+    let mut t = table_with(&["a"]);
+    let serial = t.start("a", "p", "spec-p", vec![1]).unwrap();
+    match &drain(&mut t)[..] {
+        [Action::Spawn {
+            session: "a",
+            process,
+            serial: s,
+            spec: "spec-p",
+        }] => assert_eq!((process.as_str(), *s), ("p", serial)),
+        other => panic!("one spawn: {other:?}"),
+    }
+    assert!(matches!(t.slot("a", "p"), Some((Slot::Starting, s)) if s == serial));
+    assert!(matches!(
+        t.start("a", "p", "again", vec![1]),
+        Err(SessionError::ProcessExists(_))
+    ));
+    t.start("a", "q", "spec-q", vec![1]).unwrap();
+    t.start("a", "r", "spec-r", vec![1]).unwrap();
+    drain(&mut t);
+    assert!(matches!(
+        t.start("a", "over", "spec", vec![1]),
+        Err(SessionError::TooManyProcesses(3))
+    ));
+    assert!(matches!(
+        t.start("gone", "p", "spec", vec![1]),
+        Err(SessionError::UnknownSession)
+    ));
+    assert!(t.poll_action().is_none(), "nothing spawned");
+    assert_eq!(t.slot_count("a"), 3);
+
+    // The owner's quota, across sessions.
+    let mut t = SessionTable::<Test>::new(limits());
+    for id in ["k1", "k2"] {
+        t.create(id, id, vec![], keyed(9), holder(1, true), TTL)
+            .unwrap();
+    }
+    for p in ["p1", "p2", "p3"] {
+        t.start("k1", p, "spec", vec![1]).unwrap();
+    }
+    t.start("k2", "p4", "spec", vec![1]).unwrap();
+    drain(&mut t);
+    assert!(matches!(
+        t.start("k2", "p5", "spec", vec![1]),
+        Err(SessionError::QuotaReached {
+            limit: "maxProcessesPerKey",
+            value: 4
+        })
+    ));
+    assert!(t.poll_action().is_none(), "over the quota: no spawn");
+}
+
+#[test]
+fn a_spawn_result_fed_back_fills_or_frees_its_slot() {
+    let mut t = table_with(&["a"]);
+    let ok = t.start("a", "ok", "spec", vec![1]).unwrap();
+    let bad = t.start("a", "bad", "spec", vec![1]).unwrap();
+    drain(&mut t);
+    assert!(t.handle_spawned("a", "ok", ok, Some(7)));
+    assert!(matches!(t.slot("a", "ok"), Some((Slot::Ready(7), _))));
+    assert_eq!(t.processes("a"), vec![7]);
+    assert!(
+        t.poll_action().is_none(),
+        "the starter holds the session: it opens delivery itself"
+    );
+    assert!(t.handle_spawned("a", "bad", bad, None));
+    assert!(t.slot("a", "bad").is_none(), "a failed spawn frees its id");
+    assert_eq!(t.slot_count("a"), 1);
+    assert!(!t.is_ended("a", "bad"), "it never ran");
+    assert!(t.poll_action().is_none());
+    t.start("a", "bad", "spec", vec![1]).unwrap();
+
+    // Closed while it spawned: the child is let go of, the start fails.
+    let late = t.start("a", "late", "spec", vec![1]).unwrap();
+    assert!(t.close("a"));
+    drain(&mut t);
+    assert!(!t.handle_spawned("a", "late", late, Some(8)));
+    assert!(matches!(drain(&mut t)[..], [Action::Abandon(8)]));
+    assert!(!t.handle_spawned("a", "late", late, None));
+    assert!(t.poll_action().is_none());
+}
+
+#[test]
+fn deliveries_go_to_the_attached_connection_only_and_nowhere_while_detached() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a"]);
+    // Started on connection 1, which then lost the session to 2 before the spawn ended: 2
+    // gets the events at once (1's start result will never reach 2's stream).
+    let s = t.start("a", "p", "spec", vec![1]).unwrap();
+    t.attach("a", holder(2, true));
+    drain(&mut t);
+    assert!(t.handle_spawned("a", "p", s, Some(5)));
+    assert!(matches!(
+        drain(&mut t)[..],
+        [Action::Deliver {
+            process: 5,
+            to: Some(2),
+            replay: false
+        }]
+    ));
+    // A connection that does not hold the session opens nothing.
+    t.enable_delivery("a", 1, 5);
+    assert!(t.poll_action().is_none());
+    t.enable_delivery("a", 2, 5);
+    assert!(matches!(
+        drain(&mut t)[..],
+        [Action::Deliver {
+            process: 5,
+            to: Some(2),
+            replay: false
+        }]
+    ));
+    // Detached: nowhere, and nothing opens delivery until a resume.
+    assert!(!t.detach(t0, "a", 1), "1 does not hold it");
+    assert!(t.detach(t0, "a", 2));
+    assert!(matches!(
+        effects(&mut t)[..],
+        [Action::Deliver {
+            process: 5,
+            to: None,
+            ..
+        }]
+    ));
+    t.enable_delivery("a", 2, 5);
+    let s = t.start("a", "q", "spec", vec![2]).unwrap();
+    drain(&mut t);
+    assert!(t.handle_spawned("a", "q", s, Some(6)));
+    assert!(t.poll_action().is_none(), "detached: delivered to nobody");
+    // The resume replays both, to the new holder only.
+    t.resume("a", &[0], None, holder(3, true)).unwrap();
+    let mut to: Vec<(u32, Option<u64>, bool)> = drain(&mut t)
+        .into_iter()
+        .map(|a| match a {
+            Action::Deliver {
+                process,
+                to,
+                replay,
+            } => (process, to, replay),
+            other => panic!("only deliveries: {other:?}"),
+        })
+        .collect();
+    to.sort();
+    assert_eq!(to, [(5, Some(3), true), (6, Some(3), true)]);
+}
+
+#[test]
+fn an_approved_start_spawns_once_for_all_its_starters_and_a_refused_one_never() {
+    let mut t = table_with(&["a"]);
+    let s = t.reserve("a", "p", Slot::Pending(())).unwrap();
+    assert!(t.poll_action().is_none(), "waiting: nothing spawned");
+    // Approved on connection 1 for starts of 1 and 2; 2 holds the session by then.
+    t.attach("a", holder(2, true));
+    drain(&mut t);
+    assert!(t.approved("a", "p", s, "spec", vec![2, 1]));
+    assert!(matches!(
+        drain(&mut t)[..],
+        [Action::Spawn { serial, .. }] if serial == s
+    ));
+    assert!(!t.approved("a", "p", s, "spec", vec![1]), "once");
+    assert!(t.poll_action().is_none());
+    assert!(t.handle_spawned("a", "p", s, Some(4)));
+    assert!(
+        t.poll_action().is_none(),
+        "the holder is a starter: it opens delivery after its result"
+    );
+    // Refused: freed, never spawned; approved after a close: nothing.
+    let r = t.reserve("a", "r", Slot::Pending(())).unwrap();
+    assert!(t.free("a", "r", r).is_some());
+    let c = t.reserve("a", "c", Slot::Pending(())).unwrap();
+    t.close("a");
+    drain(&mut t);
+    assert!(!t.approved("a", "c", c, "spec", vec![1]));
+    assert!(t.poll_action().is_none());
+}
+
+#[test]
+fn the_timer_is_woken_only_for_an_earlier_deadline() {
+    let t0 = Instant::now();
+    let mut t = table_with(&["a", "b"]);
+    t.detach(t0, "a", 1);
+    assert!(matches!(drain(&mut t)[..], [Action::Arm(at)] if at == t0 + TTL));
+    t.detach(t0 + ms(10), "b", 2);
+    assert!(
+        t.poll_action().is_none(),
+        "later than the first: no wake-up"
+    );
+    let s = t.reserve("b", "p", Slot::Ready(1)).unwrap();
+    t.exit_delivered(t0, "b", "p", s, false, vec![]);
+    assert!(
+        matches!(drain(&mut t)[..], [Action::Arm(at)] if at == t0 + RETENTION),
+        "the retention ends first"
+    );
+    assert_eq!(t.poll_timeout(), Some(t0 + RETENTION));
 }
