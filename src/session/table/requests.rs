@@ -40,9 +40,7 @@ impl<H: Handles> SessionTable<H> {
                         request: request.id.clone(),
                     },
                 );
-                let Some(e) = self.sessions.get_mut(id) else {
-                    return None;
-                };
+                let e = self.sessions.get_mut(id)?;
                 e.approval_timers.insert(request.id.clone(), key);
                 match (other, &e.holder) {
                     (Some(_), Some(h)) => {
