@@ -24,8 +24,8 @@
 //! It holds the driver's handles (a process, a pending start, a connection, the session
 //! itself, a start's spec: [`Handles`]) as opaque values, hands them back in its answers and
 //! actions, and never calls them. It must never spawn, signal, sleep, read a clock, lock or
-//! touch a transport: the driver (`driver.rs`) does all of that under the one lock that
-//! guards the table, and feeds it `now` and what happened.
+//! touch a transport (no I/O of any kind): the driver (`driver.rs`) feeds it `now` and what
+//! happened under the one lock that guards it, and does what it queued.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
