@@ -23,50 +23,11 @@ use execrelay::config::BackendChoice;
 use execrelay::noise::suite::{NoiseSuite, SuiteChoice};
 use tokio::io::AsyncBufReadExt;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::{drain, env_u64, percentile, proc_cpu_secs, proc_own_cpu_secs};
 
 fn server_bin() -> std::path::PathBuf {
-    // benches run from target/release/deps; the binary is one level up.
-    if let Ok(p) = std::env::var("EXECRELAY_BIN") {
-        return p.into();
-    }
-    let mut p = std::env::current_exe().expect("current exe");
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    p.join("execrelay")
-}
-
-/// CPU seconds (user+system) of a live process and its reaped children (the commands it ran),
-/// from /proc.
-fn proc_cpu_secs(pid: u32) -> f64 {
-    let (own, children) = proc_cpu_split(pid);
-    own + children
-}
-
-/// CPU seconds of a live process itself (without the children it reaped), from /proc: the
-/// server's own work, which the fan-in compares with one stream's.
-fn proc_own_cpu_secs(pid: u32) -> f64 {
-    proc_cpu_split(pid).0
-}
-
-/// (own, reaped children) CPU seconds of a live process.
-fn proc_cpu_split(pid: u32) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let cut: f64 = f.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let cst: f64 = f.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ((ut + st) / tick, (cut + cst) / tick)
+    common::bin("execrelay", "EXECRELAY_BIN")
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -286,55 +247,7 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
 /// New connection each time: link, handshake, `initialize`, start `true`, exit notice.
 async fn connect_latency(keys: &NoiseKeys, runs: u64) -> (f64, f64) {
     let s = start_noise_server(keys).await;
-    let mut samples = Vec::new();
-    for i in 0..(runs + 5) {
-        let t0 = Instant::now();
-        // A private link per run (in no pool): a fresh connection.
-        let link = execrelay::link::client::ClientLink::connect(&s.url, (*keys.config).clone())
-            .await
-            .expect("link");
-        let transport = link.open_stream().await.expect("stream");
-        let client = Client::connect_transport(transport, ClientOptions::default())
-            .await
-            .expect("initialize");
-        let _ = drain(&client, "c", vec!["true".into()]).await;
-        let took = t0.elapsed();
-        client.shutdown().await;
-        link.kill();
-        if i >= 5 {
-            samples.push(took.as_secs_f64() * 1000.0);
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    (percentile(&samples, 50.0), percentile(&samples, 99.0))
-}
-
-async fn drain(client: &Client, id: &str, argv: Vec<String>) -> (u64, Duration) {
-    let t0 = Instant::now();
-    let mut p = client
-        .start(StartOptions::new(id, argv))
-        .await
-        .expect("start");
-    let mut bytes = 0u64;
-    let mut events = 0u64;
-    while let Some(ev) = p.next_event().await {
-        match ev {
-            ProcessEvent::Output { data, .. } => {
-                bytes += data.len() as u64;
-                events += 1;
-            }
-            ProcessEvent::Exited(_) => break,
-            ProcessEvent::Lost { .. } => panic!("lost output"),
-            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
-        }
-    }
-    if bytes > 1 << 20 {
-        eprintln!(
-            "[bench] {events} output events, {} bytes per event on average",
-            bytes / events.max(1)
-        );
-    }
-    (bytes, t0.elapsed())
+    common::connect_latency_to(&s.url, &keys.config, runs).await
 }
 
 struct Throughput {
@@ -489,27 +402,14 @@ async fn upload(kind: &str, n: u64, keys: &NoiseKeys) -> (f64, f64) {
     )
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    // Nearest rank, like the OpenSSH baseline script.
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 async fn exec_latency(runs: u64) -> (f64, f64) {
     let s = start_ws_server().await;
     let client = Client::connect(Target::Ws(s.url.clone()), ClientOptions::default())
         .await
         .expect("connect");
-    let mut samples = Vec::with_capacity(runs as usize);
-    for i in 0..(runs + 20) {
-        let (_, took) = drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
-        if i >= 20 {
-            samples.push(took.as_secs_f64() * 1000.0);
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
+    let latency = common::exec_latency_on(&client, runs, 20).await;
     client.close();
-    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+    latency
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1118,53 +1018,15 @@ async fn relay_section(
     }
 
     // Exec latency through the relay: `true` from start to exit notice on one stream.
-    let mut samples = Vec::new();
-    for i in 0..(runs + 5) {
-        let t0 = Instant::now();
-        let _ = drain(&client, &format!("x{i}"), vec!["true".into()]).await;
-        if i >= 5 {
-            samples.push(t0.elapsed().as_secs_f64() * 1000.0);
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    println!(
-        "relay_exec_latency_p50_ms {:.3}",
-        percentile(&samples, 50.0)
-    );
-    println!(
-        "relay_exec_latency_p99_ms {:.3}",
-        percentile(&samples, 99.0)
-    );
+    let (p50, p99) = common::exec_latency_on(&client, runs, 5).await;
+    println!("relay_exec_latency_p50_ms {p50:.3}");
+    println!("relay_exec_latency_p99_ms {p99:.3}");
     client.close();
 
     // New-connection latency through the relay: link, handshake, `initialize`, `true`.
-    let mut samples = Vec::new();
-    for i in 0..(runs.min(100) + 5) {
-        let t0 = Instant::now();
-        let link = execrelay::link::client::ClientLink::connect(&rig.url, (*keys.config).clone())
-            .await
-            .expect("link");
-        let transport = link.open_stream().await.expect("stream");
-        let c = Client::connect_transport(transport, ClientOptions::default())
-            .await
-            .expect("initialize");
-        let _ = drain(&c, "c", vec!["true".into()]).await;
-        let took = t0.elapsed();
-        c.shutdown().await;
-        link.kill();
-        if i >= 5 {
-            samples.push(took.as_secs_f64() * 1000.0);
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    println!(
-        "relay_connect_latency_p50_ms {:.3}",
-        percentile(&samples, 50.0)
-    );
-    println!(
-        "relay_connect_latency_p99_ms {:.3}",
-        percentile(&samples, 99.0)
-    );
+    let (p50, p99) = common::connect_latency_to(&rig.url, &keys.config, runs.min(100)).await;
+    println!("relay_connect_latency_p50_ms {p50:.3}");
+    println!("relay_connect_latency_p99_ms {p99:.3}");
     println!("relay_peak_rss_KiB {}", peak_rss_kib(relay_pid));
     let _ = rig.relay.start_kill();
     let _ = rig.relay.wait().await;

@@ -18,30 +18,14 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
-use execrelay::link::client::{ClientLink, LinkPool, NoiseClientConfig};
+use execrelay::client::{Client, ClientOptions, Target};
+use execrelay::link::client::{LinkPool, NoiseClientConfig};
 use execrelay::noise::keys::{public_line, Keypair};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn bin(name: &str, var: &str) -> std::path::PathBuf {
-    if let Ok(p) = std::env::var(var) {
-        return p.into();
-    }
-    let mut p = std::env::current_exe().expect("current exe");
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    p.join(name)
-}
+mod common;
+use common::{bin, drain, env_u64, proc_own_cpu_secs};
 
 /// A Debian package's program, installed with apt-get when missing.
 fn system_program(name: &str, package: &str) -> std::path::PathBuf {
@@ -69,21 +53,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// CPU seconds (user + system) of a live process, from /proc.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Fields 14 and 15 of stat (utime, stime) are 12 and 13 after the command.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 async fn wait_http_ok(addr: SocketAddr, path: &str) {
@@ -176,23 +145,6 @@ async fn start_relay(dir: &std::path::Path, node: &str, nats: u16) -> Relay {
         listen,
         metrics,
     }
-}
-
-async fn drain(client: &Client, id: &str, argv: Vec<String>) -> u64 {
-    let mut p = client
-        .start(StartOptions::new(id, argv))
-        .await
-        .expect("start");
-    let mut bytes = 0u64;
-    while let Some(ev) = p.next_event().await {
-        match ev {
-            ProcessEvent::Output { data, .. } => bytes += data.len() as u64,
-            ProcessEvent::Exited(_) => break,
-            ProcessEvent::Lost { .. } => panic!("lost output"),
-            ProcessEvent::Omitted { .. } => panic!("no cap was asked for"),
-        }
-    }
-    bytes
 }
 
 #[tokio::main]
@@ -322,9 +274,9 @@ async fn main() {
             }
         };
         // Throughput, with each node's CPU.
-        let cpu0: Vec<f64> = pids.iter().map(|(_, p)| cpu_secs(*p)).collect();
+        let cpu0: Vec<f64> = pids.iter().map(|(_, p)| proc_own_cpu_secs(*p)).collect();
         let t0 = Instant::now();
-        let got = drain(
+        let (got, _) = drain(
             &client,
             "tp",
             vec![
@@ -341,55 +293,17 @@ async fn main() {
         for ((name, pid), c0) in pids.iter().zip(cpu0) {
             println!(
                 "cluster_{path}_cpu_s_per_GB_{name} {:.3}",
-                (cpu_secs(*pid) - c0) / (bytes as f64 / 1e9)
+                (proc_own_cpu_secs(*pid) - c0) / (bytes as f64 / 1e9)
             );
         }
         // Exec latency on this connection.
-        let mut samples = Vec::new();
-        for i in 0..(exec_runs + 20) {
-            let t = Instant::now();
-            drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
-            if i >= 20 {
-                samples.push(t.elapsed().as_secs_f64() * 1000.0);
-            }
-        }
-        samples.sort_by(|a, b| a.total_cmp(b));
-        println!(
-            "cluster_{path}_exec_p50_ms {:.3}",
-            percentile(&samples, 50.0)
-        );
-        println!(
-            "cluster_{path}_exec_p99_ms {:.3}",
-            percentile(&samples, 99.0)
-        );
+        let (p50, p99) = common::exec_latency_on(&client, exec_runs, 20).await;
+        println!("cluster_{path}_exec_p50_ms {p50:.3}");
+        println!("cluster_{path}_exec_p99_ms {p99:.3}");
         // Connect latency: a fresh link each time (its own pool), handshake, initialize, true.
-        let mut samples = Vec::new();
-        for i in 0..(connect_runs + 5) {
-            let t = Instant::now();
-            let link = ClientLink::connect(&url, (*config).clone())
-                .await
-                .expect("link");
-            let transport = link.open_stream().await.expect("stream");
-            let c = Client::connect_transport(transport, ClientOptions::default())
-                .await
-                .expect("initialize");
-            drain(&c, "c", vec!["true".into()]).await;
-            let took = t.elapsed();
-            c.shutdown().await;
-            link.kill();
-            if i >= 5 {
-                samples.push(took.as_secs_f64() * 1000.0);
-            }
-        }
-        samples.sort_by(|a, b| a.total_cmp(b));
-        println!(
-            "cluster_{path}_connect_p50_ms {:.3}",
-            percentile(&samples, 50.0)
-        );
-        println!(
-            "cluster_{path}_connect_p99_ms {:.3}",
-            percentile(&samples, 99.0)
-        );
+        let (p50, p99) = common::connect_latency_to(&url, &config, connect_runs).await;
+        println!("cluster_{path}_connect_p50_ms {p50:.3}");
+        println!("cluster_{path}_connect_p99_ms {p99:.3}");
         client.close();
     }
     let forwarded = metric(r2.metrics, "execrelay_relay_cluster_forwarded_bytes_total").await;

@@ -32,6 +32,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::unix::pipe;
@@ -299,21 +300,13 @@ impl Drop for ChildProcess {
 }
 
 fn set_cloexec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
     Ok(())
 }
 
 fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
     Ok(())
 }
 
@@ -367,19 +360,8 @@ impl AsyncRead for OutputReader {
                 let mut guard = ready!(fd.poll_read_ready(cx))?;
                 let unfilled = buf.initialize_unfilled();
                 let res = guard.try_io(|inner| {
-                    // SAFETY: reading into an initialized buffer we own.
-                    let n = unsafe {
-                        libc::read(
-                            inner.get_ref().as_raw_fd(),
-                            unfilled.as_mut_ptr().cast(),
-                            unfilled.len(),
-                        )
-                    };
-                    if n < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(n as usize)
-                    }
+                    nix::unistd::read(inner.get_ref().as_raw_fd(), unfilled)
+                        .map_err(io::Error::from)
                 });
                 match res {
                     Ok(Ok(n)) => {
@@ -416,19 +398,7 @@ impl AsyncWrite for InputWriter {
             InputWriter::Pty(fd) => loop {
                 let mut guard = ready!(fd.poll_write_ready(cx))?;
                 let res = guard.try_io(|inner| {
-                    // SAFETY: writing from a buffer we borrow to a descriptor we own.
-                    let n = unsafe {
-                        libc::write(
-                            inner.get_ref().as_raw_fd(),
-                            data.as_ptr().cast(),
-                            data.len(),
-                        )
-                    };
-                    if n < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(n as usize)
-                    }
+                    nix::unistd::write(inner.get_ref(), data).map_err(io::Error::from)
                 });
                 match res {
                     Ok(r) => return Poll::Ready(r),
