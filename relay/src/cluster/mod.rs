@@ -10,6 +10,8 @@
 //!   both relays' keys from the cluster file).
 //! - [`node`] (tokio): one relay's membership: its NATS connection, its subscriptions (one per
 //!   environment link it holds), lookups, and the relay-to-relay links it dials.
+//! - [`trusted_front`] (sans-IO): which peers' `X-Execrelay-Front` header is honoured
+//!   (`trusted_front`; nobody's by default).
 //!
 //! # What this module owns
 //!
@@ -28,6 +30,7 @@
 pub mod directory;
 pub mod node;
 pub mod relay_link;
+pub mod trusted_front;
 
 use std::path::{Path, PathBuf};
 

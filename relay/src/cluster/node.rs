@@ -89,6 +89,9 @@ pub struct ClusterStats {
     pub moves: AtomicU64,
     /// Directory messages ignored (too large, unparsable).
     pub directory_ignored: AtomicU64,
+    /// Client links that carried the front's header from a peer not in `trusted_front`: the
+    /// header was ignored.
+    pub front_header_ignored: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -244,6 +247,12 @@ impl ClusterNode {
         if self.moves.try_send((env.to_string(), link)).is_err() {
             lock(&self.pending_moves).remove(env);
         }
+    }
+
+    /// A client link carried the front's header from a peer that is not a trusted front:
+    /// it was ignored (counted, logged at debug).
+    pub fn front_header_ignored(&self) {
+        bump(&self.stats.front_header_ignored);
     }
 
     /// This relay's node id.
