@@ -332,6 +332,8 @@ out=$(run "$(via_front "$X")" "$X" sh -c "seq 1 50")
 [ "$out" = "$(seq 1 50)" ] || fail "relay added: a client after the move"
 [ "$(metric relay-4 execrelay_relay_cluster_forwarded_streams_total)" = "$fwd4" ] ||
     fail "relay added: still forwarding after the move"
+ignored=$(( $(sum_metric execrelay_relay_cluster_front_header_ignored_total) + $(metric relay-4 execrelay_relay_cluster_front_header_ignored_total) ))
+[ "$ignored" = 0 ] || fail "relay added: $ignored front headers ignored (HAProxy's source is in --trusted-front)"
 ok "relay added: $X moved $XHOME -> relay-4 (moves counted), no output lost, then no forwarding"
 
 # ---- 5. a relay killed ---------------------------------------------------------------------
