@@ -118,7 +118,7 @@ pub enum ClusterError {
         error: String,
     },
     /// The cluster keys file lists another key for this node than its node key.
-    #[error("--cluster-keys {path} lists node {node:?} with key {listed}, but this relay's node key ({from}) is {own}: {fix}")]
+    #[error("--cluster-keys {path} lists node {node:?} with key {listed}, but this relay's node key is {own}: {fix}")]
     KeyMismatch {
         /// The node id.
         node: String,
@@ -126,10 +126,9 @@ pub enum ClusterError {
         path: PathBuf,
         /// Fingerprint of the listed key.
         listed: String,
-        /// Fingerprint of the relay's key.
+        /// Fingerprint of the relay's key, and where it came from (`--node-key FILE`, or
+        /// `--key` when no `--node-key` was given).
         own: String,
-        /// Where the node key came from: `--node-key FILE`, or `--key` (no `--node-key`).
-        from: String,
         /// What to do.
         fix: String,
     },
@@ -358,8 +357,7 @@ impl ClusterFlags {
                     node: node.clone(),
                     path: keys_path.clone(),
                     listed: fingerprint(k),
-                    own: fingerprint(own_public),
-                    from,
+                    own: format!("{} ({from})", fingerprint(own_public)),
                     fix,
                 });
             }
