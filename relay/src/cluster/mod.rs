@@ -56,8 +56,8 @@ pub const MAX_RELAY_LINKS: usize = 1024;
 /// re-dials and its clients resume: a bounded rate spreads that over time instead of a storm.
 pub const MOVES_PER_SECOND: u32 = 5;
 /// An environment link younger than this is never asked to move: an environment whose link
-/// the front keeps sending elsewhere (a membership still settling, or a client sending the
-/// front's header straight to a relay) moves at most once per this period.
+/// the front keeps sending elsewhere (a membership still settling) moves at most once per
+/// this period. Only a trusted front's header counts (`trusted_front`).
 pub const MOVE_MIN_LINK_AGE_MS: u64 = 10_000;
 /// Moves waiting for their turn on one relay; a `home` notice past it is dropped (the next
 /// misrouted client sends another).
