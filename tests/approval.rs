@@ -135,6 +135,20 @@ fn running_with_arg(arg: &str) -> Vec<i32> {
     out
 }
 
+/// Wait (hang guard) until process `pid` shows its arguments: a spawn returns once the
+/// child's `execve` released the server's memory (`CLONE_VFORK`), but the kernel sets the new
+/// program's argument area a little after that, and until then `/proc/PID/cmdline` is empty.
+async fn exec_done(pid: i32) {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pid} never showed its arguments"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 fn sleep_params(id: &str, arg: &str) -> Value {
     json!({"processId": id, "argv": ["sleep", arg], "env": {"B": "2", "A": "1"}, "cwd": "/"})
 }
@@ -577,6 +591,7 @@ async fn a_resumed_connection_gets_the_same_request_first_and_the_process_runs_o
             }
         }
     };
+    exec_done(pid).await;
     assert_eq!(running_with_arg(&arg), vec![pid], "exactly one process");
     // The replay still comes, in order, after the request.
     let replay = b.client.collect("out").await;
@@ -619,6 +634,7 @@ async fn an_answer_sent_just_before_the_connection_died_starts_the_process_once(
         .unwrap();
     assert_eq!(entry["state"], "running");
     let pid = entry["pid"].as_i64().unwrap() as i32;
+    exec_done(pid).await;
     assert_eq!(running_with_arg(&arg), vec![pid], "started exactly once");
     assert!(
         !b.client.backlog.iter().any(is_server_request),
@@ -683,6 +699,7 @@ async fn a_start_retried_while_pending_joins_it_and_both_get_the_one_process() {
         .unwrap();
     let b = tokio::time::timeout(GUARD, retry).await.unwrap().unwrap();
     assert!(Arc::ptr_eq(&a, &b), "one process for both");
+    exec_done(a.pid as i32).await;
     assert_eq!(running_with_arg(&arg), vec![a.pid as i32]);
     a.terminate(Some(Duration::ZERO)).await;
     session.close();

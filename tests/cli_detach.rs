@@ -5,8 +5,9 @@
 //! TTL by asking `sessionTtlMs`, and a TTL above the server's most is refused. Resume tokens
 //! live in `$XDG_STATE_HOME/execrelay/detached/`, mode 0600.
 //!
-//! Every wait is on output, an exit or a file, bounded by a hang guard; the two sleeps let a
-//! TTL pass, which is what those tests are about.
+//! Every wait is on output, an exit, a file or the server's metrics, bounded by a hang guard.
+//! The TTLs themselves are tested on a simulated clock (`session/table/tests.rs`,
+//! `sessions.rs`); here, that the client asks for them and the server holds to them.
 
 mod common;
 use common::binary::{output_of, serve_cmd};
@@ -85,6 +86,61 @@ async fn ws_server(extra: &[&str]) -> (Child, String) {
         .expect("a URL line");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, url)
+}
+
+/// [`ws_server`] with `--metrics-listen 127.0.0.1:0`: also the metrics address.
+async fn ws_server_with_metrics(extra: &[&str]) -> (Child, String, String) {
+    let mut child = serve_cmd("ws://127.0.0.1:0", Stdio::piped())
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("spawn serve");
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let metrics = tokio::time::timeout(GUARD, async {
+        loop {
+            let line = err.next_line().await.unwrap().expect("the metrics line");
+            if let Some(rest) = line.strip_prefix("execrelay metrics: http://") {
+                break rest.trim_end_matches("/metrics").to_string();
+            }
+        }
+    })
+    .await
+    .expect("serve printed its metrics address (hang guard)");
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(GUARD, lines.next_line())
+        .await
+        .expect("serve printed its URL (hang guard)")
+        .unwrap()
+        .expect("a URL line");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url, metrics)
+}
+
+/// How many sessions the server at metrics address `addr` holds, attached or not (read
+/// without resuming any, which would restart its TTL).
+async fn sessions_held(addr: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    };
+    let body = tokio::time::timeout(GUARD, exchange)
+        .await
+        .expect("metrics answer (hang guard)");
+    let gauges: Vec<f64> = body
+        .lines()
+        .filter(|l| l.starts_with("execrelay_sessions{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(gauges.len(), 2, "attached and detached: {body}");
+    gauges.iter().sum()
 }
 
 /// `attach` until its stdout shows `until` (a whole line), then Ctrl-C: what it showed, its
@@ -253,7 +309,7 @@ async fn ps_lists_and_kill_signals_detached_commands() {
 #[tokio::test]
 async fn a_detached_session_outlives_the_default_ttl_and_not_its_own() {
     // The server's default TTL is 300 ms and it grants at most 10 s.
-    let (_server, url) = ws_server(&[
+    let (_server, url, metrics) = ws_server_with_metrics(&[
         "--detached-session-ttl-ms",
         "300",
         "--max-session-ttl",
@@ -284,8 +340,17 @@ async fn a_detached_session_outlives_the_default_ttl_and_not_its_own() {
     let short = home
         .detach(&url, &["--session-ttl", "500ms", "echo short"])
         .await;
-    // Let both the default TTL (300 ms) and the short one (500 ms) pass.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Until the short one (500 ms) is gone, and with it the default TTL (300 ms) has passed
+    // for both.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while sessions_held(&metrics).await != 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the short session expires (hang guard)"
+        );
+        // Pacing of the poll (a scrape resumes nothing), not a synchronisation.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (shown, code, _) = attach_until(&home, &[&url, &kept], "kept").await;
     assert_eq!(
         (shown, code),

@@ -1,7 +1,8 @@
 //! The exit notice says why a process ended (`protocol.md` §5, `reason`), for every cause:
 //! `exited` (on its own, or a signal nobody here sent), `timeout` (in `process_lifecycle.rs`),
 //! `terminated` (`process/terminate`, a terminating `process/signal`), `sessionClosed`,
-//! `sessionExpired`, `serverShutdown`, and `oomKilled` where the session's cgroup records it
+//! `sessionExpired` (the table's expiry on a simulated clock in `session/table/tests.rs`, end
+//! to end in `sessions.rs`), `serverShutdown`, and `oomKilled` where the session's cgroup records it
 //! (cgroup v2 with the memory controller; elsewhere the test says it was skipped and why).
 //!
 //! Over a real `ConnectionProcessor` in this process; every wait is on an event or bounded.
@@ -111,23 +112,6 @@ async fn closing_the_session_ends_its_processes_as_session_closed() {
     assert_eq!(reason_of(&p).await, ExitReason::SessionClosed);
     let exit = p.info().exit.expect("exit");
     assert_eq!(exit.signal.as_deref(), Some("SIGTERM"), "{exit:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_session_ends_its_processes_as_session_expired() {
-    let mut config = cfg();
-    config.detached_session_ttl_ms = 200;
-    let (mut ip, sid) = session_with(config).await;
-    start_checked(
-        &mut ip.client,
-        json!({"processId": "x", "argv": ["sleep", "100"]}),
-    )
-    .await;
-    let p = managed(&ip, &sid, "x");
-    // The registry outlives the connection (the session's expiry timer needs it).
-    let _registry = ip.registry.clone();
-    ip.hang_up().await;
-    assert_eq!(reason_of(&p).await, ExitReason::SessionExpired);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

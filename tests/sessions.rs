@@ -13,7 +13,8 @@ use execrelay::config::ServerConfig;
 use execrelay::connection::handlers::start_spec;
 use execrelay::connection::ConnectionEnd;
 use execrelay::process::ReadySet;
-use execrelay::session::{ConnHandle, SessionRegistry};
+use execrelay::rpc::messages::ExitReason;
+use execrelay::session::{ConnHandle, SessionError, SessionRegistry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -91,8 +92,8 @@ async fn resume_with_the_right_token_keeps_the_session_and_its_processes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
-    let reg = with_ttl(200);
+async fn wrong_token_and_unknown_session_look_the_same() {
+    let reg = shared(cfg());
     let (mut a, sid, token) = open_session(&reg).await;
 
     let mut b = connect_to(&reg);
@@ -108,12 +109,43 @@ async fn wrong_token_unknown_session_and_expired_session_look_the_same() {
     assert_eq!(wrong["error"]["message"], unknown["error"]["message"]);
     // A failed resume left `a` attached and untouched.
     assert!(a.client.call("server/info", json!({})).await["sessions"] == 1);
+    assert!(reg.session(&sid).unwrap().is_attached());
+}
 
-    a.hang_up().await;
-    eventually("detached session expires", || reg.session(&sid).is_none()).await;
-    let expired = resume(&mut b.client, &sid, &token).await;
-    assert_eq!(expired["error"]["code"], -32003);
-    assert_eq!(expired["error"]["message"], wrong["error"]["message"]);
+/// Paused time: an expired session is refused as an unknown one (the same error as a wrong
+/// token, so a client learns nothing from it), at its TTL and not before; its end is driven
+/// by the registry's one timer task.
+#[tokio::test(start_paused = true)]
+async fn an_expired_session_resumes_as_an_unknown_one() {
+    let reg = with_ttl(200);
+    let c1 = conn(&reg);
+    let (session, token) = reg.create(false, &c1).unwrap();
+    let sid = session.id.clone();
+    let wrong = reg
+        .resume(
+            &sid,
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            &conn(&reg),
+        )
+        .err()
+        .expect("a wrong token is refused");
+    session.detach(c1.conn_id);
+    tokio::time::advance(Duration::from_millis(199)).await;
+    settle().await;
+    assert!(reg.session(&sid).is_some(), "not before its TTL");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert!(reg.session(&sid).is_none(), "expired at its TTL");
+    assert!(session.is_closed());
+    let expired = reg
+        .resume(&sid, &token, &conn(&reg))
+        .err()
+        .expect("an expired session is refused");
+    assert!(matches!(expired, SessionError::UnknownSession), "{expired}");
+    assert_eq!(expired.to_string(), wrong.to_string());
+    // Everything it started ends (here, an empty scope). No timeout around it: paused time
+    // would run past one while the end's blocking signal call runs.
+    session.terminated().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,6 +270,9 @@ async fn output_produced_while_detached_is_held_not_lost() {
     assert_eq!(exit["outputDrainTimedOut"], false);
 }
 
+/// End to end, on the real clock: the driver wires the table's expiry to real processes
+/// (the table's side, every deadline and action, is tested on a simulated clock in
+/// `session/table/tests.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_takes_its_process_groups_with_it() {
     let reg = with_ttl(300);
@@ -248,10 +283,22 @@ async fn an_expired_session_takes_its_process_groups_with_it() {
         .await;
     let pgid = start["pid"].as_i64().unwrap() as i32;
     assert!(group_alive(pgid));
+    let session = reg.session(&sid).unwrap();
+    let p = session.get("p").unwrap();
     a.hang_up().await;
     eventually("session expired", || reg.session(&sid).is_none()).await;
     eventually("process group gone", || !group_alive(pgid)).await;
     assert_eq!(reg.process_count(), 0);
+    tokio::time::timeout(GUARD, p.wait_finished())
+        .await
+        .expect("its exit notice is ready (hang guard)");
+    assert_eq!(
+        p.info().exit.expect("exit notice").reason,
+        ExitReason::SessionExpired
+    );
+    tokio::time::timeout(GUARD, session.terminated())
+        .await
+        .expect("the session's end completes (hang guard)");
 }
 
 fn conn(reg: &SessionRegistry) -> ConnHandle {

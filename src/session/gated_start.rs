@@ -128,24 +128,26 @@ impl Session {
     /// request counts; a late or repeated one is ignored (and logged); an id this session
     /// never sent is for the connection to treat as a protocol error.
     pub fn answer(&self, id: &str, answer: ApprovalAnswer) -> AnswerOutcome {
-        let (outcome, taken) = match self.shared.upgrade() {
-            Some(sh) => lock(&sh.table).answer(&self.id, id),
-            None => (AnswerOutcome::LateOrDuplicate, None),
+        let resolution = match answer {
+            ApprovalAnswer::Approve => Resolution::Approved,
+            ApprovalAnswer::Deny => Resolution::Refused {
+                reason: reason::CLIENT_DENIED,
+            },
+            ApprovalAnswer::Unreadable => Resolution::Refused {
+                reason: reason::CLIENT_ERROR,
+            },
         };
-        match (outcome, taken) {
-            (AnswerOutcome::Answered, Some(t)) => t.resolve(match answer {
-                ApprovalAnswer::Approve => Resolution::Approved,
-                ApprovalAnswer::Deny => Resolution::Refused {
-                    reason: reason::CLIENT_DENIED,
-                },
-                ApprovalAnswer::Unreadable => Resolution::Refused {
-                    reason: reason::CLIENT_ERROR,
-                },
-            }),
-            (AnswerOutcome::LateOrDuplicate, _) => {
+        let outcome = self
+            .drive(|t| t.answer(&self.id, id, resolution))
+            .unwrap_or(AnswerOutcome::LateOrDuplicate);
+        match outcome {
+            AnswerOutcome::Answered => {}
+            AnswerOutcome::LateOrDuplicate => {
                 tracing::info!(request = %id, "late or duplicate answer ignored")
             }
-            _ => tracing::warn!("response to a request this session never sent"),
+            AnswerOutcome::NeverSent => {
+                tracing::warn!("response to a request this session never sent")
+            }
         }
         outcome
     }
@@ -227,31 +229,19 @@ impl Session {
         let (tx, rx) = oneshot::channel();
         // The table arms the request's deadline (`approval_timeout_ms`); its timer resolves
         // it as timed out unless an answer, a withdrawal or the session's end comes first.
-        let registered = self.shared.upgrade().and_then(|sh| {
-            let mut t = lock(&sh.table);
-            let r = t.register_approval(now(), &self.id, approve_params(&spec, &rule), move |r| {
-                let _ = tx.send(r);
-            });
-            if let Some(Registered::Send(request)) = &r {
-                if let Some(sink) = t.holder(&self.id).and_then(|h| h.conn.requests.clone()) {
-                    sink(request.clone());
-                }
-            }
-            drop(t);
-            sh.wake.notify_one();
-            r
-        });
+        // The driver sends it to the holder; if the session was resumed meanwhile by a
+        // client that cannot answer (this start began on the connection it evicted), the
+        // table refuses it, as `attach` did for the requests pending then.
+        let params = approve_params(&spec, &rule);
+        let registered = self
+            .drive(|t| {
+                t.register_approval(now(), &self.id, params, move |r| {
+                    let _ = tx.send(r);
+                })
+            })
+            .flatten();
         let request = match registered {
-            Some(Registered::Send(r)) | Some(Registered::Held(r)) => r,
-            // Resumed meanwhile by a client that cannot answer (this start began on the
-            // connection it evicted): nobody can answer, as `attach` decided for the requests
-            // pending then.
-            Some(Registered::Refused(r, taken)) => {
-                taken.resolve(Resolution::Refused {
-                    reason: reason::RESUMED_WITHOUT_CAPABILITY,
-                });
-                r
-            }
+            Some(Registered::Send(r) | Registered::Held(r) | Registered::Refused(r)) => r,
             // Closed before we registered: nothing will answer.
             None => {
                 metrics.approval(ApprovalOutcome::Requested);
@@ -286,34 +276,34 @@ impl Session {
         });
         tracing::info!(process = %id, request = %request.id, ?resolution, "approval resolved");
 
-        // Our slot, if it is still ours (a closed session dropped it): Starting to spawn,
-        // gone to refuse.
-        let approved = resolution == Resolution::Approved;
-        let ours = self
-            .shared
-            .upgrade()
-            .map(|sh| {
-                let mut t = lock(&sh.table);
-                if approved {
-                    t.replace(&self.id, &id, serial, Slot::Starting)
-                } else {
-                    t.free(&self.id, &id, serial).is_some()
+        // Our slot, if it is still ours (a closed session dropped it): spawned by the table's
+        // word if approved, freed if not. Its events go at once to the holder unless that
+        // is this start's connection or one whose start joined it (each opens delivery after
+        // writing its result, so the result comes first).
+        let result = match resolution {
+            Resolution::Approved => {
+                let launched = self.shared.upgrade().map(|sh| {
+                    sh.drive_launch(|t| {
+                        let mut starters = pending.take_joined();
+                        starters.push(conn_id);
+                        t.approved(&self.id, &id, serial, spec, starters)
+                    })
+                });
+                match launched {
+                    Some((true, Some(l))) => l,
+                    _ => Err(SessionError::NotApproved {
+                        reason: reason::SESSION_CLOSED,
+                        rule: Some(rule),
+                    }),
                 }
-            })
-            .unwrap_or(false);
-        let answering = ours.then(|| pending.take_joined());
-        let result = match (resolution, answering) {
-            (Resolution::Approved, Some(answering)) => {
-                self.launch(spec, serial, conn_id, &answering)
             }
-            (Resolution::Approved, None) => Err(SessionError::NotApproved {
-                reason: reason::SESSION_CLOSED,
-                rule: Some(rule),
-            }),
-            (Resolution::Refused { reason }, _) => Err(SessionError::NotApproved {
-                reason,
-                rule: Some(rule),
-            }),
+            Resolution::Refused { reason } => {
+                self.drive(|t| t.free(&self.id, &id, serial));
+                Err(SessionError::NotApproved {
+                    reason,
+                    rule: Some(rule),
+                })
+            }
         };
         self.decided(&pending, result)
     }

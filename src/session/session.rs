@@ -1,13 +1,13 @@
-//! One session, and the driver state every session of a server shares: the one lock over
-//! the `SessionTable` (`table.rs`, the sans-IO core: slots, holders, deadlines, quotas, approvals), the
-//! server's metrics, output budget and exec policy, and the tracker of closing sessions.
+//! One session, and the state the driver shares across a server's sessions: the one lock
+//! over the `SessionTable` (`table.rs`, the sans-IO core), the server's metrics, output
+//! budget and exec policy.
 //!
-//! A [`Session`] is the handle connections hold. Its methods feed the table what happened
-//! (attach, detach, a start, an exit delivered) and do, under the same lock where order
-//! matters, what the table answers: evict a connection, point processes at a connection's
-//! [`ReadySet`](crate::process::ReadySet), send pending requests again. Spawning goes through
-//! `process::output_pump::start_process` into the session's [`SessionScope`]. It never decodes
-//! JSON (the connection's handler hands it typed options) and never writes to a transport.
+//! A [`Session`] is the handle connections hold. Its methods feed the table what happened (a
+//! detach, a start, a close, a delivery opened) through the driver (`driver.rs`), which does
+//! what the table answers: spawn into the session's [`SessionScope`], point processes at a
+//! connection's [`ReadySet`](crate::process::ReadySet), end the scope. It never spawns,
+//! signals or decides who holds what itself, never decodes JSON (the connection's handler
+//! hands it typed options) and never writes to a transport.
 //!
 //! # The end of a session
 //!
@@ -22,23 +22,19 @@
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::approvals::{reason, Resolution, Taken};
-use super::ended_ids::{EndedIds, ENDED_WRITE_IDS};
+use super::ended_ids::EndedIds;
 use super::error::SessionError;
 use super::pending::PendingStart;
 pub use super::spec::{ConnHandle, StartSpec};
-use super::table::{Attached, Closed, Handles, Holder, SessionTable, Slot};
-use crate::config::{ServerConfig, DEFAULT_KILL_GRACE_MS};
-use crate::metrics::{ContainmentStage, Metrics};
+use super::table::{Handles, Holder, SessionTable, Slot};
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
 use crate::policy::PolicyFile;
 use crate::process::containment::SessionScope;
-use crate::process::event_log::LogLimits;
-use crate::process::output_pump::start_process;
 use crate::process::{ManagedProcess, OutputBudget};
 use crate::rpc::messages::ExitReason;
 use crate::sync::lock;
@@ -51,6 +47,7 @@ impl Handles for Live {
     type Process = Arc<ManagedProcess>;
     type Pending = Arc<PendingStart>;
     type Conn = ConnHandle;
+    type Spec = StartSpec;
 }
 
 /// What every session of a server shares: the table under its one lock, and what starting a
@@ -58,10 +55,10 @@ impl Handles for Live {
 pub(super) struct Shared {
     pub(super) config: Arc<ServerConfig>,
     /// The sans-IO core. Lock order: this lock, then a process's own locks; a
-    /// [`RequestSink`](super::RequestSink) and [`ManagedProcess::set_delivery`] are called under it (both are
-    /// short and never call back).
+    /// [`RequestSink`](super::RequestSink) and [`ManagedProcess::attach_delivery`] are called
+    /// under it (both are short and never call back).
     pub(super) table: Mutex<SessionTable<Live>>,
-    /// Wakes the timer task when a deadline was armed.
+    /// Wakes the timer task when an earlier deadline was armed.
     pub(super) wake: Arc<Notify>,
     pub(super) metrics: Arc<Metrics>,
     /// The server-wide output budget (`output_budget_bytes`) every process draws on.
@@ -115,11 +112,16 @@ impl ConnHandle {
 }
 
 impl Session {
-    /// Run `f` on the table, if the server still runs.
-    fn with_table<R>(&self, f: impl FnOnce(&mut SessionTable<Live>) -> R) -> Option<R> {
+    /// Run `f` on the table (a question: it queues nothing), if the server still runs.
+    fn with_table<R>(&self, f: impl FnOnce(&SessionTable<Live>) -> R) -> Option<R> {
         let shared = self.shared.upgrade()?;
-        let mut t = lock(&shared.table);
-        Some(f(&mut t))
+        let t = lock(&shared.table);
+        Some(f(&t))
+    }
+
+    /// Feed the table through the driver, if the server still runs.
+    pub(super) fn drive<R>(&self, f: impl FnOnce(&mut SessionTable<Live>) -> R) -> Option<R> {
+        Some(self.shared.upgrade()?.drive(f))
     }
 
     /// How long the session survives detached.
@@ -132,7 +134,7 @@ impl Session {
     /// Set how long the session survives detached (`sessionTtlMs`, already checked against
     /// the server's `max_session_ttl_ms`); takes effect at the next detach.
     pub fn set_detached_ttl(&self, ttl: Duration) {
-        self.with_table(|t| t.set_ttl(&self.id, ttl));
+        self.drive(|t| t.set_ttl(&self.id, ttl));
     }
 
     /// Whether a connection holds the session.
@@ -145,28 +147,6 @@ impl Session {
     pub fn is_attached_to(&self, conn_id: u64) -> bool {
         self.with_table(|t| t.holder(&self.id).is_some_and(|h| h.conn_id == conn_id))
             .unwrap_or(false)
-    }
-
-    /// Do what the table answered to an attach by `conn`: evict the previous holder, send
-    /// `conn` every pending server request again (same ids), then re-deliver every
-    /// unacknowledged retained event, then live ones. Called under the table's lock, so
-    /// attaches are done in the order the table saw them; the requests are queued on `conn`'s
-    /// control lane before its processes are marked ready, and the writer serves that lane
-    /// first, so they precede every replayed event. Returns the requests to refuse (after
-    /// the lock is released).
-    pub(super) fn apply_attach(a: Attached<Live>, conn: &ConnHandle) -> Vec<Taken> {
-        if let Some(old) = a.evicted {
-            old.evict.cancel();
-        }
-        if let Some(sink) = &conn.requests {
-            for r in a.resend {
-                sink(r);
-            }
-        }
-        for p in a.processes {
-            p.attach_delivery(Some(conn.ready.clone()), true);
-        }
-        a.withdrawn
     }
 
     /// The connection `conn_id` ended. If it still held the session, detach and arm the
@@ -182,17 +162,13 @@ impl Session {
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
-        let ttl = {
-            let mut t = lock(&shared.table);
-            let Some(processes) = t.detach(now(), &self.id, conn_id) else {
-                return;
-            };
-            for p in processes {
-                p.set_delivery(None);
-            }
-            t.ttl(&self.id).unwrap_or_default()
+        let ttl = shared.drive(|t| {
+            t.detach(now(), &self.id, conn_id)
+                .then(|| t.ttl(&self.id).unwrap_or_default())
+        });
+        let Some(ttl) = ttl else {
+            return;
         };
-        shared.wake.notify_one();
         tracing::info!(session = %self.id, ttl_ms = ttl.as_millis() as u64, "session detached");
     }
 
@@ -201,67 +177,20 @@ impl Session {
     /// end of a session"). [`terminated`](Self::terminated) resolves when that is done.
     /// Idempotent.
     pub fn close(&self) {
-        let closed = self.with_table(|t| {
-            let c = t.close(&self.id).map(|c| self.keep_ended(c));
-            // Under the lock: a start that finds the session gone sees `closed` set, and a
-            // request for one of its processes finds it ended.
+        // The table ends the session (its scope signalled, its approvals withdrawn) and the
+        // driver forgets it under the lock: a start that finds the session gone sees `closed`
+        // set, and a request for one of its processes finds it ended.
+        let closed = self.drive(|t| {
+            t.close(&self.id);
             self.closed.cancel();
-            c
         });
-        match closed {
-            Some(Some(c)) => {
-                self.finish_close(c, reason::SESSION_CLOSED, ExitReason::SessionClosed)
-            }
-            Some(None) => {}
+        if closed.is_none() {
             // The server is gone with its table: end what the scope holds all the same.
-            None => {
-                if !self.closed.is_cancelled() {
-                    self.closed.cancel();
-                }
-                self.end(Vec::new(), ExitReason::SessionClosed);
+            if !self.closed.is_cancelled() {
+                self.closed.cancel();
             }
+            self.end(Vec::new(), ExitReason::SessionClosed, None);
         }
-    }
-
-    /// End what the table took out on close: tell pending approvals `why` (one of
-    /// [`reason`]'s phrases) and the exit notices of the processes it ends `ended` (unless
-    /// something else was ending them), and end the scope in a tracked task.
-    pub(super) fn finish_close(&self, c: Closed<Live>, why: &'static str, ended: ExitReason) {
-        let c = self.keep_ended(c);
-        self.closed.cancel();
-        for t in c.withdrawn {
-            t.resolve(Resolution::Refused { reason: why });
-        }
-        self.end(c.processes, ended);
-    }
-
-    /// Keep the ids the close ended (the first close's: close is idempotent).
-    fn keep_ended(&self, mut c: Closed<Live>) -> Closed<Live> {
-        let _ = self.ended_at_close.set(std::mem::take(&mut c.ended));
-        c
-    }
-
-    fn end(&self, procs: Vec<Arc<ManagedProcess>>, ended: ExitReason) {
-        // Nobody will read their output again.
-        for p in &procs {
-            p.mark_ending(ended);
-            p.abandon();
-        }
-        let shared = self.shared.upgrade();
-        let grace = end_grace(&procs, shared.as_ref().map(|s| &*s.config));
-        let (scope, id, done) = (self.scope.clone(), self.id.clone(), self.terminated.clone());
-        let metrics = shared.map(|s| s.metrics.clone());
-        self.closing.spawn(async move {
-            let failed = |stage| {
-                if let Some(m) = &metrics {
-                    m.containment_failure(stage);
-                }
-            };
-            end_scope(&scope, grace, &id, failed).await;
-            // The supervisors have reaped the direct children (or will: they are dead).
-            drop(procs);
-            done.cancel();
-        });
     }
 
     /// Resolves once close has ended every process of the session (SIGTERM, the grace, then
@@ -338,8 +267,15 @@ impl Session {
         start: StartSpec,
         conn_id: u64,
     ) -> Result<Arc<ManagedProcess>, SessionError> {
-        let serial = self.reserve(&start.process_id, Slot::Starting)?;
-        self.launch(start, serial, conn_id, &[])
+        let Some(shared) = self.shared.upgrade() else {
+            // The registry outlives its sessions except while the server shuts down.
+            return Err(SessionError::UnknownSession);
+        };
+        let id = start.process_id.clone();
+        let (reserved, launched) =
+            shared.drive_launch(|t| t.start(&self.id, &id, start, vec![conn_id]));
+        reserved?;
+        launched.unwrap_or(Err(SessionError::UnknownSession))
     }
 
     /// Take `id` as `slot` if it may be taken now (the table counts the owner's quotas and
@@ -347,174 +283,12 @@ impl Session {
     /// against the quotas) as a running one does. Returns the slot's serial.
     pub(super) fn reserve(&self, id: &str, slot: Slot<Live>) -> Result<u64, SessionError> {
         // The registry outlives its sessions except while the server shuts down.
-        self.with_table(|t| t.reserve(&self.id, id, slot))
+        self.drive(|t| t.reserve(&self.id, id, slot))
             .unwrap_or(Err(SessionError::UnknownSession))
-    }
-
-    /// Spawn the process whose id is reserved as [`Slot::Starting`] with `serial`. Its events
-    /// go to the attached connection at once unless that is `conn_id` or one of `answering`
-    /// (they open delivery after writing their start result, so the result comes first).
-    pub(super) fn launch(
-        self: &Arc<Self>,
-        start: StartSpec,
-        serial: u64,
-        conn_id: u64,
-        answering: &[u64],
-    ) -> Result<Arc<ManagedProcess>, SessionError> {
-        let StartSpec {
-            process_id: id,
-            spawn: spec,
-            options: opts,
-        } = start;
-        // The registry outlives its sessions except while the server shuts down.
-        let Some(shared) = self.shared.upgrade() else {
-            return Err(SessionError::UnknownSession);
-        };
-        let limits = LogLimits {
-            retained_bytes: shared.config.retained_output_bytes,
-            fault_release_past_limit: crate::faults::active(crate::faults::Fault::ReleasePastLimit),
-        };
-        let started = start_process(
-            id.clone(),
-            &spec,
-            opts,
-            limits,
-            self.acks,
-            shared.metrics.clone(),
-            shared.budget.clone(),
-            &self.scope,
-        );
-        let proc = match started {
-            Ok(p) => p,
-            Err(e) => {
-                lock(&shared.table).free(&self.id, &id, serial);
-                // Closed meanwhile: its scope refused the child.
-                if self.closed.is_cancelled() {
-                    return Err(SessionError::UnknownSession);
-                }
-                return Err(SessionError::Start(e));
-            }
-        };
-        {
-            let mut t = lock(&shared.table);
-            if !t.replace(&self.id, &id, serial, Slot::Ready(proc.clone())) {
-                drop(t);
-                // Closed meanwhile: the close's kill of the scope takes the child (it was
-                // placed before the scope closed, or the spawn would have failed).
-                proc.abandon();
-                return Err(SessionError::UnknownSession);
-            }
-            // If the session moved to another connection while we spawned, the start result
-            // will never reach that client's stream in order anyway: deliver there now.
-            if let Some(cur) = t.holder(&self.id) {
-                if cur.conn_id != conn_id && !answering.contains(&cur.conn_id) {
-                    proc.set_delivery(Some(cur.conn.ready.clone()));
-                }
-            }
-        }
-        self.spawn_reaper(proc.clone(), serial);
-        Ok(proc)
     }
 
     /// Open event delivery of `p` to connection `conn_id`, if it still holds the session.
     pub fn enable_delivery(&self, p: &Arc<ManagedProcess>, conn_id: u64) {
-        self.with_table(|t| {
-            if let Some(cur) = t.holder(&self.id) {
-                if cur.conn_id == conn_id {
-                    p.set_delivery(Some(cur.conn.ready.clone()));
-                }
-            }
-        });
-    }
-
-    /// Tell the table once `p`'s exit notice was acknowledged (acks) or written (no acks):
-    /// it forgets the process then, or `exitedRetentionMs` later.
-    fn spawn_reaper(self: &Arc<Self>, p: Arc<ManagedProcess>, serial: u64) {
-        let shared = self.shared.clone();
-        let (acks, session) = (self.acks, self.id.clone());
-        let closed = self.closed.clone();
-        tokio::spawn(async move {
-            let wait = async {
-                p.wait_finished().await;
-                p.wait_exit_delivered(acks).await;
-            };
-            tokio::select! {
-                _ = wait => {}
-                _ = closed.cancelled() => return,
-            }
-            // Final once the child exited: a write after that is `exited` or, for an id
-            // already written, `accepted` without a new id remembered.
-            let written = p.last_write_ids(ENDED_WRITE_IDS).await;
-            if let Some(shared) = shared.upgrade() {
-                lock(&shared.table).exit_delivered(now(), &session, &p.id, serial, acks, written);
-                shared.wake.notify_one();
-            }
-        });
-    }
-}
-
-/// The grace of a session's end: the largest `killGraceMs` of its known processes (the default
-/// when none is known: what is left is what they started), never more than
-/// `max_kill_grace_ms`, whatever a client asked for.
-fn end_grace(procs: &[Arc<ManagedProcess>], config: Option<&ServerConfig>) -> Duration {
-    let grace = procs
-        .iter()
-        .map(|p| p.opts.kill_grace)
-        .max()
-        .unwrap_or(Duration::from_millis(DEFAULT_KILL_GRACE_MS));
-    match config {
-        Some(c) => grace.min(c.max_kill_grace()),
-        None => grace,
-    }
-}
-
-/// End everything in `scope`: SIGTERM to every process, up to `grace` for the scope to empty,
-/// then SIGKILL to whatever is left, and remove the scope. Failures are logged: nothing more
-/// can be done for a process that survives SIGKILL (uninterruptible sleep) than to leave the
-/// scope for shutdown or the next start's sweep.
-async fn end_scope(
-    scope: &Arc<SessionScope>,
-    grace: Duration,
-    session: &str,
-    failed: impl Fn(ContainmentStage),
-) {
-    let s = scope.clone();
-    let reached = tokio::task::spawn_blocking(move || s.signal_all(Signal::SIGTERM)).await;
-    let reached = match reached {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => {
-            failed(ContainmentStage::Signal);
-            tracing::warn!(session, error = %e, "SIGTERM to the session's processes failed");
-            1
-        }
-        Err(e) => {
-            failed(ContainmentStage::Signal);
-            tracing::warn!(session, error = %e, "SIGTERM to the session's processes failed");
-            1
-        }
-    };
-    if reached > 0 {
-        if let Err(e) = scope.wait_empty(grace).await {
-            failed(ContainmentStage::Signal);
-            tracing::warn!(session, error = %e, "waiting for the session's processes failed");
-        }
-    }
-    match scope.kill_all().await {
-        Ok(r) if !r.emptied => {
-            failed(ContainmentStage::Kill);
-            tracing::error!(
-                session,
-                "processes of the session survived SIGKILL; left for shutdown"
-            )
-        }
-        Ok(_) => {}
-        Err(e) => {
-            failed(ContainmentStage::Kill);
-            tracing::error!(session, error = %e, "killing the session's processes failed")
-        }
-    }
-    if let Err(e) = scope.remove() {
-        failed(ContainmentStage::RemoveScope);
-        tracing::warn!(session, error = %e, "removing the session's scope failed");
+        self.drive(|t| t.enable_delivery(&self.id, conn_id, p.clone()));
     }
 }

@@ -9,7 +9,7 @@
 //! client chose beyond the server's caps (`max_kill_grace_ms`, `max_drain_timeout_ms`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
@@ -18,11 +18,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::approvals::{reason, Resolution};
+use super::driver::spawn_timers;
 use super::error::SessionError;
 use super::quota::{AddressKey, Owner};
-use super::session::{now, ConnHandle, Session, Shared};
-use super::table::{Action, Limits, SessionTable};
+use super::session::{ConnHandle, Session, Shared};
+use super::table::{Limits, SessionTable};
 use crate::bounds::ByteBudget;
 use crate::config::ServerConfig;
 use crate::metrics::{ContainmentStage, Metrics, StateSnapshot};
@@ -266,18 +266,12 @@ impl SessionRegistry {
         let given = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(token)
             .unwrap_or_default();
-        let (session, withdrawn) = {
-            let mut t = lock(&self.shared.table);
-            let (session, attached) =
-                t.resume(session_id, &given, conn.peer_key.as_deref(), conn.holder())?;
-            (session, Session::apply_attach(attached, conn))
-        };
-        for t in withdrawn {
-            t.resolve(Resolution::Refused {
-                reason: reason::RESUMED_WITHOUT_CAPABILITY,
-            });
-        }
-        Ok(session)
+        // Under the table's lock, in the table's order: the previous holder evicted, pending
+        // requests sent again, then every process delivered to `conn` (the requests are
+        // queued on its control lane, which the writer serves first, so they precede every
+        // replayed event); the requests `conn` cannot answer are refused after.
+        self.shared
+            .drive(|t| t.resume(session_id, &given, conn.peer_key.as_deref(), conn.holder()))
     }
 
     /// Close every session and wait until each has ended everything it started (SIGTERM,
@@ -369,62 +363,6 @@ impl SessionRegistry {
                 tracing::error!(error = %e, "killing every session's processes failed")
             }
         }
-    }
-}
-
-/// The timer task: sleeps until the table's next deadline (or until a new one is armed),
-/// fires what is due, and does what the table asks: end an expired session, refuse an
-/// approval that timed out. It ends when the registry is gone.
-fn spawn_timers(shared: Weak<Shared>, wake: Arc<Notify>) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    rt.spawn(async move {
-        loop {
-            // Registered before the table is read: a deadline armed after this read wakes it.
-            let notified = wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let next = {
-                let Some(sh) = shared.upgrade() else { return };
-                let mut actions = Vec::new();
-                let next = {
-                    let mut t = lock(&sh.table);
-                    t.handle_timeout(now());
-                    while let Some(a) = t.poll_action() {
-                        actions.push(a);
-                    }
-                    t.poll_timeout()
-                };
-                for a in actions {
-                    run_action(a);
-                }
-                next
-            };
-            match next {
-                Some(at) => {
-                    let at = Instant::from_std(at);
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at) => {}
-                        _ = &mut notified => {}
-                    }
-                }
-                None => notified.await,
-            }
-        }
-    });
-}
-
-fn run_action(a: Action<super::session::Live>) {
-    match a {
-        Action::Expired(closed) => {
-            let s = closed.session.clone();
-            tracing::info!(session = %s.id, "detached session expired");
-            s.finish_close(closed, reason::SESSION_EXPIRED, ExitReason::SessionExpired);
-        }
-        Action::ApprovalTimedOut(t) => t.resolve(Resolution::Refused {
-            reason: reason::TIMED_OUT,
-        }),
     }
 }
 

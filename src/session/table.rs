@@ -1,5 +1,5 @@
 //! The session table: the sans-IO core of `session/`, in the shape of the link engine
-//! (`handle_*` fed `now`, `poll_timeout`, `poll_action`).
+//! (`handle_*` fed `now` and what happened, `poll_timeout`, `poll_action`).
 //!
 //! It owns the bookkeeping of every session of a server: create (with `maxSessions` and the
 //! per-key and per-address quotas), resume (token and client key compared in constant time),
@@ -9,11 +9,23 @@
 //! the processes it forgot (acknowledged, retained out, or ended by close:
 //! [`EndedIds`]), so that a control request crossing that is answered as for an exited one.
 //!
+//! It **decides** and the driver **does**: every effect is an [`Action`] queued for
+//! [`poll_action`](SessionTable::poll_action): spawn this start into its session's scope
+//! ([`Action::Spawn`], whose result comes back through
+//! [`handle_spawned`](SessionTable::handle_spawned)), signal a session's scope at its end
+//! ([`Action::SignalScope`], then [`Action::Forget`]), point a process's events at the
+//! connection that holds its session or at nobody ([`Action::Deliver`]), evict a connection,
+//! send or resolve an approval request, wake the timer for a new earliest deadline
+//! ([`Action::Arm`]).
+//!
+//! The process slots live in `table/slots.rs`, the server requests in `table/requests.rs`,
+//! the actions in `table/action.rs`: one core, split by concern.
+//!
 //! It holds the driver's handles (a process, a pending start, a connection, the session
-//! itself: [`Handles`]) as opaque values, hands them back in its answers and [`Action`]s,
-//! and never calls them. It must never spawn, signal, sleep, read a clock, lock or touch a
-//! transport: the driver (`session.rs`, `session_registry.rs`) does all of that under the
-//! one lock that guards the table, and feeds it `now` and what happened.
+//! itself, a start's spec: [`Handles`]) as opaque values, hands them back in its answers and
+//! actions, and never calls them. It must never spawn, signal, sleep, read a clock, lock or
+//! touch a transport (no I/O of any kind): the driver (`driver.rs`) feeds it `now` and what
+//! happened under the one lock that guards it, and does what it queued.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -21,11 +33,16 @@ use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
 
-use super::approvals::{AnswerOutcome, Approvals, ServerRequest, Taken};
+use super::approvals::{reason, AnswerOutcome, Approvals, Resolution, ServerRequest, Taken};
 use super::ended_ids::EndedIds;
 use super::error::SessionError;
 use super::quota::{Owner, Quota, Usage};
-use crate::rpc::messages::ApproveParams;
+use crate::rpc::messages::{ApproveParams, ExitReason};
+
+mod action;
+mod requests;
+mod slots;
+pub use action::{Action, EndCause};
 
 /// The driver's handles the table carries without looking inside.
 pub trait Handles {
@@ -37,6 +54,8 @@ pub trait Handles {
     type Pending: Clone;
     /// A connection holding a session.
     type Conn: Clone;
+    /// What a start spawns, handed back in [`Action::Spawn`].
+    type Spec;
 }
 
 /// The server's bounds the table enforces.
@@ -90,6 +109,9 @@ struct SlotEntry<H: Handles> {
     /// The process's last accepted writeIds, once its exit notice was delivered: kept with
     /// its id when it is forgotten, so a repeat of one is still answered `accepted`.
     written: Vec<Arc<str>>,
+    /// The connections whose starts wait for this spawn: each opens delivery itself once
+    /// it wrote its start result (so the result comes first).
+    starters: Vec<u64>,
 }
 
 /// The connection that holds a session.
@@ -127,48 +149,15 @@ enum Timer {
     Approval { session: String, request: String },
 }
 
-/// What the driver must do for the table.
-pub enum Action<H: Handles> {
-    /// The detached session's TTL passed: it was closed ([`Closed`]); end what it started.
-    Expired(Closed<H>),
-    /// A pending approval's deadline passed: resolve it as timed out.
-    ApprovalTimedOut(Taken),
-}
-
-/// A session taken out of the table (closed or expired): what the driver must end.
-pub struct Closed<H: Handles> {
-    /// The session.
-    pub session: H::Session,
-    /// Its spawned processes.
-    pub processes: Vec<H::Process>,
-    /// Its pending approvals, to withdraw.
-    pub withdrawn: Vec<Taken>,
-    /// The processes it forgot, and the ones the close ends: a request already on its way
-    /// for one of them (a stdin pump's last write crossing `session/close`) is answered as
-    /// for an exited process.
-    pub ended: EndedIds,
-}
-
-/// What an attach did.
-pub struct Attached<H: Handles> {
-    /// The connection that held the session before, if another: evict it.
-    pub evicted: Option<H::Conn>,
-    /// The pending requests to send again, same ids, before any replayed event.
-    pub resend: Vec<ServerRequest>,
-    /// The pending requests nobody can answer now (the new holder cannot): refuse them.
-    pub withdrawn: Vec<Taken>,
-    /// The session's spawned processes: deliver them to the new holder.
-    pub processes: Vec<H::Process>,
-}
-
-/// Where a newly registered approval request goes.
+/// Where a newly registered approval request went.
+#[derive(Debug)]
 pub enum Registered {
-    /// To the holder, now.
+    /// To the holder, now ([`Action::Request`]).
     Send(ServerRequest),
     /// Nowhere yet: the session is detached; the connection that resumes it gets it.
     Held(ServerRequest),
-    /// Refused at once (`reason`): the holder cannot answer.
-    Refused(ServerRequest, Taken),
+    /// Refused at once ([`Action::Resolve`]): the holder cannot answer.
+    Refused(ServerRequest),
 }
 
 /// The session table (module docs).
@@ -198,8 +187,12 @@ impl<H: Handles> SessionTable<H> {
         s
     }
 
+    /// Arm a deadline; the timer is told ([`Action::Arm`]) when it is the earliest.
     fn arm(&mut self, at: Instant, timer: Timer) -> TimerKey {
         let key = (at, self.serial());
+        if self.poll_timeout().is_none_or(|first| at < first) {
+            self.actions.push_back(Action::Arm(at));
+        }
         self.timers.insert(key, timer);
         key
     }
@@ -258,14 +251,15 @@ impl<H: Handles> SessionTable<H> {
     }
 
     /// Check `token` and the client's key against session `id` (in constant time; an unknown
-    /// id, a wrong token and a wrong key are one error), then attach it to `holder`.
+    /// id, a wrong token and a wrong key are one error), then [`attach`](Self::attach) it to
+    /// `holder`.
     pub fn resume(
         &mut self,
         id: &str,
         token: &[u8],
         peer_key: Option<&[u8]>,
         holder: Holder<H::Conn>,
-    ) -> Result<(H::Session, Attached<H>), SessionError> {
+    ) -> Result<H::Session, SessionError> {
         let e = self.sessions.get(id).ok_or(SessionError::UnknownSession)?;
         let token_ok: bool = e.token.as_slice().ct_eq(token).into();
         let key_ok = match (&e.owner.key, peer_key) {
@@ -277,17 +271,21 @@ impl<H: Handles> SessionTable<H> {
             return Err(SessionError::UnknownSession);
         }
         let handle = e.handle.clone();
-        let attached = self
-            .attach(id, holder)
-            .ok_or(SessionError::UnknownSession)?;
-        Ok((handle, attached))
+        if !self.attach(id, holder) {
+            return Err(SessionError::UnknownSession);
+        }
+        Ok(handle)
     }
 
-    /// Attach session `id` to `holder`: the previous holder is evicted (unless it is the
-    /// same connection), the expiry deadline disarmed, pending requests sent again (or
-    /// withdrawn when the new holder cannot answer them). `None` if the session is gone.
-    pub fn attach(&mut self, id: &str, holder: Holder<H::Conn>) -> Option<Attached<H>> {
-        let e = self.sessions.get_mut(id)?;
+    /// Attach session `id` to `holder`, the expiry deadline disarmed. In order: the previous
+    /// holder is evicted (unless it is the same connection), the pending requests sent to
+    /// `holder` again (same ids), then every spawned process delivered to it with its
+    /// unacknowledged events first; then the pending requests nobody can answer now (the
+    /// new holder cannot) are refused. `false` if the session is gone.
+    pub fn attach(&mut self, id: &str, holder: Holder<H::Conn>) -> bool {
+        let Some(e) = self.sessions.get_mut(id) else {
+            return false;
+        };
         let evicted = match e.holder.take() {
             Some(old) if old.conn_id != holder.conn_id => Some(old.conn),
             _ => None,
@@ -303,30 +301,65 @@ impl<H: Handles> SessionTable<H> {
                 self.timers.remove(&k);
             }
         }
-        let e = self.sessions.get_mut(id)?;
-        e.holder = Some(holder);
+        let Some(e) = self.sessions.get_mut(id) else {
+            return false;
+        };
         let expiry = e.expiry.take();
         let processes = ready(&e.slots);
+        let conn = holder.conn.clone();
+        e.holder = Some(holder);
         self.disarm(expiry);
-        Some(Attached {
-            evicted,
-            resend,
-            withdrawn,
-            processes,
-        })
+        if let Some(old) = evicted {
+            self.actions.push_back(Action::Evict(old));
+        }
+        for request in resend {
+            self.actions.push_back(Action::Request {
+                to: conn.clone(),
+                request,
+            });
+        }
+        for process in processes {
+            self.actions.push_back(Action::Deliver {
+                process,
+                to: Some(conn.clone()),
+                replay: true,
+            });
+        }
+        self.resolve_all(withdrawn, reason::RESUMED_WITHOUT_CAPABILITY);
+        true
+    }
+
+    /// Refuse every request of `taken` with `why`.
+    fn resolve_all(&mut self, taken: Vec<Taken>, why: &'static str) {
+        for request in taken {
+            self.actions.push_back(Action::Resolve {
+                request,
+                resolution: Resolution::Refused { reason: why },
+            });
+        }
     }
 
     /// Connection `conn_id` ended: if it held session `id`, the session is detached and
-    /// expires at `now` + its TTL; its processes are returned (deliver them nowhere).
-    pub fn detach(&mut self, now: Instant, id: &str, conn_id: u64) -> Option<Vec<H::Process>> {
-        let e = self.sessions.get_mut(id)?;
+    /// expires at `now` + its TTL, and its processes deliver to nobody. Returns whether it
+    /// held it.
+    pub fn detach(&mut self, now: Instant, id: &str, conn_id: u64) -> bool {
+        let Some(e) = self.sessions.get_mut(id) else {
+            return false;
+        };
         if e.holder.as_ref().is_none_or(|h| h.conn_id != conn_id) {
-            return None;
+            return false;
         }
         e.holder = None;
         let (old, at) = (e.expiry.take(), now + e.ttl);
         let processes = ready(&e.slots);
         self.disarm(old);
+        for process in processes {
+            self.actions.push_back(Action::Deliver {
+                process,
+                to: None,
+                replay: false,
+            });
+        }
         let key = self.arm(
             at,
             Timer::Expire {
@@ -336,13 +369,22 @@ impl<H: Handles> SessionTable<H> {
         if let Some(e) = self.sessions.get_mut(id) {
             e.expiry = Some(key);
         }
-        Some(processes)
+        true
     }
 
-    /// Take session `id` out: unknown to resume at once, its slots free, its timers gone.
-    /// `None` if it was gone already (close is idempotent).
-    pub fn close(&mut self, id: &str) -> Option<Closed<H>> {
-        let mut e = self.sessions.remove(id)?;
+    /// Close session `id` (`session/close`, the end of a stdio connection, shutdown); see
+    /// [`end`](Self::end). `false` if it was gone already (close is idempotent).
+    pub fn close(&mut self, id: &str) -> bool {
+        self.end(id, EndCause::Closed)
+    }
+
+    /// Take session `id` out: unknown to resume at once, its slots free, its deadlines gone.
+    /// Queues exactly one [`Action::SignalScope`] (its processes end with `cause`), the
+    /// refusal of each pending approval, then [`Action::Forget`] with the ids it ended.
+    fn end(&mut self, id: &str, cause: EndCause) -> bool {
+        let Some(mut e) = self.sessions.remove(id) else {
+            return false;
+        };
         self.disarm(e.expiry.take());
         for s in e.slots.values_mut() {
             if let Some(k) = s.reap.take() {
@@ -358,12 +400,17 @@ impl<H: Handles> SessionTable<H> {
                 ended.insert(id.clone());
             }
         }
-        Some(Closed {
-            session: e.handle,
+        self.actions.push_back(Action::SignalScope {
+            session: e.handle.clone(),
             processes: ready(&e.slots),
-            withdrawn: e.approvals.take_all(),
+            cause,
+        });
+        self.resolve_all(e.approvals.take_all(), cause.refusal());
+        self.actions.push_back(Action::Forget {
+            session: e.handle,
             ended,
-        })
+        });
+        true
     }
 
     /// Session `id`'s handle, if it is open.
@@ -398,222 +445,6 @@ impl<H: Handles> SessionTable<H> {
         }
     }
 
-    // ---- process slots -------------------------------------------------------------------
-
-    /// Take process id `process` of session `id` as `slot`, if it may be taken now: under
-    /// the owner's per-key and per-address process quotas, unknown, and under
-    /// `maxProcesses`. Counted and taken in one step, so two starts cannot both take the
-    /// owner's last slot. Returns the slot's serial.
-    pub fn reserve(&mut self, id: &str, process: &str, slot: Slot<H>) -> Result<u64, SessionError> {
-        let owner = self
-            .sessions
-            .get(id)
-            .ok_or(SessionError::UnknownSession)?
-            .owner
-            .clone();
-        if owner.key.is_some() || owner.address.is_some() {
-            let per_key = Quota {
-                limit: "maxProcessesPerKey",
-                value: self.limits.max_processes_per_key,
-            };
-            let per_address = Quota {
-                limit: "maxProcessesPerAddress",
-                value: self.limits.max_processes_per_address,
-            };
-            self.usage(&owner, |e| e.slots.len())
-                .admit(&owner, per_key, per_address)
-                .map_err(quota_error)?;
-        }
-        let serial = self.serial();
-        let max = self.limits.max_processes;
-        let e = self
-            .sessions
-            .get_mut(id)
-            .ok_or(SessionError::UnknownSession)?;
-        if e.slots.contains_key(process) {
-            return Err(SessionError::ProcessExists(process.to_string()));
-        }
-        if e.slots.len() >= max {
-            return Err(SessionError::TooManyProcesses(max));
-        }
-        e.slots.insert(
-            process.to_string(),
-            SlotEntry {
-                slot,
-                serial,
-                reap: None,
-                written: Vec::new(),
-            },
-        );
-        // A new start takes an ended id back: it names a live process again.
-        e.ended.remove(process);
-        Ok(serial)
-    }
-
-    /// Replace slot `process` of session `id`, if it is still the one with `serial`. Returns
-    /// whether it was (a closed session, or a slot taken again, answers `false`).
-    pub fn replace(&mut self, id: &str, process: &str, serial: u64, slot: Slot<H>) -> bool {
-        match self.slot_mut(id, process, serial) {
-            Some(s) => {
-                s.slot = slot;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Free slot `process` of session `id`, if it is still the one with `serial`.
-    pub fn free(&mut self, id: &str, process: &str, serial: u64) -> Option<Slot<H>> {
-        self.slot_mut(id, process, serial)?;
-        let s = self.sessions.get_mut(id)?.slots.remove(process)?;
-        self.disarm(s.reap);
-        Some(s.slot)
-    }
-
-    fn slot_mut(&mut self, id: &str, process: &str, serial: u64) -> Option<&mut SlotEntry<H>> {
-        self.sessions
-            .get_mut(id)?
-            .slots
-            .get_mut(process)
-            .filter(|s| s.serial == serial)
-    }
-
-    /// The exit notice of process `process` (slot `serial`) of session `id` was delivered
-    /// (acknowledged with acks, written without): it is forgotten now with acks, or
-    /// `exitedRetentionMs` after `now` without. `written`: its last accepted writeIds (final
-    /// once the child exited), remembered with its id once it is forgotten.
-    pub fn exit_delivered(
-        &mut self,
-        now: Instant,
-        id: &str,
-        process: &str,
-        serial: u64,
-        acks: bool,
-        written: Vec<Arc<str>>,
-    ) {
-        if acks {
-            if self.free(id, process, serial).is_some() {
-                self.forgot(id, process, written);
-            }
-            return;
-        }
-        match self.slot_mut(id, process, serial) {
-            Some(s) => s.written = written,
-            None => return,
-        }
-        let key = self.arm(
-            now + self.limits.exited_retention,
-            Timer::Reap {
-                session: id.to_string(),
-                process: process.to_string(),
-            },
-        );
-        if let Some(s) = self.slot_mut(id, process, serial) {
-            let old = s.reap.replace(key);
-            self.disarm(old);
-        }
-    }
-
-    fn forgot(&mut self, id: &str, process: &str, written: Vec<Arc<str>>) {
-        if let Some(e) = self.sessions.get_mut(id) {
-            e.ended.insert_with_writes(process.to_string(), written);
-        }
-    }
-
-    /// Whether `process` is a process of session `id` that ended and was forgotten after it
-    /// accepted the write `write_id`.
-    pub fn ended_wrote(&self, id: &str, process: &str, write_id: &str) -> bool {
-        self.sessions
-            .get(id)
-            .is_some_and(|e| e.ended.wrote(process, write_id))
-    }
-
-    /// Whether `process` names a process of session `id` that ended and was forgotten (see
-    /// [`EndedIds`]).
-    pub fn is_ended(&self, id: &str, process: &str) -> bool {
-        self.sessions
-            .get(id)
-            .is_some_and(|e| e.ended.contains(process))
-    }
-
-    /// Slot `process` of session `id`, with its serial.
-    pub fn slot(&self, id: &str, process: &str) -> Option<(&Slot<H>, u64)> {
-        let s = self.sessions.get(id)?.slots.get(process)?;
-        Some((&s.slot, s.serial))
-    }
-
-    /// Every slot of session `id`.
-    pub fn slots(&self, id: &str) -> Vec<(String, Slot<H>)> {
-        self.sessions.get(id).map_or_else(Vec::new, |e| {
-            e.slots
-                .iter()
-                .map(|(k, s)| (k.clone(), s.slot.clone()))
-                .collect()
-        })
-    }
-
-    /// The spawned processes of session `id`.
-    pub fn processes(&self, id: &str) -> Vec<H::Process> {
-        self.sessions
-            .get(id)
-            .map_or_else(Vec::new, |e| ready(&e.slots))
-    }
-
-    /// How many process ids session `id` has taken.
-    pub fn slot_count(&self, id: &str) -> usize {
-        self.sessions.get(id).map_or(0, |e| e.slots.len())
-    }
-
-    // ---- approvals -----------------------------------------------------------------------
-
-    /// Register an approval request of session `id`, due at `now` + `approval_timeout`; its
-    /// `callback` gets exactly one resolution. `None` if the session is gone.
-    pub fn register_approval(
-        &mut self,
-        now: Instant,
-        id: &str,
-        params: ApproveParams,
-        callback: impl FnOnce(super::approvals::Resolution) + Send + 'static,
-    ) -> Option<Registered> {
-        let e = self.sessions.get_mut(id)?;
-        let request = e.approvals.register(params, callback);
-        let can_answer = e.holder.as_ref().map(|h| h.can_answer);
-        match can_answer {
-            Some(false) => {
-                let taken = e.approvals.take_last()?;
-                Some(Registered::Refused(request, taken))
-            }
-            other => {
-                let key = self.arm(
-                    now + self.limits.approval_timeout,
-                    Timer::Approval {
-                        session: id.to_string(),
-                        request: request.id.clone(),
-                    },
-                );
-                if let Some(e) = self.sessions.get_mut(id) {
-                    e.approval_timers.insert(request.id.clone(), key);
-                }
-                Some(match other {
-                    Some(_) => Registered::Send(request),
-                    None => Registered::Held(request),
-                })
-            }
-        }
-    }
-
-    /// A response from the client to request `request` of session `id`: only the first
-    /// answer to a pending request takes it.
-    pub fn answer(&mut self, id: &str, request: &str) -> (AnswerOutcome, Option<Taken>) {
-        let Some(e) = self.sessions.get_mut(id) else {
-            return (AnswerOutcome::LateOrDuplicate, None);
-        };
-        let out = e.approvals.take_by_id(request);
-        let key = e.approval_timers.remove(request);
-        self.disarm(key);
-        out
-    }
-
     // ---- time ----------------------------------------------------------------------------
 
     /// The next deadline, if any.
@@ -621,9 +452,10 @@ impl<H: Handles> SessionTable<H> {
         self.timers.keys().next().map(|(at, _)| *at)
     }
 
-    /// Fire every deadline due at `now`: an expired session is taken out, a retained exited
-    /// process forgotten, a pending approval taken out; what the driver must do is queued
-    /// for [`poll_action`](Self::poll_action).
+    /// Fire every deadline due at `now`: an expired session is taken out (as
+    /// [`end`](Self::end) with [`EndCause::Expired`]), a retained exited process forgotten, a
+    /// pending approval refused as timed out; what the driver must do is queued for
+    /// [`poll_action`](Self::poll_action).
     pub fn handle_timeout(&mut self, now: Instant) {
         while let Some((&key, _)) = self.timers.first_key_value() {
             if key.0 > now {
@@ -637,9 +469,7 @@ impl<H: Handles> SessionTable<H> {
                     if let Some(e) = self.sessions.get_mut(&session) {
                         e.expiry = None;
                     }
-                    if let Some(closed) = self.close(&session) {
-                        self.actions.push_back(Action::Expired(closed));
-                    }
+                    self.end(&session, EndCause::Expired);
                 }
                 Timer::Reap { session, process } => {
                     if let Some(e) = self.sessions.get_mut(&session) {
@@ -654,7 +484,7 @@ impl<H: Handles> SessionTable<H> {
                     if let Some(e) = self.sessions.get_mut(&session) {
                         e.approval_timers.remove(&request);
                         if let Some(t) = e.approvals.take_id(&request) {
-                            self.actions.push_back(Action::ApprovalTimedOut(t));
+                            self.resolve_all(vec![t], reason::TIMED_OUT);
                         }
                     }
                 }

@@ -1,11 +1,13 @@
-//! The session table on a simulated clock: every deadline is a value the test chooses.
+//! The session table on a simulated clock: every deadline is a value the test chooses. The
+//! actions it queues (spawn, signal a scope, deliver, …) are in `tests/actions.rs`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::session::approvals::Resolution;
 use crate::session::quota::AddressKey;
+
+mod actions;
 
 /// Plain values for the driver's handles: a session by name, a process by number.
 struct Test;
@@ -15,6 +17,7 @@ impl Handles for Test {
     type Process = u32;
     type Pending = ();
     type Conn = u64;
+    type Spec = &'static str;
 }
 
 const TTL: Duration = Duration::from_millis(500);
@@ -73,21 +76,40 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// Every action queued, in order.
+fn drain(t: &mut SessionTable<Test>) -> Vec<Action<Test>> {
+    std::iter::from_fn(|| t.poll_action()).collect()
+}
+
+/// The queued actions, the wake-ups of the timer left out.
+fn effects(t: &mut SessionTable<Test>) -> Vec<Action<Test>> {
+    drain(t)
+        .into_iter()
+        .filter(|a| !matches!(a, Action::Arm(_)))
+        .collect()
+}
+
 #[test]
 fn a_detached_session_expires_at_its_ttl_and_not_before() {
     let t0 = Instant::now();
     let mut t = table_with(&["a"]);
     assert_eq!(t.poll_timeout(), None, "attached: no deadline");
-    assert_eq!(t.detach(t0, "a", 99), None, "not the holder: nothing");
-    assert_eq!(t.detach(t0, "a", 1), Some(vec![]));
+    assert!(!t.detach(t0, "a", 99), "not the holder: nothing");
+    assert!(t.poll_action().is_none());
+    assert!(t.detach(t0, "a", 1));
+    assert!(matches!(drain(&mut t)[..], [Action::Arm(at)] if at == t0 + TTL));
     assert_eq!(t.poll_timeout(), Some(t0 + TTL));
     t.handle_timeout(t0 + TTL - ms(1));
     assert!(t.poll_action().is_none());
     assert_eq!(t.session("a"), Some("a"));
     t.handle_timeout(t0 + TTL);
-    match t.poll_action() {
-        Some(Action::Expired(c)) => assert_eq!(c.session, "a"),
-        _ => panic!("expected the session to expire"),
+    match &drain(&mut t)[..] {
+        [Action::SignalScope {
+            session: "a",
+            cause: EndCause::Expired,
+            ..
+        }, Action::Forget { session: "a", .. }] => {}
+        other => panic!("expected the session to expire: {other:?}"),
     }
     assert_eq!(t.session("a"), None, "gone at once");
     assert_eq!(t.poll_timeout(), None);
@@ -100,10 +122,17 @@ fn a_stale_expiry_never_closes_a_resumed_session() {
     t.detach(t0, "a", 1); // due at 500
     t.resume("a", &[0], None, holder(2, true)).unwrap(); // t=300
     t.detach(t0 + ms(400), "a", 2); // due at 900
+    drain(&mut t);
     t.handle_timeout(t0 + ms(600));
     assert!(t.poll_action().is_none(), "the first deadline was disarmed");
     t.handle_timeout(t0 + ms(900));
-    assert!(matches!(t.poll_action(), Some(Action::Expired(_))));
+    assert!(matches!(
+        t.poll_action(),
+        Some(Action::SignalScope {
+            cause: EndCause::Expired,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -136,10 +165,15 @@ fn resume_evicts_the_previous_holder_and_checks_token_and_key() {
         Err(SessionError::UnknownSession)
     ));
     assert_eq!(t.holder("a").map(|h| h.conn_id), Some(1), "unchanged");
-    let (s, a) = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
-    assert_eq!((s, a.evicted), ("a", Some(1)));
-    let (_, a) = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
-    assert_eq!(a.evicted, None, "the same connection evicts nobody");
+    assert!(t.poll_action().is_none(), "a failed resume does nothing");
+    let s = t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
+    assert_eq!(s, "a");
+    assert!(matches!(drain(&mut t)[..], [Action::Evict(1)]));
+    t.resume("a", &[7; 4], Some(&[1]), holder(2, true)).unwrap();
+    assert!(
+        t.poll_action().is_none(),
+        "the same connection evicts nobody"
+    );
 }
 
 #[test]
@@ -163,7 +197,7 @@ fn sessions_are_bounded_by_max_sessions_and_the_owners_quota() {
         create(&mut t, "o3", anonymous()),
         Err(SessionError::TooManySessions(4))
     ));
-    t.close("o2").unwrap();
+    assert!(t.close("o2"));
     create(&mut t, "o3", anonymous()).unwrap();
 }
 
@@ -257,7 +291,9 @@ fn a_slot_taken_again_is_not_reaped_by_the_old_one() {
     t.exit_delivered(t0, "a", "p", old, true, vec![]);
     let new = t.reserve("a", "p", Slot::Ready(2)).unwrap();
     t.exit_delivered(t0, "a", "p", old, false, vec![]);
-    assert!(!t.replace("a", "p", old, Slot::Starting), "stale serial");
+    assert!(!t.approved("a", "p", old, "x", vec![]), "stale serial");
+    assert!(!t.handle_spawned("a", "p", old, Some(9)), "stale serial");
+    assert!(matches!(effects(&mut t)[..], [Action::Abandon(9)]));
     assert!(t.free("a", "p", old).is_none());
     assert_eq!(t.poll_timeout(), None, "no deadline for a stale slot");
     assert!(matches!(t.slot("a", "p"), Some((Slot::Ready(2), s)) if s == new));
@@ -291,15 +327,31 @@ fn an_unanswered_approval_times_out_at_its_deadline() {
     };
     assert_eq!(r.id, "s-1");
     assert_eq!(t.poll_timeout(), Some(t0 + APPROVAL));
+    assert!(matches!(
+        effects(&mut t)[..],
+        [Action::Request { to: 1, .. }]
+    ));
     t.handle_timeout(t0 + APPROVAL);
-    let Some(Action::ApprovalTimedOut(taken)) = t.poll_action() else {
+    let Some(Action::Resolve {
+        request,
+        resolution,
+    }) = t.poll_action()
+    else {
         panic!("expected a timeout")
     };
-    taken.resolve(Resolution::Refused {
-        reason: crate::session::approvals::reason::TIMED_OUT,
-    });
+    assert_eq!(
+        resolution,
+        Resolution::Refused {
+            reason: reason::TIMED_OUT
+        }
+    );
+    request.resolve(resolution);
     assert_eq!(log.lock().unwrap().len(), 1);
-    assert_eq!(t.answer("a", "s-1").0, AnswerOutcome::LateOrDuplicate);
+    assert_eq!(
+        t.answer("a", "s-1", Resolution::Approved),
+        AnswerOutcome::LateOrDuplicate
+    );
+    assert!(t.poll_action().is_none(), "a late answer resolves nothing");
 }
 
 #[test]
@@ -308,11 +360,23 @@ fn an_answer_disarms_the_deadline() {
     let mut t = table_with(&["a"]);
     let log = Log::default();
     register(&mut t, t0, &log);
-    let (o, taken) = t.answer("a", "s-1");
+    drain(&mut t);
+    let o = t.answer("a", "s-1", Resolution::Approved);
     assert_eq!(o, AnswerOutcome::Answered);
-    taken.unwrap().resolve(Resolution::Approved);
+    let Some(Action::Resolve {
+        request,
+        resolution: Resolution::Approved,
+    }) = t.poll_action()
+    else {
+        panic!("the answer resolves it")
+    };
+    request.resolve(Resolution::Approved);
+    assert_eq!(*log.lock().unwrap(), [Resolution::Approved]);
     assert_eq!(t.poll_timeout(), None);
-    assert_eq!(t.answer("a", "s-9").0, AnswerOutcome::NeverSent);
+    assert_eq!(
+        t.answer("a", "s-9", Resolution::Approved),
+        AnswerOutcome::NeverSent
+    );
 }
 
 #[test]
@@ -325,15 +389,28 @@ fn approvals_wait_for_a_resume_and_are_withdrawn_when_nobody_can_answer() {
         register(&mut t, t0, &log),
         Some(Registered::Held(_))
     ));
-    let a = t.attach("a", holder(2, true)).unwrap();
-    let ids: Vec<String> = a.resend.iter().map(|r| r.id.clone()).collect();
-    assert_eq!(ids, ["s-1"], "sent again, same id");
-    let a = t.attach("a", holder(3, false)).unwrap();
-    assert_eq!(a.withdrawn.len(), 1, "nobody can answer it now");
+    drain(&mut t);
+    assert!(t.attach("a", holder(2, true)));
+    match &drain(&mut t)[..] {
+        [Action::Request { to: 2, request }] => assert_eq!(request.id, "s-1", "same id"),
+        other => panic!("sent again: {other:?}"),
+    }
+    assert!(t.attach("a", holder(3, false)));
+    let refused = Resolution::Refused {
+        reason: reason::RESUMED_WITHOUT_CAPABILITY,
+    };
+    match &drain(&mut t)[..] {
+        [Action::Evict(2), Action::Resolve { resolution, .. }] => assert_eq!(resolution, &refused),
+        other => panic!("nobody can answer it now: {other:?}"),
+    }
     assert_eq!(t.poll_timeout(), None, "its deadline went with it");
     assert!(matches!(
         register(&mut t, t0, &log),
-        Some(Registered::Refused(..))
+        Some(Registered::Refused(_))
+    ));
+    assert!(matches!(
+        &drain(&mut t)[..],
+        [Action::Resolve { resolution, .. }] if *resolution == refused
     ));
 }
 
@@ -346,10 +423,27 @@ fn close_takes_everything_out_once() {
     t.exit_delivered(t0, "a", "p", s, false, vec![]);
     register(&mut t, t0, &log);
     t.detach(t0, "a", 1);
-    let c = t.close("a").unwrap();
-    assert_eq!((c.processes, c.withdrawn.len()), (vec![1], 1));
+    drain(&mut t);
+    assert!(t.close("a"));
+    match &drain(&mut t)[..] {
+        [Action::SignalScope {
+            session: "a",
+            processes,
+            cause: EndCause::Closed,
+        }, Action::Resolve { resolution, .. }, Action::Forget { session: "a", .. }] => {
+            assert_eq!(processes, &[1]);
+            assert_eq!(
+                resolution,
+                &Resolution::Refused {
+                    reason: reason::SESSION_CLOSED
+                }
+            );
+        }
+        other => panic!("one end of the session: {other:?}"),
+    }
     assert_eq!(t.poll_timeout(), None, "every deadline of it disarmed");
-    assert!(t.close("a").is_none(), "idempotent");
+    assert!(!t.close("a"), "idempotent");
+    assert!(t.poll_action().is_none(), "a second close does nothing");
     assert!(matches!(
         t.resume("a", &[0], None, holder(5, true)),
         Err(SessionError::UnknownSession)
@@ -391,12 +485,16 @@ fn close_hands_over_the_ended_ids_and_the_ones_it_ends() {
     t.reserve("a", "q", Slot::Ready(2)).unwrap();
     t.reserve("a", "w", Slot::Pending(())).unwrap();
     t.exit_delivered(t0, "a", "p", p, true, vec![]);
-    let c = t.close("a").unwrap();
-    assert!(c.ended.contains("p"), "forgotten before");
-    assert!(c.ended.contains("q"), "ended by the close");
+    drain(&mut t);
+    assert!(t.close("a"));
+    let Some(Action::Forget { ended, .. }) = drain(&mut t).pop() else {
+        panic!("the close forgets the session last")
+    };
+    assert!(ended.contains("p"), "forgotten before");
+    assert!(ended.contains("q"), "ended by the close");
     assert!(
-        !c.ended.contains("w"),
+        !ended.contains("w"),
         "a start waiting for approval never ran"
     );
-    assert_eq!(c.ended.len(), 2);
+    assert_eq!(ended.len(), 2);
 }
