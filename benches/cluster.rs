@@ -129,7 +129,10 @@ async fn start_relay(dir: &std::path::Path, node: &str, nats: u16) -> Relay {
             .arg("--cluster-keys")
             .arg(dir.join("cluster-keys"))
             .arg("--node-key")
-            .arg(dir.join(node)),
+            .arg(dir.join(node))
+            // HAProxy reaches the relays from loopback: its header is believed from there.
+            .arg("--trusted-front")
+            .arg("127.0.0.1"),
     );
     let out = child.stdout.take().expect("stdout");
     let mut lines = tokio::io::BufReader::new(out).lines();
@@ -201,7 +204,7 @@ async fn main() {
     // HAProxy in front of relay-1 alone: "HAProxy + one relay".
     let front: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let cfg = format!(
-        "global\n    maxconn 4096\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n    timeout server 30s\n    timeout tunnel 1h\nfrontend front\n    bind {front}\n    http-request set-header X-Execrelay-Env %[path,field(4,/)]\n    http-request set-header X-Execrelay-Front 1\n    default_backend relays\nbackend relays\n    balance hdr(X-Execrelay-Env)\n    hash-type consistent\n    option httpchk GET /readyz\n    http-check expect status 200\n    server relay-1 {} check inter 500\n",
+        "global\n    maxconn 4096\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n    timeout server 30s\n    timeout tunnel 1h\nfrontend front\n    bind {front}\n    http-request set-header X-Execrelay-Env %[path,field(4,/)]\n    http-request set-header X-Execrelay-Front 1\n    default_backend relays\nbackend relays\n    source 127.0.0.1\n    balance hdr(X-Execrelay-Env)\n    hash-type consistent\n    option httpchk GET /readyz\n    http-check expect status 200\n    server relay-1 {} check inter 500\n",
         r1.listen
     );
     std::fs::write(dir.join("haproxy.cfg"), cfg).unwrap();

@@ -2,8 +2,10 @@
 //! relay, the exec server and the client; `execrelay-relay`; `execrelay serve --relay`;
 //! `execrelay run relay+ws://…`. Output and exit status are the remote ones; what the relay
 //! reads and writes on every link holds no plaintext; a client of an environment that is
-//! not linked gets `environment_offline` and a clear error, and one whose environment was
-//! revoked is told so and stops at once, even in the middle of a command.
+//! not linked waits for it a few seconds (it may be moving between relays) and then gets
+//! `environment_offline` and a clear error, one whose environment comes in that time runs
+//! its command, and one whose environment was revoked is told so and stops at once, even in
+//! the middle of a command.
 //!
 //! Every wait is on a line, an exit or a log entry, bounded by a hang guard.
 
@@ -131,15 +133,27 @@ async fn a_client_of_an_offline_or_removed_environment_is_told_which() {
     .await;
     assert_eq!(text(&ok.stdout), "up\n", "{}", text(&ok.stderr));
 
-    // An id the relay has no link for.
+    // An id the relay has no link for: tried for `FIRST_CONNECT_OFFLINE_WAIT` (a client
+    // connecting while its environment moves between relays must not fail), then 255 with
+    // the environment named, said to be offline, and what to check.
     let nope = env.client_url.replace("/env-1", "/env-2");
+    let started = std::time::Instant::now();
     let out = run_bin(&nope, server.pubs(), client.p(), &[], &["true"], None).await;
+    let took = started.elapsed();
     assert_eq!(out.status.code(), Some(255));
     let err = text(&out.stderr);
     assert!(
-        err.contains("environment \"env-2\" is offline") && err.contains("environment_offline"),
+        err.contains("environment \"env-2\" is offline")
+            && err.contains("environment_offline")
+            && err.contains("still offline after")
+            && err.contains("over 5.0 s")
+            && err.contains("--environment-id env-2"),
         "{err}"
     );
+    let bound = execrelay::client::FIRST_CONNECT_OFFLINE_WAIT;
+    assert!(took >= bound, "gave up after {took:?}, before the bound");
+    // The bound, plus a generous allowance for starting the binary on a loaded machine.
+    assert!(took < bound * 4, "took {took:?} for a bound of {bound:?}");
 
     // The line removed while the link is up: the relay closes it, the server's redials are
     // refused (its log says so and what to check), clients are told it was revoked (and stop
@@ -271,6 +285,118 @@ async fn a_run_whose_environment_is_revoked_stops_at_once_saying_so() {
         )
     );
     eprintln!("stopped {:?} after the revocation", t0.elapsed());
+    drop(env);
+    drop(relay);
+}
+
+/// `execrelay run` whose environment is away at its first attempt (as when it connects in the
+/// instant a relay cluster moves the environment) and comes online right after: the run
+/// waits, then works. The exec server dials the relay through a proxy that is cut until the
+/// client's first refusal has been seen (in its debug log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_environment_comes_online_after_its_first_attempt_works() {
+    use common::cut_proxy::CutProxy;
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (relay_keys, server, client, envs, auth) =
+        relay_server_and_client(dir.path(), "env-1").await;
+    let relay = BinRelay::start(
+        &relay_keys.private,
+        &envs,
+        &[],
+        &dir.path().join("relay.log"),
+    )
+    .await;
+    let port: u16 = relay.url.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = CutProxy::start(port).await;
+    proxy.cut();
+    // The exec server runs already, its dials (every 50 to 100 ms) cut until it is let through.
+    let env = tokio::spawn({
+        let (url, relay_pub, key, auth) = (
+            proxy.url("ws"),
+            relay_keys.public.clone(),
+            server.private.clone(),
+            auth.clone(),
+        );
+        let log = dir.path().join("server.log");
+        async move {
+            BinEnv::start(
+                &url,
+                "env-1",
+                &relay_pub,
+                &key,
+                &auth,
+                &[
+                    "--relay-backoff-initial-ms",
+                    "50",
+                    "--relay-backoff-max-ms",
+                    "100",
+                ],
+                &log,
+            )
+            .await
+        }
+    });
+
+    let mut run = tokio::process::Command::new(common::bin())
+        .args([
+            "run",
+            &format!("{}/env-1", relay.url.replace("ws://", "relay+ws://")),
+            "--server-key",
+            server.pubs(),
+            "--key",
+            client.p(),
+            "--",
+            "echo",
+            "came online",
+        ])
+        .env("RUST_LOG", "execrelay::client=debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(run.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    tokio::time::timeout(common::GUARD, async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("the environment is offline (or moving); trying again") {
+                return;
+            }
+        }
+        panic!("run ended without a retry:\n{log}");
+    })
+    .await
+    .expect("hang guard: the first refusal");
+
+    // Now the environment comes: its server's next dial gets through.
+    assert!(
+        !env.is_finished(),
+        "the environment was online before the refusal"
+    );
+    proxy.restore();
+    let env = tokio::time::timeout(common::GUARD, env)
+        .await
+        .expect("hang guard: the environment link")
+        .unwrap();
+    let rest = tokio::spawn(async move {
+        let mut more = String::new();
+        while let Ok(Some(line)) = stderr.next_line().await {
+            more.push_str(&line);
+            more.push('\n');
+        }
+        more
+    });
+    let out = tokio::time::timeout(common::GUARD, run.wait_with_output())
+        .await
+        .expect("hang guard: run")
+        .unwrap();
+    let more = rest.await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{log}{more}");
+    assert_eq!(text(&out.stdout), "came online\n");
     drop(env);
     drop(relay);
 }

@@ -2,13 +2,18 @@
 //! `SETTINGS` generates (each row: name, default from its constant, what it bounds), so the
 //! documentation cannot drift from the code.
 
-use execrelay_relay::server::settings::SETTINGS;
+use execrelay_relay::server::settings::{SETTINGS, TEXT_SETTINGS};
 
 #[test]
 fn the_readme_table_is_the_generated_one() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
-    let rows: Vec<String> = SETTINGS.iter().map(|s| s.readme_row()).collect();
+    // The numbers, then the words (`trusted_front`), in one table.
+    let rows: Vec<String> = SETTINGS
+        .iter()
+        .map(|s| s.readme_row())
+        .chain(TEXT_SETTINGS.iter().map(|s| s.readme_row()))
+        .collect();
     let missing: Vec<&String> = rows
         .iter()
         .filter(|r| !readme.contains(r.as_str()))

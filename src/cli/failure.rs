@@ -120,6 +120,7 @@ pub fn connect_failure(url: &str, e: &ClientError, key: Option<&str>, token: boo
             Failure::cause(words)
         }
         ClientError::Revoked(why) => Failure::cause(format!("{url}: {why}")),
+        ClientError::EnvironmentOffline { why, .. } => Failure::cause(format!("{url}: {why}")),
         ClientError::SessionExpired => Failure::cause(format!(
             "the session expired on {url} (it outlived its TTL detached, or was closed)"
         )),

@@ -44,6 +44,18 @@ pub enum ClientError {
     /// The relay revoked the environment (its key is no longer listed): nothing retries.
     #[error("{0}")]
     Revoked(String),
+    /// The relay has no link from the environment now: its exec server is away, or the
+    /// environment is moving between the relays of a cluster (`environment_offline`,
+    /// `environment_gone`, or the link closed `moved`). Transient: the first connection is
+    /// retried for [`ClientOptions::offline_wait`](super::ClientOptions::offline_wait), a
+    /// resume until its deadline.
+    #[error("{why}")]
+    EnvironmentOffline {
+        /// The environment id.
+        environment: String,
+        /// What the relay said, in words (names the environment).
+        why: String,
+    },
 }
 
 impl ClientError {

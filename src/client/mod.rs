@@ -78,6 +78,19 @@ pub use target::Target;
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+/// How long a first connection waits, in all, for an environment the relay says is offline
+/// or moving ([`ClientError::EnvironmentOffline`]) before it gives up: the default of
+/// [`ClientOptions::offline_wait`]. A relay cluster moves an environment by closing its link
+/// (`moved`) and letting its exec server re-dial its new home, which takes a dial and a
+/// handshake (well under a second on a healthy network); a client that connects in that
+/// instant would otherwise fail. Five seconds covers it several times over and keeps a
+/// client of an environment that really is away from waiting long.
+pub const FIRST_CONNECT_OFFLINE_WAIT: Duration = Duration::from_secs(5);
+/// First delay before the first connection tries an offline environment again; doubles up
+/// to [`OFFLINE_RETRY_MAX_DELAY`] (tries at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
+pub const OFFLINE_RETRY_INITIAL_DELAY: Duration = Duration::from_millis(100);
+/// Longest delay between two tries of an offline environment on the first connection.
+pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
 /// A retried `process/start` answered `-32002` looks its pid up in `process/list`; while the
 /// process is still being spawned it is not listed yet, and the start is tried again, at
 /// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
@@ -163,7 +176,7 @@ impl Client {
     /// Connect and `initialize` a new session.
     pub async fn connect(target: Target, opts: ClientOptions) -> Result<Client, ClientError> {
         let client = Client::unconnected(target, opts);
-        client.establish(None).await?;
+        client.establish_first(None).await?;
         tokio::spawn(client.clone().watch_silence());
         client.watch_connection();
         Ok(client)
@@ -194,7 +207,7 @@ impl Client {
             );
         }
         client
-            .establish(Some((session_id.to_string(), resume_token.to_string())))
+            .establish_first(Some((session_id.to_string(), resume_token.to_string())))
             .await?;
         client.watch_connection();
         Ok((client, handles))
@@ -359,6 +372,43 @@ impl Client {
     pub fn close(&self) {
         self.shared.shutdown.cancel();
         self.break_connection();
+    }
+
+    /// The first connection: [`establish`](Self::establish), tried again while the relay
+    /// says the environment is offline or moving, for at most `offline_wait` in all (with
+    /// backoff). Any other failure is returned at once.
+    async fn establish_first(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
+        let wait = self.shared.opts.offline_wait;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut delay = OFFLINE_RETRY_INITIAL_DELAY;
+        let mut attempts = 1u32;
+        loop {
+            match self.establish(resume.clone()).await {
+                Err(ClientError::EnvironmentOffline { environment, why }) => {
+                    let now = tokio::time::Instant::now();
+                    if now >= deadline {
+                        let why = if wait.is_zero() {
+                            why
+                        } else {
+                            format!(
+                                "{why}; still offline after {attempts} tries over {:.1} s: check that its exec server is running (`execrelay serve --relay … --environment-id {environment}`) and reaches the relay",
+                                wait.as_secs_f64()
+                            )
+                        };
+                        return Err(ClientError::EnvironmentOffline { environment, why });
+                    }
+                    tracing::debug!(
+                        %environment,
+                        attempts,
+                        "the environment is offline (or moving); trying again"
+                    );
+                    tokio::time::sleep(delay.min(deadline - now)).await;
+                    delay = (delay * 2).min(OFFLINE_RETRY_MAX_DELAY);
+                    attempts += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Connect, initialize (resuming `resume` if given) and install the connection.

@@ -74,6 +74,15 @@ pub struct ClientOptions {
     pub session_ttl: Option<Duration>,
     /// When consumed events are acknowledged (with [`acks`](Self::acks)).
     pub ack_policy: AckPolicy,
+    /// How long the first connection ([`Client::connect`](super::Client::connect),
+    /// [`Client::resume`](super::Client::resume)) waits for an environment the relay says is
+    /// offline or moving ([`ClientError::EnvironmentOffline`](super::ClientError)), trying
+    /// again with backoff ([`OFFLINE_RETRY_INITIAL_DELAY`](super::OFFLINE_RETRY_INITIAL_DELAY)
+    /// doubling to [`OFFLINE_RETRY_MAX_DELAY`](super::OFFLINE_RETRY_MAX_DELAY)); then it
+    /// fails with that error. `Duration::ZERO`: fail at the first refusal. Default
+    /// [`FIRST_CONNECT_OFFLINE_WAIT`](super::FIRST_CONNECT_OFFLINE_WAIT). A lost connection
+    /// is resumed as always, within [`reconnect_deadline`](Self::reconnect_deadline).
+    pub offline_wait: Duration,
 }
 
 /// When a client acknowledges the events its application consumed (`process/ack`): what the
@@ -104,6 +113,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("silence_probe", &self.silence_probe)
             .field("session_ttl", &self.session_ttl)
             .field("ack_policy", &self.ack_policy)
+            .field("offline_wait", &self.offline_wait)
             .finish()
     }
 }
@@ -122,6 +132,7 @@ impl Default for ClientOptions {
             silence_probe: Some(super::SILENCE_PROBE_AFTER),
             session_ttl: None,
             ack_policy: AckPolicy::Eager,
+            offline_wait: super::FIRST_CONNECT_OFFLINE_WAIT,
         }
     }
 }

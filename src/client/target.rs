@@ -1,6 +1,7 @@
 //! Where the server is ([`Target`]), and opening one transport to it: a spawned stdio server,
-//! a plain WebSocket, or a virtual stream on a shared Noise link. It never retries: resuming
-//! is the session's (`client/mod.rs`).
+//! a plain WebSocket, or a virtual stream on a shared Noise link. It never retries: waiting
+//! for an offline environment on the first connection and resuming are the session's
+//! (`client/mod.rs`, `supervise.rs`).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -104,7 +105,14 @@ pub(super) async fn open_transport(target: &Target, max: usize) -> Result<Transp
                 Err(e @ NoiseError::EnvironmentRevoked(_)) => {
                     Err(ClientError::Revoked(e.to_string()))
                 }
-                Err(e) => Err(ClientError::Connect(e.to_string())),
+                Err(e) => match &e {
+                    NoiseError::EnvironmentOffline(environment, _)
+                    | NoiseError::Moved(environment) => Err(ClientError::EnvironmentOffline {
+                        environment: environment.clone(),
+                        why: e.to_string(),
+                    }),
+                    _ => Err(ClientError::Connect(e.to_string())),
+                },
             }
         }
     }

@@ -30,7 +30,7 @@ use crate::sync::lock;
 use crate::transport::Transport;
 use execrelay_io::driver::{Accepted, EndpointLink, StreamError};
 use execrelay_protocol::config::{EndpointConfig, KeepaliveConfig};
-use execrelay_protocol::reason::Reason;
+use execrelay_protocol::reason::{CloseReason, Reason};
 
 /// How long connecting a link, and each `OPEN` waiting for its `ACCEPT`, may take.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -120,6 +120,11 @@ pub enum NoiseError {
     /// server reconnects on its own.
     #[error("environment {0:?} is offline: the relay has no link from its exec server ({1})")]
     EnvironmentOffline(String, String),
+    /// The relay closed the link because the environment is moving to another relay of its
+    /// cluster (close reason `moved`): transient, its exec server is re-dialling its new
+    /// home.
+    #[error("environment {0:?} is offline: it is moving to another relay (the relay closed the link: moved)")]
+    Moved(String),
     /// No answer in time.
     #[error("no answer to the handshake within {0:?}")]
     Timeout(Duration),
@@ -339,6 +344,15 @@ impl ClientLink {
                 "environment_revoked" => NoiseError::EnvironmentRevoked(self.target.env_id.clone()),
                 _ => NoiseError::Refused(explain_reset(&reason)),
             },
+            _ => self.lost(),
+        }
+    }
+
+    /// Why the link is gone, as far as the client can tell: the environment is moving (the
+    /// relay said `moved`), or just lost.
+    fn lost(&self) -> NoiseError {
+        match self.link.peer_close_reason() {
+            Some(CloseReason::Moved) => NoiseError::Moved(self.target.env_id.clone()),
             _ => NoiseError::LinkLost,
         }
     }
@@ -348,7 +362,7 @@ impl ClientLink {
         suite: NoiseSuite,
     ) -> Result<Transport, NoiseError> {
         if self.is_dead() {
-            return Err(NoiseError::LinkLost);
+            return Err(self.lost());
         }
         let mut sid = [0u8; 16];
         getrandom::getrandom(&mut sid)

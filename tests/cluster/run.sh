@@ -138,6 +138,7 @@ start_relay() {
         --cluster "nats://127.0.0.1:$NATS_PORT" --node-id "$r" \
         --advertise "ws://127.0.0.1:${ADVERTISE[$r]}" --cluster-keys cluster-keys \
         --node-key "node-$r" --move-min-link-age-ms 1000 --moves-per-second 5 \
+        --trusted-front 127.0.0.1 \
         >>"$r.out" 2>>"$r.log" &
     PIDS[$r]=$!
     until_ok 30 "$r up" curl -fsS "http://127.0.0.1:${METRICS[$r]}/readyz"
@@ -189,6 +190,8 @@ frontend front
     http-request set-header X-Execrelay-Front 1
     default_backend relays
 backend relays
+    # The address the relays see HAProxy at, and trust its header from (--trusted-front).
+    source 127.0.0.1
     balance hdr(X-Execrelay-Env)
     hash-type consistent
     option httpchk GET /readyz
@@ -313,8 +316,8 @@ start_relay relay-4
 front_sends_x_to_4() { [ "$(relay_of "$X")" = relay-4 ]; }
 until_ok 30 "HAProxy sends $X to relay-4" front_sends_x_to_4
 # A client of X through the front lands on relay-4, which forwards it and asks X home. A
-# client that connects in the instant of the move itself is told `environment_offline` (the
-# environment is between two relays) and exits 255: that one is tried again.
+# client that connects in the instant of the move itself (the environment between two
+# relays) waits for it (FIRST_CONNECT_OFFLINE_WAIT) and runs once X is on relay-4.
 client_of_x() { [ "$(run "$(via_front "$X")" "$X" sh -c "seq 1 50")" = "$(seq 1 50)" ]; }
 until_ok 30 "relay added: a client of $X through the front" client_of_x
 x_home() { [ "$(metric relay-4 execrelay_relay_cluster_environments_held)" = 1 ]; }
@@ -329,6 +332,8 @@ out=$(run "$(via_front "$X")" "$X" sh -c "seq 1 50")
 [ "$out" = "$(seq 1 50)" ] || fail "relay added: a client after the move"
 [ "$(metric relay-4 execrelay_relay_cluster_forwarded_streams_total)" = "$fwd4" ] ||
     fail "relay added: still forwarding after the move"
+ignored=$(( $(sum_metric execrelay_relay_cluster_front_header_ignored_total) + $(metric relay-4 execrelay_relay_cluster_front_header_ignored_total) ))
+[ "$ignored" = 0 ] || fail "relay added: $ignored front headers ignored (HAProxy's source is in --trusted-front)"
 ok "relay added: $X moved $XHOME -> relay-4 (moves counted), no output lost, then no forwarding"
 
 # ---- 5. a relay killed ---------------------------------------------------------------------

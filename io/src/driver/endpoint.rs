@@ -164,6 +164,13 @@ impl EndpointLink {
         *self.shared.signals.closed.borrow()
     }
 
+    /// The reason the peer gave in its close frame, when it gave one of ours (a relay closes
+    /// a client link `moved` when its environment moves between relays): why the link ended,
+    /// as the other end saw it. `None` while the link is up, and when the peer gave none.
+    pub fn peer_close_reason(&self) -> Option<CloseReason> {
+        self.shared.signals.peer_said.get().copied()
+    }
+
     /// A copy of the link's counters.
     pub fn counters(&self) -> Counters {
         lock(&self.shared.inner).ep.counters().clone()

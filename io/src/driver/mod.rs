@@ -114,6 +114,10 @@ pub(crate) struct LinkSignals {
     /// core's next deadline (the pong timeout) while the reader may be waiting with none.
     pub timer: Notify,
     pub closed: watch::Sender<Option<CloseReason>>,
+    /// Why the peer said it closed the link: the reason of its close frame, when it is one of
+    /// ours (`moved`, `replaced`, …; any other text is not kept). Set before the link is
+    /// marked closed, so whoever sees the close can read it.
+    pub peer_said: std::sync::OnceLock<CloseReason>,
 }
 
 impl LinkSignals {
@@ -122,6 +126,7 @@ impl LinkSignals {
             writer: Notify::new(),
             timer: Notify::new(),
             closed: watch::channel(None).0,
+            peer_said: std::sync::OnceLock::new(),
         }
     }
 
@@ -291,7 +296,18 @@ fn on_message<C: LinkCore>(core: &Arc<C>, m: Option<Result<Message, WsError>>) {
             tracing::debug!(error = %e, "link read failed");
             C::on_closed(core, CloseReason::Transport)
         }
-        Some(Ok(Message::Close(_))) | None => C::on_closed(core, CloseReason::Transport),
+        Some(Ok(Message::Close(frame))) => {
+            // Only a reason of ours is kept, never the peer's own words.
+            if let Some(said) = frame.and_then(|f| {
+                CloseReason::ALL
+                    .into_iter()
+                    .find(|r| r.as_str() == f.reason.as_ref())
+            }) {
+                let _ = C::signals(core).peer_said.set(said);
+            }
+            C::on_closed(core, CloseReason::Transport)
+        }
+        None => C::on_closed(core, CloseReason::Transport),
     }
 }
 

@@ -238,7 +238,8 @@ pub struct Accepted<R> {
     pub accept: String,
     /// The slot of the route's capacity, if capped.
     pub permit: Option<OwnedSemaphorePermit>,
-    /// The request carried [`FRONT_HEADER`]: it came through the cluster's load balancer.
+    /// The request carried [`FRONT_HEADER`] (whether its peer may say so is the caller's to
+    /// check).
     pub via_front: bool,
 }
 
@@ -246,8 +247,9 @@ pub struct Accepted<R> {
 /// a relay (`http-request set-header X-Execrelay-Front 1`): a relay that gets a client link
 /// for an environment held elsewhere *through the front* learns that the front now sends the
 /// environment's clients to it (a membership change), and asks the environment to move. A
-/// client that reaches a relay directly can send it too; all it can do is ask for a move,
-/// which is bounded in rate and by the link's minimum age (`execrelay_relay::cluster`).
+/// client that reaches a relay directly can send it too: the relay honours it only from the
+/// addresses of `trusted_front` (`execrelay_relay::cluster::trusted_front`; nobody by default), which
+/// the caller checks against the TCP peer; this front only says that it was there.
 pub const FRONT_HEADER: &str = "x-execrelay-front";
 
 impl<R> Accepted<R> {

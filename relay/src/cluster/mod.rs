@@ -10,6 +10,8 @@
 //!   both relays' keys from the cluster file).
 //! - [`node`] (tokio): one relay's membership: its NATS connection, its subscriptions (one per
 //!   environment link it holds), lookups, and the relay-to-relay links it dials.
+//! - [`trusted_front`] (sans-IO): which peers' `X-Execrelay-Front` header is honoured
+//!   (`trusted_front`; nobody's by default).
 //!
 //! # What this module owns
 //!
@@ -28,6 +30,7 @@
 pub mod directory;
 pub mod node;
 pub mod relay_link;
+pub mod trusted_front;
 
 use std::path::{Path, PathBuf};
 
@@ -55,8 +58,8 @@ pub const MAX_RELAY_LINKS: usize = 1024;
 /// re-dials and its clients resume: a bounded rate spreads that over time instead of a storm.
 pub const MOVES_PER_SECOND: u32 = 5;
 /// An environment link younger than this is never asked to move: an environment whose link
-/// the front keeps sending elsewhere (a membership still settling, or a client sending the
-/// front's header straight to a relay) moves at most once per this period.
+/// the front keeps sending elsewhere (a membership still settling) moves at most once per
+/// this period. Only a trusted front's header counts (`trusted_front`).
 pub const MOVE_MIN_LINK_AGE_MS: u64 = 10_000;
 /// Moves waiting for their turn on one relay; a `home` notice past it is dropped (the next
 /// misrouted client sends another).
@@ -77,6 +80,10 @@ pub enum ClusterError {
     /// `--advertise` is not `ws://HOST:PORT`.
     #[error("bad --advertise {0:?}: expected ws://HOST:PORT, the address other relays dial for relay-to-relay links (reachable from them; wss:// is not supported for relay-to-relay links yet)")]
     BadAdvertise(String),
+    /// `--advertise` names the unspecified address (`0.0.0.0`, `::`): where a relay listens,
+    /// not where another can dial it.
+    #[error("bad --advertise {0:?}: {1} means every address of this host, which other relays cannot dial: give this relay's own address as the other relays reach it (ws://10.0.0.1:7000)")]
+    UnspecifiedAdvertise(String, String),
     /// `--node-id` is not a valid id.
     #[error("bad --node-id {0:?}: expected 1 to 64 characters of A-Z a-z 0-9 - . _ ~")]
     BadNodeId(String),
@@ -89,7 +96,7 @@ pub enum ClusterError {
     )]
     WithoutCluster(String),
     /// The cluster keys file cannot be read or parsed.
-    #[error("--cluster-keys {path}: {error}")]
+    #[error("--cluster-keys {path}: {error}: it lists every relay of the cluster, one `NODE_ID execrelay-x25519 <base64>` line each (`echo \"NODE_ID $(cat NODE_KEY.pub)\" >> FILE`), the same file on every relay")]
     KeysFile {
         /// The file.
         path: PathBuf,
@@ -113,7 +120,7 @@ pub enum ClusterError {
         error: String,
     },
     /// The cluster keys file lists another key for this node than its node key.
-    #[error("--cluster-keys {path} lists node {node:?} with key {listed}, but this relay's node key (--node-key, else --key) is {own}: list this relay's own public key for its node id")]
+    #[error("--cluster-keys {path} lists node {node:?} with key {listed}, but this relay's node key is {own}: {fix}")]
     KeyMismatch {
         /// The node id.
         node: String,
@@ -121,8 +128,11 @@ pub enum ClusterError {
         path: PathBuf,
         /// Fingerprint of the listed key.
         listed: String,
-        /// Fingerprint of the relay's key.
+        /// Fingerprint of the relay's key, and where it came from (`--node-key FILE`, or
+        /// `--key` when no `--node-key` was given).
         own: String,
+        /// What to do.
+        fix: String,
     },
 }
 
@@ -182,7 +192,13 @@ impl ClusterKeys {
             path: path.to_path_buf(),
             error,
         };
-        let text = execrelay_protocol::keys::read_bounded(path).map_err(|e| err(e.to_string()))?;
+        let text = execrelay_protocol::keys::read_bounded(path).map_err(|e| {
+            err(match e {
+                // The path is in the message already.
+                execrelay_protocol::keys::KeyError::Io { source, .. } => source.to_string(),
+                e => e.to_string(),
+            })
+        })?;
         let nodes = parse_environments(&text, &path.display().to_string())
             .map_err(|e| err(e.to_string()))?;
         if nodes.is_empty() {
@@ -252,6 +268,15 @@ pub fn parse_advertise(s: &str) -> Result<String, ClusterError> {
     if host.is_empty() || host.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
         return Err(bad());
     }
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = ip.parse::<std::net::IpAddr>() {
+        if ip.is_unspecified() {
+            return Err(ClusterError::UnspecifiedAdvertise(
+                s.to_string(),
+                ip.to_string(),
+            ));
+        }
+    }
     Ok(format!("ws://{rest}"))
 }
 
@@ -317,12 +342,26 @@ impl ClusterFlags {
                 })
             }
             Some(k) if k != own_public => {
+                let (from, fix) = match &self.node_key {
+                    Some(p) => (
+                        format!("--node-key {}", p.display()),
+                        format!(
+                            "put {}.pub's line on the {node} line of the file (on every relay), or give the --node-key whose public line is listed there",
+                            p.display()
+                        ),
+                    ),
+                    None => (
+                        "--key, as no --node-key was given".to_string(),
+                        "give --node-key FILE, the node key whose public line is listed for this node (relays that share --key need one each), or list this relay's --key's public line there".to_string(),
+                    ),
+                };
                 return Err(ClusterError::KeyMismatch {
                     node: node.clone(),
                     path: keys_path.clone(),
                     listed: fingerprint(k),
-                    own: fingerprint(own_public),
-                })
+                    own: format!("{} ({from})", fingerprint(own_public)),
+                    fix,
+                });
             }
             Some(_) => {}
         }

@@ -89,6 +89,9 @@ pub struct ClusterStats {
     pub moves: AtomicU64,
     /// Directory messages ignored (too large, unparsable).
     pub directory_ignored: AtomicU64,
+    /// Client links that carried the front's header from a peer not in `trusted_front`: the
+    /// header was ignored.
+    pub front_header_ignored: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -165,6 +168,10 @@ impl ClusterNode {
         hub: RelayHub,
     ) -> Result<Arc<ClusterNode>, async_nats::ConnectError> {
         let node = spec.node_id.clone();
+        let url = spec.nats_url.clone();
+        // Said once per outage (a warning naming the URL and what to check), then quietly:
+        // the client retries every 2 s at most, and the log would be that and nothing else.
+        let said = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let client = async_nats::ConnectOptions::new()
             .name(format!("execrelay-relay/{node}"))
             .retry_on_initial_connect()
@@ -172,11 +179,22 @@ impl ClusterNode {
             .connection_timeout(Duration::from_millis(super::NATS_CONNECT_TIMEOUT_MS))
             .reconnect_delay_callback(reconnect_delay)
             .event_callback(move |ev| {
-                let node = node.clone();
+                let (node, url, said) = (node.clone(), url.clone(), said.clone());
                 async move {
                     match ev {
                         async_nats::Event::Connected => {
-                            tracing::info!(%node, "cluster directory (NATS) connected")
+                            said.store(false, Ordering::Relaxed);
+                            tracing::info!(%node, %url, "cluster directory (NATS) connected")
+                        }
+                        async_nats::Event::ClientError(e) if !said.swap(true, Ordering::Relaxed) => {
+                            tracing::warn!(
+                                %node,
+                                error = %e,
+                                "cluster directory (NATS) at {url} cannot be reached: misrouted client links are refused (directory_unavailable) until it can, affine ones keep working; check --cluster (is nats-server running there, on that port?) — retrying every 2 s at most"
+                            )
+                        }
+                        async_nats::Event::ClientError(e) => {
+                            tracing::debug!(%node, error = %e, "cluster directory (NATS) still unreachable")
                         }
                         async_nats::Event::Disconnected => tracing::warn!(
                             %node,
@@ -244,6 +262,12 @@ impl ClusterNode {
         if self.moves.try_send((env.to_string(), link)).is_err() {
             lock(&self.pending_moves).remove(env);
         }
+    }
+
+    /// A client link carried the front's header from a peer that is not a trusted front:
+    /// it was ignored (counted, logged at debug).
+    pub fn front_header_ignored(&self) {
+        bump(&self.stats.front_header_ignored);
     }
 
     /// This relay's node id.

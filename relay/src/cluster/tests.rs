@@ -86,6 +86,22 @@ fn every_bad_cluster_setting_is_named() {
             "{adv}"
         );
     }
+    // The unspecified address is where a relay listens, not where another dials it.
+    for adv in ["ws://0.0.0.0:7000", "ws://[::]:7000"] {
+        let f = ClusterFlags {
+            advertise: Some(adv.into()),
+            ..flags(Some(listed.clone()))
+        };
+        let err = f.resolve(&own).unwrap_err();
+        assert!(
+            matches!(err, ClusterError::UnspecifiedAdvertise(..)),
+            "{adv}: {err}"
+        );
+        assert!(
+            err.to_string().contains("--advertise") && err.to_string().contains("other relays"),
+            "{err}"
+        );
+    }
     let f = ClusterFlags {
         node_id: Some("bad id".into()),
         ..flags(Some(listed.clone()))
@@ -97,9 +113,16 @@ fn every_bad_cluster_setting_is_named() {
     );
     // Missing or unreadable file.
     let missing = dir.path().join("nope");
-    let err = flags(Some(missing)).resolve(&own).unwrap_err();
+    let err = flags(Some(missing.clone())).resolve(&own).unwrap_err();
     assert!(matches!(err, ClusterError::KeysFile { .. }), "{err}");
-    assert!(err.to_string().contains("--cluster-keys"), "{err}");
+    let said = err.to_string();
+    assert!(
+        said.starts_with(&format!(
+            "--cluster-keys {}: No such file or directory",
+            missing.display()
+        )) && said.contains("one `NODE_ID execrelay-x25519 <base64>` line each"),
+        "the file named once, and what it holds: {said}"
+    );
     // A broken line.
     let broken = write_keys(dir.path(), "relay-a not-a-key\n");
     assert!(matches!(
@@ -119,10 +142,14 @@ fn every_bad_cluster_setting_is_named() {
         dir.path(),
         &format!("relay-a {}\n", public_line(&other.public, "b")),
     );
-    assert!(matches!(
-        flags(Some(wrong)).resolve(&own),
-        Err(ClusterError::KeyMismatch { .. })
-    ));
+    let err = flags(Some(wrong)).resolve(&own).unwrap_err();
+    assert!(matches!(err, ClusterError::KeyMismatch { .. }));
+    // Without --node-key: the likely mistake is a forgotten --node-key.
+    assert!(
+        err.to_string().contains("no --node-key was given")
+            && err.to_string().contains("give --node-key FILE"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -149,6 +176,21 @@ fn a_node_key_apart_from_the_relays_key() {
         flags(Some(keys.clone())).resolve(&shared),
         Err(ClusterError::KeyMismatch { .. })
     ));
+    // A --node-key whose public line is not the listed one: the file named, and the fix.
+    let stray = dir.path().join("stray");
+    Keypair::generate().unwrap().write(&stray, "stray").unwrap();
+    let err = ClusterFlags {
+        node_key: Some(stray.clone()),
+        ..flags(Some(keys.clone()))
+    }
+    .resolve(&shared)
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("--node-key {}", stray.display()))
+            && err.to_string().contains(".pub's line on the relay-a line"),
+        "{err}"
+    );
     let missing = ClusterFlags {
         node_key: Some(dir.path().join("nope")),
         ..flags(Some(keys))

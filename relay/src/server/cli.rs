@@ -132,7 +132,7 @@ pub struct RelayArgs {
     /// relay the front sends them to) [default: --key].
     #[arg(long, value_name = "FILE")]
     pub node_key: Option<PathBuf>,
-    /// Log format on stderr (the filter is `RUST_LOG`, default `info`).
+    /// Log format on stderr (the filter is `RUST_LOG`, default `info,async_nats=warn`).
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
     /// Every limit.
@@ -497,7 +497,11 @@ pub fn run(args: RelayArgs) -> i32 {
     if let Some(RelayCommand::Keygen(k)) = &args.command {
         return keygen(k);
     }
-    init_logging("info", matches!(args.log_format, LogFormat::Json));
+    // The NATS client's own events are said once, in the relay's words (`crate::cluster::node`).
+    init_logging(
+        "info,async_nats=warn",
+        matches!(args.log_format, LogFormat::Json),
+    );
     // Before the server sizes its caps from it (`RelayDescriptorPlan`).
     raise_descriptor_limit();
     let Prepared {

@@ -289,7 +289,8 @@ fn report_shared_key(shared: &Shared, id: &str, holder: execrelay_protocol::rout
 
 /// An upgraded `/v1/connect/ID`: registered with the hub (per-address limit), then driven.
 /// Client links are not authenticated by the relay (§6.2): the environment authenticates every
-/// stream end to end.
+/// stream end to end. `via_front`: the request carried the front's header, honoured only when
+/// `peer` is in `trusted_front`.
 pub(crate) async fn client_link(
     hub: RelayHub,
     shared: Arc<Shared>,
@@ -315,6 +316,16 @@ pub(crate) async fn client_link(
                     }
                 },
                 Some(link) => c.is_forward(&id, link),
+            };
+            // The front's header is believed only from the front itself: any client can
+            // send it, and it moves environments.
+            let via_front = via_front && {
+                let trusted = shared.settings.trusted_front.contains(peer.ip());
+                if !trusted {
+                    c.front_header_ignored();
+                    tracing::debug!("X-Execrelay-Front ignored: the peer is not in trusted_front");
+                }
+                trusted
             };
             if forwarded && via_front {
                 // The front sends this environment's clients here now: it should live here.

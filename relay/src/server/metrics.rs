@@ -244,6 +244,8 @@ pub struct ClusterFigures {
     pub takeovers: u64,
     /// Environment links asked to re-dial to their new home.
     pub moves: u64,
+    /// Client links whose front header was ignored: their peer is not a trusted front.
+    pub front_header_ignored: u64,
 }
 
 /// The OpenMetrics text of `figures` and `stats` (every name prefixed `execrelay_relay_`),
@@ -451,7 +453,7 @@ pub fn render(figures: &Figures, stats: &ServerStats, settings: &RelaySettings) 
     }
 
     if let Some(cl) = &figures.cluster {
-        let entries: [(&str, &str, u64, bool); 15] = [
+        let entries: [(&str, &str, u64, bool); 16] = [
             (
                 "cluster_directory_up",
                 "1 while the cluster's directory (NATS) is connected",
@@ -540,6 +542,12 @@ pub fn render(figures: &Figures, stats: &ServerStats, settings: &RelaySettings) 
                 "cluster_moves",
                 "Environment links asked to re-dial to their new home relay",
                 cl.moves,
+                true,
+            ),
+            (
+                "cluster_front_header_ignored",
+                "Client links that carried X-Execrelay-Front from a peer not in trusted_front (the header was ignored)",
+                cl.front_header_ignored,
                 true,
             ),
         ];

@@ -397,6 +397,14 @@ impl RelayServer {
             match ClusterNode::start(spec, limits, stamps, hub.clone()).await {
                 Ok(n) => {
                     tracing::info!(%node, nats = %url, "cluster: joined (directory connecting in the background)");
+                    if settings.trusted_front.is_empty() {
+                        tracing::warn!(
+                            %node,
+                            "cluster: trusted_front is empty, so no peer's X-Execrelay-Front header is honoured and environments never move home after a membership change: give the front's (HAProxy's) address with --trusted-front ADDR"
+                        );
+                    } else {
+                        tracing::info!(%node, trusted_front = %settings.trusted_front, "cluster: the front's header is honoured from these addresses only");
+                    }
                     let _ = shared.cluster.set(n);
                 }
                 Err(e) => {
@@ -595,6 +603,7 @@ fn cluster_figures(hub: &RelayHub, c: &ClusterNode) -> metrics::ClusterFigures {
         relay_links_refused: s.relay_links_refused.load(Relaxed),
         takeovers: s.takeovers.load(Relaxed),
         moves: s.moves.load(Relaxed),
+        front_header_ignored: s.front_header_ignored.load(Relaxed),
     }
 }
 

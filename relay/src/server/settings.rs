@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::cluster::trusted_front::TrustedFronts;
 use execrelay_io::http::FrontLimits;
 use execrelay_protocol::config::{
     BucketConfig, ConfigError as EngineConfigError, KeepaliveConfig, RelayConfig,
@@ -221,6 +222,10 @@ execrelay_io::settings! {
     max_pending_handshakes_per_address: usize = MAX_PENDING_HANDSHAKES_PER_ADDRESS, Count,
         "the same, from one peer address (IPv4 address or IPv6 /64)";
 @text:
+    /// See [`TrustedFronts`]: empty (nobody) by default.
+    trusted_front: TrustedFronts = TrustedFronts::none(), shown "none",
+        values "ADDR[,ADDR…]",
+        "cluster: the front's (HAProxy's) addresses, IPs or CIDR blocks, comma-separated (at most 64): only a client link whose TCP peer is one of them has its `X-Execrelay-Front` header honoured (moving an environment home); from any other peer the header is ignored and counted (`front_header_ignored_total`). `none` trusts no one";
 }
 
 /// A relay configuration that cannot work.

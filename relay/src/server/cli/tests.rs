@@ -295,3 +295,84 @@ fn the_cluster_from_flags_or_the_config_file_and_its_mistakes_named() {
     let err = prepare_err(&all[1..]);
     assert!(err.contains("--node-id goes with --cluster"), "{err}");
 }
+
+#[test]
+fn trusted_front_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
+    use crate::cluster::trusted_front::MAX_TRUSTED_FRONTS;
+    let base = [
+        "execrelay-relay",
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        "k",
+        "--environments",
+        "e",
+    ];
+    let with = |extra: &[&str]| {
+        let mut argv: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        RelayArgs::try_parse_from(argv)
+    };
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    // Nobody by default.
+    let s = with(&[]).unwrap().settings().unwrap();
+    assert!(s.trusted_front.is_empty());
+    assert!(!s.trusted_front.contains(local));
+    // The flag.
+    let s = with(&["--trusted-front", "127.0.0.1,10.0.0.0/8"])
+        .unwrap()
+        .settings()
+        .unwrap();
+    assert!(s.trusted_front.contains(local));
+    assert!(s.trusted_front.contains("10.9.8.7".parse().unwrap()));
+    // A bad flag: clap's error names the flag, ours what is wrong.
+    for (bad, says) in [
+        ("10.0.0.1/8", "did you mean 10.0.0.0/8?"),
+        ("haproxy.local", "not an IP address or a CIDR block"),
+        ("10.0.0.0/40", "longer than the address"),
+    ] {
+        let err = with(&["--trusted-front", bad]).unwrap_err().to_string();
+        assert!(
+            err.contains("--trusted-front") && err.contains(says),
+            "{bad}: {err}"
+        );
+    }
+    let too_many = (0..=MAX_TRUSTED_FRONTS)
+        .map(|i| format!("10.1.0.{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let err = with(&["--trusted-front", &too_many])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--trusted-front")
+            && err.contains(&format!("more than {MAX_TRUSTED_FRONTS} entries")),
+        "{err}"
+    );
+    // The file: a comma list or an array; a bad entry names the key and the file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    let config = ["--config", path.to_str().unwrap()];
+    std::fs::write(&path, "trusted_front = [\"127.0.0.1\", \"fd00::/8\"]\n").unwrap();
+    let s = with(&config).unwrap().settings().unwrap();
+    assert!(s.trusted_front.contains(local));
+    assert!(s.trusted_front.contains("fd00::5".parse().unwrap()));
+    // The flag wins over the file.
+    let s = with(&[&config[..], &["--trusted-front", "none"][..]].concat())
+        .unwrap()
+        .settings()
+        .unwrap();
+    assert!(s.trusted_front.is_empty());
+    for bad in [
+        "trusted_front = \"127.0.0.1,nope\"",
+        "trusted_front = [\"10.0.0.1/8\"]",
+        "trusted_front = 127",
+    ] {
+        std::fs::write(&path, bad).unwrap();
+        let err = with(&config).unwrap().settings().unwrap_err().to_string();
+        assert!(
+            err.contains("relay.toml") && err.contains("trusted_front (--trusted-front)"),
+            "{bad}: {err}"
+        );
+    }
+}
