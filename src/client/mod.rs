@@ -49,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::MAX_MESSAGE_BYTES;
 use crate::connection::local::LocalLimits;
 use crate::connection::message::{Call, Note, Reply};
+use crate::link::backoff::{random, Backoff};
 use crate::rpc::messages::{
     AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartResult,
 };
@@ -87,7 +88,8 @@ pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
 /// client of an environment that really is away from waiting long.
 pub const FIRST_CONNECT_OFFLINE_WAIT: Duration = Duration::from_secs(5);
 /// First delay before the first connection tries an offline environment again; doubles up
-/// to [`OFFLINE_RETRY_MAX_DELAY`] (tries at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
+/// to [`OFFLINE_RETRY_MAX_DELAY`], each less up to a quarter of jitter ([`Backoff`]: tries
+/// at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
 pub const OFFLINE_RETRY_INITIAL_DELAY: Duration = Duration::from_millis(100);
 /// Longest delay between two tries of an offline environment on the first connection.
 pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
@@ -380,7 +382,14 @@ impl Client {
     async fn establish_first(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
         let wait = self.shared.opts.offline_wait;
         let deadline = tokio::time::Instant::now() + wait;
-        let mut delay = OFFLINE_RETRY_INITIAL_DELAY;
+        // The environment link's own schedule (jittered, so clients of one moving
+        // environment do not all come back in the same instant); no link lives here, so it
+        // never resets.
+        let mut backoff = Backoff::new(
+            OFFLINE_RETRY_INITIAL_DELAY,
+            OFFLINE_RETRY_MAX_DELAY,
+            Duration::MAX,
+        );
         let mut attempts = 1u32;
         loop {
             match self.establish(resume.clone()).await {
@@ -402,8 +411,8 @@ impl Client {
                         attempts,
                         "the environment is offline (or moving); trying again"
                     );
+                    let delay = backoff.delay(None, random());
                     tokio::time::sleep(delay.min(deadline - now)).await;
-                    delay = (delay * 2).min(OFFLINE_RETRY_MAX_DELAY);
                     attempts += 1;
                 }
                 other => return other,

@@ -21,6 +21,7 @@
 //! (§8); the cryptography (keys, handshake, records) lives in [`crate::noise`]. Nothing here
 //! ties reading to writing, and no reader waits on a stream's consumer.
 
+pub mod backoff;
 pub mod client;
 pub mod dial;
 mod dial_error;
