@@ -660,7 +660,19 @@ async fn fake_holder(
         .subscribe(format!("execrelay.env.{env}"))
         .await
         .unwrap();
-    client.flush().await.unwrap();
+    // `flush` only writes the SUB to the socket; the server may still register it after a
+    // relay's lookup arrives on another connection, and that lookup then meets "no
+    // responders" at once. The server handles one connection's operations in order, so our
+    // own probe coming back through the subscription proves it is in place.
+    client
+        .publish(format!("execrelay.env.{env}"), "probe".into())
+        .await
+        .unwrap();
+    let probe = tokio::time::timeout(GUARD, sub.next()).await;
+    assert!(
+        matches!(&probe, Ok(Some(m)) if m.payload.as_ref() == b"probe"),
+        "the fake holder's subscription never became live"
+    );
     tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
             if let (Some(reply), Some(a)) = (msg.reply, answer.clone()) {
