@@ -398,6 +398,65 @@ async fn two_holders_the_newest_link_wins() {
     b.stop().await;
 }
 
+/// Only the older holder acts on a claim, and NATS keeps nothing for a late subscriber: an
+/// older holder whose subscription came up after the newer one's claim went by would keep its
+/// link for good. Its own claim reaching the newer holder makes the newer one claim again, so
+/// the older one hears it; a publisher replaying old claims gets at most
+/// `MAX_CLAIM_REASSERTS` answers per holding.
+#[tokio::test]
+async fn a_late_older_holder_hears_the_newer_claim_again_and_replays_are_bounded() {
+    use execrelay_relay::cluster::directory::{subject, DirectoryMessage};
+    use execrelay_relay::cluster::MAX_CLAIM_REASSERTS;
+    use futures_util::{FutureExt, StreamExt};
+    let nats = Nats::start().await;
+    let members = Members::new(2);
+    let env_keys = Keypair::generate().unwrap();
+    let b = member(&members, 1, &nats, &[(ENV, &env_keys)]).await;
+    let _env = echo_env(&b, &env_keys, ENV).await;
+    until_found(&b, ENV).await;
+    // The older holder subscribes only now: B's first claim is long gone.
+    let late = async_nats::connect(nats.url()).await.unwrap();
+    let mut sub = late.subscribe(subject(ENV)).await.unwrap();
+    let older = DirectoryMessage::Claim {
+        node: "relay-0".into(),
+        since_us: 1,
+    };
+    // More old claims than the cap; the first also proves our subscription is live (it
+    // comes back to us before anything B sends in answer to it).
+    for _ in 0..MAX_CLAIM_REASSERTS + 4 {
+        late.publish(subject(ENV), older.encode().into())
+            .await
+            .unwrap();
+    }
+    // B handles its subject's messages one by one: once it has answered this lookup, it has
+    // handled every claim above, and NATS delivers one publisher's messages in order.
+    let answer = guard(
+        "lookup",
+        late.request(subject(ENV), DirectoryMessage::Lookup.encode().into()),
+    )
+    .await
+    .unwrap();
+    assert!(!answer.payload.is_empty());
+    let mut ours = 0;
+    let mut reasserted = 0;
+    while let Some(Some(m)) = sub.next().now_or_never() {
+        match DirectoryMessage::decode(&m.payload) {
+            Ok(DirectoryMessage::Claim { node, .. }) if node == "relay-1" => reasserted += 1,
+            Ok(DirectoryMessage::Claim { node, .. }) if node == "relay-0" => ours += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(ours, MAX_CLAIM_REASSERTS + 4);
+    assert_eq!(reasserted, MAX_CLAIM_REASSERTS);
+    // B kept its link and took nothing over.
+    assert_eq!(b.metric("execrelay_relay_cluster_takeovers_total").await, 0);
+    assert_eq!(
+        b.metric("execrelay_relay_cluster_environments_held").await,
+        1
+    );
+    b.stop().await;
+}
+
 #[tokio::test]
 async fn without_nats_affine_traffic_works_misroutes_fail_fast_and_all_recovers() {
     let mut nats = Nats::start().await;
@@ -565,6 +624,8 @@ async fn clients_sent_by_the_front_move_the_environment_home_at_the_bounded_rate
 
     // A young link is not moved: B, with the default minimum age, keeps env-3.
     let _e3 = echo_env(&b, &k3, "env-3").await;
+    // B's directory subscription for env-3 is in place only once a lookup finds it.
+    until_found(&a, "env-3").await;
     let f3 = client_via_front(&a, "env-3").await;
     let mut s3 = open(&f3).await;
     round_trip(&mut s3, "young").await;

@@ -124,8 +124,13 @@ impl Holder {
 /// Which of two holders of one environment keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Ours is the newest (or the claim is our own echo): keep the link.
+    /// The claim is our own echo: nothing to do.
     Keep,
+    /// Ours is the newest, and the claimant holds an older link: keep ours and claim again.
+    /// Only the older side acts on a claim, and the older side may have subscribed after our
+    /// claim went by (NATS keeps nothing for late subscribers); its claim reaching us proves it
+    /// is subscribed now, so our answer reaches it.
+    Reassert,
     /// The claimant's link is newer: close ours (`replaced`).
     Yield,
 }
@@ -146,7 +151,7 @@ pub fn newest_wins(
     if (claim_since_us, claim_node) > (ours_since_us, ours_node) {
         Verdict::Yield
     } else {
-        Verdict::Keep
+        Verdict::Reassert
     }
 }
 
@@ -223,7 +228,7 @@ mod tests {
     #[test]
     fn the_newest_link_wins_and_exactly_one_side_yields() {
         assert_eq!(newest_wins("a", 10, "b", 20), Verdict::Yield);
-        assert_eq!(newest_wins("b", 20, "a", 10), Verdict::Keep);
+        assert_eq!(newest_wins("b", 20, "a", 10), Verdict::Reassert);
         // Our own claim echoed back.
         assert_eq!(newest_wins("a", 10, "a", 10), Verdict::Keep);
         // A tie: one side yields, never both, never neither.

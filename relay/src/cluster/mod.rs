@@ -64,6 +64,10 @@ pub const MOVE_MIN_LINK_AGE_MS: u64 = 10_000;
 /// Moves waiting for their turn on one relay; a `home` notice past it is dropped (the next
 /// misrouted client sends another).
 pub const MAX_PENDING_MOVES: usize = 4096;
+/// Times one holding claims an environment again when an older holder's claim arrives
+/// (directory.rs, `Verdict::Reassert`). One answer settles two holders; the cap bounds what a
+/// publisher replaying old claims on NATS can make a relay send.
+pub const MAX_CLAIM_REASSERTS: u32 = 8;
 /// How long connecting to NATS may take at start before the relay goes on without it (it
 /// keeps trying in the background; affine traffic never needs it).
 pub const NATS_CONNECT_TIMEOUT_MS: u64 = 2_000;

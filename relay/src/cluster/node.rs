@@ -19,7 +19,7 @@
 //! It never reads a payload and never awaits NATS on a link's reader.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -116,6 +116,9 @@ struct Holding {
     link: LinkId,
     started: Instant,
     task: JoinHandle<()>,
+    /// Our own claim has come back through the subscription: NATS has the subscription in
+    /// place, so lookups for the environment are answered from now on.
+    live: Arc<AtomicBool>,
 }
 
 /// One relay's membership.
@@ -280,9 +283,12 @@ impl ClusterNode {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// Environments held (subscribed).
+    /// Environments held whose directory subscription is in place (lookups find them).
     pub fn holdings(&self) -> usize {
-        lock(&self.holdings).len()
+        lock(&self.holdings)
+            .values()
+            .filter(|h| h.live.load(Ordering::Relaxed))
+            .count()
     }
 
     /// Forwarding links up.
@@ -311,8 +317,11 @@ impl ClusterNode {
         let since_us = execrelay_protocol::replay::unix_micros(std::time::SystemTime::now());
         let me = self.clone();
         let (hub, env_owned) = (hub.clone(), env.to_string());
+        let live = Arc::new(AtomicBool::new(false));
+        let live_here = live.clone();
         let task = tokio::spawn(async move {
-            me.serve_subject(hub, env_owned, link, since_us).await;
+            me.serve_subject(hub, env_owned, link, since_us, live_here)
+                .await;
         });
         let old = lock(&self.holdings).insert(
             env.to_string(),
@@ -320,6 +329,7 @@ impl ClusterNode {
                 link,
                 started: Instant::now(),
                 task,
+                live,
             },
         );
         if let Some(old) = old {
@@ -351,6 +361,7 @@ impl ClusterNode {
         env: String,
         link: LinkId,
         since_us: u64,
+        live: Arc<AtomicBool>,
     ) {
         let subj = subject(&env);
         let mut sub = match self.client.subscribe(subj.clone()).await {
@@ -364,9 +375,14 @@ impl ClusterNode {
             node: self.spec.node_id.clone(),
             since_us,
         };
-        if let Err(e) = self.client.publish(subj, claim.encode().into()).await {
+        if let Err(e) = self
+            .client
+            .publish(subj.clone(), claim.encode().into())
+            .await
+        {
             tracing::warn!(env = %env, error = %e, "cannot claim the environment in the directory");
         }
+        let mut reasserts = 0u32;
         while let Some(msg) = sub.next().await {
             let parsed = match DirectoryMessage::decode(&msg.payload) {
                 Ok(m) => m,
@@ -409,10 +425,25 @@ impl ClusterNode {
                 DirectoryMessage::Claim {
                     node,
                     since_us: theirs,
-                } => {
-                    if newest_wins(&self.spec.node_id, since_us, &node, theirs) == Verdict::Yield
-                        && hub.environment_link(&env) == Some(link)
-                    {
+                } => match newest_wins(&self.spec.node_id, since_us, &node, theirs) {
+                    Verdict::Keep => {
+                        if theirs == since_us {
+                            live.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    Verdict::Reassert => {
+                        if reasserts < super::MAX_CLAIM_REASSERTS
+                            && hub.environment_link(&env) == Some(link)
+                        {
+                            reasserts += 1;
+                            tracing::debug!(env = %env, older = %node, "an older holder claimed this environment: claiming it again so that it yields");
+                            let _ = self
+                                .client
+                                .publish(subj.clone(), claim.encode().into())
+                                .await;
+                        }
+                    }
+                    Verdict::Yield if hub.environment_link(&env) == Some(link) => {
                         bump(&self.stats.takeovers);
                         tracing::info!(
                             env = %env,
@@ -422,7 +453,8 @@ impl ClusterNode {
                         hub.close_environment(&env, CloseReason::Replaced);
                         return;
                     }
-                }
+                    Verdict::Yield => {}
+                },
             }
         }
     }
