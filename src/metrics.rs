@@ -202,6 +202,9 @@ pub struct Metrics {
     pub delivery_blocked_seconds: Counter<f64, AtomicU64>,
     /// JSON-RPC error responses sent, by code.
     pub rpc_errors: Family<CodeLabel, Counter>,
+    /// JSON-RPC responses (results and errors) queued on connections' control lanes, counted
+    /// once each is queued: from then on it goes out before any output not yet written.
+    pub rpc_responses: Counter,
     /// Noise handshake and stream failures, by reason.
     pub noise_failures: Family<ReasonLabel, Counter>,
     /// Live Noise physical links.
@@ -263,6 +266,7 @@ impl Metrics {
             stdin_bytes: Counter::default(),
             delivery_blocked_seconds: Counter::default(),
             rpc_errors: Family::default(),
+            rpc_responses: Counter::default(),
             noise_failures: Family::default(),
             noise_links: Gauge::default(),
             noise_streams: Gauge::default(),
@@ -323,6 +327,11 @@ impl Metrics {
             "rpc_errors",
             "JSON-RPC error responses sent, by code",
             m.rpc_errors.clone(),
+        );
+        registry.register(
+            "rpc_responses",
+            "JSON-RPC responses (results and errors) queued for clients",
+            m.rpc_responses.clone(),
         );
         registry.register(
             "noise_failures",
@@ -497,6 +506,7 @@ mod tests {
         m.output_bytes.inc_by(42);
         m.rpc_error(-32601);
         m.rpc_error(-32601);
+        m.rpc_responses.inc_by(3);
         m.noise_failure("unauthorized");
         m.delivery_blocked_seconds.inc_by(1.5);
         m.approval(ApprovalOutcome::Requested);
@@ -508,6 +518,7 @@ mod tests {
             "# TYPE execrelay_output_bytes counter",
             "execrelay_output_bytes_total 42",
             "execrelay_rpc_errors_total{code=\"-32601\"} 2",
+            "execrelay_rpc_responses_total 3",
             "execrelay_noise_failures_total{reason=\"unauthorized\"} 1",
             "execrelay_delivery_blocked_seconds_total 1.5",
             "execrelay_connections 1",

@@ -90,6 +90,16 @@ async fn resize_and_terminate_answer_before_pending_output() {
     })
     .await;
 
+    // The promise is about replies the server has made: from the moment one is queued it
+    // overtakes every output event not yet handed to the transport. How long the server takes
+    // to read a request and run its handler is scheduling (a runtime worker, on a loaded
+    // machine, may get no CPU for milliseconds), and meanwhile the writer rightly goes on
+    // delivering output at hundreds of MB/s; counting from the moment the requests were sent
+    // measured that latency, not the promise. So the client reads nothing until both replies
+    // are queued: the writer then holds them, behind only what was already in flight (the
+    // client's buffer, the 64 KiB pipe, the transport's write buffer and one event).
+    let responses = || s.registry.metrics().rpc_responses.get();
+    let before = responses();
     let resize = s
         .client
         .request(
@@ -104,6 +114,7 @@ async fn resize_and_terminate_answer_before_pending_output() {
             json!({"processId": "big", "graceMs": 5000}),
         )
         .await;
+    eventually("both replies queued", || responses() >= before + 2).await;
     // Read in wire order and count the output that came before both replies.
     let mut output_before = 0usize;
     let mut got = Vec::new();

@@ -328,7 +328,10 @@ impl ConnectionProcessor {
     }
 
     async fn send(&self, msg: Outbound) {
-        let _ = self.control.send(ControlMessage::new(msg)).await;
+        let response = matches!(msg, Outbound::Result { .. } | Outbound::Error { .. });
+        if self.control.send(ControlMessage::new(msg)).await.is_ok() && response {
+            self.registry.metrics().rpc_responses.inc();
+        }
     }
 
     /// Serve one message. `charge` holds its bytes: a request keeps it until it is answered
@@ -554,7 +557,9 @@ impl ConnectionProcessor {
                     },
                     Err(e) => ControlMessage::new(counted_error(&ctx.registry, Some(id), &e)),
                 };
-                let _ = control.send(msg).await;
+                if control.send(msg).await.is_ok() {
+                    ctx.registry.metrics().rpc_responses.inc();
+                }
                 drop(slot);
             }
             .instrument(span),
