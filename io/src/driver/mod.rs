@@ -45,6 +45,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
@@ -55,7 +56,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
-pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES};
+pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES, WS_READ_BUFFER_BYTES};
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
 pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
 
@@ -97,13 +98,12 @@ pub fn link_websocket_config() -> WebSocketConfig {
 /// header and closes the link ([`CloseReason::OversizedFrame`]).
 pub fn link_websocket_config_with(max_frame_bytes: usize) -> WebSocketConfig {
     let max = max_frame_bytes.min(MAX_FRAME_BYTES);
-    WebSocketConfig {
-        max_message_size: Some(max),
-        max_frame_size: Some(max),
-        write_buffer_size: WS_WRITE_BUFFER,
-        max_write_buffer_size: WS_WRITE_BUFFER + 2 * MAX_FRAME_BYTES,
-        ..WebSocketConfig::default()
-    }
+    WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+        .write_buffer_size(WS_WRITE_BUFFER)
+        .max_write_buffer_size(WS_WRITE_BUFFER + 2 * MAX_FRAME_BYTES)
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
 }
 
 /// The clock of the driver: tokio's (so paused test time applies), as the core's `Instant`.
@@ -176,10 +176,10 @@ impl LinkSignals {
 /// What the I/O loop needs from a link's core (an endpoint, or one link of a relay).
 pub(crate) trait LinkCore: Send + Sync + 'static {
     fn signals(this: &Arc<Self>) -> &LinkSignals;
-    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>);
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Bytes);
     /// Every message of `batch`, in order, leaving it empty. A core that can take them
     /// under one lock does.
-    fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Vec<u8>>) {
+    fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Bytes>) {
         for msg in batch.drain() {
             Self::on_frame(this, now, msg);
         }
@@ -303,8 +303,8 @@ fn read_batch<S, C>(
     stream: &mut futures_util::stream::SplitStream<WebSocketStream<S>>,
     core: &Arc<C>,
     arrivals: &Arrivals,
-    batch: &mut Batch<Vec<u8>>,
-    first: Vec<u8>,
+    batch: &mut Batch<Bytes>,
+    first: Bytes,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
     C: LinkCore,
@@ -367,7 +367,7 @@ fn on_message<C: LinkCore>(core: &Arc<C>, m: Option<Result<Message, WsError>>) {
             if let Some(said) = frame.and_then(|f| {
                 CloseReason::ALL
                     .into_iter()
-                    .find(|r| r.as_str() == f.reason.as_ref())
+                    .find(|r| r.as_str() == f.reason.as_str())
             }) {
                 let _ = C::signals(core).peer_said.set(said);
             }
@@ -424,10 +424,10 @@ async fn write_loop<S, C>(
             let msg = match t {
                 // A forwarded frame goes out as the message it came in (no copy).
                 Transmit::Frame(f) => match f.into_wire() {
-                    Ok(b) => Message::Binary(Vec::from(b)),
+                    Ok(b) => Message::Binary(b),
                     Err(_) => continue,
                 },
-                Transmit::Ping(p) => Message::Ping(p.to_vec()),
+                Transmit::Ping(p) => Message::Ping(Bytes::copy_from_slice(&p)),
             };
             if let Err(r) = deadlined(deadline, &signals_closed, sink.feed(msg)).await {
                 C::on_closed(&core, r);
@@ -509,7 +509,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let bytes = frame.encode()?;
-    match tokio::time::timeout(deadline, ws.send(Message::Binary(bytes))).await {
+    match tokio::time::timeout(deadline, ws.send(Message::Binary(bytes.into()))).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(FrameIoError::Closed),
         Err(_) => Err(FrameIoError::Timeout(deadline)),

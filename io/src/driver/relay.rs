@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tracing::Span;
@@ -458,11 +459,11 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
         &this.signals
     }
 
-    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>) {
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Bytes) {
         this.hub.with(|r| r.handle_frame(now, this.id, msg));
     }
 
-    fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Vec<u8>>) {
+    fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Bytes>) {
         // One turn of the hub's lock for the batch: the router's events (each destination's
         // wake-up) are handled once, after the last frame.
         this.hub.with(|r| {
