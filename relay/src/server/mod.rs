@@ -57,9 +57,9 @@
 //! 5. The environment link's writer task takes the lock, pops a batch (`WRITE_BATCH_BYTES`:
 //!    ping, control, `ACK`s, then `DATA` round robin between streams), releases it, and feeds
 //!    each frame to the WebSocket as the message it came in as (no new message, no copy of the
-//!    payload before the WebSocket's own write buffer), batch
-//!    after batch while the router has more, then flushes, each write under `WRITE_TIMEOUT`
-//!    (= `pong_timeout_ms`); a write past it kills that link.
+//!    payload before the WebSocket's own write buffer), batch after batch while the router has
+//!    more, then flushes, each write under `WRITE_TIMEOUT` (= `pong_timeout_ms`); a write past
+//!    it kills that link.
 //!
 //! # Who owns which queue
 //!
