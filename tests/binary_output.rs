@@ -710,12 +710,14 @@ async fn fake_server(bad: Vec<u8>) -> String {
                 }
                 _ => continue,
             };
-            ws.send(Message::Text(reply.to_string())).await.unwrap();
+            ws.send(Message::Text(reply.to_string().into()))
+                .await
+                .unwrap();
             if v["method"] == "process/start" {
                 // A good delta first, so the bad one is not the first thing the client sees.
                 let good = encode_output_message("p", 1, StreamName::Stdout, b"fine\n");
-                ws.send(Message::Binary(good)).await.unwrap();
-                ws.send(Message::Binary(bad.clone())).await.unwrap();
+                ws.send(Message::Binary(good.into())).await.unwrap();
+                ws.send(Message::Binary(bad.clone().into())).await.unwrap();
             }
         }
     });

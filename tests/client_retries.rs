@@ -68,7 +68,11 @@ async fn fake_server(
                     }
                     _ => continue,
                 };
-                if ws.send(Message::Text(reply.to_string())).await.is_err() {
+                if ws
+                    .send(Message::Text(reply.to_string().into()))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }

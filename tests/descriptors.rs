@@ -95,7 +95,9 @@ async fn try_connection(
 ) -> bool {
     let mut ws = websocket_from(source, addr).await;
     let probe = json!({"jsonrpc": "2.0", "id": 1, "method": "server/info"});
-    ws.send(Message::Text(probe.to_string())).await.unwrap();
+    ws.send(Message::Text(probe.to_string().into()))
+        .await
+        .unwrap();
     let m = tokio::time::timeout(PROMPT, ws.next())
         .await
         .expect("an answer or a close (hang guard)");

@@ -180,7 +180,7 @@ async fn pipelined_writes_and_long_write_ids_stay_under_the_bound() {
         let line = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"process/write","params":{{"processId":"cat","chunk":"eA==","writeId":"{long_id}"}}}}"#
         );
-        w.send(Message::Text(line)).await.unwrap();
+        w.send(Message::Text(line.into())).await.unwrap();
         let r = next_json(&mut w).await;
         assert_eq!(
             (&r["id"], &r["error"]["code"]),
@@ -203,7 +203,7 @@ async fn pipelined_writes_and_long_write_ids_stay_under_the_bound() {
     for c in &mut clients {
         for id in 0..30 {
             let m = String::from_utf8(big_write(id, "p", &chunk)).unwrap();
-            c.send(Message::Text(m)).await.unwrap();
+            c.send(Message::Text(m.into())).await.unwrap();
         }
     }
     // The refusals come at once, before the answer to a `server/info` sent after them; the

@@ -124,11 +124,11 @@ async fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     .encode()
     .unwrap();
     // A truncated frame (43 bytes) and an unknown type (9): no answer, the link stays.
-    link.send_msg(Message::Binary(good[..HEADER_BYTES - 1].to_vec()))
+    link.send_msg(Message::Binary(good[..HEADER_BYTES - 1].to_vec().into()))
         .await;
     let mut unknown = good.clone();
     unknown[1] = 9;
-    link.send_msg(Message::Binary(unknown)).await;
+    link.send_msg(Message::Binary(unknown.into())).await;
     // DATA for a stream the server does not know: RESET for that id.
     let sid = random_sid();
     link.send_data(sid, 1, &b"0123456789abcdefg"[..]).await;
@@ -157,7 +157,8 @@ async fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     let mut bad_version = good.clone();
     bad_version[0] = 2;
     for _ in 0..MALFORMED_FRAME_BURST + 2 {
-        link.send_msg(Message::Binary(bad_version.clone())).await;
+        link.send_msg(Message::Binary(bad_version.clone().into()))
+            .await;
     }
     link.until_closed().await;
 
@@ -168,7 +169,7 @@ async fn malformed_frames_are_handled_and_the_server_keeps_serving() {
         .encode()
         .unwrap();
     huge.resize(MAX_FRAME_BYTES + 1, 0);
-    big.send_msg(Message::Binary(huge)).await;
+    big.send_msg(Message::Binary(huge.into())).await;
     big.expect_closed_after_resets("no answer but the close")
         .await;
 

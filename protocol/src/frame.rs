@@ -167,10 +167,12 @@ impl Frame {
         )
     }
 
-    /// Decode one frame from an owned message without copying its payload.
-    pub fn decode_owned(msg: Vec<u8>) -> Result<Frame, FrameError> {
+    /// Decode one frame from an owned message (a `Vec` or the WebSocket's own `Bytes`)
+    /// without copying its payload.
+    pub fn decode_owned(msg: impl Into<Bytes>) -> Result<Frame, FrameError> {
+        let msg: Bytes = msg.into();
         let mut f = Frame::decode_header(&msg)?;
-        f.payload = Bytes::from(msg).slice(HEADER_BYTES..);
+        f.payload = msg.slice(HEADER_BYTES..);
         Ok(f)
     }
 

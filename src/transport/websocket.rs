@@ -24,7 +24,8 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use execrelay_io::driver::ReadAhead;
+use bytes::Bytes;
+use execrelay_io::driver::{ReadAhead, WS_READ_BUFFER_BYTES};
 use execrelay_protocol::config::KeepaliveConfig;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -148,15 +149,16 @@ pub async fn connect_websocket_stream(
 
 /// Tungstenite settings shared by both ends.
 pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
-    WebSocketConfig {
-        // Both limits sit exactly at the protocol limit. tungstenite checks a frame's declared
-        // length before reading its payload, and a fragmented message's running total before
-        // appending a fragment, so it never accumulates more than the limit of one message
-        // and reports the overrun as `Error::Capacity`.
-        max_message_size: Some(max_message_bytes),
-        max_frame_size: Some(max_message_bytes),
-        ..WebSocketConfig::default()
-    }
+    // Both limits sit exactly at the protocol limit. tungstenite checks a frame's declared
+    // length before reading its payload, and a fragmented message's running total before
+    // appending a fragment, so it never accumulates more than the limit of one message
+    // and reports the overrun as `Error::Capacity`. The write buffer keeps tungstenite's
+    // defaults (writes start at 128 KiB buffered; no cap: the sink's own backpressure, one
+    // message at a time, bounds it); its read buffer is the small one of every connection.
+    WebSocketConfig::default()
+        .max_message_size(Some(max_message_bytes))
+        .max_frame_size(Some(max_message_bytes))
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
 }
 
 /// Splits an upgraded WebSocket into the two halves of a [`Transport`], without keepalive.
@@ -219,8 +221,10 @@ where
         let this = &mut *self;
         while !this.ended {
             match ready!(this.inner.poll_next_unpin(cx)) {
-                Some(Ok(Message::Text(text))) => return Poll::Ready(Some(Ok(text.into_bytes()))),
-                Some(Ok(Message::Binary(bytes))) => return Poll::Ready(Some(Ok(bytes))),
+                Some(Ok(Message::Text(text))) => {
+                    return Poll::Ready(Some(Ok(Bytes::from(text).into())))
+                }
+                Some(Ok(Message::Binary(bytes))) => return Poll::Ready(Some(Ok(bytes.into()))),
                 // tungstenite queues the pong reply itself and writes it on the next read or
                 // flush, which the next turn of this loop performs.
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
@@ -264,14 +268,17 @@ struct Outgoing<S> {
     inner: WsSink<S>,
 }
 
-/// The one binary frame of a binary message. tungstenite takes a frame's payload as one `Vec`
-/// and then copies it into its write buffer, so the two parts are joined here, once, into a
-/// buffer of the exact size: the chunk is copied twice on this transport, as a text is.
-fn binary_frame(head: &[u8], payload: &[u8]) -> Message {
+/// The one binary frame of a binary message. tungstenite takes a frame's payload as one
+/// `Bytes` and copies it into its write buffer, so the two parts are joined here, once, into a
+/// buffer of the exact size (a message with no head is passed on as it is).
+fn binary_frame(head: &[u8], payload: Bytes) -> Message {
+    if head.is_empty() {
+        return Message::Binary(payload);
+    }
     let mut joined = Vec::with_capacity(head.len() + payload.len());
     joined.extend_from_slice(head);
-    joined.extend_from_slice(payload);
-    Message::Binary(joined)
+    joined.extend_from_slice(&payload);
+    Message::Binary(joined.into())
 }
 
 impl<S> Sink<OutMessage> for Outgoing<S>
@@ -286,8 +293,9 @@ where
 
     fn start_send(mut self: Pin<&mut Self>, item: OutMessage) -> io::Result<()> {
         let message = match item {
-            OutMessage::Text(text) => Message::Text(text),
-            OutMessage::Binary { head, payload } => binary_frame(&head, &payload),
+            // The `String` becomes the message's payload as it is: no copy.
+            OutMessage::Text(text) => Message::Text(text.into()),
+            OutMessage::Binary { head, payload } => binary_frame(&head, payload),
         };
         self.inner.start_send_unpin(message).map_err(into_io)
     }
@@ -495,7 +503,7 @@ mod tests {
         let mut accepted = server.next_transport().await;
 
         let payload = vec![b'{', 0, 0x9f, 0xff, b'}'];
-        step(raw.send(Message::Binary(payload.clone())))
+        step(raw.send(Message::Binary(payload.clone().into())))
             .await
             .expect("send");
         let received = step(accepted.incoming.next()).await;
@@ -525,7 +533,7 @@ mod tests {
             .await
             .expect("send");
         match step(raw.next()).await {
-            Some(Ok(Message::Binary(bytes))) => assert_eq!(bytes, b"\x00\x01\x02payload"),
+            Some(Ok(Message::Binary(bytes))) => assert_eq!(bytes, &b"\x00\x01\x02payload"[..]),
             other => panic!("expected a binary frame, got {other:?}"),
         }
         match step(raw.next()).await {
@@ -550,11 +558,11 @@ mod tests {
             accepted
         });
 
-        step(raw.send(Message::Ping(b"are you there".to_vec())))
+        step(raw.send(Message::Ping(Bytes::from_static(b"are you there"))))
             .await
             .expect("send ping");
         match step(raw.next()).await {
-            Some(Ok(Message::Pong(payload))) => assert_eq!(payload, b"are you there"),
+            Some(Ok(Message::Pong(payload))) => assert_eq!(payload, &b"are you there"[..]),
             other => panic!("expected a pong, got {other:?}"),
         }
         drop(raw);

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
+use bytes::Bytes;
 use futures_util::{Sink, Stream};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Sleep;
@@ -148,7 +149,8 @@ where
                 if let Some(p) = ka.ping {
                     match Sink::poll_ready(ws.as_mut(), &mut wcx) {
                         Poll::Ready(Ok(())) => {
-                            ws.as_mut().start_send(Message::Ping(p.to_vec()))?;
+                            ws.as_mut()
+                                .start_send(Message::Ping(Bytes::copy_from_slice(&p)))?;
                             ka.ping = None;
                             ka.unflushed = true;
                         }

@@ -370,7 +370,8 @@ impl RawLink {
 
     /// Send one frame.
     pub async fn send_frame(&mut self, f: &Frame) {
-        self.send_msg(Message::Binary(f.encode().unwrap())).await;
+        self.send_msg(Message::Binary(f.encode().unwrap().into()))
+            .await;
     }
 
     /// Send a `DATA` frame of stream `sid` with record number `seq` and `payload` as it is.

@@ -374,7 +374,7 @@ impl LinkCore for Shared {
         &this.signals
     }
 
-    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>) {
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Bytes) {
         this.with(|i| i.ep.handle_frame(now, msg));
     }
 

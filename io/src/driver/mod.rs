@@ -40,6 +40,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
@@ -50,7 +51,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
-pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES};
+pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES, WS_READ_BUFFER_BYTES};
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
 pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
 
@@ -82,13 +83,12 @@ pub fn link_websocket_config() -> WebSocketConfig {
 /// header and closes the link ([`CloseReason::OversizedFrame`]).
 pub fn link_websocket_config_with(max_frame_bytes: usize) -> WebSocketConfig {
     let max = max_frame_bytes.min(MAX_FRAME_BYTES);
-    WebSocketConfig {
-        max_message_size: Some(max),
-        max_frame_size: Some(max),
-        write_buffer_size: WS_WRITE_BUFFER,
-        max_write_buffer_size: WS_WRITE_BUFFER + 2 * MAX_FRAME_BYTES,
-        ..WebSocketConfig::default()
-    }
+    WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+        .write_buffer_size(WS_WRITE_BUFFER)
+        .max_write_buffer_size(WS_WRITE_BUFFER + 2 * MAX_FRAME_BYTES)
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
 }
 
 /// The clock of the driver: tokio's (so paused test time applies), as the core's `Instant`.
@@ -161,7 +161,7 @@ impl LinkSignals {
 /// What the I/O loop needs from a link's core (an endpoint, or one link of a relay).
 pub(crate) trait LinkCore: Send + Sync + 'static {
     fn signals(this: &Arc<Self>) -> &LinkSignals;
-    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>);
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Bytes);
     fn on_pong(this: &Arc<Self>, now: Instant, payload: &[u8]);
     fn on_timer(this: &Arc<Self>, now: Instant);
     fn next_timer(this: &Arc<Self>) -> Option<Instant>;
@@ -301,7 +301,7 @@ fn on_message<C: LinkCore>(core: &Arc<C>, m: Option<Result<Message, WsError>>) {
             if let Some(said) = frame.and_then(|f| {
                 CloseReason::ALL
                     .into_iter()
-                    .find(|r| r.as_str() == f.reason.as_ref())
+                    .find(|r| r.as_str() == f.reason.as_str())
             }) {
                 let _ = C::signals(core).peer_said.set(said);
             }
@@ -345,10 +345,10 @@ async fn write_loop<S, C>(
         for t in batch.drain(..) {
             let msg = match t {
                 Transmit::Frame(f) => match f.encode() {
-                    Ok(b) => Message::Binary(b),
+                    Ok(b) => Message::Binary(b.into()),
                     Err(_) => continue,
                 },
-                Transmit::Ping(p) => Message::Ping(p.to_vec()),
+                Transmit::Ping(p) => Message::Ping(Bytes::copy_from_slice(&p)),
             };
             if let Err(r) = deadlined(deadline, &signals_closed, sink.feed(msg)).await {
                 C::on_closed(&core, r);
@@ -431,7 +431,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let bytes = frame.encode()?;
-    match tokio::time::timeout(deadline, ws.send(Message::Binary(bytes))).await {
+    match tokio::time::timeout(deadline, ws.send(Message::Binary(bytes.into()))).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(FrameIoError::Closed),
         Err(_) => Err(FrameIoError::Timeout(deadline)),

@@ -1,7 +1,8 @@
 //! [`ReadAhead`]: a read buffer under a WebSocket, so that the socket is read in large reads.
 //!
-//! tungstenite (0.24) reads its socket [`TUNGSTENITE_READ_BYTES`] (4 KiB) at a time: a frame
-//! of 64 KiB cost sixteen `recv` system calls, each through the reactor. Under it, this
+//! tungstenite reads its socket [`WS_READ_BUFFER_BYTES`] (4 KiB, the size 0.24 had fixed and
+//! the crates configure) at a time: a frame of 64 KiB would cost sixteen `recv` system calls,
+//! each through the reactor. Under it, this
 //! adapter reads up to [`READ_AHEAD_BYTES`] per system call and hands tungstenite its small
 //! reads from memory: one `recv` per frame or more, for one extra copy of each byte within
 //! the cache.
@@ -83,8 +84,15 @@ impl Arrivals {
 /// flows: a full frame (64 KiB) and its WebSocket header at once.
 pub const READ_AHEAD_BYTES: usize = 128 << 10;
 
-/// How much tungstenite 0.24 reads per call (its `READ_BUFFER_CHUNK_SIZE`), for reference.
+/// How much tungstenite 0.24 read per call (its `READ_BUFFER_CHUNK_SIZE`), for reference.
 pub const TUNGSTENITE_READ_BYTES: usize = 4096;
+
+/// tungstenite's own read buffer (`WebSocketConfig::read_buffer_size`), which it allocates
+/// for the life of each connection (default 128 KiB since 0.25): 4 KiB, as 0.24's fixed
+/// chunk was, so an idle connection holds what it did; the large socket reads come from this
+/// read-ahead buffer under it, which an idle connection releases. Every WebSocket config of
+/// the crates sets it.
+pub const WS_READ_BUFFER_BYTES: usize = TUNGSTENITE_READ_BYTES;
 
 /// A stream whose reads go through a buffer of up to [`READ_AHEAD_BYTES`], held only while
 /// it is not empty or the socket keeps delivering.

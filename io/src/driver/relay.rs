@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tracing::Span;
@@ -457,7 +458,7 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
         &this.signals
     }
 
-    fn on_frame(this: &Arc<Self>, now: Instant, msg: Vec<u8>) {
+    fn on_frame(this: &Arc<Self>, now: Instant, msg: Bytes) {
         this.hub.with(|r| r.handle_frame(now, this.id, msg));
     }
 

@@ -12,7 +12,7 @@ use crate::reason::{CloseReason, DropReason, Reason};
 
 impl Endpoint {
     /// One binary WebSocket message from the peer, at `now`.
-    pub fn handle_frame(&mut self, now: Instant, msg: Vec<u8>) {
+    pub fn handle_frame(&mut self, now: Instant, msg: impl Into<Bytes>) {
         if self.closed.is_some() {
             return;
         }

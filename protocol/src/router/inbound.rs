@@ -5,6 +5,8 @@
 
 use std::time::Instant;
 
+use bytes::Bytes;
+
 use super::{
     Lane, LinkId, LinkKind, Route, RouteKey, Router, RoutingTable, Settle, StreamChange,
     HANDSHAKE_FAILURE_REASONS,
@@ -15,7 +17,7 @@ use crate::reason::{CloseReason, DropReason, Reason};
 
 impl<T: RoutingTable> Router<T> {
     /// One binary WebSocket message arrived on `link` at `now`.
-    pub fn handle_frame(&mut self, now: Instant, link: LinkId, msg: Vec<u8>) {
+    pub fn handle_frame(&mut self, now: Instant, link: LinkId, msg: impl Into<Bytes>) {
         self.tick(now);
         let Some(l) = self.links.get(&link) else {
             return;

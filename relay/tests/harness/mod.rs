@@ -368,7 +368,9 @@ pub async fn send_raw(ws: &mut Ws, f: &Frame) {
 
 pub async fn send_bytes(ws: &mut Ws, b: Vec<u8>) {
     use futures_util::SinkExt;
-    guard("send", ws.send(Message::Binary(b))).await.unwrap();
+    guard("send", ws.send(Message::Binary(b.into())))
+        .await
+        .unwrap();
 }
 
 pub fn open_frame(id: StreamId, window: u32) -> Frame {
