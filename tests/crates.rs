@@ -1,8 +1,8 @@
 //! The workspace's dependency directions (ARCHITECTURE.md, "Crates"), checked in Cargo's
 //! resolved graph (`cargo tree`, `cargo metadata`) rather than in the sources:
 //!
-//! - `execrelay-protocol` (the sans-IO link engine) has no tokio, hyper or clap anywhere in its
-//!   dependency tree, and no other crate of the workspace;
+//! - `execrelay-protocol` (the sans-IO link engine and the Noise record layer) has no tokio,
+//!   hyper or clap anywhere in its dependency tree, and no other crate of the workspace;
 //! - `execrelay-io` (the shared I/O) builds on `execrelay-protocol` and on no server;
 //! - the exec server's library does not link the relay server (`execrelay-relay`): the
 //!   dependency is optional and only the `demo` feature turns it on, for the binary's `demo`;
@@ -92,8 +92,9 @@ fn the_link_engine_pulls_in_no_runtime_http_server_or_command_line_parser() {
     for other in [IO, RELAY, EXEC] {
         assert!(!names.contains(other), "{PROTOCOL} links {other}");
     }
-    // The tree was really walked: the engine's own dependencies are there.
-    for dep in ["bytes", "snow", "serde_json"] {
+    // The tree was really walked: the engine's and the record layer's own dependencies (the
+    // record AEAD's `ring`, the handshake's `snow`) are there.
+    for dep in ["bytes", "snow", "serde_json", "ring", "zeroize"] {
         assert!(
             names.contains(dep),
             "{PROTOCOL}'s tree lacks {dep}: {names:?}"

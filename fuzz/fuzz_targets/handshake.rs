@@ -12,16 +12,17 @@
 //! payload or message.
 //!
 //! Cheap per input: the keys are made once, and both this harness's snow states and the
-//! crate's own (built with `cfg(fuzzing)`) use `execrelay::noise::fuzz_resolver`, whose
-//! X25519 results are remembered and whose ephemeral keys come from a fixed sequence. The
-//! handshakes, their AEAD and hashing and every line of the crate's code still run per input.
+//! protocol crate's own (built with `cfg(fuzzing)`) use
+//! `execrelay_protocol::noise::fuzz_resolver`, whose X25519 results are remembered and whose
+//! ephemeral keys come from a fixed sequence. The handshakes, their AEAD and hashing and
+//! every line of the record layer's code still run per input.
 #![no_main]
 use std::sync::OnceLock;
 
-use execrelay::noise::fuzz_resolver::FuzzResolver;
-use execrelay::noise::handshake::{prologue, read_hello_suite, ClientHandshake};
-use execrelay::noise::keys::Keypair;
-use execrelay::noise::suite::{protocol_name, NoiseSuite};
+use execrelay_protocol::keys::Keypair;
+use execrelay_protocol::noise::fuzz_resolver::FuzzResolver;
+use execrelay_protocol::noise::handshake::{prologue, read_hello_suite, ClientHandshake};
+use execrelay_protocol::noise::suite::{protocol_name, NoiseSuite};
 use libfuzzer_sys::fuzz_target;
 
 const SID: [u8; 16] = [0; 16];
@@ -92,7 +93,8 @@ fuzz_target!(|data: &[u8]| {
             let mut resp = builder(suite, server, pro)
                 .build_responder()
                 .expect("responder");
-            resp.read_message(&m1, &mut buf).expect("a genuine message 1 reads");
+            resp.read_message(&m1, &mut buf)
+                .expect("a genuine message 1 reads");
             let Ok(n) = resp.write_message(payload, &mut buf) else {
                 return;
             };

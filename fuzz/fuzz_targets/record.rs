@@ -16,12 +16,12 @@
 #![no_main]
 use std::sync::Arc;
 
-use execrelay::noise::cipher::TransportKeys;
-use execrelay::noise::suite::NoiseSuite;
-use execrelay::noise::record::{
+use execrelay_protocol::frame::Frame;
+use execrelay_protocol::noise::cipher::TransportKeys;
+use execrelay_protocol::noise::record::{
     MessageDeframer, Opened, RecordError, RecordOpener, RecordSealer, MAX_RECORD_BODY,
 };
-use execrelay_protocol::frame::Frame;
+use execrelay_protocol::noise::suite::NoiseSuite;
 use libfuzzer_sys::fuzz_target;
 
 /// Small, so that the deframer's length refusals and messages spanning records are both

@@ -20,13 +20,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use execrelay::connection::json_codec::{decode_inbound, decode_reply};
 use execrelay::connection::request_budget::parse_cost;
-use execrelay::noise::cipher::TransportKeys;
-use execrelay::noise::record::{Opened, RecordOpener, RecordSealer};
 use execrelay::rpc::binary_output::{decode_output_message, is_binary_message};
 use execrelay::rpc::jsonrpc::{parse_inbound, Inbound};
 use execrelay::rpc::method::TABLE;
 use execrelay::rpc::notification::{decode_exit_info, decode_output_delta, decode_output_params};
 use execrelay_protocol::frame::Frame;
+use execrelay_protocol::noise::cipher::TransportKeys;
+use execrelay_protocol::noise::record::{Opened, RecordOpener, RecordSealer};
 use libfuzzer_sys::fuzz_target;
 
 /// Large enough for every message of a session (a write of 256 KiB in base64), small enough

@@ -1,13 +1,14 @@
 //! execrelay-protocol: the sans-IO link engine of execrelay's physical links
 //! (`secure-transport.md` §5–§8), built once for its three parties: the exec server, the
-//! client and the relay; and the key material they prove themselves with.
+//! client and the relay; the Noise record layer of the virtual streams (§2–§4); and the key
+//! material they prove themselves with.
 //!
-//! A physical link is a WebSocket of binary frames carrying many virtual streams. Everything
-//! about such a link that is not cryptography lives here: the frame codec, the stream table,
-//! per-stream flow control (§7), budgets against hostile peers (§6.4, §8), keepalive (§6.4)
-//! and the relay's routing (§6.3). Payloads (Noise handshake messages and records) are opaque
-//! bytes, so the relay runs the same engine without any key; the exec server and the client
-//! seal and open them above it.
+//! A physical link is a WebSocket of binary frames carrying many virtual streams. The link
+//! engine is everything about such a link that is not cryptography: the frame codec, the
+//! stream table, per-stream flow control (§7), budgets against hostile peers (§6.4, §8),
+//! keepalive (§6.4) and the relay's routing (§6.3). To the engine, payloads (Noise handshake
+//! messages and records) are opaque bytes, so the relay runs it without any key; the exec
+//! server and the client seal and open them with the record layer ([`noise`]).
 //!
 //! Built quinn-proto style: plain structs fed frames and `now`, asked for frames, timers and
 //! events. The drivers that do the I/O live in `execrelay-io`.
@@ -36,6 +37,9 @@
 //! - [`router`]: the relay role ([`router::Router`]): routing by (environment, stream id)
 //!   behind the [`router::RoutingTable`] interface, window accounting, per-link send queues
 //!   with a control reserve, limits. [`address`]: the unit of its per-address caps.
+//! - [`noise`]: the Noise record layer of virtual streams (§2–§4): suites, the stream
+//!   handshake, record keys and AEAD, records and message reassembly against a
+//!   [`noise::budget::ReassemblyBudget`]. The relay links it but never opens a record.
 //! - [`env_handshake`]: the environment link's Noise handshake (§6.2), both roles, and the
 //!   relay's admission of an environment (environments file, message-1 `ts`).
 //! - [`replay`]: the replay cache of message-1 stamps (§3), per key; shared by the exec
@@ -106,6 +110,7 @@ pub mod flow;
 pub mod frame;
 pub mod keepalive;
 pub mod keys;
+pub mod noise;
 pub mod reason;
 pub mod replay;
 pub mod router;

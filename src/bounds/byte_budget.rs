@@ -14,15 +14,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A charge that did not fit: which limit was full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("limit reached: {limit} ({max} bytes)")]
-pub struct OverBudget {
-    /// The name of the full budget (the limit's name as clients see it in `data.limit`).
-    pub limit: &'static str,
-    /// Its size in bytes.
-    pub max: usize,
-}
+/// A charge that did not fit: which limit was full (declared with the record layer, which
+/// reports it for a message over its budget).
+pub use execrelay_protocol::noise::budget::OverBudget;
 
 #[derive(Debug)]
 struct Level {

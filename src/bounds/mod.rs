@@ -7,7 +7,8 @@
 //! - [`byte_budget`]: [`ByteBudget`] (a limit in bytes, optionally under a parent: a
 //!   connection's budget under the server's) and [`Charge`] (bytes held against it, given back
 //!   on drop). The connection processor charges each request's message here; the Noise
-//!   deframer charges each unfinished message before it grows.
+//!   deframer charges each unfinished message before it grows, through [`reassembly`] (the
+//!   budget as the record layer's `ReassemblyBudget`).
 //! - [`descriptors`] (`execrelay_io::descriptors`, re-exported: the relay binary uses the
 //!   same code): `RLIMIT_NOFILE` (raised to the hard limit at start), the count of open
 //!   descriptors, and the [`DescriptorReserve`] that refuses a new connection or link while
@@ -25,6 +26,7 @@
 pub mod byte_budget;
 pub mod give_back;
 pub mod idle;
+pub mod reassembly;
 
 /// Descriptors live in the shared I/O crate (`execrelay_io`, beneath every layer), shared with
 /// the relay binary.

@@ -14,7 +14,7 @@ use crate::client::Target;
 use crate::link::client::{LinkPool, NoiseClientConfig};
 use crate::link::dial::{LinkTarget, TlsRoots};
 use crate::noise::keys::{fingerprint, load_public, Keypair};
-use crate::noise::suite::SuiteChoice;
+use execrelay_protocol::noise::suite::SuiteChoice;
 
 /// How to reach and authenticate to the server: every command that talks to one takes these.
 #[derive(Debug, Clone, Default, Args)]

@@ -75,7 +75,8 @@ pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
 use target::open_transport;
 pub use target::Target;
 
-/// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`].
+/// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`], each delay less up to a
+/// quarter of jitter ([`Backoff`]).
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);

@@ -1,6 +1,7 @@
 //! Keeping a session through lost connections: after the first connection, watch it; when it
 //! is lost, resume the session with backoff within its TTL (`RECONNECT_INITIAL_DELAY` doubling
-//! to `RECONNECT_MAX_DELAY`), telling the application where it stands
+//! to `RECONNECT_MAX_DELAY`, jittered: the link's [`Backoff`], so clients that lost one relay
+//! together do not all come back in the same instant), telling the application where it stands
 //! ([`ConnectionState`]); stop at once on what retrying cannot mend (a session the server no
 //! longer knows, a refused key, a revoked environment, a server that broke the protocol),
 //! recording why ([`Client::loss`]) and ending every event stream.
@@ -8,6 +9,7 @@
 use std::time::Duration;
 
 use super::{Client, ClientError, ConnectionState, RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY};
+use crate::link::backoff::{random, Backoff};
 use crate::sync::lock;
 
 impl Client {
@@ -65,7 +67,10 @@ impl Client {
                 .reconnect_deadline
                 .unwrap_or(Duration::from_millis(ttl));
             let deadline = tokio::time::Instant::now() + window;
-            let mut delay = RECONNECT_INITIAL_DELAY;
+            // A resume that came up and then failed is one more failed attempt: the schedule
+            // never resets within one loss.
+            let mut backoff =
+                Backoff::new(RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY, Duration::MAX);
             let mut attempt = 0u32;
             loop {
                 attempt += 1;
@@ -91,6 +96,7 @@ impl Client {
                     }
                     Err(e) => {
                         tracing::debug!(attempt, error = %e, "reconnect failed");
+                        let delay = backoff.delay(None, random());
                         if tokio::time::Instant::now() + delay > deadline {
                             self.fail(ClientError::SessionLost(format!(
                                 "could not resume within {} ms: {e}",
@@ -103,7 +109,6 @@ impl Client {
                             _ = tokio::time::sleep(delay) => {}
                             _ = self.shared.shutdown.cancelled() => return,
                         }
-                        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
                     }
                 }
             }

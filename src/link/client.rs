@@ -22,14 +22,14 @@ use futures_util::StreamExt;
 use super::dial::{dial, DialError, LinkTarget, TlsRoots};
 use super::virtual_stream::noise_transport;
 use crate::bounds::ByteBudget;
-use crate::noise::handshake::ClientHandshake;
 use crate::noise::keys::{fingerprint, Keypair, KEY_BYTES};
-use crate::noise::suite::{NoiseSuite, SuiteChoice};
 use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
 use crate::transport::Transport;
 use execrelay_io::driver::{Accepted, EndpointLink, StreamError};
 use execrelay_protocol::config::{EndpointConfig, KeepaliveConfig};
+use execrelay_protocol::noise::handshake::ClientHandshake;
+use execrelay_protocol::noise::suite::{NoiseSuite, SuiteChoice};
 use execrelay_protocol::reason::{CloseReason, Reason};
 
 /// How long connecting a link, and each `OPEN` waiting for its `ACCEPT`, may take.

@@ -69,9 +69,7 @@ use crate::config::ServerConfig;
 use crate::connection::{ConnectionOptions, ConnectionProcessor};
 use crate::metrics::GaugeGuard;
 use crate::noise::authorizer::{AuthRequest, Authorizer};
-use crate::noise::handshake::{read_hello_suite, PendingHandshake};
 use crate::noise::keys::{fingerprint, Keypair};
-use crate::noise::suite::NoiseSuite;
 use crate::noise::timestamp::{unix_micros, Admission, SharedHelloTimestamps, TimestampError};
 use crate::session::SessionRegistry;
 use execrelay_io::driver::{EndpointLink, OpenRequest};
@@ -79,6 +77,8 @@ use execrelay_protocol::config::{
     BucketConfig, EndpointConfig, HandshakeBudgetPolicy, KeepaliveConfig, HANDSHAKE_COOLDOWN,
 };
 use execrelay_protocol::frame::StreamId;
+use execrelay_protocol::noise::handshake::{read_hello_suite, PendingHandshake};
+use execrelay_protocol::noise::suite::NoiseSuite;
 use execrelay_protocol::reason::{CloseReason, Reason};
 
 /// The path physical links connect to.

@@ -42,14 +42,14 @@ use futures_util::{Sink, Stream};
 use tokio::sync::oneshot;
 
 use crate::bounds::{ByteBudget, Charge};
-use crate::noise::handshake::TransportKeys;
-use crate::noise::record::{
-    length_prefix, Opened, RecordError, RecordOpener, KIND_CLOSE, KIND_STREAM, MAX_CLOSE_REASON,
-    MAX_RECORD_BODY, TAG_BYTES,
-};
 use crate::sync::lock;
 use crate::transport::{FramingError, OutMessage, Transport};
 use execrelay_io::driver::{FlowProbe, StreamHandle, StreamReceiver, StreamSender};
+use execrelay_protocol::noise::handshake::TransportKeys;
+use execrelay_protocol::noise::record::{
+    length_prefix, Opened, RecordError, RecordOpener, KIND_CLOSE, KIND_STREAM, MAX_CLOSE_REASON,
+    MAX_RECORD_BODY, TAG_BYTES,
+};
 use execrelay_protocol::reason::Reason;
 
 /// Largest record plaintext (kind byte and body) assembled by a sink.
@@ -211,7 +211,7 @@ impl crate::transport::FlowProbe for NoiseFlow {
 /// The inbound half: decrypts and reassembles in the task that polls it.
 pub struct NoiseIncoming {
     receiver: StreamReceiver,
-    opener: RecordOpener,
+    opener: RecordOpener<ByteBudget>,
     /// Messages one record completed, each with its charge (given back as it is taken).
     queue: VecDeque<(Vec<u8>, Charge)>,
     done: bool,
@@ -453,9 +453,9 @@ impl Drop for NoiseSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::noise::cipher;
     use execrelay_io::driver::{link_websocket_config, Accepted, EndpointLink};
     use execrelay_protocol::config::EndpointConfig;
+    use execrelay_protocol::noise::cipher;
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::protocol::Role;
     use tokio_tungstenite::WebSocketStream;

@@ -1,35 +1,25 @@
-//! Noise for virtual streams (`secure-transport.md` §2–§5, §8): crypto and sans-IO cores only
-//! (layer 1). The link drivers that use them are in [`crate::link`].
+//! The exec server's side of Noise for virtual streams (`secure-transport.md` §3, §8): what
+//! needs a clock, a lock or a runtime around the sans-IO record layer (layer 1). The record
+//! layer itself (suites, the stream handshake, record keys and AEAD, records and message
+//! reassembly) is in the protocol crate (`execrelay_protocol::noise`), re-exported here so
+//! that `execrelay::noise::…` names all of it. The link drivers that use them are in
+//! [`crate::link`].
 //!
 //! # Layout
 //!
-//! - [`keys`]: X25519 key files, public key lines, the authorized-keys file (re-exported from
-//!   `execrelay_protocol::keys`, where the relay finds them too).
-//! - [`suite`]: the suites (0: `Noise_IK_25519_ChaChaPoly_BLAKE2s`, 1:
-//!   `Noise_IK_25519_AESGCM_BLAKE2s`), their protocol names, the client's choice by CPU
-//!   features.
-//! - [`handshake`]: sans-IO Noise IK in either suite with the stream-binding prologue; a
-//!   handshake state that turns into transport keys.
-//! - [`cipher`]: the directional record keys from the handshake's split, and the in-place
-//!   AEAD on records, ChaCha20-Poly1305 or AES-256-GCM with the suite's nonce layout (the hot
-//!   path of every encrypted byte).
-//! - [`record`]: sans-IO records with explicit nonces, the replay window, the authenticated
-//!   close, and length-prefixed messages cut into records.
-//! - [`timestamp`]: the `ts` of handshake message 1: the client's increasing stamp and the
-//!   server's replay check (sans-IO, a bounded LRU per client key).
+//! - [`timestamp`]: the `ts` of handshake message 1 around the protocol crate's one replay
+//!   check (`execrelay_protocol::replay`): the client's increasing stamp (read from the
+//!   system clock) and the listener's shared cache of accepted stamps per client key.
 //! - [`authorizer`]: the async authorization trait and the authorized-keys implementation.
-//! - `fuzz_resolver` (fuzz builds only, `cfg(fuzzing)`): snow's primitives with X25519
-//!   results remembered and fixed ephemeral keys, so the handshake fuzz target is cheap.
+//! - Re-exported from `execrelay_protocol`: [`keys`], [`suite`], [`handshake`], [`cipher`],
+//!   [`record`], [`budget`] (the exec server's byte budget implements its trait in
+//!   [`crate::bounds::reassembly`]).
 //!
-//! The frame codec itself lives in the `execrelay-relay` crate (`execrelay_protocol::frame`), so
-//! that the relay routes exactly the frames these modules produce.
+//! # What it must never do
+//!
+//! Log key material or plaintext, or hold a lock across an await.
 
 pub mod authorizer;
-pub mod cipher;
-#[cfg(fuzzing)]
-pub mod fuzz_resolver;
-pub mod handshake;
 pub use execrelay_protocol::keys;
-pub mod record;
-pub mod suite;
+pub use execrelay_protocol::noise::{budget, cipher, handshake, record, suite};
 pub mod timestamp;

@@ -8,8 +8,138 @@
 //! is the first input of the handshake hash, so a number changed on the path fails the
 //! handshake without any other binding. This module never reads a frame: the link drivers
 //! carry the number.
+//!
+//! [`NoiseSuites`] is the set a server accepts (the exec server's `noise_suites` setting,
+//! parsed from its comma list by `FromStr` and by serde, for the `--config` file).
 
-pub use crate::config::{NoiseSuite, NoiseSuites};
+use serde::Deserialize;
+
+/// A Noise suite of `secure-transport.md` §3, by the number a client writes in bits 0–1 of its
+/// `OPEN` frame's flags. The exec server's `noise_suites` setting names a set of them
+/// ([`NoiseSuites`]); this module and its siblings implement them (protocol names, record
+/// AEADs, the client's choice by CPU features).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NoiseSuite {
+    /// Suite 0, `Noise_IK_25519_ChaChaPoly_BLAKE2s`: every implementation has it.
+    ChaChaPoly = 0,
+    /// Suite 1, `Noise_IK_25519_AESGCM_BLAKE2s`: several times faster where the CPU has
+    /// hardware AES and carry-less multiply.
+    AesGcm = 1,
+}
+
+impl NoiseSuite {
+    /// Every suite this build implements, by number.
+    pub const ALL: [NoiseSuite; 2] = [NoiseSuite::ChaChaPoly, NoiseSuite::AesGcm];
+
+    /// The suite's number in the `OPEN` flags.
+    pub const fn number(self) -> u16 {
+        self as u16
+    }
+
+    /// The suite a number names, if this build implements it (2 and 3 are reserved).
+    pub fn from_number(n: u16) -> Option<NoiseSuite> {
+        NoiseSuite::ALL.into_iter().find(|s| s.number() == n)
+    }
+
+    /// The setting's spelling (`chachapoly`, `aesgcm`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            NoiseSuite::ChaChaPoly => "chachapoly",
+            NoiseSuite::AesGcm => "aesgcm",
+        }
+    }
+}
+
+impl std::fmt::Display for NoiseSuite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for NoiseSuite {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "0" | "chachapoly" => Ok(NoiseSuite::ChaChaPoly),
+            "1" | "aesgcm" => Ok(NoiseSuite::AesGcm),
+            other => Err(format!(
+                "unknown Noise suite {other:?}: use chachapoly (suite 0) or aesgcm (suite 1)"
+            )),
+        }
+    }
+}
+
+/// The Noise suites a server accepts (`noise_suites`): a non-empty set, written as a comma
+/// list (`chachapoly,aesgcm`; the numbers `0` and `1` are accepted too). An `OPEN` with a
+/// suite outside it is reset `unsupported_suite`, which tells a client to retry with suite 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoiseSuites {
+    bits: u8,
+}
+
+impl NoiseSuites {
+    /// Both suites (the default).
+    pub const ALL: NoiseSuites = NoiseSuites { bits: 0b11 };
+
+    /// Exactly `suites` (may be empty; a configuration refuses an empty set).
+    pub fn of(suites: &[NoiseSuite]) -> NoiseSuites {
+        NoiseSuites {
+            bits: suites.iter().fold(0, |b, s| b | 1 << s.number()),
+        }
+    }
+
+    /// Whether `suite` is accepted.
+    pub fn contains(self, suite: NoiseSuite) -> bool {
+        self.bits & (1 << suite.number()) != 0
+    }
+
+    /// Whether no suite is accepted (a configuration error).
+    pub fn is_empty(self) -> bool {
+        self.bits == 0
+    }
+}
+
+impl Default for NoiseSuites {
+    fn default() -> Self {
+        NoiseSuites::ALL
+    }
+}
+
+impl std::fmt::Display for NoiseSuites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = NoiseSuite::ALL
+            .into_iter()
+            .filter(|s| self.contains(*s))
+            .map(NoiseSuite::as_str)
+            .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl std::str::FromStr for NoiseSuites {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut set = NoiseSuites { bits: 0 };
+        for word in s.split(',').filter(|w| !w.trim().is_empty()) {
+            let suite: NoiseSuite = word.parse()?;
+            set.bits |= 1 << suite.number();
+        }
+        if set.is_empty() {
+            return Err(
+                "noise_suites lists no suite: give chachapoly, aesgcm or both (comma-separated)"
+                    .into(),
+            );
+        }
+        Ok(set)
+    }
+}
+
+impl<'de> Deserialize<'de> for NoiseSuites {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 /// The Noise protocol name of `suite`.
 pub const fn protocol_name(suite: NoiseSuite) -> &'static str {

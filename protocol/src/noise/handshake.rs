@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::keys::{Keypair, KEY_BYTES};
 use super::suite::{protocol_name, NoiseSuite};
-use execrelay_protocol::frame::StreamId;
+use crate::frame::StreamId;
+use crate::keys::{Keypair, KEY_BYTES};
 
 /// The Noise protocol name of suite 0 (every other suite's: [`protocol_name`]).
 pub const NOISE_PARAMS: &str = protocol_name(NoiseSuite::ChaChaPoly);
@@ -51,7 +51,7 @@ pub struct Hello {
     /// Must be 1.
     pub version: u32,
     /// Microseconds since the Unix epoch, larger for every handshake of the client key
-    /// (required; checked by the server against replays, see [`super::timestamp`]).
+    /// (required; checked by the server against replays, in [`crate::replay`]).
     pub ts: u64,
     /// Optional bearer token for deployments that require one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,7 +135,7 @@ pub struct ClientHandshake {
 
 impl ClientHandshake {
     /// Build a suite 0 message 1 for `stream`, stamped `ts` (a client takes it from
-    /// [`next_hello_ts`](super::timestamp::next_hello_ts)).
+    /// `execrelay::noise::timestamp::next_hello_ts`).
     pub fn start(
         keys: &Keypair,
         server_public: &[u8; KEY_BYTES],
@@ -245,7 +245,7 @@ pub fn read_hello(
 /// Read message 1 of `suite` (the number the `OPEN` carried; whether the server accepts it is
 /// the caller's check, before this one), checking in order: size, decryption (which
 /// authenticates the client key), payload size and shape (a missing `ts` is refused here).
-/// The `ts` check against replays ([`super::timestamp`]) and authorization are the caller's
+/// The `ts` check against replays ([`crate::replay`]) and authorization are the caller's
 /// next steps.
 pub fn read_hello_suite(
     suite: NoiseSuite,

@@ -6,15 +6,15 @@
 //! JSON-RPC messages, each behind a 4-byte big-endian length, cut into records at any point.
 //! This module never logs plaintext.
 //!
-//! The bytes of an unfinished message are charged to a [`ByteBudget`] before the deframer
-//! grows it (the link's, under the server's, on the exec server; unlimited on a client): a
-//! message that cannot get its bytes fails its stream ([`RecordError::OverBudget`]) and
-//! nothing else. A completed message keeps its charge until the caller takes it
+//! The bytes of an unfinished message are charged to a [`ReassemblyBudget`] before the
+//! deframer grows it (on the exec server, the link's byte budget under the server's;
+//! [`Unlimited`] on a client): a message that cannot get its bytes fails its stream
+//! ([`RecordError::OverBudget`]) and nothing else. A completed message keeps its charge until the caller takes it
 //! ([`RecordOpener::take_charge`], to hand it on with the message until its consumer has it)
 //! or opens the next record (then it is given back).
 
+use super::budget::{BudgetCharge, OverBudget, ReassemblyBudget, Unlimited};
 use super::handshake::TransportKeys;
-use crate::bounds::{ByteBudget, Charge, OverBudget};
 
 /// Noise tag length.
 pub const TAG_BYTES: usize = 16;
@@ -122,7 +122,7 @@ impl RecordSealer {
     /// encrypted there. The hot path of every encrypted byte.
     pub fn seal_message_frames(
         &mut self,
-        stream: &execrelay_protocol::frame::StreamId,
+        stream: &crate::frame::StreamId,
         msg: &[u8],
     ) -> Result<Vec<Vec<u8>>, RecordError> {
         self.seal_message_parts(stream, &[msg])
@@ -134,10 +134,10 @@ impl RecordSealer {
     /// head and its chunk are copied once each, into the frames, never joined first.
     pub fn seal_message_parts(
         &mut self,
-        stream: &execrelay_protocol::frame::StreamId,
+        stream: &crate::frame::StreamId,
         parts: &[&[u8]],
     ) -> Result<Vec<Vec<u8>>, RecordError> {
-        use execrelay_protocol::frame::{Frame, FrameType, HEADER_BYTES};
+        use crate::frame::{Frame, FrameType, HEADER_BYTES};
         let len = parts
             .iter()
             .try_fold(0usize, |sum, p| sum.checked_add(p.len()))
@@ -253,11 +253,12 @@ impl ReplayWindow {
     }
 }
 
-/// The receiving half: decrypts records, refuses replays, reassembles messages.
-pub struct RecordOpener {
+/// The receiving half: decrypts records, refuses replays, reassembles messages, charging
+/// unfinished ones to a budget of type `B`.
+pub struct RecordOpener<B: ReassemblyBudget = Unlimited> {
     keys: TransportKeys,
     window: ReplayWindow,
-    deframer: MessageDeframer,
+    deframer: MessageDeframer<B>,
     /// Reused for records that arrive in a shared buffer and must be copied to be decrypted.
     scratch: Vec<u8>,
 }
@@ -266,13 +267,15 @@ impl RecordOpener {
     /// An opener refusing messages over `max_message_bytes`, holding unfinished ones without
     /// a budget (a client, whose server's messages are bounded by its own requests).
     pub fn new(keys: TransportKeys, max_message_bytes: usize) -> Self {
-        Self::with_budget(keys, max_message_bytes, ByteBudget::unlimited())
+        Self::with_budget(keys, max_message_bytes, Unlimited)
     }
+}
 
+impl<B: ReassemblyBudget> RecordOpener<B> {
     /// An opener whose unfinished messages are charged to `budget` (on the exec server: the
     /// link's reassembly budget, a child of the server's inbound budget). A record whose
     /// message cannot grow within it fails with [`RecordError::OverBudget`].
-    pub fn with_budget(keys: TransportKeys, max_message_bytes: usize, budget: ByteBudget) -> Self {
+    pub fn with_budget(keys: TransportKeys, max_message_bytes: usize, budget: B) -> Self {
         RecordOpener {
             keys,
             window: ReplayWindow::default(),
@@ -330,7 +333,7 @@ impl RecordOpener {
     /// taken), in the order of [`Opened::Messages`]; nothing once they are all taken. Keep it
     /// with the message until its consumer holds it: charges not taken are given back when
     /// the next record is opened.
-    pub fn take_charge(&mut self) -> Charge {
+    pub fn take_charge(&mut self) -> B::Charge {
         self.deframer.take_charge()
     }
 }
@@ -353,41 +356,43 @@ pub const MAX_MESSAGE_RESERVE: usize = 1 << 20;
 /// copied once, into the message it belongs to. The unfinished message's capacity is charged
 /// to the deframer's budget before it is allocated, and given back when it is complete.
 #[derive(Debug)]
-pub struct MessageDeframer {
+pub struct MessageDeframer<B: ReassemblyBudget = Unlimited> {
     max: usize,
     prefix: [u8; 4],
     prefix_len: usize,
     /// The message being assembled and its declared length.
     partial: Option<(Vec<u8>, usize)>,
-    budget: ByteBudget,
+    budget: B,
     /// The partial message's capacity, held against `budget`.
-    charge: Charge,
+    charge: B::Charge,
     /// The charges of the messages the last `push` completed, oldest first, until taken.
-    completed: std::collections::VecDeque<Charge>,
+    completed: std::collections::VecDeque<B::Charge>,
 }
 
 impl MessageDeframer {
     /// A deframer refusing messages over `max` bytes, without a budget.
     pub fn new(max: usize) -> Self {
-        Self::with_budget(max, ByteBudget::unlimited())
+        Self::with_budget(max, Unlimited)
     }
+}
 
+impl<B: ReassemblyBudget> MessageDeframer<B> {
     /// A deframer refusing messages over `max` bytes and charging unfinished ones to
     /// `budget`.
-    pub fn with_budget(max: usize, budget: ByteBudget) -> Self {
+    pub fn with_budget(max: usize, budget: B) -> Self {
         MessageDeframer {
             max,
             prefix: [0; 4],
             prefix_len: 0,
             partial: None,
             budget,
-            charge: Charge::none(),
+            charge: B::Charge::default(),
             completed: std::collections::VecDeque::new(),
         }
     }
 
     /// The charge of the oldest message the last `push` completed that was not yet taken.
-    pub fn take_charge(&mut self) -> Charge {
+    pub fn take_charge(&mut self) -> B::Charge {
         self.completed.pop_front().unwrap_or_default()
     }
 
@@ -456,8 +461,8 @@ impl MessageDeframer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::Keypair;
     use crate::noise::handshake::{read_hello, ClientHandshake};
-    use crate::noise::keys::Keypair;
 
     fn channel() -> (RecordSealer, RecordOpener, RecordSealer, RecordOpener) {
         let client = Keypair::generate().unwrap();
@@ -511,7 +516,7 @@ mod tests {
 
     #[test]
     fn frames_sealed_in_place_match_records() {
-        use execrelay_protocol::frame::Frame;
+        use crate::frame::Frame;
         let (mut cs, _, _, mut so) = channel();
         let big = vec![b'y'; 200 * 1024];
         let frames = cs.seal_message_frames(&[9; 16], &big).unwrap();
@@ -571,7 +576,7 @@ mod tests {
             let frames = cs.seal_message_parts(&[9; 16], &parts).unwrap();
             let mut got = Vec::new();
             for f in frames {
-                let f = execrelay_protocol::frame::Frame::decode_owned(f).unwrap();
+                let f = crate::frame::Frame::decode_owned(f).unwrap();
                 if let Opened::Messages(m) = so.open_owned(f.seq, f.payload).unwrap() {
                     got.extend(m);
                 }
@@ -645,73 +650,101 @@ mod tests {
         assert_eq!(length_prefix(over), Err(RecordError::MessageTooLong(over)));
     }
 
-    /// Unfinished messages are charged before they grow, the link's budget is shared by its
-    /// streams, a stream that cannot get bytes fails alone, and a completed message gives
-    /// its bytes back.
-    #[test]
-    fn unfinished_messages_are_charged_to_the_budget() {
-        const R: usize = MAX_MESSAGE_RESERVE;
-        let server = ByteBudget::new("maxInboundBytes", 1 << 30);
-        let link = server.child("maxLinkReassemblyBytes", 3 * R);
-        let len = 2 * R;
-        let body = vec![7u8; len];
-        let mut a = MessageDeframer::with_budget(len, link.clone());
-        let mut b = MessageDeframer::with_budget(len, link.clone());
-        assert_eq!(a.push(&(len as u32).to_be_bytes()), Ok(vec![]));
-        assert_eq!(a.held_bytes(), R, "the first reserve is charged");
-        assert_eq!(server.used(), R);
-        assert_eq!(a.push(&body[..R]), Ok(vec![]));
-        assert_eq!(
-            a.held_bytes(),
-            R,
-            "filling the reserve charges nothing more"
-        );
-        // One more byte: it doubles to its declared length, charged first.
-        assert_eq!(a.push(&body[R..R + 1]), Ok(vec![]));
-        assert_eq!(a.held_bytes(), 2 * R);
-        // `b` gets the last MiB of the link's budget, then cannot grow: it fails, `a` goes on.
-        assert_eq!(b.push(&(len as u32).to_be_bytes()), Ok(vec![]));
-        assert_eq!(link.used(), 3 * R);
-        assert_eq!(
-            b.push(&body[..R + 1]),
-            Err(RecordError::OverBudget(OverBudget {
-                limit: "maxLinkReassemblyBytes",
-                max: 3 * R
-            }))
-        );
-        drop(b);
-        assert_eq!(link.used(), 2 * R, "a dropped stream gives back");
-        // `a` completes within its charge; the charge goes with the message until taken.
-        let got = a.push(&body[R + 1..]).unwrap();
-        assert_eq!(got, vec![body]);
-        assert_eq!(a.held_bytes(), 0);
-        let charge = a.take_charge();
-        assert_eq!((charge.bytes(), link.used()), (2 * R, 2 * R));
-        assert_eq!(a.take_charge().bytes(), 0, "one charge per message");
-        drop(charge);
-        assert_eq!((link.used(), server.used()), (0, 0));
-        // A charge nobody takes is given back at the next push.
-        assert_eq!(a.push(&[0, 0, 0, 1, b'x']), Ok(vec![b"x".to_vec()]));
-        assert_eq!(link.used(), 1);
-        assert_eq!(a.push(&[0, 0]), Ok(vec![]));
-        assert_eq!(link.used(), 0);
+    /// A budget of `max` bytes counted in a shared cell: the deframer's side of the budget
+    /// contract, without the exec server's `ByteBudget` (whose own tests are in
+    /// `execrelay::bounds::reassembly`).
+    #[derive(Debug, Clone)]
+    struct Capped {
+        used: std::rc::Rc<std::cell::Cell<usize>>,
+        max: usize,
     }
 
+    #[derive(Debug, Default)]
+    struct CappedCharge {
+        of: Option<Capped>,
+        bytes: usize,
+    }
+
+    impl Capped {
+        fn take(&self, n: usize) -> Result<(), OverBudget> {
+            match self.used.get().checked_add(n) {
+                Some(total) if total <= self.max => {
+                    self.used.set(total);
+                    Ok(())
+                }
+                _ => Err(OverBudget {
+                    limit: "capped",
+                    max: self.max,
+                }),
+            }
+        }
+    }
+
+    impl ReassemblyBudget for Capped {
+        type Charge = CappedCharge;
+        fn try_charge(&self, bytes: usize) -> Result<CappedCharge, OverBudget> {
+            self.take(bytes)?;
+            Ok(CappedCharge {
+                of: Some(self.clone()),
+                bytes,
+            })
+        }
+    }
+
+    impl BudgetCharge for CappedCharge {
+        fn bytes(&self) -> usize {
+            self.bytes
+        }
+        fn try_grow(&mut self, more: usize) -> Result<(), OverBudget> {
+            if let Some(of) = &self.of {
+                of.take(more)?;
+            }
+            self.bytes += more;
+            Ok(())
+        }
+    }
+
+    impl Drop for CappedCharge {
+        fn drop(&mut self) {
+            if let Some(of) = &self.of {
+                of.used.set(of.used.get() - self.bytes);
+            }
+        }
+    }
+
+    /// The deframer charges a message's reserve at its prefix and its growth before it
+    /// allocates, fails with the budget's refusal, and hands the charge of a completed
+    /// message to the caller (given back when dropped, or at the next push if not taken).
     #[test]
-    fn a_full_server_budget_fails_the_stream_at_the_prefix() {
-        let server = ByteBudget::new("maxInboundBytes", 10);
-        let mut d = MessageDeframer::with_budget(100, server.child("link", 100));
+    fn the_deframer_charges_its_budget_and_reports_its_refusal() {
+        let used = std::rc::Rc::new(std::cell::Cell::new(0));
+        let budget = Capped {
+            used: used.clone(),
+            max: 10,
+        };
+        let mut d = MessageDeframer::with_budget(100, budget.clone());
+        assert_eq!(d.push(&[0, 0, 0, 4, b'a']), Ok(vec![]));
+        assert_eq!((d.held_bytes(), used.get()), (4, 4));
+        assert_eq!(d.push(b"bcd"), Ok(vec![b"abcd".to_vec()]));
+        assert_eq!(
+            (d.held_bytes(), used.get()),
+            (0, 4),
+            "complete: the charge waits"
+        );
+        let charge = d.take_charge();
+        assert_eq!(charge.bytes(), 4);
+        drop(charge);
+        assert_eq!(used.get(), 0);
+        assert_eq!(d.push(&[0, 0, 0, 2, b'o', b'k']), Ok(vec![b"ok".to_vec()]));
+        assert_eq!(used.get(), 2);
         assert_eq!(
             d.push(&[0, 0, 0, 11]),
             Err(RecordError::OverBudget(OverBudget {
-                limit: "maxInboundBytes",
+                limit: "capped",
                 max: 10
             }))
         );
-        let mut d = MessageDeframer::with_budget(100, server.child("link", 100));
-        assert_eq!(d.push(&[0, 0, 0, 2, b'o', b'k']), Ok(vec![b"ok".to_vec()]));
-        drop(d.take_charge());
-        assert_eq!(server.used(), 0);
+        assert_eq!(used.get(), 0, "the untaken charge went back at the push");
     }
 
     #[test]
