@@ -114,6 +114,13 @@ async fn approve_deny_and_no_handler(target: Target, tag: u32) {
     assert_eq!(req.process_id, "yes-1");
     assert_eq!(req.argv, ["sleep", yes.as_str()]);
     assert_eq!(req.rule, "sleeps");
+    // The start is answered once the child has exec'd, but the kernel sets the new program's
+    // command line a moment later (the cloning thread resumes at the exec's switch of address
+    // space, before the arguments are in place): wait for it to show, bounded by the guard.
+    let deadline = std::time::Instant::now() + GUARD;
+    while running_with_arg(&yes).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(running_with_arg(&yes), vec![p.pid as i32]);
     assert!(matches!(
         exit_of(&mut p, true).await,

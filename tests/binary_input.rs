@@ -152,7 +152,7 @@ impl Raw {
             .expect("the connection ended")
             .expect("framing error");
         if is_binary_message(&m) {
-            let d = decode_output_message(Bytes::from(m)).expect("a binary delta");
+            let d = decode_output_message(m).expect("a binary delta");
             self.stdout.extend_from_slice(&d.data);
             return None;
         }

@@ -167,7 +167,7 @@ impl Raw {
             .expect("the connection ended")
             .expect("framing error");
         if is_binary_message(&m) {
-            let d = decode_output_message(Bytes::from(m)).expect("a well-formed binary delta");
+            let d = decode_output_message(m).expect("a well-formed binary delta");
             self.events.push(Ev::Output {
                 process_id: d.process_id,
                 seq: d.seq,

@@ -11,7 +11,6 @@ mod common;
 use common::noise::{drain_binary, flow_stream, running, serve_one};
 use common::GUARD;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::json;
 
@@ -46,7 +45,7 @@ async fn a_stalled_stream_holds_back_its_process_and_not_its_link() {
         .unwrap()
         .unwrap();
     assert!(is_binary_message(&m), "output first");
-    let head = decode_output_message(Bytes::from(m)).unwrap().data.len() as u64;
+    let head = decode_output_message(m).unwrap().data.len() as u64;
 
     // The second stream, on the same link, completes a fixed amount meanwhile.
     let mut second = flow_stream(&link).await;

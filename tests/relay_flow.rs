@@ -14,7 +14,6 @@ use common::noise_bin::keygen;
 use common::relay::{BinEnv, BinRelay};
 use common::GUARD;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::json;
 
@@ -99,7 +98,7 @@ async fn a_stalled_reader_holds_back_its_process_and_nothing_else() {
         .unwrap()
         .unwrap();
     assert!(is_binary_message(&m), "output first");
-    let head = decode_output_message(Bytes::from(m)).unwrap().data.len() as u64;
+    let head = decode_output_message(m).unwrap().data.len() as u64;
 
     // The second client, on the same environment, completes a fixed amount meanwhile.
     let mut second = open(&env.client_url, cfg(&c2)).await;

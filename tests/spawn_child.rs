@@ -327,3 +327,25 @@ async fn a_dropped_child_is_reaped_by_the_subreaper() {
         }
     }
 }
+
+/// Children without a stdin pipe share the server's one `/dev/null`: each, one after the
+/// other, reads end of file from it at once, and none holds the server's copy.
+#[tokio::test]
+async fn every_child_without_a_stdin_pipe_reads_dev_null() {
+    for way in ways() {
+        for _ in 0..3 {
+            let (code, out, _) = run(
+                &spec(&[
+                    "sh",
+                    "-c",
+                    "readlink /proc/self/fd/0; cat; ls /proc/self/fd | wc -l",
+                ]),
+                &way,
+            )
+            .await;
+            assert_eq!(code, Some(0), "{way:?}");
+            // `ls` of its own table: 0, 1, 2 and the directory it opened.
+            assert_eq!(out, "/dev/null\n4\n", "{way:?}");
+        }
+    }
+}

@@ -25,6 +25,10 @@ pub const STREAM_ID_BYTES: usize = 16;
 /// them unchanged, and an endpoint reads them with [`Frame::suite_bits`].
 pub const OPEN_SUITE_MASK: u16 = 0b11;
 
+/// A decoded frame keeps the message it came from for [`Frame::into_wire`] only from this
+/// payload size: below it, copying the payload costs less than the kept handle.
+pub const KEEP_WIRE_FROM_BYTES: usize = 1024;
+
 /// A stream id: 16 random bytes chosen by the client.
 pub type StreamId = [u8; STREAM_ID_BYTES];
 
@@ -117,7 +121,14 @@ pub enum RuleError {
 }
 
 /// One frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A frame decoded from an owned message ([`decode_owned`](Self::decode_owned),
+/// [`decode_bytes`](Self::decode_bytes)) remembers the message it came from, and
+/// [`into_wire`](Self::into_wire) hands that message back instead of copying the payload
+/// into a new one, as long as its fields and payload are still what was read (checked each
+/// time, so changing a field simply costs the copy). This is how a relay forwards a frame's
+/// bytes without touching them. Equality ignores it.
+#[derive(Clone)]
 pub struct Frame {
     /// Type.
     pub ftype: FrameType,
@@ -136,6 +147,41 @@ pub struct Frame {
     pub window: u32,
     /// Handshake message, ciphertext, or reset reason.
     pub payload: Bytes,
+    /// The whole message this frame was decoded from, if its payload is at least
+    /// [`KEEP_WIRE_FROM_BYTES`]: `payload` is a slice of it while nothing changed. Boxed, so
+    /// that the frame itself stays within `QUEUED_FRAME_OVERHEAD_BYTES` (`config.rs` checks
+    /// it); the box (48 bytes with its allocation) is under 5 % of such a frame's bytes.
+    wire: Option<Box<Bytes>>,
+}
+
+impl PartialEq for Frame {
+    fn eq(&self, o: &Frame) -> bool {
+        self.ftype == o.ftype
+            && self.flags == o.flags
+            && self.stream == o.stream
+            && self.seq == o.seq
+            && self.ack == o.ack
+            && self.ack_bits == o.ack_bits
+            && self.window == o.window
+            && self.payload == o.payload
+    }
+}
+
+impl Eq for Frame {}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame")
+            .field("ftype", &self.ftype)
+            .field("flags", &self.flags)
+            .field("stream", &self.stream)
+            .field("seq", &self.seq)
+            .field("ack", &self.ack)
+            .field("ack_bits", &self.ack_bits)
+            .field("window", &self.window)
+            .field("payload", &self.payload)
+            .finish()
+    }
 }
 
 impl Frame {
@@ -150,6 +196,7 @@ impl Frame {
             ack_bits: 0,
             window: 0,
             payload,
+            wire: None,
         }
     }
 
@@ -168,12 +215,25 @@ impl Frame {
     }
 
     /// Decode one frame from an owned message (a `Vec` or the WebSocket's own `Bytes`)
-    /// without copying its payload.
+    /// without copying its payload; the message is kept for [`into_wire`](Self::into_wire).
     pub fn decode_owned(msg: impl Into<Bytes>) -> Result<Frame, FrameError> {
-        let msg: Bytes = msg.into();
+        Frame::decode_bytes(msg.into())
+    }
+
+    /// [`decode_owned`](Self::decode_owned) from shared bytes.
+    pub fn decode_bytes(msg: Bytes) -> Result<Frame, FrameError> {
         let mut f = Frame::decode_header(&msg)?;
         f.payload = msg.slice(HEADER_BYTES..);
+        if f.payload.len() >= KEEP_WIRE_FROM_BYTES {
+            f.wire = Some(Box::new(msg));
+        }
         Ok(f)
+    }
+
+    /// Drop the payload (and the message it came from): what a queued `ACK` keeps.
+    pub fn drop_payload(&mut self) {
+        self.payload = Bytes::new();
+        self.wire = None;
     }
 
     /// Decode one frame (one whole WebSocket message).
@@ -250,17 +310,12 @@ impl Frame {
             ack_bits: be32(36),
             window: be32(40),
             payload: Bytes::new(),
+            wire: None,
         })
     }
 
-    /// Encode into one WebSocket message.
-    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
-        let len = HEADER_BYTES + self.payload.len();
-        if len > MAX_FRAME_BYTES {
-            return Err(FrameError::TooLarge(len));
-        }
-        // One copy of the payload, straight into the message (this is every forwarded byte's
-        // path through the relay).
+    /// This frame's 44-byte header.
+    fn header(&self) -> [u8; HEADER_BYTES] {
         let mut header = [0u8; HEADER_BYTES];
         Frame::write_header(
             &mut header,
@@ -272,10 +327,45 @@ impl Frame {
             self.window,
         );
         header[2..4].copy_from_slice(&self.flags.to_be_bytes());
+        header
+    }
+
+    /// Encode into one WebSocket message.
+    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        let len = HEADER_BYTES + self.payload.len();
+        if len > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge(len));
+        }
+        // One copy of the payload, straight into the message.
         let mut b = Vec::with_capacity(len);
-        b.extend_from_slice(&header);
+        b.extend_from_slice(&self.header());
         b.extend_from_slice(&self.payload);
         Ok(b)
+    }
+
+    /// Whether the message this frame was decoded from still says exactly what the frame
+    /// says: same header bytes, and the payload is the message's own tail.
+    fn wire_is_current(&self) -> bool {
+        self.wire.as_ref().is_some_and(|w| {
+            w.len() == HEADER_BYTES + self.payload.len()
+                && w[HEADER_BYTES..].as_ptr() == self.payload.as_ptr()
+                && w[..HEADER_BYTES] == self.header()
+        })
+    }
+
+    /// Encode into one WebSocket message, consuming the frame: the message it was decoded
+    /// from when that is still current (no copy: every forwarded byte's path through the
+    /// relay), else a new one ([`encode`](Self::encode)). When nothing else shares the
+    /// message, `Vec::from` on the result takes its buffer back without a copy.
+    pub fn into_wire(mut self) -> Result<Bytes, FrameError> {
+        if self.wire_is_current() {
+            if let Some(wire) = self.wire.take() {
+                // Give up the payload's share first, so the message is held once.
+                drop(std::mem::take(&mut self.payload));
+                return Ok(*wire);
+            }
+        }
+        self.encode().map(Bytes::from)
     }
 
     /// Check the field rules of a virtual stream's frame (§5, §7): what a relay or an
@@ -336,6 +426,7 @@ mod tests {
             ack_bits: 0b101,
             window: 64,
             payload: Bytes::from_static(b"ciphertext"),
+            wire: None,
         }
     }
 
@@ -466,5 +557,74 @@ mod tests {
         let f = Frame::reset([0; 16], &long);
         assert!(f.payload.len() <= MAX_RESET_REASON_BYTES);
         assert!(std::str::from_utf8(&f.payload).is_ok());
+    }
+
+    #[test]
+    fn an_unchanged_decoded_frame_goes_out_as_the_message_it_came_from() {
+        let mut big = sample();
+        big.payload = Bytes::from(vec![7u8; KEEP_WIRE_FROM_BYTES]);
+        let msg = big.encode().unwrap();
+        let sent = msg.clone();
+        let at = sent.as_ptr();
+        let f = Frame::decode_owned(sent).unwrap();
+        let out = Vec::from(f.into_wire().unwrap());
+        // The same buffer, taken back whole: no copy of the payload, no allocation.
+        assert_eq!(out.as_ptr(), at);
+        assert_eq!(out, msg);
+    }
+
+    #[test]
+    fn a_changed_field_or_payload_is_encoded_anew() {
+        let mut big = sample();
+        big.payload = Bytes::from(vec![7u8; KEEP_WIRE_FROM_BYTES]);
+        let msg = big.encode().unwrap();
+        // Unchanged: the same bytes (and the same buffer: the test above).
+        assert_eq!(
+            &Frame::decode_owned(msg.clone())
+                .unwrap()
+                .into_wire()
+                .unwrap()[..],
+            &msg[..]
+        );
+        let mut f = Frame::decode_owned(msg.clone()).unwrap();
+        f.window = 9;
+        let out = f.into_wire().unwrap();
+        assert_ne!(&out[..], &msg[..]);
+        assert_eq!(Frame::decode(&out).unwrap().window, 9);
+        assert_eq!(Frame::decode(&out).unwrap().payload, big.payload);
+
+        let mut f = Frame::decode_owned(msg.clone()).unwrap();
+        f.payload = Bytes::from_static(b"other");
+        let out = f.into_wire().unwrap();
+        assert_eq!(Frame::decode(&out).unwrap().payload, &b"other"[..]);
+
+        // A shorter slice of the same message is a different payload too.
+        let mut f = Frame::decode_owned(msg.clone()).unwrap();
+        f.payload = f.payload.slice(1..);
+        let out = f.into_wire().unwrap();
+        assert_eq!(
+            Frame::decode(&out).unwrap().payload,
+            &vec![7u8; KEEP_WIRE_FROM_BYTES - 1][..]
+        );
+
+        // Built, never decoded: encoded.
+        assert_eq!(&big.into_wire().unwrap()[..], &msg[..]);
+        // A small frame keeps no message: encoded, the same bytes.
+        let small = sample().encode().unwrap();
+        let f = Frame::decode_owned(small.clone()).unwrap();
+        assert_eq!(&f.into_wire().unwrap()[..], &small[..]);
+    }
+
+    #[test]
+    fn equality_and_dropping_the_payload_ignore_the_kept_message() {
+        let mut big = sample();
+        big.payload = Bytes::from(vec![7u8; KEEP_WIRE_FROM_BYTES]);
+        let mut f = Frame::decode_owned(big.encode().unwrap()).unwrap();
+        assert_eq!(f, big);
+        f.drop_payload();
+        assert!(f.payload.is_empty());
+        let out = f.into_wire().unwrap();
+        assert_eq!(out.len(), HEADER_BYTES);
+        assert_eq!(Frame::decode(&out).unwrap().seq, 7);
     }
 }

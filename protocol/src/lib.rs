@@ -101,6 +101,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod address;
+pub mod batch;
 pub mod bucket;
 pub mod closed_set;
 pub mod config;

@@ -326,7 +326,7 @@ impl RpcConnection {
                 // Binary output messages (§5.1): decoded and checked, the chunk a slice of the
                 // received buffer. A malformed one ends the connection with its reason.
                 if is_binary_message(&bytes) {
-                    match decode_output_message(bytes::Bytes::from(bytes)) {
+                    match decode_output_message(bytes) {
                         Ok(d) => {
                             if !deliver(d) {
                                 break;

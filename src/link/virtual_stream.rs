@@ -219,7 +219,7 @@ pub struct NoiseIncoming {
 }
 
 impl Stream for NoiseIncoming {
-    type Item = Result<Vec<u8>, FramingError>;
+    type Item = Result<Bytes, FramingError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let me = self.get_mut();
@@ -227,7 +227,7 @@ impl Stream for NoiseIncoming {
             // The consumer takes the message (and charges it to its own budget): its charge
             // here is given back.
             if let Some((m, _charge)) = me.queue.pop_front() {
-                return Poll::Ready(Some(Ok(m)));
+                return Poll::Ready(Some(Ok(Bytes::from(m))));
             }
             if me.done {
                 return Poll::Ready(None);
@@ -488,7 +488,7 @@ mod tests {
         (ct, st, client)
     }
 
-    async fn next(t: &mut Transport) -> Vec<u8> {
+    async fn next(t: &mut Transport) -> Bytes {
         tokio::time::timeout(Duration::from_secs(20), t.incoming.next())
             .await
             .expect("a message (hang guard)")

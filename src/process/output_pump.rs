@@ -1,5 +1,5 @@
-//! The tasks that move a child's output into its event log and turn its exit into the exit
-//! notice: one pump per output stream and one supervisor per process.
+//! The task that moves a child's output into its event log and turns its exit into the exit
+//! notice: one pump per output stream, run inside the process's one task by its supervisor.
 //!
 //! The pump reads a chunk, then appends it once its log admits it (its retention, and the
 //! server-wide output budget of `output_budget.rs`); while it waits it reads nothing more
@@ -17,7 +17,6 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use tokio::io::AsyncReadExt;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::containment::SessionScope;
@@ -64,16 +63,13 @@ pub fn start_process(
         scope.clone(),
     ));
     let span = tracing::info_span!("process", id = %proc.id, pid = proc.pid);
-    let pumps: Vec<JoinHandle<(usize, StreamEnd)>> = spawned
+    let pumps: Vec<_> = spawned
         .outputs
         .into_iter()
         .enumerate()
         .map(|(i, (name, reader))| {
             let p = proc.clone();
-            tokio::spawn(tracing::Instrument::instrument(
-                async move { (i, pump(p, name, reader).await) },
-                span.clone(),
-            ))
+            async move { (i, pump(p, name, reader).await) }
         })
         .collect();
     tokio::spawn(tracing::Instrument::instrument(
@@ -544,29 +540,58 @@ async fn pump_live(
     }
 }
 
-async fn supervise(
-    p: Arc<ManagedProcess>,
-    mut child: ChildProcess,
-    pumps: Vec<JoinHandle<(usize, StreamEnd)>>,
-) {
+/// A pump's outcome as the supervisor collects it: `Err` if the pump panicked (its stream is
+/// then left open in the drain state, and the exit notice still follows).
+type PumpOutcome = std::thread::Result<(usize, StreamEnd)>;
+
+/// The process's one task: the reap, `timeoutMs`, the pumps, then the exit notice.
+///
+/// The pumps run inside this task (polled beside the wait), not as tasks of their own: when
+/// a child exits, its pidfd and both pipes become ready at once, and three tasks woken
+/// together meant three schedulings, a join-handle wake and, on a multi-threaded runtime,
+/// idle workers unparked to steal them, all between the exit and its notice. One task
+/// woken once does the same work. (A process's stdout and stderr then share a core; they
+/// share the one connection writer anyway.) A pump that panics is caught here, as a pump
+/// task's panic was by its join handle: the exit notice is never lost.
+async fn supervise<F>(p: Arc<ManagedProcess>, mut child: ChildProcess, pumps: Vec<F>)
+where
+    F: std::future::Future<Output = (usize, StreamEnd)>,
+{
+    let pumps = futures_util::future::join_all(
+        pumps
+            .into_iter()
+            .map(|f| std::panic::AssertUnwindSafe(f).catch_unwind()),
+    );
+    tokio::pin!(pumps);
+    // The pumps' outcomes, if every stream ended before the child's exit was seen.
+    let mut ended: Option<Vec<PumpOutcome>> = None;
     let timeout = p.opts.timeout;
     let status = {
         // The reap goes through the direct child's gate: no group signal can follow it.
-        let wait = child.wait();
-        tokio::pin!(wait);
-        match timeout {
-            Some(t) => {
-                tokio::select! {
-                    s = &mut wait => s,
-                    _ = tokio::time::sleep(t) => {
-                        p.mark_ending(ExitReason::Timeout);
-                        tracing::info!("timeout reached; terminating");
-                        p.terminate(None).await;
-                        wait.await
+        let wait = async {
+            let wait = child.wait();
+            tokio::pin!(wait);
+            match timeout {
+                Some(t) => {
+                    tokio::select! {
+                        s = &mut wait => s,
+                        _ = tokio::time::sleep(t) => {
+                            p.mark_ending(ExitReason::Timeout);
+                            tracing::info!("timeout reached; terminating");
+                            p.terminate(None).await;
+                            wait.await
+                        }
                     }
                 }
+                None => wait.await,
             }
-            None => wait.await,
+        };
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                s = &mut wait => break s,
+                e = &mut pumps, if ended.is_none() => ended = Some(e),
+            }
         }
     };
     let (exit_code, signal) = match &status {
@@ -585,9 +610,14 @@ async fn supervise(
     p.changed.notify_waiters();
     tracing::debug!(?exit_code, ?signal, "child exited; draining output");
 
-    for h in pumps {
-        if let Ok((i, end)) = h.await {
-            p.inner().drain.stream_ended(i, end);
+    let ends = match ended {
+        Some(ends) => ends,
+        None => pumps.await,
+    };
+    for end in ends {
+        match end {
+            Ok((i, end)) => p.inner().drain.stream_ended(i, end),
+            Err(_) => tracing::error!("an output pump panicked; its stream is cut"),
         }
     }
     // Read off the runtime's clock but not off its threads: one small cgroup file, once.

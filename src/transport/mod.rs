@@ -39,7 +39,9 @@ pub enum FramingError {
 }
 
 /// Inbound half: whole messages, in order. `None` means the peer closed the connection.
-pub type MessageStream = Pin<Box<dyn Stream<Item = Result<Vec<u8>, FramingError>> + Send>>;
+/// Each message is `Bytes`: a WebSocket hands its payload over as it split it off its read
+/// buffer, so the consumer slices it (a binary chunk) without a copy.
+pub type MessageStream = Pin<Box<dyn Stream<Item = Result<Bytes, FramingError>> + Send>>;
 
 /// One outbound message.
 ///

@@ -22,7 +22,7 @@ where
     // Large enough that a batch of output notifications goes out in few writes.
     outgoing.set_backpressure_boundary(256 * 1024);
     Transport {
-        incoming: Box::pin(incoming.fuse()),
+        incoming: Box::pin(incoming.map(|m| m.map(bytes::Bytes::from)).fuse()),
         outgoing: Box::pin(outgoing),
         peer: peer.to_string(),
         binary_messages: false,

@@ -215,16 +215,14 @@ impl<S> Stream for Incoming<S>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    type Item = Result<Vec<u8>, FramingError>;
+    type Item = Result<Bytes, FramingError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         while !this.ended {
             match ready!(this.inner.poll_next_unpin(cx)) {
-                Some(Ok(Message::Text(text))) => {
-                    return Poll::Ready(Some(Ok(Bytes::from(text).into())))
-                }
-                Some(Ok(Message::Binary(bytes))) => return Poll::Ready(Some(Ok(bytes.into()))),
+                Some(Ok(Message::Text(text))) => return Poll::Ready(Some(Ok(Bytes::from(text)))),
+                Some(Ok(Message::Binary(bytes))) => return Poll::Ready(Some(Ok(bytes))),
                 // tungstenite queues the pong reply itself and writes it on the next read or
                 // flush, which the next turn of this loop performs.
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
@@ -411,7 +409,7 @@ mod tests {
         let received = step(accepted.incoming.next()).await;
         assert_eq!(
             received.expect("a message").expect("framed"),
-            br#"{"id":1}"#
+            &br#"{"id":1}"#[..]
         );
 
         step(
@@ -424,7 +422,7 @@ mod tests {
         let reply = step(client.incoming.next()).await;
         assert_eq!(
             reply.expect("a message").expect("framed"),
-            br#"{"id":1,"result":{}}"#
+            &br#"{"id":1,"result":{}}"#[..]
         );
         server.stop();
     }

@@ -797,7 +797,7 @@ pub async fn drain_binary(t: &mut TransportRpc, process_id: &str, mut got: u64) 
             .expect("the stream ended: it was reset")
             .expect("framing error");
         if is_binary_message(&m) {
-            let d = decode_output_message(Bytes::from(m)).expect("a valid binary delta");
+            let d = decode_output_message(m).expect("a valid binary delta");
             assert_eq!(d.process_id, process_id);
             got += d.data.len() as u64;
             if got - acked >= 1 << 20 {

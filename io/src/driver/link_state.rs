@@ -19,6 +19,7 @@ use super::stream::{
     EndCell, LinkRef, StreamError, StreamHandle, StreamLink, StreamReceiver, StreamSender,
 };
 use super::{now, LinkCore, LinkSignals};
+use execrelay_protocol::batch::Batch;
 use execrelay_protocol::endpoint::{
     Endpoint, Event, RecvFlow, ResetCause, SendError, StreamFlow, UseError,
 };
@@ -390,18 +391,17 @@ impl LinkCore for Shared {
         lock(&this.inner).ep.poll_timeout()
     }
 
-    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Vec<Transmit>, max_bytes: usize) {
+    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Batch<Transmit>) {
         this.with(|i| {
-            let mut bytes = 0;
-            while bytes < max_bytes {
+            while out.has_room() {
                 let Some(t) = i.ep.poll_transmit(now) else {
                     break;
                 };
-                bytes += match &t {
+                let n = match &t {
                     Transmit::Frame(f) => f.wire_len(),
                     Transmit::Ping(p) => p.len(),
                 };
-                out.push(t);
+                out.push(t, n);
             }
         });
     }

@@ -28,7 +28,12 @@
 //!   and their pongs are WebSocket pings, answered by the peer's WebSocket layer. Inbound
 //!   frames never count as a pong.
 //! - Every queue is bounded: per-stream inbound by the window, the writer's batch by
-//!   [`WRITE_BATCH_BYTES`], the WebSocket's write buffer by [`link_websocket_config`].
+//!   [`WRITE_BATCH_BYTES`], the reader's by [`READ_BATCH_BYTES`] and [`READ_BATCH_FRAMES`],
+//!   the WebSocket's write buffer by [`link_websocket_config`].
+//! - **Batches under load, one at a time when idle.** The reader hands the core every
+//!   message that has already arrived as one batch (one lock, one wake of each destination's
+//!   writer); the writer feeds batch after batch while the core has more and flushes the
+//!   socket once it has none, so nothing waits in a buffer while the link is idle.
 
 pub mod endpoint;
 mod link_state;
@@ -41,7 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
 use tokio_tungstenite::tungstenite::error::ProtocolError;
@@ -55,6 +60,7 @@ pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES, WS_READ_BUFFER_BYTES
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
 pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
 
+use execrelay_protocol::batch::Batch;
 use execrelay_protocol::frame::{Frame, FrameError, MAX_FRAME_BYTES};
 use execrelay_protocol::reason::CloseReason;
 use execrelay_protocol::transmit::Transmit;
@@ -63,6 +69,15 @@ use execrelay_protocol::transmit::Transmit;
 /// enough to coalesce many small frames into one write, small enough that a ping or a
 /// control frame queued meanwhile waits for at most this much.
 pub const WRITE_BATCH_BYTES: usize = 256 << 10;
+
+/// Bytes of messages that have already arrived that the reader hands the core at once (one
+/// lock of the core for all of them): it stops taking more once the batch holds this much,
+/// so a batch holds less than this plus one frame. Messages are in memory already (the
+/// WebSocket decoded them); the bound keeps one link's turn on the core short.
+pub const READ_BATCH_BYTES: usize = 256 << 10;
+
+/// Messages the reader hands the core at once, at most (small frames: `ACK`s, `OPEN`s).
+pub const READ_BATCH_FRAMES: usize = 64;
 
 /// How long a closing link waits for its close frame to go out (and for its writer to stop)
 /// before the socket is dropped: a peer that does not read must not keep a dead link open.
@@ -162,11 +177,18 @@ impl LinkSignals {
 pub(crate) trait LinkCore: Send + Sync + 'static {
     fn signals(this: &Arc<Self>) -> &LinkSignals;
     fn on_frame(this: &Arc<Self>, now: Instant, msg: Bytes);
+    /// Every message of `batch`, in order, leaving it empty. A core that can take them
+    /// under one lock does.
+    fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Bytes>) {
+        for msg in batch.drain() {
+            Self::on_frame(this, now, msg);
+        }
+    }
     fn on_pong(this: &Arc<Self>, now: Instant, payload: &[u8]);
     fn on_timer(this: &Arc<Self>, now: Instant);
     fn next_timer(this: &Arc<Self>) -> Option<Instant>;
-    /// Transmits in order, until `max_bytes` of frames or the core has nothing.
-    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Vec<Transmit>, max_bytes: usize);
+    /// Transmits in order, while `out` has room ([`Batch::has_room`]) and the core has any.
+    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Batch<Transmit>);
     /// The driver saw the link end; idempotent.
     fn on_closed(this: &Arc<Self>, reason: CloseReason);
     fn write_timeout(this: &Arc<Self>) -> Duration;
@@ -224,6 +246,7 @@ where
     let mut closed = C::signals(core).closed.subscribe();
     let never = Arrivals::default();
     let arrivals = message_deadline.as_ref().map_or(&never, |(a, _)| &**a);
+    let mut batch = Batch::new(READ_BATCH_BYTES, READ_BATCH_FRAMES);
     loop {
         if let Some(r) = *closed.borrow_and_update() {
             return r;
@@ -239,15 +262,18 @@ where
                     return CloseReason::Local;
                 }
             }
-            m = stream.next() => {
-                if matches!(
-                    m,
-                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))
-                ) {
+            m = stream.next() => match m {
+                Some(Ok(Message::Binary(b))) => {
                     arrivals.message_done();
+                    read_batch(&mut stream, core, arrivals, &mut batch, b);
                 }
-                on_message(core, m)
-            }
+                other => {
+                    if matches!(other, Some(Ok(Message::Ping(_) | Message::Pong(_)))) {
+                        arrivals.message_done();
+                    }
+                    on_message(core, other)
+                }
+            },
             _ = sleep_until_some(timer) => C::on_timer(core, now()),
             _ = sleep_until_some(message_due) => {
                 // Still unfinished (the mark is cleared with each message, and a new mark is
@@ -266,6 +292,46 @@ where
             // Bytes of a new message: arm its deadline.
             _ = arrivals.marked.notified() => {}
         }
+    }
+}
+
+/// Hand the core `first` and every binary message that has already arrived behind it, as one
+/// batch (bounded by [`READ_BATCH_BYTES`] and [`READ_BATCH_FRAMES`]); a message of another
+/// kind (a ping, a close, an error) ends the batch and is handled after it, in order. Never
+/// waits: a message still on its way is left for the next turn of the read loop.
+fn read_batch<S, C>(
+    stream: &mut futures_util::stream::SplitStream<WebSocketStream<S>>,
+    core: &Arc<C>,
+    arrivals: &Arrivals,
+    batch: &mut Batch<Bytes>,
+    first: Bytes,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    C: LinkCore,
+{
+    let n = first.len();
+    batch.push(first, n);
+    let mut after = None;
+    while batch.has_room() {
+        match stream.next().now_or_never() {
+            Some(Some(Ok(Message::Binary(b)))) => {
+                arrivals.message_done();
+                let n = b.len();
+                batch.push(b, n);
+            }
+            Some(other) => {
+                after = Some(other);
+                break;
+            }
+            None => break,
+        }
+    }
+    C::on_frames(core, now(), batch);
+    if let Some(m) = after {
+        if matches!(m, Some(Ok(Message::Ping(_) | Message::Pong(_)))) {
+            arrivals.message_done();
+        }
+        on_message(core, m);
     }
 }
 
@@ -320,16 +386,28 @@ async fn write_loop<S, C>(
 {
     let signals_closed = C::signals(&core).closed.subscribe();
     let deadline = C::write_timeout(&core);
-    let mut batch = Vec::new();
+    // Bounded in bytes only, as it always was: a batch of `ACK`s is many small frames.
+    let mut batch = Batch::new(WRITE_BATCH_BYTES, usize::MAX);
+    // Fed to the WebSocket since its last flush.
+    let mut unflushed = false;
     'run: loop {
         if signals_closed.borrow().is_some() {
             break;
         }
         // Register for a wake-up before looking, so a notify in between is not lost.
         let notified = C::signals(&core).writer.notified();
-        batch.clear();
-        C::poll_batch(&core, now(), &mut batch, WRITE_BATCH_BYTES);
+        C::poll_batch(&core, now(), &mut batch);
         if batch.is_empty() {
+            if unflushed {
+                // Everything the core had is fed: write it out before sleeping, then look
+                // again (more may have come meanwhile).
+                if let Err(r) = deadlined(deadline, &signals_closed, sink.flush()).await {
+                    C::on_closed(&core, r);
+                    break;
+                }
+                unflushed = false;
+                continue;
+            }
             let mut closed = signals_closed.clone();
             tokio::select! {
                 _ = notified => {}
@@ -337,15 +415,16 @@ async fn write_loop<S, C>(
             }
             continue;
         }
-        if batch.iter().any(|t| matches!(t, Transmit::Ping(_))) {
+        if batch.any(|t| matches!(t, Transmit::Ping(_))) {
             // While a ping waited for us the core had no deadline for the reader's timer; now
             // it has one (the pong timeout): a silent peer must still be found dead.
             C::signals(&core).timer.notify_one();
         }
-        for t in batch.drain(..) {
+        for t in batch.drain() {
             let msg = match t {
-                Transmit::Frame(f) => match f.encode() {
-                    Ok(b) => Message::Binary(b.into()),
+                // A forwarded frame goes out as the message it came in (no copy).
+                Transmit::Frame(f) => match f.into_wire() {
+                    Ok(b) => Message::Binary(b),
                     Err(_) => continue,
                 },
                 Transmit::Ping(p) => Message::Ping(Bytes::copy_from_slice(&p)),
@@ -355,10 +434,9 @@ async fn write_loop<S, C>(
                 break 'run;
             }
         }
-        if let Err(r) = deadlined(deadline, &signals_closed, sink.flush()).await {
-            C::on_closed(&core, r);
-            break;
-        }
+        // The WebSocket writes its buffer out as it fills (`WS_WRITE_BUFFER`); the flush
+        // waits until the core has nothing more, so a busy link writes large batches.
+        unflushed = true;
     }
     // Say why in the close frame (a fixed reason of ours, never a peer's words), so the other
     // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …

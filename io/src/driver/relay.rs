@@ -32,6 +32,7 @@ use tokio_tungstenite::WebSocketStream;
 use tracing::Span;
 
 use super::{now, run_io, seed, Arrivals, LinkCore, LinkSignals};
+use execrelay_protocol::batch::Batch;
 use execrelay_protocol::config::{ConfigError, RelayConfig};
 use execrelay_protocol::frame::StreamId;
 use execrelay_protocol::reason::{CloseReason, Counters};
@@ -462,6 +463,16 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
         this.hub.with(|r| r.handle_frame(now, this.id, msg));
     }
 
+    fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Bytes>) {
+        // One turn of the hub's lock for the batch: the router's events (each destination's
+        // wake-up) are handled once, after the last frame.
+        this.hub.with(|r| {
+            for msg in batch.drain() {
+                r.handle_frame(now, this.id, msg);
+            }
+        });
+    }
+
     fn on_pong(this: &Arc<Self>, _now: Instant, payload: &[u8]) {
         this.hub.with(|r| r.handle_pong(this.id, payload));
     }
@@ -474,18 +485,17 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
         lock(&this.hub.inner).router.poll_timeout(this.id)
     }
 
-    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Vec<Transmit>, max_bytes: usize) {
+    fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Batch<Transmit>) {
         this.hub.with(|r| {
-            let mut bytes = 0;
-            while bytes < max_bytes {
+            while out.has_room() {
                 let Some(t) = r.poll_transmit(now, this.id) else {
                     break;
                 };
-                bytes += match &t {
+                let n = match &t {
                     Transmit::Frame(f) => f.wire_len(),
                     Transmit::Ping(p) => p.len(),
                 };
-                out.push(t);
+                out.push(t, n);
             }
         });
     }

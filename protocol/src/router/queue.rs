@@ -95,7 +95,7 @@ impl OutQueue {
     /// An `ACK` (payload dropped: an `ACK` carries none). Replaces a queued `ACK` of the same
     /// stream, whose report is older. Returns the bytes added.
     pub fn push_ack(&mut self, mut f: Frame) -> usize {
-        f.payload = bytes::Bytes::new();
+        f.drop_payload();
         if let Some(q) = self.ack_frames.get_mut(&f.stream) {
             *q = f;
             return 0;

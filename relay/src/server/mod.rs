@@ -29,7 +29,9 @@
 //! 1. The client link's reader task reads one binary WebSocket message. tungstenite refuses a
 //!    message longer than `max_frame_bytes` from its header (the link closes,
 //!    `oversized_frame`), so nothing larger is ever buffered.
-//! 2. The reader takes the hub's lock and calls `Router::handle_frame(now, link, bytes)`: decode
+//! 2. The reader takes the hub's lock once for that message and every one that has already
+//!    arrived behind it (`READ_BATCH_BYTES`, `READ_BATCH_FRAMES`), and calls
+//!    `Router::handle_frame(now, link, bytes)` for each, in order: decode
 //!    the 44-byte header (`frame.rs`) and check its rules; the payload is never looked at.
 //!    Malformed frames and frames for streams the link does not hold (ids whose `OPEN` was
 //!    refused included) are charged to that link's budgets; past them, that link alone closes.
@@ -53,8 +55,11 @@
 //!    (a `Notify`), releases the lock, and the reader goes back to its socket. **It never waited
 //!    for the destination.**
 //! 5. The environment link's writer task takes the lock, pops a batch (`WRITE_BATCH_BYTES`:
-//!    ping, control, `ACK`s, then `DATA` round robin between streams), releases it, and writes
-//!    and flushes under `WRITE_TIMEOUT` (= `pong_timeout_ms`); a write past it kills that link.
+//!    ping, control, `ACK`s, then `DATA` round robin between streams), releases it, and feeds
+//!    each frame to the WebSocket as the message it came in as (no new message, no copy of the
+//!    payload before the WebSocket's own write buffer), batch after batch while the router has
+//!    more, then flushes, each write under `WRITE_TIMEOUT` (= `pong_timeout_ms`); a write past
+//!    it kills that link.
 //!
 //! # Who owns which queue
 //!

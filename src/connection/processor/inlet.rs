@@ -78,7 +78,7 @@ impl Inlet {
 /// A binary message (§5.2): charged, then decoded into the `process/write` it stands for. A
 /// malformed one, or one on a connection that did not negotiate `binaryInput`, is answered
 /// `-32700` with id `null`, and the connection carries on.
-fn binary_write(budget: &ByteBudget, negotiated: bool, bytes: Vec<u8>) -> Arrival {
+fn binary_write(budget: &ByteBudget, negotiated: bool, bytes: Bytes) -> Arrival {
     if !negotiated {
         let error = RpcError::parse_error(
             "a binary message, but this connection did not negotiate \
@@ -88,7 +88,7 @@ fn binary_write(budget: &ByteBudget, negotiated: bool, bytes: Vec<u8>) -> Arriva
         return Some((Inbound::Rejected { id: None, error }, Charge::none()));
     }
     let len = bytes.len();
-    let w = match decode_binary_write(Bytes::from(bytes)) {
+    let w = match decode_binary_write(bytes) {
         Ok(w) => w,
         Err(e) => {
             let error = RpcError::parse_error(e);

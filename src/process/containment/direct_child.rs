@@ -92,6 +92,13 @@ impl DirectChild {
         *lock(&self.reaped) || !self.pidfd.is_unreaped()
     }
 
+    /// Whether the child was reaped through [`wait`](Self::wait) or
+    /// [`try_wait`](Self::try_wait) (the reap flag alone, no system call): unlike
+    /// [`is_reaped`](Self::is_reaped) it does not see a reap by some other path.
+    pub(crate) fn reaped_through_wait(&self) -> bool {
+        *lock(&self.reaped)
+    }
+
     /// Wait for the child to exit and reap it, under the reap gate so that no group signal
     /// can run after the reap. Fails with `ECHILD` if it was already reaped.
     pub async fn wait(&self) -> io::Result<ExitStatus> {

@@ -9,9 +9,9 @@
 //!   *inside* the tree is itself a subreaper: then orphans stop there, still inside the tree).
 //! - The process-wide **registry of direct children**: every child `spawn.rs` starts, with the
 //!   pidfd opened right after the fork, registered before the reaper can look.
-//! - The **reaper thread**: on every `SIGCHLD` (and every [`REAPER_RESCAN_INTERVAL`] as a
-//!   safety net) it lists the server's children and reaps those that are zombies and not
-//!   registered direct children.
+//! - The **reaper thread**: [`REAPER_COALESCE`] after a `SIGCHLD` (and every
+//!   [`REAPER_RESCAN_INTERVAL`] as a safety net) it lists the server's children and reaps
+//!   those that are zombies and not registered direct children.
 //!
 //! It must never reap a registered direct child (its supervisor's `DirectChild::wait` must
 //! see its status) unless the child's owner abandoned it,
@@ -35,6 +35,12 @@
 //!    listed under that pid *is* the registered one. After the supervisor reaped it the
 //!    entry is stale and pruned, and a later process that reuses the number (possibly an
 //!    adopted orphan) is treated on its own merits.
+//!    A pass after a `SIGCHLD` prunes by the entry's reap flag (set under the reap gate by
+//!    `DirectChild::wait`, the one reap path) rather than asking every registered child's
+//!    pidfd: with a thousand children running, that was a thousand system calls per exit.
+//!    The periodic pass asks each pidfd, so an entry whose child was reaped behind its back
+//!    (by a foreign `waitpid(-1)`, see 5.) is pruned within [`REAPER_RESCAN_INTERVAL`]; until
+//!    then an orphan that reused its number is only left a zombie, never reaped wrongly.
 //! 4. **Reaping by identity.** For each unregistered child the pass opens a pidfd, reads
 //!    `/proc/<pid>/stat` (parent, session), checks the pidfd is still unreaped (so the stat
 //!    was this process's), and reaps with `waitid(P_PIDFD, …, WEXITED | WNOHANG)`: only that
@@ -66,6 +72,16 @@ use crate::sync::{lock, read, write};
 /// consumed before the reaper's handler existed; one second keeps a missed zombie short-lived
 /// at the cost of one `/proc` listing per second.
 pub const REAPER_RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// After a `SIGCHLD` the reaper waits this long before its pass. Nearly every `SIGCHLD` is a
+/// direct child's exit, which its supervisor reaps; passing at once made every exit cost a
+/// pass (a `/proc` listing of all the server's children, under the exclusive fork gate that
+/// holds back every spawn meanwhile) run on a second thread at the very moment the
+/// supervisor reports the exit. Waiting lets a burst of exits (a fan-in of a thousand
+/// processes) share one pass, and keeps the pass off the exec's critical path. An orphan
+/// stays a zombie at most this much longer; exits during the wait are covered by the pass
+/// (signals coalesce, and the pass lists everything).
+pub const REAPER_COALESCE: Duration = Duration::from_millis(100);
 
 struct Registry {
     /// Read: a spawn between fork and registration. Write: a reaper pass.
@@ -141,12 +157,34 @@ pub fn orphans_reaped() -> u64 {
 /// One reaper pass: reap every exited child of the server that is not a registered direct
 /// child and not in the server's own session. Returns how many were reaped.
 pub fn reap_orphans() -> io::Result<usize> {
+    reap_orphans_with(Prune::AskEachPidfd)
+}
+
+/// How a pass tells a stale registry entry (its child reaped, its number free for another
+/// process) from a live one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prune {
+    /// By the entry's own reap flag, set by [`DirectChild::wait`] (the one reap path): no
+    /// system call per registered child. A child reaped behind its `DirectChild`'s back (a
+    /// foreign `waitpid(-1)`, which the module docs rule out) stays registered until the
+    /// next [`AskEachPidfd`](Prune::AskEachPidfd) pass: at worst an orphan that reused its
+    /// number stays a zombie that long, and nothing is ever reaped that should not be.
+    ReapFlag,
+    /// Ask each entry's pidfd too (one `pidfd_send_signal(0)` per registered child): the
+    /// periodic pass, and [`reap_orphans`].
+    AskEachPidfd,
+}
+
+fn reap_orphans_with(prune: Prune) -> io::Result<usize> {
     let _gate = fork_exclusive();
     let me = std::process::id();
     let own_sid = sys::own_session_id();
     let kids = procfs::children(me)?;
     let mut map = lock(&REGISTRY.children);
-    map.retain(|_, c| !c.is_reaped());
+    match prune {
+        Prune::ReapFlag => map.retain(|_, c| !c.reaped_through_wait()),
+        Prune::AskEachPidfd => map.retain(|_, c| !c.is_reaped()),
+    }
     let mut reaped = 0;
     for pid in kids {
         if let Some(child) = map.get(&pid) {
@@ -221,22 +259,93 @@ fn reaper_thread() {
                     None
                 }
             };
+        let mut prune = Prune::AskEachPidfd;
         loop {
-            match reap_orphans() {
+            match reap_orphans_with(prune) {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(reaped = n, "reaped orphans"),
                 Err(e) => tracing::warn!(error = %e, "reaper pass failed"),
             }
             let tick = tokio::time::sleep(REAPER_RESCAN_INTERVAL);
-            match sigchld.as_mut() {
+            prune = match sigchld.as_mut() {
                 Some(s) => {
                     tokio::select! {
-                        _ = s.recv() => {}
-                        _ = tick => {}
+                        _ = s.recv() => {
+                            tokio::time::sleep(REAPER_COALESCE).await;
+                            Prune::ReapFlag
+                        }
+                        _ = tick => Prune::AskEachPidfd,
                     }
                 }
-                None => tick.await,
-            }
+                None => {
+                    tick.await;
+                    Prune::AskEachPidfd
+                }
+            };
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::spawn::{spawn, SpawnSpec};
+    use nix::sys::signal::Signal;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn spec(argv: &[&str]) -> SpawnSpec {
+        SpawnSpec {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            cwd: None,
+            env: Vec::new(),
+            inherit_env: true,
+            tty: None,
+            pipe_stdin: false,
+        }
+    }
+
+    fn registered(child: &Arc<DirectChild>) -> bool {
+        lock(&REGISTRY.children)
+            .get(&child.pid())
+            .is_some_and(|c| Arc::ptr_eq(c, child))
+    }
+
+    /// The pass a `SIGCHLD` triggers prunes by the reap flag alone: a child its supervisor
+    /// reaped leaves the registry, one still running or an unreaped zombie stays, and the
+    /// zombie's status is left to its own wait.
+    #[tokio::test]
+    async fn a_pass_by_the_reap_flag_prunes_the_reaped_and_leaves_the_zombie_to_its_wait() {
+        let done = spawn(&spec(&["true"])).expect("spawn true");
+        let running = spawn(&spec(&["sleep", "1000"])).expect("spawn sleep");
+        let mut done_child = done.child;
+        let status = tokio::time::timeout(Duration::from_secs(60), done_child.wait())
+            .await
+            .expect("hang guard")
+            .expect("wait");
+        assert_eq!(status.code(), Some(0));
+        assert!(
+            registered(&done.direct),
+            "registered until a pass prunes it"
+        );
+        assert!(registered(&running.direct));
+
+        reap_orphans_with(Prune::ReapFlag).expect("pass");
+        assert!(!registered(&done.direct), "reaped through its wait: pruned");
+        assert!(registered(&running.direct), "running: still registered");
+
+        // Killed and not yet waited for: a zombie the pass must leave alone.
+        running.direct.signal(Signal::SIGKILL).expect("kill");
+        tokio::time::timeout(Duration::from_secs(60), running.direct.pidfd().exited())
+            .await
+            .expect("hang guard")
+            .expect("exited");
+        reap_orphans_with(Prune::ReapFlag).expect("pass");
+        assert!(
+            registered(&running.direct),
+            "an unreaped zombie stays registered"
+        );
+        let mut running_child = running.child;
+        let status = running_child.wait().await.expect("its status is its own");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+    }
 }

@@ -15,15 +15,29 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use libc::{c_int, c_void};
 
 use super::child::{child_main, ChildPlan};
+use crate::sync::lock;
 
 /// The child's stack. The child runs only `child.rs` (plain system calls, a few hundred
 /// bytes of locals); 64 KiB leaves room for any C library's wrappers, and a guard page below
 /// turns an overflow into a crash of the child rather than a write into the server's memory.
 pub const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+/// Child stacks kept mapped between spawns, at most this many (each [`CHILD_STACK_BYTES`]
+/// and a guard page of address space; only the few pages a child touched are resident).
+/// Mapping, guarding and unmapping a stack per spawn cost three calls that take the server's
+/// address-space lock for writing, page faults in the child while the cloning thread
+/// waits, and, at the unmap, a TLB shootdown on every core running a server thread. Spawns
+/// run concurrently on the runtime's threads; beyond this many at once, a spawn maps its
+/// own stack and unmaps it afterwards, as before.
+pub const CHILD_STACK_POOL: usize = 8;
+
+/// The kept stacks (see [`CHILD_STACK_POOL`]).
+static STACKS: Mutex<Kept<Stack>> = Mutex::new(Kept::new(CHILD_STACK_POOL));
 
 /// `CLONE_INTO_CGROUP` (Linux 5.7, `clone3` only).
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
@@ -92,7 +106,11 @@ pub(super) fn clone_child(
     cgroup_dir: Option<BorrowedFd<'_>>,
     pref: ClonePreference,
 ) -> Result<Cloned, CloneError> {
-    let stack = Stack::new().map_err(CloneError::Io)?;
+    let kept = lock(&STACKS).take();
+    let stack = match kept {
+        Some(stack) => stack,
+        None => Stack::new().map_err(CloneError::Io)?,
+    };
     let into = cgroup_dir.filter(|_| pref == ClonePreference::Auto && clone3_usable());
     if into.is_some() {
         plan.skip_cgroup_writes();
@@ -107,7 +125,10 @@ pub(super) fn clone_child(
             None => (clone_vfork(plan, &stack), CloneMethod::CloneVfork),
         }
     };
-    drop(stack);
+    // The child exec'd or exited before the clone returned (`CLONE_VFORK`): nothing runs on
+    // the stack any more. Kept for the next spawn, or unmapped if the pool is full.
+    let spare = lock(&STACKS).keep(stack);
+    drop(spare);
     let (pid, pidfd) = match result {
         Ok(r) => r,
         Err(e) if method == CloneMethod::Clone3IntoCgroup && refused_as_unsupported(&e) => {
@@ -147,12 +168,46 @@ fn reap_failed(pidfd: RawFd) {
     }
 }
 
+/// Up to `cap` things kept for reuse (sans-IO: the stack pool's rule, tested on its own).
+struct Kept<T> {
+    items: Vec<T>,
+    cap: usize,
+}
+
+impl<T> Kept<T> {
+    const fn new(cap: usize) -> Kept<T> {
+        Kept {
+            items: Vec::new(),
+            cap,
+        }
+    }
+
+    /// One kept thing, if any.
+    fn take(&mut self) -> Option<T> {
+        self.items.pop()
+    }
+
+    /// Keep `t` if there is room; else hand it back (for the caller to drop).
+    fn keep(&mut self, t: T) -> Option<T> {
+        if self.items.len() < self.cap {
+            self.items.push(t);
+            None
+        } else {
+            Some(t)
+        }
+    }
+}
+
 /// The child's stack: an anonymous mapping with a guard page at its low end.
 struct Stack {
     base: *mut c_void,
     len: usize,
     guard: usize,
 }
+
+// SAFETY: a `Stack` is the sole owner of its mapping (nothing else holds the pointer), and a
+// mapping is not tied to the thread that made it: any thread may clone on it or unmap it.
+unsafe impl Send for Stack {}
 
 impl Stack {
     fn new() -> io::Result<Stack> {
@@ -388,4 +443,39 @@ unsafe fn clone3_raw(
         );
     }
     ret
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_holds_up_to_its_cap_and_hands_back_the_rest() {
+        let mut k = Kept::new(2);
+        assert_eq!(k.take(), None, "nothing kept yet");
+        assert_eq!(k.keep(1), None);
+        assert_eq!(k.keep(2), None);
+        assert_eq!(k.keep(3), Some(3), "full: handed back to be dropped");
+        assert_eq!(k.take(), Some(2));
+        assert_eq!(k.keep(4), None, "room again after a take");
+        assert_eq!(k.take(), Some(4));
+        assert_eq!(k.take(), Some(1));
+        assert_eq!(k.take(), None);
+    }
+
+    #[test]
+    fn a_kept_stack_is_reused_as_it_was_mapped() {
+        let s = Stack::new().expect("map a stack");
+        let (low, size) = s.usable();
+        let mut k = Kept::new(1);
+        assert!(k.keep(s).is_none());
+        let again = k.take().expect("kept");
+        assert_eq!(
+            again.usable(),
+            (low, size),
+            "the same mapping, not a new one"
+        );
+        assert_eq!(size as usize % 16, 0);
+        assert!(size as usize >= CHILD_STACK_BYTES - 16);
+    }
 }

@@ -120,6 +120,27 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
+/// `/dev/null` for reading (close-on-exec), opened once for the process: the stdin of every
+/// child without a stdin pipe. The child `dup2`s it onto 0 and never closes it; nothing in
+/// the server reads it. One open and close less per spawn.
+static DEV_NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+
+/// [`DEV_NULL`], opened on first use (a failed open is retried by the next spawn).
+fn dev_null() -> io::Result<&'static OwnedFd> {
+    if let Some(fd) = DEV_NULL.get() {
+        return Ok(fd);
+    }
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/null")?;
+    // Two first spawns at once: one keeps its descriptor, the other's is closed here.
+    let _ = DEV_NULL.set(OwnedFd::from(null));
+    DEV_NULL
+        .get()
+        .ok_or_else(|| io::Error::other("/dev/null was not kept"))
+}
+
 /// A child on pipes.
 fn spawn_pipes(
     spec: &SpawnSpec,
@@ -128,17 +149,17 @@ fn spawn_pipes(
 ) -> Result<Spawned, Failure> {
     let (in_child, in_parent) = if spec.pipe_stdin {
         let (r, w) = pipe()?;
-        (r, Some(w))
+        (Some(r), Some(w))
     } else {
-        let null = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open("/dev/null")?;
-        (OwnedFd::from(null), None)
+        (None, None)
+    };
+    let stdin_fd = match &in_child {
+        Some(r) => r.as_raw_fd(),
+        None => dev_null()?.as_raw_fd(),
     };
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let stdio = [in_child.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+    let stdio = [stdin_fd, out_w.as_raw_fd(), err_w.as_raw_fd()];
     let (direct, method) = launch(spec, stdio, false, scope, pref)?;
     // Our copies of the child's ends must go, or we never see end of file.
     drop((in_child, out_w, err_w));
