@@ -161,6 +161,7 @@ pub fn compose(
     policy: Option<Arc<PolicyFile>>,
 ) -> Result<Arc<SessionRegistry>, StartError> {
     let containment = start_containment(&config)?;
+    crate::process::spawn::open_shared_stdin();
     Ok(SessionRegistry::with_exec_policy(
         config,
         Arc::new(Metrics::new()),

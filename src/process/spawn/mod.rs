@@ -125,6 +125,16 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// the server reads it. One open and close less per spawn.
 static DEV_NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
 
+/// Open the children's shared stdin ([`DEV_NULL`]) now rather than at the first spawn: the
+/// composition root calls this at start, so that a server's descriptors at rest are the same
+/// before its first spawn and after its last (what a leak check compares). A failure here is
+/// only logged; the first spawn tries again and reports its own error.
+pub fn open_shared_stdin() {
+    if let Err(e) = dev_null() {
+        tracing::warn!(error = %e, "cannot open /dev/null for children's stdin; spawns will try again");
+    }
+}
+
 /// [`DEV_NULL`], opened on first use (a failed open is retried by the next spawn).
 fn dev_null() -> io::Result<&'static OwnedFd> {
     if let Some(fd) = DEV_NULL.get() {
