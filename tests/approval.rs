@@ -10,6 +10,7 @@
 //! The client library and the CLI are in `approval_client.rs`.
 
 mod common;
+use common::process::{exec_done, running_with_arg};
 use common::*;
 
 use std::path::{Path, PathBuf};
@@ -116,37 +117,6 @@ async fn answer(c: &mut RawClient, id: &Value, decision: &str) {
 /// test's process exists).
 fn marker(tag: u32) -> String {
     format!("{}.{:03}", 3000 + tag, std::process::id() % 1000)
-}
-
-/// Processes whose command line has `arg` as an argument.
-fn running_with_arg(arg: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if cmd.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// Wait (hang guard) until process `pid` shows its arguments: a spawn returns once the
-/// child's `execve` released the server's memory (`CLONE_VFORK`), but the kernel sets the new
-/// program's argument area a little after that, and until then `/proc/PID/cmdline` is empty.
-async fn exec_done(pid: i32) {
-    let deadline = tokio::time::Instant::now() + GUARD;
-    while std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty()) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{pid} never showed its arguments"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 fn sleep_params(id: &str, arg: &str) -> Value {
@@ -265,11 +235,7 @@ async fn ask_waits_for_the_answer_while_everything_else_proceeds() {
     answer(&mut t.client, &req["id"], "approve").await;
     let r = t.client.response(start).await;
     let pid = r["result"]["pid"].as_i64().expect("started") as i32;
-    // Its command line shows a moment after the answer (see the test of late answers).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while running_with_arg(&arg).is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    exec_done(pid).await;
     assert_eq!(
         running_with_arg(&arg),
         vec![pid],
@@ -377,19 +343,13 @@ async fn late_and_duplicate_answers_are_ignored_and_unknown_ids_close_only_that_
     let req = server_request(&mut t.client).await;
     answer(&mut t.client, &req["id"], "approve").await;
     let r = t.client.response(start).await;
-    assert!(r["result"]["pid"].is_i64(), "{r}");
+    let pid = r["result"]["pid"].as_i64().expect("started") as i32;
     // The same answer again, and a contrary one: ignored, the connection goes on.
     answer(&mut t.client, &req["id"], "approve").await;
     answer(&mut t.client, &req["id"], "deny").await;
     t.client.call("server/info", json!({})).await;
-    // `process/start` answers once the child is past exec, a moment before the kernel has
-    // set up its new command line (`/proc/PID/cmdline` reads empty until then): wait for it
-    // to show (hang guard), then count.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while running_with_arg(&arg).is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert_eq!(running_with_arg(&arg).len(), 1, "started once");
+    exec_done(pid).await;
+    assert_eq!(running_with_arg(&arg), vec![pid], "started once");
     stop(&mut t.client, "p").await;
 
     // An id this session never sent (a later one, a number) is a protocol error.

@@ -11,6 +11,7 @@
 
 mod common;
 use common::binary::{first_line, output_of, serve_cmd};
+use common::process::running_with_arg;
 use common::pty::*;
 use common::*;
 
@@ -38,23 +39,6 @@ fn policy_file(dir: &Path) -> std::path::PathBuf {
 /// A `sleep` argument no other process has.
 fn marker(tag: u32) -> String {
     format!("{}.{:03}", 4000 + tag, std::process::id() % 1000)
-}
-
-/// Processes whose command line has `arg` as an argument.
-fn running_with_arg(arg: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if cmd.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 /// `execrelay serve --listen ws://127.0.0.1:0 --exec-policy POLICY`; the child and its URL.

@@ -5,6 +5,7 @@
 //! connection, the process runs once). The built binary's side is `approval_cli.rs`.
 
 mod common;
+use common::process::{exec_done, running_with_arg};
 use common::*;
 
 use std::path::Path;
@@ -46,23 +47,6 @@ fn loaded(dir: &Path) -> Option<Arc<PolicyFile>> {
 /// A `sleep` argument no other process has.
 fn marker(tag: u32) -> String {
     format!("{}.{:03}", 4000 + tag, std::process::id() % 1000)
-}
-
-/// Processes whose command line has `arg` as an argument.
-fn running_with_arg(arg: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if cmd.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 /// A handler approving process ids that start with `yes`, telling `calls` of every request.
@@ -114,13 +98,7 @@ async fn approve_deny_and_no_handler(target: Target, tag: u32) {
     assert_eq!(req.process_id, "yes-1");
     assert_eq!(req.argv, ["sleep", yes.as_str()]);
     assert_eq!(req.rule, "sleeps");
-    // The start is answered once the child has exec'd, but the kernel sets the new program's
-    // command line a moment later (the cloning thread resumes at the exec's switch of address
-    // space, before the arguments are in place): wait for it to show, bounded by the guard.
-    let deadline = std::time::Instant::now() + GUARD;
-    while running_with_arg(&yes).is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    exec_done(p.pid as i32).await;
     assert_eq!(running_with_arg(&yes), vec![p.pid as i32]);
     assert!(matches!(
         exit_of(&mut p, true).await,
@@ -239,6 +217,7 @@ async fn a_connection_lost_while_the_handler_decides_is_answered_once_after_the_
         .expect("the start finishes (hang guard)")
         .unwrap()
         .expect("approved after the resume");
+    exec_done(p.pid as i32).await;
     assert_eq!(
         *asked.lock().unwrap(),
         1,

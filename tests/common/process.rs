@@ -130,6 +130,42 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Processes whose command line has `arg` as an argument.
+///
+/// A child that was just started may not show yet: the start is answered once the child is
+/// past `exec`, but the kernel releases the cloning thread (`CLONE_VFORK`) before it has set
+/// up the new program's arguments, and `/proc/PID/cmdline` reads empty in between. Use
+/// [`exec_done`] on a pid just started before counting it here.
+pub fn running_with_arg(arg: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if cmd.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Waits (bounded by [`super::GUARD`]) until `pid`'s command line shows, so that
+/// [`running_with_arg`] sees it: the kernel fills it in a moment after the start is answered.
+/// There is no event to wait on for this, hence the short poll.
+pub async fn exec_done(pid: i32) {
+    let deadline = tokio::time::Instant::now() + super::GUARD;
+    while std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pid} never showed its arguments"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// Whether a single process exists (zombies included): `kill(pid, 0)` does not fail with
 /// `ESRCH`.
 pub fn pid_exists(pid: i32) -> bool {
