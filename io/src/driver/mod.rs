@@ -454,12 +454,16 @@ where
         }
         (Some(r), None, _) => Some(close_payload(close_code::POLICY, r.as_str())),
     };
-    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
-        if let Some(c) = close {
-            let _ = writer
-                .write_batch(&[Outgoing::Control(Opcode::Close, c)])
-                .await;
+    // A ping that came with the close is still answered, before it.
+    let mut last = Vec::new();
+    if let Some(c) = close {
+        if let Some(p) = lock(&signals.pong).take() {
+            last.push(Outgoing::Control(Opcode::Pong, p));
         }
+        last.push(Outgoing::Control(Opcode::Close, c));
+    }
+    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
+        let _ = writer.write_batch(&last).await;
         let _ = writer.shutdown().await;
     })
     .await;
