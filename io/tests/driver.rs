@@ -19,9 +19,9 @@ use execrelay_io::driver::{
 use execrelay_protocol::config::EndpointConfig;
 use execrelay_protocol::frame::{Frame, FrameType, MAX_PAYLOAD_BYTES};
 use execrelay_protocol::reason::CloseReason;
+use execrelay_protocol::websocket::Role as WsRole;
 use tokio::io::DuplexStream;
 use tokio::time::{timeout, Instant};
-use execrelay_protocol::websocket::Role as WsRole;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 

@@ -21,12 +21,7 @@ use tokio_tungstenite::WebSocketStream;
 const GUARD: Duration = Duration::from_secs(600);
 
 /// A relay client link served by `hub`; the raw far end and the link's task.
-async fn client_link(
-    hub: &RelayHub,
-) -> (
-    DuplexStream,
-    tokio::task::JoinHandle<CloseReason>,
-) {
+async fn client_link(hub: &RelayHub) -> (DuplexStream, tokio::task::JoinHandle<CloseReason>) {
     let (far, near) = tokio::io::duplex(1 << 20);
     let ws = WebSocketStream::from_raw_socket(
         ReadAhead::websocket(near, Role::Server),
@@ -207,7 +202,10 @@ async fn frames_split_across_reads_and_bytes_read_ahead_survive_the_takeover() {
     early.extend(client_frame(0x88, &[0x03, 0xE8]));
     far.write_all(&early).await.unwrap();
     // tungstenite reads the ping (and only the ping).
-    let m = futures_util::StreamExt::next(&mut ws).await.unwrap().unwrap();
+    let m = futures_util::StreamExt::next(&mut ws)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(m.is_ping());
     let link = hub.add_client("env1", ADDR).unwrap();
     let task = tokio::spawn(link.serve(ws));

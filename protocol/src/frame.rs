@@ -406,7 +406,10 @@ impl Frame {
                 return Ok(WireParts::Whole(*wire));
             }
         }
-        Ok(WireParts::Split(self.header(), std::mem::take(&mut self.payload)))
+        Ok(WireParts::Split(
+            self.header(),
+            std::mem::take(&mut self.payload),
+        ))
     }
 
     /// Check the field rules of a virtual stream's frame (§5, §7): what a relay or an

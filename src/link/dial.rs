@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-
 pub use super::dial_error::DialError;
 pub use super::trust::{load_ca_file, TlsRoots};
 

@@ -54,10 +54,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use execrelay_io::driver::ReadAhead;
 use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
-use execrelay_io::driver::ReadAhead;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

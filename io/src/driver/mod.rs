@@ -29,11 +29,16 @@
 //!   frames never count as a pong.
 //! - Every queue is bounded: per-stream inbound by the window, the writer's batch by
 //!   [`WRITE_BATCH_BYTES`], the reader's by [`READ_BATCH_BYTES`] and [`READ_BATCH_FRAMES`],
-//!   the WebSocket's write buffer by [`link_websocket_config`].
+//!   the read buffer by [`LINK_READ_BYTES`] (none while idle).
+//! - **tungstenite does the upgrade, the driver the frames.** Each link's WebSocket is taken
+//!   over ([`LinkSocket`]) when its driver starts: frames are read and written by
+//!   [`socket`] with `execrelay_protocol::websocket`, no copy of a payload on the way through
+//!   a relay. Pings from the peer are answered by the writer (the latest one); a peer's close
+//!   is answered with its code; a WebSocket rule the peer broke closes with its RFC 6455 code.
 //! - **Batches under load, one at a time when idle.** The reader hands the core every
 //!   message that has already arrived as one batch (one lock, one wake of each destination's
-//!   writer); the writer feeds batch after batch while the core has more and flushes the
-//!   socket once it has none, so nothing waits in a buffer while the link is idle.
+//!   writer); the writer writes each batch it takes with one vectored write, so nothing waits
+//!   in a buffer while the link is idle.
 
 pub mod endpoint;
 mod link_state;
@@ -406,6 +411,7 @@ where
         }
         C::poll_batch(&core, now(), &mut batch);
         if batch.is_empty() && out.is_empty() {
+            writer.release_scratch();
             let mut closed = signals_closed.clone();
             tokio::select! {
                 _ = notified => {}
@@ -442,16 +448,19 @@ where
     // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …; a WebSocket rule the
     // peer broke with its RFC 6455 code; a peer's close answered with its code.
     let reason = *signals_closed.borrow();
-    let close = match (reason, signals.ws_close_code.get(), signals.peer_close_code.get()) {
+    let close = match (
+        reason,
+        signals.ws_close_code.get(),
+        signals.peer_close_code.get(),
+    ) {
         (Some(r), Some(code), _) => Some(close_payload(*code, r.as_str())),
         (None, Some(code), _) => Some(close_payload(*code, "")),
-        (None | Some(CloseReason::Transport), None, Some(code)) => {
-            Some(close_payload(*code, ""))
-        }
+        (None | Some(CloseReason::Transport), None, Some(code)) => Some(close_payload(*code, "")),
         (None | Some(CloseReason::Transport), None, None) => None,
-        (Some(CloseReason::Local), None, _) => {
-            Some(close_payload(close_code::NORMAL, CloseReason::Local.as_str()))
-        }
+        (Some(CloseReason::Local), None, _) => Some(close_payload(
+            close_code::NORMAL,
+            CloseReason::Local.as_str(),
+        )),
         (Some(r), None, _) => Some(close_payload(close_code::POLICY, r.as_str())),
     };
     // A ping that came with the close is still answered, before it.
@@ -539,9 +548,7 @@ where
             match ws.next().await {
                 Some(Ok(WsMessage::Binary(b))) => return Ok(Frame::decode_owned(b)?),
                 Some(Ok(WsMessage::Text(_))) => return Err(FrameIoError::Text),
-                Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {
-                    continue
-                }
+                Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => continue,
                 Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => {
                     return Err(FrameIoError::Closed)
                 }

@@ -17,6 +17,16 @@
 //!
 //! Writes go straight through (tungstenite buffers its own writes).
 //!
+//! # Under a link's WebSocket
+//!
+//! Built with [`ReadAhead::websocket`] or [`ReadAhead::websocket_client`], it hands
+//! tungstenite at most up to the end of the HTTP response head and then of each frame
+//! (`execrelay_protocol::websocket::Boundaries`): tungstenite never holds a byte past the
+//! message it returned, so a link's driver can take the socket over
+//! ([`LinkSocket`](super::LinkSocket)) with [`ReadAhead::into_parts`] and lose nothing. From
+//! then on the driver reads the socket itself, into its own large buffer; this one is only
+//! under tungstenite for the upgrade and the environment link's handshake.
+//!
 //! # What it costs (measured)
 //!
 //! Plain-WebSocket JSON output (`execrelay run --json-output`, the client under callgrind,

@@ -18,7 +18,7 @@
 //! Per connection, while data flows: the read buffer, at most [`LINK_READ_BYTES`] plus one
 //! frame being completed ([`MAX_FRAME_BYTES`]); the writer's headers and, for a client, its
 //! masked copy of one batch ([`WRITE_BATCH_BYTES`](super::WRITE_BATCH_BYTES) plus a frame).
-//! Idle: none of the read buffer; the writer keeps its scratch capacity (a client link's).
+//! Idle: neither (the read buffer is released when drained, the writer's when it sleeps).
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -34,8 +34,7 @@ use super::read_ahead::{Arrivals, ReadAhead};
 use super::LINK_CLOSE_TIMEOUT;
 use execrelay_protocol::frame::{WireParts, MAX_FRAME_BYTES};
 use execrelay_protocol::websocket::{
-    apply_mask, encode_header, Decoder, MaskKeys, Message, Opcode, Role, WsError,
-    MAX_HEADER_BYTES,
+    apply_mask, encode_header, Decoder, MaskKeys, Message, Opcode, Role, WsError, MAX_HEADER_BYTES,
 };
 
 /// Most bytes read from the socket in one system call: a full frame (64 KiB) and its
@@ -200,7 +199,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let want = self.decoder.frame_remaining().max(LINK_READ_BYTES);
         let buf = self.decoder.read_buffer();
-        buf.reserve(want);
+        if buf.capacity() - buf.len() < want {
+            // A buffer of exactly this much (what is left of a frame, and a read's worth),
+            // not `reserve`'s doubling: the bound in SECURITY.md holds. The old buffer stays
+            // alive only through the slices handed on from it.
+            let mut fresh = BytesMut::with_capacity(buf.len() + want);
+            fresh.extend_from_slice(buf);
+            *buf = fresh;
+        }
         let r = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, buf);
         if !matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.decoder.release_if_empty();
@@ -279,11 +285,6 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                 }
             }
             self.io.write_all(&self.scratch).await?;
-            // A client's batch is at most a write batch: keep the capacity for the next one,
-            // but not a burst's worth beyond it.
-            if self.scratch.capacity() > 2 * super::WRITE_BATCH_BYTES {
-                self.scratch = BytesMut::new();
-            }
         } else {
             let mut slices = Vec::with_capacity(batch.len() * 3);
             for (m, (h, n)) in batch.iter().zip(&self.headers) {
@@ -301,6 +302,13 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             write_all_vectored(&mut self.io, &mut slices).await?;
         }
         self.io.flush().await
+    }
+
+    /// The link has nothing to send: give the scratch buffer's memory back (an idle link
+    /// holds none; a busy one keeps it from batch to batch).
+    pub fn release_scratch(&mut self) {
+        self.scratch = BytesMut::new();
+        self.headers = Vec::new();
     }
 
     /// End the stream's writing side.

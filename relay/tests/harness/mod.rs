@@ -12,8 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use execrelay_io::driver::{
-    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, ReadAhead,
-    StreamHandle,
+    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, ReadAhead, StreamHandle,
 };
 use execrelay_protocol::config::EndpointConfig;
 use execrelay_protocol::env_handshake::{EnvironmentHandshake, LinkRefusal};
