@@ -19,8 +19,9 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -31,13 +32,21 @@ use tokio_tungstenite::tungstenite::error::Error as WsError;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use execrelay_io::http::{DataOpcode, FRAME_QUEUE_BYTES};
 use execrelay_protocol::config::KeepaliveConfig;
 use execrelay_protocol::keepalive::Keepalive;
+
+use super::ws_frames::DataFrames;
 
 struct Shared<S> {
     ws: Mutex<WebSocketStream<S>>,
     /// The writer's last waker, so a flush started by the reader wakes it too.
     writer: Mutex<Option<Waker>>,
+    /// No more data frames may be queued on the stream ([`DataFrames`]): the peer's close
+    /// frame (or the end of the stream) was read, or our close was started. Set and read under `ws`'s lock,
+    /// so a frame is never queued after tungstenite has queued a close frame (its reply to
+    /// the peer's, which it writes on its next read or flush).
+    closed: AtomicBool,
 }
 
 // A poll that panicked leaves the socket as tungstenite left it: `lock` keeps going.
@@ -58,11 +67,12 @@ pub fn split<S>(
     keepalive: Option<KeepaliveConfig>,
 ) -> (WsSink<S>, WsStream<S>)
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     let shared = Arc::new(Shared {
         ws: Mutex::new(ws),
         writer: Mutex::new(None),
+        closed: AtomicBool::new(false),
     });
     let seed = {
         let mut b = [0u8; 8];
@@ -119,7 +129,7 @@ pub struct WsStream<S> {
 
 impl<S> WsStream<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     /// Run the keepalive: death, a due ping out, the timer armed. `Err` once the peer is dead.
     // The error is tungstenite's own, returned as the stream's item: boxing it here would
@@ -181,7 +191,7 @@ where
 
 impl<S> Stream for WsStream<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     type Item = Result<Message, WsError>;
 
@@ -193,7 +203,13 @@ where
             }
             let next = {
                 let mut ws = locked(&me.shared.ws);
-                Pin::new(&mut *ws).poll_next(cx)
+                let next = Pin::new(&mut *ws).poll_next(cx);
+                // A read error leaves tungstenite's state as it was: the server may still
+                // send the peer the reason (protocol.md §1) before it closes.
+                if matches!(next, Poll::Ready(None | Some(Ok(Message::Close(_))))) {
+                    me.shared.closed.store(true, Ordering::Relaxed);
+                }
+                next
             };
             match next {
                 Poll::Ready(Some(Ok(Message::Pong(p)))) => {
@@ -217,8 +233,31 @@ pub struct WsSink<S> {
 
 impl<S> WsSink<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
+    /// Whether data messages go to [`start_send_data`](Self::start_send_data) (the stream
+    /// takes whole frames, [`DataFrames`]) rather than through tungstenite.
+    pub fn takes_frames(&self) -> bool {
+        locked(&self.shared.ws).get_ref().takes_frames()
+    }
+
+    /// Queue one data message, `head` then `payload`, as a frame on the stream, after
+    /// `poll_ready` (like `start_send`). Fails once the connection is closing: no data may
+    /// follow a close frame.
+    pub fn start_send_data(
+        &mut self,
+        opcode: DataOpcode,
+        head: Bytes,
+        payload: Bytes,
+    ) -> Result<(), WsError> {
+        let mut ws = locked(&self.shared.ws);
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return Err(WsError::AlreadyClosed);
+        }
+        ws.get_mut().queue_frame(opcode, head, payload);
+        Ok(())
+    }
+
     fn poll_write<F>(&mut self, cx: &mut Context<'_>, op: F) -> Poll<Result<(), WsError>>
     where
         F: FnOnce(Pin<&mut WebSocketStream<S>>, &mut Context<'_>) -> Poll<Result<(), WsError>>,
@@ -254,12 +293,20 @@ where
 
 impl<S> Sink<Message> for WsSink<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     type Error = WsError;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut().poll_write(cx, Sink::poll_ready)
+        self.get_mut().poll_write(cx, |mut ws, cx| {
+            // Data frames queued on the stream: written out once there are enough of them,
+            // by a flush (tungstenite flushes the stream after its own buffer, with the waker
+            // that wakes both halves), and no more taken until they are.
+            if ws.get_ref().queued_bytes() >= FRAME_QUEUE_BYTES {
+                ready!(ws.as_mut().poll_flush(cx))?;
+            }
+            ws.poll_ready(cx)
+        })
     }
 
     fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), WsError> {
@@ -272,6 +319,10 @@ where
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut().poll_write(cx, Sink::poll_close)
+        let me = self.get_mut();
+        // Our close frame follows every frame queued so far (the stream writes its queue
+        // before anything tungstenite writes), and nothing is queued after it.
+        me.shared.closed.store(true, Ordering::Relaxed);
+        me.poll_write(cx, Sink::poll_close)
     }
 }

@@ -14,6 +14,7 @@
 //! `server.rs`, the relay's `server` module). Its fixed limits are in [`limits`].
 
 mod address_slots;
+pub mod frame_queue;
 mod front;
 pub mod limits;
 mod routes;
@@ -21,6 +22,7 @@ mod stream;
 
 pub use address_slots::{AddressSlot, AddressSlots};
 pub use execrelay_protocol::address::AddressKey;
+pub use frame_queue::{DataOpcode, FrameQueue, FRAME_QUEUE_BYTES};
 pub use front::{serve, Front, FrontLimits, FrontStream, OnUpgrade, Upgrade, ACCEPT_ERROR_BACKOFF};
 pub use limits::{
     CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
