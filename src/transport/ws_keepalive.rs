@@ -326,3 +326,77 @@ where
         me.poll_write(cx, Sink::poll_close)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use execrelay_io::driver::ReadAhead;
+    use execrelay_io::http::FrameQueue;
+    use futures_util::{FutureExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    /// Against a peer that does not read, the writing half takes messages until
+    /// `FRAME_QUEUE_BYTES` are queued on the stream and then no more (its `poll_ready` waits):
+    /// at most the bound plus one message is held. Once the peer reads, every message arrives
+    /// whole and in order.
+    #[tokio::test]
+    async fn the_frame_queue_takes_no_message_past_its_bound() {
+        const MESSAGE: usize = 40 * 1024;
+        let (server, client) = tokio::io::duplex(4096);
+        let ws = WebSocketStream::from_raw_socket(
+            ReadAhead::new(FrameQueue::new(server)),
+            Role::Server,
+            None,
+        )
+        .await;
+        let (mut sink, _stream) = split(ws, None);
+        assert!(sink.takes_frames());
+        let mut sent = 0u8;
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match Pin::new(&mut sink).poll_ready(&mut cx) {
+                Poll::Ready(Ok(())) => {
+                    let payload = Bytes::from(vec![sent; MESSAGE]);
+                    sink.start_send_data(DataOpcode::Binary, Bytes::from(vec![0xEE]), payload)
+                        .expect("queued");
+                    sent += 1;
+                    assert!(sent < 100, "the queue never filled");
+                }
+                Poll::Ready(Err(e)) => panic!("poll_ready failed: {e}"),
+                Poll::Pending => break,
+            }
+        }
+        let queued = locked(&sink.shared.ws).get_ref().queued_bytes();
+        assert!(queued >= FRAME_QUEUE_BYTES, "stopped early at {queued}");
+        assert!(
+            queued < FRAME_QUEUE_BYTES + MESSAGE + 15,
+            "{queued} bytes queued past the bound"
+        );
+        let reader = tokio::spawn(async move {
+            let mut peer = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+            let mut got = Vec::new();
+            for _ in 0..sent {
+                got.push(peer.next().await.expect("a message").expect("valid"));
+            }
+            got
+        });
+        std::future::poll_fn(|cx| Pin::new(&mut sink).poll_flush(cx))
+            .await
+            .expect("flushed");
+        let got = reader.await.expect("reader");
+        for (i, m) in got.into_iter().enumerate() {
+            let Message::Binary(b) = m else {
+                panic!("message {i} is not binary");
+            };
+            assert_eq!(b.len(), MESSAGE + 1);
+            assert_eq!(b[0], 0xEE);
+            assert!(b[1..].iter().all(|&x| x == i as u8), "message {i} mixed up");
+        }
+        assert!(
+            std::future::poll_fn(|cx| Pin::new(&mut sink).poll_ready(cx))
+                .now_or_never()
+                .is_some()
+        );
+    }
+}
