@@ -7,7 +7,9 @@
 //! (`wss://`, [`crate::tls`]), answers the health routes ([`Health`]: `GET /readyz`,
 //! `/livez`, `/status`), `GET /metrics`, `403` to any upgrade with an `Origin` header, `404`/`405`, and hands each
 //! WebSocket upgrade its [`Routes`] accept to the caller's [`OnUpgrade`], with the route's tag,
-//! the id captured from its path and a slot of the route's capacity.
+//! the id captured from its path and a slot of the route's capacity. Every accepted WebSocket
+//! is read through a read-ahead buffer over a [`FrameQueue`], on which the exec server writes
+//! its data frames from the buffers they are already in ([`frame_queue`]).
 //!
 //! It must never know sessions, connections, links or routing: what the paths mean and who
 //! takes the upgrades is injected by the caller (the exec server's composition root
