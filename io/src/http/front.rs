@@ -52,6 +52,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument};
 
 use super::address_slots::AddressSlots;
+use super::frame_queue::FrameQueue;
 use super::limits::{
     CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
     REPLY_TIMEOUT_MS,
@@ -98,8 +99,9 @@ impl FrontLimits {
 }
 
 /// The stream under an upgraded WebSocket: the connection (TCP, or TLS over it), read through
-/// a read-ahead buffer (`crate::driver::read_ahead`).
-pub type FrontStream = ReadAhead<FrontIo>;
+/// a read-ahead buffer (`crate::driver::read_ahead`), over a queue on which the exec server
+/// writes its data frames without copying them (`super::frame_queue`).
+pub type FrontStream = ReadAhead<FrameQueue<FrontIo>>;
 
 /// An upgraded WebSocket, handed to the caller.
 pub struct Upgrade<R> {
@@ -327,7 +329,7 @@ where
             }
             let stream = parts.io.into_inner().into_stream()?;
             let ws = WebSocketStream::from_raw_socket(
-                ReadAhead::new(stream),
+                ReadAhead::new(FrameQueue::new(stream)),
                 Role::Server,
                 Some(front.websocket),
             )
