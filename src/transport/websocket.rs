@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use execrelay_io::driver::{ReadAhead, WS_READ_BUFFER_BYTES};
+use execrelay_io::http::DataOpcode;
 use execrelay_protocol::config::KeepaliveConfig;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -39,6 +40,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use tracing::debug;
 
+use super::ws_frames::DataFrames;
 use super::ws_keepalive::{split, WsSink, WsStream};
 use super::{FramingError, OutMessage, Transport};
 
@@ -213,7 +215,7 @@ pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
 /// `peer` names the peer in logs.
 pub fn framed<S>(ws: WebSocketStream<S>, limit: usize, peer: String) -> Transport
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames + Send + 'static,
 {
     framed_with_keepalive(ws, limit, peer, None)
 }
@@ -230,19 +232,23 @@ pub fn framed_with_keepalive<S>(
     keepalive: Option<KeepaliveConfig>,
 ) -> Transport
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames + Send + 'static,
 {
     // Split rather than drive both directions from one future: each half takes the shared lock
     // only for the duration of one poll, so a write blocked on a slow peer never stops the
     // reader (which keeps answering pings), and vice versa.
     let (sink, stream) = split(ws, keepalive);
+    let frames = sink.takes_frames();
     Transport {
         incoming: Box::pin(Incoming {
             inner: stream,
             limit,
             ended: false,
         }),
-        outgoing: Box::pin(Outgoing { inner: sink }),
+        outgoing: Box::pin(Outgoing {
+            inner: sink,
+            frames,
+        }),
         peer,
         binary_messages: true,
         flow: None,
@@ -260,7 +266,7 @@ struct Incoming<S> {
 
 impl<S> Stream for Incoming<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     type Item = Result<Bytes, FramingError>;
 
@@ -311,11 +317,17 @@ fn framing_error(error: WsError, limit: usize) -> Option<FramingError> {
 /// Outbound half: a JSON text becomes one text message, a binary message one binary message.
 struct Outgoing<S> {
     inner: WsSink<S>,
+    /// The stream takes whole data frames ([`DataFrames`]: a server's connection): every
+    /// message is queued there as it is, its bytes written from its own buffers (the JSON
+    /// `String`, the binary head and the output chunk), never copied into tungstenite's write
+    /// buffer; tungstenite writes only control frames.
+    frames: bool,
 }
 
-/// The one binary frame of a binary message. tungstenite takes a frame's payload as one
-/// `Bytes` and copies it into its write buffer, so the two parts are joined here, once, into a
-/// buffer of the exact size (a message with no head is passed on as it is).
+/// The one binary frame of a binary message, where tungstenite writes it (a client's
+/// connection). tungstenite takes a frame's payload as one `Bytes` and copies it into its
+/// write buffer, so the two parts are joined here, once, into a buffer of the exact size (a
+/// message with no head is passed on as it is).
 fn binary_frame(head: &[u8], payload: Bytes) -> Message {
     if head.is_empty() {
         return Message::Binary(payload);
@@ -328,7 +340,7 @@ fn binary_frame(head: &[u8], payload: Bytes) -> Message {
 
 impl<S> Sink<OutMessage> for Outgoing<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     type Error = io::Error;
 
@@ -337,6 +349,17 @@ where
     }
 
     fn start_send(mut self: Pin<&mut Self>, item: OutMessage) -> io::Result<()> {
+        if self.frames {
+            let (opcode, head, payload) = match item {
+                // The `String`'s buffer becomes the payload as it is.
+                OutMessage::Text(text) => (DataOpcode::Text, Bytes::new(), Bytes::from(text)),
+                OutMessage::Binary { head, payload } => (DataOpcode::Binary, head, payload),
+            };
+            return self
+                .inner
+                .start_send_data(opcode, head, payload)
+                .map_err(into_io);
+        }
         let message = match item {
             // The `String` becomes the message's payload as it is: no copy.
             OutMessage::Text(text) => Message::Text(text.into()),
@@ -377,6 +400,7 @@ mod tests {
     use std::future::Future;
     use std::net::SocketAddr;
 
+    use execrelay_io::http::FrameQueue;
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
     use tokio::task::JoinHandle;
@@ -411,7 +435,11 @@ mod tests {
             let task = tokio::spawn(async move {
                 while let Ok((tcp, peer)) = listener.accept().await {
                     let config = websocket_config(max_message_bytes);
-                    let ws = tokio_tungstenite::accept_async_with_config(tcp, Some(config)).await;
+                    // As the HTTP front accepts them: over a read-ahead buffer and a frame
+                    // queue, so the server's messages take the queue's path.
+                    let stream = ReadAhead::new(FrameQueue::new(tcp));
+                    let ws =
+                        tokio_tungstenite::accept_async_with_config(stream, Some(config)).await;
                     if let Ok(ws) = ws {
                         let _ = sender.send(framed(ws, max_message_bytes, peer.to_string()));
                     }
@@ -630,6 +658,118 @@ mod tests {
         // stream ends cleanly too.
         drop(accepted);
         assert!(step(client.incoming.next()).await.is_none());
+        server.stop();
+    }
+
+    /// The server's messages leave from their own buffers through the frame queue: messages on
+    /// both sides of the queue's copy threshold and of its write batch, text and binary,
+    /// arrive whole and in order while the client's pings are answered in between.
+    #[tokio::test]
+    async fn queued_messages_arrive_whole_and_in_order_between_pongs() {
+        use execrelay_io::http::frame_queue::COPY_BELOW_BYTES;
+        use execrelay_io::http::FRAME_QUEUE_BYTES;
+        let mut server = TestServer::start(1024).await;
+        let (raw, _) = step(tokio_tungstenite::connect_async(format!(
+            "ws://{}/",
+            server.addr
+        )))
+        .await
+        .expect("connect");
+        let (mut raw_tx, mut raw_rx) = raw.split();
+        let accepted = server.next_transport().await;
+        let (mut outgoing, mut incoming) = (accepted.outgoing, accepted.incoming);
+        // The server's reader answers pings (tungstenite queues the pong as it reads).
+        let reader = tokio::spawn(async move { while let Some(Ok(_)) = incoming.next().await {} });
+        let sizes = [
+            1,
+            COPY_BELOW_BYTES - 1,
+            COPY_BELOW_BYTES,
+            65_536,
+            FRAME_QUEUE_BYTES - 14,
+            FRAME_QUEUE_BYTES,
+            FRAME_QUEUE_BYTES + 1,
+            3,
+        ];
+        let expected: Vec<Message> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let body: Vec<u8> = (0..len).map(|j| b'a' + ((i + j) % 26) as u8).collect();
+                if i % 2 == 0 {
+                    Message::Binary(Bytes::from(body))
+                } else {
+                    Message::Text(String::from_utf8(body).expect("ascii").into())
+                }
+            })
+            .collect();
+        let sender = {
+            let expected = expected.clone();
+            tokio::spawn(async move {
+                for m in expected {
+                    let out = match m {
+                        Message::Binary(b) => OutMessage::Binary {
+                            head: b.slice(..1),
+                            payload: b.slice(1..),
+                        },
+                        Message::Text(t) => OutMessage::Text(t.as_str().to_owned()),
+                        _ => unreachable!("only data messages are built"),
+                    };
+                    outgoing.feed(out).await.expect("feed");
+                }
+                outgoing.flush().await.expect("flush");
+                outgoing
+            })
+        };
+        let mut got = Vec::new();
+        let mut pongs = 0;
+        let mut pinged = 0;
+        while got.len() < expected.len() || pongs < pinged {
+            if pinged < 3 {
+                step(raw_tx.send(Message::Ping(Bytes::from_static(b"p"))))
+                    .await
+                    .expect("ping");
+                pinged += 1;
+            }
+            match step(raw_rx.next()).await {
+                Some(Ok(Message::Pong(p))) => {
+                    assert_eq!(p, &b"p"[..]);
+                    pongs += 1;
+                }
+                Some(Ok(m)) => got.push(m),
+                other => panic!("the stream ended early: {other:?}"),
+            }
+        }
+        assert_eq!(got, expected);
+        let _outgoing = step(sender).await.expect("sender");
+        drop(raw_tx);
+        drop(raw_rx);
+        step(reader).await.expect("reader");
+        server.stop();
+    }
+
+    /// Once the peer's close frame is read, no data message is queued behind the close reply:
+    /// the send fails, and the peer sees the close and nothing after it.
+    #[tokio::test]
+    async fn no_data_frame_follows_the_close() {
+        let mut server = TestServer::start(1024).await;
+        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
+            "ws://{}/",
+            server.addr
+        )))
+        .await
+        .expect("connect");
+        let mut accepted = server.next_transport().await;
+        step(raw.send(Message::Close(None))).await.expect("close");
+        assert!(step(accepted.incoming.next()).await.is_none());
+        let sent = step(accepted.outgoing.send("{}".to_owned().into())).await;
+        assert!(sent.is_err(), "data after the close was accepted");
+        match step(raw.next()).await {
+            Some(Ok(Message::Close(_))) | None => {}
+            other => panic!("expected the close reply, got {other:?}"),
+        }
+        // Nothing after the close reply, until the server drops the connection.
+        drop(accepted);
+        assert!(step(raw.next()).await.is_none());
         server.stop();
     }
 }

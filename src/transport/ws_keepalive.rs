@@ -19,8 +19,9 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -31,13 +32,21 @@ use tokio_tungstenite::tungstenite::error::Error as WsError;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use execrelay_io::http::{DataOpcode, FRAME_QUEUE_BYTES};
 use execrelay_protocol::config::KeepaliveConfig;
 use execrelay_protocol::keepalive::Keepalive;
+
+use super::ws_frames::DataFrames;
 
 struct Shared<S> {
     ws: Mutex<WebSocketStream<S>>,
     /// The writer's last waker, so a flush started by the reader wakes it too.
     writer: Mutex<Option<Waker>>,
+    /// No more data frames may be queued on the stream ([`DataFrames`]): the peer's close
+    /// frame (or the end of the stream) was read, or our close was started. Set and read under `ws`'s lock,
+    /// so a frame is never queued after tungstenite has queued a close frame (its reply to
+    /// the peer's, which it writes on its next read or flush).
+    closed: AtomicBool,
 }
 
 // A poll that panicked leaves the socket as tungstenite left it: `lock` keeps going.
@@ -58,11 +67,12 @@ pub fn split<S>(
     keepalive: Option<KeepaliveConfig>,
 ) -> (WsSink<S>, WsStream<S>)
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     let shared = Arc::new(Shared {
         ws: Mutex::new(ws),
         writer: Mutex::new(None),
+        closed: AtomicBool::new(false),
     });
     let seed = {
         let mut b = [0u8; 8];
@@ -119,7 +129,7 @@ pub struct WsStream<S> {
 
 impl<S> WsStream<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     /// Run the keepalive: death, a due ping out, the timer armed. `Err` once the peer is dead.
     // The error is tungstenite's own, returned as the stream's item: boxing it here would
@@ -181,7 +191,7 @@ where
 
 impl<S> Stream for WsStream<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     type Item = Result<Message, WsError>;
 
@@ -193,7 +203,13 @@ where
             }
             let next = {
                 let mut ws = locked(&me.shared.ws);
-                Pin::new(&mut *ws).poll_next(cx)
+                let next = Pin::new(&mut *ws).poll_next(cx);
+                // A read error leaves tungstenite's state as it was: the server may still
+                // send the peer the reason (protocol.md §1) before it closes.
+                if matches!(next, Poll::Ready(None | Some(Ok(Message::Close(_))))) {
+                    me.shared.closed.store(true, Ordering::Relaxed);
+                }
+                next
             };
             match next {
                 Poll::Ready(Some(Ok(Message::Pong(p)))) => {
@@ -217,8 +233,31 @@ pub struct WsSink<S> {
 
 impl<S> WsSink<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
+    /// Whether data messages go to [`start_send_data`](Self::start_send_data) (the stream
+    /// takes whole frames, [`DataFrames`]) rather than through tungstenite.
+    pub fn takes_frames(&self) -> bool {
+        locked(&self.shared.ws).get_ref().takes_frames()
+    }
+
+    /// Queue one data message, `head` then `payload`, as a frame on the stream, after
+    /// `poll_ready` (like `start_send`). Fails once the connection is closing: no data may
+    /// follow a close frame.
+    pub fn start_send_data(
+        &mut self,
+        opcode: DataOpcode,
+        head: Bytes,
+        payload: Bytes,
+    ) -> Result<(), WsError> {
+        let mut ws = locked(&self.shared.ws);
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return Err(WsError::AlreadyClosed);
+        }
+        ws.get_mut().queue_frame(opcode, head, payload);
+        Ok(())
+    }
+
     fn poll_write<F>(&mut self, cx: &mut Context<'_>, op: F) -> Poll<Result<(), WsError>>
     where
         F: FnOnce(Pin<&mut WebSocketStream<S>>, &mut Context<'_>) -> Poll<Result<(), WsError>>,
@@ -254,12 +293,20 @@ where
 
 impl<S> Sink<Message> for WsSink<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
 {
     type Error = WsError;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut().poll_write(cx, Sink::poll_ready)
+        self.get_mut().poll_write(cx, |mut ws, cx| {
+            // Data frames queued on the stream: written out once there are enough of them,
+            // by a flush (tungstenite flushes the stream after its own buffer, with the waker
+            // that wakes both halves), and no more taken until they are.
+            if ws.get_ref().queued_bytes() >= FRAME_QUEUE_BYTES {
+                ready!(ws.as_mut().poll_flush(cx))?;
+            }
+            ws.poll_ready(cx)
+        })
     }
 
     fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), WsError> {
@@ -272,6 +319,84 @@ where
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        self.get_mut().poll_write(cx, Sink::poll_close)
+        let me = self.get_mut();
+        // Our close frame follows every frame queued so far (the stream writes its queue
+        // before anything tungstenite writes), and nothing is queued after it.
+        me.shared.closed.store(true, Ordering::Relaxed);
+        me.poll_write(cx, Sink::poll_close)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use execrelay_io::driver::ReadAhead;
+    use execrelay_io::http::FrameQueue;
+    use futures_util::{FutureExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    /// Against a peer that does not read, the writing half takes messages until
+    /// `FRAME_QUEUE_BYTES` are queued on the stream and then no more (its `poll_ready` waits):
+    /// at most the bound plus one message is held. Once the peer reads, every message arrives
+    /// whole and in order.
+    #[tokio::test]
+    async fn the_frame_queue_takes_no_message_past_its_bound() {
+        const MESSAGE: usize = 40 * 1024;
+        let (server, client) = tokio::io::duplex(4096);
+        let ws = WebSocketStream::from_raw_socket(
+            ReadAhead::new(FrameQueue::new(server)),
+            Role::Server,
+            None,
+        )
+        .await;
+        let (mut sink, _stream) = split(ws, None);
+        assert!(sink.takes_frames());
+        let mut sent = 0u8;
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match Pin::new(&mut sink).poll_ready(&mut cx) {
+                Poll::Ready(Ok(())) => {
+                    let payload = Bytes::from(vec![sent; MESSAGE]);
+                    sink.start_send_data(DataOpcode::Binary, Bytes::from(vec![0xEE]), payload)
+                        .expect("queued");
+                    sent += 1;
+                    assert!(sent < 100, "the queue never filled");
+                }
+                Poll::Ready(Err(e)) => panic!("poll_ready failed: {e}"),
+                Poll::Pending => break,
+            }
+        }
+        let queued = locked(&sink.shared.ws).get_ref().queued_bytes();
+        assert!(queued >= FRAME_QUEUE_BYTES, "stopped early at {queued}");
+        assert!(
+            queued < FRAME_QUEUE_BYTES + MESSAGE + 15,
+            "{queued} bytes queued past the bound"
+        );
+        let reader = tokio::spawn(async move {
+            let mut peer = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+            let mut got = Vec::new();
+            for _ in 0..sent {
+                got.push(peer.next().await.expect("a message").expect("valid"));
+            }
+            got
+        });
+        std::future::poll_fn(|cx| Pin::new(&mut sink).poll_flush(cx))
+            .await
+            .expect("flushed");
+        let got = reader.await.expect("reader");
+        for (i, m) in got.into_iter().enumerate() {
+            let Message::Binary(b) = m else {
+                panic!("message {i} is not binary");
+            };
+            assert_eq!(b.len(), MESSAGE + 1);
+            assert_eq!(b[0], 0xEE);
+            assert!(b[1..].iter().all(|&x| x == i as u8), "message {i} mixed up");
+        }
+        assert!(
+            std::future::poll_fn(|cx| Pin::new(&mut sink).poll_ready(cx))
+                .now_or_never()
+                .is_some()
+        );
     }
 }

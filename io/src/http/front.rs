@@ -52,6 +52,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument};
 
 use super::address_slots::AddressSlots;
+use super::frame_queue::FrameQueue;
 use super::limits::{
     CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
     REPLY_TIMEOUT_MS,
@@ -98,8 +99,9 @@ impl FrontLimits {
 }
 
 /// The stream under an upgraded WebSocket: the connection (TCP, or TLS over it), read through
-/// a read-ahead buffer (`crate::driver::read_ahead`).
-pub type FrontStream = ReadAhead<FrontIo>;
+/// a read-ahead buffer (`crate::driver::read_ahead`), over a queue on which the exec server
+/// writes its data frames without copying them (`super::frame_queue`).
+pub type FrontStream = ReadAhead<FrameQueue<FrontIo>>;
 
 /// An upgraded WebSocket, handed to the caller.
 pub struct Upgrade<R> {
@@ -328,7 +330,10 @@ where
             let stream = parts.io.into_inner().into_stream()?;
             // Reads stop at each frame's end, so a link's driver can take the socket over.
             let ws = WebSocketStream::from_raw_socket(
-                ReadAhead::websocket(stream, execrelay_protocol::websocket::Role::Server),
+                ReadAhead::websocket(
+                    FrameQueue::new(stream),
+                    execrelay_protocol::websocket::Role::Server,
+                ),
                 Role::Server,
                 Some(front.websocket),
             )

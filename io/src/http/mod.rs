@@ -7,13 +7,16 @@
 //! (`wss://`, [`crate::tls`]), answers the health routes ([`Health`]: `GET /readyz`,
 //! `/livez`, `/status`), `GET /metrics`, `403` to any upgrade with an `Origin` header, `404`/`405`, and hands each
 //! WebSocket upgrade its [`Routes`] accept to the caller's [`OnUpgrade`], with the route's tag,
-//! the id captured from its path and a slot of the route's capacity.
+//! the id captured from its path and a slot of the route's capacity. Every accepted WebSocket
+//! is read through a read-ahead buffer over a [`FrameQueue`], on which the exec server writes
+//! its data frames from the buffers they are already in ([`frame_queue`]).
 //!
 //! It must never know sessions, connections, links or routing: what the paths mean and who
 //! takes the upgrades is injected by the caller (the exec server's composition root
 //! `server.rs`, the relay's `server` module). Its fixed limits are in [`limits`].
 
 mod address_slots;
+pub mod frame_queue;
 mod front;
 pub mod limits;
 mod routes;
@@ -21,6 +24,7 @@ mod stream;
 
 pub use address_slots::{AddressSlot, AddressSlots};
 pub use execrelay_protocol::address::AddressKey;
+pub use frame_queue::{DataOpcode, FrameQueue, FRAME_QUEUE_BYTES};
 pub use front::{serve, Front, FrontLimits, FrontStream, OnUpgrade, Upgrade, ACCEPT_ERROR_BACKOFF};
 pub use limits::{
     CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
