@@ -47,6 +47,15 @@ fn self_cpu_secs() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
+/// Context switches of this process's threads so far (voluntary and not, every thread's,
+/// those that ended included): each voluntary one is a thread that went to sleep and must be
+/// woken, so the count per exec is the number of thread hand-offs an exec costs.
+fn self_switches() -> u64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    (ru.ru_nvcsw + ru.ru_nivcsw) as u64
+}
+
 /// A server started as a separate process, as in production.
 struct ServerProc {
     child: tokio::process::Child,
@@ -428,6 +437,13 @@ async fn in_process_exec_latency(runs: u64, backend: BackendChoice) -> (f64, f64
 /// what a spawn costs the server — a fork's page-table copy and copy-on-write faults, or
 /// none — shows here, and far more steadily than a latency on a loaded machine.
 async fn in_process_exec_cost(runs: u64, backend: BackendChoice) -> (f64, f64, f64) {
+    let (p50, p99, cpu_ms, _) = in_process_exec_cost_switches(runs, backend).await;
+    (p50, p99, cpu_ms)
+}
+
+/// [`in_process_exec_cost`] and the context switches of this process per exec
+/// ([`self_switches`]).
+async fn in_process_exec_cost_switches(runs: u64, backend: BackendChoice) -> (f64, f64, f64, f64) {
     let mut config = InProcessConfig::default();
     config.server.containment_backend = backend;
     let client = Client::in_process(config, ClientOptions::default())
@@ -435,9 +451,11 @@ async fn in_process_exec_cost(runs: u64, backend: BackendChoice) -> (f64, f64, f
         .expect("in-process client");
     let mut samples = Vec::with_capacity(runs as usize);
     let mut cpu0 = 0.0;
+    let mut switches0 = 0;
     for i in 0..(runs + 20) {
         if i == 20 {
             cpu0 = self_cpu_secs();
+            switches0 = self_switches();
         }
         let (_, took) = drain(&client, &format!("lat-{i}"), vec!["true".into()]).await;
         if i >= 20 {
@@ -445,12 +463,14 @@ async fn in_process_exec_cost(runs: u64, backend: BackendChoice) -> (f64, f64, f
         }
     }
     let cpu_ms = (self_cpu_secs() - cpu0) * 1000.0 / runs.max(1) as f64;
+    let switches = (self_switches() - switches0) as f64 / runs.max(1) as f64;
     samples.sort_by(|a, b| a.total_cmp(b));
     client.shutdown().await;
     (
         percentile(&samples, 50.0),
         percentile(&samples, 99.0),
         cpu_ms,
+        switches,
     )
 }
 
@@ -476,9 +496,13 @@ async fn in_process_throughput(n: u64) -> (f64, f64) {
 
 /// The physical limit of exec latency on this machine now: fork, exec and reap `true` from
 /// this process (tokio's `Command`), p50/p99 in ms, measured beside the others.
-async fn raw_spawn_latency(runs: u64) -> (f64, f64) {
+async fn raw_spawn_latency(runs: u64) -> (f64, f64, f64) {
     let mut samples = Vec::with_capacity(runs as usize);
+    let mut switches0 = 0;
     for i in 0..(runs + 20) {
+        if i == 20 {
+            switches0 = self_switches();
+        }
         let t = Instant::now();
         let status = tokio::process::Command::new("true")
             .status()
@@ -489,8 +513,13 @@ async fn raw_spawn_latency(runs: u64) -> (f64, f64) {
             samples.push(t.elapsed().as_secs_f64() * 1000.0);
         }
     }
+    let switches = (self_switches() - switches0) as f64 / runs.max(1) as f64;
     samples.sort_by(|a, b| a.total_cmp(b));
-    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+    (
+        percentile(&samples, 50.0),
+        percentile(&samples, 99.0),
+        switches,
+    )
 }
 
 /// The in-process section: exec latency and throughput of `Client::in_process` with plain
@@ -498,8 +527,8 @@ async fn raw_spawn_latency(runs: u64) -> (f64, f64) {
 async fn in_process_section(keys: &NoiseKeys) {
     let runs = env_u64("INPROC_RUNS", 1000);
     if runs > 0 {
-        let (r50, r99) = raw_spawn_latency(runs).await;
-        let (i50, i99, icpu) = in_process_exec_cost(runs, BackendChoice::Auto).await;
+        let (r50, r99, rsw) = raw_spawn_latency(runs).await;
+        let (i50, i99, icpu, isw) = in_process_exec_cost_switches(runs, BackendChoice::Auto).await;
         let (n50, _) = in_process_exec_latency(runs, BackendChoice::None).await;
         // The same with a large server: `INPROC_BALLAST_MB` of touched memory held meanwhile
         // (a fork copies its page tables and then faults copy-on-write; a clone does neither).
@@ -519,6 +548,8 @@ async fn in_process_section(keys: &NoiseKeys) {
         println!("inproc_exec_latency_p50_ms {i50:.3}");
         println!("inproc_exec_latency_no_cgroup_p50_ms {n50:.3}");
         println!("inproc_exec_latency_p99_ms {i99:.3}");
+        println!("inproc_raw_spawn_switches_per_exec {rsw:.2}");
+        println!("inproc_exec_switches_per_exec {isw:.2}");
         println!("inproc_ws_exec_latency_p50_ms {w50:.3}");
         println!("inproc_ws_exec_latency_p99_ms {w99:.3}");
         println!("inproc_vs_ws_exec_latency_p50_ratio {:.3}", i50 / w50);

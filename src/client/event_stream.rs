@@ -149,33 +149,54 @@ impl ProcSlot {
     }
 }
 
-impl Client {
-    /// In-order output (and replays) handled on the connection's reader; anything else (a gap
-    /// to fill, an exit notice) goes to the router task.
-    pub(super) fn fast_deliver(shared: &Shared, n: Notification) -> Option<Notification> {
-        let Notification::Output {
-            process_id,
-            seq,
+/// The event a typed notification carries (`None` for a JSON one).
+fn typed_event(n: Notification) -> Option<ProcessEvent> {
+    match n {
+        Notification::Output { stream, data, .. } => Some(ProcessEvent::Output { stream, data }),
+        Notification::Omitted {
             stream,
-            data,
-        } = n
-        else {
-            return Some(n);
+            omitted_bytes,
+            ..
+        } => Some(ProcessEvent::Omitted {
+            stream,
+            omitted_bytes,
+        }),
+        Notification::Exited { info, .. } => Some(ProcessEvent::Exited(info)),
+        Notification::Other { .. } => None,
+    }
+}
+
+impl Client {
+    /// In-order events (and replays) handled on the connection's reader: output, and the
+    /// typed omission and exit notices of an in-process connection (the exit notice of a
+    /// short process is most of what it delivers, and the router task would be one more
+    /// thread hand-off on its way to the application). Anything out of order (a gap to fill)
+    /// goes to the router task, and so does every event of a process while one of its gaps is
+    /// being filled: the gap leaves `received` behind, so nothing after it is in order here.
+    pub(super) fn fast_deliver(shared: &Shared, n: Notification) -> Option<Notification> {
+        let (process_id, seq) = match &n {
+            Notification::Output {
+                process_id, seq, ..
+            }
+            | Notification::Omitted {
+                process_id, seq, ..
+            }
+            | Notification::Exited {
+                process_id, seq, ..
+            } => (process_id, *seq),
+            Notification::Other { .. } => return Some(n),
         };
         let mut procs = lock(&shared.procs);
-        match procs.get_mut(&process_id) {
+        match procs.get_mut(process_id) {
             Some(slot) if !slot.done && seq == slot.received + 1 => {
-                Self::push(slot, seq, ProcessEvent::Output { stream, data });
+                if let Some(ev) = typed_event(n) {
+                    Self::push(slot, seq, ev);
+                }
                 None
             }
             Some(slot) if slot.done || seq <= slot.received => None,
             None => None,
-            Some(_) => Some(Notification::Output {
-                process_id,
-                seq,
-                stream,
-                data,
-            }),
+            Some(_) => Some(n),
         }
     }
 
@@ -436,17 +457,18 @@ impl Client {
 
     fn send_ack(&self, pid: &str, seq: u64) {
         if let Some(conn) = lock(&self.shared.conn).clone() {
-            let pid = pid.to_string();
+            let note = Note::Ack(Some(AckParams {
+                process_id: pid.to_string(),
+                seq,
+            }));
             // Fire and forget: an ack lost with its connection is repeated after the
-            // resume (`establish_over`).
-            tokio::spawn(async move {
-                let _ = conn
-                    .notify_typed(Note::Ack(Some(AckParams {
-                        process_id: pid,
-                        seq,
-                    })))
-                    .await;
-            });
+            // resume (`establish_over`). Queued here when there is room at once (in process:
+            // no task, no hand-off); else a task waits for room, the application never does.
+            if let Err(note) = conn.try_notify_typed(note) {
+                tokio::spawn(async move {
+                    let _ = conn.notify_typed(note).await;
+                });
+            }
         }
     }
 
@@ -501,5 +523,81 @@ impl Client {
                 notified.await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{ClientOptions, Target};
+    use crate::rpc::messages::ExitReason;
+
+    fn exit_info() -> ExitInfo {
+        ExitInfo {
+            exit_code: Some(0),
+            signal: None,
+            reason: ExitReason::Exited,
+            timed_out: false,
+            output_drain_timed_out: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            dropped_bytes: 0,
+            duration_ms: 1,
+        }
+    }
+
+    fn exited(seq: u64) -> Notification {
+        Notification::Exited {
+            process_id: "p".into(),
+            seq,
+            info: exit_info(),
+        }
+    }
+
+    fn buffered(client: &Client) -> Vec<(u64, ProcessEvent)> {
+        lock(&client.shared.procs)
+            .get("p")
+            .map(|s| s.buf.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn an_in_order_exit_notice_is_delivered_on_the_reader() {
+        let client = Client::unconnected(Target::Ws("test".into()), ClientOptions::default());
+        lock(&client.shared.procs).insert("p".into(), ProcSlot::new(0));
+        let out = Notification::Omitted {
+            process_id: "p".into(),
+            seq: 1,
+            stream: StreamName::Stdout,
+            omitted_bytes: 5,
+        };
+        assert!(Client::fast_deliver(&client.shared, out).is_none());
+        assert!(Client::fast_deliver(&client.shared, exited(2)).is_none());
+        assert_eq!(
+            buffered(&client),
+            vec![
+                (
+                    1,
+                    ProcessEvent::Omitted {
+                        stream: StreamName::Stdout,
+                        omitted_bytes: 5
+                    }
+                ),
+                (2, ProcessEvent::Exited(exit_info())),
+            ]
+        );
+        // A replay of it is dropped, not shown twice.
+        assert!(Client::fast_deliver(&client.shared, exited(2)).is_none());
+        assert_eq!(buffered(&client).len(), 2);
+    }
+
+    #[test]
+    fn an_exit_notice_after_a_gap_goes_to_the_router() {
+        let client = Client::unconnected(Target::Ws("test".into()), ClientOptions::default());
+        lock(&client.shared.procs).insert("p".into(), ProcSlot::new(0));
+        // Seq 1 never arrived: the router must fill the gap before the exit is shown.
+        let back = Client::fast_deliver(&client.shared, exited(2));
+        assert!(matches!(back, Some(Notification::Exited { seq: 2, .. })));
+        assert!(buffered(&client).is_empty());
     }
 }

@@ -557,6 +557,23 @@ impl RpcConnection {
         }
     }
 
+    /// Queue a typed notification without waiting, where that can be done without a task
+    /// (an in-process connection with room in its queue; a closed one drops it, as
+    /// [`notify_typed`](Self::notify_typed) would fail). Otherwise it is given back, for
+    /// [`notify_typed`](Self::notify_typed) from a task.
+    pub fn try_notify_typed(&self, note: Note) -> Result<(), Note> {
+        match &self.out {
+            Out::Json(_) => Err(note),
+            Out::Local { requests, .. } => match requests.try_send(Typed::Notification(note)) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
+                Err(mpsc::error::TrySendError::Full(msg)) => match msg {
+                    Typed::Notification(note) => Err(note),
+                    _ => Ok(()),
+                },
+            },
+        }
+    }
+
     async fn request(&self, body: RequestBody<'_>) -> Result<Answer, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();

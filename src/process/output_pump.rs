@@ -32,7 +32,14 @@ use crate::config::{DRAIN_DEADLINE_READ_BYTES, PUMP_CHUNK_BYTES};
 use crate::metrics::Metrics;
 use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep, StreamName};
 
-/// Spawn a child into the session's `scope` and start its pumps and supervisor.
+/// A started process's supervisor (its pumps, its exit, its timeout), for the caller to run
+/// in the process's one task, followed there by whatever must wait for the process's end:
+/// one task per process, so a start makes one task runnable, not two (on a multi-threaded
+/// runtime each further task made runnable at once wakes an idle worker thread).
+pub type Supervisor = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Spawn a child into the session's `scope`; its pumps and supervisor are the returned
+/// [`Supervisor`], which the caller must run (in a task) whatever else happens.
 #[allow(clippy::too_many_arguments)]
 pub fn start_process(
     id: String,
@@ -43,7 +50,7 @@ pub fn start_process(
     metrics: Arc<Metrics>,
     budget: Arc<OutputBudget>,
     scope: &Arc<SessionScope>,
-) -> Result<Arc<ManagedProcess>, StartError> {
+) -> Result<(Arc<ManagedProcess>, Supervisor), StartError> {
     let spawned = spawn_into(spec, Some(scope))?;
     let streams = spawned.outputs.len();
     let proc = Arc::new(ManagedProcess::new(
@@ -72,11 +79,11 @@ pub fn start_process(
             async move { (i, pump(p, name, reader).await) }
         })
         .collect();
-    tokio::spawn(tracing::Instrument::instrument(
+    let supervisor = Box::pin(tracing::Instrument::instrument(
         supervise(proc.clone(), spawned.child, pumps),
         span,
     ));
-    Ok(proc)
+    Ok((proc, supervisor))
 }
 
 /// While a pump is blocked, its blocked time is added to the metrics at least this often, so a

@@ -137,7 +137,7 @@ impl Shared {
             self.budget.clone(),
             &session.scope,
         );
-        let proc = match started {
+        let (proc, supervisor) = match started {
             Ok(p) => p,
             Err(e) => {
                 let ours = self.drive(|t| t.handle_spawned(&session.id, process, serial, None));
@@ -151,9 +151,15 @@ impl Shared {
         // A slot gone meanwhile (closed) abandons the child: the close's kill of the scope
         // takes it (it was placed before the scope closed, or the spawn would have failed).
         if !self.drive(|t| t.handle_spawned(&session.id, process, serial, Some(proc.clone()))) {
+            // Still supervised: its pumps and its reap run until the kill takes it.
+            tokio::spawn(supervisor);
             return Err(SessionError::UnknownSession);
         }
-        spawn_reaper(Arc::downgrade(self), session, proc.clone(), serial);
+        let after = after_exit(Arc::downgrade(self), session, proc.clone(), serial);
+        tokio::spawn(async move {
+            supervisor.await;
+            after.await;
+        });
         Ok(proc)
     }
 }
@@ -182,11 +188,17 @@ fn perform_in_order(a: Action<Live>) {
 }
 
 /// Tell the table once `p`'s exit notice was acknowledged (acks) or written (no acks): it
-/// forgets the process then, or `exitedRetentionMs` later.
-fn spawn_reaper(shared: Weak<Shared>, session: &Session, p: Arc<ManagedProcess>, serial: u64) {
+/// forgets the process then, or `exitedRetentionMs` later. Run after the process's
+/// supervisor, in its task.
+fn after_exit(
+    shared: Weak<Shared>,
+    session: &Session,
+    p: Arc<ManagedProcess>,
+    serial: u64,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (acks, id) = (session.acks, session.id.clone());
     let closed = session.closed.clone();
-    tokio::spawn(async move {
+    async move {
         let wait = async {
             p.wait_finished().await;
             p.wait_exit_delivered(acks).await;
@@ -201,7 +213,7 @@ fn spawn_reaper(shared: Weak<Shared>, session: &Session, p: Arc<ManagedProcess>,
         if let Some(shared) = shared.upgrade() {
             shared.drive(|t| t.exit_delivered(now(), &id, &p.id, serial, acks, written));
         }
-    });
+    }
 }
 
 impl Session {

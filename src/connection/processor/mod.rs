@@ -7,12 +7,13 @@
 //! read and given back once it is answered or skipped), the idle timeout, and the connection's
 //! writer task. When the connection ends, queued requests are skipped, in-flight ones (long
 //! polls included) end at once, and the session is detached (or closed, for stdio). It must
-//! never block its reader on a request: every request runs in its own task. Method names are
-//! parsed here, once, into a [`Method`](crate::rpc::Method); everything after routes on the
-//! enum.
+//! never block its reader on a request: a request runs on the reader only until its first wait,
+//! then in a task of its own (`inline.rs`). Method names are parsed here, once, into a
+//! [`Method`](crate::rpc::Method); everything after routes on the enum.
 
 mod initialize;
 mod inlet;
+mod inline;
 
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
@@ -529,7 +530,7 @@ impl ConnectionProcessor {
         let control = self.control.clone();
         let cancel = self.cancel.clone();
         let span = tracing::debug_span!("request", method = ?call.method());
-        tokio::spawn(
+        inline::run_until_first_wait(
             async move {
                 // The request's slot and bytes are given back when this task ends: answered,
                 // or skipped because the connection closed.

@@ -101,12 +101,18 @@ impl DirectChild {
 
     /// Wait for the child to exit and reap it, under the reap gate so that no group signal
     /// can run after the reap. Fails with `ECHILD` if it was already reaped.
+    ///
+    /// It looks before it waits: a short child has often exited by the time its supervisor
+    /// first runs (the cloning thread sleeps until the exec, and on a busy machine the child
+    /// may run to its end before that thread gets a CPU back). Registering an exited child's
+    /// pidfd with the reactor would make it readable at once, waking the worker parked in it
+    /// for nothing, besides the `dup`, two `epoll_ctl` and the `close` it costs.
     pub async fn wait(&self) -> io::Result<ExitStatus> {
         loop {
-            self.pidfd.exited().await?;
             if let Some(status) = self.try_wait()? {
                 return Ok(status);
             }
+            self.pidfd.exited().await?;
         }
     }
 
