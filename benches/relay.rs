@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use execrelay_io::driver::{
-    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, StreamHandle,
+    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, ReadAhead, StreamHandle,
 };
 use execrelay_protocol::config::EndpointConfig;
 use execrelay_protocol::env_handshake::EnvironmentHandshake;
@@ -152,12 +152,15 @@ async fn start_relay(environments: usize, extra: &[&str]) -> Relay {
     }
 }
 
-async fn ws(addr: SocketAddr, path: &str) -> tokio_tungstenite::WebSocketStream<TcpStream> {
+async fn ws(
+    addr: SocketAddr,
+    path: &str,
+) -> tokio_tungstenite::WebSocketStream<ReadAhead<TcpStream>> {
     let tcp = TcpStream::connect(addr).await.expect("connect");
     tcp.set_nodelay(true).expect("nodelay");
     tokio_tungstenite::client_async_with_config(
         format!("ws://{addr}{path}"),
-        tcp,
+        ReadAhead::websocket_client(tcp),
         Some(link_websocket_config()),
     )
     .await

@@ -19,6 +19,7 @@ use execrelay_io::driver::{
 use execrelay_protocol::config::EndpointConfig;
 use execrelay_protocol::frame::{Frame, FrameType, MAX_PAYLOAD_BYTES};
 use execrelay_protocol::reason::CloseReason;
+use execrelay_protocol::websocket::Role as WsRole;
 use tokio::io::DuplexStream;
 use tokio::time::{timeout, Instant};
 use tokio_tungstenite::tungstenite::protocol::Role;
@@ -27,15 +28,17 @@ use tokio_tungstenite::WebSocketStream;
 /// Hang guard on every wait (paused time: it only fires if the test would hang).
 const GUARD: Duration = Duration::from_secs(600);
 
-type Ws = WebSocketStream<DuplexStream>;
+type Ws = WebSocketStream<ReadAhead<DuplexStream>>;
 
 /// A connected pair: (client role, server role).
 async fn ws_pair() -> (Ws, Ws) {
     let (a, b) = tokio::io::duplex(64 << 10);
     let c = Some(link_websocket_config());
     (
-        WebSocketStream::from_raw_socket(a, Role::Client, c).await,
-        WebSocketStream::from_raw_socket(b, Role::Server, c).await,
+        WebSocketStream::from_raw_socket(ReadAhead::websocket(a, WsRole::Client), Role::Client, c)
+            .await,
+        WebSocketStream::from_raw_socket(ReadAhead::websocket(b, WsRole::Server), Role::Server, c)
+            .await,
     )
 }
 
@@ -540,7 +543,7 @@ async fn tracked_client_link(
     hub: &RelayHub,
 ) -> (DuplexStream, tokio::task::JoinHandle<CloseReason>) {
     let (far, near) = tokio::io::duplex(64 << 10);
-    let mut near = ReadAhead::new(near);
+    let mut near = ReadAhead::websocket(near, WsRole::Server);
     let arrivals = near.arrivals();
     let ws =
         WebSocketStream::from_raw_socket(near, Role::Server, Some(link_websocket_config())).await;

@@ -184,6 +184,30 @@ impl std::fmt::Debug for Frame {
     }
 }
 
+/// One frame's bytes on the wire, in at most two pieces ([`Frame::into_wire_parts`]).
+#[derive(Debug, Clone)]
+pub enum WireParts {
+    /// The whole message, as it arrived.
+    Whole(Bytes),
+    /// The header, then the payload.
+    Split([u8; HEADER_BYTES], Bytes),
+}
+
+impl WireParts {
+    /// Bytes in all.
+    pub fn len(&self) -> usize {
+        match self {
+            WireParts::Whole(b) => b.len(),
+            WireParts::Split(h, p) => h.len() + p.len(),
+        }
+    }
+
+    /// Never: a frame has a header.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Frame {
     /// A frame with zeroed reliability fields.
     pub fn new(ftype: FrameType, stream: StreamId, seq: u64, payload: Bytes) -> Self {
@@ -366,6 +390,26 @@ impl Frame {
             }
         }
         self.encode().map(Bytes::from)
+    }
+
+    /// The frame as the pieces of one WebSocket message, for a vectored write: the message
+    /// it was decoded from when that is still current (what a relay forwards), else its
+    /// header and its payload, neither copied into the other.
+    pub fn into_wire_parts(mut self) -> Result<WireParts, FrameError> {
+        let len = self.wire_len();
+        if len > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge(len));
+        }
+        if self.wire_is_current() {
+            if let Some(wire) = self.wire.take() {
+                drop(std::mem::take(&mut self.payload));
+                return Ok(WireParts::Whole(*wire));
+            }
+        }
+        Ok(WireParts::Split(
+            self.header(),
+            std::mem::take(&mut self.payload),
+        ))
     }
 
     /// Check the field rules of a virtual stream's frame (§5, §7): what a relay or an

@@ -117,3 +117,4 @@ pub mod replay;
 pub mod router;
 pub mod sync;
 pub mod transmit;
+pub mod websocket;

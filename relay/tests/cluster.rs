@@ -539,7 +539,7 @@ async fn client_with_front_header(relay: &Relay, id: &str, from: [u8; 4]) -> End
         "upgrade",
         tokio_tungstenite::client_async_with_config(
             req,
-            tcp,
+            execrelay_io::driver::ReadAhead::websocket_client(tcp),
             Some(execrelay_io::driver::link_websocket_config()),
         ),
     )

@@ -154,7 +154,7 @@ async fn non_reading_link(relay: &Relay, path: &str) -> Ws {
         "upgrade",
         tokio_tungstenite::client_async_with_config(
             format!("ws://{}{path}", relay.addr),
-            tcp,
+            execrelay_io::driver::ReadAhead::websocket_client(tcp),
             Some(execrelay_io::driver::link_websocket_config()),
         ),
     )

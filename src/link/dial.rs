@@ -11,18 +11,16 @@
 
 use std::time::Duration;
 
-use tokio_tungstenite::Connector;
-
 pub use super::dial_error::DialError;
 pub use super::trust::{load_ca_file, TlsRoots};
 
-use crate::transport::websocket::{connect_websocket_stream, ClientSocket};
+use crate::transport::websocket::{connect_link_socket, LinkClientSocket};
 use execrelay_io::driver::link_websocket_config;
 use execrelay_io::http::MAX_ROUTE_ID_BYTES;
 
 /// A dialled link's WebSocket (over the read-ahead buffer of
 /// [`crate::transport::websocket::ClientSocket`]).
-pub type LinkSocket = ClientSocket;
+pub type LinkSocket = LinkClientSocket;
 
 /// The path a client link connects to on a relay, before the environment id.
 pub const CONNECT_PATH: &str = "/v1/connect/";
@@ -128,13 +126,13 @@ pub async fn dial(
     tls: &TlsRoots,
     deadline: Duration,
 ) -> Result<LinkSocket, DialError> {
-    let connector = if ws_url.starts_with("wss://") {
-        Some(Connector::Rustls(tls.client_config()?))
+    let tls = if ws_url.starts_with("wss://") {
+        Some(tls.client_config()?)
     } else {
         None
     };
     // Frames are written in batches already: no Nagle delay for the last one.
-    let connect = connect_websocket_stream(ws_url, link_websocket_config(), connector);
+    let connect = connect_link_socket(ws_url, link_websocket_config(), tls);
     match tokio::time::timeout(deadline, connect).await {
         Ok(Ok((ws, _))) => Ok(ws),
         Ok(Err(e)) => {

@@ -54,6 +54,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use execrelay_io::driver::ReadAhead;
 use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
@@ -275,7 +276,11 @@ fn idle_now() -> std::time::Instant {
 /// Drive one physical link until it closes or the context's `shutdown` fires; returns why it
 /// ended. `peer` says who is at the other end ([`LinkPeer`]: quotas, idle rule, what an
 /// empty handshake-failure bucket does).
-pub async fn run_link<S>(ws: WebSocketStream<S>, peer: LinkPeer, ctx: LinkContext) -> CloseReason
+pub async fn run_link<S>(
+    ws: WebSocketStream<ReadAhead<S>>,
+    peer: LinkPeer,
+    ctx: LinkContext,
+) -> CloseReason
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

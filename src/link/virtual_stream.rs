@@ -453,9 +453,10 @@ impl Drop for NoiseSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use execrelay_io::driver::{link_websocket_config, Accepted, EndpointLink};
+    use execrelay_io::driver::{link_websocket_config, Accepted, EndpointLink, ReadAhead};
     use execrelay_protocol::config::EndpointConfig;
     use execrelay_protocol::noise::cipher;
+    use execrelay_protocol::websocket::Role as WsRole;
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::protocol::Role;
     use tokio_tungstenite::WebSocketStream;
@@ -464,10 +465,18 @@ mod tests {
     /// (client end, server end) and the client link (for its counters).
     async fn pair() -> (Transport, Transport, EndpointLink) {
         let (a, b) = tokio::io::duplex(1 << 20);
-        let wa =
-            WebSocketStream::from_raw_socket(a, Role::Client, Some(link_websocket_config())).await;
-        let wb =
-            WebSocketStream::from_raw_socket(b, Role::Server, Some(link_websocket_config())).await;
+        let wa = WebSocketStream::from_raw_socket(
+            ReadAhead::websocket(a, WsRole::Client),
+            Role::Client,
+            Some(link_websocket_config()),
+        )
+        .await;
+        let wb = WebSocketStream::from_raw_socket(
+            ReadAhead::websocket(b, WsRole::Server),
+            Role::Server,
+            Some(link_websocket_config()),
+        )
+        .await;
         let client = EndpointLink::spawn_client(wa, EndpointConfig::default()).unwrap();
         let (_server, mut incoming) =
             EndpointLink::spawn_server(wb, EndpointConfig::default()).unwrap();

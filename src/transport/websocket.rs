@@ -21,6 +21,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -107,21 +108,53 @@ pub fn handshake_error(e: &WsError) -> String {
     }
 }
 
-/// A dialled WebSocket (a link's, or a plain JSON-RPC client's): TLS for `wss://`, over the TCP
+/// A dialled WebSocket (a plain JSON-RPC client's): TLS for `wss://`, over the TCP
 /// stream under a read-ahead buffer (`execrelay_io::driver::read_ahead`: tungstenite reads
 /// 4 KiB at a time, which would otherwise be one system call each).
 pub type ClientSocket = WebSocketStream<MaybeTlsStream<ReadAhead<TcpStream>>>;
 
-/// Connect to `url` (`ws://` or `wss://`): TCP (without Nagle's delay: callers write whole
-/// batches), then TLS for `wss://` (through `connector`, or tokio-tungstenite's default one),
-/// then the WebSocket handshake with `config`; as `tokio_tungstenite::connect_async_tls_with_config`
-/// does, with the read-ahead buffer under it all. No deadline: the caller sets one.
-pub async fn connect_websocket_stream(
+/// A dialled link's WebSocket: as [`ClientSocket`], with a second read-ahead buffer above TLS
+/// that stops each read at the end of the HTTP head and of each frame
+/// ([`ReadAhead::websocket_client`]), so the link's driver can take the socket over from
+/// tungstenite without losing a byte. (The lower buffer steps aside: the driver's and the
+/// upper buffer's reads are as large as its own.)
+pub type LinkClientSocket = WebSocketStream<ReadAhead<MaybeTlsStream<ReadAhead<TcpStream>>>>;
+
+/// [`connect_websocket_stream`] for a link: TLS (through the rustls `tls` config) for
+/// `wss://`, then the handshake over [`ReadAhead::websocket_client`].
+pub async fn connect_link_socket(
     url: &str,
     config: WebSocketConfig,
-    connector: Option<Connector>,
-) -> Result<(ClientSocket, Response), WsError> {
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> Result<(LinkClientSocket, Response), WsError> {
     let request = url.into_client_request()?;
+    let (host, tcp) = connect_tcp(&request).await?;
+    let stream = match (request.uri().scheme_str(), tls) {
+        (Some("wss"), Some(tls)) => {
+            let name = rustls::pki_types::ServerName::try_from(host)
+                .map_err(|_| WsError::Url(UrlError::NoHostName))?;
+            let tls = tokio_rustls::TlsConnector::from(tls)
+                .connect(name, ReadAhead::new(tcp))
+                .await
+                .map_err(WsError::Io)?;
+            MaybeTlsStream::Rustls(tls)
+        }
+        (Some("wss"), None) => return Err(WsError::Url(UrlError::TlsFeatureNotEnabled)),
+        _ => MaybeTlsStream::Plain(ReadAhead::new(tcp)),
+    };
+    tokio_tungstenite::client_async_with_config(
+        request,
+        ReadAhead::websocket_client(stream),
+        Some(config),
+    )
+    .await
+}
+
+/// The TCP connection of a WebSocket request (without Nagle's delay: callers write whole
+/// batches), and the host it names.
+async fn connect_tcp(
+    request: &tokio_tungstenite::tungstenite::handshake::client::Request,
+) -> Result<(String, TcpStream), WsError> {
     let host = request
         .uri()
         .host()
@@ -140,6 +173,20 @@ pub async fn connect_websocket_stream(
         .await
         .map_err(WsError::Io)?;
     tcp.set_nodelay(true).map_err(WsError::Io)?;
+    Ok((host, tcp))
+}
+
+/// Connect to `url` (`ws://` or `wss://`): TCP (without Nagle's delay: callers write whole
+/// batches), then TLS for `wss://` (through `connector`, or tokio-tungstenite's default one),
+/// then the WebSocket handshake with `config`; as `tokio_tungstenite::connect_async_tls_with_config`
+/// does, with the read-ahead buffer under it all. No deadline: the caller sets one.
+pub async fn connect_websocket_stream(
+    url: &str,
+    config: WebSocketConfig,
+    connector: Option<Connector>,
+) -> Result<(ClientSocket, Response), WsError> {
+    let request = url.into_client_request()?;
+    let (_host, tcp) = connect_tcp(&request).await?;
     tokio_tungstenite::client_async_tls_with_config(
         request,
         ReadAhead::new(tcp),

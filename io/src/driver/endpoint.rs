@@ -40,6 +40,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::WebSocketStream;
 
+use super::{LinkSocket, ReadAhead};
+
 pub use super::link_state::{Accepted, OpenRequest};
 use super::link_state::{Dropped, Inner, Shared};
 use super::stream::StreamError;
@@ -71,7 +73,7 @@ impl Incoming {
 
 impl EndpointLink {
     fn spawn<S>(
-        ws: WebSocketStream<S>,
+        ws: WebSocketStream<ReadAhead<S>>,
         side: Side,
         cfg: EndpointConfig,
         incoming: Option<mpsc::Sender<OpenRequest>>,
@@ -93,22 +95,33 @@ impl EndpointLink {
             graveyard: Mutex::new(Vec::new()),
             signals: LinkSignals::new(),
         });
-        tokio::spawn(run_io(ws, shared.clone(), None));
+        let core = shared.clone();
+        tokio::spawn(async move {
+            let sock = LinkSocket::from_websocket(ws).await;
+            run_io(sock, core, None).await
+        });
         Ok(EndpointLink { shared })
     }
 
-    /// Drive a client link over `ws` (already upgraded, configured with
-    /// [`link_websocket_config`](super::link_websocket_config)).
-    pub fn spawn_client<S>(ws: WebSocketStream<S>, cfg: EndpointConfig) -> Result<Self, ConfigError>
+    /// Drive a client link over `ws` (already upgraded over [`ReadAhead::websocket_client`]
+    /// or [`ReadAhead::websocket`], configured with
+    /// [`link_websocket_config`](super::link_websocket_config)); the driver takes the socket
+    /// over from tungstenite ([`LinkSocket`]).
+    pub fn spawn_client<S>(
+        ws: WebSocketStream<ReadAhead<S>>,
+        cfg: EndpointConfig,
+    ) -> Result<Self, ConfigError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         EndpointLink::spawn(ws, Side::Client, cfg, None)
     }
 
-    /// Drive a server link over `ws`; the peer's `OPEN`s arrive on the [`Incoming`].
+    /// Drive a server link over `ws` (upgraded over [`ReadAhead::websocket`] when accepted,
+    /// [`ReadAhead::websocket_client`] when dialled to a relay); the peer's `OPEN`s arrive
+    /// on the [`Incoming`].
     pub fn spawn_server<S>(
-        ws: WebSocketStream<S>,
+        ws: WebSocketStream<ReadAhead<S>>,
         cfg: EndpointConfig,
     ) -> Result<(Self, Incoming), ConfigError>
     where

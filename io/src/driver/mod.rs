@@ -29,16 +29,22 @@
 //!   frames never count as a pong.
 //! - Every queue is bounded: per-stream inbound by the window, the writer's batch by
 //!   [`WRITE_BATCH_BYTES`], the reader's by [`READ_BATCH_BYTES`] and [`READ_BATCH_FRAMES`],
-//!   the WebSocket's write buffer by [`link_websocket_config`].
+//!   the read buffer by [`LINK_READ_BYTES`] (none while idle).
+//! - **tungstenite does the upgrade, the driver the frames.** Each link's WebSocket is taken
+//!   over ([`LinkSocket`]) when its driver starts: frames are read and written by
+//!   [`socket`] with `execrelay_protocol::websocket`, no copy of a payload on the way through
+//!   a relay. Pings from the peer are answered by the writer (the latest one); a peer's close
+//!   is answered with its code; a WebSocket rule the peer broke closes with its RFC 6455 code.
 //! - **Batches under load, one at a time when idle.** The reader hands the core every
 //!   message that has already arrived as one batch (one lock, one wake of each destination's
-//!   writer); the writer feeds batch after batch while the core has more and flushes the
-//!   socket once it has none, so nothing waits in a buffer while the link is idle.
+//!   writer); the writer writes each batch it takes with one vectored write, so nothing waits
+//!   in a buffer while the link is idle.
 
 pub mod endpoint;
 mod link_state;
 pub mod read_ahead;
 pub mod relay;
+pub mod socket;
 pub mod stream;
 
 use std::future::Future;
@@ -49,21 +55,23 @@ use bytes::Bytes;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
-use tokio_tungstenite::tungstenite::error::ProtocolError;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 
 pub use endpoint::{Accepted, EndpointLink, Incoming, OpenRequest, Opening};
 pub use read_ahead::{Arrivals, ReadAhead, READ_AHEAD_BYTES, WS_READ_BUFFER_BYTES};
 pub use relay::{PendingLink, RelayHub, RelaySnapshot};
+pub use socket::{LinkSocket, LINK_READ_BYTES};
 pub use stream::{FlowProbe, StreamError, StreamHandle, StreamReceiver, StreamSender};
 
 use execrelay_protocol::batch::Batch;
 use execrelay_protocol::frame::{Frame, FrameError, MAX_FRAME_BYTES};
 use execrelay_protocol::reason::CloseReason;
+use execrelay_protocol::sync::lock;
 use execrelay_protocol::transmit::Transmit;
+use execrelay_protocol::websocket::{close_code, close_payload, Message, Opcode, WsError};
+use socket::{FrameReader, FrameWriter, Outgoing, ReadEvent};
 
 /// Bytes the writer takes from the core per batch before it flushes the socket: large
 /// enough to coalesce many small frames into one write, small enough that a ping or a
@@ -133,6 +141,13 @@ pub(crate) struct LinkSignals {
     /// ours (`moved`, `replaced`, …; any other text is not kept). Set before the link is
     /// marked closed, so whoever sees the close can read it.
     pub peer_said: std::sync::OnceLock<CloseReason>,
+    /// The payload of the peer's latest ping, until the writer answers it with a pong.
+    pub pong: std::sync::Mutex<Option<Bytes>>,
+    /// The close code of a WebSocket rule the peer broke (RFC 6455 §7.4.1), set by the reader
+    /// before it closes the link, for the writer's close frame.
+    pub ws_close_code: std::sync::OnceLock<u16>,
+    /// The peer sent a close frame with this code: the writer answers it.
+    pub peer_close_code: std::sync::OnceLock<u16>,
 }
 
 impl LinkSignals {
@@ -142,6 +157,9 @@ impl LinkSignals {
             timer: Notify::new(),
             closed: watch::channel(None).0,
             peer_said: std::sync::OnceLock::new(),
+            pong: std::sync::Mutex::new(None),
+            ws_close_code: std::sync::OnceLock::new(),
+            peer_close_code: std::sync::OnceLock::new(),
         }
     }
 
@@ -204,7 +222,7 @@ pub(crate) trait LinkCore: Send + Sync + 'static {
 /// [`LinkCore::message_timeout`], a message that takes longer to arrive closes the link
 /// (`message_timeout`).
 pub(crate) async fn run_io<S, C>(
-    ws: WebSocketStream<S>,
+    sock: LinkSocket<S>,
     core: Arc<C>,
     arrivals: Option<Arc<Arrivals>>,
 ) -> CloseReason
@@ -212,10 +230,10 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     C: LinkCore,
 {
-    let (sink, stream) = ws.split();
-    let mut writer = tokio::spawn(write_loop(sink, core.clone()));
+    let (reader, writer) = sock.split();
+    let mut writer = tokio::spawn(write_loop(writer, core.clone()));
     let deadline = C::message_timeout(&core).and_then(|t| arrivals.map(|a| (a, t)));
-    let reason = read_loop(stream, &core, deadline).await;
+    let reason = read_loop(reader, &core, deadline).await;
     C::on_closed(&core, reason);
     // The writer sees the close signal; bound the wait in case it is stuck in a write.
     if tokio::time::timeout(LINK_CLOSE_TIMEOUT * 2, &mut writer)
@@ -234,13 +252,13 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     }
 }
 
-async fn read_loop<S, C>(
-    mut stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
+async fn read_loop<R, C>(
+    mut reader: FrameReader<R>,
     core: &Arc<C>,
     message_deadline: Option<(Arc<Arrivals>, Duration)>,
 ) -> CloseReason
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    R: AsyncRead + Unpin,
     C: LinkCore,
 {
     let mut closed = C::signals(core).closed.subscribe();
@@ -262,17 +280,12 @@ where
                     return CloseReason::Local;
                 }
             }
-            m = stream.next() => match m {
-                Some(Ok(Message::Binary(b))) => {
-                    arrivals.message_done();
-                    read_batch(&mut stream, core, arrivals, &mut batch, b);
+            // Cancel-safe: bytes read go into the reader's buffer as they come.
+            ev = reader.next() => match ev {
+                ReadEvent::Message(Message::Binary(b)) => {
+                    read_batch(&mut reader, core, &mut batch, b);
                 }
-                other => {
-                    if matches!(other, Some(Ok(Message::Ping(_) | Message::Pong(_)))) {
-                        arrivals.message_done();
-                    }
-                    on_message(core, other)
-                }
+                other => on_event(core, other),
             },
             _ = sleep_until_some(timer) => C::on_timer(core, now()),
             _ = sleep_until_some(message_due) => {
@@ -299,23 +312,21 @@ where
 /// batch (bounded by [`READ_BATCH_BYTES`] and [`READ_BATCH_FRAMES`]); a message of another
 /// kind (a ping, a close, an error) ends the batch and is handled after it, in order. Never
 /// waits: a message still on its way is left for the next turn of the read loop.
-fn read_batch<S, C>(
-    stream: &mut futures_util::stream::SplitStream<WebSocketStream<S>>,
+fn read_batch<R, C>(
+    reader: &mut FrameReader<R>,
     core: &Arc<C>,
-    arrivals: &Arrivals,
     batch: &mut Batch<Bytes>,
     first: Bytes,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin,
+    R: AsyncRead + Unpin,
     C: LinkCore,
 {
     let n = first.len();
     batch.push(first, n);
     let mut after = None;
     while batch.has_room() {
-        match stream.next().now_or_never() {
-            Some(Some(Ok(Message::Binary(b)))) => {
-                arrivals.message_done();
+        match reader.next().now_or_never() {
+            Some(ReadEvent::Message(Message::Binary(b))) => {
                 let n = b.len();
                 batch.push(b, n);
             }
@@ -327,87 +338,80 @@ fn read_batch<S, C>(
         }
     }
     C::on_frames(core, now(), batch);
-    if let Some(m) = after {
-        if matches!(m, Some(Ok(Message::Ping(_) | Message::Pong(_)))) {
-            arrivals.message_done();
-        }
-        on_message(core, m);
+    if let Some(ev) = after {
+        on_event(core, ev);
     }
 }
 
-/// One item of the WebSocket, handed to the core.
-fn on_message<C: LinkCore>(core: &Arc<C>, m: Option<Result<Message, WsError>>) {
-    match m {
-        Some(Ok(Message::Binary(b))) => C::on_frame(core, now(), b),
-        Some(Ok(Message::Pong(p))) => C::on_pong(core, now(), &p),
-        // tungstenite queued the pong; it goes out with our next read or write.
-        Some(Ok(Message::Ping(_))) => C::signals(core).writer.notify_one(),
-        Some(Ok(Message::Text(_))) => C::on_closed(core, CloseReason::Protocol),
-        Some(Ok(Message::Frame(_))) => {}
-        // tungstenite refuses a message over `max_message_size` / `max_frame_size`
-        // from its header, before buffering it (`link_websocket_config`).
-        Some(Err(WsError::Capacity(e))) => {
-            tracing::debug!(error = %e, "link read refused");
-            C::on_closed(core, CloseReason::OversizedFrame)
+/// One event of the WebSocket, handed to the core.
+fn on_event<C: LinkCore>(core: &Arc<C>, ev: ReadEvent) {
+    let signals = C::signals(core);
+    match ev {
+        ReadEvent::Message(Message::Binary(b)) => C::on_frame(core, now(), b),
+        ReadEvent::Message(Message::Pong(p)) => C::on_pong(core, now(), &p),
+        // Answered by the writer; only the latest ping needs its pong (RFC 6455 §5.5.3).
+        ReadEvent::Message(Message::Ping(p)) => {
+            *lock(&signals.pong) = Some(p);
+            signals.writer.notify_one();
         }
-        // The peer's TCP connection ended without a close frame: the transport ended.
-        Some(Err(WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake))) => {
-            C::on_closed(core, CloseReason::Transport)
-        }
-        Some(Err(WsError::Protocol(e))) => {
-            tracing::debug!(error = %e, "WebSocket protocol error on a link");
+        ReadEvent::Message(Message::Text(_)) => {
+            tracing::debug!("a text message on a link");
+            let _ = signals.ws_close_code.set(close_code::UNSUPPORTED);
             C::on_closed(core, CloseReason::Protocol)
         }
-        Some(Err(e)) => {
-            tracing::debug!(error = %e, "link read failed");
-            C::on_closed(core, CloseReason::Transport)
-        }
-        Some(Ok(Message::Close(frame))) => {
+        ReadEvent::Message(Message::Close(frame)) => {
             // Only a reason of ours is kept, never the peer's own words.
+            let code = frame.as_ref().map_or(close_code::NORMAL, |f| f.code);
             if let Some(said) = frame.and_then(|f| {
                 CloseReason::ALL
                     .into_iter()
                     .find(|r| r.as_str() == f.reason.as_str())
             }) {
-                let _ = C::signals(core).peer_said.set(said);
+                let _ = signals.peer_said.set(said);
             }
+            // The closing handshake: the writer answers with a close frame of this code.
+            let _ = signals.peer_close_code.set(code);
             C::on_closed(core, CloseReason::Transport)
         }
-        None => C::on_closed(core, CloseReason::Transport),
+        // Refused from the header, before the payload is buffered.
+        ReadEvent::Error(e @ WsError::Oversized { .. }) => {
+            tracing::debug!(error = %e, "link read refused");
+            let _ = signals.ws_close_code.set(e.close_code());
+            C::on_closed(core, CloseReason::OversizedFrame)
+        }
+        ReadEvent::Error(e) => {
+            tracing::debug!(error = %e, "WebSocket protocol error on a link");
+            let _ = signals.ws_close_code.set(e.close_code());
+            C::on_closed(core, CloseReason::Protocol)
+        }
+        // The peer's TCP connection ended (or failed) without a close frame.
+        ReadEvent::Ended => C::on_closed(core, CloseReason::Transport),
     }
 }
 
-async fn write_loop<S, C>(
-    mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
-    core: Arc<C>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin,
+async fn write_loop<W, C>(mut writer: FrameWriter<W>, core: Arc<C>)
+where
+    W: AsyncWrite + Unpin,
     C: LinkCore,
 {
-    let signals_closed = C::signals(&core).closed.subscribe();
+    let signals = C::signals(&core);
+    let signals_closed = signals.closed.subscribe();
     let deadline = C::write_timeout(&core);
     // Bounded in bytes only, as it always was: a batch of `ACK`s is many small frames.
     let mut batch = Batch::new(WRITE_BATCH_BYTES, usize::MAX);
-    // Fed to the WebSocket since its last flush.
-    let mut unflushed = false;
-    'run: loop {
+    let mut out: Vec<Outgoing> = Vec::new();
+    loop {
         if signals_closed.borrow().is_some() {
             break;
         }
         // Register for a wake-up before looking, so a notify in between is not lost.
-        let notified = C::signals(&core).writer.notified();
+        let notified = signals.writer.notified();
+        if let Some(p) = lock(&signals.pong).take() {
+            out.push(Outgoing::Control(Opcode::Pong, p));
+        }
         C::poll_batch(&core, now(), &mut batch);
-        if batch.is_empty() {
-            if unflushed {
-                // Everything the core had is fed: write it out before sleeping, then look
-                // again (more may have come meanwhile).
-                if let Err(r) = deadlined(deadline, &signals_closed, sink.flush()).await {
-                    C::on_closed(&core, r);
-                    break;
-                }
-                unflushed = false;
-                continue;
-            }
+        if batch.is_empty() && out.is_empty() {
+            writer.release_scratch();
             let mut closed = signals_closed.clone();
             tokio::select! {
                 _ = notified => {}
@@ -418,44 +422,58 @@ async fn write_loop<S, C>(
         if batch.any(|t| matches!(t, Transmit::Ping(_))) {
             // While a ping waited for us the core had no deadline for the reader's timer; now
             // it has one (the pong timeout): a silent peer must still be found dead.
-            C::signals(&core).timer.notify_one();
+            signals.timer.notify_one();
         }
         for t in batch.drain() {
-            let msg = match t {
-                // A forwarded frame goes out as the message it came in (no copy).
-                Transmit::Frame(f) => match f.into_wire() {
-                    Ok(b) => Message::Binary(b),
+            out.push(match t {
+                // A forwarded frame goes out as the message it came in (no copy); one of
+                // ours as its header and its payload, side by side in the write.
+                Transmit::Frame(f) => match f.into_wire_parts() {
+                    Ok(parts) => Outgoing::Frame(parts),
                     Err(_) => continue,
                 },
-                Transmit::Ping(p) => Message::Ping(Bytes::copy_from_slice(&p)),
-            };
-            if let Err(r) = deadlined(deadline, &signals_closed, sink.feed(msg)).await {
-                C::on_closed(&core, r);
-                break 'run;
-            }
+                Transmit::Ping(p) => Outgoing::Control(Opcode::Ping, Bytes::copy_from_slice(&p)),
+            });
         }
-        // The WebSocket writes its buffer out as it fills (`WS_WRITE_BUFFER`); the flush
-        // waits until the core has nothing more, so a busy link writes large batches.
-        unflushed = true;
+        // The whole batch in one vectored write: under load the core hands over up to
+        // `WRITE_BATCH_BYTES` at a time; idle, each frame goes out at once.
+        let r = deadlined(deadline, &signals_closed, writer.write_batch(&out)).await;
+        out.clear();
+        if let Err(r) = r {
+            C::on_closed(&core, r);
+            break;
+        }
     }
     // Say why in the close frame (a fixed reason of ours, never a peer's words), so the other
-    // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …
-    let close = match *signals_closed.borrow() {
-        None | Some(CloseReason::Transport) => None,
-        Some(reason) => Some(CloseFrame {
-            code: if reason == CloseReason::Local {
-                CloseCode::Normal
-            } else {
-                CloseCode::Policy
-            },
-            reason: reason.as_str().into(),
-        }),
+    // end can log it: `revoked`, `replaced`, `keepalive_timeout`, …; a WebSocket rule the
+    // peer broke with its RFC 6455 code; a peer's close answered with its code.
+    let reason = *signals_closed.borrow();
+    let close = match (
+        reason,
+        signals.ws_close_code.get(),
+        signals.peer_close_code.get(),
+    ) {
+        (Some(r), Some(code), _) => Some(close_payload(*code, r.as_str())),
+        (None, Some(code), _) => Some(close_payload(*code, "")),
+        (None | Some(CloseReason::Transport), None, Some(code)) => Some(close_payload(*code, "")),
+        (None | Some(CloseReason::Transport), None, None) => None,
+        (Some(CloseReason::Local), None, _) => Some(close_payload(
+            close_code::NORMAL,
+            CloseReason::Local.as_str(),
+        )),
+        (Some(r), None, _) => Some(close_payload(close_code::POLICY, r.as_str())),
     };
-    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
-        if close.is_some() {
-            let _ = sink.send(Message::Close(close)).await;
+    // A ping that came with the close is still answered, before it.
+    let mut last = Vec::new();
+    if let Some(c) = close {
+        if let Some(p) = lock(&signals.pong).take() {
+            last.push(Outgoing::Control(Opcode::Pong, p));
         }
-        let _ = sink.close().await;
+        last.push(Outgoing::Control(Opcode::Close, c));
+    }
+    let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
+        let _ = writer.write_batch(&last).await;
+        let _ = writer.shutdown().await;
     })
     .await;
 }
@@ -509,7 +527,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let bytes = frame.encode()?;
-    match tokio::time::timeout(deadline, ws.send(Message::Binary(bytes.into()))).await {
+    match tokio::time::timeout(deadline, ws.send(WsMessage::Binary(bytes.into()))).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(FrameIoError::Closed),
         Err(_) => Err(FrameIoError::Timeout(deadline)),
@@ -528,10 +546,10 @@ where
     let read = async {
         loop {
             match ws.next().await {
-                Some(Ok(Message::Binary(b))) => return Ok(Frame::decode_owned(b)?),
-                Some(Ok(Message::Text(_))) => return Err(FrameIoError::Text),
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                Some(Ok(WsMessage::Binary(b))) => return Ok(Frame::decode_owned(b)?),
+                Some(Ok(WsMessage::Text(_))) => return Err(FrameIoError::Text),
+                Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => continue,
+                Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => {
                     return Err(FrameIoError::Closed)
                 }
             }

@@ -17,6 +17,16 @@
 //!
 //! Writes go straight through (tungstenite buffers its own writes).
 //!
+//! # Under a link's WebSocket
+//!
+//! Built with [`ReadAhead::websocket`] or [`ReadAhead::websocket_client`], it hands
+//! tungstenite at most up to the end of the HTTP response head and then of each frame
+//! (`execrelay_protocol::websocket::Boundaries`): tungstenite never holds a byte past the
+//! message it returned, so a link's driver can take the socket over
+//! ([`LinkSocket`](super::LinkSocket)) with [`ReadAhead::into_parts`] and lose nothing. From
+//! then on the driver reads the socket itself, into its own large buffer; this one is only
+//! under tungstenite for the upgrade and the environment link's handshake.
+//!
 //! # What it costs (measured)
 //!
 //! Plain-WebSocket JSON output (`execrelay run --json-output`, the client under callgrind,
@@ -44,6 +54,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use execrelay_protocol::sync::lock;
+use execrelay_protocol::websocket::{Boundaries, Role};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
@@ -61,7 +72,7 @@ pub struct Arrivals {
 
 impl Arrivals {
     /// Bytes came from the socket now.
-    fn bytes_arrived(&self) {
+    pub(crate) fn bytes_arrived(&self) {
         let mut since = lock(&self.since);
         if since.is_none() {
             *since = Some(tokio::time::Instant::now());
@@ -103,16 +114,63 @@ pub struct ReadAhead<S> {
     buf: BytesMut,
     /// Marked when bytes come from the socket, if someone asked ([`ReadAhead::arrivals`]).
     arrivals: Option<Arc<Arrivals>>,
+    /// Under a WebSocket that a link's driver takes over ([`ReadAhead::websocket`]): reads
+    /// stop at the end of the HTTP head and of each frame, so the WebSocket above never holds
+    /// bytes past the message it returned, and [`into_parts`](Self::into_parts) loses none.
+    boundaries: Option<Boundaries>,
+    /// Which end of the WebSocket reads through it (with `boundaries`).
+    role: Option<Role>,
 }
 
 impl<S> ReadAhead<S> {
-    /// Buffer the reads of `inner`.
+    /// Buffer the reads of `inner` (under TLS, or a WebSocket never taken over).
     pub fn new(inner: S) -> Self {
         ReadAhead {
             inner,
             buf: BytesMut::new(),
             arrivals: None,
+            boundaries: None,
+            role: None,
         }
+    }
+
+    /// Buffer the reads of `inner`, a WebSocket's bytes from its first frame (after the
+    /// HTTP upgrade; `role`: which end reads them), handing out at most one frame per read:
+    /// the WebSocket above can be taken over by a link's driver
+    /// ([`LinkSocket`](super::LinkSocket)).
+    pub fn websocket(inner: S, role: Role) -> Self {
+        ReadAhead {
+            boundaries: Some(Boundaries::frames()),
+            role: Some(role),
+            ..ReadAhead::new(inner)
+        }
+    }
+
+    /// [`websocket`](Self::websocket) for the dialling side before its upgrade: `inner`
+    /// starts with the HTTP response, which is handed out up to its end and no further.
+    pub fn websocket_client(inner: S) -> Self {
+        ReadAhead {
+            boundaries: Some(Boundaries::http_then_frames()),
+            role: Some(Role::Client),
+            ..ReadAhead::new(inner)
+        }
+    }
+
+    /// The end of the WebSocket it was built for ([`websocket`](Self::websocket),
+    /// [`websocket_client`](Self::websocket_client)); `None`: no boundaries kept.
+    pub fn role(&self) -> Option<Role> {
+        self.role
+    }
+
+    /// True when reads stop at frame boundaries (built by [`websocket`](Self::websocket) or
+    /// [`websocket_client`](Self::websocket_client)).
+    pub fn keeps_boundaries(&self) -> bool {
+        self.boundaries.is_some()
+    }
+
+    /// The stream, the bytes read ahead and not handed out, and the arrivals handle, if any.
+    pub fn into_parts(self) -> (S, BytesMut, Option<Arc<Arrivals>>) {
+        (self.inner, self.buf, self.arrivals)
     }
 
     /// Start telling when bytes arrive (see [`Arrivals`]); the same handle on every call.
@@ -147,7 +205,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
             return Poll::Ready(Ok(()));
         }
         if me.buf.is_empty() {
-            if out.remaining() >= READ_AHEAD_BYTES {
+            if out.remaining() >= READ_AHEAD_BYTES && me.boundaries.is_none() {
                 // A caller that reads this much needs no buffer of ours.
                 me.buf = BytesMut::new();
                 let before = out.filled().len();
@@ -184,7 +242,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
                 }
             }
         }
-        let n = out.remaining().min(me.buf.len());
+        let mut n = out.remaining().min(me.buf.len());
+        if let Some(b) = &mut me.boundaries {
+            n = b.take(&me.buf[..n]);
+        }
         out.put_slice(&me.buf[..n]);
         me.buf.advance(n);
         Poll::Ready(Ok(()))

@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tracing::Span;
 
-use super::{now, run_io, seed, Arrivals, LinkCore, LinkSignals};
+use super::{now, run_io, seed, Arrivals, LinkCore, LinkSignals, LinkSocket, ReadAhead};
 use execrelay_protocol::batch::Batch;
 use execrelay_protocol::config::{ConfigError, RelayConfig};
 use execrelay_protocol::frame::StreamId;
@@ -217,7 +217,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     /// (refused while another live link holds the id). Returns why it ended.
     pub async fn serve_environment<S>(
         &self,
-        ws: WebSocketStream<S>,
+        ws: WebSocketStream<ReadAhead<S>>,
         env: &str,
     ) -> Result<CloseReason, AddLinkError>
     where
@@ -229,7 +229,7 @@ impl<T: RoutingTable + 'static> RelayHub<T> {
     /// Serve a client link for environment `env` from `addr`, until it ends.
     pub async fn serve_client<S>(
         &self,
-        ws: WebSocketStream<S>,
+        ws: WebSocketStream<ReadAhead<S>>,
         env: &str,
         addr: IpAddr,
     ) -> Result<CloseReason, AddLinkError>
@@ -395,8 +395,10 @@ impl<T: RoutingTable + 'static> PendingLink<T> {
         self.id
     }
 
-    /// Drive the link over `ws` until it ends. Returns why it ended.
-    pub async fn serve<S>(self, ws: WebSocketStream<S>) -> CloseReason
+    /// Drive the link over `ws` (upgraded over [`ReadAhead::websocket`], or
+    /// [`ReadAhead::websocket_client`] for a link this relay dialled) until it ends. Returns
+    /// why it ended.
+    pub async fn serve<S>(self, ws: WebSocketStream<ReadAhead<S>>) -> CloseReason
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -407,8 +409,20 @@ impl<T: RoutingTable + 'static> PendingLink<T> {
     /// takes longer than the relay's message timeout to arrive is closed
     /// (`message_timeout`).
     pub async fn serve_with<S>(
+        self,
+        ws: WebSocketStream<ReadAhead<S>>,
+        arrivals: Option<Arc<Arrivals>>,
+    ) -> CloseReason
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let sock = LinkSocket::from_websocket(ws).await;
+        self.serve_socket(sock, arrivals).await
+    }
+
+    async fn serve_socket<S>(
         mut self,
-        ws: WebSocketStream<S>,
+        sock: LinkSocket<S>,
         arrivals: Option<Arc<Arrivals>>,
     ) -> CloseReason
     where
@@ -431,7 +445,7 @@ impl<T: RoutingTable + 'static> PendingLink<T> {
             write_timeout,
             message_timeout: arrivals.is_some().then_some(message_timeout),
         });
-        run_io(ws, link, arrivals).await
+        run_io(sock, link, arrivals).await
     }
 }
 

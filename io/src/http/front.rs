@@ -328,8 +328,12 @@ where
                 return None;
             }
             let stream = parts.io.into_inner().into_stream()?;
+            // Reads stop at each frame's end, so a link's driver can take the socket over.
             let ws = WebSocketStream::from_raw_socket(
-                ReadAhead::new(FrameQueue::new(stream)),
+                ReadAhead::websocket(
+                    FrameQueue::new(stream),
+                    execrelay_protocol::websocket::Role::Server,
+                ),
                 Role::Server,
                 Some(front.websocket),
             )

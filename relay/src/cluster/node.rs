@@ -31,7 +31,9 @@ use tokio::task::JoinHandle;
 use super::directory::{newest_wins, subject, DirectoryMessage, Holder, Verdict};
 use super::relay_link::{self, RELAY_PATH_PREFIX};
 use super::ClusterSpec;
-use execrelay_io::driver::{link_websocket_config_with, recv_frame, send_frame, RelayHub};
+use execrelay_io::driver::{
+    link_websocket_config_with, recv_frame, send_frame, ReadAhead, RelayHub,
+};
 use execrelay_protocol::bucket::TokenBucket;
 use execrelay_protocol::env_handshake::{LinkRefusal, LinkTimestamps};
 use execrelay_protocol::frame::Frame;
@@ -611,7 +613,7 @@ impl ClusterNode {
         holder_key: &[u8; 32],
         env: &str,
         holder: &Holder,
-    ) -> Result<tokio_tungstenite::WebSocketStream<TcpStream>, ForwardError> {
+    ) -> Result<tokio_tungstenite::WebSocketStream<ReadAhead<TcpStream>>, ForwardError> {
         let base = super::parse_advertise(&holder.addr)
             .map_err(|_| ForwardError::Dial(format!("bad holder address {:?}", holder.addr)))?;
         let hostport = base.trim_start_matches("ws://").to_string();
@@ -622,7 +624,9 @@ impl ClusterNode {
         let url = format!("{base}{RELAY_PATH_PREFIX}{env}");
         let (mut ws, _) = tokio_tungstenite::client_async_with_config(
             url.as_str(),
-            tcp,
+            // Reads stop at the end of the HTTP head and of each frame: the driver takes the
+            // socket over after the handshake without losing a byte.
+            ReadAhead::websocket_client(tcp),
             Some(link_websocket_config_with(self.limits.max_frame_bytes)),
         )
         .await

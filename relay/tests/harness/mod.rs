@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use execrelay_io::driver::{
-    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, StreamHandle,
+    link_websocket_config, recv_frame, send_frame, EndpointLink, Incoming, ReadAhead, StreamHandle,
 };
 use execrelay_protocol::config::EndpointConfig;
 use execrelay_protocol::env_handshake::{EnvironmentHandshake, LinkRefusal};
@@ -37,7 +37,7 @@ pub async fn guard<T>(what: &str, f: impl std::future::Future<Output = T>) -> T 
         .unwrap_or_else(|_| panic!("hang guard: {what}"))
 }
 
-pub type Ws = WebSocketStream<TcpStream>;
+pub type Ws = WebSocketStream<ReadAhead<TcpStream>>;
 
 /// The relay's log, captured for this test's thread (the runtime is current-thread).
 #[derive(Clone, Default)]
@@ -228,7 +228,7 @@ pub async fn connect(addr: SocketAddr, path: &str) -> Ws {
         "upgrade",
         tokio_tungstenite::client_async_with_config(
             format!("ws://{addr}{path}"),
-            tcp,
+            ReadAhead::websocket_client(tcp),
             Some(link_websocket_config()),
         ),
     )
@@ -248,7 +248,7 @@ pub async fn ws_from(source: std::net::Ipv4Addr, relay: &Relay, path: &str) -> W
         "upgrade",
         tokio_tungstenite::client_async_with_config(
             format!("ws://{}{path}", relay.addr),
-            tcp,
+            ReadAhead::websocket_client(tcp),
             Some(execrelay_io::driver::link_websocket_config()),
         ),
     )
