@@ -18,7 +18,7 @@ cd "$(dirname "$0")"
 secs="${FUZZ_SECONDS:-3600}"
 runs="${FUZZ_RUNS:--1}"
 jobs="${FUZZ_JOBS:-1}"
-targets="${FUZZ_TARGETS:-frame record handshake jsonrpc binary_output binary_write stream}"
+targets="${FUZZ_TARGETS:-frame record handshake jsonrpc binary_output binary_write stream websocket}"
 export RUSTC_BOOTSTRAP=1
 mkdir -p logs
 failed=()

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs="${FUZZ_SECONDS:-20}"
 export RUSTC_BOOTSTRAP=1
-for t in frame record handshake jsonrpc binary_output binary_write stream; do
+for t in frame record handshake jsonrpc binary_output binary_write stream websocket; do
     mkdir -p "corpus/$t"
     dirs=("corpus/$t")
     if [ -d "seeds/$t" ]; then dirs+=("seeds/$t"); fi
