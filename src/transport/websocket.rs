@@ -458,6 +458,24 @@ mod tests {
                 .expect("server delivered a transport")
         }
 
+        /// A raw tungstenite client connected to this server, and the server's transport.
+        async fn connect_raw(
+            &mut self,
+        ) -> (
+            tokio_tungstenite::WebSocketStream<
+                tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+            >,
+            Transport,
+        ) {
+            let (raw, _) = step(tokio_tungstenite::connect_async(format!(
+                "ws://{}/",
+                self.addr
+            )))
+            .await
+            .expect("connect");
+            (raw, self.next_transport().await)
+        }
+
         fn stop(self) {
             self.task.abort();
         }
@@ -544,13 +562,7 @@ mod tests {
     async fn fragmented_message_over_the_limit_is_too_large() {
         const LIMIT: usize = 1024;
         let mut server = TestServer::start(LIMIT).await;
-        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
-            "ws://{}/",
-            server.addr
-        )))
-        .await
-        .expect("connect");
-        let mut accepted = server.next_transport().await;
+        let (mut raw, mut accepted) = server.connect_raw().await;
 
         // Each fragment is under the limit; together they are over it.
         let first = Frame::message(vec![b'a'; 600], OpCode::Data(OpData::Text), false);
@@ -567,13 +579,7 @@ mod tests {
     #[tokio::test]
     async fn binary_message_is_accepted() {
         let mut server = TestServer::start(1024).await;
-        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
-            "ws://{}/",
-            server.addr
-        )))
-        .await
-        .expect("connect");
-        let mut accepted = server.next_transport().await;
+        let (mut raw, mut accepted) = server.connect_raw().await;
 
         let payload = vec![b'{', 0, 0x9f, 0xff, b'}'];
         step(raw.send(Message::Binary(payload.clone().into())))
@@ -589,13 +595,7 @@ mod tests {
     #[tokio::test]
     async fn a_binary_message_is_one_binary_frame() {
         let mut server = TestServer::start(1024).await;
-        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
-            "ws://{}/",
-            server.addr
-        )))
-        .await
-        .expect("connect");
-        let mut accepted = server.next_transport().await;
+        let (mut raw, mut accepted) = server.connect_raw().await;
         assert!(accepted.binary_messages);
         let message = OutMessage::Binary {
             head: bytes::Bytes::from_static(&[0, 1, 2]),
@@ -619,13 +619,7 @@ mod tests {
     #[tokio::test]
     async fn ping_is_answered_while_the_server_only_reads() {
         let mut server = TestServer::start(1024).await;
-        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
-            "ws://{}/",
-            server.addr
-        )))
-        .await
-        .expect("connect");
-        let mut accepted = server.next_transport().await;
+        let (mut raw, mut accepted) = server.connect_raw().await;
         let reader = tokio::spawn(async move {
             while let Some(Ok(_)) = accepted.incoming.next().await {}
             accepted
@@ -752,13 +746,7 @@ mod tests {
     #[tokio::test]
     async fn no_data_frame_follows_the_close() {
         let mut server = TestServer::start(1024).await;
-        let (mut raw, _) = step(tokio_tungstenite::connect_async(format!(
-            "ws://{}/",
-            server.addr
-        )))
-        .await
-        .expect("connect");
-        let mut accepted = server.next_transport().await;
+        let (mut raw, mut accepted) = server.connect_raw().await;
         step(raw.send(Message::Close(None))).await.expect("close");
         assert!(step(accepted.incoming.next()).await.is_none());
         let sent = step(accepted.outgoing.send("{}".to_owned().into())).await;
