@@ -71,14 +71,7 @@ fn open(kind: BackendChoice, tag: &str, pids_max: Option<u64>) -> Option<Contain
 }
 
 fn spec(argv: &[&str]) -> SpawnSpec {
-    SpawnSpec {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        cwd: None,
-        env: Vec::new(),
-        inherit_env: true,
-        tty: None,
-        pipe_stdin: false,
-    }
+    SpawnSpec::command(argv)
 }
 
 /// A spawned child with its stdout as lines (stderr kept open so it never gets SIGPIPE).

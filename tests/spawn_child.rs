@@ -85,14 +85,7 @@ fn setup() {
 }
 
 fn spec(argv: &[&str]) -> SpawnSpec {
-    SpawnSpec {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        cwd: None,
-        env: Vec::new(),
-        inherit_env: true,
-        tty: None,
-        pipe_stdin: false,
-    }
+    SpawnSpec::command(argv)
 }
 
 /// Run to the end: (exit code, stdout, stderr).

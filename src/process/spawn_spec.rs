@@ -19,3 +19,18 @@ pub struct SpawnSpec {
     /// Give the child a stdin pipe (ignored with a PTY, where stdin is the terminal).
     pub pipe_stdin: bool,
 }
+
+impl SpawnSpec {
+    /// `argv` on pipes, in the server's environment and working directory, without a stdin
+    /// pipe: the plainest start (tests and embedders build on it with struct update syntax).
+    pub fn command<S: AsRef<str>>(argv: &[S]) -> SpawnSpec {
+        SpawnSpec {
+            argv: argv.iter().map(|s| s.as_ref().to_string()).collect(),
+            cwd: None,
+            env: Vec::new(),
+            inherit_env: true,
+            tty: None,
+            pipe_stdin: false,
+        }
+    }
+}

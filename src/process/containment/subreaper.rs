@@ -301,14 +301,7 @@ mod tests {
     use std::os::unix::process::ExitStatusExt;
 
     fn spec(argv: &[&str]) -> SpawnSpec {
-        SpawnSpec {
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            cwd: None,
-            env: Vec::new(),
-            inherit_env: true,
-            tty: None,
-            pipe_stdin: false,
-        }
+        SpawnSpec::command(argv)
     }
 
     fn registered(child: &Arc<DirectChild>) -> bool {
