@@ -64,9 +64,19 @@ pub fn raise_nofile_limit() -> io::Result<(NofileLimit, NofileLimit)> {
 /// that reads it). Costs one directory read: called once per new connection or link, never
 /// on a data path.
 pub fn open_descriptors() -> io::Result<usize> {
-    let entries = std::fs::read_dir("/proc/self/fd")?;
     // The directory's own descriptor is listed too.
-    Ok(entries.count().saturating_sub(1))
+    Ok(listed_descriptors()?.len().saturating_sub(1))
+}
+
+/// The descriptor numbers `/proc/self/fd` lists, the one that reads it included.
+fn listed_descriptors() -> io::Result<Vec<i32>> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
+            fds.push(fd);
+        }
+    }
+    Ok(fds)
 }
 
 /// Fewer descriptors are free than the reserve.
@@ -274,14 +284,22 @@ mod tests {
     }
 
     #[test]
-    fn open_descriptors_follow_opens_and_closes() {
-        let before = open_descriptors().unwrap();
+    fn the_descriptors_held_are_listed_and_counted() {
+        use std::os::fd::AsRawFd;
         let files: Vec<std::fs::File> = (0..5)
             .map(|_| std::fs::File::open("/proc/self/status").unwrap())
             .collect();
-        // Other test threads may open descriptors meanwhile: at least ours are counted.
-        assert!(open_descriptors().unwrap() >= before + 5);
-        drop(files);
+        // Other test threads open and close descriptors of their own meanwhile, so no count
+        // taken before is comparable: only the descriptors this test holds are certain.
+        let listed = listed_descriptors().unwrap();
+        for f in &files {
+            assert!(
+                listed.contains(&f.as_raw_fd()),
+                "{} in {listed:?}",
+                f.as_raw_fd()
+            );
+        }
+        assert!(open_descriptors().unwrap() >= files.len());
     }
 
     #[test]
