@@ -4,7 +4,10 @@
 //! queue is reported at once (never a wait); shutdown with both queues full and nobody
 //! reading finishes within its deadline and leaves no child. And through the library:
 //! `Client::in_process` answers `-32004` with `data.limit = "inProcessQueue"` at once when its
-//! queue is full.
+//! queue is full. With a receiver installed (`LocalClientEnd::receive_directly`, as the library
+//! does), replies and events are handed over without the channels: each start's result still
+//! comes before its output, output before the exit notice, and a request that has to wait still
+//! answers.
 //!
 //! The behaviour shared with the WebSocket client is in `client_behaviour.rs`.
 
@@ -231,4 +234,189 @@ async fn the_in_process_client_answers_an_overload_at_once() {
     // Once the server caught up, requests go through again.
     assert!(client.server_info().await.is_ok());
     client.shutdown().await;
+}
+
+/// What a [`Recorder`] was handed, in the order the server handed it over.
+#[derive(Debug)]
+enum Got {
+    Control(Outbound),
+    Event(execrelay::connection::outlet::EventMessage),
+}
+
+/// A receiver that records what the server hands it, in order.
+struct Recorder(tokio::sync::mpsc::UnboundedSender<Got>);
+
+impl execrelay::connection::local::LocalReceiver for Recorder {
+    fn control(&self, m: Outbound) -> bool {
+        self.0.send(Got::Control(m)).is_ok()
+    }
+    fn event(&self, e: execrelay::connection::outlet::EventMessage) -> bool {
+        self.0.send(Got::Event(e)).is_ok()
+    }
+}
+
+async fn next_got(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Got>) -> Got {
+    tokio::time::timeout(GUARD, rx.recv())
+        .await
+        .expect("nothing handed over (hang guard)")
+        .expect("server gone")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_receiver_gets_each_result_before_its_output_and_a_waiting_request_answers() {
+    use execrelay::process::event_log::EventBody;
+    let (server, mut end) = LocalServer::start(
+        Arc::new(ServerConfig::default()),
+        None,
+        LocalLimits::for_config(&ServerConfig::default()),
+    )
+    .expect("server starts");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    assert!(end.receive_directly(Arc::new(Recorder(tx))));
+    let (other, _) = tokio::sync::mpsc::unbounded_channel();
+    assert!(
+        !end.receive_directly(Arc::new(Recorder(other))),
+        "a second receiver is refused"
+    );
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(1),
+        call: Call::Initialize(Default::default()),
+    })
+    .unwrap();
+    match next_got(&mut rx).await {
+        Got::Control(Outbound::Result {
+            id: RequestId::Int(1),
+            reply: Reply::Initialize(_),
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Notification(
+        execrelay::connection::message::Note::Initialized,
+    ))
+    .unwrap();
+
+    // Short processes whose output is ready as soon as they start, started back to back: the
+    // result of each start is handed over before any event of its process, and each
+    // process's output before its exit notice.
+    const STARTS: i64 = 20;
+    for n in 0..STARTS {
+        end.try_send(Inbound::Request {
+            id: RequestId::Int(10 + n),
+            call: Call::Start(common::local::start_params(
+                &format!("p{n}"),
+                &["echo", "hello"],
+            )),
+        })
+        .unwrap();
+    }
+    let mut started = std::collections::HashSet::new();
+    let mut output = std::collections::HashMap::<String, Vec<u8>>::new();
+    let mut exited = 0;
+    while exited < STARTS {
+        match next_got(&mut rx).await {
+            Got::Control(Outbound::Result {
+                id: RequestId::Int(n),
+                reply: Reply::Start(_),
+            }) => assert!(started.insert(format!("p{}", n - 10))),
+            Got::Event(e) => {
+                assert!(
+                    started.contains(&e.process_id),
+                    "an event of {} before its start result",
+                    e.process_id
+                );
+                match e.body {
+                    EventBody::Output { chunk, .. } => output
+                        .entry(e.process_id)
+                        .or_default()
+                        .extend_from_slice(&chunk),
+                    EventBody::Exited(_) => {
+                        assert_eq!(
+                            output.get(&e.process_id).map(Vec::as_slice),
+                            Some(&b"hello\n"[..]),
+                            "all of {}'s output before its exit notice",
+                            e.process_id
+                        );
+                        exited += 1;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        end.control.try_recv().is_err() && end.events_queued() == 0,
+        "nothing went through the channels"
+    );
+
+    // A request that waits (a long poll on a process with nothing to say) goes on in a task
+    // of its own and is answered from there once the process ends.
+    let mut params = common::local::start_params("quiet", &["cat"]);
+    params.pipe_stdin = true;
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(100),
+        call: Call::Start(params),
+    })
+    .unwrap();
+    match next_got(&mut rx).await {
+        Got::Control(Outbound::Result {
+            id: RequestId::Int(100),
+            reply: Reply::Start(_),
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(101),
+        call: Call::Read(execrelay::rpc::messages::ReadParams {
+            process_id: "quiet".into(),
+            after_seq: 0,
+            max_bytes: None,
+            wait_ms: 60_000,
+        }),
+    })
+    .unwrap();
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(102),
+        call: Call::Terminate(TerminateParams {
+            process_id: "quiet".into(),
+            grace_ms: Some(0),
+        }),
+    })
+    .unwrap();
+    let mut terminated = false;
+    let mut read_answered = false;
+    let mut exit_event = false;
+    while !(read_answered && exit_event && terminated) {
+        match next_got(&mut rx).await {
+            Got::Control(Outbound::Result {
+                id: RequestId::Int(102),
+                reply: Reply::Terminate { running },
+            }) => {
+                assert!(running);
+                terminated = true;
+            }
+            Got::Control(Outbound::Result {
+                id: RequestId::Int(101),
+                reply: Reply::Read(r),
+            }) => {
+                // Its answer holds the exit notice: it was answered after the terminate
+                // was sent, so it waited (the terminate itself may be handed over first or
+                // not: the two are made on different threads).
+                assert!(r.exited, "{r:?}");
+                assert!(matches!(
+                    r.events.last().map(|e| &e.body),
+                    Some(EventBody::Exited(_))
+                ));
+                read_answered = true;
+            }
+            Got::Event(e) => {
+                assert_eq!(e.process_id, "quiet");
+                assert!(matches!(e.body, EventBody::Exited(_)), "{e:?}");
+                exit_event = true;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(end);
+    server.shutdown(Duration::from_secs(5)).await;
 }

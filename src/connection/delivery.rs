@@ -10,13 +10,15 @@
 //! What it writes goes to an [`Outlet`]: a network transport (each output delta encoded in the
 //! form the connection asked for in `initialize`, `OutputForm`: a JSON text with base64, or a
 //! binary message whose payload is the event's own `Bytes`; replays after a resume take the
-//! same path) or the in-process transport's two bounded channels (typed values).
+//! same path) or the in-process transport's two bounded channels (typed values). A reply to an
+//! in-process client that installed a receiver skips the writer ([`hand_over`]).
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::local::ReceiverSlot;
 use super::message::Outbound;
 use super::outlet::{Outlet, OutletClosed};
 use crate::config::EVENT_BATCH_BYTES;
@@ -41,6 +43,26 @@ impl ControlMessage {
             after_write: None,
         }
     }
+}
+
+/// Hand a reply over: to the in-process client's receiver when it installed one (then run the
+/// reply's after-write action, as the writer does once the transport took a message), else
+/// through the control lane. `false` if the connection is gone.
+pub(crate) async fn hand_over(
+    control: &mpsc::Sender<ControlMessage>,
+    receiver: Option<&ReceiverSlot>,
+    m: ControlMessage,
+) -> bool {
+    if let Some(r) = receiver.and_then(|slot| slot.get()) {
+        if !r.control(m.msg) {
+            return false;
+        }
+        if let Some(after) = m.after_write {
+            after();
+        }
+        return true;
+    }
+    control.send(m).await.is_ok()
 }
 
 /// Why the writer stopped.

@@ -17,8 +17,24 @@
 //! - **events** ([`LocalLimits::events`]): never dropped; when full the writer waits (serving
 //!   control meanwhile), the logs fill and the children are held back, as on a network.
 //!
-//! It must never drop an event or block the client's sender. The in-process server that owns
+//! **Handed over directly.** A client that routes what it receives itself (the library's
+//! `RpcConnection::start_local`) installs a [`LocalReceiver`] on its end before it sends its
+//! first request ([`LocalClientEnd::receive_directly`]). From then on replies are handed to it
+//! by whoever makes them (the connection's reader for a request that did not wait, the
+//! request's task otherwise) and events by the writer, with no channel and no client reader
+//! task between: each of those was one more task made runnable per message, and on tokio's
+//! multi-threaded runtime a second runnable task wakes an idle worker to steal it (a context
+//! switch on each side; README, "Fewer thread hand-offs per exec"). The promises stay: a reply
+//! never waits behind events (it does not pass the writer at all), a start's output still
+//! follows its result (the action that opens delivery runs after the receiver took the
+//! result), events of one process keep their order (one writer hands them over). Without a
+//! receiver (tests that drive the raw end) everything travels through the channels.
+//!
+//! It must never drop an event or block the client's sender, and a [`LocalReceiver`] must
+//! never block (it runs on the server's reader and writer). The in-process server that owns
 //! the other end is `server::local::LocalServer`.
+
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::mpsc;
 
@@ -52,10 +68,26 @@ impl LocalLimits {
     }
 }
 
+/// A client that takes replies and events straight from the server's side (see the module
+/// docs). Its methods run on the server's reader, a request's task or the writer: they must
+/// not block or wait.
+pub trait LocalReceiver: Send + Sync {
+    /// A control-lane message (a result, an error, a server request). `false` when the client
+    /// is gone: the connection's transport has failed.
+    fn control(&self, m: Outbound) -> bool;
+    /// An event, in `seq` order per process. `false` when the client is gone.
+    fn event(&self, e: EventMessage) -> bool;
+}
+
+/// Where the client's [`LocalReceiver`] is installed, shared by both ends: set at most once,
+/// by the client, before it sends anything.
+pub(crate) type ReceiverSlot = Arc<OnceLock<Arc<dyn LocalReceiver>>>;
+
 /// The server's end, for [`ConnectionProcessor::run_local`](super::ConnectionProcessor::run_local).
 pub struct LocalServerEnd {
     pub(super) inbound: mpsc::Receiver<Inbound>,
     pub(super) outlet: LocalOutlet,
+    pub(super) receiver: ReceiverSlot,
 }
 
 /// The client's end.
@@ -66,6 +98,7 @@ pub struct LocalClientEnd {
     /// Output deltas and exit notices, in `seq` order per process.
     pub events: mpsc::Receiver<EventMessage>,
     limits: LocalLimits,
+    receiver: ReceiverSlot,
 }
 
 /// Why a message could not be queued.
@@ -84,12 +117,14 @@ pub fn local_pair(limits: LocalLimits) -> (LocalClientEnd, LocalServerEnd) {
     let (req_tx, req_rx) = mpsc::channel(limits.requests.max(1));
     let (ctl_tx, ctl_rx) = mpsc::channel(limits.control.max(1));
     let (ev_tx, ev_rx) = mpsc::channel(limits.events.max(1));
+    let receiver = ReceiverSlot::default();
     (
         LocalClientEnd {
             requests: req_tx,
             control: ctl_rx,
             events: ev_rx,
             limits,
+            receiver: receiver.clone(),
         },
         LocalServerEnd {
             inbound: req_rx,
@@ -97,7 +132,9 @@ pub fn local_pair(limits: LocalLimits) -> (LocalClientEnd, LocalServerEnd) {
                 control: ctl_tx,
                 events: ev_tx,
                 permit: None,
+                receiver: receiver.clone(),
             },
+            receiver,
         },
     )
 }
@@ -115,6 +152,13 @@ impl LocalClientEnd {
     /// they wait for room instead.
     pub fn sender(&self) -> mpsc::Sender<Inbound> {
         self.requests.clone()
+    }
+
+    /// Take replies and events through `receiver` from now on instead of the channels (see
+    /// the module docs). Install it before sending anything: what was queued before stays in
+    /// the channels. `false` if a receiver was installed already (it stays).
+    pub fn receive_directly(&self, receiver: Arc<dyn LocalReceiver>) -> bool {
+        self.receiver.set(receiver).is_ok()
     }
 
     /// The capacities of this connection.

@@ -13,7 +13,8 @@
 //!   JSON edge before parsing (`-32004` `maxPendingRequestBytes`/`maxInboundBytes`).
 //! - [`outlet`]: where the writer sends (a network sink through the codec, or the in-process
 //!   channels).
-//! - [`local`]: the in-process transport (bounded channels of typed messages).
+//! - [`local`]: the in-process transport (bounded channels of typed messages, or a
+//!   receiver the client installed, handed replies and events directly).
 //! - [`handlers`]: validate typed params, call the session or process, shape typed results.
 //! - [`error_map`]: the one place where `ProcessError` and `SessionError` become JSON-RPC
 //!   errors.
@@ -29,6 +30,9 @@
 //!  in-process client ─▶ LocalClientEnd::try_send ───┘   (typed)   (scheduler, limits,   (delivery) └─▶ Outlet::Local ─▶ control channel
 //!    (typed Inbound; full → -32004 inProcessQueue)                  teardown: one code)                              ─▶ event channel
 //! ```
+//!
+//! An in-process client that installed a `LocalReceiver` (the library's does) is handed replies
+//! by the processor itself and events by the writer, instead of through the two channels.
 //!
 //! **Architecture Invariant: one connection core.** Request classes, the scheduler, the
 //! control lane's priority, request limits and teardown are the same code for every edge;

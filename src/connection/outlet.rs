@@ -7,7 +7,8 @@
 //!   to **two bounded channels**, as typed values. The writer waits for room in the event
 //!   channel while still serving the control lane, so a control reply never waits behind a
 //!   full event queue; an event is never dropped (the writer waits, the logs fill, the pumps
-//!   stop reading, the children block).
+//!   stop reading, the children block). When the in-process client installed a receiver
+//!   (`local.rs`, "Handed over directly"), both go to it instead, with no channel between.
 //!
 //! It must never drop an event or reorder the events of one process.
 
@@ -18,6 +19,7 @@ use futures_util::SinkExt;
 use tokio::sync::mpsc;
 
 use super::json_codec::{encode_event, encode_outbound};
+use super::local::ReceiverSlot;
 use super::message::Outbound;
 use crate::process::event_log::{Event, EventBody};
 use crate::process::ManagedProcess;
@@ -63,6 +65,8 @@ pub struct LocalOutlet {
     pub(super) events: mpsc::Sender<EventMessage>,
     /// Room for one event, reserved by [`Outlet::event_ready`].
     pub(super) permit: Option<mpsc::OwnedPermit<EventMessage>>,
+    /// The client's receiver, when it takes messages directly.
+    pub(super) receiver: ReceiverSlot,
 }
 
 /// The outlet's transport failed (or its client end is gone): the writer stops.
@@ -91,7 +95,10 @@ impl Outlet {
                 .feed(OutMessage::Text(encode_outbound(&m)))
                 .await
                 .map_err(|_| OutletClosed),
-            Outlet::Local(l) => l.control.send(m).await.map_err(|_| OutletClosed),
+            Outlet::Local(l) => match l.receiver.get() {
+                Some(r) => r.control(m).then_some(()).ok_or(OutletClosed),
+                None => l.control.send(m).await.map_err(|_| OutletClosed),
+            },
         }
     }
 
@@ -102,6 +109,9 @@ impl Outlet {
             Outlet::Json { sink, .. } => std::future::poll_fn(|cx| sink.as_mut().poll_ready(cx))
                 .await
                 .map_err(|_| OutletClosed),
+            // A receiver takes every event at once: the client's own queues are bounded by
+            // the server's retention (with acks), as behind the event channel.
+            Outlet::Local(l) if l.receiver.get().is_some() => Ok(()),
             Outlet::Local(l) => {
                 if l.permit.is_none() {
                     let permit = l
@@ -125,12 +135,16 @@ impl Outlet {
                 .start_send(encode_event(p, ev, form.is_binary()))
                 .map_err(|_| OutletClosed),
             Outlet::Local(l) => {
-                let permit = l.permit.take().ok_or(OutletClosed)?;
-                permit.send(EventMessage {
+                let msg = EventMessage {
                     process_id: p.id.clone(),
                     seq: ev.seq,
                     body: ev.body.clone(),
-                });
+                };
+                if let Some(r) = l.receiver.get() {
+                    return r.event(msg).then_some(()).ok_or(OutletClosed);
+                }
+                let permit = l.permit.take().ok_or(OutletClosed)?;
+                permit.send(msg);
                 Ok(())
             }
         }

@@ -167,9 +167,17 @@ pub struct ManagedProcess {
     pub(crate) opts: ProcessOptions,
     pub(crate) started: Instant,
     pub(crate) inner: Mutex<Inner>,
-    /// Wakes pumps waiting for room, long polls waiting for events, and the supervisor
-    /// waiting for the exit notice to be delivered.
+    /// Wakes pumps waiting for room and long polls waiting for events.
     pub(crate) changed: Notify,
+    /// Wakes whoever waits for the exit notice to be written ([`wait_exit_delivered`]
+    /// without acks, shutdown) once it is. Apart from `changed`: each event written would
+    /// wake that wait for nothing, and a task woken beside the writer's next one wakes an
+    /// idle worker thread (README, "Fewer thread hand-offs per exec").
+    ///
+    /// [`wait_exit_delivered`]: Self::wait_exit_delivered
+    exit_written: Notify,
+    /// The same for the exit notice's acknowledgement (with acks).
+    exit_acked: Notify,
     /// The direct child was reaped.
     pub(crate) exited: CancellationToken,
     /// The exit notice is in the log.
@@ -231,6 +239,8 @@ impl ManagedProcess {
                 waiting_for: None,
             }),
             changed: Notify::new(),
+            exit_written: Notify::new(),
+            exit_acked: Notify::new(),
             exited: CancellationToken::new(),
             finished: CancellationToken::new(),
             abandoned: CancellationToken::new(),
@@ -373,23 +383,37 @@ impl ManagedProcess {
     /// `ready` is still the delivery target: after a detach or a resume the cursor belongs to
     /// the new attachment. Returns whether more events wait for `ready`.
     pub fn mark_written_by(&self, ready: &Arc<ReadySet>, seq: u64) -> bool {
-        let more = {
+        let (more, exit_written) = {
             let d = lock(&self.delivery);
             if !d.as_ref().is_some_and(|r| Arc::ptr_eq(r, ready)) {
                 return false;
             }
             let mut inner = self.inner();
             inner.log.mark_written(seq);
-            inner.log.has_unwritten()
+            (inner.log.has_unwritten(), inner.log.exit_written())
         };
         self.changed.notify_waiters();
+        if exit_written {
+            self.exit_written.notify_waiters();
+        }
         more
     }
 
     /// `process/ack`.
     pub fn ack(&self, seq: u64) {
-        self.inner().log.ack(seq);
+        let (exit_written, exit_acked) = {
+            let mut inner = self.inner();
+            inner.log.ack(seq);
+            (inner.log.exit_written(), inner.log.exit_acked())
+        };
         self.changed.notify_waiters();
+        // An ack past the write cursor (after a resume) also marks events written.
+        if exit_written {
+            self.exit_written.notify_waiters();
+        }
+        if exit_acked {
+            self.exit_acked.notify_waiters();
+        }
     }
 
     /// Whether the exit notice was written (without acks) or acknowledged (with acks).
@@ -404,8 +428,13 @@ impl ManagedProcess {
 
     /// Wait until [`exit_delivered`](Self::exit_delivered).
     pub async fn wait_exit_delivered(&self, acks: bool) {
+        let notify = if acks {
+            &self.exit_acked
+        } else {
+            &self.exit_written
+        };
         loop {
-            let notified = self.changed.notified();
+            let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.exit_delivered(acks) {

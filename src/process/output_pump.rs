@@ -25,7 +25,7 @@ use super::managed_process::{exit_reason, ManagedProcess, ProcessOptions};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
-use super::spawn::{spawn_into, ChildProcess, OutputReader, SpawnSpec};
+use super::spawn::{spawn_into, ChildProcess, OutputPipe, OutputReader, SpawnSpec};
 use super::start_error::StartError;
 use super::tail_ring::TailRing;
 use crate::config::{DRAIN_DEADLINE_READ_BYTES, PUMP_CHUNK_BYTES};
@@ -220,10 +220,11 @@ fn sized(chunk: BytesMut) -> Bytes {
 
 /// A child's output as its pump reads it.
 enum Source {
-    /// A pipe on the reactor: the pump waits until it is readable (holding no buffer), then
-    /// for room, then reads once, straight into the chunk's own buffer: one read, so one
-    /// wake-up of a child blocked on a full pipe, per chunk.
-    Pipe(tokio::net::unix::pipe::Receiver),
+    /// A pipe (on the reactor once a read found it empty): the pump waits until it is
+    /// readable (holding no buffer), then for room, then reads once, straight into the
+    /// chunk's own buffer: one read, so one wake-up of a child blocked on a full pipe, per
+    /// chunk.
+    Pipe(OutputPipe),
     /// Anything else (the PTY master): read through `AsyncRead`, [`FIRST_READ_BYTES`] first.
     Reader(OutputReader),
 }
@@ -247,7 +248,7 @@ enum Chunk {
 }
 
 impl Source {
-    /// Pipes are read through their own readiness (`spawn` registers them as tokio pipes);
+    /// Pipes are read through their own readiness (`OutputPipe`);
     /// anything else (a terminal) through `AsyncRead`.
     fn new(reader: OutputReader) -> Source {
         match reader {
@@ -278,7 +279,7 @@ impl Source {
             Source::Reader(_) => return Ok(Chunk::Nothing),
         };
         let mut chunk = BytesMut::zeroed(PUMP_CHUNK_BYTES);
-        // Both descriptors are non-blocking (the reactor's registrations set them so).
+        // Both descriptors are non-blocking (`OutputPipe::new`, `spawn_pty`).
         match nix::unistd::read(fd, &mut chunk) {
             Ok(0) => Ok(Chunk::Eof),
             Ok(n) => {

@@ -9,7 +9,9 @@
 //! polls included) end at once, and the session is detached (or closed, for stdio). It must
 //! never block its reader on a request: a request runs on the reader only until its first wait,
 //! then in a task of its own (`inline.rs`). Method names are parsed here, once, into a
-//! [`Method`](crate::rpc::Method); everything after routes on the enum.
+//! [`Method`](crate::rpc::Method); everything after routes on the enum. Replies go through
+//! the writer's control lane, or, to an in-process client that installed a receiver, straight
+//! to it from where they are made (`local.rs`, "Handed over directly").
 
 mod initialize;
 mod inlet;
@@ -24,9 +26,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::delivery::{run_writer, ControlMessage};
+use super::delivery::{hand_over, run_writer, ControlMessage};
 use super::handlers::{self, Ctx, Handled};
-use super::local::LocalServerEnd;
+use super::local::{LocalServerEnd, ReceiverSlot};
 use super::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
 use super::outlet::{Outlet, OutputForm};
 use super::request_budget::REQUEST_BUDGET_NAME;
@@ -116,6 +118,8 @@ pub struct ConnectionProcessor {
     /// Ends long polls; a child of `cancel`, fired alone on a half-close.
     closing: CancellationToken,
     control: mpsc::Sender<ControlMessage>,
+    /// The in-process client's receiver slot: replies go to it directly once installed.
+    receiver: Option<ReceiverSlot>,
     scheduler: Scheduler,
     pending: Arc<Semaphore>,
     control_pending: Arc<Semaphore>,
@@ -155,6 +159,7 @@ impl ConnectionProcessor {
             binary_input,
             peer: transport.peer,
             flow: transport.flow,
+            receiver: None,
         };
         Self::serve(edge, registry, opts, shutdown).await
     }
@@ -176,6 +181,7 @@ impl ConnectionProcessor {
             binary_input: Arc::new(AtomicBool::new(false)),
             peer: "in-process".to_string(),
             flow: None,
+            receiver: Some(end.receiver),
         };
         Self::serve(edge, registry, opts, shutdown).await
     }
@@ -196,6 +202,7 @@ impl ConnectionProcessor {
             binary_capable,
             binary_input,
             flow,
+            receiver,
             ..
         } = edge;
         async move {
@@ -225,6 +232,7 @@ impl ConnectionProcessor {
                 cancel: cancel.clone(),
                 closing: cancel.child_token(),
                 control,
+                receiver,
                 scheduler: Scheduler::default(),
                 pending: Arc::new(Semaphore::new(cfg.max_pending_requests)),
                 control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
@@ -330,7 +338,13 @@ impl ConnectionProcessor {
 
     async fn send(&self, msg: Outbound) {
         let response = matches!(msg, Outbound::Result { .. } | Outbound::Error { .. });
-        if self.control.send(ControlMessage::new(msg)).await.is_ok() && response {
+        let sent = hand_over(
+            &self.control,
+            self.receiver.as_ref(),
+            ControlMessage::new(msg),
+        )
+        .await;
+        if sent && response {
             self.registry.metrics().rpc_responses.inc();
         }
     }
@@ -528,6 +542,7 @@ impl ConnectionProcessor {
             cancel: self.closing.clone(),
         };
         let control = self.control.clone();
+        let receiver = self.receiver.clone();
         let cancel = self.cancel.clone();
         let span = tracing::debug_span!("request", method = ?call.method());
         inline::run_until_first_wait(
@@ -558,7 +573,7 @@ impl ConnectionProcessor {
                     },
                     Err(e) => ControlMessage::new(counted_error(&ctx.registry, Some(id), &e)),
                 };
-                if control.send(msg).await.is_ok() {
+                if hand_over(&control, receiver.as_ref(), msg).await {
                     ctx.registry.metrics().rpc_responses.inc();
                 }
                 drop(slot);
@@ -641,4 +656,6 @@ struct Edge {
     peer: String,
     /// The transport's flow-control state, for the stall watchdog (Noise streams).
     flow: Option<Arc<dyn FlowProbe>>,
+    /// The in-process transport's receiver slot.
+    receiver: Option<ReceiverSlot>,
 }

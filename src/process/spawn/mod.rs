@@ -12,6 +12,7 @@
 //! | `mod.rs` | the spec, pipes or a PTY, the placement and registration around the clone |
 //! | `child.rs` | [`ChildPlan`]: everything prepared for the child, and the child's steps up to `execve` |
 //! | `clone.rs` | `clone3(CLONE_INTO_CGROUP)` or `clone(CLONE_VM \| CLONE_VFORK)`, the child's stack, the signal mask around it |
+//! | `output_pipe.rs` | [`OutputPipe`]: an output pipe put on the reactor only once a read finds it empty |
 //!
 //! The child never copies the server's memory: it shares it (`CLONE_VM`) while the
 //! cloning thread waits for its exec (`CLONE_VFORK`), so a spawn costs the same whatever the
@@ -23,6 +24,7 @@
 
 mod child;
 mod clone;
+mod output_pipe;
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -38,6 +40,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::unix::pipe;
 
 pub use clone::{clone3_usable, CloneMethod, ClonePreference, CHILD_STACK_BYTES};
+pub use output_pipe::OutputPipe;
 
 use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
 pub use super::spawn_spec::SpawnSpec;
@@ -173,8 +176,9 @@ fn spawn_pipes(
     let (direct, method) = launch(spec, stdio, false, scope, pref)?;
     // Our copies of the child's ends must go, or we never see end of file.
     drop((in_child, out_w, err_w));
-    let stdout = pipe::Receiver::from_owned_fd(out_r)?;
-    let stderr = pipe::Receiver::from_owned_fd(err_r)?;
+    // Not on the reactor yet: a child that has already ended never needs to be.
+    let stdout = OutputPipe::new(out_r)?;
+    let stderr = OutputPipe::new(err_r)?;
     let stdin = match in_parent {
         Some(w) => Some(InputWriter::Pipe(pipe::Sender::from_owned_fd(w)?)),
         None => None,
@@ -370,10 +374,10 @@ impl PtyControl {
 
 /// One output stream of a child.
 pub enum OutputReader {
-    /// stdout pipe (non-blocking, on the reactor).
-    Stdout(pipe::Receiver),
-    /// stderr pipe (non-blocking, on the reactor).
-    Stderr(pipe::Receiver),
+    /// stdout pipe (non-blocking, on the reactor once a read finds it empty).
+    Stdout(OutputPipe),
+    /// stderr pipe (non-blocking, on the reactor once a read finds it empty).
+    Stderr(OutputPipe),
     /// The PTY master. `EIO` (every slave closed) reads as end of file.
     Pty(AsyncFd<OwnedFd>),
 }
