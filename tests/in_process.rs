@@ -420,3 +420,101 @@ async fn a_direct_receiver_gets_each_result_before_its_output_and_a_waiting_requ
     drop(end);
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// With acks, an exited process stays known until its exit notice is acknowledged (writing
+/// the notice, or anything else, does not end the wait) and goes once it is: the wait for
+/// the acknowledgement is woken by the ack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_acks_an_exited_process_is_forgotten_once_its_exit_notice_is_acknowledged() {
+    use execrelay::connection::message::Note;
+    use execrelay::process::event_log::EventBody;
+    use execrelay::rpc::messages::{AckParams, Capabilities, InitializeParams};
+    let config = ServerConfig {
+        exited_retention_ms: 0,
+        ..ServerConfig::default()
+    };
+    let (server, mut end) = LocalServer::start(
+        Arc::new(config.clone()),
+        None,
+        LocalLimits::for_config(&config),
+    )
+    .expect("server starts");
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(1),
+        call: Call::Initialize(InitializeParams {
+            capabilities: Capabilities {
+                acks: true,
+                ..Capabilities::default()
+            },
+            ..InitializeParams::default()
+        }),
+    })
+    .unwrap();
+    match control(&mut end).await {
+        Outbound::Result {
+            reply: Reply::Initialize(r),
+            ..
+        } => assert!(r.capabilities.acks),
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Notification(Note::Initialized))
+        .unwrap();
+    start(&mut end, 2, "short", &["echo", "bye"]).await;
+    let exit_seq = loop {
+        let ev = tokio::time::timeout(GUARD, end.events.recv())
+            .await
+            .expect("events (hang guard)")
+            .expect("event");
+        if matches!(ev.body, EventBody::Exited(_)) {
+            break ev.seq;
+        }
+    };
+    let listed = |end: &mut LocalClientEnd, n: i64| {
+        end.try_send(Inbound::Request {
+            id: RequestId::Int(n),
+            call: Call::List,
+        })
+        .unwrap();
+    };
+    // Written, not acknowledged: still known.
+    listed(&mut end, 3);
+    match control(&mut end).await {
+        Outbound::Result {
+            reply: Reply::List(list),
+            ..
+        } => assert!(
+            list.iter().any(|p| p.process_id == "short"),
+            "forgotten before its exit notice was acknowledged: {list:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Notification(Note::Ack(Some(AckParams {
+        process_id: "short".into(),
+        seq: exit_seq,
+    }))))
+    .unwrap();
+    let deadline = Instant::now() + GUARD;
+    let mut n = 4;
+    loop {
+        listed(&mut end, n);
+        n += 1;
+        match control(&mut end).await {
+            Outbound::Result {
+                reply: Reply::List(list),
+                ..
+            } if list.is_empty() => break,
+            Outbound::Result {
+                reply: Reply::List(_),
+                ..
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still known after its exit notice was acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(end);
+    server.shutdown(Duration::from_secs(5)).await;
+}
