@@ -18,9 +18,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::local::ReceiverSlot;
 use super::message::Outbound;
-use super::outlet::{Outlet, OutletClosed};
+use super::outlet::{Outlet, OutletClosed, ReceiverSlot};
 use crate::config::EVENT_BATCH_BYTES;
 use crate::process::ready_set::WriterPhase;
 use crate::process::ReadySet;

@@ -34,12 +34,13 @@
 //! never block (it runs on the server's reader and writer). The in-process server that owns
 //! the other end is `server::local::LocalServer`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
 use super::message::{Inbound, Outbound};
-use super::outlet::{EventMessage, LocalOutlet};
+pub use super::outlet::LocalReceiver;
+use super::outlet::{EventMessage, LocalOutlet, ReceiverSlot};
 use crate::config::{
     ServerConfig, CONTROL_REQUEST_SLOTS, IN_PROCESS_EVENT_QUEUE, IN_PROCESS_REQUEST_QUEUE,
 };
@@ -67,21 +68,6 @@ impl LocalLimits {
         }
     }
 }
-
-/// A client that takes replies and events straight from the server's side (see the module
-/// docs). Its methods run on the server's reader, a request's task or the writer: they must
-/// not block or wait.
-pub trait LocalReceiver: Send + Sync {
-    /// A control-lane message (a result, an error, a server request). `false` when the client
-    /// is gone: the connection's transport has failed.
-    fn control(&self, m: Outbound) -> bool;
-    /// An event, in `seq` order per process. `false` when the client is gone.
-    fn event(&self, e: EventMessage) -> bool;
-}
-
-/// Where the client's [`LocalReceiver`] is installed, shared by both ends: set at most once,
-/// by the client, before it sends anything.
-pub(crate) type ReceiverSlot = Arc<OnceLock<Arc<dyn LocalReceiver>>>;
 
 /// The server's end, for [`ConnectionProcessor::run_local`](super::ConnectionProcessor::run_local).
 pub struct LocalServerEnd {

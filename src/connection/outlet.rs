@@ -13,13 +13,12 @@
 //! It must never drop an event or reorder the events of one process.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use futures_util::SinkExt;
 use tokio::sync::mpsc;
 
 use super::json_codec::{encode_event, encode_outbound};
-use super::local::ReceiverSlot;
 use super::message::Outbound;
 use crate::process::event_log::{Event, EventBody};
 use crate::process::ManagedProcess;
@@ -58,6 +57,21 @@ pub struct EventMessage {
     /// Output or the exit notice.
     pub body: EventBody,
 }
+
+/// A client that takes replies and events straight from the server's side (see the module
+/// docs). Its methods run on the server's reader, a request's task or the writer: they must
+/// not block or wait.
+pub trait LocalReceiver: Send + Sync {
+    /// A control-lane message (a result, an error, a server request). `false` when the client
+    /// is gone: the connection's transport has failed.
+    fn control(&self, m: Outbound) -> bool;
+    /// An event, in `seq` order per process. `false` when the client is gone.
+    fn event(&self, e: EventMessage) -> bool;
+}
+
+/// Where the client's [`LocalReceiver`] is installed, shared by both ends: set at most once,
+/// by the client, before it sends anything.
+pub(crate) type ReceiverSlot = Arc<OnceLock<Arc<dyn LocalReceiver>>>;
 
 /// The writer's side of the in-process transport.
 pub struct LocalOutlet {

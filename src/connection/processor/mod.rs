@@ -28,9 +28,9 @@ use tracing::Instrument;
 
 use super::delivery::{hand_over, run_writer, ControlMessage};
 use super::handlers::{self, Ctx, Handled};
-use super::local::{LocalServerEnd, ReceiverSlot};
+use super::local::LocalServerEnd;
 use super::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
-use super::outlet::{Outlet, OutputForm};
+use super::outlet::{Outlet, OutputForm, ReceiverSlot};
 use super::request_budget::REQUEST_BUDGET_NAME;
 use super::scheduler::{Class, Scheduler};
 use crate::bounds::{Charge, IdleTimer};
