@@ -34,6 +34,8 @@
 //!   payload bytes), `both_cpu_s_per_GB` (the two together: how fast a reader is paced by its
 //!   writer moves CPU between them, the sum less so), and their `_vs_ours` ratios (taken round
 //!   by round, then the median).
+//! - `reader_KiB_per_read`, `writer_KiB_per_write`: bytes per read or write of the socket
+//!   that moved any (the socket is wrapped to count them): most of the system time follows.
 //! - `reader_peak_KiB`, `writer_peak_KiB`: the most heap that side held at once during the
 //!   burst (a counting allocator, per thread), above what it held before the WebSocket was
 //!   built.
@@ -46,9 +48,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::future::Future;
+use std::io::{self, IoSlice};
 use std::net::{TcpListener, TcpStream as StdTcpStream};
+use std::pin::Pin;
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -59,7 +64,7 @@ use execrelay_protocol::websocket::{Message, Role};
 use futures_util::{SinkExt, StreamExt};
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::time::{clock_gettime, ClockId};
-use tokio::io::BufWriter;
+use tokio::io::{AsyncRead, AsyncWrite, BufWriter, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite;
@@ -146,6 +151,77 @@ fn thread_cpu() -> (f64, f64) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// System calls per side: the socket, counting the reads and writes that moved bytes.
+
+thread_local! {
+    static IO_CALLS: Cell<u64> = const { Cell::new(0) };
+    static IO_BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_io(r: &Poll<io::Result<usize>>) {
+    if let Poll::Ready(Ok(n)) = r {
+        if *n > 0 {
+            IO_CALLS.with(|c| c.set(c.get() + 1));
+            IO_BYTES.with(|c| c.set(c.get() + *n as u64));
+        }
+    }
+}
+
+/// A TCP stream that counts, in its thread, each read or write that moved bytes (one
+/// `recv`, `send` or `writev` each): how much a codec moves per system call explains most of
+/// its system time.
+struct Io(TcpStream);
+
+impl AsyncRead for Io {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.0).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            count_io(&Poll::Ready(Ok(buf.filled().len() - before)));
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.0).poll_write(cx, buf);
+        count_io(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.0).poll_write_vectored(cx, bufs);
+        count_io(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // One side's measurements.
 
 /// What one side (reader or writer thread) measured.
@@ -157,6 +233,9 @@ struct Side {
     user: f64,
     peak: isize,
     idle: isize,
+    /// Reads (reader) or writes (writer) of the socket that moved bytes, and those bytes.
+    calls: u64,
+    bytes: u64,
     /// When it began (just before the WebSocket was built) and when its burst was over.
     began: Option<Instant>,
     ended: Option<Instant>,
@@ -173,6 +252,8 @@ impl Probe {
     fn begin() -> Probe {
         let base = held();
         PEAK.with(|p| p.set(base));
+        IO_CALLS.with(|c| c.set(0));
+        IO_BYTES.with(|c| c.set(0));
         Probe {
             base,
             cpu0: thread_cpu(),
@@ -190,6 +271,8 @@ impl Probe {
         self.side.cpu = cpu - self.cpu0.0;
         self.side.user = user - self.cpu0.1;
         self.side.peak = PEAK.with(Cell::get) - self.base;
+        self.side.calls = IO_CALLS.with(Cell::get);
+        self.side.bytes = IO_BYTES.with(Cell::get);
     }
 
     /// The connection is idle: what this side still holds.
@@ -325,7 +408,7 @@ fn fast_role(r: Role) -> fastwebsockets::Role {
 // ---------------------------------------------------------------------------------------------
 // Readers.
 
-async fn read_ours(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
+async fn read_ours(tcp: Io, plan: &Plan, probe: &mut Probe, park: Park) {
     let (mut r, _w) = LinkSocket::from_raw(tcp, plan.reader_role(), MAX_FRAME_BYTES).split();
     for i in 0..plan.messages {
         match r.next().await {
@@ -337,7 +420,7 @@ async fn read_ours(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
     park_reading(r.next(), probe, park).await;
 }
 
-async fn read_tungstenite(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
+async fn read_tungstenite(tcp: Io, plan: &Plan, probe: &mut Probe, park: Park) {
     let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
         tcp,
         tung_role(plan.reader_role()),
@@ -354,7 +437,7 @@ async fn read_tungstenite(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: 
     park_reading(ws.next(), probe, park).await;
 }
 
-async fn read_fast(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
+async fn read_fast(tcp: Io, plan: &Plan, probe: &mut Probe, park: Park) {
     let mut ws = fastwebsockets::WebSocket::after_handshake(tcp, fast_role(plan.reader_role()));
     for i in 0..plan.messages {
         let frame = ws
@@ -377,7 +460,7 @@ async fn read_fast(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
 // ---------------------------------------------------------------------------------------------
 // Writers.
 
-async fn write_ours(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
+async fn write_ours(tcp: Io, plan: &Plan, probe: &mut Probe, park: Park) {
     let (_r, mut w) = LinkSocket::from_raw(tcp, plan.writer_role, MAX_FRAME_BYTES).split();
     let per_batch = plan.per_batch();
     let mut batch = Vec::with_capacity(per_batch as usize);
@@ -395,7 +478,7 @@ async fn write_ours(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) 
     park_writing(probe, park).await;
 }
 
-async fn write_tungstenite(tcp: TcpStream, plan: &Plan, probe: &mut Probe, park: Park) {
+async fn write_tungstenite(tcp: Io, plan: &Plan, probe: &mut Probe, park: Park) {
     let mut ws =
         tokio_tungstenite::WebSocketStream::from_raw_socket(tcp, tung_role(plan.writer_role), None)
             .await;
@@ -482,7 +565,7 @@ fn run(c: Contender, plan: &Plan) -> Outcome {
         std::thread::spawn(move || {
             let rt = runtime();
             rt.block_on(async move {
-                let tcp = TcpStream::from_std(reader_tcp).expect("register");
+                let tcp = Io(TcpStream::from_std(reader_tcp).expect("register"));
                 start.wait();
                 let mut probe = Probe::begin();
                 match c {
@@ -505,7 +588,7 @@ fn run(c: Contender, plan: &Plan) -> Outcome {
         std::thread::spawn(move || {
             let rt = runtime();
             rt.block_on(async move {
-                let tcp = TcpStream::from_std(writer_tcp).expect("register");
+                let tcp = Io(TcpStream::from_std(writer_tcp).expect("register"));
                 start.wait();
                 let mut probe = Probe::begin();
                 match c {
@@ -617,6 +700,15 @@ fn main() {
                     |f: &dyn Fn(&Outcome) -> isize| os.iter().map(f).max().map(kib).unwrap_or(0.0);
                 let (rpeak, wpeak) = (mem(&|o| o.reader.peak), mem(&|o| o.writer.peak));
                 let (ridle, widle) = (mem(&|o| o.reader.idle), mem(&|o| o.writer.idle));
+                let per_call = |f: &dyn Fn(&Outcome) -> &Side| {
+                    spread(
+                        os.iter()
+                            .map(|o| f(o).bytes as f64 / f(o).calls.max(1) as f64 / 1024.0)
+                            .collect(),
+                    )
+                    .0
+                };
+                let (rcall, wcall) = (per_call(&|o| &o.reader), per_call(&|o| &o.writer));
                 let key = format!("ws_{}_{case}_{dir}", c.name());
                 println!("{key}_MBps {:.1}", mbps.0);
                 println!("{key}_reader_cpu_s_per_GB {:.3}", rcpu.0);
@@ -624,6 +716,8 @@ fn main() {
                 println!("{key}_writer_cpu_s_per_GB {:.3}", wcpu.0);
                 println!("{key}_writer_user_cpu_s_per_GB {:.3}", wuser.0);
                 println!("{key}_both_cpu_s_per_GB {:.3}", both.0);
+                println!("{key}_reader_KiB_per_read {rcall:.1}");
+                println!("{key}_writer_KiB_per_write {wcall:.1}");
                 println!("{key}_reader_peak_KiB {rpeak:.1}");
                 println!("{key}_writer_peak_KiB {wpeak:.1}");
                 println!("{key}_reader_idle_KiB {ridle:.1}");
@@ -635,7 +729,7 @@ fn main() {
                 }
                 let range = |t: (f64, f64, f64)| format!("{:.3} ({:.2}–{:.2})", t.0, t.1, t.2);
                 table.push(format!(
-                    "| {} | {case} {dir} | {:.0} | {} | {:.3} | {} | {:.3} | {} | {r_vs:.2} / {w_vs:.2} / {both_vs:.2} | {rpeak:.0} / {wpeak:.0} | {ridle:.1} / {widle:.1} |",
+                    "| {} | {case} {dir} | {:.0} | {} | {:.3} | {} | {:.3} | {} | {r_vs:.2} / {w_vs:.2} / {both_vs:.2} | {rcall:.1} / {wcall:.1} | {rpeak:.0} / {wpeak:.0} | {ridle:.1} / {widle:.1} |",
                     c.name(),
                     mbps.0,
                     range(rcpu),
@@ -653,9 +747,9 @@ fn main() {
         "{rounds} round(s), medians (range); load average before {load_before}, after {load_after}"
     );
     eprintln!(
-        "| codec | case | MB/s | reader CPU-s/GB | reader user | writer CPU-s/GB | writer user | both | CPU vs ours: reader / writer / both | peak KiB: reader / writer | idle KiB: reader / writer |"
+        "| codec | case | MB/s | reader CPU-s/GB | reader user | writer CPU-s/GB | writer user | both | CPU vs ours: reader / writer / both | KiB per read / write | peak KiB: reader / writer | idle KiB: reader / writer |"
     );
-    eprintln!("|---|---|---|---|---|---|---|---|---|---|---|");
+    eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in table {
         eprintln!("{row}");
     }
