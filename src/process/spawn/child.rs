@@ -9,11 +9,12 @@
 //! calls `_exit`. It must never return into Rust code of the parent.
 //!
 //! The steps, in order (`processes.md` §1, and what `std::process::Command` did before):
-//! every signal back to its default (caught and ignored alike), stdio onto 0–2, `chdir`, into the
-//! session's cgroup (unless the kernel already put it there: `CLONE_INTO_CGROUP`), `setsid`,
-//! the terminal as controlling tty, the parent-death signal, every other descriptor
-//! close-on-exec, an empty signal mask, then `execve` over the `PATH` candidates as `execvp`
-//! does (`ENOEXEC` runs the file with `/bin/sh`).
+//! every signal back to its default (caught and ignored alike), stdio onto 0–2, `chdir`, into
+//! the session's cgroup (unless the kernel already put it there: `CLONE_INTO_CGROUP`),
+//! `setsid`, the terminal as controlling tty, the parent-death signal, every other descriptor
+//! close-on-exec, the descriptor limit the server was started with, an empty signal mask,
+//! then `execve` over the `PATH` candidates as `execvp` does (`ENOEXEC` runs the file with
+//! `/bin/sh`).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -69,8 +70,22 @@ pub(super) struct ChildPlan {
     tty: bool,
     /// The server's pid, to notice a parent that died before the parent-death signal was set.
     parent: libc::pid_t,
+    /// The descriptor limit the program starts with: the soft one the server was started with
+    /// (before it raised its own), under the server's hard one. `None`: the server never
+    /// raised it, so the program inherits it as it is.
+    nofile: Option<libc::rlimit>,
     /// 0, or the errno of the step that failed (stored by the child before it exits).
     errno: AtomicI32,
+}
+
+/// The limit a program gets back if the server raised its own (see [`ChildPlan::nofile`]).
+fn started_nofile() -> Option<libc::rlimit> {
+    let soft = crate::bounds::descriptors::started_nofile_soft()?;
+    let now = crate::bounds::descriptors::nofile_limit().ok()?;
+    Some(libc::rlimit {
+        rlim_cur: soft.min(now.hard),
+        rlim_max: now.hard,
+    })
 }
 
 fn cstring(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
@@ -159,6 +174,7 @@ impl ChildPlan {
             tty,
             // SAFETY: getpid has no preconditions.
             parent: unsafe { libc::getpid() },
+            nofile: started_nofile(),
             errno: AtomicI32::new(0),
         })
     }
@@ -338,11 +354,18 @@ unsafe fn run(p: &ChildPlan) -> c_int {
         }
         // 8. Nothing else of the server's crosses exec.
         mark_inherited_fds_cloexec();
-        // 9. An empty signal mask for the program.
+        // 9. The descriptor limit the server was started with, not the one it raised for
+        // its own connections.
+        if let Some(lim) = &p.nofile {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, lim) != 0 {
+                return errno();
+            }
+        }
+        // 10. An empty signal mask for the program.
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut());
-        // 10. exec, as execvp: keep looking on the errors that say "not here", remember a
+        // 11. exec, as execvp: keep looking on the errors that say "not here", remember a
         // permission problem, stop on any other.
         if p.name_too_long {
             return libc::ENAMETOOLONG;
