@@ -19,3 +19,5 @@ cargo build --release --locked --quiet -p execrelay-relay --bin execrelay-relay
 cargo bench --locked --quiet --bench relay
 echo "== relays in a cluster: direct, through HAProxy, misrouted (benches/cluster.rs)" >&2
 cargo bench --locked --quiet --bench cluster
+echo "== the links' WebSocket framing beside tungstenite and fastwebsockets (io/benches/ws_codec.rs)" >&2
+cargo bench --locked --quiet -p execrelay-io --bench ws_codec
