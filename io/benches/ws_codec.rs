@@ -7,7 +7,9 @@
 //! - `ours`: the very reader and writer a link's driver runs ([`LinkSocket::from_raw`] split
 //!   into `FrameReader` and `FrameWriter`, `io/src/driver/socket.rs`): reads of up to
 //!   `LINK_READ_BYTES` into a buffer never zero-filled, payloads handed on as `Bytes` slices,
-//!   each batch of up to `WRITE_BATCH_BYTES` written as one `writev`.
+//!   each batch of up to `WRITE_BATCH_BYTES` written as one `writev`. Like the driver, it
+//!   runs on the two halves of `tokio::io::split` (a lock taken per poll); the others run
+//!   unsplit.
 //! - `tungstenite`: tokio-tungstenite 0.30 with its default configuration (128 KiB read and
 //!   write buffers); the writer feeds messages and flushes once per `WRITE_BATCH_BYTES`.
 //! - `fastwebsockets`: fastwebsockets 0.10 over the bare socket; it has no batching of its
@@ -23,7 +25,8 @@
 //! full-size link frames (`MAX_FRAME_BYTES`, 65,579 bytes); `small`, `WS_BENCH_SMALL_BYTES`
 //! (default 256 MiB) as 1 KiB messages; each server→client (unmasked) and client→server
 //! (masked). The reader and the writer run in two threads, each with its own single-threaded
-//! tokio runtime, so `getrusage(RUSAGE_THREAD)` gives each side's CPU alone.
+//! tokio runtime, so each thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`; the user share from
+//! `getrusage(RUSAGE_THREAD)`) is that side's CPU alone.
 //!
 //! `WS_BENCH_ROUNDS` rounds (default 3), the contenders taking turns in each; the figures are
 //! medians over the rounds (peak and idle memory: the largest). Prints `KEY VALUE` lines,
@@ -33,7 +36,8 @@
 //! - `reader_cpu_s_per_GB`, `writer_cpu_s_per_GB` (user + system of that thread, per 10⁹
 //!   payload bytes), `both_cpu_s_per_GB` (the two together: how fast a reader is paced by its
 //!   writer moves CPU between them, the sum less so), and their `_vs_ours` ratios (taken round
-//!   by round, then the median).
+//!   by round, then the median); `reader_user_cpu_s_per_GB`, `writer_user_cpu_s_per_GB`, the
+//!   user share.
 //! - `reader_KiB_per_read`, `writer_KiB_per_write`: bytes per read or write of the socket
 //!   that moved any (the socket is wrapped to count them): most of the system time follows.
 //! - `reader_peak_KiB`, `writer_peak_KiB`: the most heap that side held at once during the
