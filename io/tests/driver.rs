@@ -677,11 +677,11 @@ async fn a_client_link_left_without_a_stream_is_closed_idle_one_timeout_after() 
     assert_eq!(hub.snapshot().counters.closes(CloseReason::Idle), 1);
 }
 
-/// A destination that stops reading holds back only its own route: the relay writes to it
-/// in its reader's turn only what its socket takes without waiting, and hands the rest to
-/// that link's writer task, so the environment link's reader goes on forwarding to a client
-/// that reads (every record, in order), and the stalled client still gets every record it
-/// was sent, whole and in order, once it reads again.
+/// A destination that stops reading holds back only its own route: its socket full, the
+/// environment link's reader still forwards every record, in order, to a client on another
+/// link that reads (no write to one destination may hold the reader that feeds others), and
+/// the stalled client still gets every record it was sent, whole and in order, once it
+/// reads again.
 #[tokio::test(start_paused = true)]
 async fn through_a_relay_hub_a_client_that_stops_reading_holds_back_only_its_route() {
     use execrelay_protocol::websocket::{Decoder, Message};

@@ -11,12 +11,6 @@
 //!                  (each feed/flush under the write deadline; sleeps on a Notify)
 //! ```
 //!
-//! A relay also writes in the reader's turn ([`write_slot`]): after a batch, the reader of
-//! the link it came in on polls each destination's transmits itself and writes them with
-//! non-blocking writes while that destination's writer task sleeps; the writer task is woken
-//! only for what the socket would not take, so a route's bytes usually cross the relay on
-//! one thread, without a wake of another (as in a single event loop).
-//!
 //! - [`endpoint`]: the exec server's and the client's link ([`EndpointLink`]), with per-stream
 //!   handles ([`StreamHandle`]).
 //! - [`relay`]: the relay's links around one shared [`Router`](execrelay_protocol::router::Router)
@@ -29,8 +23,7 @@
 //!   its window (the core checks the window first, so this is a second line), and that stream
 //!   alone is reset `window_exceeded`.
 //! - **Reading is never tied to writing.** A peer that does not read blocks only the writer,
-//!   and only until the write deadline, which kills the link. A write in another link's
-//!   reader's turn never waits: what the socket would not take goes to the writer task.
+//!   and only until the write deadline, which kills the link.
 //! - **Keepalive is the core's**: the reader's timer runs the core's `handle_timeout`; pings
 //!   and their pongs are WebSocket pings, answered by the peer's WebSocket layer. Inbound
 //!   frames never count as a pong.
@@ -53,7 +46,6 @@ pub mod read_ahead;
 pub mod relay;
 pub mod socket;
 pub mod stream;
-mod write_slot;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -79,9 +71,7 @@ use execrelay_protocol::reason::CloseReason;
 use execrelay_protocol::sync::lock;
 use execrelay_protocol::transmit::Transmit;
 use execrelay_protocol::websocket::{close_code, close_payload, Message, Opcode, WsError};
-use socket::{FrameReader, Outgoing, ReadEvent};
-pub(crate) use write_slot::write_now;
-use write_slot::{DirectWrite, WriteSlot};
+use socket::{FrameReader, FrameWriter, Outgoing, ReadEvent};
 
 /// Bytes the writer takes from the core per batch before it flushes the socket: large
 /// enough to coalesce many small frames into one write, small enough that a ping or a
@@ -158,9 +148,6 @@ pub(crate) struct LinkSignals {
     pub ws_close_code: std::sync::OnceLock<u16>,
     /// The peer sent a close frame with this code: the writer answers it.
     pub peer_close_code: std::sync::OnceLock<u16>,
-    /// The link's writing half while its writer task sleeps, for a write done in another
-    /// task's turn ([`write_now`]); set when the link's I/O starts.
-    pub direct: std::sync::OnceLock<Arc<dyn DirectWrite>>,
 }
 
 impl LinkSignals {
@@ -173,7 +160,6 @@ impl LinkSignals {
             pong: std::sync::Mutex::new(None),
             ws_close_code: std::sync::OnceLock::new(),
             peer_close_code: std::sync::OnceLock::new(),
-            direct: std::sync::OnceLock::new(),
         }
     }
 
@@ -245,9 +231,7 @@ where
     C: LinkCore,
 {
     let (reader, writer) = sock.split();
-    let slot = Arc::new(WriteSlot::new(writer));
-    let _ = C::signals(&core).direct.set(slot.clone());
-    let mut writer = tokio::spawn(write_loop(slot.clone(), core.clone()));
+    let mut writer = tokio::spawn(write_loop(writer, core.clone()));
     let deadline = C::message_timeout(&core).and_then(|t| arrivals.map(|a| (a, t)));
     let reason = read_loop(reader, &core, deadline).await;
     C::on_closed(&core, reason);
@@ -258,8 +242,6 @@ where
     {
         writer.abort();
     }
-    // An aborted writer task may have left the writing half here: the socket closes now.
-    drop(slot.take());
     reason
 }
 
@@ -407,23 +389,9 @@ fn on_event<C: LinkCore>(core: &Arc<C>, ev: ReadEvent) {
     }
 }
 
-/// A transmit as the message that carries it: a forwarded frame goes out as the message it
-/// came in (no copy), one of ours as its header and its payload side by side in the write.
-/// A frame that cannot be encoded (over the size limit; the core never hands one out) is
-/// dropped.
-pub(crate) fn outgoing(t: Transmit) -> Option<Outgoing> {
-    match t {
-        Transmit::Frame(f) => f.into_wire_parts().ok().map(Outgoing::Frame),
-        Transmit::Ping(p) => Some(Outgoing::Control(Opcode::Ping, Bytes::copy_from_slice(&p))),
-    }
-}
-
-/// The link's writer task. It holds the writing half while it writes and leaves it in `slot`
-/// while it sleeps, where a direct write ([`write_now`]) may use it; it first finishes what
-/// such a write left (under the write deadline, as any of its own writes).
-async fn write_loop<W, C>(slot: Arc<WriteSlot<W>>, core: Arc<C>)
+async fn write_loop<W, C>(mut writer: FrameWriter<W>, core: Arc<C>)
 where
-    W: AsyncWrite + Unpin + Send,
+    W: AsyncWrite + Unpin,
     C: LinkCore,
 {
     let signals = C::signals(&core);
@@ -432,39 +400,22 @@ where
     // Bounded in bytes only, as it always was: a batch of `ACK`s is many small frames.
     let mut batch = Batch::new(WRITE_BATCH_BYTES, usize::MAX);
     let mut out: Vec<Outgoing> = Vec::new();
-    // The run's writer: taken at once, and again after each sleep (it is always in the slot
-    // then; a direct write holds the slot's lock only while it runs).
-    let Some(mut writer) = slot.take() else {
-        return;
-    };
     loop {
         if signals_closed.borrow().is_some() {
             break;
         }
         // Register for a wake-up before looking, so a notify in between is not lost.
         let notified = signals.writer.notified();
-        if writer.has_staged() {
-            // What a direct write could not finish goes first.
-            if let Err(r) = deadlined(deadline, &signals_closed, writer.finish()).await {
-                C::on_closed(&core, r);
-                break;
-            }
-        }
         if let Some(p) = lock(&signals.pong).take() {
             out.push(Outgoing::Control(Opcode::Pong, p));
         }
         C::poll_batch(&core, now(), &mut batch);
         if batch.is_empty() && out.is_empty() {
             writer.release_scratch();
-            slot.put(writer);
             let mut closed = signals_closed.clone();
             tokio::select! {
                 _ = notified => {}
                 _ = closed.changed() => {}
-            }
-            match slot.take() {
-                Some(w) => writer = w,
-                None => return,
             }
             continue;
         }
@@ -473,10 +424,21 @@ where
             // it has one (the pong timeout): a silent peer must still be found dead.
             signals.timer.notify_one();
         }
-        out.extend(batch.drain().filter_map(outgoing));
+        for t in batch.drain() {
+            out.push(match t {
+                // A forwarded frame goes out as the message it came in (no copy); one of
+                // ours as its header and its payload, side by side in the write.
+                Transmit::Frame(f) => match f.into_wire_parts() {
+                    Ok(parts) => Outgoing::Frame(parts),
+                    Err(_) => continue,
+                },
+                Transmit::Ping(p) => Outgoing::Control(Opcode::Ping, Bytes::copy_from_slice(&p)),
+            });
+        }
         // The whole batch in one vectored write: under load the core hands over up to
         // `WRITE_BATCH_BYTES` at a time; idle, each frame goes out at once.
-        let r = deadlined(deadline, &signals_closed, writer.write_batch(out.drain(..))).await;
+        let r = deadlined(deadline, &signals_closed, writer.write_batch(&out)).await;
+        out.clear();
         if let Err(r) = r {
             C::on_closed(&core, r);
             break;
@@ -509,9 +471,8 @@ where
         }
         last.push(Outgoing::Control(Opcode::Close, c));
     }
-    // A message half written stays whole: what is staged goes before the close frame.
     let _ = tokio::time::timeout(LINK_CLOSE_TIMEOUT, async {
-        let _ = writer.write_batch(last).await;
+        let _ = writer.write_batch(&last).await;
         let _ = writer.shutdown().await;
     })
     .await;

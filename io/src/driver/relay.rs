@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tracing::Span;
 
-use super::{now, run_io, seed, write_now, Arrivals, LinkCore, LinkSignals, LinkSocket, ReadAhead};
+use super::{now, run_io, seed, Arrivals, LinkCore, LinkSignals, LinkSocket, ReadAhead};
 use execrelay_protocol::batch::Batch;
 use execrelay_protocol::config::{ConfigError, RelayConfig};
 use execrelay_protocol::frame::StreamId;
@@ -122,45 +122,6 @@ impl<T: RoutingTable> HubShared<T> {
     /// Run `f` on the router, then wake the writers it names and close the links it closed.
     fn with<R>(&self, f: impl FnOnce(&mut Router<T>) -> R) -> R {
         let mut inner = lock(&self.inner);
-        Self::run(&mut inner, f, None)
-    }
-
-    /// [`with`](Self::with), except that each writer the router names is written to in this
-    /// turn ([`write_now`]) once the hub's lock is released, where its writer task sleeps;
-    /// otherwise (or for what is left) it is woken as `with` wakes it.
-    fn with_direct<R>(&self, f: impl FnOnce(&mut Router<T>) -> R) -> R {
-        let mut woken = Vec::new();
-        let r = {
-            let mut inner = lock(&self.inner);
-            Self::run(&mut inner, f, Some(&mut woken))
-        };
-        for (link, signals) in woken {
-            write_now(&signals, &mut |out| self.poll_batch(link, now(), out));
-        }
-        r
-    }
-
-    /// The router's transmits for `link`, in order, while `out` has room.
-    fn poll_batch(&self, link: LinkId, now: Instant, out: &mut Batch<Transmit>) {
-        self.with(|r| {
-            while out.has_room() {
-                let Some(t) = r.poll_transmit(now, link) else {
-                    break;
-                };
-                let n = match &t {
-                    Transmit::Frame(f) => f.wire_len(),
-                    Transmit::Ping(p) => p.len(),
-                };
-                out.push(t, n);
-            }
-        });
-    }
-
-    fn run<R>(
-        inner: &mut HubInner<T>,
-        f: impl FnOnce(&mut Router<T>) -> R,
-        mut woken: Option<&mut Vec<(LinkId, Arc<LinkSignals>)>>,
-    ) -> R {
         // Inputs without a `now` of their own (a link's end, a revocation) act at this time.
         inner.router.tick(now());
         let r = f(&mut inner.router);
@@ -168,10 +129,7 @@ impl<T: RoutingTable> HubShared<T> {
             match ev {
                 RouterEvent::Wake { link } => {
                     if let Some(s) = inner.links.get(&link) {
-                        match woken.as_deref_mut() {
-                            Some(w) => w.push((link, s.signals.clone())),
-                            None => s.signals.writer.notify_one(),
-                        }
+                        s.signals.writer.notify_one();
                     }
                 }
                 RouterEvent::Close { link, reason } => {
@@ -521,9 +479,8 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
 
     fn on_frames(this: &Arc<Self>, now: Instant, batch: &mut Batch<Bytes>) {
         // One turn of the hub's lock for the batch: the router's events (each destination's
-        // wake-up) are handled once, after the last frame; each destination whose writer
-        // task sleeps is written to in this turn, as an event loop would.
-        this.hub.with_direct(|r| {
+        // wake-up) are handled once, after the last frame.
+        this.hub.with(|r| {
             for msg in batch.drain() {
                 r.handle_frame(now, this.id, msg);
             }
@@ -543,7 +500,18 @@ impl<T: RoutingTable + 'static> LinkCore for HubLink<T> {
     }
 
     fn poll_batch(this: &Arc<Self>, now: Instant, out: &mut Batch<Transmit>) {
-        this.hub.poll_batch(this.id, now, out);
+        this.hub.with(|r| {
+            while out.has_room() {
+                let Some(t) = r.poll_transmit(now, this.id) else {
+                    break;
+                };
+                let n = match &t {
+                    Transmit::Frame(f) => f.wire_len(),
+                    Transmit::Ping(p) => p.len(),
+                };
+                out.push(t, n);
+            }
+        });
     }
 
     fn on_closed(this: &Arc<Self>, reason: CloseReason) {

@@ -224,190 +224,111 @@ pub(crate) enum Outgoing {
     Control(Opcode, Bytes),
 }
 
-/// A message staged for writing, with its WebSocket header.
-#[derive(Debug)]
-struct Staged {
-    header: [u8; MAX_HEADER_BYTES],
-    header_len: usize,
-    body: Outgoing,
-}
-
-impl Staged {
-    /// Its slices in wire order (header, then the body's one or two parts).
-    fn parts(&self) -> [&[u8]; 3] {
-        let h = &self.header[..self.header_len];
-        match &self.body {
-            Outgoing::Frame(WireParts::Whole(b)) | Outgoing::Control(_, b) => [h, b, &[]],
-            Outgoing::Frame(WireParts::Split(fh, p)) => [h, fh, p],
-        }
-    }
-}
-
-/// The writing half: messages are staged, then written with as few vectored writes as the
-/// socket allows. What is staged and not yet written stays staged, so that a write can be
-/// begun without waiting ([`FrameWriter::try_write`], from another link's reader) and
-/// finished by the link's writer task ([`FrameWriter::finish`]); order is the staging order.
+/// The writing half: batches of messages, each batch one vectored write.
 pub(crate) struct FrameWriter<W> {
     io: W,
     role: Role,
     keys: MaskKeys,
-    /// Messages staged and not yet wholly written (a server writing vectored).
-    staged: Vec<Staged>,
-    /// A client's masked messages, or every staged message of a stream that cannot write
-    /// vectored, as one contiguous copy.
+    /// Headers of the batch being written (WebSocket header and its length).
+    headers: Vec<([u8; MAX_HEADER_BYTES], usize)>,
+    /// A client's masked batch, or the whole batch for a stream that cannot write vectored.
     scratch: BytesMut,
-    /// Bytes of `staged` (or of `scratch`) already written.
-    written: usize,
-    /// Everything staged is written; the stream still has to be flushed.
-    unflushed: bool,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
-    /// The writing half of `io`, as the `role` end (a client masks).
-    pub(crate) fn new(io: W, role: Role) -> Self {
+    fn new(io: W, role: Role) -> Self {
         FrameWriter {
             io,
             role,
             keys: MaskKeys::default(),
-            staged: Vec::new(),
+            headers: Vec::new(),
             scratch: BytesMut::new(),
-            written: 0,
-            unflushed: false,
         }
     }
 
-    /// Whether anything staged is still unwritten (or unflushed).
-    pub fn has_staged(&self) -> bool {
-        !self.staged.is_empty() || !self.scratch.is_empty() || self.unflushed
-    }
-
-    /// Queue `batch`'s messages (in order) behind whatever is staged already.
-    pub fn stage(&mut self, batch: impl IntoIterator<Item = Outgoing>) {
-        let copy = self.role == Role::Client || !self.io.is_write_vectored();
+    /// Write every message of `batch` (in order) and flush.
+    pub async fn write_batch(&mut self, batch: &[Outgoing]) -> io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.headers.clear();
+        let mut masks = Vec::new();
         for m in batch {
-            let (op, len) = match &m {
+            let (op, len) = match m {
                 Outgoing::Frame(p) => (Opcode::Binary, p.len()),
                 Outgoing::Control(op, p) => (*op, p.len()),
             };
             let mask = (self.role == Role::Client).then(|| self.keys.next_key());
-            let mut header = [0u8; MAX_HEADER_BYTES];
-            let header_len = encode_header(&mut header, op, len, mask);
-            let s = Staged {
-                header,
-                header_len,
-                body: m,
-            };
-            if copy {
-                // One contiguous copy: masked for a client (RFC 6455 forces a copy), plain
-                // for a stream that would write one slice per system call.
-                let [h, a, b] = s.parts();
-                self.scratch.extend_from_slice(h);
-                let start = self.scratch.len();
-                self.scratch.extend_from_slice(a);
-                self.scratch.extend_from_slice(b);
-                if let Some(k) = mask {
-                    apply_mask(&mut self.scratch[start..], k);
-                }
-            } else {
-                self.staged.push(s);
-            }
+            let mut h = [0u8; MAX_HEADER_BYTES];
+            let n = encode_header(&mut h, op, len, mask);
+            self.headers.push((h, n));
+            masks.push(mask);
         }
-    }
-
-    /// Write what is staged, then flush. `Pending` leaves the rest staged (nothing is lost
-    /// or written twice); the next call goes on from there.
-    pub fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.scratch.is_empty() {
-            while self.written < self.scratch.len() {
-                let n = std::task::ready!(
-                    Pin::new(&mut self.io).poll_write(cx, &self.scratch[self.written..])
-                )?;
-                if n == 0 {
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-                }
-                self.written += n;
-            }
+        if self.role == Role::Client || !self.io.is_write_vectored() {
+            // One contiguous copy of the batch: masked for a client (RFC 6455 forces a copy),
+            // plain for a stream that would write one slice per system call.
             self.scratch.clear();
-            self.written = 0;
-            self.unflushed = true;
-        }
-        if !self.staged.is_empty() {
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(self.staged.len() * 3);
-            loop {
-                slices.clear();
-                let mut skip = self.written;
-                'all: for s in &self.staged {
-                    for part in s.parts() {
-                        if skip >= part.len() {
-                            skip -= part.len();
-                            continue;
-                        }
-                        slices.push(IoSlice::new(&part[skip..]));
-                        skip = 0;
-                        if slices.len() == MAX_IOVECS {
-                            break 'all;
-                        }
+            for ((m, (h, n)), mask) in batch.iter().zip(&self.headers).zip(&masks) {
+                self.scratch.extend_from_slice(&h[..*n]);
+                let start = self.scratch.len();
+                match m {
+                    Outgoing::Frame(WireParts::Whole(b)) | Outgoing::Control(_, b) => {
+                        self.scratch.extend_from_slice(b)
+                    }
+                    Outgoing::Frame(WireParts::Split(fh, p)) => {
+                        self.scratch.extend_from_slice(fh);
+                        self.scratch.extend_from_slice(p);
                     }
                 }
-                if slices.is_empty() {
-                    break;
+                if let Some(k) = mask {
+                    apply_mask(&mut self.scratch[start..], *k);
                 }
-                let n = std::task::ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices))?;
-                if n == 0 {
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-                }
-                self.written += n;
             }
-            drop(slices);
-            self.staged.clear();
-            self.written = 0;
-            self.unflushed = true;
+            self.io.write_all(&self.scratch).await?;
+        } else {
+            let mut slices = Vec::with_capacity(batch.len() * 3);
+            for (m, (h, n)) in batch.iter().zip(&self.headers) {
+                slices.push(IoSlice::new(&h[..*n]));
+                match m {
+                    Outgoing::Frame(WireParts::Whole(b)) | Outgoing::Control(_, b) => {
+                        slices.push(IoSlice::new(b))
+                    }
+                    Outgoing::Frame(WireParts::Split(fh, p)) => {
+                        slices.push(IoSlice::new(fh));
+                        slices.push(IoSlice::new(p));
+                    }
+                }
+            }
+            write_all_vectored(&mut self.io, &mut slices).await?;
         }
-        if self.unflushed {
-            std::task::ready!(Pin::new(&mut self.io).poll_flush(cx))?;
-            self.unflushed = false;
-        }
-        Poll::Ready(Ok(()))
+        self.io.flush().await
     }
 
-    /// Write what is staged without waiting: true once it is all written and flushed, false
-    /// if the socket would block (the rest stays staged for [`finish`](Self::finish)).
-    pub fn try_write(&mut self) -> io::Result<bool> {
-        // Readiness a would-block registers goes nowhere: the writer task, woken next, polls
-        // again with its own waker (and re-registers).
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        match self.poll_drain(&mut cx) {
-            Poll::Ready(Ok(())) => Ok(true),
-            Poll::Ready(Err(e)) => Err(e),
-            Poll::Pending => Ok(false),
-        }
-    }
-
-    /// Write everything staged, and flush.
-    pub async fn finish(&mut self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_drain(cx)).await
-    }
-
-    /// Write every message of `batch` (in order, after anything staged) and flush.
-    pub async fn write_batch(
-        &mut self,
-        batch: impl IntoIterator<Item = Outgoing>,
-    ) -> io::Result<()> {
-        self.stage(batch);
-        self.finish().await
-    }
-
-    /// The link has nothing to send: give the buffers' memory back (an idle link holds
-    /// none; a busy one keeps them from batch to batch). Only once everything is written.
+    /// The link has nothing to send: give the scratch buffer's memory back (an idle link
+    /// holds none; a busy one keeps it from batch to batch).
     pub fn release_scratch(&mut self) {
-        if !self.has_staged() {
-            self.scratch = BytesMut::new();
-            self.staged = Vec::new();
-        }
+        self.scratch = BytesMut::new();
+        self.headers = Vec::new();
     }
 
     /// End the stream's writing side.
     pub async fn shutdown(&mut self) -> io::Result<()> {
         self.io.shutdown().await
     }
+}
+
+/// Write every byte of `slices`, as few system calls as the socket allows.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    while !slices.is_empty() {
+        let end = slices.len().min(MAX_IOVECS);
+        let n = w.write_vectored(&slices[..end]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
 }
