@@ -30,6 +30,10 @@
 //!   served round robin between streams.
 //! - Established streams never pay for another stream's misbehaviour: budgets close the whole
 //!   link or refuse new `OPEN`s, and never reset a stream that broke no rule.
+//! - A stream refused for want of room in the link's send queue hears `Writable` once there is
+//!   room, oldest waiter first, and only as many waiters at a time as the room takes (one
+//!   frame each, counted until the stream asks to send again, sends, finishes or goes): one
+//!   frame leaving wakes one writer, not every writer of the link.
 
 mod event;
 mod inbound;
