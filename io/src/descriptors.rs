@@ -19,6 +19,7 @@
 //! It never reads a clock; [`RelayDescriptorPlan::derive`] is a plain function of its inputs.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The descriptor limits of this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +57,28 @@ pub fn raise_nofile_limit() -> io::Result<(NofileLimit, NofileLimit)> {
     }
     if target > before.soft {
         setrlimit(Resource::RLIMIT_NOFILE, target, before.hard).map_err(io::Error::from)?;
+        // Only the first raise knows the limit the process was started with.
+        let _ = STARTED_SOFT.compare_exchange(0, before.soft, Ordering::Relaxed, Ordering::Relaxed);
     }
     Ok((before, nofile_limit()?))
+}
+
+/// The soft limit this process was started with, once [`raise_nofile_limit`] raised it (0:
+/// never raised).
+static STARTED_SOFT: AtomicU64 = AtomicU64::new(0);
+
+/// The soft `RLIMIT_NOFILE` this process was started with, if [`raise_nofile_limit`] has
+/// raised it since; `None` if it was never raised.
+///
+/// The exec server's children get this one back: the raise is for the server's own
+/// connections, and a program started with a soft limit of a million would pay for it in
+/// every loop that closes descriptors up to the limit, and could be handed descriptors that
+/// `select()` cannot take. Programs that need more raise it themselves, as under systemd.
+pub fn started_nofile_soft() -> Option<u64> {
+    match STARTED_SOFT.load(Ordering::Relaxed) {
+        0 => None,
+        soft => Some(soft),
+    }
 }
 
 /// How many descriptors this process has open now (`/proc/self/fd`, not counting the one
@@ -309,5 +330,9 @@ mod tests {
         let (before, after) = raise_nofile_limit().unwrap();
         assert!(after.soft >= before.soft);
         assert_eq!(after.hard, before.hard);
+        if after.soft > before.soft {
+            // The first raise of the process (no other test raises it) is remembered.
+            assert_eq!(started_nofile_soft(), Some(before.soft));
+        }
     }
 }

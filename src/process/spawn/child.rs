@@ -9,11 +9,12 @@
 //! calls `_exit`. It must never return into Rust code of the parent.
 //!
 //! The steps, in order (`processes.md` §1, and what `std::process::Command` did before):
-//! every caught signal (and `SIGPIPE`) back to its default, stdio onto 0–2, `chdir`, into the
-//! session's cgroup (unless the kernel already put it there: `CLONE_INTO_CGROUP`), `setsid`,
-//! the terminal as controlling tty, the parent-death signal, every other descriptor
-//! close-on-exec, an empty signal mask, then `execve` over the `PATH` candidates as `execvp`
-//! does (`ENOEXEC` runs the file with `/bin/sh`).
+//! every signal back to its default (caught and ignored alike), stdio onto 0–2, `chdir`, into
+//! the session's cgroup (unless the kernel already put it there: `CLONE_INTO_CGROUP`),
+//! `setsid`, the terminal as controlling tty, the parent-death signal, every other descriptor
+//! close-on-exec, the descriptor limit the server was started with, an empty signal mask,
+//! then `execve` over the `PATH` candidates as `execvp` does (`ENOEXEC` runs the file with
+//! `/bin/sh`).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -36,6 +37,9 @@ const SCRIPT_SHELL: &[u8] = b"/bin/sh\0";
 
 /// The highest signal number plus one (Linux: 64 signals).
 const NSIG: c_int = 65;
+
+/// The kernel's `sigset_t` size, which `rt_sigaction` checks (64 signals).
+const KERNEL_SIGSET_BYTES: libc::size_t = 8;
 
 /// Everything the child needs, prepared by the parent before the clone. The pointers point
 /// into `_strings` and `cwd`, which live as long as the plan.
@@ -66,8 +70,22 @@ pub(super) struct ChildPlan {
     tty: bool,
     /// The server's pid, to notice a parent that died before the parent-death signal was set.
     parent: libc::pid_t,
+    /// The descriptor limit the program starts with: the soft one the server was started with
+    /// (before it raised its own), under the server's hard one. `None`: the server never
+    /// raised it, so the program inherits it as it is.
+    nofile: Option<libc::rlimit>,
     /// 0, or the errno of the step that failed (stored by the child before it exits).
     errno: AtomicI32,
+}
+
+/// The limit a program gets back if the server raised its own (see [`ChildPlan::nofile`]).
+fn started_nofile() -> Option<libc::rlimit> {
+    let soft = crate::bounds::descriptors::started_nofile_soft()?;
+    let now = crate::bounds::descriptors::nofile_limit().ok()?;
+    Some(libc::rlimit {
+        rlim_cur: soft.min(now.hard),
+        rlim_max: now.hard,
+    })
 }
 
 fn cstring(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
@@ -156,6 +174,7 @@ impl ChildPlan {
             tty,
             // SAFETY: getpid has no preconditions.
             parent: unsafe { libc::getpid() },
+            nofile: started_nofile(),
             errno: AtomicI32::new(0),
         })
     }
@@ -245,24 +264,28 @@ unsafe fn run(p: &ChildPlan) -> c_int {
     // SAFETY: (the whole function) plain system calls on values prepared by the parent; every
     // pointer passed points into the plan, which outlives the child's use of it.
     unsafe {
-        // 1. No handler of the server may run in the child: caught signals go back to their
-        // default (execve would do it too, but a signal between the mask reset and execve
-        // would run the server's handler on the server's memory). SIGPIPE goes back to its
-        // default even when ignored, as `std` does (the Rust runtime ignores it).
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
+        // 1. Every signal back to its default. No handler of the server may run in the child
+        // (execve would reset those too, but a signal between the mask reset and execve would
+        // run the server's handler on the server's memory). Ignored ones are reset as well:
+        // how the server was started (`nohup` ignores SIGHUP, `cmd &` in a script ignores
+        // SIGINT and SIGQUIT, the Rust runtime ignores SIGPIPE) must not decide whether a
+        // client's command can trap or be stopped by a signal it is sent.
+        // The raw system call, not the C library's `sigaction`: that one refuses the signals
+        // it reserves for itself (32 and 33 in glibc), which can be ignored all the same and
+        // would then stay ignored across `execve`. An all-zero kernel `sigaction` is SIG_DFL
+        // with no flags and an empty mask, whatever the field order of the architecture.
+        let dfl = [0u64; 4];
         for sig in 1..NSIG {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            // Reserved signals of the C library fail with EINVAL: nothing to reset there.
-            if libc::sigaction(sig, &dfl, &mut old) == 0
-                && old.sa_sigaction == libc::SIG_IGN
-                && sig != libc::SIGPIPE
-            {
-                libc::sigaction(sig, &old, ptr::null_mut());
-            }
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                libc::c_long::from(sig),
+                dfl.as_ptr(),
+                ptr::null_mut::<c_void>(),
+                KERNEL_SIGSET_BYTES,
+            );
         }
 
         // 2. stdio. A source below 3 that is not its own target is moved out of the way
@@ -331,11 +354,18 @@ unsafe fn run(p: &ChildPlan) -> c_int {
         }
         // 8. Nothing else of the server's crosses exec.
         mark_inherited_fds_cloexec();
-        // 9. An empty signal mask for the program.
+        // 9. The descriptor limit the server was started with, not the one it raised for
+        // its own connections.
+        if let Some(lim) = &p.nofile {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, lim) != 0 {
+                return errno();
+            }
+        }
+        // 10. An empty signal mask for the program.
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut());
-        // 10. exec, as execvp: keep looking on the errors that say "not here", remember a
+        // 11. exec, as execvp: keep looking on the errors that say "not here", remember a
         // permission problem, stop on any other.
         if p.name_too_long {
             return libc::ENAMETOOLONG;
