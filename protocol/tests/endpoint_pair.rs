@@ -540,25 +540,27 @@ fn a_drained_frame_tells_as_many_queue_waiters_as_its_room_takes_oldest_first() 
 
 /// A stream the queue told it may send that then sends nothing (it finished, was reset, or
 /// found its window spent) must pass the room on: the next waiter is told at once, without
-/// waiting for another frame to leave (which, with the queue drained, would never come).
+/// waiting for another frame to leave.
 #[test]
 fn a_told_stream_that_sends_nothing_passes_the_room_to_the_next_waiter() {
     let clock = Clock::new();
     let now = clock.now;
-    let ccfg = tight(|c| c.send_queue_bytes = MAX_FRAME_BYTES);
+    let ccfg = tight(|c| c.send_queue_bytes = 2 * MAX_FRAME_BYTES);
     let (mut c, mut s) = (client(now, ccfg), server(now, cfg()));
     for n in 1..=5 {
         establish(&mut c, &mut s, now, sid(n));
     }
-    c.send_ready(&sid(1)).unwrap();
-    c.send(&sid(1), Bytes::from(vec![3u8; MAX_PAYLOAD_BYTES]))
-        .unwrap();
+    for _ in 0..2 {
+        c.send_ready(&sid(1)).unwrap();
+        c.send(&sid(1), Bytes::from(vec![3u8; MAX_PAYLOAD_BYTES]))
+            .unwrap();
+    }
     for n in 2..=5 {
         assert_eq!(c.send_ready(&sid(n)), Err(SendError::Blocked));
     }
     let _ = events(&mut c);
-    // The queue drains completely.
-    while c.poll_transmit(now).is_some() {}
+    // One frame leaves (one stays queued): room for one.
+    assert!(c.poll_transmit(now).is_some());
     assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(2) }]);
     // Stream 2 finishes without sending: stream 3 is told.
     c.finish(sid(2), Reason::Closed).unwrap();
@@ -571,6 +573,43 @@ fn a_told_stream_that_sends_nothing_passes_the_room_to_the_next_waiter() {
     c.send(&sid(4), Bytes::from_static(b"small")).unwrap();
     assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(5) }]);
     assert!(c.send_ready(&sid(5)).is_ok());
+}
+
+/// Told streams whose senders never ask again (a send future dropped mid-wait, the stream
+/// left open) must not hold the other waiters back for good: once the queue is empty, no
+/// frame will leave to wake anyone, so every waiter is told.
+#[test]
+fn told_streams_that_never_ask_cannot_hold_back_the_others_once_the_queue_is_empty() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let ccfg = tight(|c| c.send_queue_bytes = 2 * MAX_FRAME_BYTES);
+    let (mut c, mut s) = (client(now, ccfg), server(now, cfg()));
+    for n in 1..=6 {
+        establish(&mut c, &mut s, now, sid(n));
+    }
+    for _ in 0..2 {
+        c.send_ready(&sid(1)).unwrap();
+        c.send(&sid(1), Bytes::from(vec![3u8; MAX_PAYLOAD_BYTES]))
+            .unwrap();
+    }
+    for n in 2..=6 {
+        assert_eq!(c.send_ready(&sid(n)), Err(SendError::Blocked));
+    }
+    let _ = events(&mut c);
+    // The first frame leaves: stream 2 is told, and (as if its sender were gone) never asks.
+    assert!(c.poll_transmit(now).is_some());
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(2) }]);
+    // The last frame leaves: the queue is empty, so every other waiter is told at once.
+    assert!(c.poll_transmit(now).is_some());
+    assert_eq!(
+        events(&mut c),
+        (3..=6)
+            .map(|n| Event::Writable { stream: sid(n) })
+            .collect::<Vec<_>>()
+    );
+    for n in 3..=6 {
+        assert!(c.send_ready(&sid(n)).is_ok(), "stream {n} may send");
+    }
 }
 
 /// A stream blocked on both its window and the link's queue must still hear `Writable` when

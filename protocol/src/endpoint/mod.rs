@@ -33,7 +33,8 @@
 //! - A stream refused for want of room in the link's send queue hears `Writable` once there is
 //!   room, oldest waiter first, and only as many waiters at a time as the room takes (one
 //!   frame each, counted until the stream asks to send again, sends, finishes or goes): one
-//!   frame leaving wakes one writer, not every writer of the link.
+//!   frame leaving wakes one writer, not every writer of the link. An empty queue tells
+//!   every waiter, so a told stream that never asks cannot hold the others back.
 
 mod event;
 mod inbound;
@@ -688,8 +689,16 @@ impl Endpoint {
     /// room appeared made each frame the writer took wake every waiting stream's task (a
     /// thousand, under a fan-in) for one of them to fill the room and the rest to find the
     /// queue full again and wait anew.
+    ///
+    /// An empty queue tells every waiter, whatever is counted as told: a told stream whose
+    /// sender stopped polling without ending the stream (a send future dropped by a
+    /// `select!`) never asks again, and no frame leaves an empty queue to wake anyone else.
+    /// Counting stays an optimisation of the busy queue; it can never hold a stream back
+    /// for good.
     fn wake_link_waiters(&mut self) {
-        while self.queued_data_bytes + self.link_woken * MAX_FRAME_BYTES < self.cfg.send_queue_bytes
+        while self.queued_data_bytes == 0
+            || self.queued_data_bytes + self.link_woken * MAX_FRAME_BYTES
+                < self.cfg.send_queue_bytes
         {
             let Some(id) = self.link_waiters.pop_front() else {
                 break;
