@@ -1,4 +1,4 @@
-//! `execrelay serve`: parse the flags (one per setting, from `config.rs`, plus `--config
+//! `execrelay serve`: parse the flags (one per setting, from `config/`, plus `--config
 //! FILE`, whose keys also give the listen addresses and the files; every error about a file
 //! names its flag or key), start the server (its process containment: [`Server::new`]),
 //! bind the listeners (metrics and health included), print the bound URL as the first line
@@ -94,7 +94,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", value_parser = super::duration::parse_duration,
           help_heading = "Limits", conflicts_with = "max_session_ttl_ms")]
     pub max_session_ttl: Option<std::time::Duration>,
-    /// Every limit of `config.rs`.
+    /// Every limit of `config/`.
     #[command(flatten, next_help_heading = "Limits")]
     pub settings: ConfigFlags,
 }

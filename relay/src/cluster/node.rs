@@ -39,6 +39,7 @@ use execrelay_protocol::env_handshake::{LinkRefusal, LinkTimestamps};
 use execrelay_protocol::frame::Frame;
 use execrelay_protocol::reason::CloseReason;
 use execrelay_protocol::router::LinkId;
+use execrelay_protocol::sync::lock;
 
 /// The `RESET` reason of a misrouted stream while the directory (NATS) is unreachable.
 pub const REASON_DIRECTORY_UNAVAILABLE: &str = "directory_unavailable";
@@ -151,10 +152,6 @@ impl std::fmt::Debug for ClusterNode {
             .field("node", &self.spec.node_id)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reconnection delay to NATS after `attempts` failures: 100 ms doubling to 2 s, so that a
