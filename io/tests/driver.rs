@@ -676,3 +676,89 @@ async fn a_client_link_left_without_a_stream_is_closed_idle_one_timeout_after() 
     );
     assert_eq!(hub.snapshot().counters.closes(CloseReason::Idle), 1);
 }
+
+/// A destination that stops reading holds back only its own route: its socket full, the
+/// environment link's reader still forwards every record, in order, to a client on another
+/// link that reads (no write to one destination may hold the reader that feeds others), and
+/// the stalled client still gets every record it was sent, whole and in order, once it
+/// reads again.
+#[tokio::test(start_paused = true)]
+async fn through_a_relay_hub_a_client_that_stops_reading_holds_back_only_its_route() {
+    use execrelay_protocol::websocket::{Decoder, Message};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (hub, _env, incoming, fast) = relay_net().await;
+    // The slow client: a raw link over a 1 KiB pipe; the test writes its OPEN by hand and
+    // does not read it until the end.
+    let (far, near) = tokio::io::duplex(1 << 10);
+    let ws = WebSocketStream::from_raw_socket(
+        ReadAhead::websocket(near, WsRole::Server),
+        Role::Server,
+        Some(link_websocket_config()),
+    )
+    .await;
+    let link = hub.add_client("env1", ADDR).unwrap();
+    let _slow_task = tokio::spawn(link.serve(ws));
+    let (mut far_rd, mut far_wr) = tokio::io::split(far);
+    let mut open = Frame::new(FrameType::Open, sid(2), 0, Bytes::from_static(b"msg1"));
+    open.window = cfg().window;
+    let open = open.encode().unwrap();
+    let mut msg = ws_header(0x2, open.len() as u8);
+    msg.extend_from_slice(&open);
+    far_wr.write_all(&msg).await.unwrap();
+    // The slow client's OPEN reaches the environment first, then the fast one's.
+    let acc = acceptor(incoming, 2);
+    timeout(GUARD, async {
+        while hub.snapshot().streams < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("hang");
+    let b = fast
+        .open(sid(3), Bytes::from_static(b"msg1"))
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut streams, _incoming) = acc.await.unwrap();
+    let (_b_env_rx, b_tx) = streams.pop().unwrap().split();
+    let (_a_env_rx, a_tx) = streams.pop().unwrap().split();
+    let window = cfg().window as u64;
+    let (sent_a, sent_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let _ta = sender(a_tx, 2, window, sent_a.clone());
+    let _tb = sender(b_tx, 3, 200, sent_b.clone());
+    let (mut b_rx, _b_up) = b.stream.split();
+    expect_records(&mut b_rx, 3, 1..=200).await;
+    timeout(GUARD, async {
+        while sent_a.load(Ordering::SeqCst) < window {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("hang");
+    // Now the slow client reads: the ACCEPT, then every record, whole and in order.
+    let mut d = Decoder::new(WsRole::Client, MAX_PAYLOAD_BYTES + 1024);
+    let mut frames = Vec::new();
+    while frames.len() < 1 + window as usize {
+        let mut buf = [0u8; 4096];
+        let n = timeout(GUARD, far_rd.read(&mut buf))
+            .await
+            .expect("hang")
+            .unwrap();
+        assert!(n > 0, "the slow client's link lives on");
+        d.read_buffer().extend_from_slice(&buf[..n]);
+        while let Some(m) = d.decode().unwrap() {
+            match m {
+                Message::Binary(b) => frames.push(Frame::decode_owned(b).unwrap()),
+                Message::Ping(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(frames[0].ftype, FrameType::Accept);
+    for (n, f) in frames[1..].iter().enumerate() {
+        let n = n as u64 + 1;
+        assert_eq!((f.ftype, f.seq), (FrameType::Data, n), "in order");
+        assert_eq!(f.payload, record(2, n), "exact bytes");
+    }
+    let _ = far_wr;
+}

@@ -501,6 +501,117 @@ fn a_full_send_queue_blocks_then_reports_writable_as_it_drains() {
     assert_eq!(c.send_ready(&sid(2)), Ok(1));
 }
 
+/// The writers of many streams waiting for room in the link's send queue (a fan-in of a
+/// thousand processes on one link): each frame the writer takes must tell as many of them
+/// as its room takes, oldest first, not every one of them (each told stream's task runs, and
+/// all but one found the queue full again).
+#[test]
+fn a_drained_frame_tells_as_many_queue_waiters_as_its_room_takes_oldest_first() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let ccfg = tight(|c| c.send_queue_bytes = 2 * MAX_FRAME_BYTES);
+    let (mut c, mut s) = (client(now, ccfg), server(now, cfg()));
+    for n in 1..=10 {
+        establish(&mut c, &mut s, now, sid(n));
+    }
+    let full = || Bytes::from(vec![3u8; MAX_PAYLOAD_BYTES]);
+    for _ in 0..2 {
+        c.send_ready(&sid(1)).unwrap();
+        c.send(&sid(1), full()).unwrap();
+    }
+    for n in 2..=10 {
+        assert_eq!(c.send_ready(&sid(n)), Err(SendError::Blocked), "stream {n}");
+    }
+    let _ = events(&mut c);
+    for n in 2..=10 {
+        // One frame leaves: room for one, so one waiter is told, the oldest.
+        assert!(c.poll_transmit(now).is_some());
+        assert_eq!(
+            events(&mut c),
+            vec![Event::Writable { stream: sid(n) }],
+            "after a frame left, only stream {n} is told"
+        );
+        // Told and sending: it fills the room; nobody else is told.
+        assert!(c.send_ready(&sid(n)).is_ok());
+        c.send(&sid(n), full()).unwrap();
+        assert_eq!(events(&mut c), vec![], "the room is taken");
+    }
+}
+
+/// A stream the queue told it may send that then sends nothing (it finished, was reset, or
+/// found its window spent) must pass the room on: the next waiter is told at once, without
+/// waiting for another frame to leave.
+#[test]
+fn a_told_stream_that_sends_nothing_passes_the_room_to_the_next_waiter() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let ccfg = tight(|c| c.send_queue_bytes = 2 * MAX_FRAME_BYTES);
+    let (mut c, mut s) = (client(now, ccfg), server(now, cfg()));
+    for n in 1..=5 {
+        establish(&mut c, &mut s, now, sid(n));
+    }
+    for _ in 0..2 {
+        c.send_ready(&sid(1)).unwrap();
+        c.send(&sid(1), Bytes::from(vec![3u8; MAX_PAYLOAD_BYTES]))
+            .unwrap();
+    }
+    for n in 2..=5 {
+        assert_eq!(c.send_ready(&sid(n)), Err(SendError::Blocked));
+    }
+    let _ = events(&mut c);
+    // One frame leaves (one stays queued): room for one.
+    assert!(c.poll_transmit(now).is_some());
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(2) }]);
+    // Stream 2 finishes without sending: stream 3 is told.
+    c.finish(sid(2), Reason::Closed).unwrap();
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(3) }]);
+    // Stream 3 is reset: stream 4 is told.
+    c.reset(sid(3), Reason::Closed).unwrap();
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(4) }]);
+    // Stream 4 asks and sends a small record: room is left, so stream 5 is told too.
+    assert!(c.send_ready(&sid(4)).is_ok());
+    c.send(&sid(4), Bytes::from_static(b"small")).unwrap();
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(5) }]);
+    assert!(c.send_ready(&sid(5)).is_ok());
+}
+
+/// Told streams whose senders never ask again (a send future dropped mid-wait, the stream
+/// left open) must not hold the other waiters back for good: once the queue is empty, no
+/// frame will leave to wake anyone, so every waiter is told.
+#[test]
+fn told_streams_that_never_ask_cannot_hold_back_the_others_once_the_queue_is_empty() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let ccfg = tight(|c| c.send_queue_bytes = 2 * MAX_FRAME_BYTES);
+    let (mut c, mut s) = (client(now, ccfg), server(now, cfg()));
+    for n in 1..=6 {
+        establish(&mut c, &mut s, now, sid(n));
+    }
+    for _ in 0..2 {
+        c.send_ready(&sid(1)).unwrap();
+        c.send(&sid(1), Bytes::from(vec![3u8; MAX_PAYLOAD_BYTES]))
+            .unwrap();
+    }
+    for n in 2..=6 {
+        assert_eq!(c.send_ready(&sid(n)), Err(SendError::Blocked));
+    }
+    let _ = events(&mut c);
+    // The first frame leaves: stream 2 is told, and (as if its sender were gone) never asks.
+    assert!(c.poll_transmit(now).is_some());
+    assert_eq!(events(&mut c), vec![Event::Writable { stream: sid(2) }]);
+    // The last frame leaves: the queue is empty, so every other waiter is told at once.
+    assert!(c.poll_transmit(now).is_some());
+    assert_eq!(
+        events(&mut c),
+        (3..=6)
+            .map(|n| Event::Writable { stream: sid(n) })
+            .collect::<Vec<_>>()
+    );
+    for n in 3..=6 {
+        assert!(c.send_ready(&sid(n)).is_ok(), "stream {n} may send");
+    }
+}
+
 /// A stream blocked on both its window and the link's queue must still hear `Writable` when
 /// the second of the two clears: here the queue drains while it has no credit (so the queue's
 /// wake-up finds it still blocked), then its credit returns while the queue is full again

@@ -9,6 +9,9 @@
 //! write (WebSocket header, link frame header, payload: no copy into a write buffer; a
 //! client's frames are masked into one scratch buffer, the one copy RFC 6455 forces).
 //!
+//! The two halves are public so that `io/benches/ws_codec.rs` measures the very code the
+//! links run beside other WebSocket crates; nothing outside the driver uses them otherwise.
+//!
 //! Never: holds a read buffer while the link is idle (it is released whenever it is drained
 //! and the socket has nothing more), decides anything about frames (the core does), or
 //! waits on anything but its own socket.
@@ -120,8 +123,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> LinkSocket<S> {
         self.arrivals.clone()
     }
 
-    /// Its two halves.
-    pub(crate) fn split(
+    /// Its two halves (the driver runs each in its own task; `benches/ws_codec.rs` drives
+    /// them directly to measure the framing alone).
+    pub fn split(
         self,
     ) -> (
         FrameReader<tokio::io::ReadHalf<S>>,
@@ -141,7 +145,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> LinkSocket<S> {
 
 /// What the reader got from the socket.
 #[derive(Debug)]
-pub(crate) enum ReadEvent {
+pub enum ReadEvent {
     /// A whole message.
     Message(Message),
     /// A WebSocket rule broken by the peer.
@@ -151,7 +155,7 @@ pub(crate) enum ReadEvent {
 }
 
 /// The reading half: bytes into the decoder's buffer, messages out.
-pub(crate) struct FrameReader<R> {
+pub struct FrameReader<R> {
     io: R,
     decoder: Decoder,
     arrivals: Option<Arc<Arrivals>>,
@@ -217,7 +221,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
 /// One message to send.
 #[derive(Debug)]
-pub(crate) enum Outgoing {
+pub enum Outgoing {
     /// A link frame (a binary message).
     Frame(WireParts),
     /// A control frame (payload at most 125 bytes).
@@ -225,7 +229,7 @@ pub(crate) enum Outgoing {
 }
 
 /// The writing half: batches of messages, each batch one vectored write.
-pub(crate) struct FrameWriter<W> {
+pub struct FrameWriter<W> {
     io: W,
     role: Role,
     keys: MaskKeys,

@@ -193,6 +193,9 @@ impl Endpoint {
         if s.state == StreamState::Pending {
             self.pending_opens = self.pending_opens.saturating_sub(1);
         }
+        if s.link_woken {
+            self.link_woken -= 1;
+        }
         self.queued_data_bytes -= s.queued_bytes();
         self.wake_link_waiters();
         self.closed_streams.insert(id);
@@ -220,7 +223,7 @@ impl Endpoint {
         }
         match s.send.on_report(ack, window) {
             Ok(_) => {
-                self.maybe_writable(id);
+                self.maybe_writable(id, false);
                 true
             }
             Err(_) => {

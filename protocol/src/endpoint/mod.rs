@@ -30,6 +30,11 @@
 //!   served round robin between streams.
 //! - Established streams never pay for another stream's misbehaviour: budgets close the whole
 //!   link or refuse new `OPEN`s, and never reset a stream that broke no rule.
+//! - A stream refused for want of room in the link's send queue hears `Writable` once there is
+//!   room, oldest waiter first, and only as many waiters at a time as the room takes (one
+//!   frame each, counted until the stream asks to send again, sends, finishes or goes): one
+//!   frame leaving wakes one writer, not every writer of the link. An empty queue tells
+//!   every waiter, so a told stream that never asks cannot hold the others back.
 
 mod event;
 mod inbound;
@@ -47,7 +52,9 @@ pub use stream::StreamState;
 use crate::bucket::TokenBucket;
 use crate::closed_set::ClosedSet;
 use crate::config::{ConfigError, EndpointConfig};
-use crate::frame::{Frame, FrameType, StreamId, HEADER_BYTES, LINK_STREAM, MAX_PAYLOAD_BYTES};
+use crate::frame::{
+    Frame, FrameType, StreamId, HEADER_BYTES, LINK_STREAM, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES,
+};
 use crate::keepalive::Keepalive;
 use crate::reason::{CloseReason, Counters, Reason};
 use crate::transmit::Transmit;
@@ -148,6 +155,9 @@ pub struct Endpoint {
     ready: VecDeque<StreamId>,
     /// Streams that were refused `send_ready` for want of send-queue room.
     link_waiters: VecDeque<StreamId>,
+    /// Streams told `Writable` by the queue that have not asked to send since
+    /// (`Stream::link_woken`).
+    link_woken: usize,
     queued_data_bytes: usize,
     pending_opens: usize,
     events: VecDeque<Event>,
@@ -178,6 +188,7 @@ impl Endpoint {
             acks: VecDeque::new(),
             ready: VecDeque::new(),
             link_waiters: VecDeque::new(),
+            link_woken: 0,
             queued_data_bytes: 0,
             pending_opens: 0,
             events: VecDeque::new(),
@@ -364,6 +375,16 @@ impl Endpoint {
         if self.closed.is_some() {
             return Err(SendError::LinkClosed);
         }
+        let ready = self.check_send_ready(stream);
+        if ready.is_err() {
+            // Woken by the queue and still cannot send: not its room after all. (Admitted,
+            // it keeps the room until `send` fills it.)
+            self.link_wake_spent(stream);
+        }
+        ready
+    }
+
+    fn check_send_ready(&mut self, stream: &StreamId) -> Result<u64, SendError> {
         let over = self.queued_data_bytes >= self.cfg.send_queue_bytes;
         let s = self.streams.get_mut(stream).ok_or(SendError::NotOpen)?;
         if s.state != StreamState::Open {
@@ -390,6 +411,13 @@ impl Endpoint {
         if payload.len() > MAX_PAYLOAD_BYTES {
             return Err(SendError::TooLarge);
         }
+        let queued = self.queue_record(stream, payload);
+        // Its room is filled now (or it was refused): no longer counted as about to be.
+        self.link_wake_spent(stream);
+        queued
+    }
+
+    fn queue_record(&mut self, stream: &StreamId, payload: Bytes) -> Result<u64, SendError> {
         let s = self.streams.get_mut(stream).ok_or(SendError::NotOpen)?;
         if s.state != StreamState::Open {
             return Err(SendError::NotOpen);
@@ -445,6 +473,8 @@ impl Endpoint {
             self.remove_and_reset(stream, reason);
         } else {
             s.state = StreamState::Finishing(reason);
+            // It sends nothing more: the room counted as its own is the others'.
+            self.link_wake_spent(&stream);
         }
         Ok(())
     }
@@ -593,6 +623,9 @@ impl Endpoint {
             if s.state == StreamState::Pending {
                 self.pending_opens = self.pending_opens.saturating_sub(1);
             }
+            if s.link_woken {
+                self.link_woken -= 1;
+            }
             self.queued_data_bytes -= s.queued_bytes();
             self.wake_link_waiters();
         }
@@ -628,7 +661,9 @@ impl Endpoint {
     /// Report `Writable` for `stream` if it wants it and now may send. If only the link's
     /// queue stops it (credit is back, room is not), it waits for room again: the queue's
     /// earlier wake-up may have been spent while it still lacked credit.
-    fn maybe_writable(&mut self, stream: &StreamId) {
+    /// `by_queue`: the queue's room is what it waited for (it then counts as woken, see
+    /// [`wake_link_waiters`](Self::wake_link_waiters)).
+    fn maybe_writable(&mut self, stream: &StreamId, by_queue: bool) {
         let room = self.queued_data_bytes < self.cfg.send_queue_bytes;
         if let Some(s) = self.streams.get_mut(stream) {
             if !s.wants_writable || s.state != StreamState::Open || s.send.credit() == 0 {
@@ -636,6 +671,10 @@ impl Endpoint {
             }
             if room {
                 s.wants_writable = false;
+                if by_queue && !s.link_woken {
+                    s.link_woken = true;
+                    self.link_woken += 1;
+                }
                 self.events.push_back(Event::Writable { stream: *stream });
             } else if !s.in_link_waiters {
                 s.in_link_waiters = true;
@@ -644,15 +683,43 @@ impl Endpoint {
         }
     }
 
+    /// Tell the streams waiting for room in the send queue, oldest first, as many as the
+    /// room takes: each one told is counted as about to queue a whole frame until it asks to
+    /// send ([`link_wake_spent`](Self::link_wake_spent)). Telling all of them whenever any
+    /// room appeared made each frame the writer took wake every waiting stream's task (a
+    /// thousand, under a fan-in) for one of them to fill the room and the rest to find the
+    /// queue full again and wait anew.
+    ///
+    /// An empty queue tells every waiter, whatever is counted as told: a told stream whose
+    /// sender stopped polling without ending the stream (a send future dropped by a
+    /// `select!`) never asks again, and no frame leaves an empty queue to wake anyone else.
+    /// Counting stays an optimisation of the busy queue; it can never hold a stream back
+    /// for good.
     fn wake_link_waiters(&mut self) {
-        while self.queued_data_bytes < self.cfg.send_queue_bytes {
+        while self.queued_data_bytes == 0
+            || self.queued_data_bytes + self.link_woken * MAX_FRAME_BYTES
+                < self.cfg.send_queue_bytes
+        {
             let Some(id) = self.link_waiters.pop_front() else {
                 break;
             };
             if let Some(s) = self.streams.get_mut(&id) {
                 s.in_link_waiters = false;
             }
-            self.maybe_writable(&id);
+            self.maybe_writable(&id, true);
+        }
+    }
+
+    /// `stream` asked to send (or will send nothing more): the room counted as its own since
+    /// the queue woke it is free again, for the next waiter if the stream leaves it unused.
+    fn link_wake_spent(&mut self, stream: &StreamId) {
+        let Some(s) = self.streams.get_mut(stream) else {
+            return;
+        };
+        if s.link_woken {
+            s.link_woken = false;
+            self.link_woken -= 1;
+            self.wake_link_waiters();
         }
     }
 
@@ -667,6 +734,7 @@ impl Endpoint {
         self.acks.clear();
         self.ready.clear();
         self.link_waiters.clear();
+        self.link_woken = 0;
         self.queued_data_bytes = 0;
         self.events.push_back(Event::Closed { reason });
     }

@@ -38,6 +38,10 @@ pub(crate) struct Stream {
     pub in_acks: bool,
     /// In the link's list of streams waiting for send-queue room.
     pub in_link_waiters: bool,
+    /// Told `Writable` by the link's queue and has not asked to send since: one frame of
+    /// the queue's room is counted as this stream's until it does (see
+    /// `Endpoint::wake_link_waiters`).
+    pub link_woken: bool,
     /// The application was told it cannot send: report `Writable` when it can.
     pub wants_writable: bool,
 }
@@ -52,6 +56,7 @@ impl Stream {
             in_ready: false,
             in_acks: false,
             in_link_waiters: false,
+            link_woken: false,
             wants_writable: false,
         }
     }
