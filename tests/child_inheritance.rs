@@ -16,7 +16,6 @@
 
 mod common;
 use common::process::*;
-use common::*;
 
 use std::sync::Once;
 
@@ -115,34 +114,13 @@ async fn a_shell_traps_the_clients_sigint_and_a_plain_command_dies_of_it() {
     let c = &mut ip.client;
 
     // The case that hung: a shell's INT trap, which cannot be set on an ignored signal.
-    start_checked(
-        c,
-        json!({"processId": "i", "argv": ["sh", "-c", "trap 'exit 9' INT; echo ready; while :; do sleep 0.05; done"]}),
-    )
-    .await;
-    let mut acc = Collected::default();
-    read_until(c, "i", &mut acc, "ready", |a| {
-        contains(&a.stdout, b"ready\n")
-    })
-    .await;
-    assert_eq!(c.signal("i", "SIGINT").await, json!({}));
-    let got = finish(c, "i", acc).await;
+    let trap = "trap 'exit 9' INT; echo ready; while :; do sleep 0.05; done";
+    let got = signalled_when_ready(c, "i", trap, "SIGINT").await;
     assert_eq!(got.exit["exitCode"], 9, "{}", got.exit);
     assert_eq!(got.exit["reason"], "terminated", "{}", got.exit);
 
     // No trap: the default action ends it, by the signal sent.
-    start_checked(
-        c,
-        json!({"processId": "q", "argv": ["sh", "-c", "echo ready; exec sleep 100"]}),
-    )
-    .await;
-    let mut acc = Collected::default();
-    read_until(c, "q", &mut acc, "ready", |a| {
-        contains(&a.stdout, b"ready\n")
-    })
-    .await;
-    assert_eq!(c.signal("q", "SIGQUIT").await, json!({}));
-    let got = finish(c, "q", acc).await;
+    let got = signalled_when_ready(c, "q", "echo ready; exec sleep 100", "SIGQUIT").await;
     assert_eq!(got.exit["signal"], "SIGQUIT", "{}", got.exit);
     assert_eq!(got.exit["reason"], "terminated", "{}", got.exit);
 }

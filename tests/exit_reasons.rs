@@ -66,35 +66,14 @@ async fn a_clients_terminating_signal_is_terminated_and_a_winch_is_not() {
     let mut ip = connect().await;
     let c = &mut ip.client;
     // SIGINT from the client: `terminated`, even though the process chose its own status.
-    start_checked(
-        c,
-        json!({"processId": "i", "argv": ["sh", "-c", "trap 'exit 9' INT; echo ready; while :; do sleep 0.05; done"]}),
-    )
-    .await;
-    let mut acc = Collected::default();
-    read_until(c, "i", &mut acc, "ready", |a| {
-        contains(&a.stdout, b"ready\n")
-    })
-    .await;
-    assert_eq!(c.signal("i", "SIGINT").await, json!({}));
-    let got = finish(c, "i", acc).await;
+    let trap = "trap 'exit 9' INT; echo ready; while :; do sleep 0.05; done";
+    let got = signalled_when_ready(c, "i", trap, "SIGINT").await;
     assert_eq!(got.exit["exitCode"], 9, "{}", got.exit);
     assert_eq!(got.exit["reason"], "terminated", "{}", got.exit);
 
     // SIGWINCH ends nothing by itself: a process that chooses to exit on it `exited`.
-    start_checked(
-        c,
-        json!({"processId": "w",
-               "argv": ["sh", "-c", "trap 'exit 0' WINCH; echo ready; while :; do sleep 0.05; done"]}),
-    )
-    .await;
-    let mut acc = Collected::default();
-    read_until(c, "w", &mut acc, "ready", |a| {
-        contains(&a.stdout, b"ready\n")
-    })
-    .await;
-    assert_eq!(c.signal("w", "SIGWINCH").await, json!({}));
-    let got = finish(c, "w", acc).await;
+    let trap = "trap 'exit 0' WINCH; echo ready; while :; do sleep 0.05; done";
+    let got = signalled_when_ready(c, "w", trap, "SIGWINCH").await;
     assert_eq!(got.exit["exitCode"], 0, "{}", got.exit);
     assert_eq!(got.exit["reason"], "exited", "{}", got.exit);
 }

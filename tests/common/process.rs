@@ -216,3 +216,25 @@ pub fn sleeping_with_term_ignored(pid: i32) -> bool {
 pub fn wchan(pid: u64) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
 }
+
+/// Start `sh -c script` as `id` (the script prints `ready` once it is set up), send it
+/// `signal` once `ready` arrived, and collect everything through its exit notice.
+pub async fn signalled_when_ready(
+    client: &mut RawClient,
+    id: &str,
+    script: &str,
+    signal: &str,
+) -> Collected {
+    start_checked(
+        client,
+        json!({"processId": id, "argv": ["sh", "-c", script]}),
+    )
+    .await;
+    let mut acc = Collected::default();
+    read_until(client, id, &mut acc, "ready", |a| {
+        contains(&a.stdout, b"ready\n")
+    })
+    .await;
+    assert_eq!(client.signal(id, signal).await, json!({}));
+    finish(client, id, acc).await
+}
