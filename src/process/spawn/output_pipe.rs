@@ -6,6 +6,11 @@
 //! nothing, a context switch per pipe. Read first, then, and register only a pipe that has
 //! nothing to give now; a pipe that reaches its end before that is never registered at all.
 //!
+//! Off the reactor, a read costs the task nothing of tokio's cooperative budget, so a child
+//! that keeps its pipe full could keep its pump from ever yielding: after
+//! [`MAX_UNREGISTERED_READS`] reads that returned bytes the pipe goes on the reactor whatever
+//! it holds, and from then on every readiness check counts against the budget as before.
+//!
 //! It owns the read end and its reactor registration; it must never block (the descriptor
 //! is non-blocking from the start) and never lose a byte between the two states (reads before
 //! and after the registration go to the same descriptor).
@@ -19,9 +24,15 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::unix::pipe;
 
+/// Reads that returned bytes before a pipe goes on the reactor anyway: enough for a short
+/// child's whole output, few enough that a pump never runs long without yielding.
+pub const MAX_UNREGISTERED_READS: u8 = 4;
+
 /// The read end of a child's stdout or stderr pipe.
 pub struct OutputPipe {
     state: State,
+    /// Reads that returned bytes while off the reactor.
+    raw_reads: u8,
 }
 
 enum State {
@@ -37,6 +48,7 @@ impl OutputPipe {
         super::set_nonblocking(fd.as_raw_fd())?;
         Ok(OutputPipe {
             state: State::Raw(fd),
+            raw_reads: 0,
         })
     }
 
@@ -63,7 +75,7 @@ impl OutputPipe {
     /// its registration, a look (`poll` with no wait) answers when it can.
     pub async fn readable(&mut self) -> io::Result<()> {
         if let State::Raw(fd) = &self.state {
-            if ready_now(fd.as_fd())? {
+            if self.raw_reads < MAX_UNREGISTERED_READS && ready_now(fd.as_fd())? {
                 return Ok(());
             }
         }
@@ -81,6 +93,9 @@ impl OutputPipe {
                 match nix::unistd::read(fd.as_raw_fd(), &mut buf[start..]) {
                     Ok(n) => {
                         buf.truncate(start + n);
+                        if n > 0 {
+                            self.raw_reads = self.raw_reads.saturating_add(1);
+                        }
                         Ok(n)
                     }
                     Err(e) => {
@@ -112,11 +127,14 @@ impl AsyncRead for OutputPipe {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let State::Raw(fd) = &this.state {
+        if let (State::Raw(fd), true) = (&this.state, this.raw_reads < MAX_UNREGISTERED_READS) {
             let unfilled = buf.initialize_unfilled();
             match nix::unistd::read(fd.as_raw_fd(), unfilled) {
                 Ok(n) => {
                     buf.advance(n);
+                    if n > 0 {
+                        this.raw_reads += 1;
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 Err(nix::errno::Errno::EAGAIN) => {}
@@ -201,6 +219,31 @@ mod tests {
             .expect("end of file seen (hang guard)")
             .unwrap();
         assert_eq!(p.try_read_buf(&mut buf).unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_pipe_that_never_runs_dry_goes_on_the_reactor_after_a_few_reads() {
+        use std::io::Write;
+        let (mut p, mut w) = pair();
+        let mut buf = BytesMut::with_capacity(64);
+        for n in 0..MAX_UNREGISTERED_READS {
+            w.write_all(b"x").unwrap();
+            p.readable().now_or_never().expect("ready at once").unwrap();
+            assert!(!p.is_registered(), "read {n} is made off the reactor");
+            assert_eq!(p.try_read_buf(&mut buf).unwrap(), 1);
+        }
+        // Bytes wait in the pipe, yet the next look registers it: from now on the reactor
+        // (and the task's budget) has a say.
+        w.write_all(b"y").unwrap();
+        tokio::time::timeout(GUARD, p.readable())
+            .await
+            .expect("readable (hang guard)")
+            .unwrap();
+        assert!(p.is_registered());
+        assert_eq!(p.try_read_buf(&mut buf).unwrap(), 1);
+        let mut want = vec![b'x'; usize::from(MAX_UNREGISTERED_READS)];
+        want.push(b'y');
+        assert_eq!(&buf[..], &want[..]);
     }
 
     #[tokio::test]
