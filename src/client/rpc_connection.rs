@@ -22,14 +22,14 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+mod local_router;
+
+use local_router::{LocalRouter, RouterLinks};
+
 use super::ClientError;
 use crate::connection::json_codec::{call_value, decode_call, decode_reply, reply_value};
-use crate::connection::local::{LocalClientEnd, LocalReceiver};
-use crate::connection::message::{
-    Call, Inbound as Typed, Note, Outbound, Reply, RequestId, WriteCall,
-};
-use crate::connection::outlet::EventMessage;
-use crate::process::event_log::EventBody;
+use crate::connection::local::LocalClientEnd;
+use crate::connection::message::{Call, Inbound as Typed, Note, Reply, RequestId, WriteCall};
 use crate::rpc::binary_output::{decode_output_message, is_binary_message};
 use crate::rpc::binary_write::{encode_write_head, fits_binary_write};
 use crate::rpc::jsonrpc::{
@@ -414,7 +414,7 @@ impl RpcConnection {
 
     /// A connection over the client end of an in-process transport: typed messages both
     /// ways. Replies and events are handed to this connection straight from the server's side
-    /// (a [`LocalReceiver`] installed on `end` before anything is sent: no channel and no
+    /// (a [`LocalReceiver`](crate::connection::local::LocalReceiver) installed on `end` before anything is sent: no channel and no
     /// reader task between, `connection/local.rs`); the reader task serves the channels only
     /// for what was queued before that (nothing, here) and ends with them.
     pub fn start_local(
@@ -735,116 +735,6 @@ enum RequestBody<'a> {
 
 fn json_empty() -> Value {
     Value::Object(serde_json::Map::new())
-}
-
-/// What an in-process connection receives, routed: results and errors to their waiting
-/// callers, server requests to the handler, events through the fast path (or to the
-/// notification sink). Called by the server's side directly ([`LocalReceiver`]) or by the
-/// connection's reader task for what came through the channels; it never waits.
-struct LocalRouter {
-    pending: Pending,
-    closed: CancellationToken,
-    requests: Option<RequestHandler>,
-    fast: Option<FastPath>,
-    /// Dropped when the connection ends ([`release`](Self::release)): the server's side holds
-    /// this router as long as it lives, and must not keep the server's own request queue
-    /// open (the responder's sender) or the client's notification queue.
-    links: Mutex<Option<RouterLinks>>,
-}
-
-struct RouterLinks {
-    responder: Responder,
-    notifications: NotificationSink,
-}
-
-impl LocalRouter {
-    fn release(&self) {
-        lock(&self.links).take();
-    }
-
-    fn route_control(&self, m: Outbound) {
-        match m {
-            Outbound::Result { id, reply } => {
-                if let Some(tx) = local_id(&id).and_then(|n| lock(&self.pending).remove(&n)) {
-                    let _ = tx.send(Ok(Answer::Typed(reply)));
-                }
-            }
-            Outbound::Error { id, error } => {
-                let waiting = id
-                    .as_ref()
-                    .and_then(local_id)
-                    .and_then(|n| lock(&self.pending).remove(&n));
-                if let Some(tx) = waiting {
-                    let _ = tx.send(Err(ClientError::from_rpc(error)));
-                }
-            }
-            Outbound::Request { id, params } => {
-                let responder = lock(&self.links).as_ref().map(|l| l.responder.clone());
-                if let (Some(h), Some(responder)) = (&self.requests, responder) {
-                    h(responder, id, (*params).clone());
-                }
-            }
-        }
-    }
-
-    /// `false` when nothing takes notifications any more.
-    fn route_event(&self, e: EventMessage) -> bool {
-        let n = match e.body {
-            EventBody::Output { stream, chunk } => Notification::Output {
-                process_id: e.process_id,
-                seq: e.seq,
-                stream,
-                data: chunk,
-            },
-            EventBody::Omitted {
-                stream,
-                omitted_bytes,
-            } => Notification::Omitted {
-                process_id: e.process_id,
-                seq: e.seq,
-                stream,
-                omitted_bytes,
-            },
-            EventBody::Exited(info) => Notification::Exited {
-                process_id: e.process_id,
-                seq: e.seq,
-                info,
-            },
-        };
-        let n = match &self.fast {
-            Some(f) => match f(n) {
-                Some(n) => n,
-                None => return true,
-            },
-            None => n,
-        };
-        match lock(&self.links).as_ref() {
-            Some(l) => l.notifications.send(n).is_ok(),
-            None => false,
-        }
-    }
-}
-
-impl LocalReceiver for LocalRouter {
-    fn control(&self, m: Outbound) -> bool {
-        if self.closed.is_cancelled() {
-            return false;
-        }
-        self.route_control(m);
-        true
-    }
-
-    fn event(&self, e: EventMessage) -> bool {
-        if self.closed.is_cancelled() {
-            return false;
-        }
-        if self.route_event(e) {
-            return true;
-        }
-        // Nothing takes notifications: the connection is done, as its reader would decide.
-        self.closed.cancel();
-        false
-    }
 }
 
 /// Our own request ids are `u64`s.

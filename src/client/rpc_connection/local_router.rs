@@ -1,0 +1,129 @@
+//! The in-process connection's receiving end: what the server's side hands over directly
+//! (a [`LocalReceiver`], `connection/local.rs`) or what the connection's reader task took from
+//! the channels, routed to the caller waiting for it, the approval handler or the
+//! notification path. It never waits: it runs on the server's reader, a request's task or
+//! the server's writer.
+
+use std::sync::Mutex;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    local_id, Answer, FastPath, Notification, NotificationSink, Pending, RequestHandler, Responder,
+};
+use crate::client::ClientError;
+use crate::connection::local::LocalReceiver;
+use crate::connection::message::Outbound;
+use crate::connection::outlet::EventMessage;
+use crate::process::event_log::EventBody;
+use crate::sync::lock;
+
+/// What an in-process connection receives, routed: results and errors to their waiting
+/// callers, server requests to the handler, events through the fast path (or to the
+/// notification sink). Called by the server's side directly ([`LocalReceiver`]) or by the
+/// connection's reader task for what came through the channels; it never waits.
+pub(super) struct LocalRouter {
+    pub(super) pending: Pending,
+    pub(super) closed: CancellationToken,
+    pub(super) requests: Option<RequestHandler>,
+    pub(super) fast: Option<FastPath>,
+    /// Dropped when the connection ends ([`release`](Self::release)): the server's side holds
+    /// this router as long as it lives, and must not keep the server's own request queue
+    /// open (the responder's sender) or the client's notification queue.
+    pub(super) links: Mutex<Option<RouterLinks>>,
+}
+
+pub(super) struct RouterLinks {
+    pub(super) responder: Responder,
+    pub(super) notifications: NotificationSink,
+}
+
+impl LocalRouter {
+    pub(super) fn release(&self) {
+        lock(&self.links).take();
+    }
+
+    pub(super) fn route_control(&self, m: Outbound) {
+        match m {
+            Outbound::Result { id, reply } => {
+                if let Some(tx) = local_id(&id).and_then(|n| lock(&self.pending).remove(&n)) {
+                    let _ = tx.send(Ok(Answer::Typed(reply)));
+                }
+            }
+            Outbound::Error { id, error } => {
+                let waiting = id
+                    .as_ref()
+                    .and_then(local_id)
+                    .and_then(|n| lock(&self.pending).remove(&n));
+                if let Some(tx) = waiting {
+                    let _ = tx.send(Err(ClientError::from_rpc(error)));
+                }
+            }
+            Outbound::Request { id, params } => {
+                let responder = lock(&self.links).as_ref().map(|l| l.responder.clone());
+                if let (Some(h), Some(responder)) = (&self.requests, responder) {
+                    h(responder, id, (*params).clone());
+                }
+            }
+        }
+    }
+
+    /// `false` when nothing takes notifications any more.
+    pub(super) fn route_event(&self, e: EventMessage) -> bool {
+        let n = match e.body {
+            EventBody::Output { stream, chunk } => Notification::Output {
+                process_id: e.process_id,
+                seq: e.seq,
+                stream,
+                data: chunk,
+            },
+            EventBody::Omitted {
+                stream,
+                omitted_bytes,
+            } => Notification::Omitted {
+                process_id: e.process_id,
+                seq: e.seq,
+                stream,
+                omitted_bytes,
+            },
+            EventBody::Exited(info) => Notification::Exited {
+                process_id: e.process_id,
+                seq: e.seq,
+                info,
+            },
+        };
+        let n = match &self.fast {
+            Some(f) => match f(n) {
+                Some(n) => n,
+                None => return true,
+            },
+            None => n,
+        };
+        match lock(&self.links).as_ref() {
+            Some(l) => l.notifications.send(n).is_ok(),
+            None => false,
+        }
+    }
+}
+
+impl LocalReceiver for LocalRouter {
+    fn control(&self, m: Outbound) -> bool {
+        if self.closed.is_cancelled() {
+            return false;
+        }
+        self.route_control(m);
+        true
+    }
+
+    fn event(&self, e: EventMessage) -> bool {
+        if self.closed.is_cancelled() {
+            return false;
+        }
+        if self.route_event(e) {
+            return true;
+        }
+        // Nothing takes notifications: the connection is done, as its reader would decide.
+        self.closed.cancel();
+        false
+    }
+}
