@@ -19,7 +19,7 @@ use common::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use execrelay::config::ServerConfig;
+use execrelay::config::{ServerConfig, CONTROL_LANE_SLACK, CONTROL_REQUEST_SLOTS};
 use execrelay::connection::local::{LocalClientEnd, LocalLimits, LocalSendError};
 use execrelay::connection::message::{Call, Inbound, Outbound, Reply, RequestId};
 use execrelay::rpc::messages::TerminateParams;
@@ -101,26 +101,34 @@ fn members(pgid: i32) -> Vec<String> {
     out
 }
 
-/// Fill the request queue of `end`: the server's reader stops taking requests once its
-/// answers have nowhere to go (nobody reads the control channel). Returns how many were sent.
-async fn fill_requests(end: &LocalClientEnd) -> usize {
-    let deadline = tokio::time::Instant::now() + GUARD;
-    let mut sent = 0;
-    loop {
-        match end.try_send(Inbound::Request {
-            id: RequestId::Int(1000 + sent as i64),
+/// How many `server/info` requests the server takes off a connection's request queue while
+/// its client reads none of the replies, before its reader stops for good: the control channel
+/// full, one reply in the writer's hand, the writer's control lane full, every control-request
+/// slot held by a request waiting for room in that lane, and one more in the reader's hand (it
+/// waits to queue the limit error that request gets). Counted from the documented bounds, so
+/// that the test knows when the queue is full for good instead of guessing from a moment
+/// where it happened to be full (the reader, on the other worker, may simply be behind).
+fn taken_while_replies_unread(cfg: &ServerConfig, limits: LocalLimits) -> usize {
+    let lane = cfg.max_pending_requests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK;
+    limits.control + 1 + lane + CONTROL_REQUEST_SLOTS + 1
+}
+
+/// Fill the request queue of `end` for good: send, waiting for room each time, exactly as many
+/// requests as the server takes before its reader stops plus the queue's capacity. Each wait
+/// ends only because the server took a request, so when this returns the reader has stopped
+/// and the queue is full; a server that took fewer than counted hangs here (caught by the
+/// guard), one that took more leaves room that the caller's `try_send` finds.
+async fn fill_requests(end: &LocalClientEnd, total: usize) {
+    let sender = end.sender();
+    for n in 0..total {
+        let msg = Inbound::Request {
+            id: RequestId::Int(1000 + n as i64),
             call: Call::ServerInfo,
-        }) {
-            Ok(()) => sent += 1,
-            Err(LocalSendError::Full) => return sent,
-            Err(LocalSendError::Closed) => panic!("server gone"),
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the queue never filled"
-        );
-        // Let the server take what it can.
-        tokio::task::yield_now().await;
+        };
+        tokio::time::timeout(GUARD, sender.send(msg))
+            .await
+            .unwrap_or_else(|_| panic!("the server stopped taking requests after {n} of {total}"))
+            .expect("server gone");
     }
 }
 
@@ -131,11 +139,11 @@ async fn a_full_request_queue_is_reported_at_once_and_shutdown_with_full_queues_
         control: 2,
         events: 4,
     };
-    let cfg = ServerConfig {
+    let cfg = Arc::new(ServerConfig {
         max_pending_requests: 4,
         ..ServerConfig::default()
-    };
-    let (server, mut end) = LocalServer::start(Arc::new(cfg), None, limits).expect("server starts");
+    });
+    let (server, mut end) = LocalServer::start(cfg.clone(), None, limits).expect("server starts");
     handshake(&mut end).await;
     let flood = start(&mut end, 2, "flood", &["yes"]).await;
     // A child that ignores SIGTERM: only SIGKILL ends it.
@@ -150,8 +158,11 @@ async fn a_full_request_queue_is_reported_at_once_and_shutdown_with_full_queues_
         end.events_queued() == limits.events
     })
     .await;
-    let sent = fill_requests(&end).await;
-    assert!(sent >= limits.requests, "{sent}");
+    fill_requests(
+        &end,
+        taken_while_replies_unread(&cfg, limits) + limits.requests,
+    )
+    .await;
     // Full means full: an immediate error, again and again, never a wait.
     for _ in 0..3 {
         let t = Instant::now();

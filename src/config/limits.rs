@@ -24,6 +24,11 @@ pub const DRAIN_DEADLINE_READ_BYTES: usize = 64 * 1024;
 /// connection, apart from `maxPendingRequests`. They finish at once, so a small pool is
 /// plenty; it only stops a client that sends them without reading the answers.
 pub const CONTROL_REQUEST_SLOTS: usize = 64;
+/// Control-lane slots beyond the request limits, for errors a connection's reader sends
+/// itself (parse errors, limit errors). A connection's writer queue holds at most
+/// `maxPendingRequests + CONTROL_REQUEST_SLOTS + CONTROL_LANE_SLACK` replies; when even these
+/// are full the reader waits: its client is not reading its responses.
+pub const CONTROL_LANE_SLACK: usize = 64;
 /// Processes per session. Bounds per-session memory together with `retainedOutputBytes`.
 pub const MAX_PROCESSES: usize = 256;
 /// Sessions per server, attached or detached.

@@ -41,12 +41,7 @@ use crate::session::{AnswerOutcome, ApprovalAnswer, Session, SessionRegistry};
 use crate::transport::{FlowProbe, FramingError, Transport};
 use inlet::Inlet;
 
-/// Extra control-lane slots beyond the request limit, for errors the reader sends itself
-/// (parse errors, limit errors). When even these are full the reader waits: the client is not
-/// reading its responses.
-const CONTROL_LANE_SLACK: usize = 64;
-
-pub use crate::config::CONTROL_REQUEST_SLOTS;
+pub use crate::config::{CONTROL_LANE_SLACK, CONTROL_REQUEST_SLOTS};
 
 /// How long a closing connection waits for its writer to flush a final error.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
