@@ -125,10 +125,10 @@ async fn fill_requests(end: &LocalClientEnd, total: usize) {
             id: RequestId::Int(1000 + n as i64),
             call: Call::ServerInfo,
         };
-        tokio::time::timeout(GUARD, sender.send(msg))
-            .await
-            .unwrap_or_else(|_| panic!("the server stopped taking requests after {n} of {total}"))
-            .expect("server gone");
+        match tokio::time::timeout(GUARD, sender.send(msg)).await {
+            Ok(sent) => assert!(sent.is_ok(), "server gone"),
+            Err(_) => panic!("the server stopped taking requests after {n} of {total}"),
+        }
     }
 }
 
