@@ -24,6 +24,8 @@
 //! - [`setting`]: how one setting reads to people, and the one [`settings!`] macro both
 //!   servers declare their settings with.
 //! - [`service`]: logs on stderr and graceful shutdown on signals, for both binaries.
+//! - [`runtimes`]: single-threaded tokio runtimes, one thread each, that a listener spreads its
+//!   connections over ([`http::serve_spread`]).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 // No unwrap/expect in library code: nothing a peer sends may panic the process. Tests may.
@@ -33,6 +35,7 @@
 pub mod descriptors;
 pub mod driver;
 pub mod http;
+pub mod runtimes;
 pub mod service;
 pub mod setting;
 pub mod tls;

@@ -156,6 +156,11 @@ async fn the_binary_prints_its_url_serves_readyz_and_metrics_and_exits_on_sigter
     let (status, body) = http_get(r.metrics, "/metrics").await;
     assert_eq!(status, 200);
     assert_eq!(metric_of(&body, "execrelay_relay_environments_listed"), 1);
+    // The links run on the link runtimes (one per core by default), shown per runtime.
+    assert!(
+        body.contains("execrelay_relay_runtime_tasks{runtime=\"0\"}"),
+        "{body}"
+    );
 
     // A listed environment is admitted; a stranger is refused, and the log says why.
     let mut ws = harness::connect(r.addr, "/v1/env/sandbox-1").await;
@@ -348,6 +353,24 @@ fn bad_flags_and_files_are_refused_before_serving() {
     ]);
     assert_eq!(code, Some(2));
     assert!(err.contains("max_frame_bytes"), "{err}");
+    // No link runtime, or far too many: the flag is named with its range.
+    for bad in ["0", "100000"] {
+        let (code, err, _) = run(&[
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--key",
+            key_s,
+            "--environments",
+            envs_s,
+            "--runtime-threads",
+            bad,
+        ]);
+        assert_eq!(code, Some(2), "{bad}");
+        assert!(
+            err.contains("--runtime-threads") && err.contains("from 1 to 256"),
+            "{bad}: {err}"
+        );
+    }
     // A private key others can read.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -60,6 +60,7 @@ use super::limits::{
 use super::routes::{decide, Accepted, Decision, Routes};
 use super::stream::FrontIo;
 use crate::driver::ReadAhead;
+use crate::runtimes::LinkRuntimes;
 use crate::tls::TlsListener;
 
 /// Pause after a failed `accept`: 100 ms. Failures such as running out of file descriptors
@@ -144,6 +145,46 @@ pub async fn serve<R>(listener: TcpListener, front: Front<R>, shutdown: Cancella
 where
     R: Clone + Send + Sync + 'static,
 {
+    serve_on(listener, front, None, shutdown).await
+}
+
+/// A route's home runtime: given an upgrade's route and id, the index of the runtime of
+/// [`Spread::runtimes`] its connection should live on (typically where the peer it will
+/// talk to lives), or `None` for wherever it was placed.
+pub type HomeOf<R> = Arc<dyn Fn(&R, Option<&str>) -> Option<usize> + Send + Sync>;
+
+/// How [`serve_spread`] spreads connections over runtimes.
+pub struct Spread<R> {
+    /// The runtimes.
+    pub runtimes: LinkRuntimes,
+    /// After the upgrade, where its route lives, if anywhere in particular.
+    pub home: Option<HomeOf<R>>,
+}
+
+/// [`serve`], each accepted connection moved to the least loaded of `spread`'s runtimes
+/// ([`LinkRuntimes::place`]): its TLS handshake and request run there; after the upgrade it
+/// moves to its route's home runtime ([`Spread::home`]) if that is another one (plain TCP
+/// only), and whatever [`Front::on_upgrade`] spawns from it runs where it is. The accept
+/// loop runs where this future is polled.
+pub async fn serve_spread<R>(
+    listener: TcpListener,
+    front: Front<R>,
+    spread: Spread<R>,
+    shutdown: CancellationToken,
+) where
+    R: Clone + Send + Sync + 'static,
+{
+    serve_on(listener, front, Some(Arc::new(spread)), shutdown).await
+}
+
+async fn serve_on<R>(
+    listener: TcpListener,
+    front: Front<R>,
+    spread: Option<Arc<Spread<R>>>,
+    shutdown: CancellationToken,
+) where
+    R: Clone + Send + Sync + 'static,
+{
     let front = Arc::new(front);
     let pending = Arc::new(Semaphore::new(front.limits.pending));
     let per_address = AddressSlots::new(front.limits.pending_per_address);
@@ -176,24 +217,99 @@ where
         };
         let front = Arc::clone(&front);
         let shutdown = shutdown.clone();
-        connections.spawn(
-            async move {
-                let upgraded = tokio::select! {
-                    () = shutdown.cancelled() => None,
-                    upgraded = exchange(stream, peer, &front) => upgraded,
-                };
-                // The slots are free once the connection is handed off or closed.
-                drop((slot, address_slot));
-                if let Some(upgrade) = upgraded {
-                    (front.on_upgrade)(upgrade);
+        let Some(spread) = &spread else {
+            connections.spawn(
+                connection(stream, peer, front, shutdown, (slot, address_slot), None)
+                    .instrument(tracing::debug_span!("http", %peer)),
+            );
+            continue;
+        };
+        // Off this runtime's reactor, onto the chosen one's (registered again there).
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                debug!(%peer, %error, "cannot move a connection to a link runtime; closing it");
+                continue;
+            }
+        };
+        let (index, handle) = spread.runtimes.place();
+        let spread = Some((Arc::clone(spread), connections.clone()));
+        let moved = async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    connection(stream, peer, front, shutdown, (slot, address_slot), spread).await
+                }
+                Err(error) => {
+                    debug!(%error, "cannot register a connection on its link runtime; closing it")
                 }
             }
-            .instrument(tracing::debug_span!("http", %peer)),
+        };
+        handle.spawn(
+            connections.track_future(
+                moved.instrument(tracing::debug_span!("http", %peer, runtime = index)),
+            ),
         );
     }
     connections.close();
     connections.wait().await;
     debug!("HTTP listener stopped");
+}
+
+/// One accepted connection, holding its admission `slots` until it is handed off or closed.
+/// With `spread`, an upgrade whose route has a home runtime elsewhere is moved there first
+/// (plain TCP only: a TLS session stays where its handshake ran).
+async fn connection<R>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    front: Arc<Front<R>>,
+    shutdown: CancellationToken,
+    slots: (OwnedSemaphorePermit, super::address_slots::AddressSlot),
+    spread: Option<(Arc<Spread<R>>, TaskTracker)>,
+) where
+    R: Clone + Send + Sync + 'static,
+{
+    let upgraded = tokio::select! {
+        () = shutdown.cancelled() => None,
+        upgraded = exchange(stream, &front) => upgraded,
+    };
+    // The slots are free once the connection is handed off or closed.
+    drop(slots);
+    let Some((stream, accepted)) = upgraded else {
+        return;
+    };
+    let target = match (&spread, &stream) {
+        (Some((spread, tracker)), FrontIo::Plain(_)) => spread
+            .home
+            .as_ref()
+            .and_then(|home| home(&accepted.route, accepted.id.as_deref()))
+            .filter(|&home| crate::runtimes::current_index() != Some(home))
+            .and_then(|home| Some((home, spread.runtimes.place_on(home)?, tracker.clone()))),
+        _ => None,
+    };
+    let Some((home, handle, tracker)) = target else {
+        return hand_off(stream, accepted, peer, &front).await;
+    };
+    let tcp = match stream {
+        FrontIo::Plain(tcp) => tcp,
+        other => return hand_off(other, accepted, peer, &front).await,
+    };
+    // Off this runtime's reactor, onto the home runtime's (registered again there).
+    let tcp = match tcp.into_std() {
+        Ok(tcp) => tcp,
+        Err(error) => {
+            return debug!(%error, "cannot move a connection to its home runtime; closing it")
+        }
+    };
+    debug!(runtime = home, "moving to the runtime of its route's home");
+    let moved = async move {
+        match TcpStream::from_std(tcp) {
+            Ok(tcp) => hand_off(FrontIo::Plain(tcp), accepted, peer, &front).await,
+            Err(error) => {
+                debug!(%error, "cannot register a connection on its home runtime; closing it")
+            }
+        }
+    };
+    handle.spawn(tracker.track_future(moved.in_current_span()));
 }
 
 /// hyper's settings for one connection: bounded head, no timer of its own (the
@@ -220,11 +336,7 @@ fn http1_builder() -> http1::Builder {
 type Decided<R> = Option<(Accepted<R>, hyper::upgrade::OnUpgrade)>;
 
 /// One connection from accept to an upgrade (returned) or a closed socket (`None`).
-async fn exchange<R>(
-    stream: TcpStream,
-    peer: SocketAddr,
-    front: &Arc<Front<R>>,
-) -> Option<Upgrade<R>>
+async fn exchange<R>(stream: TcpStream, front: &Arc<Front<R>>) -> Option<(FrontIo, Accepted<R>)>
 where
     R: Clone + Send + Sync + 'static,
 {
@@ -328,25 +440,7 @@ where
                 return None;
             }
             let stream = parts.io.into_inner().into_stream()?;
-            // Reads stop at each frame's end, so a link's driver can take the socket over.
-            let ws = WebSocketStream::from_raw_socket(
-                ReadAhead::websocket(
-                    FrameQueue::new(stream),
-                    execrelay_protocol::websocket::Role::Server,
-                ),
-                Role::Server,
-                Some(front.websocket),
-            )
-            .await;
-            debug!("upgraded to WebSocket");
-            Some(Upgrade {
-                ws,
-                peer,
-                route: accepted.route,
-                id: accepted.id,
-                permit: accepted.permit,
-                via_front: accepted.via_front,
-            })
+            Some((stream, accepted))
         }
         other => {
             // Nothing may still hold the stream (a pending upgrade would), or it never comes
@@ -362,6 +456,33 @@ where
             None
         }
     }
+}
+
+/// The upgraded connection as a WebSocket, handed to [`Front::on_upgrade`] (which spawns on
+/// the runtime this runs on).
+async fn hand_off<R>(stream: FrontIo, accepted: Accepted<R>, peer: SocketAddr, front: &Front<R>)
+where
+    R: Clone + Send + Sync + 'static,
+{
+    // Reads stop at each frame's end, so a link's driver can take the socket over.
+    let ws = WebSocketStream::from_raw_socket(
+        ReadAhead::websocket(
+            FrameQueue::new(stream),
+            execrelay_protocol::websocket::Role::Server,
+        ),
+        Role::Server,
+        Some(front.websocket),
+    )
+    .await;
+    debug!("upgraded to WebSocket");
+    (front.on_upgrade)(Upgrade {
+        ws,
+        peer,
+        route: accepted.route,
+        id: accepted.id,
+        permit: accepted.permit,
+        via_front: accepted.via_front,
+    });
 }
 
 /// After a plain reply: send our FIN, then read and discard what the peer still sends (at

@@ -25,7 +25,10 @@ mod stream;
 pub use address_slots::{AddressSlot, AddressSlots};
 pub use execrelay_protocol::address::AddressKey;
 pub use frame_queue::{DataOpcode, FrameQueue, FRAME_QUEUE_BYTES};
-pub use front::{serve, Front, FrontLimits, FrontStream, OnUpgrade, Upgrade, ACCEPT_ERROR_BACKOFF};
+pub use front::{
+    serve, serve_spread, Front, FrontLimits, FrontStream, HomeOf, OnUpgrade, Spread, Upgrade,
+    ACCEPT_ERROR_BACKOFF,
+};
 pub use limits::{
     CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
     MAX_ROUTE_ID_BYTES, REPLY_TIMEOUT_MS,

@@ -18,6 +18,7 @@ use super::settings::{RelayFlags, RelaySettings};
 use super::{bound_tls_url, bound_url, RelayServer, RelayServerConfig};
 use crate::cluster::ClusterFlags;
 use execrelay_io::http::METRICS_PATH;
+use execrelay_io::runtimes::LinkRuntimes;
 use execrelay_io::service::{init_logging, spawn_signal_handler};
 use execrelay_io::tls::{CertificateFiles, TlsListener};
 use execrelay_protocol::keys::environments::EnvironmentsFile;
@@ -475,6 +476,10 @@ fn raise_descriptor_limit() {
     }
 }
 
+/// The names of the link runtimes' threads: `relay-link-0`, `relay-link-1`, … (`top -H`
+/// shows them).
+const LINK_THREAD_NAME: &str = "relay-link";
+
 /// After the relay has finished, how long remaining runtime threads get before the process
 /// exits anyway.
 const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -515,9 +520,29 @@ pub fn run(args: RelayArgs) -> i32 {
             return 2;
         }
     };
-    let rt = match tokio::runtime::Runtime::new() {
+    // The links run on `runtime_threads` single-threaded runtimes; this thread's runtime runs
+    // the accept loops, the watchers, the cluster and the shutdown sequence.
+    let threads = server.settings().runtime_threads;
+    let runtimes = match LinkRuntimes::start(threads.resolve(), LINK_THREAD_NAME) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("execrelay-relay: --runtime-threads {threads}: {e}");
+            return 1;
+        }
+    };
+    tracing::info!(
+        runtime_threads = runtimes.len(),
+        setting = %threads,
+        "links run on single-threaded runtimes, one thread each"
+    );
+    let server = server.with_runtimes(runtimes.clone());
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
+            runtimes.shutdown();
             eprintln!("execrelay-relay: cannot start runtime: {e}");
             return 1;
         }
@@ -563,6 +588,9 @@ pub fn run(args: RelayArgs) -> i32 {
         server.run(listener, metrics, shutdown).await;
         0
     });
+    // Every link has ended (or was left after the server's shutdown timeout): stop their
+    // runtimes, then this one.
+    runtimes.shutdown();
     rt.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     code
 }

@@ -253,7 +253,17 @@ async fn environment_link_inner(
     if let Some(c) = shared.cluster() {
         c.hold(&hub, &id, link_id);
     }
+    // Its clients' links will move to this runtime (`RelayServer::with_runtimes`).
+    if let Some(runtime) = execrelay_io::runtimes::current_index() {
+        lock(&shared.homes).insert(id.clone(), (link_id, runtime));
+    }
     let reason = link.serve(ws).await;
+    {
+        let mut homes = lock(&shared.homes);
+        if homes.get(&id).is_some_and(|h| h.0 == link_id) {
+            homes.remove(&id);
+        }
+    }
     if let Some(c) = shared.cluster() {
         c.release(&hub, &id, link_id);
     }

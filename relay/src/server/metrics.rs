@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 
 use super::settings::RelaySettings;
 use execrelay_io::driver::relay::RelaySnapshot;
+use execrelay_io::runtimes::RuntimeFigures;
 use execrelay_io::tls::validity::utc;
 use execrelay_io::tls::TlsFigures;
 use execrelay_protocol::env_handshake::{
@@ -49,6 +50,12 @@ struct DirectionLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
+}
+
+/// A link runtime's index (`--runtime-threads`): 0 to the count less one.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuntimeLabel {
+    runtime: u64,
 }
 
 /// Outcomes of environment-link handshakes, in counter order (metrics label `result`).
@@ -211,6 +218,9 @@ pub struct Figures {
     pub max_client_links: usize,
     /// The cluster node's figures, when the relay is in a cluster.
     pub cluster: Option<ClusterFigures>,
+    /// Each link runtime's figures (`--runtime-threads`); empty when the links run on the
+    /// caller's runtime (an embedded relay).
+    pub runtimes: Vec<RuntimeFigures>,
 }
 
 /// A cluster node's figures at one instant (`execrelay_relay_cluster_*`).
@@ -426,6 +436,28 @@ pub fn render(figures: &Figures, stats: &ServerStats, settings: &RelaySettings) 
         counter(stats.environments_revoked.load(Ordering::Relaxed)),
     );
 
+    if !figures.runtimes.is_empty() {
+        let tasks = Family::<RuntimeLabel, Gauge>::default();
+        let placed = Family::<RuntimeLabel, Counter>::default();
+        for (i, f) in figures.runtimes.iter().enumerate() {
+            let label = RuntimeLabel { runtime: i as u64 };
+            tasks
+                .get_or_create(&label)
+                .set(i64::try_from(f.alive_tasks).unwrap_or(i64::MAX));
+            placed.get_or_create(&label).inc_by(f.connections_placed);
+        }
+        r.register(
+            "runtime_tasks",
+            "Tasks alive on each link runtime (a link is two: its reader and its writer)",
+            tasks,
+        );
+        r.register(
+            "runtime_connections",
+            "Connections placed on each link runtime (the one running the fewest tasks)",
+            placed,
+        );
+    }
+
     if let Some(tls) = &figures.tls {
         r.register(
             "tls_certificate_expiry_seconds",
@@ -628,6 +660,16 @@ mod tests {
                 fingerprint: "SHA256:AB".into(),
             }),
             max_client_links: 4096,
+            runtimes: vec![
+                RuntimeFigures {
+                    alive_tasks: 4,
+                    connections_placed: 2,
+                },
+                RuntimeFigures {
+                    alive_tasks: 0,
+                    connections_placed: 1,
+                },
+            ],
         };
         let stats = ServerStats::default();
         stats.link_handshake(LinkOutcome::Accepted);
@@ -665,6 +707,10 @@ mod tests {
             "execrelay_relay_handshake_failures_total 0",
             "execrelay_relay_link_closes_total{reason=\"idle\"} 0",
             "execrelay_relay_link_closes_total{reason=\"message_timeout\"} 0",
+            "execrelay_relay_runtime_tasks{runtime=\"0\"} 4",
+            "execrelay_relay_runtime_tasks{runtime=\"1\"} 0",
+            "execrelay_relay_runtime_connections_total{runtime=\"0\"} 2",
+            "execrelay_relay_runtime_connections_total{runtime=\"1\"} 1",
             "# EOF",
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
@@ -677,8 +723,12 @@ mod tests {
         // Without TLS, no TLS series.
         let plain = Figures {
             tls: None,
+            runtimes: Vec::new(),
             ..figures
         };
-        assert!(!render(&plain, &stats, &settings).contains("tls_"));
+        let plain = render(&plain, &stats, &settings);
+        assert!(!plain.contains("tls_"));
+        // Links on the caller's runtime (an embedded relay): no runtime series.
+        assert!(!plain.contains("runtime_"));
     }
 }

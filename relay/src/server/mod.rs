@@ -13,6 +13,9 @@
 //!   environment is admitted and registered with the hub under the environments file's lock,
 //!   and a reload revokes under the same lock, so a removed key can never slip a link in
 //!   between.
+//! - Where links run: on the caller's runtime, or with [`RelayServer::with_runtimes`] on the
+//!   link runtimes, a client link on its environment link's runtime when it can
+//!   (`Shared::homes`, kept by the environment link while it is up).
 //! - Logs: a span per link (`env_link{env, peer}`, `client_link{env, peer}`) and, at debug
 //!   level, per stream (the hub's). Never key material: only fingerprints.
 //!
@@ -101,6 +104,7 @@
 pub mod cli;
 mod links;
 pub mod metrics;
+pub mod runtime_threads;
 pub mod settings;
 
 use std::sync::{Arc, Mutex};
@@ -120,6 +124,7 @@ use execrelay_io::http::{
     self, AddressSlots, Front, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute,
 };
+use execrelay_io::runtimes::LinkRuntimes;
 use execrelay_io::tls::{TlsListener, CERTIFICATE_POLL_MS};
 use execrelay_protocol::env_handshake::LinkTimestamps;
 use execrelay_protocol::keys::environments::{EnvironmentsFile, Reload};
@@ -185,6 +190,11 @@ pub(crate) struct Shared {
     /// The relay's membership of a cluster (`--cluster`), set once at the start of
     /// [`RelayServer::run`]; unset when standalone.
     pub cluster: std::sync::OnceLock<Arc<ClusterNode>>,
+    /// Per environment id with a link on a link runtime, that link and its runtime: where its
+    /// clients' links go ([`RelayServer::with_runtimes`]). One entry per live environment
+    /// link at most (removed when the link ends), so bounded by `max_environments`.
+    pub homes:
+        Mutex<std::collections::HashMap<String, (execrelay_protocol::router::LinkId, usize)>>,
 }
 
 pub(crate) use execrelay_protocol::sync::lock;
@@ -239,6 +249,7 @@ pub struct RelayServer {
     shared: Arc<Shared>,
     tls: Option<TlsListener>,
     cluster: Option<ClusterSpec>,
+    runtimes: Option<LinkRuntimes>,
 }
 
 /// What a relay's HTTP front upgrades.
@@ -311,12 +322,14 @@ impl RelayServer {
             settings,
             stats: ServerStats::default(),
             cluster: std::sync::OnceLock::new(),
+            homes: Mutex::new(std::collections::HashMap::new()),
         });
         Ok(RelayServer {
             hub,
             shared,
             tls: None,
             cluster: None,
+            runtimes: None,
         })
     }
 
@@ -332,6 +345,19 @@ impl RelayServer {
     /// files change (checked every [`CERTIFICATE_POLL_MS`] while the relay runs).
     pub fn with_tls(mut self, tls: TlsListener) -> RelayServer {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Run the links on `runtimes` ([`LinkRuntimes`]; the binary's `--runtime-threads`): each
+    /// connection to the links' listener goes to the one running the fewest tasks; a client
+    /// link then moves to the runtime of its environment's link, if that one is up (plain
+    /// `ws://`; a TLS client link stays where its handshake ran), so a route's reader and
+    /// writer wake each other on one thread; a link's tasks stay where it is. The listeners, the watchers, the cluster's tasks and the
+    /// shutdown sequence stay on the runtime that runs [`run`](Self::run). Without it every
+    /// link runs there too. The caller stops `runtimes` after `run` returns
+    /// ([`LinkRuntimes::shutdown`]): by then every link has ended.
+    pub fn with_runtimes(mut self, runtimes: LinkRuntimes) -> RelayServer {
+        self.runtimes = Some(runtimes);
         self
     }
 
@@ -352,12 +378,22 @@ impl RelayServer {
 
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render_metrics(&self) -> String {
-        render(&self.hub, &self.shared, self.tls.as_ref())
+        render(
+            &self.hub,
+            &self.shared,
+            self.tls.as_ref(),
+            self.runtimes.as_ref(),
+        )
     }
 
     /// The `/status` document now.
     pub fn render_status(&self) -> String {
-        status(&self.hub, &self.shared, self.tls.as_ref())
+        status(
+            &self.hub,
+            &self.shared,
+            self.tls.as_ref(),
+            self.runtimes.as_ref(),
+        )
     }
 
     /// A handle that renders this relay's metrics while it runs (for embedders and tests
@@ -367,6 +403,7 @@ impl RelayServer {
             hub: self.hub.clone(),
             shared: self.shared.clone(),
             tls: self.tls.clone(),
+            runtimes: self.runtimes.clone(),
         }
     }
 
@@ -384,6 +421,7 @@ impl RelayServer {
             shared,
             tls,
             cluster,
+            runtimes,
         } = self;
         let settings = &shared.settings;
         if let Some(spec) = cluster {
@@ -426,7 +464,7 @@ impl RelayServer {
         // nothing else makes a relay unable to serve (a broken environments file keeps the
         // links up and is its own metric and alert).
         let health = {
-            let (h, s, t) = (hub.clone(), shared.clone(), tls.clone());
+            let (h, s, t, rt) = (hub.clone(), shared.clone(), tls.clone(), runtimes.clone());
             let stopping = shutdown.clone();
             Health {
                 ready: Some(Arc::new(move || {
@@ -436,7 +474,7 @@ impl RelayServer {
                         Ok(())
                     }
                 })),
-                status: Some(Arc::new(move || status(&h, &s, t.as_ref()))),
+                status: Some(Arc::new(move || status(&h, &s, t.as_ref(), rt.as_ref()))),
             }
         };
         let routes = Routes {
@@ -500,7 +538,26 @@ impl RelayServer {
             on_upgrade,
             tls: tls.clone(),
         };
-        fronts.spawn(http::serve(listener, front, stop_accepting.clone()));
+        match runtimes.clone() {
+            Some(runtimes) => {
+                let homes = shared.clone();
+                let home: http::HomeOf<Route> = Arc::new(move |route, id| match (route, id) {
+                    (Route::Client, Some(id)) => lock(&homes.homes).get(id).map(|h| h.1),
+                    _ => None,
+                });
+                let spread = http::Spread {
+                    runtimes,
+                    home: Some(home),
+                };
+                fronts.spawn(http::serve_spread(
+                    listener,
+                    front,
+                    spread,
+                    stop_accepting.clone(),
+                ))
+            }
+            None => fronts.spawn(http::serve(listener, front, stop_accepting.clone())),
+        };
         if let Some(tls) = &tls {
             tasks.spawn(
                 tls.clone()
@@ -509,8 +566,9 @@ impl RelayServer {
         }
 
         if let Some(listener) = metrics {
-            let (h, s, t) = (hub.clone(), shared.clone(), tls.clone());
-            let renderer: MetricsRenderer = Arc::new(move || render(&h, &s, t.as_ref()));
+            let (h, s, t, rt) = (hub.clone(), shared.clone(), tls.clone(), runtimes.clone());
+            let renderer: MetricsRenderer =
+                Arc::new(move || render(&h, &s, t.as_ref(), rt.as_ref()));
             let front: Front<Route> = Front {
                 routes: Routes {
                     health: Some(health),
@@ -557,12 +615,18 @@ pub struct MetricsHandle {
     hub: RelayHub,
     shared: Arc<Shared>,
     tls: Option<TlsListener>,
+    runtimes: Option<LinkRuntimes>,
 }
 
 impl MetricsHandle {
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render(&self) -> String {
-        render(&self.hub, &self.shared, self.tls.as_ref())
+        render(
+            &self.hub,
+            &self.shared,
+            self.tls.as_ref(),
+            self.runtimes.as_ref(),
+        )
     }
 
     /// One series' value (`name{labels}` exactly as rendered), 0 if absent.
@@ -575,7 +639,12 @@ impl MetricsHandle {
     }
 }
 
-fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figures {
+fn figures(
+    hub: &RelayHub,
+    shared: &Shared,
+    tls: Option<&TlsListener>,
+    runtimes: Option<&LinkRuntimes>,
+) -> Figures {
     let (listed, ok) = {
         let file = lock(&shared.environments);
         (file.current().len(), file.broken().is_none())
@@ -587,6 +656,7 @@ fn figures(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> Figure
         tls: tls.map(|t| t.store().figures()),
         max_client_links: shared.settings.max_client_links,
         cluster: shared.cluster().map(|c| cluster_figures(hub, c)),
+        runtimes: runtimes.map(LinkRuntimes::figures).unwrap_or_default(),
     }
 }
 
@@ -612,12 +682,26 @@ fn cluster_figures(hub: &RelayHub, c: &ClusterNode) -> metrics::ClusterFigures {
     }
 }
 
-fn render(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> String {
-    metrics::render(&figures(hub, shared, tls), &shared.stats, &shared.settings)
+fn render(
+    hub: &RelayHub,
+    shared: &Shared,
+    tls: Option<&TlsListener>,
+    runtimes: Option<&LinkRuntimes>,
+) -> String {
+    metrics::render(
+        &figures(hub, shared, tls, runtimes),
+        &shared.stats,
+        &shared.settings,
+    )
 }
 
-fn status(hub: &RelayHub, shared: &Shared, tls: Option<&TlsListener>) -> String {
-    metrics::status(&figures(hub, shared, tls), &shared.settings)
+fn status(
+    hub: &RelayHub,
+    shared: &Shared,
+    tls: Option<&TlsListener>,
+    runtimes: Option<&LinkRuntimes>,
+) -> String {
+    metrics::status(&figures(hub, shared, tls, runtimes), &shared.settings)
 }
 
 /// The URL to print for the bound relay listener (`wss://` when it speaks TLS).

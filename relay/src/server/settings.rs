@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::runtime_threads::RuntimeThreads;
 use crate::cluster::trusted_front::TrustedFronts;
 use execrelay_io::http::FrontLimits;
 use execrelay_protocol::config::{
@@ -226,6 +227,10 @@ execrelay_io::settings! {
     trusted_front: TrustedFronts = TrustedFronts::none(), shown "none",
         values "ADDR[,ADDR…]",
         "cluster: the front's (HAProxy's) addresses, IPs or CIDR blocks, comma-separated (at most 64): only a client link whose TCP peer is one of them has its `X-Execrelay-Front` header honoured (moving an environment home); from any other peer the header is ignored and counted (`front_header_ignored_total`). `none` trusts no one";
+    /// See [`RuntimeThreads`]: one per available core by default.
+    runtime_threads: RuntimeThreads = RuntimeThreads::Cores, shown "cores",
+        values "cores|N",
+        "single-threaded runtimes (one thread each) the `execrelay-relay` binary runs links on, each new connection going to the one running the fewest tasks; `cores` is one per CPU the process may use; at most 256";
 }
 
 /// A relay configuration that cannot work.

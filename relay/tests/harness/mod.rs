@@ -140,6 +140,31 @@ impl Relay {
         entries: &[(&str, &Keypair)],
         keys: Keypair,
     ) -> Relay {
+        Relay::start_inner(settings, entries, keys, None).await
+    }
+
+    /// [`Relay::start`] with its links on `runtimes` (as the binary runs them); the test
+    /// stops `runtimes` after the relay.
+    pub async fn start_on(
+        settings: RelaySettings,
+        entries: &[(&str, &Keypair)],
+        runtimes: execrelay_io::runtimes::LinkRuntimes,
+    ) -> Relay {
+        Relay::start_inner(
+            settings,
+            entries,
+            Keypair::generate().unwrap(),
+            Some(runtimes),
+        )
+        .await
+    }
+
+    async fn start_inner(
+        settings: RelaySettings,
+        entries: &[(&str, &Keypair)],
+        keys: Keypair,
+        runtimes: Option<execrelay_io::runtimes::LinkRuntimes>,
+    ) -> Relay {
         let dir = tempfile::tempdir().unwrap();
         let environments = dir.path().join("environments");
         std::fs::write(&environments, environments_text(entries)).unwrap();
@@ -149,6 +174,10 @@ impl Relay {
             settings,
         })
         .unwrap();
+        let server = match runtimes {
+            Some(r) => server.with_runtimes(r),
+            None => server,
+        };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, metrics) = (

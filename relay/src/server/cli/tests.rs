@@ -376,3 +376,61 @@ fn trusted_front_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
         );
     }
 }
+
+#[test]
+fn runtime_threads_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
+    use super::super::runtime_threads::RuntimeThreads;
+    use execrelay_io::runtimes::MAX_RUNTIME_THREADS;
+    let base = [
+        "execrelay-relay",
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        "k",
+        "--environments",
+        "e",
+    ];
+    let with = |extra: &[&str]| {
+        let mut argv: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        RelayArgs::try_parse_from(argv)
+    };
+    // One per core by default.
+    let s = with(&[]).unwrap().settings().unwrap();
+    assert_eq!(s.runtime_threads, RuntimeThreads::Cores);
+    let s = with(&["--runtime-threads", "3"])
+        .unwrap()
+        .settings()
+        .unwrap();
+    assert_eq!(s.runtime_threads, RuntimeThreads::Count(3));
+    // 0, past the cap and words: clap's error names the flag, ours the range.
+    let too_many = (MAX_RUNTIME_THREADS + 1).to_string();
+    for bad in ["0", too_many.as_str(), "all"] {
+        let err = with(&["--runtime-threads", bad]).unwrap_err().to_string();
+        assert!(
+            err.contains("--runtime-threads")
+                && err.contains(&format!("from 1 to {MAX_RUNTIME_THREADS}")),
+            "{bad}: {err}"
+        );
+    }
+    // The file; the flag wins over it; a bad value names the key and the file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    let config = ["--config", path.to_str().unwrap()];
+    std::fs::write(&path, "runtime_threads = 2\n").unwrap();
+    let s = with(&config).unwrap().settings().unwrap();
+    assert_eq!(s.runtime_threads, RuntimeThreads::Count(2));
+    let s = with(&[&config[..], &["--runtime-threads", "cores"][..]].concat())
+        .unwrap()
+        .settings()
+        .unwrap();
+    assert_eq!(s.runtime_threads, RuntimeThreads::Cores);
+    for bad in ["runtime_threads = 0", "runtime_threads = 100000"] {
+        std::fs::write(&path, bad).unwrap();
+        let err = with(&config).unwrap().settings().unwrap_err().to_string();
+        assert!(
+            err.contains("relay.toml") && err.contains("runtime_threads (--runtime-threads)"),
+            "{bad}: {err}"
+        );
+    }
+}

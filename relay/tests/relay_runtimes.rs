@@ -1,0 +1,242 @@
+//! The relay's links on several single-threaded runtimes (`LinkRuntimes`, the binary's
+//! `--runtime-threads`): a client link and its environment's link on different runtimes carry
+//! a stream both ways with every byte in order, the placement shows in `/metrics`, a client
+//! link moves to its environment's runtime when that one is up, and shutdown ends every link
+//! on every runtime before the runtimes stop.
+//!
+//! Waits are on records, closes and metric values; wall-clock timeouts are hang guards only.
+
+mod harness;
+
+use bytes::Bytes;
+use execrelay_io::driver::{StreamError, StreamHandle};
+use execrelay_io::runtimes::{LinkRuntimes, RuntimeFigures};
+use execrelay_protocol::config::EndpointConfig;
+use execrelay_protocol::keys::Keypair;
+use harness::*;
+
+/// Records each way on the stream of the routing test.
+const RECORDS: usize = 300;
+
+fn placed(figures: &[RuntimeFigures]) -> Vec<u64> {
+    figures.iter().map(|f| f.connections_placed).collect()
+}
+
+/// The runtime whose placed count grew from `before` to `after` (exactly one did).
+fn placed_on(before: &[u64], after: &[u64]) -> usize {
+    let grew: Vec<usize> = (0..after.len()).filter(|&i| after[i] > before[i]).collect();
+    assert_eq!(
+        grew.len(),
+        1,
+        "one connection, one runtime: {before:?} → {after:?}"
+    );
+    grew[0]
+}
+
+/// Record `i` of a direction: its index and a length that varies (1 byte to 40 KiB), so
+/// records of many sizes cross and a reordering or a cut would show.
+fn record(direction: u8, i: usize) -> Bytes {
+    let len = 8 + (i * 7919) % (40 << 10);
+    let mut v = vec![direction; len];
+    v[..8].copy_from_slice(&(i as u64).to_be_bytes());
+    Bytes::from(v)
+}
+
+/// Send `RECORDS` records of `direction` on `stream` while receiving the other side's, and
+/// check each arrived whole and in order.
+async fn exchange(stream: StreamHandle, sends: u8, receives: u8) {
+    let (mut rx, mut tx) = stream.split();
+    let sender = tokio::spawn(async move {
+        for i in 0..RECORDS {
+            tx.send(record(sends, i)).await.expect("send");
+        }
+        tx
+    });
+    for i in 0..RECORDS {
+        let (_, got) = guard("record", rx.recv()).await.expect("record");
+        assert_eq!(got, record(receives, i), "record {i} from {receives:#x}");
+    }
+    guard("sender", sender).await.unwrap();
+}
+
+/// Wait until `cond` holds of the runtimes' figures (hang guard: [`GUARD`]).
+async fn wait_figures(
+    runtimes: &LinkRuntimes,
+    what: &str,
+    cond: impl Fn(&[RuntimeFigures]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        let figures = runtimes.figures();
+        if cond(&figures) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {figures:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A client link that connected while its environment was offline stays where it was placed;
+/// the environment's link, placed on the least busy runtime, lands on another: a stream between
+/// them crosses runtimes both ways.
+#[tokio::test]
+async fn links_on_different_runtimes_route_a_stream_both_ways_in_order() {
+    let runtimes = LinkRuntimes::start(3, "test-link").unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    let relay = Relay::start_on(settings(), &[("rt-env", &env_keys)], runtimes.clone()).await;
+
+    let before = placed(&runtimes.figures());
+    let client = client(&relay, "rt-env").await;
+    let client_on = placed_on(&before, &placed(&runtimes.figures()));
+    wait_figures(&runtimes, "the client link's tasks", |f| {
+        f[client_on].alive_tasks > 0
+    })
+    .await;
+
+    let before = placed(&runtimes.figures());
+    let (env, mut incoming) =
+        environment(&relay, &env_keys, "rt-env", EndpointConfig::default()).await;
+    let env_on = placed_on(&before, &placed(&runtimes.figures()));
+    assert_ne!(env_on, client_on, "the two links landed on one runtime");
+
+    // The placement is in /metrics.
+    let text = relay.metrics().await;
+    for on in [env_on, client_on] {
+        let series = format!("execrelay_relay_runtime_connections_total{{runtime=\"{on}\"}}");
+        assert!(metric_of(&text, &series) >= 1, "{series} in\n{text}");
+        let series = format!("execrelay_relay_runtime_tasks{{runtime=\"{on}\"}}");
+        assert!(metric_of(&text, &series) >= 1, "{series} in\n{text}");
+    }
+
+    // One stream, both directions at once, every record whole and in order.
+    let accepting = tokio::spawn(async move {
+        let req = guard("OPEN at the environment", incoming.next())
+            .await
+            .expect("an OPEN");
+        assert_eq!(&req.payload()[..], b"msg1");
+        (req.accept(Bytes::from_static(b"msg2")).unwrap(), incoming)
+    });
+    let opened = guard(
+        "open",
+        client
+            .open(stream_id(), Bytes::from_static(b"msg1"))
+            .unwrap(),
+    )
+    .await
+    .expect("accepted");
+    let (env_stream, _incoming) = guard("accepted", accepting).await.unwrap();
+    assert_eq!(&opened.payload[..], b"msg2");
+    let at_env = tokio::spawn(exchange(env_stream, 0xe0, 0xc0));
+    exchange(opened.stream, 0xc0, 0xe0).await;
+    guard("environment side", at_env).await.unwrap();
+
+    assert_eq!(client.close_reason(), None);
+    assert_eq!(env.close_reason(), None);
+    relay.stop().await;
+    runtimes.shutdown();
+}
+
+/// A client link whose environment is up moves to the environment link's runtime after its
+/// upgrade (wherever it was accepted), so the route's wake-ups stay on one thread.
+#[tokio::test]
+async fn a_client_link_moves_to_its_environments_runtime() {
+    let runtimes = LinkRuntimes::start(3, "test-home").unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    let relay = Relay::start_on(settings(), &[("home-env", &env_keys)], runtimes.clone()).await;
+    let before = placed(&runtimes.figures());
+    let (env, incoming) =
+        environment(&relay, &env_keys, "home-env", EndpointConfig::default()).await;
+    echo_environment(incoming);
+    let env_on = placed_on(&before, &placed(&runtimes.figures()));
+
+    let before = placed(&runtimes.figures());
+    let c = client(&relay, "home-env").await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, "at home").await;
+    // Accepted on a less busy runtime, then placed on the environment's.
+    let after = placed(&runtimes.figures());
+    assert_eq!(after[env_on], before[env_on] + 1, "{before:?} → {after:?}");
+    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 2);
+    // Both links' tasks on one runtime, none elsewhere.
+    wait_figures(
+        &runtimes,
+        "every link task on the environment's runtime",
+        |f| {
+            f.iter().enumerate().all(|(i, r)| {
+                (i == env_on) == (r.alive_tasks >= 4) && (i == env_on || r.alive_tasks == 0)
+            })
+        },
+    )
+    .await;
+    round_trip(&mut s, "still").await;
+    assert_eq!(env.close_reason(), None);
+    relay.stop().await;
+    runtimes.shutdown();
+}
+
+/// Two environments (each with two client links at home) and a client of an offline
+/// environment, over three runtimes: links on every runtime. Shutdown closes every one of
+/// them, and their tasks end before the runtimes stop.
+#[tokio::test]
+async fn shutdown_with_several_runtimes_ends_every_link_on_every_runtime() {
+    let runtimes = LinkRuntimes::start(3, "test-stop").unwrap();
+    let keys = [
+        Keypair::generate().unwrap(),
+        Keypair::generate().unwrap(),
+        Keypair::generate().unwrap(),
+    ];
+    let relay = Relay::start_on(
+        settings(),
+        &[
+            ("stop-a", &keys[0]),
+            ("stop-b", &keys[1]),
+            ("stop-c", &keys[2]),
+        ],
+        runtimes.clone(),
+    )
+    .await;
+    let mut envs = Vec::new();
+    for (id, k) in [("stop-a", &keys[0]), ("stop-b", &keys[1])] {
+        let (env, incoming) = environment(&relay, k, id, EndpointConfig::default()).await;
+        echo_environment(incoming);
+        envs.push(env);
+    }
+    // Offline environment: its client stays on the runtime left idle.
+    let offline = client(&relay, "stop-c").await;
+    let mut clients = Vec::new();
+    let mut streams = Vec::new();
+    for id in ["stop-a", "stop-b", "stop-a", "stop-b"] {
+        let c = client(&relay, id).await;
+        let mut s = open(&c).await;
+        round_trip(&mut s, id).await;
+        clients.push(c);
+        streams.push(s);
+    }
+    clients.push(offline);
+    wait_figures(&runtimes, "links on every runtime", |f| {
+        f.iter().all(|r| r.alive_tasks >= 2)
+    })
+    .await;
+
+    relay.stop().await;
+    for (i, link) in envs.iter().chain(clients.iter()).enumerate() {
+        guard(&format!("link {i} closes"), link.closed()).await;
+    }
+    for s in &mut streams {
+        assert!(matches!(
+            guard("stream ends", s.receiver.recv()).await,
+            Err(StreamError::LinkClosed(_) | StreamError::PeerReset(_))
+        ));
+    }
+    // Every link's tasks have ended on their runtimes before those stop.
+    wait_figures(
+        &runtimes,
+        "tasks left on the runtimes after shutdown",
+        |f| f.iter().all(|r| r.alive_tasks == 0),
+    )
+    .await;
+    runtimes.shutdown();
+}
