@@ -236,6 +236,9 @@ async fn environment_link_inner(
             return;
         }
     };
+    // Its clients' links move to this runtime (`RelayServer::with_runtimes`): said before
+    // message 2, so a client that connects once the environment is up finds it.
+    let _home = Home::claim(&shared, &id, link.id());
     if let Err(e) = send_frame(&mut ws, &admitted.accept, timeout).await {
         // `link` drops unserved: the hub forgets it.
         shared.stats.link_handshake(LinkOutcome::Timeout);
@@ -253,21 +256,40 @@ async fn environment_link_inner(
     if let Some(c) = shared.cluster() {
         c.hold(&hub, &id, link_id);
     }
-    // Its clients' links will move to this runtime (`RelayServer::with_runtimes`).
-    if let Some(runtime) = execrelay_io::runtimes::current_index() {
-        lock(&shared.homes).insert(id.clone(), (link_id, runtime));
-    }
     let reason = link.serve(ws).await;
-    {
-        let mut homes = lock(&shared.homes);
-        if homes.get(&id).is_some_and(|h| h.0 == link_id) {
-            homes.remove(&id);
-        }
-    }
     if let Some(c) = shared.cluster() {
         c.release(&hub, &id, link_id);
     }
     log_close("environment", reason);
+}
+
+/// An environment link's entry in `Shared::homes` (the link runtime it runs on) while it
+/// lives: none off the link runtimes; removed on drop unless a newer link of the id took it.
+struct Home<'a> {
+    shared: &'a Shared,
+    id: &'a str,
+    link: execrelay_protocol::router::LinkId,
+}
+
+impl<'a> Home<'a> {
+    fn claim(
+        shared: &'a Shared,
+        id: &'a str,
+        link: execrelay_protocol::router::LinkId,
+    ) -> Option<Home<'a>> {
+        let runtime = execrelay_io::runtimes::current_index()?;
+        lock(&shared.homes).insert(id.to_string(), (link, runtime));
+        Some(Home { shared, id, link })
+    }
+}
+
+impl Drop for Home<'_> {
+    fn drop(&mut self) {
+        let mut homes = lock(&self.shared.homes);
+        if homes.get(self.id).is_some_and(|h| h.0 == self.link) {
+            homes.remove(self.id);
+        }
+    }
 }
 
 /// One attempt to register an admitted environment link.
