@@ -177,6 +177,10 @@ fn exported() -> String {
             not_after: 0,
             fingerprint: String::new(),
         }),
+        runtimes: vec![execrelay_io::runtimes::RuntimeFigures {
+            alive_tasks: 2,
+            connections_placed: 1,
+        }],
     };
     text.push_str(&render(
         &figures,
