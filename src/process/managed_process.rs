@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::containment::{ContainmentError, Delivery, DirectChild, SessionScope};
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
-use super::exit_delivery::ExitDelivery;
+use super::exit_delivery::{delivered, ExitDelivery, Finisher};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
@@ -172,7 +172,7 @@ pub struct ManagedProcess {
     pub(crate) changed: Notify,
     /// Who learns that the exit notice was written or acknowledged (`exit_delivery.rs`):
     /// apart from `changed`, which each event written would wake for nothing.
-    pub(super) exit_delivery: ExitDelivery,
+    exit_delivery: ExitDelivery<ManagedProcess>,
     /// The direct child was reaped.
     pub(crate) exited: CancellationToken,
     /// The exit notice is in the log.
@@ -403,6 +403,34 @@ impl ManagedProcess {
         // An ack past the write cursor (after a resume) also marks events written. What
         // waited for the ack runs here, on the connection's reader (`exit_delivery.rs`).
         self.exit_delivery.changed(self, exit_written, exit_acked);
+    }
+
+    /// Whether the exit notice was written (without acks) or acknowledged (with acks).
+    pub fn exit_delivered(&self, acks: bool) -> bool {
+        let inner = self.inner();
+        delivered(acks, inner.log.exit_written(), inner.log.exit_acked())
+    }
+
+    /// Wait until [`exit_delivered`](Self::exit_delivered).
+    pub async fn wait_exit_delivered(&self, acks: bool) {
+        let notify = self.exit_delivery.notify(acks);
+        loop {
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.exit_delivered(acks) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Run `f` once the exit notice is [delivered](Self::exit_delivered): here and now if it
+    /// is, else by whoever delivers it, the connection's reader handling the ack or the
+    /// writer that wrote it (`exit_delivery.rs`). One finisher per process.
+    pub fn when_exit_delivered(&self, acks: bool, f: Finisher<ManagedProcess>) {
+        self.exit_delivery
+            .when_delivered(self, acks, || self.exit_delivered(acks), f);
     }
 
     /// `process/signal`: to the process group; nothing once the child exited (`protocol.md`
