@@ -529,3 +529,78 @@ async fn with_acks_an_exited_process_is_forgotten_once_its_exit_notice_is_acknow
     drop(end);
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The ack finishes the exit itself: the connection's reader, handling the ack, forgets the
+/// process before it reads the next message (no task waits for the ack and needs a turn
+/// first). On one thread, so nothing else can run between the two: a list sent right behind
+/// the ack no longer shows the process, and a start behind it is served as usual.
+#[tokio::test(flavor = "current_thread")]
+async fn the_ack_forgets_the_exited_process_before_the_next_message_is_read() {
+    use execrelay::connection::message::Note;
+    use execrelay::process::event_log::EventBody;
+    use execrelay::rpc::messages::{AckParams, Capabilities, InitializeParams};
+    let config = ServerConfig::default();
+    let (server, mut end) = LocalServer::start(
+        Arc::new(config.clone()),
+        None,
+        LocalLimits::for_config(&config),
+    )
+    .expect("server starts");
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(1),
+        call: Call::Initialize(InitializeParams {
+            capabilities: Capabilities {
+                acks: true,
+                ..Capabilities::default()
+            },
+            ..InitializeParams::default()
+        }),
+    })
+    .unwrap();
+    match control(&mut end).await {
+        Outbound::Result {
+            reply: Reply::Initialize(r),
+            ..
+        } => assert!(r.capabilities.acks),
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Notification(Note::Initialized))
+        .unwrap();
+    for round in 0..3i64 {
+        let id = format!("short-{round}");
+        start(&mut end, 10 + 10 * round, &id, &["true"]).await;
+        let exit_seq = loop {
+            let ev = tokio::time::timeout(GUARD, end.events.recv())
+                .await
+                .expect("events (hang guard)")
+                .expect("event");
+            assert_eq!(ev.process_id, id);
+            if matches!(ev.body, EventBody::Exited(_)) {
+                break ev.seq;
+            }
+        };
+        // Queued back to back: the reader takes both in one turn.
+        end.try_send(Inbound::Notification(Note::Ack(Some(AckParams {
+            process_id: id.clone(),
+            seq: exit_seq,
+        }))))
+        .unwrap();
+        end.try_send(Inbound::Request {
+            id: RequestId::Int(11 + 10 * round),
+            call: Call::List,
+        })
+        .unwrap();
+        match control(&mut end).await {
+            Outbound::Result {
+                reply: Reply::List(list),
+                ..
+            } => assert!(
+                list.is_empty(),
+                "still known right after its exit notice was acknowledged: {list:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(end);
+    server.shutdown(Duration::from_secs(5)).await;
+}

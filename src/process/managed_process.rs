@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::containment::{ContainmentError, Delivery, DirectChild, SessionScope};
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
+use super::exit_delivery::{delivered, ExitDelivery, Finisher};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::OutputDrain;
 use super::ready_set::ReadySet;
@@ -169,15 +170,9 @@ pub struct ManagedProcess {
     pub(crate) inner: Mutex<Inner>,
     /// Wakes pumps waiting for room and long polls waiting for events.
     pub(crate) changed: Notify,
-    /// Wakes whoever waits for the exit notice to be written ([`wait_exit_delivered`]
-    /// without acks, shutdown) once it is. Apart from `changed`: each event written would
-    /// wake that wait for nothing, and a task woken beside the writer's next one wakes an
-    /// idle worker thread (README, "Fewer thread hand-offs per exec").
-    ///
-    /// [`wait_exit_delivered`]: Self::wait_exit_delivered
-    exit_written: Notify,
-    /// The same for the exit notice's acknowledgement (with acks).
-    exit_acked: Notify,
+    /// Who learns that the exit notice was written or acknowledged (`exit_delivery.rs`):
+    /// apart from `changed`, which each event written would wake for nothing.
+    exit_delivery: ExitDelivery<ManagedProcess>,
     /// The direct child was reaped.
     pub(crate) exited: CancellationToken,
     /// The exit notice is in the log.
@@ -239,8 +234,7 @@ impl ManagedProcess {
                 waiting_for: None,
             }),
             changed: Notify::new(),
-            exit_written: Notify::new(),
-            exit_acked: Notify::new(),
+            exit_delivery: ExitDelivery::default(),
             exited: CancellationToken::new(),
             finished: CancellationToken::new(),
             abandoned: CancellationToken::new(),
@@ -393,9 +387,8 @@ impl ManagedProcess {
             (inner.log.has_unwritten(), inner.log.exit_written())
         };
         self.changed.notify_waiters();
-        if exit_written {
-            self.exit_written.notify_waiters();
-        }
+        // The exit notice was written: run what waited for that here, on the writer.
+        self.exit_delivery.changed(self, exit_written, false);
         more
     }
 
@@ -407,32 +400,20 @@ impl ManagedProcess {
             (inner.log.exit_written(), inner.log.exit_acked())
         };
         self.changed.notify_waiters();
-        // An ack past the write cursor (after a resume) also marks events written.
-        if exit_written {
-            self.exit_written.notify_waiters();
-        }
-        if exit_acked {
-            self.exit_acked.notify_waiters();
-        }
+        // An ack past the write cursor (after a resume) also marks events written. What
+        // waited for the ack runs here, on the connection's reader (`exit_delivery.rs`).
+        self.exit_delivery.changed(self, exit_written, exit_acked);
     }
 
     /// Whether the exit notice was written (without acks) or acknowledged (with acks).
     pub fn exit_delivered(&self, acks: bool) -> bool {
         let inner = self.inner();
-        if acks {
-            inner.log.exit_acked()
-        } else {
-            inner.log.exit_written()
-        }
+        delivered(acks, inner.log.exit_written(), inner.log.exit_acked())
     }
 
     /// Wait until [`exit_delivered`](Self::exit_delivered).
     pub async fn wait_exit_delivered(&self, acks: bool) {
-        let notify = if acks {
-            &self.exit_acked
-        } else {
-            &self.exit_written
-        };
+        let notify = self.exit_delivery.notify(acks);
         loop {
             let notified = notify.notified();
             tokio::pin!(notified);
@@ -442,6 +423,14 @@ impl ManagedProcess {
             }
             notified.await;
         }
+    }
+
+    /// Run `f` once the exit notice is [delivered](Self::exit_delivered): here and now if it
+    /// is, else by whoever delivers it, the connection's reader handling the ack or the
+    /// writer that wrote it (`exit_delivery.rs`). One finisher per process.
+    pub fn when_exit_delivered(&self, acks: bool, f: Finisher<ManagedProcess>) {
+        self.exit_delivery
+            .when_delivered(self, acks, || self.exit_delivered(acks), f);
     }
 
     /// `process/signal`: to the process group; nothing once the child exited (`protocol.md`
@@ -525,6 +514,12 @@ impl ManagedProcess {
     /// the process is forgotten: see `session::ended_ids`).
     pub async fn last_write_ids(&self, n: usize) -> Vec<Arc<str>> {
         self.stdin.lock().await.ids.newest(n)
+    }
+
+    /// [`last_write_ids`](Self::last_write_ids) without waiting: `None` while a write holds
+    /// stdin (after the child's exit never for long: a blocked write gives up then).
+    pub fn try_last_write_ids(&self, n: usize) -> Option<Vec<Arc<str>>> {
+        self.stdin.try_lock().ok().map(|st| st.ids.newest(n))
     }
 
     /// `process/write`: applied in request order by the caller's queue; waits for pipe space

@@ -14,6 +14,8 @@
 //! - [`output_drain`]: sans-IO drain deadline.
 //! - [`output_pump`]: the pump and supervisor tasks.
 //! - [`managed_process`]: one process's state and control operations.
+//! - [`exit_delivery`]: who learns that an exit notice was written or acknowledged (waits,
+//!   and the finisher run right where it happens).
 //! - [`ready_set`]: the queue of processes with unwritten events, one per connection, and
 //!   what that connection's writer is doing.
 //! - [`stall_watch`]: sans-IO rule of the stall watchdog (output stopped for no reason
@@ -32,6 +34,7 @@
 pub mod containment;
 pub mod error;
 pub mod event_log;
+pub mod exit_delivery;
 pub mod managed_process;
 pub mod output_budget;
 pub mod output_drain;

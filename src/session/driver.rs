@@ -189,7 +189,9 @@ fn perform_in_order(a: Action<Live>) {
 
 /// Tell the table once `p`'s exit notice was acknowledged (acks) or written (no acks): it
 /// forgets the process then, or `exitedRetentionMs` later. Run after the process's
-/// supervisor, in its task.
+/// supervisor, in its task, which ends there: what is left is a finisher run by whoever
+/// delivers the notice (the reader handling the ack, the writer that wrote it;
+/// `process/exit_delivery.rs`), not a task waiting for it.
 fn after_exit(
     shared: Weak<Shared>,
     session: &Session,
@@ -199,20 +201,48 @@ fn after_exit(
     let (acks, id) = (session.acks, session.id.clone());
     let closed = session.closed.clone();
     async move {
-        let wait = async {
-            p.wait_finished().await;
-            p.wait_exit_delivered(acks).await;
-        };
         tokio::select! {
-            _ = wait => {}
+            _ = p.wait_finished() => {}
             _ = closed.cancelled() => return,
         }
-        // Final once the child exited: a write after that is `exited` or, for an id already
-        // written, `accepted` without a new id remembered.
-        let written = p.last_write_ids(ENDED_WRITE_IDS).await;
-        if let Some(shared) = shared.upgrade() {
-            shared.drive(|t| t.exit_delivered(now(), &id, &p.id, serial, acks, written));
-        }
+        // Weak: the finisher is kept by the process itself until it runs.
+        let weak = Arc::downgrade(&p);
+        p.when_exit_delivered(
+            acks,
+            Box::new(move |p: &ManagedProcess| {
+                if closed.is_cancelled() {
+                    return;
+                }
+                // Final once the child exited: a write after that is `exited` or, for an id
+                // already written, `accepted` without a new id remembered.
+                match p.try_last_write_ids(ENDED_WRITE_IDS) {
+                    Some(written) => exit_delivered(&shared, &id, &p.id, serial, acks, written),
+                    // A write still holds stdin (it gives up now that the child is gone):
+                    // wait for it in a task, never here.
+                    None => {
+                        if let Some(p) = weak.upgrade() {
+                            tokio::spawn(async move {
+                                let written = p.last_write_ids(ENDED_WRITE_IDS).await;
+                                exit_delivered(&shared, &id, &p.id, serial, acks, written);
+                            });
+                        }
+                    }
+                }
+            }),
+        );
+    }
+}
+
+fn exit_delivered(
+    shared: &Weak<Shared>,
+    session: &str,
+    process: &str,
+    serial: u64,
+    acks: bool,
+    written: Vec<Arc<str>>,
+) {
+    if let Some(shared) = shared.upgrade() {
+        shared.drive(|t| t.exit_delivered(now(), session, process, serial, acks, written));
     }
 }
 
