@@ -515,16 +515,24 @@ async fn acks_lost_with_a_connection_are_repeated_after_the_resume() {
     let client = Client::connect(Target::Ws(url), ClientOptions::default())
         .await
         .unwrap();
-    // 400,000 bytes: the client acks once, past 256 KiB (that chunk ends by 320 KiB), and
-    // consumes the rest unacknowledged (the next ack is due at 512 KiB). The child then stays
-    // alive, so no exit ack follows either.
-    let mut p = client
-        .start(StartOptions::new(
-            "a",
-            ["sh", "-c", "head -c 400000 /dev/zero; exec sleep 30"],
-        ))
-        .await
-        .unwrap();
+    // 400,000 bytes, then, once the test says so on stdin, one more byte. The client acks
+    // what it consumed before it waits for more, so by the time the last byte arrives
+    // everything before it may be acknowledged; that byte alone is an event of its own (the
+    // child writes it only after the client has received the rest, so no read of the server
+    // can join it to earlier output) and costs far less than an ack's threshold
+    // (`ACK_EVERY_BYTES`), so it is consumed and not acknowledged. The child then stays alive,
+    // so no exit ack follows either. (Without the handshake on stdin the last event could be a
+    // full chunk, whose cost reaches the threshold: the client then acked the tail too.)
+    let mut opts = StartOptions::new(
+        "a",
+        [
+            "sh",
+            "-c",
+            "head -c 400000 /dev/zero; read go; printf t; exec sleep 30",
+        ],
+    );
+    opts.params.pipe_stdin = true;
+    let mut p = client.start(opts).await.unwrap();
     let mut got = 0;
     while got < 400_000 {
         match tokio::time::timeout(GUARD, p.next_event()).await.unwrap() {
@@ -532,9 +540,16 @@ async fn acks_lost_with_a_connection_are_repeated_after_the_resume() {
             other => panic!("unexpected {other:?}"),
         }
     }
+    assert_eq!(got, 400_000, "the tail comes only after the go-ahead");
+    p.write(b"go\n").await.unwrap();
+    match tokio::time::timeout(GUARD, p.next_event()).await.unwrap() {
+        Some(ProcessEvent::Output { data, .. }) => assert_eq!(&data[..], b"t"),
+        other => panic!("unexpected {other:?}"),
+    }
     let session = reg.session(&client.session_id().unwrap()).unwrap();
     let proc = session.get("a").unwrap();
     let last = proc.stats().next_seq - 1;
+    assert_eq!(p.consumed_seq(), last, "the client consumed everything");
     assert!(
         proc.stats().acked_through < last,
         "the tail is not acknowledged yet"
