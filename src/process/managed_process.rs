@@ -10,17 +10,18 @@
 //! connection writers. All state a peer can change sits behind short, non-async locks; the
 //! only async lock is stdin's, held by at most one write at a time. It never spawns (that is
 //! `spawn.rs`) and never writes to a transport (that is the connection writer).
+//!
+//! Split by concern: the operations on the process group (signal, terminate, resize) are in
+//! `managed_process/signals.rs`, stdin (write, close) in `managed_process/stdin.rs`.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::containment::{ContainmentError, Delivery, DirectChild, SessionScope};
+use super::containment::{DirectChild, SessionScope};
 use super::error::ProcessError;
 use super::event_log::{Event, EventLog, LogLimits};
 use super::exit_delivery::{delivered, ExitDelivery, Finisher};
@@ -32,13 +33,15 @@ use super::stall_watch::Observation;
 use super::write_ids::WriteIds;
 use crate::config::PUMP_CHUNK_BYTES;
 use crate::metrics::Metrics;
-use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep, TermSize};
+use crate::rpc::messages::{ExitInfo, ExitReason, OutputCapKeep};
 use crate::rpc::notification::json_string;
 use crate::sync::lock;
 
-/// How long a failed stdin write waits to learn whether the child is exiting (a child's
-/// descriptors close before it can be reaped), to answer `exited` rather than `stdinClosed`.
-pub const WRITE_EXIT_GRACE: Duration = Duration::from_millis(500);
+mod signals;
+mod stdin;
+
+pub use signals::check_term_size;
+pub use stdin::{WriteStatus, WRITE_EXIT_GRACE};
 
 /// Per-process options from `process/start`, with defaults applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,28 +114,6 @@ pub struct ReadOutcome {
 /// and `u64::MAX` (which no event can follow) must neither wrap to 0 nor panic.
 pub fn next_seq_after(after_seq: u64, events: &[Event]) -> u64 {
     events.last().map_or(after_seq, |e| e.seq).saturating_add(1)
-}
-
-/// Outcome of `process/write`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteStatus {
-    /// Written (or a repeated `writeId` already written).
-    Accepted,
-    /// No stdin, or it was closed.
-    StdinClosed,
-    /// The process exited.
-    Exited,
-}
-
-impl WriteStatus {
-    /// Wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WriteStatus::Accepted => "accepted",
-            WriteStatus::StdinClosed => "stdinClosed",
-            WriteStatus::Exited => "exited",
-        }
-    }
 }
 
 pub(crate) struct Inner {
@@ -433,168 +414,6 @@ impl ManagedProcess {
             .when_delivered(self, acks, || self.exit_delivered(acks), f);
     }
 
-    /// `process/signal`: to the process group; nothing once the child exited (`protocol.md`
-    /// §4: "a process that already exited: nothing is sent").
-    pub fn signal(&self, sig: Signal) -> Result<(), ProcessError> {
-        if !self.is_running() {
-            return Ok(());
-        }
-        // `Gone`: reaped since the check; nothing is sent, as for an exited process.
-        self.direct
-            .signal_group(sig)
-            .map(|_| ())
-            .map_err(ProcessError::Signal)
-    }
-
-    /// Send `sig` to the process group by identity: `killpg` while the direct child is
-    /// unreaped, otherwise each member of the group still in the session's scope, by pidfd
-    /// (the group's number may belong to someone else by then). Returns whether any process
-    /// was reached.
-    pub async fn signal_group(&self, sig: Signal) -> Result<bool, ProcessError> {
-        match self
-            .direct
-            .signal_group(sig)
-            .map_err(ProcessError::Signal)?
-        {
-            Delivery::Delivered => Ok(true),
-            Delivery::Gone => {
-                let (scope, pgid) = (self.scope.clone(), self.pid);
-                // A walk of `/proc` or the cgroup's member list: off the runtime's threads.
-                let n = tokio::task::spawn_blocking(move || {
-                    scope.signal_group_members(pgid, Some(sig))
-                })
-                .await
-                .map_err(|e| ProcessError::Signal(std::io::Error::other(e.to_string())))?
-                .map_err(|e| ProcessError::Signal(containment_io(e)))?;
-                Ok(n > 0)
-            }
-        }
-    }
-
-    /// `process/terminate`: SIGTERM to the group now, SIGKILL to what is left of it after
-    /// `grace` (default: the process's `killGraceMs`). Both by identity
-    /// ([`signal_group`](Self::signal_group)): for a process that already exited, only
-    /// members of its group still in the session are reached, never a group that reused its
-    /// number. Returns whether the child was still running.
-    pub async fn terminate(self: &Arc<Self>, grace: Option<Duration>) -> bool {
-        let running = self.is_running();
-        let grace = grace.unwrap_or(self.opts.kill_grace);
-        match self.signal_group(Signal::SIGTERM).await {
-            Ok(true) => {}
-            // Nothing of the group is left: no SIGKILL to schedule.
-            Ok(false) => return running,
-            Err(e) => {
-                tracing::warn!(pgid = self.pid, error = %e, "SIGTERM to the process group failed")
-            }
-        }
-        let me = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
-            if let Err(e) = me.signal_group(Signal::SIGKILL).await {
-                tracing::warn!(pgid = me.pid, error = %e, "SIGKILL to the process group failed");
-            }
-        });
-        running
-    }
-
-    /// `process/resize`.
-    pub fn resize(&self, size: TermSize) -> Result<(), ProcessError> {
-        let Some(pty) = &self.pty else {
-            return Err(ProcessError::NotTty(self.id.clone()));
-        };
-        check_term_size(size)?;
-        pty.resize(size).map_err(ProcessError::Resize)?;
-        if self.is_running() {
-            let _ = self.direct.signal_group(Signal::SIGWINCH);
-        }
-        Ok(())
-    }
-
-    /// The last `n` `writeId`s this process accepted, oldest first (kept by the session once
-    /// the process is forgotten: see `session::ended_ids`).
-    pub async fn last_write_ids(&self, n: usize) -> Vec<Arc<str>> {
-        self.stdin.lock().await.ids.newest(n)
-    }
-
-    /// [`last_write_ids`](Self::last_write_ids) without waiting: `None` while a write holds
-    /// stdin (after the child's exit never for long: a blocked write gives up then).
-    pub fn try_last_write_ids(&self, n: usize) -> Option<Vec<Arc<str>>> {
-        self.stdin.try_lock().ok().map(|st| st.ids.newest(n))
-    }
-
-    /// `process/write`: applied in request order by the caller's queue; waits for pipe space
-    /// but gives up with `exited` when the child exits meanwhile. A `writeId` already written
-    /// is answered `accepted` whatever happened since: a write repeated after a resume (its
-    /// answer lost with the connection) may arrive after the child took its bytes and exited,
-    /// and it did its work.
-    pub async fn write(&self, data: &[u8], write_id: Option<String>) -> WriteStatus {
-        // Never held for long once the child exited: a write blocked on its pipe gives up
-        // then (below), and `close_stdin` does not wait on a dead child either.
-        let mut st = self.stdin.lock().await;
-        if let Some(id) = &write_id {
-            if st.ids.contains(id) {
-                return WriteStatus::Accepted;
-            }
-        }
-        if !self.is_running() {
-            return WriteStatus::Exited;
-        }
-        if st.closed {
-            return WriteStatus::StdinClosed;
-        }
-        let Some(w) = st.writer.as_mut() else {
-            return WriteStatus::StdinClosed;
-        };
-        let res = tokio::select! {
-            r = async { w.write_all(data).await?; w.flush().await } => r,
-            _ = self.exited.cancelled() => return WriteStatus::Exited,
-        };
-        match res {
-            Ok(()) => {
-                self.metrics.stdin_bytes.inc_by(data.len() as u64);
-                if let Some(id) = write_id {
-                    st.ids.remember(&id);
-                }
-                WriteStatus::Accepted
-            }
-            Err(_) => {
-                st.writer = None;
-                st.closed = true;
-                // A dying child closes its stdin before it can be reaped: give the reaper a
-                // moment so that such a write answers `exited`, not `stdinClosed`.
-                tokio::select! {
-                    _ = self.exited.cancelled() => WriteStatus::Exited,
-                    _ = tokio::time::sleep(WRITE_EXIT_GRACE) => WriteStatus::StdinClosed,
-                }
-            }
-        }
-    }
-
-    /// `process/closeStdin`: a pipe is closed; a PTY gets the end-of-file character (^D),
-    /// which the terminal's line discipline turns into end of file for the reader.
-    pub async fn close_stdin(&self) {
-        let mut st = tokio::select! {
-            st = self.stdin.lock() => st,
-            _ = self.exited.cancelled() => return,
-        };
-        if st.closed {
-            return;
-        }
-        st.closed = true;
-        if let Some(mut w) = st.writer.take() {
-            if w.is_pty() {
-                let _ = tokio::select! {
-                    r = w.write_all(b"\x04") => r,
-                    _ = self.exited.cancelled() => Ok(()),
-                };
-                // Keep the master writer alive: dropping it does not close the terminal.
-                st.writer = Some(w);
-            } else {
-                let _ = w.shutdown().await;
-            }
-        }
-    }
-
     /// What `process/list` shows of this process.
     pub fn info(&self) -> ProcessInfo {
         let inner = self.inner();
@@ -655,23 +474,6 @@ impl ManagedProcess {
     pub fn abandon(&self) {
         self.abandoned.cancel();
         self.changed.notify_waiters();
-    }
-}
-
-/// The one rule for terminal sizes, at `process/start` and `process/resize` alike: rows and
-/// columns are positive (a 0×0 terminal is refused, with the same error, on both paths).
-pub fn check_term_size(size: TermSize) -> Result<(), ProcessError> {
-    if size.rows == 0 || size.cols == 0 {
-        return Err(ProcessError::ZeroSize);
-    }
-    Ok(())
-}
-
-/// A containment failure as the I/O error it carries (or wraps).
-fn containment_io(e: ContainmentError) -> std::io::Error {
-    match e {
-        ContainmentError::Io(e) => e,
-        other => std::io::Error::other(other.to_string()),
     }
 }
 
