@@ -12,7 +12,7 @@
 //! The behaviour shared with the WebSocket client is in `client_behaviour.rs`.
 
 mod common;
-use common::local::{control, handshake, start};
+use common::local::{control, handshake, handshake_with_acks, start};
 use common::process::pid_exists;
 use common::*;
 
@@ -439,7 +439,7 @@ async fn a_direct_receiver_gets_each_result_before_its_output_and_a_waiting_requ
 async fn with_acks_an_exited_process_is_forgotten_once_its_exit_notice_is_acknowledged() {
     use execrelay::connection::message::Note;
     use execrelay::process::event_log::EventBody;
-    use execrelay::rpc::messages::{AckParams, Capabilities, InitializeParams};
+    use execrelay::rpc::messages::AckParams;
     let config = ServerConfig {
         exited_retention_ms: 0,
         ..ServerConfig::default()
@@ -450,26 +450,7 @@ async fn with_acks_an_exited_process_is_forgotten_once_its_exit_notice_is_acknow
         LocalLimits::for_config(&config),
     )
     .expect("server starts");
-    end.try_send(Inbound::Request {
-        id: RequestId::Int(1),
-        call: Call::Initialize(InitializeParams {
-            capabilities: Capabilities {
-                acks: true,
-                ..Capabilities::default()
-            },
-            ..InitializeParams::default()
-        }),
-    })
-    .unwrap();
-    match control(&mut end).await {
-        Outbound::Result {
-            reply: Reply::Initialize(r),
-            ..
-        } => assert!(r.capabilities.acks),
-        other => panic!("{other:?}"),
-    }
-    end.try_send(Inbound::Notification(Note::Initialized))
-        .unwrap();
+    handshake_with_acks(&mut end).await;
     start(&mut end, 2, "short", &["echo", "bye"]).await;
     let exit_seq = loop {
         let ev = tokio::time::timeout(GUARD, end.events.recv())
@@ -538,7 +519,7 @@ async fn with_acks_an_exited_process_is_forgotten_once_its_exit_notice_is_acknow
 async fn the_ack_forgets_the_exited_process_before_the_next_message_is_read() {
     use execrelay::connection::message::Note;
     use execrelay::process::event_log::EventBody;
-    use execrelay::rpc::messages::{AckParams, Capabilities, InitializeParams};
+    use execrelay::rpc::messages::AckParams;
     let config = ServerConfig::default();
     let (server, mut end) = LocalServer::start(
         Arc::new(config.clone()),
@@ -546,26 +527,7 @@ async fn the_ack_forgets_the_exited_process_before_the_next_message_is_read() {
         LocalLimits::for_config(&config),
     )
     .expect("server starts");
-    end.try_send(Inbound::Request {
-        id: RequestId::Int(1),
-        call: Call::Initialize(InitializeParams {
-            capabilities: Capabilities {
-                acks: true,
-                ..Capabilities::default()
-            },
-            ..InitializeParams::default()
-        }),
-    })
-    .unwrap();
-    match control(&mut end).await {
-        Outbound::Result {
-            reply: Reply::Initialize(r),
-            ..
-        } => assert!(r.capabilities.acks),
-        other => panic!("{other:?}"),
-    }
-    end.try_send(Inbound::Notification(Note::Initialized))
-        .unwrap();
+    handshake_with_acks(&mut end).await;
     for round in 0..3i64 {
         let id = format!("short-{round}");
         start(&mut end, 10 + 10 * round, &id, &["true"]).await;

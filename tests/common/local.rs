@@ -38,6 +38,31 @@ pub async fn handshake(end: &mut LocalClientEnd) {
         .unwrap();
 }
 
+/// [`handshake`], asking for acks (`capabilities.acks`), which the server must grant.
+pub async fn handshake_with_acks(end: &mut LocalClientEnd) {
+    use execrelay::rpc::messages::Capabilities;
+    end.try_send(Inbound::Request {
+        id: RequestId::Int(1),
+        call: Call::Initialize(InitializeParams {
+            capabilities: Capabilities {
+                acks: true,
+                ..Capabilities::default()
+            },
+            ..InitializeParams::default()
+        }),
+    })
+    .unwrap();
+    match control(end).await {
+        Outbound::Result {
+            reply: Reply::Initialize(r),
+            ..
+        } => assert!(r.capabilities.acks),
+        other => panic!("{other:?}"),
+    }
+    end.try_send(Inbound::Notification(Note::Initialized))
+        .unwrap();
+}
+
 /// Start `argv` as `id` with request id `n`; its pid.
 pub async fn start(end: &mut LocalClientEnd, n: i64, id: &str, argv: &[&str]) -> u32 {
     end.try_send(Inbound::Request {

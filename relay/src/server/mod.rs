@@ -378,22 +378,12 @@ impl RelayServer {
 
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render_metrics(&self) -> String {
-        render(
-            &self.hub,
-            &self.shared,
-            self.tls.as_ref(),
-            self.runtimes.as_ref(),
-        )
+        self.metrics_handle().render()
     }
 
     /// The `/status` document now.
     pub fn render_status(&self) -> String {
-        status(
-            &self.hub,
-            &self.shared,
-            self.tls.as_ref(),
-            self.runtimes.as_ref(),
-        )
+        self.metrics_handle().status()
     }
 
     /// A handle that renders this relay's metrics while it runs (for embedders and tests
@@ -463,8 +453,15 @@ impl RelayServer {
         // Ready while the relay accepts links: once shutdown begins, every listener stops, and
         // nothing else makes a relay unable to serve (a broken environments file keeps the
         // links up and is its own metric and alert).
+        // What `/metrics` and `/status` read, for the closures that serve them.
+        let view = MetricsHandle {
+            hub: hub.clone(),
+            shared: shared.clone(),
+            tls: tls.clone(),
+            runtimes: runtimes.clone(),
+        };
         let health = {
-            let (h, s, t, rt) = (hub.clone(), shared.clone(), tls.clone(), runtimes.clone());
+            let view = view.clone();
             let stopping = shutdown.clone();
             Health {
                 ready: Some(Arc::new(move || {
@@ -474,7 +471,7 @@ impl RelayServer {
                         Ok(())
                     }
                 })),
-                status: Some(Arc::new(move || status(&h, &s, t.as_ref(), rt.as_ref()))),
+                status: Some(Arc::new(move || view.status())),
             }
         };
         let routes = Routes {
@@ -566,9 +563,8 @@ impl RelayServer {
         }
 
         if let Some(listener) = metrics {
-            let (h, s, t, rt) = (hub.clone(), shared.clone(), tls.clone(), runtimes.clone());
-            let renderer: MetricsRenderer =
-                Arc::new(move || render(&h, &s, t.as_ref(), rt.as_ref()));
+            let view = view.clone();
+            let renderer: MetricsRenderer = Arc::new(move || view.render());
             let front: Front<Route> = Front {
                 routes: Routes {
                     health: Some(health),
@@ -621,12 +617,12 @@ pub struct MetricsHandle {
 impl MetricsHandle {
     /// The metrics text now (what `GET /metrics` answers).
     pub fn render(&self) -> String {
-        render(
-            &self.hub,
-            &self.shared,
-            self.tls.as_ref(),
-            self.runtimes.as_ref(),
-        )
+        metrics::render(&self.figures(), &self.shared.stats, &self.shared.settings)
+    }
+
+    /// The `/status` document now.
+    pub fn status(&self) -> String {
+        metrics::status(&self.figures(), &self.shared.settings)
     }
 
     /// One series' value (`name{labels}` exactly as rendered), 0 if absent.
@@ -637,26 +633,26 @@ impl MetricsHandle {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map_or(0, |v| v as u64)
     }
-}
 
-fn figures(
-    hub: &RelayHub,
-    shared: &Shared,
-    tls: Option<&TlsListener>,
-    runtimes: Option<&LinkRuntimes>,
-) -> Figures {
-    let (listed, ok) = {
-        let file = lock(&shared.environments);
-        (file.current().len(), file.broken().is_none())
-    };
-    Figures {
-        hub: hub.snapshot(),
-        environments_listed: listed,
-        environments_file_ok: ok,
-        tls: tls.map(|t| t.store().figures()),
-        max_client_links: shared.settings.max_client_links,
-        cluster: shared.cluster().map(|c| cluster_figures(hub, c)),
-        runtimes: runtimes.map(LinkRuntimes::figures).unwrap_or_default(),
+    fn figures(&self) -> Figures {
+        let (hub, shared) = (&self.hub, &self.shared);
+        let (listed, ok) = {
+            let file = lock(&shared.environments);
+            (file.current().len(), file.broken().is_none())
+        };
+        Figures {
+            hub: hub.snapshot(),
+            environments_listed: listed,
+            environments_file_ok: ok,
+            tls: self.tls.as_ref().map(|t| t.store().figures()),
+            max_client_links: shared.settings.max_client_links,
+            cluster: shared.cluster().map(|c| cluster_figures(hub, c)),
+            runtimes: self
+                .runtimes
+                .as_ref()
+                .map(LinkRuntimes::figures)
+                .unwrap_or_default(),
+        }
     }
 }
 
@@ -680,28 +676,6 @@ fn cluster_figures(hub: &RelayHub, c: &ClusterNode) -> metrics::ClusterFigures {
         moves: s.moves.load(Relaxed),
         front_header_ignored: s.front_header_ignored.load(Relaxed),
     }
-}
-
-fn render(
-    hub: &RelayHub,
-    shared: &Shared,
-    tls: Option<&TlsListener>,
-    runtimes: Option<&LinkRuntimes>,
-) -> String {
-    metrics::render(
-        &figures(hub, shared, tls, runtimes),
-        &shared.stats,
-        &shared.settings,
-    )
-}
-
-fn status(
-    hub: &RelayHub,
-    shared: &Shared,
-    tls: Option<&TlsListener>,
-    runtimes: Option<&LinkRuntimes>,
-) -> String {
-    metrics::status(&figures(hub, shared, tls, runtimes), &shared.settings)
 }
 
 /// The URL to print for the bound relay listener (`wss://` when it speaks TLS).

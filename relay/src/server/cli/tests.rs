@@ -296,9 +296,8 @@ fn the_cluster_from_flags_or_the_config_file_and_its_mistakes_named() {
     assert!(err.contains("--node-id goes with --cluster"), "{err}");
 }
 
-#[test]
-fn trusted_front_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
-    use crate::cluster::trusted_front::MAX_TRUSTED_FRONTS;
+/// The least a relay's command line needs (listen, key, environments), then `extra`.
+fn with_minimal_args(extra: &[&str]) -> Result<RelayArgs, clap::Error> {
     let base = [
         "execrelay-relay",
         "--listen",
@@ -308,11 +307,13 @@ fn trusted_front_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
         "--environments",
         "e",
     ];
-    let with = |extra: &[&str]| {
-        let mut argv: Vec<String> = base.iter().map(|s| s.to_string()).collect();
-        argv.extend(extra.iter().map(|s| s.to_string()));
-        RelayArgs::try_parse_from(argv)
-    };
+    RelayArgs::try_parse_from(base.iter().chain(extra))
+}
+
+#[test]
+fn trusted_front_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
+    use crate::cluster::trusted_front::MAX_TRUSTED_FRONTS;
+    let with = with_minimal_args;
     let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
     // Nobody by default.
     let s = with(&[]).unwrap().settings().unwrap();
@@ -381,20 +382,7 @@ fn trusted_front_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
 fn runtime_threads_from_the_flag_or_the_file_and_bad_values_name_the_setting() {
     use super::super::runtime_threads::RuntimeThreads;
     use execrelay_io::runtimes::MAX_RUNTIME_THREADS;
-    let base = [
-        "execrelay-relay",
-        "--listen",
-        "ws://127.0.0.1:0",
-        "--key",
-        "k",
-        "--environments",
-        "e",
-    ];
-    let with = |extra: &[&str]| {
-        let mut argv: Vec<String> = base.iter().map(|s| s.to_string()).collect();
-        argv.extend(extra.iter().map(|s| s.to_string()));
-        RelayArgs::try_parse_from(argv)
-    };
+    let with = with_minimal_args;
     // One per core by default.
     let s = with(&[]).unwrap().settings().unwrap();
     assert_eq!(s.runtime_threads, RuntimeThreads::Cores);
