@@ -257,7 +257,7 @@ async fn serve_on<R>(
 
 /// One accepted connection, holding its admission `slots` until it is handed off or closed.
 /// With `spread`, an upgrade whose route has a home runtime elsewhere is moved there first
-/// (plain TCP only: a TLS session stays where its handshake ran).
+/// (TCP or TLS: the session's state moves with its socket, [`FrontIo::detach`]).
 async fn connection<R>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -277,33 +277,29 @@ async fn connection<R>(
     let Some((stream, accepted)) = upgraded else {
         return;
     };
-    let target = match (&spread, &stream) {
-        (Some((spread, tracker)), FrontIo::Plain(_)) => spread
+    let target = spread.as_ref().and_then(|(spread, tracker)| {
+        let home = spread
             .home
             .as_ref()
             .and_then(|home| home(&accepted.route, accepted.id.as_deref()))
-            .filter(|&home| crate::runtimes::current_index() != Some(home))
-            .and_then(|home| Some((home, spread.runtimes.place_on(home)?, tracker.clone()))),
-        _ => None,
-    };
+            .filter(|&home| crate::runtimes::current_index() != Some(home))?;
+        Some((home, spread.runtimes.place_on(home)?, tracker.clone()))
+    });
     let Some((home, handle, tracker)) = target else {
         return hand_off(stream, accepted, peer, &front).await;
     };
-    let tcp = match stream {
-        FrontIo::Plain(tcp) => tcp,
-        other => return hand_off(other, accepted, peer, &front).await,
-    };
-    // Off this runtime's reactor, onto the home runtime's (registered again there).
-    let tcp = match tcp.into_std() {
-        Ok(tcp) => tcp,
+    // Off this runtime's reactor, onto the home runtime's (registered again there); a TLS
+    // session's state goes with its socket.
+    let detached = match stream.detach() {
+        Ok(detached) => detached,
         Err(error) => {
             return debug!(%error, "cannot move a connection to its home runtime; closing it")
         }
     };
     debug!(runtime = home, "moving to the runtime of its route's home");
     let moved = async move {
-        match TcpStream::from_std(tcp) {
-            Ok(tcp) => hand_off(FrontIo::Plain(tcp), accepted, peer, &front).await,
+        match detached.attach() {
+            Ok(stream) => hand_off(stream, accepted, peer, &front).await,
             Err(error) => {
                 debug!(%error, "cannot register a connection on its home runtime; closing it")
             }

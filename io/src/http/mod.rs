@@ -38,4 +38,4 @@ pub use routes::{
     Routes, StatusRenderer, UpgradeRoute, FRONT_HEADER, LIVEZ_PATH, METRICS_CONTENT_TYPE,
     METRICS_PATH, READYZ_PATH, STATUS_PATH,
 };
-pub use stream::FrontIo;
+pub use stream::{Detached, FrontIo, MovableTcp};

@@ -39,6 +39,8 @@ use rustls::sign::CertifiedKey;
 use sha2::Digest;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
+
+use crate::http::MovableTcp;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -369,11 +371,11 @@ impl TlsListener {
     }
 
     /// The server side of one TLS handshake (the caller bounds it in time).
-    pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+    pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<MovableTcp>> {
         let counter = |c: &AtomicU64| {
             c.fetch_add(1, Ordering::Relaxed);
         };
-        match self.acceptor.accept(tcp).await {
+        match self.acceptor.accept(MovableTcp::new(tcp)).await {
             Ok(tls) => {
                 counter(&self.store.stats.handshakes);
                 Ok(tls)
