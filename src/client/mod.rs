@@ -75,7 +75,7 @@ pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
 pub use target::Target;
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`], each delay less up to a
-/// quarter of jitter ([`Backoff`]).
+/// quarter of jitter ([`Backoff`](crate::link::backoff::Backoff)).
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
@@ -88,8 +88,8 @@ pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
 /// client of an environment that really is away from waiting long.
 pub const FIRST_CONNECT_OFFLINE_WAIT: Duration = Duration::from_secs(5);
 /// First delay before the first connection tries an offline environment again; doubles up
-/// to [`OFFLINE_RETRY_MAX_DELAY`], each less up to a quarter of jitter ([`Backoff`]: tries
-/// at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
+/// to [`OFFLINE_RETRY_MAX_DELAY`], each less up to a quarter of jitter
+/// ([`Backoff`](crate::link::backoff::Backoff): tries at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
 pub const OFFLINE_RETRY_INITIAL_DELAY: Duration = Duration::from_millis(100);
 /// Longest delay between two tries of an offline environment on the first connection.
 pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
