@@ -2,9 +2,11 @@
 //! survive transport failures by resuming the session.
 //!
 //! Layout: [`rpc_connection`] is one JSON-RPC connection; this module owns the session
-//! (`initialize`, resuming another client's session with [`Client::resume`]) and starting
-//! processes; `supervise.rs` keeps it through lost connections (resume with backoff inside the
-//! TTL, the [`ConnectionState`], the typed [`Client::loss`]);
+//! (resuming another client's session with [`Client::resume`]) and starting processes;
+//! `establish.rs` connects and initializes (the first connection's retries of an offline
+//! environment, `initialize` and installing the connection); `supervise.rs` keeps it through
+//! lost connections (resume with backoff inside the TTL, the [`ConnectionState`], the typed
+//! [`Client::loss`]);
 //! `options.rs` what an application sets, `error.rs` what it gets back when something fails,
 //! `target.rs` where the server is and how one transport to it is opened; `diagnostics.rs`
 //! what the client can say about a process whose output stopped; `silence.rs` asks
@@ -30,6 +32,7 @@
 mod approval;
 mod diagnostics;
 mod error;
+mod establish;
 mod event_stream;
 mod options;
 mod process_handle;
@@ -48,11 +51,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::MAX_MESSAGE_BYTES;
 use crate::connection::local::LocalLimits;
-use crate::connection::message::{Call, Note, Reply};
-use crate::link::backoff::{random, Backoff};
-use crate::rpc::messages::{
-    AckParams, Capabilities, InitializeParams, ResumeParams, ServerRequests, StartResult,
-};
+use crate::connection::message::{Call, Reply};
+use crate::rpc::messages::StartResult;
 use crate::rpc::Method;
 use crate::server::LocalServer;
 use crate::sync::lock;
@@ -72,11 +72,10 @@ pub use process_handle::{
     STDIN_BINARY_WRITE_BYTES, STDIN_WRITES_IN_FLIGHT, STDIN_WRITE_BYTES,
 };
 pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
-use target::open_transport;
 pub use target::Target;
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`], each delay less up to a
-/// quarter of jitter ([`Backoff`]).
+/// quarter of jitter ([`Backoff`](crate::link::backoff::Backoff)).
 pub const RECONNECT_INITIAL_DELAY: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
@@ -89,8 +88,8 @@ pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
 /// client of an environment that really is away from waiting long.
 pub const FIRST_CONNECT_OFFLINE_WAIT: Duration = Duration::from_secs(5);
 /// First delay before the first connection tries an offline environment again; doubles up
-/// to [`OFFLINE_RETRY_MAX_DELAY`], each less up to a quarter of jitter ([`Backoff`]: tries
-/// at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
+/// to [`OFFLINE_RETRY_MAX_DELAY`], each less up to a quarter of jitter
+/// ([`Backoff`](crate::link::backoff::Backoff): tries at about 0, 0.1, 0.3, 0.7, 1.5, 2.5, … s).
 pub const OFFLINE_RETRY_INITIAL_DELAY: Duration = Duration::from_millis(100);
 /// Longest delay between two tries of an offline environment on the first connection.
 pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
@@ -375,182 +374,6 @@ impl Client {
     pub fn close(&self) {
         self.shared.shutdown.cancel();
         self.break_connection();
-    }
-
-    /// The first connection: [`establish`](Self::establish), tried again while the relay
-    /// says the environment is offline or moving, for at most `offline_wait` in all (with
-    /// backoff). Any other failure is returned at once.
-    async fn establish_first(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
-        let wait = self.shared.opts.offline_wait;
-        let deadline = tokio::time::Instant::now() + wait;
-        // The environment link's own schedule (jittered, so clients of one moving
-        // environment do not all come back in the same instant); no link lives here, so it
-        // never resets.
-        let mut backoff = Backoff::new(
-            OFFLINE_RETRY_INITIAL_DELAY,
-            OFFLINE_RETRY_MAX_DELAY,
-            Duration::MAX,
-        );
-        let mut attempts = 1u32;
-        loop {
-            match self.establish(resume.clone()).await {
-                Err(ClientError::EnvironmentOffline { environment, why }) => {
-                    let now = tokio::time::Instant::now();
-                    if now >= deadline {
-                        let why = if wait.is_zero() {
-                            why
-                        } else {
-                            format!(
-                                "{why}; still offline after {attempts} tries over {:.1} s: check that its exec server is running (`execrelay serve --relay … --environment-id {environment}`) and reaches the relay",
-                                wait.as_secs_f64()
-                            )
-                        };
-                        return Err(ClientError::EnvironmentOffline { environment, why });
-                    }
-                    tracing::debug!(
-                        %environment,
-                        attempts,
-                        "the environment is offline (or moving); trying again"
-                    );
-                    let delay = backoff.delay(None, random());
-                    tokio::time::sleep(delay.min(deadline - now)).await;
-                    attempts += 1;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Connect, initialize (resuming `resume` if given) and install the connection.
-    async fn establish(&self, resume: Option<(String, String)>) -> Result<(), ClientError> {
-        let transport =
-            open_transport(&self.shared.target, self.shared.opts.max_message_bytes).await?;
-        self.establish_over(transport, resume).await
-    }
-
-    async fn establish_over(
-        &self,
-        transport: Transport,
-        resume: Option<(String, String)>,
-    ) -> Result<(), ClientError> {
-        let (ntx, nrx) = mpsc::unbounded_channel::<Notification>();
-        let conn = RpcConnection::start_with(
-            transport,
-            ntx,
-            Some(self.fast_path()),
-            Some(self.request_handler()),
-        );
-        self.initialize_on(conn, nrx, resume).await
-    }
-
-    /// In-order output handled on the connection's reader.
-    fn fast_path(&self) -> rpc_connection::FastPath {
-        let shared = Arc::downgrade(&self.shared);
-        Arc::new(move |n| {
-            let Some(shared) = shared.upgrade() else {
-                return Some(n);
-            };
-            Client::fast_deliver(&shared, n)
-        })
-    }
-
-    /// The server's approval requests, to the application's handler.
-    fn request_handler(&self) -> rpc_connection::RequestHandler {
-        let handler = self.shared.opts.approval_handler.clone();
-        let memo = self.shared.approvals.clone();
-        Arc::new(move |responder, id, request| {
-            approval::on_server_request(&memo, handler.as_ref(), responder, id, request)
-        })
-    }
-
-    /// `initialize` (resuming `resume` if given) + `initialized` on `conn`, and install it.
-    async fn initialize_on(
-        &self,
-        conn: RpcConnection,
-        nrx: mpsc::UnboundedReceiver<Notification>,
-        resume: Option<(String, String)>,
-    ) -> Result<(), ClientError> {
-        let params = InitializeParams {
-            client_name: Some(self.shared.opts.client_name.clone()),
-            client_version: Some(env!("CARGO_PKG_VERSION").to_string()),
-            resume: resume.as_ref().map(|(sid, tok)| ResumeParams {
-                session_id: sid.clone(),
-                resume_token: tok.clone(),
-            }),
-            capabilities: Capabilities {
-                acks: self.shared.opts.acks,
-                binary_output: self.shared.opts.binary_output,
-                binary_input: self.shared.opts.binary_input,
-                server_requests: ServerRequests {
-                    approve: self.shared.opts.approval_handler.is_some(),
-                },
-            },
-            session_ttl_ms: self
-                .shared
-                .opts
-                .session_ttl
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-        };
-        let init = match conn.call_typed(Call::Initialize(params)).await? {
-            Reply::Initialize(init) => init,
-            other => {
-                return Err(ClientError::Protocol(format!(
-                    "bad initialize result: {other:?}"
-                )))
-            }
-        };
-        conn.notify_typed(Note::Initialized).await?;
-        conn.set_binary_input(init.capabilities.binary_input);
-        self.shared.server_max_message.store(
-            usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.shared.server_retained.store(
-            init.limits.retained_output_bytes,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.shared.granted_binary_output.store(
-            init.capabilities.binary_output,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.shared.granted_ttl_ms.store(
-            init.limits.detached_session_ttl_ms,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        *lock(&self.shared.session) = Some((
-            init.session_id,
-            init.resume_token,
-            init.limits.detached_session_ttl_ms,
-        ));
-        *lock(&self.shared.conn) = Some(conn.clone());
-        // (Lazy acks repeat nothing: what was consumed and not acknowledged is kept on
-        // purpose, and its bytes still count towards the next ack, so the server is never
-        // left waiting with a full retention.)
-        if resume.is_some()
-            && self.shared.opts.acks
-            && self.shared.opts.ack_policy == AckPolicy::Eager
-        {
-            // An ack sent on the dead connection may be lost. Were it not repeated, the server
-            // would replay only events this client already consumed (and drops as duplicates,
-            // so they never count towards a new ack): with its retention full of them, it would
-            // wait for an ack forever. Taken after the new connection is installed, so every
-            // later ack goes to it.
-            let consumed = self.consumed_positions();
-            for (pid, seq) in consumed {
-                conn.notify_typed(Note::Ack(Some(AckParams {
-                    process_id: pid,
-                    seq,
-                })))
-                .await?;
-            }
-        }
-        self.shared
-            .connects
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let c = self.clone();
-        tokio::spawn(async move { c.route(conn, nrx).await });
-        self.shared.reconnected.notify_waiters();
-        Ok(())
     }
 
     /// Current connection, waiting for a reconnect if one is under way.

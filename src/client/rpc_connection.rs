@@ -17,26 +17,21 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 mod local_router;
-
-use local_router::{LocalRouter, RouterLinks};
+mod network;
 
 use super::ClientError;
 use crate::connection::json_codec::{call_value, decode_call, decode_reply, reply_value};
 use crate::connection::local::LocalClientEnd;
 use crate::connection::message::{Call, Inbound as Typed, Note, Reply, RequestId, WriteCall};
-use crate::rpc::binary_output::{decode_output_message, is_binary_message};
 use crate::rpc::binary_write::{encode_write_head, fits_binary_write};
-use crate::rpc::jsonrpc::{
-    encode_error, encode_notification, encode_request, encode_response, parse_inbound, Inbound,
-};
+use crate::rpc::jsonrpc::{encode_error, encode_notification, encode_request, encode_response};
 use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult, ExitInfo, StreamName};
-use crate::rpc::notification::{decode_output_delta, OutputDelta};
+use crate::rpc::notification::OutputDelta;
 use crate::rpc::write_request::encode_write_request;
 use crate::rpc::{Method, RpcError};
 use crate::session::ApprovalAnswer;
@@ -260,156 +255,7 @@ impl RpcConnection {
         fast: Option<FastPath>,
         requests: Option<RequestHandler>,
     ) -> RpcConnection {
-        let (out_tx, mut out_rx) = mpsc::channel::<OutMessage>(OUTBOUND_QUEUE);
-        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
-        let closed = CancellationToken::new();
-        let Transport {
-            mut incoming,
-            mut outgoing,
-            flow,
-            ..
-        } = transport;
-
-        let c = closed.clone();
-        tokio::spawn(async move {
-            loop {
-                let msg = tokio::select! {
-                    _ = c.cancelled() => break,
-                    m = out_rx.recv() => m,
-                };
-                let Some(msg) = msg else { break };
-                if outgoing.feed(msg).await.is_err() {
-                    break;
-                }
-                // Batch whatever else is queued before flushing.
-                let mut ok = true;
-                while let Ok(m) = out_rx.try_recv() {
-                    if outgoing.feed(m).await.is_err() {
-                        ok = false;
-                        break;
-                    }
-                }
-                if !ok || outgoing.flush().await.is_err() {
-                    break;
-                }
-            }
-            let _ = outgoing.close().await;
-            c.cancel();
-        });
-
-        let p = pending.clone();
-        let c = closed.clone();
-        let responder = Responder {
-            out: Out::Json(out_tx.clone()),
-        };
-        let failure: Arc<Mutex<Option<ClientError>>> = Arc::default();
-        let failed = failure.clone();
-        tokio::spawn(async move {
-            // Hand an output delta to the fast path, else to the router; false once the
-            // router is gone.
-            let deliver = |d: OutputDelta| {
-                let n = Notification::from(d);
-                let n = match &fast {
-                    Some(f) => match f(n) {
-                        Some(n) => n,
-                        None => return true,
-                    },
-                    None => n,
-                };
-                notifications.send(n).is_ok()
-            };
-            loop {
-                let item = tokio::select! {
-                    _ = c.cancelled() => break,
-                    m = incoming.next() => m,
-                };
-                let Some(Ok(bytes)) = item else { break };
-                // Binary output messages (§5.1): decoded and checked, the chunk a slice of the
-                // received buffer. A malformed one ends the connection with its reason.
-                if is_binary_message(&bytes) {
-                    match decode_output_message(bytes) {
-                        Ok(d) => {
-                            if !deliver(d) {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "malformed binary message from the server");
-                            *lock(&failed) = Some(ClientError::Protocol(format!(
-                                "malformed binary output message from the server: {e}"
-                            )));
-                            break;
-                        }
-                    }
-                    continue;
-                }
-                // Output deltas as execrelay writes them in JSON take the fast path (no JSON
-                // tree); anything else, the general one.
-                if let Some(d) = decode_output_delta(&bytes) {
-                    if !deliver(d) {
-                        break;
-                    }
-                    continue;
-                }
-                match parse_inbound(&bytes) {
-                    Ok(Inbound::Response { id, outcome }) => {
-                        let Some(id) = id.as_u64() else { continue };
-                        let tx = lock(&p).remove(&id);
-                        if let Some(tx) = tx {
-                            let _ = tx.send(
-                                outcome
-                                    .map(Answer::Json)
-                                    .map_err(ClientError::from_error_object),
-                            );
-                        }
-                    }
-                    Ok(Inbound::Notification { method, params }) => {
-                        if notifications
-                            .send(Notification::Other { method, params })
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                    Ok(Inbound::Request { id, method, params }) => {
-                        let approve = (Method::parse(&method) == Some(Method::ProcessApprove))
-                            .then_some(requests.as_ref())
-                            .flatten();
-                        match (approve, id.as_str()) {
-                            (Some(h), Some(sid)) => match serde_json::from_value(params) {
-                                Ok(req) => h(responder.clone(), sid.to_string(), req),
-                                Err(e) => responder.error(
-                                    &id,
-                                    &RpcError::invalid_params(format!("invalid params: {e}")),
-                                ),
-                            },
-                            _ => responder.error(&id, &RpcError::method_not_found(&method)),
-                        }
-                    }
-                    Err(r) => {
-                        // A server error not tied to a request (id null), e.g. a framing error.
-                        tracing::debug!(error = %r.error, "unparseable message from server");
-                    }
-                }
-            }
-            c.cancel();
-            // Fail every waiting call: the connection is gone (for the reason it broke, if the
-            // server broke the protocol).
-            let why = lock(&failed).clone().unwrap_or(ClientError::ConnectionLost);
-            for (_, tx) in lock(&p).drain() {
-                let _ = tx.send(Err(why.clone()));
-            }
-        });
-
-        RpcConnection {
-            out: Out::Json(out_tx),
-            pending,
-            next_id: Arc::new(AtomicU64::new(1)),
-            closed,
-            failure,
-            flow,
-            binary_input: Arc::default(),
-        }
+        network::start(transport, notifications, fast, requests)
     }
 
     /// A connection over the client end of an in-process transport: typed messages both
@@ -423,62 +269,7 @@ impl RpcConnection {
         fast: Option<FastPath>,
         requests: Option<RequestHandler>,
     ) -> RpcConnection {
-        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
-        let closed = CancellationToken::new();
-        let out = Out::Local {
-            requests: end.sender(),
-            capacity: end.limits().requests,
-        };
-        let router = Arc::new(LocalRouter {
-            pending: pending.clone(),
-            closed: closed.clone(),
-            requests,
-            fast,
-            links: Mutex::new(Some(RouterLinks {
-                responder: Responder { out: out.clone() },
-                notifications,
-            })),
-        });
-        end.receive_directly(router.clone());
-        let LocalClientEnd {
-            mut control,
-            mut events,
-            ..
-        } = end;
-        let p = pending.clone();
-        let c = closed.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = c.cancelled() => break,
-                    m = control.recv() => match m {
-                        None => break,
-                        Some(m) => router.route_control(m),
-                    },
-                    e = events.recv() => {
-                        let Some(e) = e else { break };
-                        if !router.route_event(e) {
-                            break;
-                        }
-                    }
-                }
-            }
-            c.cancel();
-            router.release();
-            for (_, tx) in lock(&p).drain() {
-                let _ = tx.send(Err(ClientError::ConnectionLost));
-            }
-        });
-        RpcConnection {
-            out,
-            pending,
-            next_id: Arc::new(AtomicU64::new(1)),
-            closed,
-            failure: Arc::default(),
-            flow: None,
-            binary_input: Arc::default(),
-        }
+        local_router::start(end, notifications, fast, requests)
     }
 
     /// Send a typed request and wait for its typed result. Over a network connection it is

@@ -1,7 +1,7 @@
 //! Where the server is ([`Target`]), and opening one transport to it: a spawned stdio server,
 //! a plain WebSocket, or a virtual stream on a shared Noise link. It never retries: waiting
 //! for an offline environment on the first connection and resuming are the session's
-//! (`client/mod.rs`, `supervise.rs`).
+//! (`establish.rs`, `supervise.rs`).
 
 use std::path::PathBuf;
 use std::process::Stdio;

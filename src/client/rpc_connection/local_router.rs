@@ -3,16 +3,23 @@
 //! the channels, routed to the caller waiting for it, the approval handler or the
 //! notification path. It never waits: it runs on the server's reader, a request's task or
 //! the server's writer.
+//!
+//! It also starts the in-process connection ([`RpcConnection::start_local`]): the router
+//! installed on the client end, and the reader task over the channels. That task must never
+//! outlive its connection holding the router's links ([`LocalRouter::release`] drops them).
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    local_id, Answer, FastPath, Notification, NotificationSink, Pending, RequestHandler, Responder,
+    local_id, Answer, FastPath, Notification, NotificationSink, Out, Pending, RequestHandler,
+    Responder, RpcConnection,
 };
 use crate::client::ClientError;
-use crate::connection::local::LocalReceiver;
+use crate::connection::local::{LocalClientEnd, LocalReceiver};
 use crate::connection::message::Outbound;
 use crate::connection::outlet::EventMessage;
 use crate::process::event_log::EventBody;
@@ -125,5 +132,72 @@ impl LocalReceiver for LocalRouter {
         // Nothing takes notifications: the connection is done, as its reader would decide.
         self.closed.cancel();
         false
+    }
+}
+
+/// Start an in-process connection over `end` ([`RpcConnection::start_local`]): the router
+/// installed on `end` before anything is sent, and the task that serves the channels for what
+/// was queued before that, failing every waiting call when they end.
+pub(super) fn start(
+    end: LocalClientEnd,
+    notifications: NotificationSink,
+    fast: Option<FastPath>,
+    requests: Option<RequestHandler>,
+) -> RpcConnection {
+    let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+    let closed = CancellationToken::new();
+    let out = Out::Local {
+        requests: end.sender(),
+        capacity: end.limits().requests,
+    };
+    let router = Arc::new(LocalRouter {
+        pending: pending.clone(),
+        closed: closed.clone(),
+        requests,
+        fast,
+        links: Mutex::new(Some(RouterLinks {
+            responder: Responder { out: out.clone() },
+            notifications,
+        })),
+    });
+    end.receive_directly(router.clone());
+    let LocalClientEnd {
+        mut control,
+        mut events,
+        ..
+    } = end;
+    let p = pending.clone();
+    let c = closed.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                _ = c.cancelled() => break,
+                m = control.recv() => match m {
+                    None => break,
+                    Some(m) => router.route_control(m),
+                },
+                e = events.recv() => {
+                    let Some(e) = e else { break };
+                    if !router.route_event(e) {
+                        break;
+                    }
+                }
+            }
+        }
+        c.cancel();
+        router.release();
+        for (_, tx) in lock(&p).drain() {
+            let _ = tx.send(Err(ClientError::ConnectionLost));
+        }
+    });
+    RpcConnection {
+        out,
+        pending,
+        next_id: Arc::new(AtomicU64::new(1)),
+        closed,
+        failure: Arc::default(),
+        flow: None,
+        binary_input: Arc::default(),
     }
 }
