@@ -13,6 +13,11 @@
 //!   fake client over `BENCH_RELAY_STREAMS` streams (default 1), through the relay; its CPU
 //!   (user + system, from /proc) per GB moved and its peak resident set.
 //!
+//! - `relay_tls_MBps`, `relay_tls_cpu_s_per_GB` (with `_user_…`, `_sys_…`): the same
+//!   transfer with the relay on its own TLS (`--listen wss://…`, a certificate made here for
+//!   `localhost`), both links over it: the relay decrypts and encrypts every byte once.
+//!   `BENCH_RELAY_TLS=0` skips it.
+//!
 //! - `haproxy_tcp_cpu_s_per_GB`, `haproxy_tcp_splice_cpu_s_per_GB`, `socat_cpu_s_per_GB`
 //!   (with `_MBps`, `_user_…`, `_sys_…`) and `relay_vs_haproxy_tcp_cpu_ratio` (target ≤ 1.25):
 //!   the same `BENCH_BYTES` through a plain TCP proxy in its own process, from a socket of this
@@ -90,9 +95,60 @@ fn cpu_secs(pid: u32) -> (f64, f64) {
     (field(11) / tick, field(12) / tick)
 }
 
+/// The stream under a fake link's WebSocket: TCP, or TLS over it.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+type Ws = tokio_tungstenite::WebSocketStream<ReadAhead<Box<dyn Io>>>;
+
+/// The relay's TLS for the `wss://` run: its certificate files and a client that trusts it.
+struct RelayTls {
+    _dir: tempfile::TempDir,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl RelayTls {
+    fn new() -> RelayTls {
+        let key = rcgen::KeyPair::generate().expect("TLS key");
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .expect("certificate parameters")
+            .self_signed(&key)
+            .expect("certificate");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert_path, cert.pem()).expect("cert.pem");
+        std::fs::write(&key_path, key.serialize_pem()).expect("key.pem");
+        std::fs::set_permissions(
+            &key_path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("key mode");
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(cert.der().clone())
+            .expect("trust the certificate");
+        // The provider named: the workspace's feature set may hold two.
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        RelayTls {
+            _dir: dir,
+            cert: cert_path,
+            key: key_path,
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+        }
+    }
+}
+
 struct Relay {
     child: tokio::process::Child,
     addr: SocketAddr,
+    tls: Option<tokio_rustls::TlsConnector>,
     keys: Keypair,
     envs: Vec<(String, Keypair)>,
     _dir: tempfile::TempDir,
@@ -105,6 +161,11 @@ impl Relay {
 }
 
 async fn start_relay(environments: usize, extra: &[&str]) -> Relay {
+    start_relay_on(environments, extra, None).await
+}
+
+/// [`start_relay`], on `wss://` with `tls`'s certificate when given.
+async fn start_relay_on(environments: usize, extra: &[&str], tls: Option<&RelayTls>) -> Relay {
     let dir = tempfile::tempdir().expect("tempdir");
     let keys = Keypair::generate().expect("keygen");
     keys.write(&dir.path().join("relay"), "bench").expect("key");
@@ -116,9 +177,18 @@ async fn start_relay(environments: usize, extra: &[&str]) -> Relay {
         .map(|(id, k)| format!("{id} {}\n", public_line(&k.public, "bench")))
         .collect();
     std::fs::write(dir.path().join("environments"), text).expect("environments");
-    let mut child = tokio::process::Command::new(relay_bin())
-        .arg("--listen")
-        .arg("ws://127.0.0.1:0")
+    let mut command = tokio::process::Command::new(relay_bin());
+    match tls {
+        None => command.arg("--listen").arg("ws://127.0.0.1:0"),
+        Some(t) => command
+            .arg("--listen")
+            .arg("wss://127.0.0.1:0")
+            .arg("--tls-cert")
+            .arg(&t.cert)
+            .arg("--tls-key")
+            .arg(&t.key),
+    };
+    let mut child = command
         .arg("--key")
         .arg(dir.path().join("relay"))
         .arg("--environments")
@@ -141,26 +211,34 @@ async fn start_relay(environments: usize, extra: &[&str]) -> Relay {
         .expect("url line");
     let addr = url
         .strip_prefix("ws://")
+        .or_else(|| url.strip_prefix("wss://"))
         .and_then(|a| a.parse().ok())
-        .expect("ws://ADDR");
+        .expect("ws://ADDR or wss://ADDR");
     Relay {
         child,
         addr,
+        tls: tls.map(|t| t.connector.clone()),
         keys,
         envs,
         _dir: dir,
     }
 }
 
-async fn ws(
-    addr: SocketAddr,
-    path: &str,
-) -> tokio_tungstenite::WebSocketStream<ReadAhead<TcpStream>> {
+async fn ws(relay: &Relay, path: &str) -> Ws {
+    let addr = relay.addr;
     let tcp = TcpStream::connect(addr).await.expect("connect");
     tcp.set_nodelay(true).expect("nodelay");
+    let (io, scheme): (Box<dyn Io>, _) = match &relay.tls {
+        None => (Box::new(tcp), "ws"),
+        Some(connector) => {
+            let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+            let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+            (Box::new(tls), "wss")
+        }
+    };
     tokio_tungstenite::client_async_with_config(
-        format!("ws://{addr}{path}"),
-        ReadAhead::websocket_client(tcp),
+        format!("{scheme}://localhost:{}{path}", addr.port()),
+        ReadAhead::websocket_client(io),
         Some(link_websocket_config()),
     )
     .await
@@ -178,7 +256,7 @@ fn now_micros() -> u64 {
 /// Environment `i` of the relay up, as an engine server link accepting up to `streams`.
 async fn environment(relay: &Relay, i: usize, streams: usize) -> (EndpointLink, Incoming) {
     let (id, keys) = &relay.envs[i];
-    let mut w = ws(relay.addr, &format!("/v1/env/{id}")).await;
+    let mut w = ws(relay, &format!("/v1/env/{id}")).await;
     let (hs, open) =
         EnvironmentHandshake::start(keys, &relay.keys.public, id, now_micros()).expect("msg1");
     let deadline = std::time::Duration::from_secs(30);
@@ -244,7 +322,7 @@ async fn idle_streams(total: usize) {
         let accepted = acceptor(incoming);
         let id = &relay.envs[i].0;
         let client = EndpointLink::spawn_client(
-            ws(relay.addr, &format!("/v1/connect/{id}")).await,
+            ws(&relay, &format!("/v1/connect/{id}")).await,
             EndpointConfig {
                 max_streams: per_link.max(1),
                 ..EndpointConfig::default()
@@ -301,15 +379,17 @@ async fn idle_streams(total: usize) {
     drop((held, env_streams, clients, envs));
 }
 
-/// `bytes` of full-size records environment → client over `streams` streams.
-async fn throughput(bytes: u64, streams: usize) -> f64 {
-    let relay = start_relay(1, &[]).await;
+/// `bytes` of full-size records environment → client over `streams` streams, through a relay
+/// on `ws://` or, with `tls`, on `wss://` (figures then named `relay_tls_…`).
+async fn throughput(bytes: u64, streams: usize, tls: Option<&RelayTls>) -> f64 {
+    let name = if tls.is_some() { "relay_tls" } else { "relay" };
+    let relay = start_relay_on(1, &[], tls).await;
     let pid = relay.pid();
     let (_env, incoming) = environment(&relay, 0, streams).await;
     let mut accepted = acceptor(incoming);
     let id = relay.envs[0].0.clone();
     let client = EndpointLink::spawn_client(
-        ws(relay.addr, &format!("/v1/connect/{id}")).await,
+        ws(&relay, &format!("/v1/connect/{id}")).await,
         EndpointConfig::default(),
     )
     .expect("client link");
@@ -358,15 +438,15 @@ async fn throughput(bytes: u64, streams: usize) -> f64 {
     let (user, sys) = (user1 - cpu0.0, sys1 - cpu0.1);
     let cpu = user + sys;
     let gb = moved as f64 / 1e9;
-    println!("relay_MBps {:.1}", moved as f64 / 1e6 / took);
-    println!("relay_cpu_s_per_GB {:.3}", cpu / gb);
+    println!("{name}_MBps {:.1}", moved as f64 / 1e6 / took);
+    println!("{name}_cpu_s_per_GB {:.3}", cpu / gb);
     // The split: system time is the kernel's TCP receive and send of every byte (twice through
     // the socket layer), which no relay avoids; user time is the relay's own work.
-    println!("relay_user_cpu_s_per_GB {:.3}", user / gb);
-    println!("relay_sys_cpu_s_per_GB {:.3}", sys / gb);
-    println!("relay_peak_rss_KiB {}", peak_rss_kib(pid));
+    println!("{name}_user_cpu_s_per_GB {:.3}", user / gb);
+    println!("{name}_sys_cpu_s_per_GB {:.3}", sys / gb);
+    println!("{name}_peak_rss_KiB {}", peak_rss_kib(pid));
     eprintln!(
-        "[relay-bench] {moved} bytes over {streams} stream(s) in {took:.2} s; relay CPU {cpu:.2} s"
+        "[relay-bench] {name}: {moved} bytes over {streams} stream(s) in {took:.2} s; relay CPU {cpu:.2} s"
     );
     cpu / gb
 }
@@ -512,7 +592,10 @@ async fn main() {
         idle_streams(idle).await;
     }
     if bytes > 0 {
-        let relay = throughput(bytes, streams).await;
+        let relay = throughput(bytes, streams, None).await;
+        if env_u64("BENCH_RELAY_TLS", 1) > 0 {
+            throughput(bytes, streams, Some(&RelayTls::new())).await;
+        }
         if env_u64("BENCH_TCP_PROXIES", 1) > 0 {
             let haproxy = tcp_proxy("haproxy_tcp", bytes).await;
             tcp_proxy("haproxy_tcp_splice", bytes).await;

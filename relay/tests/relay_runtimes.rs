@@ -1,15 +1,16 @@
 //! The relay's links on several single-threaded runtimes (`LinkRuntimes`, the binary's
 //! `--runtime-threads`): a client link and its environment's link on different runtimes carry
 //! a stream both ways with every byte in order, the placement shows in `/metrics`, a client
-//! link moves to its environment's runtime when that one is up, and shutdown ends every link
-//! on every runtime before the runtimes stop.
+//! link moves to its environment's runtime when that one is up (over `ws://` and over the
+//! relay's own TLS, `wss://`), and shutdown ends every link on every runtime before the
+//! runtimes stop.
 //!
 //! Waits are on records, closes and metric values; wall-clock timeouts are hang guards only.
 
 mod harness;
 
 use bytes::Bytes;
-use execrelay_io::driver::{StreamError, StreamHandle};
+use execrelay_io::driver::{EndpointLink, StreamError, StreamHandle};
 use execrelay_io::runtimes::{LinkRuntimes, RuntimeFigures};
 use execrelay_protocol::config::EndpointConfig;
 use execrelay_protocol::keys::Keypair;
@@ -173,6 +174,110 @@ async fn a_client_link_moves_to_its_environments_runtime() {
     .await;
     round_trip(&mut s, "still").await;
     assert_eq!(env.close_reason(), None);
+    relay.stop().await;
+    runtimes.shutdown();
+}
+
+/// A `wss://` connection to the TLS relay at `addr`, trusting `cert` (DER) for `localhost`.
+async fn tls_ws(
+    addr: std::net::SocketAddr,
+    cert: &rustls::pki_types::CertificateDer<'static>,
+    path: &str,
+) -> tokio_tungstenite::WebSocketStream<
+    execrelay_io::driver::ReadAhead<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.clone()).unwrap();
+    // The provider named: the workspace's feature set may hold two.
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = guard("connect", tokio::net::TcpStream::connect(addr))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = guard("TLS handshake", connector.connect(name, tcp))
+        .await
+        .unwrap();
+    let (ws, _) = guard(
+        "upgrade",
+        tokio_tungstenite::client_async_with_config(
+            format!("wss://localhost:{}{path}", addr.port()),
+            execrelay_io::driver::ReadAhead::websocket_client(tls),
+            Some(execrelay_io::driver::link_websocket_config()),
+        ),
+    )
+    .await
+    .unwrap();
+    ws
+}
+
+/// Over the relay's own TLS too: the client link's TLS session moves with its socket to the
+/// environment link's runtime (accepted, handshaken and upgraded elsewhere), and carries
+/// records both ways after the move.
+#[tokio::test]
+async fn a_tls_client_link_moves_to_its_environments_runtime() {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let files = execrelay_io::tls::CertificateFiles {
+        cert: dir.path().join("cert.pem"),
+        key: dir.path().join("key.pem"),
+    };
+    std::fs::write(&files.cert, cert.pem()).unwrap();
+    std::fs::write(&files.key, key.serialize_pem()).unwrap();
+    std::fs::set_permissions(
+        &files.key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let tls = execrelay_io::tls::TlsListener::new(files).unwrap();
+
+    let runtimes = LinkRuntimes::start(3, "test-tls-home").unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    let relay =
+        Relay::start_tls_on(settings(), &[("tls-env", &env_keys)], runtimes.clone(), tls).await;
+    let before = placed(&runtimes.figures());
+    let mut ws = tls_ws(relay.addr, cert.der(), "/v1/env/tls-env").await;
+    env_handshake(&mut ws, &env_keys, &relay.keys.public, "tls-env", next_ts())
+        .await
+        .expect("environment admitted");
+    let (env, incoming) = EndpointLink::spawn_server(ws, EndpointConfig::default()).unwrap();
+    echo_environment(incoming);
+    let env_on = placed_on(&before, &placed(&runtimes.figures()));
+
+    let before = placed(&runtimes.figures());
+    let ws = tls_ws(relay.addr, cert.der(), "/v1/connect/tls-env").await;
+    let c = EndpointLink::spawn_client(ws, EndpointConfig::default()).unwrap();
+    let mut s = open(&c).await;
+    round_trip(&mut s, "over TLS").await;
+    // Accepted on a less busy runtime (the least busy is never the environment's, which runs
+    // its link), then placed on the environment's: two placements, the second there.
+    let after = placed(&runtimes.figures());
+    assert_eq!(after[env_on], before[env_on] + 1, "{before:?} → {after:?}");
+    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 2);
+    wait_figures(
+        &runtimes,
+        "every link task on the environment's runtime",
+        |f| {
+            f.iter().enumerate().all(|(i, r)| {
+                (i == env_on) == (r.alive_tasks >= 4) && (i == env_on || r.alive_tasks == 0)
+            })
+        },
+    )
+    .await;
+    // Many records of many sizes after the move, echoed whole and in order: the session's
+    // state went with its socket.
+    exchange(s, 0xc0, 0xc0).await;
+    assert_eq!(env.close_reason(), None);
+    assert_eq!(c.close_reason(), None);
     relay.stop().await;
     runtimes.shutdown();
 }

@@ -350,9 +350,10 @@ impl RelayServer {
 
     /// Run the links on `runtimes` ([`LinkRuntimes`]; the binary's `--runtime-threads`): each
     /// connection to the links' listener goes to the one running the fewest tasks; a client
-    /// link then moves to the runtime of its environment's link, if that one is up (plain
-    /// `ws://`; a TLS client link stays where its handshake ran), so a route's reader and
-    /// writer wake each other on one thread; a link's tasks stay where it is. The listeners, the watchers, the cluster's tasks and the
+    /// link then moves to the runtime of its environment's link, if that one is up (over
+    /// `ws://` or the relay's own TLS: the session moves with its socket), so a route's reader
+    /// and writer wake each other on one thread; a link's tasks stay where it is. The
+    /// listeners, the watchers, the cluster's tasks and the
     /// shutdown sequence stay on the runtime that runs [`run`](Self::run). Without it every
     /// link runs there too. The caller stops `runtimes` after `run` returns
     /// ([`LinkRuntimes::shutdown`]): by then every link has ended.

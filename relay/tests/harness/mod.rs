@@ -140,7 +140,7 @@ impl Relay {
         entries: &[(&str, &Keypair)],
         keys: Keypair,
     ) -> Relay {
-        Relay::start_inner(settings, entries, keys, None).await
+        Relay::start_inner(settings, entries, keys, None, None).await
     }
 
     /// [`Relay::start`] with its links on `runtimes` (as the binary runs them); the test
@@ -155,6 +155,24 @@ impl Relay {
             entries,
             Keypair::generate().unwrap(),
             Some(runtimes),
+            None,
+        )
+        .await
+    }
+
+    /// [`Relay::start_on`] speaking TLS on its links' listener (`wss://`) with `tls`.
+    pub async fn start_tls_on(
+        settings: RelaySettings,
+        entries: &[(&str, &Keypair)],
+        runtimes: execrelay_io::runtimes::LinkRuntimes,
+        tls: execrelay_io::tls::TlsListener,
+    ) -> Relay {
+        Relay::start_inner(
+            settings,
+            entries,
+            Keypair::generate().unwrap(),
+            Some(runtimes),
+            Some(tls),
         )
         .await
     }
@@ -164,6 +182,7 @@ impl Relay {
         entries: &[(&str, &Keypair)],
         keys: Keypair,
         runtimes: Option<execrelay_io::runtimes::LinkRuntimes>,
+        tls: Option<execrelay_io::tls::TlsListener>,
     ) -> Relay {
         let dir = tempfile::tempdir().unwrap();
         let environments = dir.path().join("environments");
@@ -176,6 +195,10 @@ impl Relay {
         .unwrap();
         let server = match runtimes {
             Some(r) => server.with_runtimes(r),
+            None => server,
+        };
+        let server = match tls {
+            Some(t) => server.with_tls(t),
             None => server,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -306,8 +329,8 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The environment side of the link handshake over `ws` (already at `/v1/env/ID`).
-pub async fn env_handshake(
-    ws: &mut Ws,
+pub async fn env_handshake<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    ws: &mut WebSocketStream<ReadAhead<S>>,
     keys: &Keypair,
     relay_public: &[u8; 32],
     id: &str,
