@@ -22,6 +22,8 @@ pub struct KeygenArgs {
     #[arg(short = 'o', long = "output", value_name = "NAME", conflicts_with_all = ["fingerprint", "public"])]
     pub output: Option<PathBuf>,
     /// Comment on the public key line [default: user@host].
+    // The brackets are clap's help convention, not a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(short = 'c', long)]
     pub comment: Option<String>,
     /// Overwrite NAME and NAME.pub if they exist.

@@ -45,7 +45,7 @@ use crate::sync::lock;
 /// server holds per stream (about this much, plus what is in flight): 64 KiB keeps a thousand
 /// streams at once under 100 MB of it (it was 256 KiB: 256 MB for the fan-in benchmark), for
 /// one small notification per chunk or two consumed. A server whose `retainedOutputBytes` is
-/// smaller gets an ack at half its retention ([`ack_threshold`]); and whatever the count, a
+/// smaller gets an ack at half its retention (`ack_threshold`); and whatever the count, a
 /// client that has consumed everything it received acknowledges it before it waits for more,
 /// so the server is never left waiting for an ack while the client waits for output.
 pub const ACK_EVERY_BYTES: u64 = 64 * 1024;

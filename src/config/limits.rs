@@ -129,7 +129,7 @@ pub const MAX_LINKS: usize = 256;
 /// extended, so a client trickling bytes is cut at it. Real clients take milliseconds.
 pub const REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
 /// Connections accepted but not yet upgraded or answered, per listener. Each holds at most
-/// [`MAX_REQUEST_HEAD_BYTES`] for at most [`REQUEST_HEAD_TIMEOUT_MS`]; beyond the cap a new
+/// [`MAX_REQUEST_HEAD_BYTES`](execrelay_io::http::limits::MAX_REQUEST_HEAD_BYTES) for at most [`REQUEST_HEAD_TIMEOUT_MS`]; beyond the cap a new
 /// connection is closed at once (256 × 16 KiB = 4 MiB at most).
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// Connections not yet upgraded or answered from one peer address (an IPv4 address, or the

@@ -11,7 +11,7 @@
 //! form the connection asked for in `initialize`, `OutputForm`: a JSON text with base64, or a
 //! binary message whose payload is the event's own `Bytes`; replays after a resume take the
 //! same path) or the in-process transport's two bounded channels (typed values). A reply to an
-//! in-process client that installed a receiver skips the writer ([`hand_over`]).
+//! in-process client that installed a receiver skips the writer (`hand_over`).
 
 use std::sync::Arc;
 

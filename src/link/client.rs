@@ -290,7 +290,7 @@ impl ClientLink {
     /// Open a new virtual stream: handshake, then a transport. At most
     /// [`MAX_OPENING_STREAMS`] handshakes are in flight per link; an OPEN the server turns
     /// away as busy is retried with backoff, one refused as a replay is retried at once with
-    /// a fresh handshake ([`REPLAYED_RETRIES`]), and one refused `unsupported_suite` is opened
+    /// a fresh handshake (`REPLAYED_RETRIES`), and one refused `unsupported_suite` is opened
     /// again in suite 0 when the suite was chosen automatically (the link remembers it).
     pub async fn open_stream(self: &Arc<Self>) -> Result<Transport, NoiseError> {
         self.open_stream_with(self.cfg.suite).await

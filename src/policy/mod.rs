@@ -6,7 +6,7 @@
 //! - this file: [`ExecPolicy`] (parse the TOML, decide), [`Action`], [`Verdict`];
 //! - [`resolve`]: the program's resolved path (the `PATH` lookup `execvp` will do for the
 //!   child), the second name a rule is matched against;
-//! - [`file`]: [`PolicyFile`], the policy of `--exec-policy FILE`, re-read when the file
+//! - [`file`](mod@file): [`PolicyFile`], the policy of `--exec-policy FILE`, re-read when the file
 //!   changes (a bad edit keeps the previous policy and is logged).
 //!
 //! A leaf (layer 1): it imports only `config`, knows no session or process, and never spawns

@@ -5,7 +5,7 @@
 //! it: when the connection drops it stays pending, and [`Session::attach`] sends it again,
 //! with the same id, to the connection that resumes the session (before any replayed event).
 //! Exactly one resolution reaches each callback: the first answer, the timeout, or the
-//! withdrawal when the session ends; whoever takes the request out of [`Approvals`] first
+//! withdrawal when the session ends; whoever takes the request out of `Approvals` first
 //! decides, under its lock, and the rest find it gone.
 //!
 //! It never decodes JSON (the connection hands it a typed [`ApprovalAnswer`]) and never

@@ -51,7 +51,7 @@ impl Detached {
 }
 
 /// The TCP stream under a TLS session, which can leave its runtime's reactor
-/// ([`MovableTcp::detach`]) and join another's ([`MovableTcp::attach`]) while the session
+/// ([`FrontIo::detach`]) and join another's ([`Detached::attach`]) while the session
 /// above it stays as it is (tokio-rustls gives no way to take a session apart and build it
 /// again). Reads and writes of a detached stream fail with `NotConnected`; the front never
 /// makes them.

@@ -60,6 +60,8 @@ pub struct RelayKeygenArgs {
     #[arg(short = 'o', long = "output", value_name = "NAME")]
     pub output: PathBuf,
     /// Comment on the public key line [default: execrelay-relay@HOST].
+    // The brackets are clap's help convention, not a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(short = 'c', long)]
     pub comment: Option<String>,
     /// Do nothing (and succeed) when NAME exists already: for a service's first start, as

@@ -8,7 +8,7 @@
 //! directory as `DST` receives the sources under their own names, anything else is the new
 //! name of the one source; a directory needs `-r`. Missing paths and permission errors are
 //! named, on either side. Downloads arrive as binary output messages where the transport
-//! carries them; uploads go out as `process/write` requests through [`upload`], the one
+//! carries them; uploads go out as `process/write` requests through `upload`, the one
 //! place binary writes (`protocol.md` §5.2) will slot in. A progress bar is drawn on a
 //! terminal for a transfer that takes longer than a second.
 

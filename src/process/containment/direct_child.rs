@@ -136,7 +136,7 @@ impl DirectChild {
         self.abandoned.store(true, Ordering::Release);
     }
 
-    /// Whether [`abandon`](Self::abandon) was called.
+    /// Whether `abandon` was called.
     pub fn is_abandoned(&self) -> bool {
         self.abandoned.load(Ordering::Acquire)
     }

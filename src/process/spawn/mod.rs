@@ -10,7 +10,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `mod.rs` | the spec, pipes or a PTY, the placement and registration around the clone |
-//! | `child.rs` | [`ChildPlan`]: everything prepared for the child, and the child's steps up to `execve` |
+//! | `child.rs` | `ChildPlan`: everything prepared for the child, and the child's steps up to `execve` |
 //! | `clone.rs` | `clone3(CLONE_INTO_CGROUP)` or `clone(CLONE_VM \| CLONE_VFORK)`, the child's stack, the signal mask around it |
 //! | `output_pipe.rs` | [`OutputPipe`]: an output pipe put on the reactor only once a read finds it empty |
 //!
@@ -128,7 +128,7 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// the server reads it. One open and close less per spawn.
 static DEV_NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
 
-/// Open the children's shared stdin ([`DEV_NULL`]) now rather than at the first spawn: the
+/// Open the children's shared stdin (`DEV_NULL`) now rather than at the first spawn: the
 /// composition root calls this at start, so that a server's descriptors at rest are the same
 /// before its first spawn and after its last (what a leak check compares). A failure here is
 /// only logged; the first spawn tries again and reports its own error.
