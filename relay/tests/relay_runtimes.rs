@@ -80,6 +80,26 @@ async fn wait_figures(
     }
 }
 
+/// The one client link connected since `before` was accepted on a less busy runtime (the
+/// least busy is never the environment's, which runs its link) and then placed on the
+/// environment's, `env_on`: two placements, the second there; and every link task runs there,
+/// none elsewhere.
+async fn assert_moved_home(runtimes: &LinkRuntimes, before: &[u64], env_on: usize) {
+    let after = placed(&runtimes.figures());
+    assert_eq!(after[env_on], before[env_on] + 1, "{before:?} → {after:?}");
+    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 2);
+    wait_figures(
+        runtimes,
+        "every link task on the environment's runtime",
+        |f| {
+            f.iter().enumerate().all(|(i, r)| {
+                (i == env_on) == (r.alive_tasks >= 4) && (i == env_on || r.alive_tasks == 0)
+            })
+        },
+    )
+    .await;
+}
+
 /// A client link that connected while its environment was offline stays where it was placed;
 /// the environment's link, placed on the least busy runtime, lands on another: a stream between
 /// them crosses runtimes both ways.
@@ -157,21 +177,7 @@ async fn a_client_link_moves_to_its_environments_runtime() {
     let c = client(&relay, "home-env").await;
     let mut s = open(&c).await;
     round_trip(&mut s, "at home").await;
-    // Accepted on a less busy runtime, then placed on the environment's.
-    let after = placed(&runtimes.figures());
-    assert_eq!(after[env_on], before[env_on] + 1, "{before:?} → {after:?}");
-    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 2);
-    // Both links' tasks on one runtime, none elsewhere.
-    wait_figures(
-        &runtimes,
-        "every link task on the environment's runtime",
-        |f| {
-            f.iter().enumerate().all(|(i, r)| {
-                (i == env_on) == (r.alive_tasks >= 4) && (i == env_on || r.alive_tasks == 0)
-            })
-        },
-    )
-    .await;
+    assert_moved_home(&runtimes, &before, env_on).await;
     round_trip(&mut s, "still").await;
     assert_eq!(env.close_reason(), None);
     relay.stop().await;
@@ -258,21 +264,7 @@ async fn a_tls_client_link_moves_to_its_environments_runtime() {
     let c = EndpointLink::spawn_client(ws, EndpointConfig::default()).unwrap();
     let mut s = open(&c).await;
     round_trip(&mut s, "over TLS").await;
-    // Accepted on a less busy runtime (the least busy is never the environment's, which runs
-    // its link), then placed on the environment's: two placements, the second there.
-    let after = placed(&runtimes.figures());
-    assert_eq!(after[env_on], before[env_on] + 1, "{before:?} → {after:?}");
-    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 2);
-    wait_figures(
-        &runtimes,
-        "every link task on the environment's runtime",
-        |f| {
-            f.iter().enumerate().all(|(i, r)| {
-                (i == env_on) == (r.alive_tasks >= 4) && (i == env_on || r.alive_tasks == 0)
-            })
-        },
-    )
-    .await;
+    assert_moved_home(&runtimes, &before, env_on).await;
     // Many records of many sizes after the move, echoed whole and in order: the session's
     // state went with its socket.
     exchange(s, 0xc0, 0xc0).await;
