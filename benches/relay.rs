@@ -125,22 +125,15 @@ impl RelayTls {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .expect("key mode");
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(cert.der().clone())
-            .expect("trust the certificate");
-        // The provider named: the workspace's feature set may hold two.
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        // Trusted as `execrelay` dialers trust it (`--ca-file` holding the certificate: pinned).
+        let config = execrelay::link::trust::TlsRoots::CaFile(cert_path.clone())
+            .client_config()
+            .expect("the relay's certificate as --ca-file");
         RelayTls {
             _dir: dir,
             cert: cert_path,
             key: key_path,
-            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+            connector: tokio_rustls::TlsConnector::from(config),
         }
     }
 }

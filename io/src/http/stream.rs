@@ -72,14 +72,6 @@ impl MovableTcp {
         MovableTcp(Movable::Registered(tcp))
     }
 
-    /// The socket, while it is registered with a reactor.
-    pub fn registered(&self) -> Option<&TcpStream> {
-        match &self.0 {
-            Movable::Registered(tcp) => Some(tcp),
-            _ => None,
-        }
-    }
-
     /// Take the socket off its runtime's reactor.
     fn detach(&mut self) -> io::Result<()> {
         match std::mem::replace(&mut self.0, Movable::Lost) {
@@ -160,6 +152,7 @@ impl AsyncWrite for MovableTcp {
     }
 
     fn is_write_vectored(&self) -> bool {
+        // A TCP stream's answer, also while detached (nothing writes it then).
         true
     }
 
@@ -182,15 +175,6 @@ impl FrontIo {
     /// Whether the connection is encrypted by the listener's TLS.
     pub fn is_tls(&self) -> bool {
         matches!(self, FrontIo::Tls(_))
-    }
-
-    /// The TCP stream under it (`None` only for a TLS connection whose socket was lost
-    /// while it changed runtimes, which is then closed).
-    pub fn tcp(&self) -> Option<&TcpStream> {
-        match self {
-            FrontIo::Plain(s) => Some(s),
-            FrontIo::Tls(s) => s.get_ref().0.registered(),
-        }
     }
 
     /// Take the connection off this runtime's reactor, to [`attach`](Detached::attach) it on

@@ -39,10 +39,10 @@ use rustls::sign::CertifiedKey;
 use sha2::Digest;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
-
-use crate::http::MovableTcp;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+
+use crate::http::MovableTcp;
 
 use execrelay_protocol::keys::{stamp, Stamp};
 use execrelay_protocol::sync::read as read_lock;
