@@ -222,20 +222,23 @@ async fn tls_ws(
     ws
 }
 
-/// Over the relay's own TLS too: the client link's TLS session moves with its socket to the
-/// environment link's runtime (accepted, handshaken and upgraded elsewhere), and carries
-/// records both ways after the move.
-#[tokio::test]
-async fn a_tls_client_link_moves_to_its_environments_runtime() {
+/// A relay on its own TLS (`wss://`, a certificate for `localhost` made here) with its links
+/// on `runtimes`, environment `id` allowed with `keys`: the relay, and the certificate a client
+/// trusts.
+async fn tls_relay(
+    runtimes: &LinkRuntimes,
+    id: &str,
+    keys: &Keypair,
+) -> (Relay, rustls::pki_types::CertificateDer<'static>) {
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
         .unwrap()
         .self_signed(&key)
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let relay_dir = tempfile::tempdir().unwrap();
     let files = execrelay_io::tls::CertificateFiles {
-        cert: dir.path().join("cert.pem"),
-        key: dir.path().join("key.pem"),
+        cert: relay_dir.path().join("cert.pem"),
+        key: relay_dir.path().join("key.pem"),
     };
     std::fs::write(&files.cert, cert.pem()).unwrap();
     std::fs::write(&files.key, key.serialize_pem()).unwrap();
@@ -244,23 +247,42 @@ async fn a_tls_client_link_moves_to_its_environments_runtime() {
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
+    // Loaded now: the files may go with their directory.
     let tls = execrelay_io::tls::TlsListener::new(files).unwrap();
+    let relay = Relay::start_tls_on(settings(), &[(id, keys)], runtimes.clone(), tls).await;
+    (relay, cert.der().clone())
+}
 
-    let runtimes = LinkRuntimes::start(3, "test-tls-home").unwrap();
-    let env_keys = Keypair::generate().unwrap();
-    let relay =
-        Relay::start_tls_on(settings(), &[("tls-env", &env_keys)], runtimes.clone(), tls).await;
+/// Environment `id` up on the TLS relay, echoing: its link and the runtime it landed on.
+async fn tls_environment(
+    relay: &Relay,
+    runtimes: &LinkRuntimes,
+    cert: &rustls::pki_types::CertificateDer<'static>,
+    id: &str,
+    keys: &Keypair,
+) -> (EndpointLink, usize) {
     let before = placed(&runtimes.figures());
-    let mut ws = tls_ws(relay.addr, cert.der(), "/v1/env/tls-env").await;
-    env_handshake(&mut ws, &env_keys, &relay.keys.public, "tls-env", next_ts())
+    let mut ws = tls_ws(relay.addr, cert, &format!("/v1/env/{id}")).await;
+    env_handshake(&mut ws, keys, &relay.keys.public, id, next_ts())
         .await
         .expect("environment admitted");
     let (env, incoming) = EndpointLink::spawn_server(ws, EndpointConfig::default()).unwrap();
     echo_environment(incoming);
-    let env_on = placed_on(&before, &placed(&runtimes.figures()));
+    (env, placed_on(&before, &placed(&runtimes.figures())))
+}
+
+/// Over the relay's own TLS too: the client link's TLS session moves with its socket to the
+/// environment link's runtime (accepted, handshaken and upgraded elsewhere), and carries
+/// records both ways after the move.
+#[tokio::test]
+async fn a_tls_client_link_moves_to_its_environments_runtime() {
+    let runtimes = LinkRuntimes::start(3, "test-tls-home").unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    let (relay, cert) = tls_relay(&runtimes, "tls-env", &env_keys).await;
+    let (env, env_on) = tls_environment(&relay, &runtimes, &cert, "tls-env", &env_keys).await;
 
     let before = placed(&runtimes.figures());
-    let ws = tls_ws(relay.addr, cert.der(), "/v1/connect/tls-env").await;
+    let ws = tls_ws(relay.addr, &cert, "/v1/connect/tls-env").await;
     let c = EndpointLink::spawn_client(ws, EndpointConfig::default()).unwrap();
     let mut s = open(&c).await;
     round_trip(&mut s, "over TLS").await;
@@ -270,6 +292,53 @@ async fn a_tls_client_link_moves_to_its_environments_runtime() {
     exchange(s, 0xc0, 0xc0).await;
     assert_eq!(env.close_reason(), None);
     assert_eq!(c.close_reason(), None);
+    relay.stop().await;
+    runtimes.shutdown();
+}
+
+/// A hostile client's version of the above: TLS clients that upgrade and vanish at once, while
+/// they are being moved, or right after a malformed frame. Each one's link ends and nothing of it
+/// stays on any runtime; the environment's link and a well-behaved client are untouched.
+#[tokio::test]
+async fn tls_clients_that_vanish_while_moving_leave_nothing_behind() {
+    use futures_util::SinkExt;
+    let runtimes = LinkRuntimes::start(3, "test-tls-vanish").unwrap();
+    let env_keys = Keypair::generate().unwrap();
+    let (relay, cert) = tls_relay(&runtimes, "vanish-env", &env_keys).await;
+    let (env, env_on) = tls_environment(&relay, &runtimes, &cert, "vanish-env", &env_keys).await;
+    let env_tasks = runtimes.figures()[env_on].alive_tasks;
+    let before: u64 = placed(&runtimes.figures()).iter().sum();
+
+    for i in 0..20 {
+        let mut ws = tls_ws(relay.addr, &cert, "/v1/connect/vanish-env").await;
+        if i % 2 == 1 {
+            // Half a frame's worth of garbage, then gone.
+            let _ = ws
+                .send(tokio_tungstenite::tungstenite::Message::binary(vec![
+                    0x5a;
+                    7
+                ]))
+                .await;
+        }
+        drop(ws);
+    }
+    // Each went through the move: placed where accepted, then on the environment's runtime.
+    wait_figures(&runtimes, "every vanished client accepted and moved", |f| {
+        f.iter().map(|r| r.connections_placed).sum::<u64>() == before + 40
+    })
+    .await;
+    wait_figures(&runtimes, "every vanished client's link ended", |f| {
+        f.iter()
+            .enumerate()
+            .all(|(i, r)| r.alive_tasks == if i == env_on { env_tasks } else { 0 })
+    })
+    .await;
+
+    let ws = tls_ws(relay.addr, &cert, "/v1/connect/vanish-env").await;
+    let c = EndpointLink::spawn_client(ws, EndpointConfig::default()).unwrap();
+    let mut s = open(&c).await;
+    round_trip(&mut s, "after the vanished ones").await;
+    assert_eq!(env.close_reason(), None);
     relay.stop().await;
     runtimes.shutdown();
 }
