@@ -81,7 +81,12 @@ async fn websocket_from(source: &str, addr: &str) -> WebSocketStream<TcpStream> 
 /// A JSON-RPC client from `source` that went through `initialize`.
 async fn client_from(source: &str, addr: &str) -> RawClient {
     let ws = websocket_from(source, addr).await;
-    let mut c = ws_client(framed(ws, 1 << 24, addr.to_string()));
+    let mut c = ws_client(framed(
+        ws,
+        execrelay_protocol::websocket::Role::Client,
+        1 << 24,
+        addr.to_string(),
+    ));
     c.handshake().await;
     c
 }

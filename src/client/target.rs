@@ -22,7 +22,7 @@ pub enum Target {
         /// Arguments.
         args: Vec<String>,
     },
-    /// A plain WebSocket URL, `ws://HOST:PORT`.
+    /// A plain WebSocket URL, `ws://HOST:PORT` (or `wss://`, trusting the platform's roots).
     Ws(String),
     /// A Noise-encrypted server, `noise+ws://HOST:PORT`: one virtual stream on a physical
     /// link shared with every other client of the same `pool` talking to the same server
@@ -85,9 +85,20 @@ pub(super) async fn open_transport(target: &Target, max: usize) -> Result<Transp
             });
             Ok(line_transport(stdout, stdin, max, "spawned server"))
         }
-        Target::Ws(url) => crate::transport::websocket::connect_websocket(url, max)
-            .await
-            .map_err(|e| ClientError::Connect(e.to_string())),
+        Target::Ws(url) => {
+            // `wss://` trusts the platform's roots, as the relay dialers do by default.
+            let tls = match url.starts_with("wss://") {
+                true => Some(
+                    crate::link::trust::TlsRoots::Platform
+                        .client_config()
+                        .map_err(|e| ClientError::Connect(e.to_string()))?,
+                ),
+                false => None,
+            };
+            crate::transport::websocket::connect_websocket_with_tls(url, max, tls)
+                .await
+                .map_err(|e| ClientError::Connect(e.to_string()))
+        }
         Target::Noise { url, config, pool } => {
             use crate::link::client::NoiseError;
             let link = pool.link(url, config).await.map_err(|e| match e {

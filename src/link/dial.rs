@@ -18,8 +18,7 @@ use crate::transport::websocket::{connect_link_socket, LinkClientSocket};
 use execrelay_io::driver::link_websocket_config;
 use execrelay_io::http::MAX_ROUTE_ID_BYTES;
 
-/// A dialled link's WebSocket (over the read-ahead buffer of
-/// [`crate::transport::websocket::ClientSocket`]).
+/// A dialled link's WebSocket (see [`LinkClientSocket`]).
 pub type LinkSocket = LinkClientSocket;
 
 /// The path a client link connects to on a relay, before the environment id.

@@ -36,6 +36,7 @@ use execrelay_io::http::{
     self, Front, FrontStream, Health, MetricsRenderer, OnUpgrade, PathPattern, Routes, Upgrade,
     UpgradeRoute, REPLY_TIMEOUT_MS,
 };
+use execrelay_protocol::websocket::Role;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -284,8 +285,13 @@ impl Server {
                         let Some(ws) = admit_descriptors(&reserve, &spawner, up.ws, up.peer) else {
                             return;
                         };
-                        let transport =
-                            framed_with_keepalive(ws, max, up.peer.to_string(), Some(keepalive));
+                        let transport = framed_with_keepalive(
+                            ws,
+                            Role::Server,
+                            max,
+                            up.peer.to_string(),
+                            Some(keepalive),
+                        );
                         let (registry, stop, permit) = (registry.clone(), stop.clone(), up.permit);
                         let options = ConnectionOptions {
                             peer_addr: Some(up.peer.ip()),

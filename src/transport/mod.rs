@@ -18,6 +18,7 @@ pub mod line_codec;
 pub mod stdio;
 pub mod websocket;
 pub mod ws_frames;
+pub mod ws_inbound;
 pub mod ws_keepalive;
 
 /// Why an inbound message could not be framed. Every variant ends the connection.

@@ -29,37 +29,58 @@ use bytes::Bytes;
 use execrelay_io::driver::{ReadAhead, WS_READ_BUFFER_BYTES};
 use execrelay_io::http::DataOpcode;
 use execrelay_protocol::config::KeepaliveConfig;
-use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use execrelay_protocol::websocket::Role;
+use futures_util::{Sink, SinkExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError, UrlError};
+use tokio_tungstenite::tungstenite::error::{Error as WsError, UrlError};
 use tokio_tungstenite::tungstenite::handshake::client::Response;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tracing::debug;
 
 use super::ws_frames::DataFrames;
-use super::ws_keepalive::{split, WsSink, WsStream};
+use super::ws_inbound::WsStream;
+use super::ws_keepalive::{KeepaliveState, Shared, WsSink};
 use super::{FramingError, OutMessage, Transport};
 
 /// How long a client's connect and WebSocket handshake may take together: 10 s.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects to `url` (`ws://host:port/path`) and returns the framed [`Transport`].
+/// Connects to `url` (`ws://host:port/path`) and returns the framed [`Transport`]: as
+/// [`connect_websocket_with_tls`] without a TLS config (a `wss://` URL is refused).
+pub async fn connect_websocket(
+    url: &str,
+    max_message_bytes: usize,
+) -> Result<Transport, FramingError> {
+    connect_websocket_with_tls(url, max_message_bytes, None).await
+}
+
+/// Connects to `url` (`ws://host:port/path`, or `wss://` through the rustls `tls` config)
+/// and returns the framed [`Transport`].
 ///
 /// Inbound messages larger than `max_message_bytes` end the connection with
 /// [`FramingError::TooLarge`]. Connecting and the handshake together must finish within 10 s
 /// (else [`FramingError::Io`] with [`io::ErrorKind::TimedOut`]); a refused handshake (for
 /// example a 403) is a [`FramingError::Protocol`]. `peer` is the server's socket address.
-pub async fn connect_websocket(
+pub async fn connect_websocket_with_tls(
     url: &str,
     max_message_bytes: usize,
+    tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Result<Transport, FramingError> {
     // JSON-RPC messages are small and latency-sensitive: no Nagle delay (the dialer sets
-    // `TCP_NODELAY`); the socket is read through a read-ahead buffer.
-    let connect = connect_websocket_stream(url, websocket_config(max_message_bytes), None);
+    // `TCP_NODELAY`). The handshake runs over a read-ahead buffer that stops at the end of the
+    // HTTP head, so tungstenite holds no byte of the first frame: the reading half reads
+    // everything after it with the crate's own codec (`ws_inbound`).
+    if url.starts_with("wss://") && tls.is_none() {
+        return Err(FramingError::Protocol(format!(
+            "{url}: wss:// needs a TLS configuration (the client library passes the \
+             platform's trust roots)"
+        )));
+    }
+    let connect = connect_link_socket(url, websocket_config(max_message_bytes), tls);
     let (ws, _response) = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(connected)) => connected,
         Ok(Err(WsError::Io(error))) => return Err(FramingError::Io(error)),
@@ -71,7 +92,7 @@ pub async fn connect_websocket(
             )))
         }
     };
-    let peer = match ws.get_ref() {
+    let peer = match ws.get_ref().get_ref() {
         MaybeTlsStream::Plain(tcp) => tcp.get_ref().peer_addr().ok().map(|addr| addr.to_string()),
         _ => None,
     }
@@ -80,6 +101,7 @@ pub async fn connect_websocket(
     // The client pings too (§6.4): a server that stopped answering is found dead.
     Ok(framed_with_keepalive(
         ws,
+        Role::Client,
         max_message_bytes,
         peer,
         Some(KeepaliveConfig::default()),
@@ -108,20 +130,17 @@ pub fn handshake_error(e: &WsError) -> String {
     }
 }
 
-/// A dialled WebSocket (a plain JSON-RPC client's): TLS for `wss://`, over the TCP
-/// stream under a read-ahead buffer (`execrelay_io::driver::read_ahead`: tungstenite reads
-/// 4 KiB at a time, which would otherwise be one system call each).
-pub type ClientSocket = WebSocketStream<MaybeTlsStream<ReadAhead<TcpStream>>>;
-
-/// A dialled link's WebSocket: as [`ClientSocket`], with a second read-ahead buffer above TLS
-/// that stops each read at the end of the HTTP head and of each frame
-/// ([`ReadAhead::websocket_client`]), so the link's driver can take the socket over from
-/// tungstenite without losing a byte. (The lower buffer steps aside: the driver's and the
-/// upper buffer's reads are as large as its own.)
+/// A dialled WebSocket (a link's, or a plain JSON-RPC client's): TLS for `wss://`, over the
+/// TCP stream under a read-ahead buffer, with a second read-ahead buffer above TLS that stops
+/// each read at the end of the HTTP head and of each frame ([`ReadAhead::websocket_client`]),
+/// so the crate's own codec can take the socket over from tungstenite without losing a byte
+/// (a link's driver; a plain client's reading half, once it ends the boundaries). The lower
+/// buffer steps aside: the codec's and the upper buffer's reads are as large as its own.
 pub type LinkClientSocket = WebSocketStream<ReadAhead<MaybeTlsStream<ReadAhead<TcpStream>>>>;
 
-/// [`connect_websocket_stream`] for a link: TLS (through the rustls `tls` config) for
-/// `wss://`, then the handshake over [`ReadAhead::websocket_client`].
+/// Dials `url`: TLS (through the rustls `tls` config) for `wss://`, then the WebSocket
+/// handshake over [`ReadAhead::websocket_client`]. Used by links and by
+/// [`connect_websocket`].
 pub async fn connect_link_socket(
     url: &str,
     config: WebSocketConfig,
@@ -176,26 +195,6 @@ async fn connect_tcp(
     Ok((host, tcp))
 }
 
-/// Connect to `url` (`ws://` or `wss://`): TCP (without Nagle's delay: callers write whole
-/// batches), then TLS for `wss://` (through `connector`, or tokio-tungstenite's default one),
-/// then the WebSocket handshake with `config`; as `tokio_tungstenite::connect_async_tls_with_config`
-/// does, with the read-ahead buffer under it all. No deadline: the caller sets one.
-pub async fn connect_websocket_stream(
-    url: &str,
-    config: WebSocketConfig,
-    connector: Option<Connector>,
-) -> Result<(ClientSocket, Response), WsError> {
-    let request = url.into_client_request()?;
-    let (_host, tcp) = connect_tcp(&request).await?;
-    tokio_tungstenite::client_async_tls_with_config(
-        request,
-        ReadAhead::new(tcp),
-        Some(config),
-        connector,
-    )
-    .await
-}
-
 /// Tungstenite settings shared by both ends.
 pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
     // Both limits sit exactly at the protocol limit. tungstenite checks a frame's declared
@@ -210,14 +209,43 @@ pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
         .read_buffer_size(WS_READ_BUFFER_BYTES)
 }
 
-/// Splits an upgraded WebSocket into the two halves of a [`Transport`], without keepalive.
-/// Inbound messages larger than `limit` end the connection with [`FramingError::TooLarge`];
-/// `peer` names the peer in logs.
-pub fn framed<S>(ws: WebSocketStream<S>, limit: usize, peer: String) -> Transport
+/// Split `ws` (the `role` end) into its two halves sharing the socket, the reading one
+/// refusing messages over `limit`; with `keepalive`, the reading half pings and declares the
+/// peer dead, and the writing half has a deadline.
+pub fn split<S>(
+    mut ws: WebSocketStream<S>,
+    role: Role,
+    limit: usize,
+    keepalive: Option<KeepaliveConfig>,
+) -> (WsSink<S>, WsStream<S>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
+{
+    // tungstenite holds no byte past the handshake: the reading half reads from here.
+    ws.get_mut().end_boundaries();
+    let shared = Shared::new(ws);
+    let stream = WsStream::new(
+        shared.clone(),
+        role,
+        limit,
+        keepalive.map(KeepaliveState::new),
+    );
+    let sink = WsSink::new(shared, keepalive.map(|k| k.write_timeout));
+    (sink, stream)
+}
+
+/// Splits a WebSocket (the `role` end: [`Role::Server`] for one the HTTP front upgraded) into
+/// the two halves of a [`Transport`], without keepalive. Inbound messages larger than `limit`
+/// end the connection with [`FramingError::TooLarge`]; `peer` names the peer in logs.
+///
+/// tungstenite must hold no byte past the handshake (the reading half reads the stream under
+/// it from there): a server's `from_raw_socket`, or a client's handshake over a stream that
+/// stops at the end of the HTTP head ([`ReadAhead::websocket_client`]).
+pub fn framed<S>(ws: WebSocketStream<S>, role: Role, limit: usize, peer: String) -> Transport
 where
     S: AsyncRead + AsyncWrite + Unpin + DataFrames + Send + 'static,
 {
-    framed_with_keepalive(ws, limit, peer, None)
+    framed_with_keepalive(ws, role, limit, peer, None)
 }
 
 /// [`framed`], with keepalive and a write deadline (`secure-transport.md` §6.4): the
@@ -227,6 +255,7 @@ where
 /// way (see `ws_keepalive`).
 pub fn framed_with_keepalive<S>(
     ws: WebSocketStream<S>,
+    role: Role,
     limit: usize,
     peer: String,
     keepalive: Option<KeepaliveConfig>,
@@ -237,14 +266,10 @@ where
     // Split rather than drive both directions from one future: each half takes the shared lock
     // only for the duration of one poll, so a write blocked on a slow peer never stops the
     // reader (which keeps answering pings), and vice versa.
-    let (sink, stream) = split(ws, keepalive);
+    let (sink, stream) = split(ws, role, limit, keepalive);
     let frames = sink.takes_frames();
     Transport {
-        incoming: Box::pin(Incoming {
-            inner: stream,
-            limit,
-            ended: false,
-        }),
+        incoming: Box::pin(stream),
         outgoing: Box::pin(Outgoing {
             inner: sink,
             frames,
@@ -252,65 +277,6 @@ where
         peer,
         binary_messages: true,
         flow: None,
-    }
-}
-
-/// Inbound half: text and binary messages as bytes; control frames are tungstenite's business.
-struct Incoming<S> {
-    inner: WsStream<S>,
-    limit: usize,
-    /// Set once the stream has ended or failed; every later poll yields `None`, since every
-    /// [`FramingError`] ends the connection.
-    ended: bool,
-}
-
-impl<S> Stream for Incoming<S>
-where
-    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
-{
-    type Item = Result<Bytes, FramingError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        while !this.ended {
-            match ready!(this.inner.poll_next_unpin(cx)) {
-                Some(Ok(Message::Text(text))) => return Poll::Ready(Some(Ok(Bytes::from(text)))),
-                Some(Ok(Message::Binary(bytes))) => return Poll::Ready(Some(Ok(bytes))),
-                // tungstenite queues the pong reply itself and writes it on the next read or
-                // flush, which the next turn of this loop performs.
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                // The peer is closing. Keep polling: the next read flushes tungstenite's close
-                // reply and then reports the end of the stream (`None`).
-                Some(Ok(Message::Close(_))) => debug!("peer sent a close frame"),
-                Some(Err(error)) => {
-                    this.ended = true;
-                    if let Some(error) = framing_error(error, this.limit) {
-                        return Poll::Ready(Some(Err(error)));
-                    }
-                }
-                None => this.ended = true,
-            }
-        }
-        Poll::Ready(None)
-    }
-}
-
-/// Maps a tungstenite read error onto a [`FramingError`], or `None` when it only says that the
-/// peer has gone.
-fn framing_error(error: WsError, limit: usize) -> Option<FramingError> {
-    match error {
-        // An end without a close handshake is still the peer closing the connection: it is
-        // how clients that are killed or simply drop the socket go away.
-        WsError::ConnectionClosed
-        | WsError::AlreadyClosed
-        | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => {
-            debug!("WebSocket closed by the peer");
-            None
-        }
-        WsError::Capacity(_) => Some(FramingError::TooLarge { limit }),
-        WsError::Io(error) => Some(FramingError::Io(error)),
-        // tungstenite's messages name the rule broken, never the payload.
-        other => Some(FramingError::Protocol(other.to_string())),
     }
 }
 

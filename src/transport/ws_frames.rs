@@ -38,6 +38,11 @@ pub trait DataFrames {
     fn queued_bytes(&self) -> usize {
         0
     }
+
+    /// From here on the reading half reads this stream with the crate's own codec: a
+    /// read-ahead buffer stops cutting reads at frame ends ([`ReadAhead::end_boundaries`]),
+    /// so a read is as large as the codec asks.
+    fn end_boundaries(&mut self) {}
 }
 
 /// A server's accepted connection: the front builds every one over a [`FrameQueue`].
@@ -53,10 +58,22 @@ impl<S: AsyncWrite + Unpin> DataFrames for ReadAhead<FrameQueue<S>> {
     fn queued_bytes(&self) -> usize {
         self.get_ref().queued_bytes()
     }
+
+    fn end_boundaries(&mut self) {
+        ReadAhead::end_boundaries(self);
+    }
 }
 
 /// A dialled WebSocket (a client's frames are masked: tungstenite writes them).
 impl<S> DataFrames for MaybeTlsStream<S> {}
+
+/// A dialled WebSocket under the read-ahead buffer that keeps its HTTP head's end
+/// (`transport::websocket::LinkClientSocket`): as above.
+impl<S> DataFrames for ReadAhead<MaybeTlsStream<S>> {
+    fn end_boundaries(&mut self) {
+        ReadAhead::end_boundaries(self);
+    }
+}
 
 /// A bare TCP stream (tests, tools).
 impl DataFrames for TcpStream {}

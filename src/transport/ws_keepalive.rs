@@ -1,20 +1,21 @@
 //! Keepalive and a write deadline for a plain WebSocket (`ws://`, `secure-transport.md` §6.4):
-//! the two halves of a split WebSocket, where the reading half also sends pings.
+//! the socket both halves share and the writing half (`websocket::split` makes both).
 //!
 //! A JSON-RPC WebSocket has no task of its own: the connection's reader polls the inbound
-//! half and its writer the outbound half, and the writer sleeps while there is nothing to
-//! write. So the **reader** runs the keepalive (its poll also waits on the keepalive timer):
-//! when a ping is due it queues one on the shared socket and pushes it out, with a waker that
-//! wakes both halves so the writer's own wake-up is never lost. A pong echoing one of our pings
-//! is the only answer; a peer that keeps sending data but never answers is dead at the pong
-//! timeout, and its reader ends with [`io::ErrorKind::TimedOut`]. The **writer** gets a
-//! deadline: a write (ready, flush, close) that has waited the write timeout fails with
-//! [`io::ErrorKind::TimedOut`].
+//! half (`ws_inbound`) and its writer the outbound half, and the writer sleeps while there is
+//! nothing to write. So the **reader** runs the keepalive (its poll also waits on the keepalive
+//! timer) and answers the peer's control frames: it queues pings, pongs and its close reply on
+//! the shared socket and pushes them out, with a waker that wakes both halves (`Both`) so the
+//! writer's own wake-up is never lost. A pong echoing one of our pings is the only answer; a
+//! peer that keeps sending data but never answers is dead at the pong timeout, and its reader
+//! ends with [`io::ErrorKind::TimedOut`]. The **writer** gets a deadline: a write (ready,
+//! flush, close) that has waited the write timeout fails with [`io::ErrorKind::TimedOut`].
 //!
 //! The socket sits behind a `std::sync::Mutex` held only for one poll, never across an
-//! `.await`; each half registers its own waker kind with tokio-tungstenite (read or write), as
-//! the crate's own split does. The schedule and the death rule are the link engine's
-//! (`execrelay_protocol::keepalive::Keepalive`), so plain WebSockets and links behave alike.
+//! `.await`. tungstenite only ever writes (data frames of a client, every control frame); the
+//! reader reads the stream under it with the crate's own codec. The schedule and the death
+//! rule are the link engine's (`execrelay_protocol::keepalive::Keepalive`), so plain
+//! WebSockets and links behave alike.
 
 use std::future::Future;
 use std::io;
@@ -25,7 +26,7 @@ use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::{Sink, Stream};
+use futures_util::Sink;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Sleep;
 use tokio_tungstenite::tungstenite::error::Error as WsError;
@@ -38,21 +39,26 @@ use execrelay_protocol::keepalive::Keepalive;
 
 use super::ws_frames::DataFrames;
 
-struct Shared<S> {
-    ws: Mutex<WebSocketStream<S>>,
+/// The socket both halves share.
+pub(super) struct Shared<S> {
+    pub(super) ws: Mutex<WebSocketStream<S>>,
     /// The writer's last waker, so a flush started by the reader wakes it too.
-    writer: Mutex<Option<Waker>>,
+    pub(super) writer: Mutex<Option<Waker>>,
+    /// The reader's waker while a control frame of its waits for the socket's write side, so
+    /// a write the writer drives (which takes over tungstenite's one write waker) wakes it
+    /// too.
+    pub(super) reader: Mutex<Option<Waker>>,
     /// No more data frames may be queued on the stream ([`DataFrames`]): the peer's close
-    /// frame (or the end of the stream) was read, or our close was started. Set and read under `ws`'s lock,
-    /// so a frame is never queued after tungstenite has queued a close frame (its reply to
-    /// the peer's, which it writes on its next read or flush).
-    closed: AtomicBool,
+    /// frame (or the end of the stream) was read, or our close was started. Set under `ws`'s
+    /// lock before a close frame is handed to tungstenite, and read under it, so a frame is
+    /// never queued after a close frame.
+    pub(super) closed: AtomicBool,
 }
 
 // A poll that panicked leaves the socket as tungstenite left it: `lock` keeps going.
 use crate::sync::lock as locked;
 
-fn now() -> Instant {
+pub(super) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
@@ -60,53 +66,45 @@ fn timed_out(what: &str) -> WsError {
     WsError::Io(io::Error::new(io::ErrorKind::TimedOut, what.to_string()))
 }
 
-/// Split `ws` into its two halves; with `keepalive`, the reading half pings and declares the
-/// peer dead, and the writing half has a deadline.
-pub fn split<S>(
-    ws: WebSocketStream<S>,
-    keepalive: Option<KeepaliveConfig>,
-) -> (WsSink<S>, WsStream<S>)
-where
-    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
-{
-    let shared = Arc::new(Shared {
-        ws: Mutex::new(ws),
-        writer: Mutex::new(None),
-        closed: AtomicBool::new(false),
-    });
-    let seed = {
-        let mut b = [0u8; 8];
-        let _ = getrandom::getrandom(&mut b);
-        u64::from_le_bytes(b)
-    };
-    let stream = WsStream {
-        shared: shared.clone(),
-        keepalive: keepalive.map(|cfg| KeepaliveState {
+impl<S> Shared<S> {
+    /// The shared state of a fresh socket: neither half waiting, nothing closed.
+    pub(super) fn new(ws: WebSocketStream<S>) -> Arc<Self> {
+        Arc::new(Shared {
+            ws: Mutex::new(ws),
+            writer: Mutex::new(None),
+            reader: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        })
+    }
+}
+
+impl KeepaliveState {
+    /// A keepalive on `cfg`, its first ping an interval from now, its ping payloads from a
+    /// random seed (a peer cannot predict them to answer pings it never read).
+    pub(super) fn new(cfg: KeepaliveConfig) -> Self {
+        let seed = {
+            let mut b = [0u8; 8];
+            let _ = getrandom::getrandom(&mut b);
+            u64::from_le_bytes(b)
+        };
+        KeepaliveState {
             core: Keepalive::new(cfg, now(), seed),
             timer: Box::pin(tokio::time::sleep(cfg.interval)),
             ping: None,
-            unflushed: false,
-        }),
-    };
-    let sink = WsSink {
-        shared,
-        write_timeout: keepalive.map(|k| k.write_timeout),
-        deadline: None,
-    };
-    (sink, stream)
+        }
+    }
 }
 
-struct KeepaliveState {
-    core: Keepalive,
-    timer: Pin<Box<Sleep>>,
+/// The keepalive the reading half runs.
+pub(super) struct KeepaliveState {
+    pub(super) core: Keepalive,
+    pub(super) timer: Pin<Box<Sleep>>,
     /// A ping taken from the core, not yet handed to the socket.
-    ping: Option<[u8; 8]>,
-    /// A ping handed to the socket, not yet flushed.
-    unflushed: bool,
+    pub(super) ping: Option<[u8; 8]>,
 }
 
 /// Wakes the reader and the writer.
-struct Both(Waker, Option<Waker>);
+pub(super) struct Both(pub(super) Waker, pub(super) Option<Waker>);
 
 impl Wake for Both {
     fn wake(self: Arc<Self>) {
@@ -121,114 +119,23 @@ impl Wake for Both {
     }
 }
 
-/// The reading half (and the keepalive).
-pub struct WsStream<S> {
-    shared: Arc<Shared<S>>,
-    keepalive: Option<KeepaliveState>,
-}
-
-impl<S> WsStream<S>
-where
-    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
-{
-    /// Run the keepalive: death, a due ping out, the timer armed. `Err` once the peer is dead.
-    // The error is tungstenite's own, returned as the stream's item: boxing it here would
-    // only be undone there.
-    #[allow(clippy::result_large_err)]
-    fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Result<(), WsError> {
-        let Some(ka) = self.keepalive.as_mut() else {
-            return Ok(());
-        };
-        loop {
-            let t = now();
-            ka.core.handle_timeout(t);
-            if ka.core.is_dead() {
-                return Err(timed_out(
-                    "the peer did not answer a ping within the pong timeout",
-                ));
-            }
-            if ka.ping.is_none() {
-                ka.ping = ka.core.poll_ping(t);
-            }
-            if ka.ping.is_some() || ka.unflushed {
-                let writer = locked(&self.shared.writer).clone();
-                let waker = Waker::from(Arc::new(Both(cx.waker().clone(), writer)));
-                let mut wcx = Context::from_waker(&waker);
-                let mut ws = locked(&self.shared.ws);
-                let mut ws = Pin::new(&mut *ws);
-                if let Some(p) = ka.ping {
-                    match Sink::poll_ready(ws.as_mut(), &mut wcx) {
-                        Poll::Ready(Ok(())) => {
-                            ws.as_mut()
-                                .start_send(Message::Ping(Bytes::copy_from_slice(&p)))?;
-                            ka.ping = None;
-                            ka.unflushed = true;
-                        }
-                        Poll::Ready(Err(e)) => return Err(e),
-                        // The writer's data is in the way; its flush (or ours, on the wake-up)
-                        // makes room.
-                        Poll::Pending => {}
-                    }
-                }
-                if ka.unflushed {
-                    match Sink::poll_flush(ws.as_mut(), &mut wcx) {
-                        Poll::Ready(Ok(())) => ka.unflushed = false,
-                        Poll::Ready(Err(e)) => return Err(e),
-                        Poll::Pending => {}
-                    }
-                }
-            }
-            if let Some(at) = ka.core.poll_timeout() {
-                ka.timer.as_mut().reset(tokio::time::Instant::from_std(at));
-                if ka.timer.as_mut().poll(cx).is_ready() {
-                    continue; // already due: handle it now
-                }
-            }
-            return Ok(());
-        }
-    }
-}
-
-impl<S> Stream for WsStream<S>
-where
-    S: AsyncRead + AsyncWrite + Unpin + DataFrames,
-{
-    type Item = Result<Message, WsError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let me = self.get_mut();
-        loop {
-            if let Err(e) = me.poll_keepalive(cx) {
-                return Poll::Ready(Some(Err(e)));
-            }
-            let next = {
-                let mut ws = locked(&me.shared.ws);
-                let next = Pin::new(&mut *ws).poll_next(cx);
-                // A read error leaves tungstenite's state as it was: the server may still
-                // send the peer the reason (protocol.md §1) before it closes.
-                if matches!(next, Poll::Ready(None | Some(Ok(Message::Close(_))))) {
-                    me.shared.closed.store(true, Ordering::Relaxed);
-                }
-                next
-            };
-            match next {
-                Poll::Ready(Some(Ok(Message::Pong(p)))) => {
-                    if let Some(ka) = me.keepalive.as_mut() {
-                        ka.core.on_pong(&p);
-                    }
-                }
-                other => return other,
-            }
-        }
-    }
-}
-
 /// The writing half, with a deadline on every write.
 pub struct WsSink<S> {
     shared: Arc<Shared<S>>,
     write_timeout: Option<std::time::Duration>,
     /// Armed while a write waits.
     deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WsSink<S> {
+    /// The writing half of `shared`; with `write_timeout`, a write stuck that long fails.
+    pub(super) fn new(shared: Arc<Shared<S>>, write_timeout: Option<std::time::Duration>) -> Self {
+        WsSink {
+            shared,
+            write_timeout,
+            deadline: None,
+        }
+    }
 }
 
 impl<S> WsSink<S>
@@ -263,13 +170,25 @@ where
         F: FnOnce(Pin<&mut WebSocketStream<S>>, &mut Context<'_>) -> Poll<Result<(), WsError>>,
     {
         *locked(&self.shared.writer) = Some(cx.waker().clone());
-        let r = {
-            let mut ws = locked(&self.shared.ws);
-            op(Pin::new(&mut *ws), cx)
+        let reader = locked(&self.shared.reader).clone();
+        let r = match &reader {
+            None => {
+                let mut ws = locked(&self.shared.ws);
+                op(Pin::new(&mut *ws), cx)
+            }
+            Some(reader) => {
+                let both = Waker::from(Arc::new(Both(cx.waker().clone(), Some(reader.clone()))));
+                let mut ws = locked(&self.shared.ws);
+                op(Pin::new(&mut *ws), &mut Context::from_waker(&both))
+            }
         };
         match r {
             Poll::Ready(r) => {
                 self.deadline = None;
+                // The socket took our bytes: the reader's waiting frame may go now.
+                if let Some(reader) = reader {
+                    reader.wake();
+                }
                 Poll::Ready(r)
             }
             Poll::Pending => {
@@ -349,7 +268,12 @@ mod tests {
             None,
         )
         .await;
-        let (mut sink, _stream) = split(ws, None);
+        let (mut sink, _stream) = super::super::websocket::split(
+            ws,
+            execrelay_protocol::websocket::Role::Server,
+            1 << 20,
+            None,
+        );
         assert!(sink.takes_frames());
         let mut sent = 0u8;
         let waker = futures_util::task::noop_waker();

@@ -168,6 +168,14 @@ impl<S> ReadAhead<S> {
         self.boundaries.is_some()
     }
 
+    /// Stop cutting reads at frame ends: from here on the WebSocket above is read by a codec
+    /// of the caller's own, straight from this stream (the plain WebSocket JSON-RPC transport,
+    /// right after its handshake, while tungstenite holds no byte past the HTTP head). Bytes
+    /// already read ahead are handed out first, as ever.
+    pub fn end_boundaries(&mut self) {
+        self.boundaries = None;
+    }
+
     /// The stream, the bytes read ahead and not handed out, and the arrivals handle, if any.
     pub fn into_parts(self) -> (S, BytesMut, Option<Arc<Arrivals>>) {
         (self.inner, self.buf, self.arrivals)

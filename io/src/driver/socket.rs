@@ -198,25 +198,42 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// One read of the socket into the buffer. While it would block with nothing buffered,
-    /// the buffer's memory is released.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let want = self.decoder.frame_remaining().max(LINK_READ_BYTES);
-        let buf = self.decoder.read_buffer();
-        if buf.capacity() - buf.len() < want {
-            // A buffer of exactly this much (what is left of a frame, and a read's worth),
-            // not `reserve`'s doubling: the bound in SECURITY.md holds. The old buffer stays
-            // alive only through the slices handed on from it.
-            let mut fresh = BytesMut::with_capacity(buf.len() + want);
-            fresh.extend_from_slice(buf);
-            *buf = fresh;
-        }
-        let r = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, buf);
-        if !matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.decoder.release_if_empty();
-        }
-        r
+        poll_fill(&mut self.decoder, Pin::new(&mut self.io), cx)
     }
+}
+
+/// One read of `io` into `decoder`'s buffer, up to [`LINK_READ_BYTES`] (more when a frame
+/// needs it, but never more than doubling what has arrived: a frame's declared length alone
+/// reserves nothing). While it would block with nothing buffered, the buffer's memory is
+/// released: an idle connection holds none. The read is never zero-filled first.
+///
+/// Shared by the links' [`FrameReader`] and the plain WebSocket JSON-RPC transport, so both
+/// read the same way.
+pub fn poll_fill<R: AsyncRead + Unpin + ?Sized>(
+    decoder: &mut Decoder,
+    io: Pin<&mut R>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    let buffered = decoder.buffered();
+    let want = decoder
+        .frame_remaining()
+        .min(buffered.max(LINK_READ_BYTES))
+        .max(LINK_READ_BYTES);
+    let buf = decoder.read_buffer();
+    if buf.capacity() - buf.len() < want {
+        // A buffer of exactly this much (what is left of a frame, and a read's worth), not
+        // `reserve`'s doubling: the bound in SECURITY.md holds. The old buffer stays alive
+        // only through the slices handed on from it.
+        let mut fresh = BytesMut::with_capacity(buf.len() + want);
+        fresh.extend_from_slice(buf);
+        *buf = fresh;
+    }
+    let r = tokio_util::io::poll_read_buf(io, cx, buf);
+    if !matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+        decoder.release_if_empty();
+    }
+    r
 }
 
 /// One message to send.

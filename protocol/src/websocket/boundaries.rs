@@ -17,8 +17,17 @@ pub struct Boundaries {
 
 #[derive(Debug, Clone)]
 enum Unit {
-    /// Inside the HTTP head: how many bytes of `\r\n\r\n` were just seen.
-    Head(usize),
+    /// Inside the HTTP head: how many bytes of `\r\n\r\n` were just seen, how many bytes of
+    /// the head came before, and whether its status so far reads `101`.
+    Head {
+        seen: usize,
+        at: usize,
+        switching: bool,
+    },
+    /// After the head of a refused upgrade (any status but `101`): no frames follow, only the
+    /// answer's body, which is handed on as it comes (the library reads the refusal's words
+    /// from the bytes that arrived with the head).
+    Body,
     /// Inside a frame header: its bytes so far.
     FrameHeader([u8; MAX_HEADER_BYTES], usize),
     /// Inside a frame's payload: bytes left.
@@ -36,7 +45,11 @@ impl Boundaries {
     /// An HTTP response head, then frames (the client side of an upgrade).
     pub fn http_then_frames() -> Self {
         Boundaries {
-            state: Unit::Head(0),
+            state: Unit::Head {
+                seen: 0,
+                at: 0,
+                switching: true,
+            },
         }
     }
 
@@ -46,9 +59,19 @@ impl Boundaries {
         let mut n = 0;
         while n < bytes.len() {
             match &mut self.state {
-                Unit::Head(seen) => {
+                Unit::Head {
+                    seen,
+                    at,
+                    switching,
+                } => {
                     const END: &[u8; 4] = b"\r\n\r\n";
+                    // `HTTP/1.1 101 …`: the status code is the head's bytes 9 to 11.
+                    const STATUS: (usize, &[u8; 3]) = (9, b"101");
                     let b = bytes[n];
+                    if let Some(want) = at.checked_sub(STATUS.0).and_then(|i| STATUS.1.get(i)) {
+                        *switching &= b == *want;
+                    }
+                    *at += 1;
                     n += 1;
                     *seen = if b == END[*seen] {
                         *seen + 1
@@ -58,10 +81,15 @@ impl Boundaries {
                         0
                     };
                     if *seen == END.len() {
+                        if !*switching {
+                            self.state = Unit::Body;
+                            return bytes.len();
+                        }
                         self.state = Unit::FrameHeader([0; MAX_HEADER_BYTES], 0);
                         return n;
                     }
                 }
+                Unit::Body => return bytes.len(),
                 Unit::FrameHeader(h, have) => {
                     h[*have] = bytes[n];
                     *have += 1;

@@ -303,3 +303,43 @@ fn boundaries_stop_at_the_end_of_the_head_and_of_each_frame() {
     }
     assert_eq!(ends, vec![f1.len(), f1.len() + f2.len(), frames.len()]);
 }
+
+/// A refused upgrade's head is not cut from its body: the library reads the refusal's words
+/// from the bytes that came with the head (a relay's `404` says what it is). A `101` with a
+/// body-like tail is still cut at the head, and a status that only starts like `101` (`1010`
+/// is no status; `201`) is a refusal.
+#[test]
+fn boundaries_hand_on_a_refusals_body_with_its_head() {
+    let refusal = b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nno route\n";
+    let mut b = Boundaries::http_then_frames();
+    assert_eq!(b.take(refusal), refusal.len());
+    assert_eq!(b.take(b"more"), 4);
+    for status in [
+        &b"HTTP/1.1 201 Created"[..],
+        b"HTTP/1.1 100 Continue",
+        b"HTTP/1.1 10",
+    ] {
+        let mut head = status.to_vec();
+        head.extend_from_slice(b"\r\n\r\n");
+        let mut all = head.clone();
+        all.extend_from_slice(&[0x81, 0]);
+        let mut b = Boundaries::http_then_frames();
+        assert_eq!(
+            b.take(&all),
+            all.len(),
+            "{:?}",
+            String::from_utf8_lossy(status)
+        );
+    }
+    // Fed a byte at a time, a `101` head still ends where it ends.
+    let head = b"HTTP/1.1 101 Switching Protocols\r\n\r\n";
+    let mut all = head.to_vec();
+    all.extend_from_slice(&[0x81, 0]);
+    let mut b = Boundaries::http_then_frames();
+    let mut at = 0;
+    while at < head.len() {
+        at += b.take(&all[at..at + 1]);
+    }
+    assert_eq!(at, head.len());
+    assert_eq!(b.take(&all[at..]), 2);
+}

@@ -2,6 +2,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use execrelay_io::http::FrameQueue;
+use futures_util::StreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -41,7 +42,12 @@ impl TestServer {
                 let stream = ReadAhead::new(FrameQueue::new(tcp));
                 let ws = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await;
                 if let Ok(ws) = ws {
-                    let _ = sender.send(framed(ws, max_message_bytes, peer.to_string()));
+                    let _ = sender.send(framed(
+                        ws,
+                        Role::Server,
+                        max_message_bytes,
+                        peer.to_string(),
+                    ));
                 }
             }
         });
@@ -359,4 +365,61 @@ async fn no_data_frame_follows_the_close() {
     drop(accepted);
     assert!(step(raw.next()).await.is_none());
     server.stop();
+}
+
+/// A server that writes its first frames in the same packet as the `101` answer: the client
+/// must lose none of them (tungstenite's handshake stops at the end of the HTTP head and the
+/// crate's own codec reads from the next byte).
+#[tokio::test]
+async fn frames_in_the_handshake_packet_are_not_lost() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let server = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            tcp.read_exact(&mut byte).await.expect("request head");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).expect("ascii head");
+        let key = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("sec-websocket-key")
+                    .then(|| value.trim().to_owned())
+            })
+            .expect("a key");
+        let mut packet = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {}\r\n\r\n",
+            derive_accept_key(key.as_bytes())
+        )
+        .into_bytes();
+        // A text frame, a ping and a binary frame of 300 bytes, unmasked (server to client).
+        packet.extend_from_slice(&[0x81, 2, b'{', b'}']);
+        packet.extend_from_slice(&[0x89, 1, b'p']);
+        packet.extend_from_slice(&[0x82, 126, 0x01, 0x2c]);
+        packet.extend((0..300u32).map(|i| i as u8));
+        tcp.write_all(&packet).await.expect("one write");
+        // The client answers the ping with a masked pong carrying `p`.
+        let mut pong = [0u8; 7];
+        tcp.read_exact(&mut pong).await.expect("pong");
+        assert_eq!(pong[0], 0x8a);
+        assert_eq!(pong[1], 0x80 | 1);
+        assert_eq!(pong[6] ^ pong[2], b'p');
+        tcp
+    });
+    let mut client = step(connect_websocket(&format!("ws://{addr}/"), 1024))
+        .await
+        .expect("connect");
+    let first = step(client.incoming.next()).await;
+    assert_eq!(first.expect("a message").expect("framed"), &b"{}"[..]);
+    let second = step(client.incoming.next()).await;
+    let expected: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+    assert_eq!(second.expect("a message").expect("framed"), expected);
+    let _tcp = step(server).await.expect("server task");
 }
