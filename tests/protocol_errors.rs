@@ -562,3 +562,93 @@ async fn binary_over_websocket() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     kill_group(&sleeper);
 }
+
+/// A raw WebSocket upgrade on `addr`: the TCP stream, past the `101` head.
+async fn raw_upgrade(addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .expect("upgrade request");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut byte).await.expect("101 head");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 "), "{head:?}");
+    tcp
+}
+
+/// A masked client frame (mask all zero bits but one, so the payload is really masked).
+fn masked(first: u8, payload: &[u8]) -> Vec<u8> {
+    assert!(payload.len() < 126);
+    let mask = [0x5a, 0, 0xa5, 1];
+    let mut f = vec![first, 0x80 | payload.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+/// Hostile peers on the plain WebSocket: a flood of 20,000 pings from a peer that never
+/// reads its pongs is read to the end (the server keeps one pong waiting, not one per ping),
+/// a close with a code that may not be sent ends that connection, and a second client's
+/// work goes on throughout, unharmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_and_a_bad_close_harm_no_other_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut child = serve_cmd("ws://127.0.0.1:0", Stdio::null())
+        .spawn()
+        .expect("spawn execrelay serve");
+    let (url, _stdout) = first_line(&mut child, GUARD).await;
+    let url = url.expect("the URL is printed");
+    let addr = url.strip_prefix("ws://").expect("ws:// URL").to_owned();
+
+    let mut flooder = raw_upgrade(&addr).await;
+    let ping = masked(0x89, &[7u8; 125]);
+    let flood: Vec<u8> = ping
+        .iter()
+        .copied()
+        .cycle()
+        .take(ping.len() * 20_000)
+        .collect();
+    // 2.6 MB of pings, far more than both socket buffers hold: the writes complete only if
+    // the server keeps reading while its pongs back up.
+    tokio::time::timeout(GUARD, flooder.write_all(&flood))
+        .await
+        .expect("the server stopped reading the flood (hang guard)")
+        .expect("flood written");
+
+    let transport = execrelay::transport::websocket::connect_websocket(&url, 16 << 20)
+        .await
+        .expect("WebSocket connect");
+    let mut c = ws_client(transport);
+    handshake_and_echo_hi(&mut c).await;
+
+    // Close code 1005 may never be sent (RFC 6455 §7.4.1): the connection ends.
+    flooder
+        .write_all(&masked(0x88, &1005u16.to_be_bytes()))
+        .await
+        .expect("bad close");
+    let mut wire = Vec::new();
+    tokio::time::timeout(GUARD, flooder.read_to_end(&mut wire))
+        .await
+        .expect("the connection did not end (hang guard)")
+        .expect("read to the end");
+    // What came back was pongs (at most as many as fit in the socket buffers, far fewer than
+    // 20,000), and no close echoing the bad code.
+    let pong = [0x8a, 125];
+    let pongs = wire.windows(2).filter(|w| *w == pong).count();
+    assert!(pongs >= 1, "no pong at all");
+    assert!(pongs < 20_000, "{pongs} pongs: one per ping was kept");
+
+    // The other client is still served.
+    let again = c
+        .run(json!({"processId": "e2", "argv": ["echo", "still"]}))
+        .await;
+    assert_eq!(again.stdout, b"still\n");
+    let _ = child.kill().await;
+}
