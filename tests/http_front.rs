@@ -2,8 +2,9 @@
 //! `/metrics`, `403` for a cross-origin upgrade, `404`, `405`, `431`), WebSocket upgrades handed
 //! to the caller, and every limit at its edge: head bytes, header fields, handshake slots, slots
 //! per peer address, the total head deadline against trickling clients and the
-//! reply bound; a TLS listener (`wss://`): its routes over TLS, plain text refused, and a
-//! stalled TLS handshake cut at the same head deadline.
+//! reply bound; a TLS listener (`wss://`): its routes over TLS, plain text refused, a
+//! stalled TLS handshake cut at the same head deadline, and a `wss://` JSON-RPC connection
+//! (both ends of `execrelay::transport::websocket`) carrying messages of every size.
 //!
 //! Waits are on bytes and closes; wall-clock timeouts are hang guards only. Tests of deadlines
 //! run on paused time.
@@ -605,5 +606,89 @@ async fn a_stalled_tls_handshake_is_cut_at_the_head_deadline() {
     assert_eq!(got, "");
     assert!(started.elapsed() >= head_timeout, "{:?}", started.elapsed());
     assert_eq!(store.figures().handshake_failures, 1);
+    front.stop().await;
+}
+
+/// A `wss://` JSON-RPC connection: the client dials through its rustls config (the pinned
+/// certificate), the server frames the front's upgrade, and both ends read with the crate's
+/// own codec over TLS. Messages on both sides of a read's size arrive whole and in order, both
+/// ways; without a TLS config a `wss://` URL is refused with words that say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wss_json_rpc_connection_carries_messages_of_every_size_both_ways() {
+    use execrelay::transport::websocket::{connect_websocket, connect_websocket_with_tls, framed};
+    use execrelay::transport::FramingError;
+    use execrelay_protocol::websocket::Role;
+    const LIMIT: usize = 1 << 20;
+    let dir = tempfile::tempdir().expect("dir");
+    let (tls, cert) = tls_listener(dir.path());
+    let routes = Routes {
+        health: Health::always(),
+        metrics: None,
+        not_found_hint: None,
+        upgrades: vec![UpgradeRoute {
+            path: PathPattern::Any,
+            route: "rpc",
+            capacity: None,
+        }],
+    };
+    let mut front = TestFront::start_with_tls(default_limits(), routes, Some(tls)).await;
+    let url = format!("wss://localhost:{}/", front.addr.port());
+
+    match guard("refused", connect_websocket(&url, LIMIT)).await {
+        Err(FramingError::Protocol(why)) => assert!(why.contains("TLS"), "{why}"),
+        Err(other) => panic!("expected a protocol error naming TLS, got {other:?}"),
+        Ok(_) => panic!("a wss:// URL was dialled without a TLS configuration"),
+    }
+
+    let config = execrelay::link::dial::TlsRoots::CaFile(cert)
+        .client_config()
+        .expect("client config");
+    let mut client = guard(
+        "connect",
+        connect_websocket_with_tls(&url, LIMIT, Some(config)),
+    )
+    .await
+    .expect("wss:// connect");
+    let up = guard("upgrade", front.upgrades.recv())
+        .await
+        .expect("an upgrade");
+    let mut server = framed(up.ws, Role::Server, LIMIT, up.peer.to_string());
+
+    let sizes = [1usize, 125, 126, 65_535, 65_536, 200_000, LIMIT];
+    let message = |i: usize, len: usize| -> String {
+        (0..len)
+            .map(|j| (b'a' + ((i + j) % 26) as u8) as char)
+            .collect()
+    };
+    for (i, &len) in sizes.iter().enumerate() {
+        guard("client send", client.outgoing.send(message(i, len).into()))
+            .await
+            .expect("client send");
+    }
+    for (i, &len) in sizes.iter().enumerate() {
+        let got = guard("server receive", server.incoming.next())
+            .await
+            .expect("a message")
+            .expect("framed");
+        assert_eq!(got, message(i, len).as_bytes(), "message {i} to the server");
+    }
+    for (i, &len) in sizes.iter().enumerate().rev() {
+        guard("server send", server.outgoing.send(message(i, len).into()))
+            .await
+            .expect("server send");
+    }
+    for (i, &len) in sizes.iter().enumerate().rev() {
+        let got = guard("client receive", client.incoming.next())
+            .await
+            .expect("a message")
+            .expect("framed");
+        assert_eq!(got, message(i, len).as_bytes(), "message {i} to the client");
+    }
+    guard("close", client.outgoing.close())
+        .await
+        .expect("close");
+    assert!(guard("server sees the close", server.incoming.next())
+        .await
+        .is_none());
     front.stop().await;
 }
