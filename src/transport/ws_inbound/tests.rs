@@ -332,3 +332,77 @@ fn server_frames_complete(mut bytes: &[u8]) -> bool {
     }
     bytes.is_empty()
 }
+
+/// Every rule a peer can break in a frame's first bytes ends the stream with a protocol
+/// error and nothing after it: a continuation with no message to continue, a fragmented
+/// ping, a ping over 125 bytes, a reserved bit, a text that is not UTF-8, a close code that
+/// may not be sent, an opcode that does not exist. A message before the broken frame still
+/// arrives whole.
+#[tokio::test]
+async fn each_broken_rule_ends_the_stream_with_a_protocol_error() {
+    let mut fragmented_ping = frame(Opcode::Ping, b"p", Some(MASK));
+    fragmented_ping[0] &= 0x7f;
+    let mut reserved_bit = frame(Opcode::Text, b"{}", Some(MASK));
+    reserved_bit[0] |= 0x40;
+    let mut unknown_opcode = frame(Opcode::Binary, b"x", Some(MASK));
+    unknown_opcode[0] = (unknown_opcode[0] & 0xf0) | 0x3;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "continuation without a start",
+            frame(Opcode::Continuation, b"x", Some(MASK)),
+        ),
+        ("fragmented ping", fragmented_ping),
+        (
+            "ping of 126 bytes",
+            frame(Opcode::Ping, &[0; 126], Some(MASK)),
+        ),
+        ("reserved bit", reserved_bit),
+        (
+            "text not UTF-8",
+            frame(Opcode::Text, &[0xff, 0xfe], Some(MASK)),
+        ),
+        (
+            "close code 1005",
+            frame(Opcode::Close, &1005u16.to_be_bytes(), Some(MASK)),
+        ),
+        ("unknown opcode", unknown_opcode),
+    ];
+    for (what, broken) in cases {
+        let (_sink, mut stream, mut peer) = server(4096, 1024).await;
+        let mut wire = frame(Opcode::Text, b"before", Some(MASK));
+        wire.extend_from_slice(&broken);
+        wire.extend_from_slice(&frame(Opcode::Text, b"after", Some(MASK)));
+        peer.write_all(&wire).await.expect("write");
+        let first = step(stream.next()).await;
+        assert_eq!(
+            first.expect("a message").expect("framed"),
+            &b"before"[..],
+            "{what}"
+        );
+        match step(stream.next()).await {
+            Some(Err(FramingError::Protocol(_))) => {}
+            other => panic!("{what}: expected a protocol error, got {other:?}"),
+        }
+        assert!(
+            step(stream.next()).await.is_none(),
+            "{what}: data after the error"
+        );
+    }
+}
+
+/// A peer that goes away in the middle of a frame (its header, or its payload) ends the
+/// stream; the part of the message it sent is never handed on as a message.
+#[tokio::test]
+async fn a_peer_gone_mid_frame_ends_the_stream_without_a_partial_message() {
+    let whole = frame(Opcode::Text, &[b'a'; 300], Some(MASK));
+    for cut in [1, 3, 7, whole.len() - 1] {
+        let (_sink, mut stream, mut peer) = server(4096, 1024).await;
+        peer.write_all(&whole[..cut]).await.expect("write");
+        drop(peer);
+        match step(stream.next()).await {
+            None | Some(Err(_)) => {}
+            Some(Ok(m)) => panic!("cut at {cut}: a partial message of {} bytes", m.len()),
+        }
+        assert!(step(stream.next()).await.is_none(), "cut at {cut}");
+    }
+}
