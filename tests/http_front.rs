@@ -56,20 +56,7 @@ struct TestFront {
 impl TestFront {
     /// A front upgrading `ws://` on any path, with `/readyz`, and `metrics` if given.
     async fn start(limits: FrontLimits, metrics: Option<MetricsRenderer>) -> TestFront {
-        Self::start_with(
-            limits,
-            Routes {
-                health: Health::always(),
-                metrics,
-                not_found_hint: None,
-                upgrades: vec![UpgradeRoute {
-                    path: PathPattern::Any,
-                    route: "rpc",
-                    capacity: None,
-                }],
-            },
-        )
-        .await
+        Self::start_with(limits, rpc_routes(metrics)).await
     }
 
     async fn start_with(limits: FrontLimits, routes: Routes<&'static str>) -> TestFront {
@@ -107,6 +94,20 @@ impl TestFront {
         self.shutdown.cancel();
         guard("front stops", self.task).await.expect("front task");
         self.upgrades
+    }
+}
+
+/// Upgrades on any path to the `rpc` route, `/readyz`, and `metrics` if given.
+fn rpc_routes(metrics: Option<MetricsRenderer>) -> Routes<&'static str> {
+    Routes {
+        health: Health::always(),
+        metrics,
+        not_found_hint: None,
+        upgrades: vec![UpgradeRoute {
+            path: PathPattern::Any,
+            route: "rpc",
+            capacity: None,
+        }],
     }
 }
 
@@ -621,17 +622,7 @@ async fn a_wss_json_rpc_connection_carries_messages_of_every_size_both_ways() {
     const LIMIT: usize = 1 << 20;
     let dir = tempfile::tempdir().expect("dir");
     let (tls, cert) = tls_listener(dir.path());
-    let routes = Routes {
-        health: Health::always(),
-        metrics: None,
-        not_found_hint: None,
-        upgrades: vec![UpgradeRoute {
-            path: PathPattern::Any,
-            route: "rpc",
-            capacity: None,
-        }],
-    };
-    let mut front = TestFront::start_with_tls(default_limits(), routes, Some(tls)).await;
+    let mut front = TestFront::start_with_tls(default_limits(), rpc_routes(None), Some(tls)).await;
     let url = format!("wss://localhost:{}/", front.addr.port());
 
     match guard("refused", connect_websocket(&url, LIMIT)).await {

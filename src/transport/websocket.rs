@@ -197,12 +197,13 @@ async fn connect_tcp(
 
 /// Tungstenite settings shared by both ends.
 pub fn websocket_config(max_message_bytes: usize) -> WebSocketConfig {
-    // Both limits sit exactly at the protocol limit. tungstenite checks a frame's declared
-    // length before reading its payload, and a fragmented message's running total before
-    // appending a fragment, so it never accumulates more than the limit of one message
-    // and reports the overrun as `Error::Capacity`. The write buffer keeps tungstenite's
-    // defaults (writes start at 128 KiB buffered; no cap: the sink's own backpressure, one
-    // message at a time, bounds it); its read buffer is the small one of every connection.
+    // A JSON-RPC connection's inbound limit is enforced by its reading half (`ws_inbound`,
+    // the crate's decoder: a frame refused from its header, a fragmented message from its
+    // running total); tungstenite only reads while a link's upgrade or handshake is in
+    // progress, so its limits sit at the same value for that. The write buffer keeps
+    // tungstenite's defaults (writes start at 128 KiB buffered; no cap: the sink's own
+    // backpressure, one message at a time, bounds it); its read buffer is the small one of
+    // every connection, allocated by tungstenite and unused once the codec reads.
     WebSocketConfig::default()
         .max_message_size(Some(max_message_bytes))
         .max_frame_size(Some(max_message_bytes))
