@@ -315,8 +315,17 @@ async fn a_pty_has_its_size_and_one_stream(kind: Kind) {
         cols: 101,
     });
     let seen = run(&h.client, opts).await;
-    assert!(seen.stdout.is_empty() && seen.stderr.is_empty());
-    assert_eq!(text(&seen.pty), "33 101\r\ntty\r\n");
+    // The exit notice in every message: a lost line and a shell that never wrote it (killed,
+    // or its terminal gone) look the same in the bytes alone.
+    let exit = seen.exit.clone().expect("an exit notice");
+    assert!(seen.stdout.is_empty() && seen.stderr.is_empty(), "{seen:?}");
+    assert_eq!(text(&seen.pty), "33 101\r\ntty\r\n", "{exit:?}");
+    assert_eq!(
+        (exit.exit_code, exit.signal.as_deref()),
+        (Some(0), None),
+        "{exit:?}"
+    );
+    assert!(!exit.output_drain_timed_out, "{exit:?}");
     h.done().await;
 }
 

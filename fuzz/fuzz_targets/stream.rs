@@ -10,7 +10,8 @@
 //!   exit notice's and an output delta's params.
 //!
 //! Nothing may panic, and what decodes must hold together (a decoded binary delta's chunk
-//! within its limit, a typed call of a known method).
+//! within its limit, a typed call of a known method, a delta the fast decoder takes read the
+//! same by the general path).
 //!
 //! Input: a sequence of `LEN:u16 BYTES`, each one message (what the seed corpus holds, from
 //! real sessions: `soak capture`).
@@ -61,7 +62,15 @@ fn as_server_message(m: &[u8]) {
         }
         return;
     }
-    if decode_output_delta(m).is_some() {
+    if let Some(d) = decode_output_delta(m) {
+        // The fast path is a shortcut, never a second meaning: the general path reads the
+        // same message to the same delta.
+        let Ok(Inbound::Notification { params, .. }) = parse_inbound(m) else {
+            panic!("the fast path took a message the JSON parser refuses");
+        };
+        assert_eq!(params["processId"].as_str(), Some(d.process_id.as_str()));
+        assert_eq!(params["seq"].as_u64(), Some(d.seq));
+        assert_eq!(decode_output_params(&params), Some((d.stream, d.data)));
         return;
     }
     match parse_inbound(m) {

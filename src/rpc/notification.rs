@@ -122,47 +122,59 @@ pub struct OutputDelta {
     pub data: Bytes,
 }
 
-#[derive(serde::Deserialize)]
-struct FastDelta<'a> {
-    #[serde(borrow)]
-    method: &'a str,
-    #[serde(borrow)]
-    params: FastParams<'a>,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct FastParams<'a> {
-    process_id: String,
-    seq: u64,
-    #[serde(borrow)]
-    stream: &'a str,
-    #[serde(borrow)]
-    chunk: &'a str,
-}
-
-/// The client's fast decoder: an output delta as [`encode_output_delta`] writes it, decoded
-/// without a JSON tree (the chunk is borrowed from `bytes` and base64-decoded once). `None`
-/// for anything else, including a delta in another key order: the caller then takes the
-/// general path.
+/// The client's fast decoder: an output delta as [`encode_output_delta`] writes it, taken
+/// apart by position, without a JSON parser over the chunk (which is nearly all of the
+/// message): the chunk is everything between `"chunk":"` and the closing `"}}`, and the
+/// base64 decoder, which refuses any byte outside its alphabet (a quote, a backslash), is
+/// the only pass over it. (serde_json scanned every byte of it for escapes and checked it as
+/// UTF-8 first: a pass as long as the decode, README "The JSON delta taken apart by
+/// position".) `None` for anything else, including a delta in another key order, with
+/// whitespace, or with an escape in the chunk: the caller then takes the general path, which
+/// reads any valid JSON (and refuses what is not).
 pub fn decode_output_delta(bytes: &[u8]) -> Option<OutputDelta> {
-    if !bytes.starts_with(OUTPUT_DELTA_PREFIX.as_bytes()) {
+    let rest = bytes.strip_prefix(OUTPUT_DELTA_PREFIX.as_bytes())?;
+    // The id: a JSON string, escapes and all (short: at most `MAX_PROCESS_ID_BYTES`
+    // escaped), read by serde_json from its opening quote to its closing one.
+    let id_len = json_string_len(rest)?;
+    let process_id: String = serde_json::from_slice(&rest[..id_len]).ok()?;
+    let rest = rest[id_len..].strip_prefix(b",\"seq\":")?;
+    // A JSON number that is a u64: digits only, no leading zero, no fraction or exponent
+    // (the next bytes must be the stream's key).
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || (digits > 1 && rest[0] == b'0') {
         return None;
     }
-    let d: FastDelta<'_> = serde_json::from_slice(bytes).ok()?;
-    if d.method != Method::ProcessOutputDelta.as_str() {
-        return None;
-    }
-    let stream = StreamName::from_wire(d.params.stream)?;
-    let data = base64_simd::STANDARD
-        .decode_to_vec(d.params.chunk.as_bytes())
-        .ok()?;
+    let seq: u64 = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    let rest = rest[digits..].strip_prefix(b",\"stream\":\"")?;
+    let name_len = rest.iter().position(|&b| b == b'"')?;
+    let stream = StreamName::from_wire(std::str::from_utf8(&rest[..name_len]).ok()?)?;
+    let chunk = rest[name_len..]
+        .strip_prefix(b"\",\"chunk\":\"")?
+        .strip_suffix(b"\"}}")?;
+    let data = base64_simd::STANDARD.decode_to_vec(chunk).ok()?;
     Some(OutputDelta {
-        process_id: d.params.process_id,
-        seq: d.params.seq,
+        process_id,
+        seq,
         stream,
         data: Bytes::from(data),
     })
+}
+
+/// The length of the JSON string literal at the start of `bytes`, both quotes included
+/// (`None` if `bytes` does not start with one that ends). Only finds its end: whether it is
+/// valid (escapes, control characters, UTF-8) is for the parser it is handed to.
+fn json_string_len(bytes: &[u8]) -> Option<usize> {
+    if bytes.first() != Some(&b'"') {
+        return None;
+    }
+    let mut i = 1;
+    loop {
+        match *bytes.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
 }
 
 /// The general path: the stream and bytes of output-delta `params` (or of an output event of
@@ -379,9 +391,53 @@ mod tests {
             text.replace("\"eA==\"", "\"e!==\""),
             text.replace("\"seq\":1", "\"seq\":-1"),
             text[..text.len() - 1].to_string(),
+            // Valid JSON the encoder does not write: the general path reads it.
+            text.replace("\"seq\":1", "\"seq\":1.0"),
+            text.replace("\"seq\":1", "\"seq\": 1"),
+            text.replace("\"eA==\"", "\"eA\\u003d=\""),
+            format!("{text}\n"),
+            // Not JSON at all: the general path refuses it.
+            text.replace("\"seq\":1", "\"seq\":01"),
+            text.replace("\"seq\":1", "\"seq\":18446744073709551616"),
+            text.replace("\"p\"", "\"p\u{1}\""),
+            text.replace("\"p\"", "\"p"),
         ] {
             assert_eq!(decode_output_delta(bad.as_bytes()), None, "{bad}");
         }
+    }
+
+    /// The fast path is a shortcut, never a second meaning: whatever it decodes, the general
+    /// path (the JSON parser and [`decode_output_params`]) decodes to the same process, seq,
+    /// stream and bytes, and what it refuses that is valid JSON the general path still reads.
+    /// Mutations of an encoded delta at every position stand in for a hostile server (the
+    /// fuzz target `stream` checks the same on arbitrary messages).
+    #[test]
+    fn the_fast_path_agrees_with_the_general_one_on_every_mutation() {
+        let text = encode_output_delta(&json_string("a\"b"), 42, StreamName::Stderr, b"hi!!");
+        let mut checked = 0;
+        for i in 0..text.len() {
+            for b in [b'"', b'\\', b'0', b'A', b' ', b'}', b'=', 0x01, 0xff] {
+                let mut m = text.clone().into_bytes();
+                m[i] = b;
+                let Some(d) = decode_output_delta(&m) else {
+                    continue;
+                };
+                let Ok(Inbound::Notification { method, params }) = parse_inbound(&m) else {
+                    panic!(
+                        "fast path took what JSON refuses: {}",
+                        String::from_utf8_lossy(&m)
+                    );
+                };
+                assert_eq!(method, Method::ProcessOutputDelta.as_str());
+                assert_eq!(params["processId"].as_str(), Some(d.process_id.as_str()));
+                assert_eq!(params["seq"].as_u64(), Some(d.seq));
+                assert_eq!(decode_output_params(&params), Some((d.stream, d.data)));
+                checked += 1;
+            }
+        }
+        // The unmutated delta and the mutations that keep it valid (a digit of the seq, a
+        // letter of the id or of the chunk) were checked, not skipped.
+        assert!(checked > 10, "{checked}");
     }
 
     #[test]
