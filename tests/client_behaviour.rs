@@ -317,7 +317,7 @@ async fn a_pty_has_its_size_and_one_stream(kind: Kind) {
     let seen = run(&h.client, opts).await;
     // The exit notice in every message: a lost line and a shell that never wrote it (killed,
     // or its terminal gone) look the same in the bytes alone.
-    let exit = seen.exit.clone().expect("an exit notice");
+    let exit = seen.exit.as_ref().expect("an exit notice");
     assert!(seen.stdout.is_empty() && seen.stderr.is_empty(), "{seen:?}");
     assert_eq!(text(&seen.pty), "33 101\r\ntty\r\n", "{exit:?}");
     assert_eq!(

@@ -133,8 +133,8 @@ pub struct OutputDelta {
 /// reads any valid JSON (and refuses what is not).
 pub fn decode_output_delta(bytes: &[u8]) -> Option<OutputDelta> {
     let rest = bytes.strip_prefix(OUTPUT_DELTA_PREFIX.as_bytes())?;
-    // The id: a JSON string, escapes and all (short: at most `MAX_PROCESS_ID_BYTES`
-    // escaped), read by serde_json from its opening quote to its closing one.
+    // The id: a JSON string, escapes and all, read by serde_json from its opening quote to
+    // its closing one (short from our server; from any server, bounded by the message).
     let id_len = json_string_len(rest)?;
     let process_id: String = serde_json::from_slice(&rest[..id_len]).ok()?;
     let rest = rest[id_len..].strip_prefix(b",\"seq\":")?;
