@@ -293,22 +293,6 @@ impl ManagedProcess {
                 r.push(self.clone());
             }
         }
-        drop(d);
-        // A pump leaving its pipe to fill for this writer (`writer_behind`) looks again: a
-        // detached process reads ahead into its retention, and a new writer owes it anew.
-        self.changed.notify_waiters();
-    }
-
-    /// Whether a connection's writer still has events of this running process to write:
-    /// while it does, bytes read now would only queue behind them, so a pump may leave a
-    /// pipe to fill and read it in one chunk later (`output_pump.rs`). False once the child
-    /// exited (the drain reads on at once) and while detached (retention reads ahead).
-    pub(crate) fn writer_behind(&self) -> bool {
-        if self.exited.is_cancelled() {
-            return false;
-        }
-        let d = lock(&self.delivery);
-        d.is_some() && self.inner().log.has_unwritten()
     }
 
     /// One look at this process for the stall watchdog, if it delivers to a connection (a

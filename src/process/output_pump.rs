@@ -25,7 +25,7 @@ use super::managed_process::{exit_reason, ManagedProcess, ProcessOptions};
 use super::output_budget::{Blocked, OutputBudget};
 use super::output_drain::StreamEnd;
 use super::signals::signal_name;
-use super::spawn::{spawn_into, ChildProcess, EmptyLook, OutputPipe, OutputReader, SpawnSpec};
+use super::spawn::{spawn_into, ChildProcess, OutputPipe, OutputReader, SpawnSpec};
 use super::start_error::StartError;
 use super::tail_ring::TailRing;
 use crate::config::{DRAIN_DEADLINE_READ_BYTES, PUMP_CHUNK_BYTES};
@@ -198,54 +198,6 @@ async fn wait_admitted(p: &ManagedProcess, mut want: Want) -> bool {
             }
         }
     }
-}
-
-/// Coalescing: while the connection's writer still has this process's earlier events to
-/// write ([`ManagedProcess::writer_behind`]), a pipe that holds something but less than half
-/// its capacity is left to fill, and read when the writer has caught up (its `mark_written`
-/// wakes this), when the process is detached or exited, or when a wake-up finds the pipe
-/// half full (a child writing fast is read ahead as before). Bytes read
-/// earlier would only queue behind the unwritten events; read later, they make one chunk
-/// where a busy server (1,000 streams on one link) made three or four, each with its
-/// allocation, event, record and wake-up of a blocked child. A child that fills its pipe
-/// meanwhile waits, as it would for a full log.
-async fn wait_for_writer(p: &ManagedProcess, pipe: &mut OutputPipe) -> Coalesce {
-    loop {
-        let changed = p.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if !p.writer_behind() {
-            return Coalesce::Read;
-        }
-        match pipe.queued() {
-            // A readiness with nothing behind it (the runtime can report one) is cleared,
-            // so that the next write wakes the pump: left standing, the pump would wait here
-            // for the writer while the child's next bytes came without a wake-up.
-            Some(0) => match pipe.look_when_empty() {
-                EmptyLook::Idle => return Coalesce::Nothing,
-                EmptyLook::Data => continue,
-                EmptyLook::End => return Coalesce::Read,
-            },
-            // The kernel does not say: read as before.
-            None => return Coalesce::Read,
-            Some(q) if q >= pipe.capacity() / 2 => return Coalesce::Read,
-            Some(_) => {}
-        }
-        tokio::select! {
-            _ = &mut changed => {}
-            _ = p.abandoned.cancelled() => return Coalesce::Abandoned,
-        }
-    }
-}
-
-/// What [`wait_for_writer`] decided.
-enum Coalesce {
-    /// Read the pipe now.
-    Read,
-    /// Nothing there: wait for the pipe's readiness again.
-    Nothing,
-    /// The process was abandoned.
-    Abandoned,
 }
 
 /// The first read of a PTY's chunk: the most its pump holds that is not in its log, while
@@ -546,13 +498,6 @@ async fn pump_live(
                         Bytes::copy_from_slice(&first[..n])
                     }
                     Ok(ready) => {
-                        if let (Source::Pipe(pipe), false) = (&mut source, capped) {
-                            match wait_for_writer(p, pipe).await {
-                                Coalesce::Read => {}
-                                Coalesce::Nothing => continue,
-                                Coalesce::Abandoned => return StreamEnd::Cut { capped },
-                            }
-                        }
                         // Room for a whole chunk before reading one (once capped, bytes are
                         // discarded: never wait for the client then).
                         if !capped && !wait_admitted(p, Want::Room(PUMP_CHUNK_BYTES)).await {

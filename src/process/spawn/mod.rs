@@ -40,7 +40,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::unix::pipe;
 
 pub use clone::{clone3_usable, CloneMethod, ClonePreference, CHILD_STACK_BYTES};
-pub use output_pipe::{EmptyLook, OutputPipe};
+pub use output_pipe::OutputPipe;
 
 use super::containment::{self, subreaper, DirectChild, Pidfd, SessionScope};
 pub use super::spawn_spec::SpawnSpec;

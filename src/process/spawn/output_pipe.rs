@@ -28,28 +28,11 @@ use tokio::net::unix::pipe;
 /// child's whole output, few enough that a pump never runs long without yielding.
 pub const MAX_UNREGISTERED_READS: u8 = 4;
 
-/// What [`OutputPipe::look_when_empty`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EmptyLook {
-    /// Empty with its write end open; readiness cleared: wait for it again.
-    Idle,
-    /// Bytes came after all: look again.
-    Data,
-    /// At its end of file, or not known: read it.
-    End,
-}
-
-/// A pipe's capacity when `F_GETPIPE_SZ` does not answer: Linux's default.
-const DEFAULT_PIPE_CAPACITY: usize = 64 * 1024;
-
 /// The read end of a child's stdout or stderr pipe.
 pub struct OutputPipe {
     state: State,
     /// Reads that returned bytes while off the reactor.
     raw_reads: u8,
-    /// What the pipe holds at most (`F_GETPIPE_SZ`): 64 KiB unless the kernel gave it less
-    /// (an unprivileged user past `pipe-user-pages-soft` gets smaller pipes).
-    capacity: usize,
 }
 
 enum State {
@@ -63,65 +46,10 @@ impl OutputPipe {
     /// Take `fd` (a pipe's read end) and make it non-blocking; nothing is registered yet.
     pub(super) fn new(fd: OwnedFd) -> io::Result<OutputPipe> {
         super::set_nonblocking(fd.as_raw_fd())?;
-        let capacity = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ)
-            .ok()
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(DEFAULT_PIPE_CAPACITY);
         Ok(OutputPipe {
             state: State::Raw(fd),
             raw_reads: 0,
-            capacity,
         })
-    }
-
-    /// The bytes the pipe holds now (`FIONREAD`); `None` when the kernel does not say.
-    pub fn queued(&self) -> Option<usize> {
-        let mut queued: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one `c_int` through the pointer, which is valid for it.
-        let r = unsafe { libc::ioctl(self.as_raw_fd(), libc::FIONREAD, &mut queued) };
-        if r < 0 {
-            return None;
-        }
-        usize::try_from(queued).ok()
-    }
-
-    /// Look at a pipe found empty ([`queued`](Self::queued) 0) after its readiness: at its
-    /// end, or idle (a readiness with nothing behind it: the reactor's readiness is then
-    /// cleared, unless an event came since it was recorded, so that
-    /// [`readable`](Self::readable) waits for the next write and no write is missed), or
-    /// holding bytes after all (a write came meanwhile). Off the reactor (its readiness is a
-    /// fresh `poll`) or when the kernel does not say: `End`, for the caller to read.
-    pub fn look_when_empty(&self) -> EmptyLook {
-        let State::Registered(Some(r)) = &self.state else {
-            return EmptyLook::End;
-        };
-        let fd = r.as_fd();
-        let mut look = EmptyLook::End;
-        let cleared = r.try_io(|| {
-            let mut queued: libc::c_int = 0;
-            // SAFETY: FIONREAD writes one `c_int` through the pointer, which is valid for it.
-            if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut queued) } < 0 {
-                return Ok(());
-            }
-            if queued > 0 {
-                look = EmptyLook::Data;
-                return Ok(());
-            }
-            if hung_up(fd)? {
-                return Ok(());
-            }
-            Err(io::ErrorKind::WouldBlock.into())
-        });
-        match cleared {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => EmptyLook::Idle,
-            _ => look,
-        }
-    }
-
-    /// What the pipe can hold (`F_GETPIPE_SZ` when it was taken).
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Whether it was put on the reactor (tests).
@@ -220,18 +148,6 @@ impl AsyncRead for OutputPipe {
     }
 }
 
-/// Whether every write end of `fd` is closed (`POLLHUP`), without waiting.
-fn hung_up(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(0) | Err(nix::errno::Errno::EINTR) => Ok(false),
-        Ok(_) => Ok(fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Whether `fd` has something to read or is at its end, without waiting.
 fn ready_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
@@ -260,23 +176,6 @@ mod tests {
             OutputPipe::new(r).expect("output pipe"),
             std::fs::File::from(w),
         )
-    }
-
-    /// `queued` counts what a read would take now, `capacity` is the kernel's (64 KiB by
-    /// default), on the reactor or off it.
-    #[tokio::test]
-    async fn queued_and_capacity_are_the_kernels() {
-        use std::io::Write;
-        let (mut p, mut w) = pair();
-        assert_eq!(p.capacity(), 64 * 1024);
-        assert_eq!(p.queued(), Some(0));
-        w.write_all(&[7u8; 1000]).unwrap();
-        assert_eq!(p.queued(), Some(1000));
-        let mut buf = BytesMut::with_capacity(600);
-        assert_eq!(p.try_read_buf(&mut buf).unwrap(), 600);
-        assert_eq!(p.queued(), Some(400));
-        p.register().unwrap();
-        assert_eq!(p.queued(), Some(400), "the same descriptor once registered");
     }
 
     #[tokio::test]
