@@ -906,6 +906,12 @@ async fn main() {
         relay_section(&keys, n, runs.min(200), &mbps_of, &base).await;
     }
 
+    // A far client: the stream window against a round trip. Skipped with BENCH_RTT_MS=0.
+    let rtt = env_u64("BENCH_RTT_MS", 20);
+    if rtt > 0 {
+        far_section(&keys, rtt, env_u64("BENCH_RTT_BYTES", 64 << 20)).await;
+    }
+
     let connects = env_u64("CONNECT_LATENCY_RUNS", 200);
     if connects > 0 {
         let (c50, c99) = connect_latency(&keys, connects).await;
@@ -1004,6 +1010,73 @@ fn relay_target(rig: &RelayRig, keys: &NoiseKeys) -> Target {
     }
 }
 
+/// A Noise target at `url` whose streams advertise `window` records.
+fn windowed_target(url: &str, keys: &NoiseKeys, window: u32) -> Target {
+    let mut config = (*keys.config).clone();
+    config.window = window;
+    Target::Noise {
+        url: url.to_string(),
+        config: std::sync::Arc::new(config),
+        pool: execrelay::link::client::LinkPool::new(),
+    }
+}
+
+/// `head -c n /dev/zero` drained on a new client of `target`: MB/s.
+async fn zeros_mbps(target: Target, n: u64) -> f64 {
+    let client = Client::connect(target, ClientOptions::default())
+        .await
+        .expect("connect");
+    let argv = vec![
+        "head".into(),
+        "-c".into(),
+        n.to_string(),
+        "/dev/zero".into(),
+    ];
+    let (bytes, took) = drain(&client, "far", argv).await;
+    assert_eq!(bytes, n, "every byte must arrive");
+    client.close();
+    n as f64 / 1e6 / took.as_secs_f64()
+}
+
+/// Noise direct through a proxy that delays each direction by `rtt_ms / 2`: a stream moves at
+/// most one window per round trip, so this is the window's figure, not the CPU's. The default
+/// window (16 records, 1 MiB), the most a relay passes on by default (64) and the client's
+/// largest (256), each with its ceiling (window ÷ round trip).
+async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
+    use execrelay::link::client::MAX_CLIENT_WINDOW_RECORDS;
+    use execrelay_protocol::config::{MAX_RELAY_WINDOW_RECORDS, STREAM_WINDOW_RECORDS};
+    let mut s = start_noise_server(keys).await;
+    let port: u16 = s
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("the server's port");
+    let proxy = common::delay::start(port, Duration::from_millis(rtt_ms) / 2).await;
+    let url = format!("noise+ws://127.0.0.1:{proxy}");
+    println!("far_rtt_ms {rtt_ms}");
+    let mut base = None;
+    for w in [
+        STREAM_WINDOW_RECORDS,
+        MAX_RELAY_WINDOW_RECORDS,
+        MAX_CLIENT_WINDOW_RECORDS,
+    ] {
+        let mbps = zeros_mbps(windowed_target(&url, keys, w), n).await;
+        let ceiling = f64::from(w) * 65536.0 / 1e6 / (rtt_ms as f64 / 1e3);
+        println!("far_window{w}_MBps {mbps:.1}");
+        println!("far_window{w}_ceiling_MBps {ceiling:.1}");
+        match base {
+            None => base = Some(mbps),
+            Some(b) => println!(
+                "far_window{w}_vs_window{STREAM_WINDOW_RECORDS}_ratio {:.2}",
+                mbps / b
+            ),
+        }
+    }
+    let _ = s.child.start_kill();
+    let _ = s.child.wait().await;
+}
+
 /// Connect through the relay, waiting (bounded) for the exec server to register.
 async fn relay_client(rig: &RelayRig, keys: &NoiseKeys) -> Client {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1047,7 +1120,23 @@ async fn relay_section(
     if let Some(ssh) = base.get("ssh_chacha_MBps") {
         println!("relay_vs_ssh_chacha_ratio {:.2}", mbps / ssh);
     }
+    // The same through the relay with the client's window at the most the relay passes on
+    // (64 records): on loopback the round trip across three processes on two cores is what
+    // the default window waits for.
+    {
+        let w = execrelay_protocol::config::MAX_RELAY_WINDOW_RECORDS;
+        let mbps = zeros_mbps(windowed_target(&rig.url, keys, w), n).await;
+        println!("relay_window{w}_MBps {mbps:.1}");
+        if let Some(noise) = mbps_of.get("noise_binary") {
+            println!("relay_window{w}_vs_noise_direct_ratio {:.2}", mbps / noise);
+        }
+    }
 
+    if runs == 0 {
+        let _ = rig.relay.start_kill();
+        let _ = rig.relay.wait().await;
+        return;
+    }
     // Exec latency through the relay: `true` from start to exit notice on one stream.
     let (p50, p99) = common::exec_latency_on(&client, runs, 5).await;
     println!("relay_exec_latency_p50_ms {p50:.3}");

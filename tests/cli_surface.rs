@@ -513,6 +513,69 @@ async fn a_host_alias_gives_every_field_and_a_flag_wins_over_it() {
     );
 }
 
+/// `noise_window` in a host's entry and `--noise-window` over it: a window in range runs, one
+/// out of range (or not a number) is named by flag, or by file, line and key, before anything
+/// is dialled.
+#[tokio::test]
+async fn the_stream_window_comes_from_the_host_or_the_flag_and_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, client, auth) = server_and_client(dir.path()).await;
+    let noise = BinServer::with_keys(dir.path(), &server, &auth, &[], None).await;
+    let home = Home::new();
+    let host = |name: &str, window: &str| {
+        format!(
+            "[hosts.{name}]\nurl = \"{}\"\nserver_key = \"{}\"\nkey = \"{}\"\nnoise_window = {window}\n",
+            noise.url,
+            server.pubs(),
+            client.p()
+        )
+    };
+    std::fs::write(
+        home.config(),
+        [host("wide", "64"), host("huge", "300")].concat(),
+    )
+    .unwrap();
+    let o = home
+        .out(&["run", "wide", "head -c 3000000 /dev/zero | wc -c"])
+        .await;
+    assert_eq!(text(&o.stdout), "3000000\n", "{}", text(&o.stderr));
+    // The flag wins over the file's bad value.
+    let o = home
+        .out(&["run", "huge", "--noise-window", "256", "echo", "flag"])
+        .await;
+    assert_eq!(text(&o.stdout), "flag\n", "{}", text(&o.stderr));
+    let o = home.out(&["run", "huge", "true"]).await;
+    assert_eq!(code(&o), 255);
+    assert_eq!(
+        one_line(&o),
+        format!(
+            "execrelay: {}:10: hosts.huge.noise_window: a stream window of 300 records is out of range: give 1 to 256 (records of at most 64 KiB; the default is 16)",
+            home.config().display()
+        )
+    );
+    let o = home
+        .out(&["run", "wide", "--noise-window", "0", "true"])
+        .await;
+    assert_eq!(code(&o), 255);
+    assert!(
+        one_line(&o)
+            .starts_with("execrelay: --noise-window: a stream window of 0 records is out of range"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::write(home.config(), host("word", "\"many\"")).unwrap();
+    let o = home.out(&["run", "word", "true"]).await;
+    assert_eq!(code(&o), 255);
+    let words = one_line(&o);
+    assert!(
+        words.starts_with(&format!(
+            "execrelay: {}:5: hosts.word.noise_window: invalid type",
+            home.config().display()
+        )),
+        "{words}"
+    );
+}
+
 #[tokio::test]
 async fn a_broken_configuration_file_names_the_file_the_line_and_the_key() {
     let home = Home::new();

@@ -613,3 +613,69 @@ async fn both_suites_cross_the_relay_and_the_fallback_works_through_it() {
         }
     }
 }
+
+/// A client tuned to a window larger than the relay passes on (`--noise-window 256` against
+/// a relay at its default 64, and against one at the smallest it accepts, 8): its output is
+/// held to the relay's window, arrives whole, and nothing is reset (before, the relay
+/// forwarded the larger window and reset the server for using it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_window_above_the_relays_is_clipped_not_reset() {
+    use execrelay::link::client::MAX_CLIENT_WINDOW_RECORDS;
+    const BYTES: u64 = 6 << 20;
+    for relay_window in [64, execrelay_protocol::config::ACK_EVERY_RECORDS] {
+        let dir = tempfile::tempdir().unwrap();
+        let client = Keypair::generate().unwrap();
+        let settings = RelaySettings {
+            max_window_records: relay_window,
+            ..RelaySettings::default()
+        };
+        let rules = [(&client, Verdict::Allow)];
+        let (relay, _env, server, _auth) =
+            relay_and_env_at(dir.path(), &rules, ServerConfig::default(), settings).await;
+        let mut cfg = NoiseClientConfig::new(client.clone(), server.public);
+        cfg.window = MAX_CLIENT_WINDOW_RECORDS;
+        let target = Target::Noise {
+            url: relay.client_url("env"),
+            config: Arc::new(cfg),
+            pool: LinkPool::new(),
+        };
+        let c = Client::connect(target, ClientOptions::default())
+            .await
+            .unwrap();
+        let mut p = c
+            .start(StartOptions::new(
+                "zeros",
+                ["head", "-c", &BYTES.to_string(), "/dev/zero"],
+            ))
+            .await
+            .unwrap();
+        let (mut len, mut exit) = (0u64, None);
+        let read = async {
+            while let Some(ev) = p.next_event().await {
+                match ev {
+                    ProcessEvent::Output { data, .. } => {
+                        assert!(data.iter().all(|b| *b == 0), "exact bytes");
+                        len += data.len() as u64;
+                    }
+                    ProcessEvent::Exited(info) => {
+                        exit = Some(info);
+                        break;
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(PROMPT, read)
+            .await
+            .expect("the output arrives (hang guard)");
+        assert_eq!(len, BYTES, "relay window {relay_window}: every byte");
+        assert_eq!(exit.expect("an exit notice").exit_code, Some(0));
+        assert_eq!(
+            relay
+                .metrics
+                .value("execrelay_relay_resets_total{reason=\"window_exceeded\"}"),
+            0,
+            "relay window {relay_window}: nothing reset"
+        );
+    }
+}

@@ -6,6 +6,8 @@
 //! Each bench is its own crate and uses only some of these.
 #![allow(dead_code)]
 
+pub mod delay;
+
 use std::time::{Duration, Instant};
 
 use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions};

@@ -15,6 +15,14 @@ use crate::frame::MAX_FRAME_BYTES;
 /// (sender queue, relay queue, receiver queue), which is what bounds memory per stream.
 pub const STREAM_WINDOW_RECORDS: u32 = 16;
 
+/// A receiver reports what it consumed at least every this many records, whatever its window
+/// (`secure-transport.md` §7 asks for a bare `ACK` after half a window; with the default window
+/// that is these 8). A larger window does not stretch it: a relay forwards windows clipped to
+/// its `max_window_records` ([`MAX_RELAY_WINDOW_RECORDS`]), and a receiver waiting for half of
+/// a window its sender never saw would never acknowledge; acknowledging every 8 records also
+/// keeps a long pipe full. A relay's window is never below it ([`RelayConfig::validate`]).
+pub const ACK_EVERY_RECORDS: u32 = STREAM_WINDOW_RECORDS / 2;
+
 /// Streams one endpoint link holds at once (opening, pending, open or finishing). The protocol
 /// has no maximum (16-byte ids); 1024 bounds one link's state and memory (at most one window
 /// per stream per direction) and matches the exec server's `--max-streams-per-link`.
@@ -189,8 +197,10 @@ pub const CONTROL_RESERVE_BYTES: usize = 16 * MAX_FRAME_BYTES;
 /// The largest receive window (records) a relay honours. A receiver advertising more is held
 /// to this many records past its `ack`, so that a hostile receiver that never reads cannot
 /// make the relay queue more than 64 records (4 MiB) of one stream. Four times the default
-/// window: room for endpoints tuned to larger windows; an endpoint behind a relay must not
-/// advertise more, or its peer's records past this are reset `window_exceeded`.
+/// window: room for endpoints tuned to larger windows (a client far away: a stream moves at
+/// most one window per round trip). The relay forwards every `window` field clipped to this,
+/// so a sender never learns of a larger window and an endpoint that advertises more is slowed
+/// to it, not reset.
 pub const MAX_RELAY_WINDOW_RECORDS: u32 = 64;
 
 /// A token bucket's shape: `burst` tokens, one more every `refill` (never above `burst`).
@@ -397,6 +407,12 @@ pub enum ConfigError {
         MIN_CLIENT_LINK_SHARE_BYTES
     )]
     ClientShare,
+    /// The relay's window is below what receivers acknowledge at a time.
+    #[error(
+        "the relay's window (max_window_records) must be at least {} records: receivers acknowledge every {} records, and a smaller window would stall their streams",
+        ACK_EVERY_RECORDS, ACK_EVERY_RECORDS
+    )]
+    RelayWindow,
 }
 
 // One address's client links can never hold more than a sixteenth of the total.
@@ -473,7 +489,9 @@ impl RelayConfig {
             "client links per address",
         )?;
         nonzero(self.opens_per_second.into(), "opens per second")?;
-        nonzero(self.max_window_records.into(), "relay window")?;
+        if self.max_window_records < ACK_EVERY_RECORDS {
+            return Err(ConfigError::RelayWindow);
+        }
         nonzero(self.malformed_frames.burst.into(), "malformed frame burst")?;
         nonzero(
             self.unknown_stream_frames.burst.into(),

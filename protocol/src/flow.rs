@@ -4,7 +4,8 @@
 //!   `ack + window` out.
 //! - [`RecvWindow`]: the receiver's accounting: records arrive in order numbered from 1, at
 //!   most `window` past what was consumed (handed to the application); a bare `ACK` is due
-//!   once half a window was consumed since the last report.
+//!   once half a window was consumed since the last report, or `ACK_EVERY_RECORDS` (8) if
+//!   fewer: a relay may have clipped the window the sender sees.
 //! - [`RelayFlow`]: what the relay keeps per stream per direction (the receiver's last report
 //!   and the sender's highest `seq`), to reset a sender past its window without reading
 //!   anything but frame headers.
@@ -12,6 +13,8 @@
 //! Reports are monotonic: a report that would lower the limit `ack + window` (an old frame
 //! overtaken by a newer `ACK` in a relay's control lane) is ignored, so reordering between a
 //! stream's `ACK`s and its `DATA` can never take credit back.
+
+use crate::config::ACK_EVERY_RECORDS;
 
 /// Why a received record is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -153,10 +156,11 @@ impl RecvWindow {
         Some(self.ack_due())
     }
 
-    /// Half a window consumed since the last report (at least one record).
+    /// Half a window consumed since the last report, or [`ACK_EVERY_RECORDS`] if fewer (at
+    /// least one record).
     pub fn ack_due(&self) -> bool {
-        let half = u64::from(self.window / 2).max(1);
-        self.consumed - self.reported >= half
+        let every = (self.window / 2).clamp(1, ACK_EVERY_RECORDS);
+        self.consumed - self.reported >= u64::from(every)
     }
 
     /// Whether anything was consumed since the last report.
@@ -284,6 +288,20 @@ mod tests {
         assert_eq!(r.on_data(5), Ok(()));
         assert_eq!(r.on_data(6), Ok(()));
         assert_eq!(r.consume(7), None, "never received");
+    }
+
+    #[test]
+    fn a_large_window_still_acks_every_eight_records() {
+        // 64 records advertised, perhaps clipped to 16 by a relay: the sender must hear of
+        // progress before it runs out of the window it saw.
+        let mut r = RecvWindow::new(64);
+        for seq in 1..=8 {
+            assert_eq!(r.on_data(seq), Ok(()));
+        }
+        assert_eq!(r.consume(7), Some(false));
+        assert_eq!(r.consume(8), Some(true), "8 = ACK_EVERY_RECORDS consumed");
+        assert_eq!(r.report(), (8, 64));
+        assert!(!r.ack_due());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use execrelay_protocol::config::ACK_EVERY_RECORDS;
 use execrelay_protocol::endpoint::Event;
 use execrelay_protocol::frame::{FrameType, MAX_PAYLOAD_BYTES};
 use execrelay_protocol::reason::{CloseReason, DropReason, Reason};
@@ -19,7 +20,7 @@ fn a_receivers_window_is_clipped_to_the_relays_maximum() {
     let clock = Clock::new();
     let now = clock.now;
     let mut rcfg = relay_cfg();
-    rcfg.max_window_records = 4;
+    rcfg.max_window_records = ACK_EVERY_RECORDS;
     let mut net = Net::new(rcfg);
     net.add_env(now, "env1", cfg());
     net.add_client(now, "env1", cfg());
@@ -27,18 +28,106 @@ fn a_receivers_window_is_clipped_to_the_relays_maximum() {
     // A hand-written client advertising a window of 1000 records.
     net.router
         .handle_frame(now, c, raw(FrameType::Open, sid(1), 0, 0, 1000, b"msg1"));
-    net.pump(now);
+    let open = drain(&mut net.router, e, now);
+    assert_eq!(
+        (open[0].ftype, open[0].window),
+        (FrameType::Open, ACK_EVERY_RECORDS),
+        "the OPEN reaches the environment with the window the relay will hold it to"
+    );
+    net.envs[0]
+        .0
+        .handle_frame(now, open[0].clone().encode().unwrap());
     net.env(0).accept(sid(1), Bytes::new()).unwrap();
     net.pump(now);
     drain(&mut net.router, c, now);
-    for seq in 1..=4 {
+    let edge = u64::from(ACK_EVERY_RECORDS);
+    for seq in 1..=edge {
         net.router
             .handle_frame(now, e, raw(FrameType::Data, sid(1), seq, 0, 16, b"x"));
     }
     assert_eq!(net.router.counters().resets(Reason::WindowExceeded), 0);
+    // A hand-written environment that ignores the clipped window it was shown.
     net.router
-        .handle_frame(now, e, raw(FrameType::Data, sid(1), 5, 0, 16, b"x"));
+        .handle_frame(now, e, raw(FrameType::Data, sid(1), edge + 1, 0, 16, b"x"));
     assert_eq!(net.router.counters().resets(Reason::WindowExceeded), 1);
+}
+
+/// An honest endpoint tuned to a larger window than a relay's (here the smallest a relay
+/// accepts) is slowed to the relay's window, never reset or stalled: every `window` the relay
+/// forwards is clipped, both ways, so the sender never learns of more, and the receiver
+/// acknowledges every `ACK_EVERY_RECORDS` records whatever it advertised. A relay below that
+/// is refused at start.
+#[test]
+fn a_window_larger_than_the_relays_slows_the_sender_and_resets_nothing() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut rcfg = relay_cfg();
+    rcfg.max_window_records = ACK_EVERY_RECORDS;
+    let mut net = Net::new(rcfg);
+    let mut big = cfg();
+    big.window = 200;
+    net.add_env(now, "env1", big.clone());
+    net.add_client(now, "env1", big);
+    establish_via(&mut net, now, 0, 0, 1);
+    let record = |n: u64| Bytes::from(vec![(n % 251) as u8; 100]);
+    const TOTAL: u64 = 40;
+    // Both directions at once: the environment's output and the client's input.
+    let (mut sent_down, mut sent_up) = (0u64, 0u64);
+    type Got = Vec<(u64, Vec<u8>)>;
+    let (mut down, mut up): (Got, Got) = (vec![], vec![]);
+    let mut rounds = 0;
+    while (down.len() as u64) < TOTAL || (up.len() as u64) < TOTAL {
+        rounds += 1;
+        assert!(
+            rounds < 200,
+            "stalled: down {}, up {}",
+            down.len(),
+            up.len()
+        );
+        while sent_down < TOTAL && net.env(0).send_ready(&sid(1)).is_ok() {
+            sent_down += 1;
+            net.env(0).send(&sid(1), record(sent_down)).unwrap();
+        }
+        while sent_up < TOTAL && net.client(0).send_ready(&sid(1)).is_ok() {
+            sent_up += 1;
+            net.client(0).send(&sid(1), record(sent_up)).unwrap();
+        }
+        assert!(
+            sent_down - down.len() as u64 <= u64::from(ACK_EVERY_RECORDS)
+                && sent_up - up.len() as u64 <= u64::from(ACK_EVERY_RECORDS),
+            "never past the relay's window: down {sent_down}/{}, up {sent_up}/{}",
+            down.len(),
+            up.len()
+        );
+        net.pump(now);
+        down.extend(
+            data_of(&events(net.client(0)))
+                .into_iter()
+                .map(|(_, s, p)| (s, p)),
+        );
+        up.extend(
+            data_of(&events(net.env(0)))
+                .into_iter()
+                .map(|(_, s, p)| (s, p)),
+        );
+        net.client(0).consumed(&sid(1), down.len() as u64).unwrap();
+        net.env(0).consumed(&sid(1), up.len() as u64).unwrap();
+        net.pump(now);
+    }
+    assert_eq!(net.router.counters().resets(Reason::WindowExceeded), 0);
+    let mut low = relay_cfg();
+    low.max_window_records = ACK_EVERY_RECORDS - 1;
+    let Err(err) = Router::new(low) else {
+        panic!("a relay window below 8 is refused");
+    };
+    assert!(err.to_string().contains("at least 8 records"), "{err}");
+    for got in [&down, &up] {
+        assert_eq!(got.len() as u64, TOTAL);
+        for (i, (seq, p)) in got.iter().enumerate() {
+            assert_eq!(*seq, i as u64 + 1, "in order, nothing repeated");
+            assert_eq!(p, &record(*seq).to_vec(), "exact bytes");
+        }
+    }
 }
 
 #[test]

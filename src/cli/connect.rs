@@ -11,7 +11,7 @@ use clap::Args;
 use super::failure::Failure;
 use super::hosts::{default_key_path, expand_home, Entry, HostsFile};
 use crate::client::Target;
-use crate::link::client::{LinkPool, NoiseClientConfig};
+use crate::link::client::{check_window, LinkPool, NoiseClientConfig};
 use crate::link::dial::{LinkTarget, TlsRoots};
 use crate::noise::keys::{fingerprint, load_public, Keypair};
 use execrelay_protocol::noise::suite::SuiteChoice;
@@ -42,6 +42,12 @@ pub struct ConnFlags {
     /// `noise_suite` [default: auto].
     #[arg(long, value_name = "auto|chachapoly|aesgcm")]
     pub noise_suite: Option<SuiteChoice>,
+    /// noise+ws and relay+ws: the receive window of each stream, in records of at most 64 KiB
+    /// (1 to 256). A stream moves at most one window per round trip: raise it for a server far
+    /// away (64 = 4 MiB, the most a relay passes on by default), at the cost of that much memory
+    /// per stream. Overrides the host's `noise_window` [default: 16].
+    #[arg(long, value_name = "RECORDS")]
+    pub noise_window: Option<u32>,
 }
 
 /// A server to talk to, resolved.
@@ -201,6 +207,18 @@ fn build(
         (None, Some((from, v))) => v.parse().map_err(|e| from.fail(e))?,
         (None, None) => SuiteChoice::Auto,
     };
+    config.window = match (
+        flags.noise_window,
+        entry(|h| &h.noise_window, "noise_window"),
+    ) {
+        (Some(w), _) => check_window(w).map_err(|e| From::Flag("--noise-window").fail(e))?,
+        (None, Some((from, v))) => v
+            .parse::<u32>()
+            .map_err(|e| e.to_string())
+            .and_then(check_window)
+            .map_err(|e| from.fail(e))?,
+        (None, None) => config.window,
+    };
     if let Some((path, from)) = ca {
         let roots = TlsRoots::CaFile(path);
         // Checked now, so a bad file is reported before anything is dialled.
@@ -237,4 +255,50 @@ fn read_token(path: &Path) -> Result<String, String> {
 /// A resolved remote's words for a failure (its key and token), for the other commands.
 pub fn failure_of(r: &Remote, e: &crate::client::ClientError) -> Failure {
     super::failure::connect_failure(&r.url, e, r.key.as_deref(), r.token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::keys::public_line;
+
+    /// A noise+ws target resolved with `window` given on the command line.
+    fn resolved(window: Option<u32>) -> Result<Remote, Failure> {
+        let dir = tempfile::tempdir().unwrap();
+        let client = Keypair::generate().unwrap();
+        let key = dir.path().join("id");
+        client.write(&key, "test").unwrap();
+        let server = Keypair::generate().unwrap();
+        let flags = ConnFlags {
+            server_key: Some(public_line(&server.public, "server")),
+            key: Some(key),
+            noise_window: window,
+            ..ConnFlags::default()
+        };
+        resolve("noise+ws://127.0.0.1:1", &flags)
+    }
+
+    fn window_of(r: &Remote) -> u32 {
+        match &r.target {
+            Target::Noise { config, .. } => config.window,
+            other => panic!("not a Noise target: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_stream_window_is_the_flags_or_the_default_and_checked() {
+        use execrelay_protocol::config::STREAM_WINDOW_RECORDS;
+        assert_eq!(window_of(&resolved(None).unwrap()), STREAM_WINDOW_RECORDS);
+        assert_eq!(window_of(&resolved(Some(64)).unwrap()), 64);
+        assert_eq!(window_of(&resolved(Some(256)).unwrap()), 256);
+        for bad in [0, 257, u32::MAX] {
+            let words = resolved(Some(bad)).expect_err("refused").words;
+            assert!(
+                words.starts_with(&format!(
+                    "--noise-window: a stream window of {bad} records is out of range: give 1 to 256"
+                )),
+                "{words}"
+            );
+        }
+    }
 }

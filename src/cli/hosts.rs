@@ -9,6 +9,7 @@
 //! ca_file = "/etc/ssl/private-ca.pem"     # optional
 //! token_file = "~/.config/execrelay/token" # optional
 //! noise_suite = "auto"                    # optional: auto, chachapoly or aesgcm
+//! noise_window = 64                       # optional: receive window per stream, in records
 //! ```
 //!
 //! Where: `$EXECRELAY_CONFIG`, else `$XDG_CONFIG_HOME/execrelay/config.toml`, else
@@ -82,6 +83,8 @@ pub struct Host {
     pub token_file: Option<Entry>,
     /// `noise_suite`: `auto`, `chachapoly` or `aesgcm`.
     pub noise_suite: Option<Entry>,
+    /// `noise_window`: the receive window per stream, in records (an integer).
+    pub noise_window: Option<Entry>,
 }
 
 /// The configuration file, read.
@@ -109,6 +112,7 @@ struct RawHost {
     ca_file: Option<Spanned<String>>,
     token_file: Option<Spanned<String>>,
     noise_suite: Option<Spanned<String>>,
+    noise_window: Option<Spanned<u32>>,
 }
 
 impl HostsFile {
@@ -174,6 +178,10 @@ impl HostsFile {
                     ca_file: entry(h.ca_file),
                     token_file: entry(h.token_file),
                     noise_suite: entry(h.noise_suite),
+                    noise_window: h.noise_window.map(|s| Entry {
+                        line: line_of(text, s.span().start),
+                        value: s.into_inner().to_string(),
+                    }),
                 };
                 (k, host)
             })

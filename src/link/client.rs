@@ -27,7 +27,7 @@ use crate::noise::timestamp::next_hello_ts;
 use crate::sync::lock;
 use crate::transport::Transport;
 use execrelay_io::driver::{Accepted, EndpointLink, StreamError};
-use execrelay_protocol::config::{EndpointConfig, KeepaliveConfig};
+use execrelay_protocol::config::{EndpointConfig, KeepaliveConfig, STREAM_WINDOW_RECORDS};
 use execrelay_protocol::noise::handshake::ClientHandshake;
 use execrelay_protocol::noise::suite::{NoiseSuite, SuiteChoice};
 use execrelay_protocol::reason::{CloseReason, Reason};
@@ -63,6 +63,29 @@ pub struct NoiseClientConfig {
     /// The Noise suite of the streams (`secure-transport.md` §3): by CPU features with a
     /// fallback to suite 0 (the default), or pinned.
     pub suite: SuiteChoice,
+    /// The receive window each stream advertises, in records of at most 64 KiB
+    /// (`secure-transport.md` §7; default [`STREAM_WINDOW_RECORDS`], 1 MiB). A stream moves at
+    /// most one window per round trip, so a client far from its server gains throughput with a
+    /// larger one, and pays for it in memory: up to this many records per stream are held
+    /// until read. At most [`MAX_CLIENT_WINDOW_RECORDS`]; a relay clips it to its own
+    /// `max_window_records` (64 by default).
+    pub window: u32,
+}
+
+/// The largest receive window a client advertises ([`NoiseClientConfig::window`]): 256 records,
+/// 16 MiB per stream held at most until read (40 MB/s at a 100 ms round trip through a relay
+/// at its default 64, 160 MB/s directly).
+pub const MAX_CLIENT_WINDOW_RECORDS: u32 = 256;
+
+/// `window` when it is in `1..=MAX_CLIENT_WINDOW_RECORDS`; otherwise what is wrong and what to give.
+pub fn check_window(window: u32) -> Result<u32, String> {
+    if (1..=MAX_CLIENT_WINDOW_RECORDS).contains(&window) {
+        Ok(window)
+    } else {
+        Err(format!(
+            "a stream window of {window} records is out of range: give 1 to {MAX_CLIENT_WINDOW_RECORDS} (records of at most 64 KiB; the default is {STREAM_WINDOW_RECORDS})"
+        ))
+    }
 }
 
 impl NoiseClientConfig {
@@ -76,6 +99,7 @@ impl NoiseClientConfig {
             keepalive: KeepaliveConfig::default(),
             tls: TlsRoots::Platform,
             suite: SuiteChoice::Auto,
+            window: STREAM_WINDOW_RECORDS,
         }
     }
 }
@@ -86,6 +110,7 @@ impl std::fmt::Debug for NoiseClientConfig {
             .field("client", &fingerprint(&self.keys.public))
             .field("server", &fingerprint(&self.server_public))
             .field("suite", &self.suite)
+            .field("window", &self.window)
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +162,9 @@ pub enum NoiseError {
     /// fails with this.
     #[error("the server does not accept Noise suite {0} (it answered unsupported_suite): pin another with --noise-suite (chachapoly works everywhere), use --noise-suite auto, or add {0} to the server's noise_suites")]
     UnsupportedSuite(NoiseSuite),
+    /// A setting of [`NoiseClientConfig`] is out of range (nothing was dialled).
+    #[error("{0}")]
+    Config(String),
 }
 
 fn explain_reset(reason: &str) -> String {
@@ -254,6 +282,7 @@ impl ClientLink {
     pub async fn connect(url: &str, cfg: NoiseClientConfig) -> Result<Arc<ClientLink>, NoiseError> {
         let target =
             LinkTarget::parse(url).map_err(|e| NoiseError::Connect(url.into(), e.to_string()))?;
+        let window = check_window(cfg.window).map_err(NoiseError::Config)?;
         let ws = match dial(&target.ws_url, &cfg.tls, OPEN_TIMEOUT).await {
             Ok(ws) => ws,
             Err(DialError::Timeout(_, d)) => return Err(NoiseError::Timeout(d)),
@@ -261,6 +290,7 @@ impl ClientLink {
         };
         let ecfg = EndpointConfig {
             keepalive: cfg.keepalive,
+            window,
             ..EndpointConfig::default()
         };
         let link = EndpointLink::spawn_client(ws, ecfg)

@@ -127,7 +127,7 @@ impl<T: RoutingTable> Router<T> {
         self.enqueue(link, Frame::reset(stream, reason.as_str()), Lane::Control);
     }
 
-    fn on_open(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
+    fn on_open(&mut self, now: Instant, link: LinkId, key: RouteKey, mut f: Frame) {
         let s = key.stream;
         if let Some(r) = self.table.get_mut(&key) {
             if r.client == link {
@@ -190,7 +190,8 @@ impl<T: RoutingTable> Router<T> {
             return;
         }
         let mut to_client = RelayFlow::new();
-        to_client.on_report(0, f.window.min(self.cfg.max_window_records));
+        f.window = f.window.min(self.cfg.max_window_records);
+        to_client.on_report(0, f.window);
         let route = Route {
             client: link,
             env_link,
@@ -225,7 +226,7 @@ impl<T: RoutingTable> Router<T> {
         self.enqueue(env_link, f, Lane::Control);
     }
 
-    fn on_accept(&mut self, now: Instant, link: LinkId, key: RouteKey, f: Frame) {
+    fn on_accept(&mut self, now: Instant, link: LinkId, key: RouteKey, mut f: Frame) {
         if !self.owns(link, LinkKind::Environment, &key) {
             self.unknown(now, link, &key.stream, f.ftype);
             return;
@@ -237,8 +238,8 @@ impl<T: RoutingTable> Router<T> {
             self.reset_route(&key, Reason::MalformedFrame, LinkKind::Environment);
             return;
         }
-        r.to_env
-            .on_report(0, f.window.min(self.cfg.max_window_records));
+        f.window = f.window.min(self.cfg.max_window_records);
+        r.to_env.on_report(0, f.window);
         let answered = r.clone();
         r.accepted = true;
         let client = r.client;
@@ -254,7 +255,7 @@ impl<T: RoutingTable> Router<T> {
         link: LinkId,
         kind: LinkKind,
         key: RouteKey,
-        f: Frame,
+        mut f: Frame,
     ) {
         if !self.owns(link, kind, &key) {
             self.unknown(now, link, &key.stream, f.ftype);
@@ -339,6 +340,11 @@ impl<T: RoutingTable> Router<T> {
         }
         // The frame's report is about the other direction, whose receiver is its sender.
         let window = f.window.min(self.cfg.max_window_records);
+        // Forwarded as the relay will hold it: a sender never learns of a window larger than
+        // the relay's, so an endpoint tuned to a larger window (or a relay configured below
+        // the default) slows a stream down instead of getting it reset. The field is
+        // cleartext and outside the Noise prologue; rewriting it re-encodes the header only.
+        f.window = window;
         let (reverse, dest) = if from_client {
             (&mut r.to_client, r.env_link)
         } else {

@@ -18,8 +18,9 @@
 //!   cannot be queued within its rules resets its stream (or is refused), never blocks.
 //! - **A stream's queue on a link never holds more than one window**: `DATA` is admitted only
 //!   in order and inside the receiver's last report (its window clipped to
-//!   [`RelayConfig::max_window_records`]); past it the stream is reset (`window_exceeded`) on both
-//!   links and nothing else is touched.
+//!   [`RelayConfig::max_window_records`], and forwarded clipped, so an honest sender never
+//!   learns of more); past it the stream is reset (`window_exceeded`) on both links and nothing
+//!   else is touched.
 //! - **Control frames are never stuck behind data**: each link serves control, then
 //!   coalesced `ACK`s, then `DATA` round robin; `OPEN` is refused `busy` rather than let the
 //!   control lane grow past its reserve.

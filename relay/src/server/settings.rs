@@ -155,7 +155,7 @@ execrelay_io::settings! {
         "control-frame share of an environment link's queue; a client's `OPEN` that would pass it is reset `busy`";
     /// See [`MAX_RELAY_WINDOW_RECORDS`].
     max_window_records: u32 = MAX_RELAY_WINDOW_RECORDS, Count,
-        "largest receive window (records) honoured per stream; records past it are reset `window_exceeded`";
+        "largest receive window (records) honoured per stream, at least 8; windows are forwarded clipped to it (a receiver advertising more is sent no more than this), and records past it are reset `window_exceeded`";
     /// See [`CLOSED_STREAMS_REMEMBERED`].
     closed_streams_remembered: usize = CLOSED_STREAMS_REMEMBERED, Count,
         "recently closed stream ids remembered per link (their late frames are dropped free)";
