@@ -105,3 +105,36 @@ def test_broken_files_are_named(tmp_path, monkeypatch):
     cfg = write_config(tmp_path, '[hosts.box]\nkey = "x"\n')
     with pytest.raises(execrelay.ConfigError, match="no `url`"):
         execrelay.connect("box")
+
+
+def test_the_clis_noise_keys_are_read_and_checked(noise_url, servers, tmp_path, monkeypatch):
+    """A host entry the CLI writes (`noise_suite`, `noise_window`) works here too: the suite
+    is pinned, the window advertised; an argument wins; bad values are named."""
+    entry = f"""
+[hosts.box]
+url = "{noise_url}"
+server_key = "{servers.server_key}.pub"
+key = "{servers.client_key}"
+noise_suite = "chachapoly"
+noise_window = 64
+"""
+    monkeypatch.setenv("EXECRELAY_CONFIG", write_config(tmp_path, entry))
+    with execrelay.connect("box") as c:
+        assert c.run("head -c 3000000 /dev/zero | wc -c").stdout == b"3000000\n"
+        assert c.noise_suite == 0
+        assert c._c._window == 64
+    with execrelay.connect("box", noise_window=256, noise_suite=1) as c:
+        assert c.run("echo arg").stdout == b"arg\n"
+        assert (c.noise_suite, c._c._window) == (1, 256)
+    for bad in (0, 257, True, '"many"'):
+        monkeypatch.setenv("EXECRELAY_CONFIG", write_config(
+            tmp_path, entry.replace("noise_window = 64", f"noise_window = {str(bad).lower()}")))
+        with pytest.raises(execrelay.ConfigError, match="hosts.box.noise_window: a stream window of"):
+            execrelay.connect("box")
+    monkeypatch.setenv("EXECRELAY_CONFIG", write_config(
+        tmp_path, entry.replace('"chachapoly"', '"fast"')))
+    with pytest.raises(execrelay.ConfigError, match="hosts.box.noise_suite: 'fast' is not auto"):
+        execrelay.connect("box")
+    with pytest.raises(ValueError, match="noise_window: a stream window of 300 records"):
+        execrelay.connect(noise_url, server_key=servers.server_key + ".pub",
+                          key=servers.client_key, noise_window=300)

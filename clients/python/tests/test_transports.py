@@ -151,3 +151,28 @@ def test_wait_timeout_leaves_the_process_running(client):
     assert {e["processId"]: e["state"] for e in client.list()}[p.id] == "running"
     p.terminate(grace=0.1)
     assert p.wait(30).signal == "SIGTERM"
+
+
+def test_a_relay_window_below_ours_slows_the_stream_and_stalls_nothing(servers, creds):
+    """Our window (32 records) above a relay's smallest (8): the relay passes on 8, and we
+    acknowledge every 8 records, so the output flows (it stalled when we acknowledged only
+    every half window, 16, which a sender held to 8 never reaches)."""
+    import threading
+
+    from conftest import KEEPALIVE, connect_when_online
+
+    relay = servers.relay("--max-window-records", "8")
+    env = servers.environment(relay.url, *KEEPALIVE)
+    c = connect_when_online(env.url, **creds)
+    got = {}
+
+    def run():
+        got["r"] = c.run(["head", "-c", "3000000", "/dev/zero"])
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)  # hang guard: a stalled stream never ends
+    assert not t.is_alive(), "the output stalled behind the relay's window"
+    assert (got["r"].exit_code, len(got["r"].stdout)) == (0, 3000000)
+    assert got["r"].stdout == bytes(3000000)
+    c.close()

@@ -316,6 +316,7 @@ def connect(target: str, *, server_key: "str | bytes | None" = None,
             ca_file: Optional[str] = None, binary: bool = True,
             on_approval: Optional[Callable[[ApprovalRequest], bool]] = None,
             session_ttl: Optional[float] = None, noise_suite: Optional[int] = None,
+            noise_window: Optional[int] = None,
             keepalive_interval: float = KEEPALIVE_INTERVAL, pong_timeout: float = PONG_TIMEOUT,
             reconnect: bool = True) -> Client:
     """Connect to an exec server (blocking). The arguments are those of `aio.connect`."""
@@ -332,6 +333,7 @@ def connect(target: str, *, server_key: "str | bytes | None" = None,
         return await aio.connect(target, server_key=server_key, key=key, token=token,
                                  ca_file=ca_file, binary=binary, on_approval=approval,
                                  session_ttl=session_ttl, noise_suite=noise_suite,
+                                 noise_window=noise_window,
                                  keepalive_interval=keepalive_interval,
                                  pong_timeout=pong_timeout, reconnect=reconnect,
                                  _callback_runner=cb.submit)

@@ -3,7 +3,8 @@
 Owns: the 44-byte frame header, one WebSocket link carrying many streams, each stream's Noise
 handshake (`OPEN`/`ACCEPT`), its records (explicit nonces, kind byte, authenticated close),
 length-prefixed messages across records, and flow control both ways (never send past the
-peer's `ack + window`; report what was consumed with a bare `ACK` every half window).
+peer's `ack + window`; report what was consumed with a bare `ACK` every half window, or every
+8 records if fewer).
 Keepalive is the WebSocket's own ping (every `keepalive_interval`, dead after
 `pong_timeout`), and every write has the same deadline.
 
@@ -39,6 +40,10 @@ KIND_CLOSE = 1
 MAX_RECORD_BODY = 65535 - 16 - 1
 #: Records past what we consumed that we accept from the server (the relay honours up to 64).
 DEFAULT_WINDOW = 32
+#: What we consumed is reported at least every this many records, whatever our window: a relay
+#: passes on a window clipped to its `max_window_records` (at least 8), and a sender held to
+#: that would never see the ACK of half of ours (README: "Windows: … the relay's clip").
+ACK_EVERY_RECORDS = 8
 PROLOGUE_PREFIX = b"execrelay/noise/v1"
 MAX_HANDSHAKE_PAYLOAD = 4096
 #: Keepalive defaults (secure-transport.md §6.4).
@@ -277,7 +282,8 @@ class Stream:
             self._buf += memoryview(pt)[1:]
             self._split_messages()
             self._consumed = seq
-            if self._consumed - self._reported >= max(1, self._window // 2):
+            if self._consumed - self._reported >= max(1, min(self._window // 2,
+                                                             ACK_EVERY_RECORDS)):
                 self._reported = self._consumed
                 self.link._send_nowait(encode_frame(ACK, self.id, ack=self._consumed,
                                                     window=self._window))

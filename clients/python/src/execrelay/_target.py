@@ -39,6 +39,10 @@ class Endpoint:
     private_key: Optional[bytes] = None
     token: Optional[str] = None
     ca_file: Optional[str] = None
+    #: The host's `noise_suite` (0, 1, or None for auto), used when `connect` pins none.
+    noise_suite: Optional[int] = None
+    #: The host's `noise_window` (records), used when `connect` gives none.
+    noise_window: Optional[int] = None
 
 
 def config_path() -> str:
@@ -72,10 +76,22 @@ def _load_toml(path: str) -> Dict[str, Any]:
         raise ConfigError(f"{path}: {e}") from None
 
 
-HOST_KEYS = ("url", "server_key", "key", "ca_file", "token_file")
+HOST_KEYS = ("url", "server_key", "key", "ca_file", "token_file", "noise_suite", "noise_window")
+#: `noise_suite` of a host entry, as the CLI spells it.
+SUITE_NAMES = {"auto": None, "chachapoly": 0, "aesgcm": 1}
+#: The largest receive window a client advertises (the Rust client's MAX_CLIENT_WINDOW_RECORDS).
+MAX_WINDOW = 256
 
 
-def host_entry(name: str) -> Optional[Dict[str, str]]:
+def check_window(window: int, what: str = "noise_window") -> int:
+    """`window` if it is a whole number of records in 1..256, else ValueError naming `what`."""
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"{what}: a stream window of {window!r} records is out of range: give 1 "
+                         f"to {MAX_WINDOW} (records of at most 64 KiB)")
+    return window
+
+
+def host_entry(name: str) -> Optional[Dict[str, Any]]:
     """The `[hosts.NAME]` table of the configuration file, or None."""
     path = config_path()
     doc = _load_toml(path)
@@ -87,12 +103,24 @@ def host_entry(name: str) -> Optional[Dict[str, str]]:
         return None
     if not isinstance(entry, dict):
         raise ConfigError(f"{path}: hosts.{name} must be a table")
-    out: Dict[str, str] = {}
+    out: Dict[str, Any] = {}
     for k, v in entry.items():
         if k not in HOST_KEYS:
             raise ConfigError(f"{path}: hosts.{name}.{k}: unknown key (known: {', '.join(HOST_KEYS)})")
+        if k == "noise_window":
+            try:
+                out[k] = check_window(v, f"{path}: hosts.{name}.noise_window")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            continue
         if not isinstance(v, str):
             raise ConfigError(f"{path}: hosts.{name}.{k} must be a string")
+        if k == "noise_suite":
+            if v not in SUITE_NAMES:
+                raise ConfigError(f"{path}: hosts.{name}.noise_suite: {v!r} is not auto, "
+                                  "chachapoly or aesgcm")
+            out[k] = SUITE_NAMES[v]
+            continue
         out[k] = v
     if "url" not in out:
         raise ConfigError(f"{path}: hosts.{name} has no `url`")
@@ -176,7 +204,7 @@ def load_private_key(arg: "str | bytes") -> bytes:
 def resolve(target: str, *, server_key: "str | bytes | None", key: "str | bytes | None",
             token: Optional[str], ca_file: Optional[str]) -> Endpoint:
     """Turn a URL or a host alias plus `connect`'s arguments into an Endpoint."""
-    entry: Dict[str, str] = {}
+    entry: Dict[str, Any] = {}
     display = target
     if "://" not in target:
         found = host_entry(target)
@@ -217,4 +245,5 @@ def resolve(target: str, *, server_key: "str | bytes | None", key: "str | bytes 
     return Endpoint("noise", url, display, environment=env,
                     server_key=load_server_key(server_key),
                     private_key=load_private_key(key if key is not None else DEFAULT_KEY),
-                    token=token, ca_file=ca_file)
+                    token=token, ca_file=ca_file, noise_suite=entry.get("noise_suite"),
+                    noise_window=entry.get("noise_window"))

@@ -32,7 +32,7 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping
 from . import _link
 from ._link import Link, LinkError, StreamReset
 from ._noise import SUITE_AESGCM, SUITE_CHACHAPOLY, cpu_has_fast_aes
-from ._target import Endpoint, resolve
+from ._target import Endpoint, check_window, resolve
 from ._transport import NoiseTransport, TransportClosed, WsTransport
 from .errors import (ConnectError, ExecRelayError, NotApprovedError, OutputLost, ProtocolError,
                      RefusedError, RpcError, SessionLost, StartError)
@@ -464,6 +464,7 @@ class Client:
     def __init__(self, endpoint: Endpoint, *, binary: bool, on_approval: Optional[OnApproval],
                  session_ttl: Optional[float], noise_suite: Optional[int],
                  keepalive_interval: float, pong_timeout: float, reconnect: bool,
+                 noise_window: Optional[int] = None,
                  client_name: str, callback_runner: Optional[Callable[..., Any]] = None) -> None:
         self._ep = endpoint
         self._binary = binary
@@ -471,6 +472,7 @@ class Client:
         self._session_ttl = session_ttl
         self._suite = _hello_suite(noise_suite) if endpoint.kind == "noise" else 0
         self._suite_pinned = noise_suite is not None
+        self._window = noise_window if noise_window is not None else _link.DEFAULT_WINDOW
         self._keepalive = keepalive_interval
         self._pong_timeout = pong_timeout
         self._reconnect = reconnect
@@ -640,6 +642,7 @@ class Client:
             try:
                 stream, hello = await self._link.open_stream(ep.private_key, ep.server_key,
                                                              self._suite, ep.token,
+                                                             window=self._window,
                                                              fallback=not self._suite_pinned)
             except StreamReset as e:
                 if e.reason in _FINAL_RESETS:
@@ -1076,6 +1079,7 @@ async def connect(target: str, *, server_key: "str | bytes | None" = None,
                   ca_file: Optional[str] = None, binary: bool = True,
                   on_approval: Optional[OnApproval] = None,
                   session_ttl: Optional[float] = None, noise_suite: Optional[int] = None,
+                  noise_window: Optional[int] = None,
                   keepalive_interval: float = _link.KEEPALIVE_INTERVAL,
                   pong_timeout: float = _link.PONG_TIMEOUT, reconnect: bool = True,
                   client_name: str = "execrelay-python",
@@ -1091,11 +1095,22 @@ async def connect(target: str, *, server_key: "str | bytes | None" = None,
     policy's questions (none given: every such start is denied). `session_ttl` (seconds)
     asks the server to keep a detached session that long. `noise_suite` pins 0 (ChaChaPoly) or
     1 (AESGCM); by default AESGCM where the CPU has AES instructions, falling back to 0 when the
-    server refuses it.
+    server refuses it. `noise_window` is the receive window of each stream in records of at
+    most 64 KiB (1 to 256, default 32): a stream moves at most one window per round trip, so
+    a server far away wants more (64 is the most a relay passes on by default), at that much
+    memory per stream. A host alias's `noise_suite` and `noise_window` apply when these are
+    not given.
     """
     ep = resolve(target, server_key=server_key, key=key, token=token, ca_file=ca_file)
+    if noise_suite is None:
+        noise_suite = ep.noise_suite
+    if noise_window is None:
+        noise_window = ep.noise_window
+    if noise_window is not None:
+        check_window(noise_window)
     c = Client(ep, binary=binary, on_approval=on_approval, session_ttl=session_ttl,
-               noise_suite=noise_suite, keepalive_interval=keepalive_interval,
+               noise_suite=noise_suite, noise_window=noise_window,
+               keepalive_interval=keepalive_interval,
                pong_timeout=pong_timeout, reconnect=reconnect, client_name=client_name,
                callback_runner=_callback_runner)
     try:
