@@ -1039,9 +1039,10 @@ async fn zeros_mbps(target: Target, n: u64) -> f64 {
 }
 
 /// Noise direct through a proxy that delays each direction by `rtt_ms / 2`: a stream moves at
-/// most one window per round trip, so this is the window's figure, not the CPU's. The default
-/// window (16 records, 1 MiB), the most a relay passes on by default (64) and the client's
-/// largest (256), each with its ceiling (window ÷ round trip).
+/// most one window per round trip, so this is the window's figure, not the CPU's. Output at the
+/// client's window 16 (the default, 1 MiB), 64 (the most a relay passes on by default) and
+/// 256 (the client's largest), each with its ceiling (window ÷ round trip); uploads at the
+/// server's `noise_window_records` 16 (default) and 64 (its largest).
 async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
     use execrelay::link::client::MAX_CLIENT_WINDOW_RECORDS;
     use execrelay_protocol::config::{MAX_RELAY_WINDOW_RECORDS, STREAM_WINDOW_RECORDS};
@@ -1075,6 +1076,47 @@ async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
     }
     let _ = s.child.start_kill();
     let _ = s.child.wait().await;
+
+    // Uploads (`execrelay run` with stdin, binary writes) are held by the server's window:
+    // `noise_window_records` at its default and at its maximum.
+    for w in [STREAM_WINDOW_RECORDS, MAX_RELAY_WINDOW_RECORDS] {
+        let mut s =
+            start_noise_server_with(keys, &["--noise-window-records", &w.to_string()]).await;
+        let port: u16 = s
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .expect("the server's port");
+        let proxy = common::delay::start(port, Duration::from_millis(rtt_ms) / 2).await;
+        let mut head = std::process::Command::new("head")
+            .args(["-c", &n.to_string(), "/dev/zero"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("head");
+        let head_out = head.stdout.take().expect("head stdout");
+        let t0 = Instant::now();
+        let status = tokio::process::Command::new(server_bin())
+            .arg("run")
+            .arg(format!("noise+ws://127.0.0.1:{proxy}"))
+            .arg("--server-key")
+            .arg(keys.dir.join("server.pub"))
+            .arg("--key")
+            .arg(keys.dir.join("client"))
+            .args(["--", "sh", "-c", "cat >/dev/null"])
+            .stdin(Stdio::from(head_out))
+            .stdout(Stdio::null())
+            .status()
+            .await
+            .expect("execrelay run");
+        let took = t0.elapsed();
+        assert!(status.success(), "execrelay run failed: {status}");
+        let _ = head.wait();
+        let mbps = n as f64 / 1e6 / took.as_secs_f64();
+        println!("far_upload_server_window{w}_MBps {mbps:.1}");
+        let _ = s.child.start_kill();
+        let _ = s.child.wait().await;
+    }
 }
 
 /// Connect through the relay, waiting (bounded) for the exec server to register.

@@ -37,6 +37,7 @@ const CONSTANTS: &[(&str, u64)] = &[
     ),
     ("max_streams_per_link", MAX_STREAMS_PER_LINK as u64),
     ("max_streams_per_key", MAX_STREAMS_PER_KEY as u64),
+    ("noise_window_records", NOISE_WINDOW_RECORDS as u64),
     ("handshake_failure_burst", HANDSHAKE_FAILURE_BURST as u64),
     ("handshake_failure_refill_ms", HANDSHAKE_FAILURE_REFILL_MS),
     (

@@ -542,3 +542,70 @@ async fn an_ended_processor_sends_close_record_then_reset() {
     link.assert_alive(&mut keep).await;
     srv.stop().await;
 }
+
+/// `noise_window_records` is the window the server grants for what it receives: its `ACCEPT`
+/// lets a client send that many records (16 by default, 64 at most), and stdin written through
+/// the library at either arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_receive_window_is_its_setting() {
+    use execrelay::config::{MAX_NOISE_WINDOW_RECORDS, NOISE_WINDOW_RECORDS};
+    const BYTES: usize = 3 << 20;
+    for window in [NOISE_WINDOW_RECORDS, MAX_NOISE_WINDOW_RECORDS] {
+        let config = ServerConfig {
+            noise_window_records: window,
+            ..ServerConfig::default()
+        };
+        let (a, _auth, srv) = serve_one(config).await;
+        let mut link = RawLink::connect(srv.port).await;
+        let st = link.open(&a, &srv.keys.public).await;
+        assert_eq!(
+            link.send_limit(&st.sid),
+            u64::from(window),
+            "the ACCEPT grants the setting"
+        );
+        let client = Client::connect(srv.target(&a), ClientOptions::default())
+            .await
+            .unwrap();
+        let mut opts = StartOptions::new("wc", ["wc", "-c"]);
+        opts.params.pipe_stdin = true;
+        let mut p = client.start(opts).await.unwrap();
+        let data = vec![7u8; BYTES];
+        for chunk in data.chunks(256 * 1024) {
+            assert_eq!(p.write(chunk).await.unwrap(), "accepted");
+        }
+        p.close_stdin().await.unwrap();
+        let mut out = Vec::new();
+        let read = async {
+            while let Some(ev) = p.next_event().await {
+                match ev {
+                    ProcessEvent::Output { data, .. } => out.extend_from_slice(&data),
+                    ProcessEvent::Exited(info) => return info,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            panic!("no exit notice");
+        };
+        let exit = tokio::time::timeout(PROMPT, read)
+            .await
+            .expect("the exit notice (hang guard)");
+        assert_eq!(exit.exit_code, Some(0));
+        assert_eq!(String::from_utf8_lossy(&out).trim(), BYTES.to_string());
+        client.close();
+        srv.stop().await;
+    }
+    let too_big = ServerConfig {
+        noise_window_records: MAX_NOISE_WINDOW_RECORDS + 1,
+        ..ServerConfig::default()
+    };
+    let err = too_big.validate().expect_err("65 records refused");
+    assert!(
+        err.to_string()
+            .contains("noise_window_records must be 1 to 64"),
+        "{err}"
+    );
+    let zero = ServerConfig {
+        noise_window_records: 0,
+        ..ServerConfig::default()
+    };
+    assert!(zero.validate().is_err(), "0 records refused");
+}

@@ -142,6 +142,14 @@ pub const MAX_PENDING_HANDSHAKES_PER_ADDRESS: usize = 32;
 pub const MAX_PENDING_AUTHORIZATIONS: usize = 32;
 /// Established streams per Noise link; more are reset (`too_many_streams`).
 pub const MAX_STREAMS_PER_LINK: usize = 1024;
+/// The receive window of each Noise stream: records (of at most 64 KiB) a client may send past
+/// what the server consumed (`secure-transport.md` §7's default). What the server holds per
+/// stream of records not yet opened is one window, so this is memory per stream; a client far
+/// away uploads at most one window per round trip.
+pub const NOISE_WINDOW_RECORDS: u32 = execrelay_protocol::config::STREAM_WINDOW_RECORDS;
+/// The largest `noise_window_records`: what a relay passes on by default
+/// (`MAX_RELAY_WINDOW_RECORDS`), 4 MiB per stream.
+pub const MAX_NOISE_WINDOW_RECORDS: u32 = execrelay_protocol::config::MAX_RELAY_WINDOW_RECORDS;
 /// Handshake failures tolerated back to back on one link (the token bucket's size); an empty
 /// bucket closes the link.
 pub const HANDSHAKE_FAILURE_BURST: u32 = 8;

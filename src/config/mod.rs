@@ -109,6 +109,9 @@ execrelay_io::settings! {
     /// See [`MAX_STREAMS_PER_KEY`].
     max_streams_per_key: usize = MAX_STREAMS_PER_KEY, Count,
         "Noise streams one client key holds at once over all links (pending ones count); more are reset (`too_many_streams`)";
+    /// See [`NOISE_WINDOW_RECORDS`].
+    noise_window_records: u32 = NOISE_WINDOW_RECORDS, Count,
+        "receive window of each Noise stream, 1 to 64 records of at most 64 KiB: what a client may send (stdin, uploads) past what the server consumed, held per stream; a client far away uploads at most one window per round trip";
     /// See [`HANDSHAKE_FAILURE_BURST`].
     handshake_failure_burst: u32 = HANDSHAKE_FAILURE_BURST, Count,
         "Noise handshake failures tolerated back to back per direct link; the one that takes the last token closes it";
@@ -291,6 +294,11 @@ impl ServerConfig {
                     self.max_message_bytes
                 )));
             }
+        }
+        if !(1..=MAX_NOISE_WINDOW_RECORDS).contains(&self.noise_window_records) {
+            return Err(ConfigError(format!(
+                "noise_window_records must be 1 to {MAX_NOISE_WINDOW_RECORDS} (records of at most 64 KiB, held per stream; a relay passes on at most its max_window_records, 64 by default)"
+            )));
         }
         if self.detached_session_ttl_ms > self.max_session_ttl_ms {
             return Err(ConfigError(format!(

@@ -224,6 +224,7 @@ pub fn endpoint_config(
     policy: HandshakeBudgetPolicy,
 ) -> EndpointConfig {
     EndpointConfig {
+        window: config.noise_window_records,
         max_streams: config.max_streams_per_link,
         max_pending_opens: config.max_pending_authorizations,
         handshake_failures: failures,
