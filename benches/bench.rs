@@ -1038,6 +1038,20 @@ async fn zeros_mbps(target: Target, n: u64) -> f64 {
     n as f64 / 1e6 / took.as_secs_f64()
 }
 
+/// A Noise server started with `extra` flags, behind a proxy that delays each direction by
+/// `rtt_ms / 2`: the server and the proxy's `noise+ws://` URL.
+async fn far_server(keys: &NoiseKeys, extra: &[&str], rtt_ms: u64) -> (ServerProc, String) {
+    let s = start_noise_server_with(keys, extra).await;
+    let port: u16 = s
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("the server's port");
+    let proxy = common::delay::start(port, Duration::from_millis(rtt_ms) / 2).await;
+    (s, format!("noise+ws://127.0.0.1:{proxy}"))
+}
+
 /// Noise direct through a proxy that delays each direction by `rtt_ms / 2`: a stream moves at
 /// most one window per round trip, so this is the window's figure, not the CPU's. Output at the
 /// client's window 16 (the default, 1 MiB), 64 (the most a relay passes on by default) and
@@ -1046,15 +1060,7 @@ async fn zeros_mbps(target: Target, n: u64) -> f64 {
 async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
     use execrelay::link::client::MAX_CLIENT_WINDOW_RECORDS;
     use execrelay_protocol::config::{MAX_RELAY_WINDOW_RECORDS, STREAM_WINDOW_RECORDS};
-    let mut s = start_noise_server(keys).await;
-    let port: u16 = s
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .expect("the server's port");
-    let proxy = common::delay::start(port, Duration::from_millis(rtt_ms) / 2).await;
-    let url = format!("noise+ws://127.0.0.1:{proxy}");
+    let (mut s, url) = far_server(keys, &[], rtt_ms).await;
     println!("far_rtt_ms {rtt_ms}");
     let mut base = None;
     for w in [
@@ -1080,15 +1086,8 @@ async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
     // Uploads (`execrelay run` with stdin, binary writes) are held by the server's window:
     // `noise_window_records` at its default and at its maximum.
     for w in [STREAM_WINDOW_RECORDS, MAX_RELAY_WINDOW_RECORDS] {
-        let mut s =
-            start_noise_server_with(keys, &["--noise-window-records", &w.to_string()]).await;
-        let port: u16 = s
-            .url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse().ok())
-            .expect("the server's port");
-        let proxy = common::delay::start(port, Duration::from_millis(rtt_ms) / 2).await;
+        let w_arg = w.to_string();
+        let (mut s, url) = far_server(keys, &["--noise-window-records", &w_arg], rtt_ms).await;
         let mut head = std::process::Command::new("head")
             .args(["-c", &n.to_string(), "/dev/zero"])
             .stdout(Stdio::piped())
@@ -1098,7 +1097,7 @@ async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
         let t0 = Instant::now();
         let status = tokio::process::Command::new(server_bin())
             .arg("run")
-            .arg(format!("noise+ws://127.0.0.1:{proxy}"))
+            .arg(&url)
             .arg("--server-key")
             .arg(keys.dir.join("server.pub"))
             .arg("--key")
