@@ -24,9 +24,7 @@ use super::outcome::{command_end, start_failure};
 use super::show::show_events;
 use super::terminal::{announce_resumes, approval_handler, local_size, RawMode};
 use super::words::{split, ValueOptions};
-use crate::client::{
-    Client, ClientOptions, InProcessConfig, StartOptions, StdinWriter, STDIN_WRITE_BYTES,
-};
+use crate::client::{Client, ClientOptions, InProcessConfig, StartOptions, StdinWriter};
 use crate::rpc::messages::OutputCapKeep;
 
 /// `run --help`'s examples.
@@ -368,42 +366,116 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
 }
 
 /// Local stdin → `process/write`, then `closeStdin` at end of file: pipelined writes of
-/// whatever stdin has (up to `STDIN_WRITE_BYTES` each), never waiting for more than the first
-/// byte. Stops when the process takes no more input.
+/// whatever stdin has, never waiting for more than the first byte, read in the writer's pieces
+/// ([`StdinWriter::piece_bytes`]). Stops when the process takes no more input.
 pub fn forward_stdin(mut writer: StdinWriter) {
     tokio::spawn(async move {
-        use futures_util::FutureExt;
-        let mut stdin = crate::transport::stdio::stdin_reader();
+        use crate::transport::stdio::{grow_pipe, stdin_reader, STDIN_PIPE_BYTES};
+        use std::os::fd::AsFd;
+        grow_pipe(std::io::stdin().as_fd(), STDIN_PIPE_BYTES);
+        let mut stdin = stdin_reader();
         let mut buf = bytes::BytesMut::new();
-        let mut eof = false;
-        while !eof {
-            buf.reserve(STDIN_WRITE_BYTES);
-            match stdin.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-            // Whatever else is readable now, without waiting.
-            while buf.len() < STDIN_WRITE_BYTES {
-                match stdin.read_buf(&mut buf).now_or_never() {
-                    Some(Ok(0)) | Some(Err(_)) => {
-                        eof = true;
-                        break;
-                    }
-                    Some(Ok(_)) => {}
-                    None => break,
-                }
-            }
-            if writer.write(buf.split().freeze()).await.is_err() {
+        loop {
+            let Ok(piece) = writer.piece_bytes().await else {
                 return;
+            };
+            let more = read_piece(&mut stdin, &mut buf, piece).await;
+            if !buf.is_empty() && writer.write(buf.split().freeze()).await.is_err() {
+                return;
+            }
+            if !more {
+                break;
             }
         }
         let _ = writer.finish().await;
     });
 }
 
+/// Read what `input` has into `buf`, up to one `piece`: the first read waits; later ones,
+/// without waiting, only complete the piece. `false` once `input` ended (or failed); what was
+/// read before is in `buf` either way.
+///
+/// Why whole pieces: a pipe holds 64 KiB, and a binary write at most 64 KiB less its head
+/// (`STDIN_BINARY_WRITE_BYTES`), so reading the pipe whole split every read into a full write
+/// and one of 512 bytes. Each write is one Noise record and a stream's window counts records,
+/// so half the window went to those tails: uploads to a far server ran at half speed.
+pub(crate) async fn read_piece<R>(input: &mut R, buf: &mut bytes::BytesMut, piece: usize) -> bool
+where
+    R: tokio::io::AsyncRead + Unpin + ?Sized,
+{
+    use futures_util::FutureExt;
+    let piece = piece.max(1);
+    buf.reserve(piece);
+    match (&mut *input).take(piece as u64).read_buf(buf).await {
+        Ok(0) | Err(_) => return false,
+        Ok(_) => {}
+    }
+    while buf.len() % piece != 0 {
+        let want = (piece - buf.len() % piece) as u64;
+        match (&mut *input).take(want).read_buf(buf).now_or_never() {
+            Some(Ok(0)) | Some(Err(_)) => return false,
+            Some(Ok(_)) => {}
+            None => break,
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipe with `bytes` written into it, its reader on the reactor and its writer.
+    fn pipe_with(bytes: usize) -> (tokio::net::unix::pipe::Receiver, std::fs::File) {
+        use std::io::Write;
+        let (r, w) = nix::unistd::pipe().unwrap();
+        // Room for the test's bytes whatever the machine's default pipe size.
+        crate::transport::stdio::grow_pipe(std::os::fd::AsFd::as_fd(&w), 256 * 1024).unwrap();
+        let mut w = std::fs::File::from(w);
+        w.write_all(&vec![7u8; bytes]).unwrap();
+        (
+            tokio::net::unix::pipe::Receiver::from_owned_fd(r).unwrap(),
+            w,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_full_pipe_is_read_as_a_whole_piece_and_no_short_one() {
+        // 64 KiB in the pipe, as a producer leaves it: one binary write's worth (64 KiB less
+        // its head), and the 512 bytes left wait for the next read instead of going out as a
+        // write (a record) of their own.
+        let piece = crate::client::STDIN_BINARY_WRITE_BYTES;
+        let (mut r, _w) = pipe_with(64 * 1024);
+        let mut buf = bytes::BytesMut::new();
+        assert!(read_piece(&mut r, &mut buf, piece).await);
+        assert_eq!(buf.split().len(), piece);
+        assert!(read_piece(&mut r, &mut buf, piece).await);
+        assert_eq!(buf.split().len(), 64 * 1024 - piece);
+    }
+
+    #[tokio::test]
+    async fn pieces_then_what_is_there_then_the_end_with_its_last_bytes() {
+        use std::io::Write;
+        let (mut r, mut w) = pipe_with(2500);
+        let mut buf = bytes::BytesMut::new();
+        let mut read = Vec::new();
+        for _ in 0..3 {
+            assert!(read_piece(&mut r, &mut buf, 1000).await);
+            read.push(buf.split().len());
+        }
+        // Two whole pieces, then the 500 bytes there are: never a wait for more.
+        assert_eq!(read, [1000, 1000, 500]);
+        w.write_all(&[1u8; 700]).unwrap();
+        drop(w);
+        assert!(!read_piece(&mut r, &mut buf, 1000).await, "the end is seen");
+        assert_eq!(
+            &buf.split()[..],
+            &[1u8; 700][..],
+            "with the bytes before it"
+        );
+        assert!(!read_piece(&mut r, &mut buf, 1000).await);
+        assert!(buf.is_empty());
+    }
 
     #[test]
     fn words_run_by_the_shell_and_argv_exactly() {

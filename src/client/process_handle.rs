@@ -55,9 +55,12 @@ pub const STDIN_WRITES_IN_FLIGHT: usize = 8;
 /// its length prefix fits one Noise record, as the server's output chunks do.
 pub const STDIN_BINARY_WRITE_BYTES: usize = crate::config::PUMP_CHUNK_BYTES;
 
-/// Binary writes a [`StdinWriter`] keeps in flight: the same 2 MiB as
-/// [`STDIN_WRITES_IN_FLIGHT`] JSON writes, in smaller pieces.
-pub const STDIN_BINARY_WRITES_IN_FLIGHT: usize = 32;
+/// Binary writes a [`StdinWriter`] keeps in flight: as many as the records of the largest
+/// window a server grants (`MAX_NOISE_WINDOW_RECORDS`, 64; each write is one record), so that
+/// the server's window, not this pipeline, sets the speed of an upload from far away. At most
+/// 4 MiB held for sending again after a reconnect. With 32 (2 MiB), uploads at a 20 ms round
+/// trip to a server granting 64 ran at half the window's speed.
+pub const STDIN_BINARY_WRITES_IN_FLIGHT: usize = crate::config::MAX_NOISE_WINDOW_RECORDS as usize;
 
 /// A started process.
 pub struct ProcessHandle {
@@ -376,20 +379,11 @@ impl StdinWriter {
             return Err(StdinRefused::Status("exited".into()));
         }
         let binary = self.binary().await?;
-        // A JSON write must fit the server's message limit once in base64, with room for the
-        // rest of the request; a binary one, one chunk.
-        let limit = self
-            .control
-            .client
-            .shared
-            .server_max_message
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let (most, in_flight) = if binary {
-            (STDIN_BINARY_WRITE_BYTES, STDIN_BINARY_WRITES_IN_FLIGHT)
+        let most = self.piece_for(binary);
+        let in_flight = if binary {
+            STDIN_BINARY_WRITES_IN_FLIGHT
         } else {
-            let most =
-                (limit.saturating_sub(WRITE_REQUEST_SLACK) / 4 * 3).clamp(1, STDIN_WRITE_BYTES);
-            (most, STDIN_WRITES_IN_FLIGHT)
+            STDIN_WRITES_IN_FLIGHT
         };
         let mut rest = data;
         while !rest.is_empty() {
@@ -414,6 +408,31 @@ impl StdinWriter {
             }
         }
         Ok(())
+    }
+
+    /// The most one write carries on the current connection: [`StdinWriter::write`] splits
+    /// its data into pieces of this size, so a caller that reads its input in whole pieces
+    /// (as `execrelay run` does) sends no short piece after each full one. With binary writes
+    /// every piece is one Noise record, and a stream's window counts records, not bytes.
+    pub async fn piece_bytes(&self) -> Result<usize, StdinRefused> {
+        let binary = self.binary().await?;
+        Ok(self.piece_for(binary))
+    }
+
+    /// The piece size with or without binary writes: a JSON write must fit the server's
+    /// message limit once in base64, with room for the rest of the request; a binary one, one
+    /// chunk.
+    fn piece_for(&self, binary: bool) -> usize {
+        if binary {
+            return STDIN_BINARY_WRITE_BYTES;
+        }
+        let limit = self
+            .control
+            .client
+            .shared
+            .server_max_message
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (limit.saturating_sub(WRITE_REQUEST_SLACK) / 4 * 3).clamp(1, STDIN_WRITE_BYTES)
     }
 
     /// Whether this writer's writes go as binary messages now (`protocol.md` §5.2: the

@@ -61,6 +61,32 @@ pub fn stdio_transport(max_message_bytes: usize) -> Transport {
     line_transport(reader, writer, max_message_bytes, "stdio")
 }
 
+/// What `execrelay run` asks of the kernel for a stdin pipe: 1 MiB, the most an unprivileged
+/// process may set by default (`/proc/sys/fs/pipe-max-size`).
+pub const STDIN_PIPE_BYTES: usize = 1024 * 1024;
+
+/// Grow the pipe `fd` to at least `bytes` of buffer (`F_SETPIPE_SZ`); never shrink it, and
+/// leave it as it is when the kernel refuses (a lower `/proc/sys/fs/pipe-max-size`) or `fd` is
+/// not a pipe. The new size, if it changed.
+///
+/// `execrelay run` grows its stdin so: a pipe holds 64 KiB by default, and an upload whose
+/// writes are answered in bursts frees several write slots at once. Reading a 64 KiB pipe that
+/// fast finds only what the producer wrote in between: short pieces, each taking a record of
+/// the stream's window (which counts records) and a slot of the write pipeline. With a larger
+/// buffer the producer runs ahead while the writes are in flight, and each read finds a whole
+/// piece.
+pub fn grow_pipe(fd: std::os::fd::BorrowedFd<'_>, bytes: usize) -> Option<usize> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    use std::os::fd::AsRawFd;
+    let fd = fd.as_raw_fd();
+    let now = usize::try_from(fcntl(fd, FcntlArg::F_GETPIPE_SZ).ok()?).ok()?;
+    if now >= bytes {
+        return None;
+    }
+    let want = i32::try_from(bytes).ok()?;
+    usize::try_from(fcntl(fd, FcntlArg::F_SETPIPE_SZ(want)).ok()?).ok()
+}
+
 /// This process's stdin as an async reader: on the reactor when it is a pipe (its flags put
 /// back when the reader is dropped, see [`stdio_transport`]), else tokio's blocking adapter.
 /// On the reactor, a read that finds nothing returns at once, so a caller can take what is
@@ -141,5 +167,26 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Restoring<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::fcntl::{fcntl, FcntlArg};
+    use std::os::fd::{AsFd, AsRawFd};
+
+    #[test]
+    fn a_pipe_grows_never_shrinks_and_anything_else_is_left_alone() {
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let size = |fd: &std::os::fd::OwnedFd| fcntl(fd.as_raw_fd(), FcntlArg::F_GETPIPE_SZ);
+        // 256 KiB: under every default `pipe-max-size` (1 MiB).
+        let grown = grow_pipe(r.as_fd(), 256 * 1024).expect("the pipe grows");
+        assert!(grown >= 256 * 1024, "{grown}");
+        assert_eq!(size(&r).unwrap() as usize, grown);
+        assert_eq!(grow_pipe(r.as_fd(), 128 * 1024), None, "never smaller");
+        assert_eq!(size(&r).unwrap() as usize, grown);
+        let file = tempfile::tempfile().unwrap();
+        assert_eq!(grow_pipe(file.as_fd(), 256 * 1024), None, "not a pipe");
     }
 }

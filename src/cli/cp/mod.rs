@@ -35,9 +35,13 @@ pub const COPY_FAILED: i32 = 1;
 /// Chunks of the tar stream in flight between the thread that reads or writes the archive
 /// and the connection: 16, at most 4 MiB of pieces (uploads) or of output chunks (downloads).
 pub(super) const PIPE_CHUNKS: usize = 16;
-/// The size of an upload's pieces: one `process/write` each (`STDIN_WRITE_BYTES`), so the
-/// per-request costs vanish beside the bytes.
-pub(super) const PIPE_CHUNK_BYTES: usize = crate::client::STDIN_WRITE_BYTES;
+/// The size of an upload's pieces: four binary writes' worth (`STDIN_BINARY_WRITE_BYTES`,
+/// 254 KiB), so that the writer splits each into four full writes and no short one (one
+/// record each; a stream's window counts records), and one JSON write where binary writes
+/// are not negotiated (at most `STDIN_WRITE_BYTES`), so the per-request costs vanish beside
+/// the bytes.
+pub(super) const PIPE_CHUNK_BYTES: usize = 4 * crate::client::STDIN_BINARY_WRITE_BYTES;
+const _: () = assert!(PIPE_CHUNK_BYTES <= crate::client::STDIN_WRITE_BYTES);
 /// The remote `tar`'s stderr kept for the error message, at most.
 pub(super) const MAX_REMOTE_ERROR_BYTES: usize = 16 * 1024;
 /// A transfer shorter than this draws no progress bar.
