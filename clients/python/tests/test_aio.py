@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 
 from execrelay import ConnectError, aio
 
@@ -56,4 +58,35 @@ def test_async_events_and_callbacks(target):
             await p.write(b"x" * 100)
             await p.close_stdin()
             assert (await p.wait()).stdout == b"x" * 100
+    asyncio.run(main())
+
+
+def test_a_large_write_keeps_its_chunks_in_flight(target, tmp_path):
+    """One write() of 8 MB does not wait for each chunk's answer: the child reads nothing
+    until the test sees `aio.BINARY_WRITES_IN_FLIGHT` chunks in flight at once (so a far
+    server is not held to one round trip per chunk), then every byte arrives in order."""
+    go = tmp_path / "go"
+
+    async def main():
+        async with await _connect(target) as c:
+            conn = await c._conn_ready()
+            depth = aio.BINARY_WRITES_IN_FLIGHT if c._binary_input else aio.JSON_WRITES_IN_FLIGHT
+            peak = [0]
+            start = conn._start
+
+            async def counting(msg, req_id):
+                fut = await start(msg, req_id)
+                peak[0] = max(peak[0], len(conn.pending))
+                if peak[0] >= depth:
+                    go.touch()
+                return fut
+            conn._start = counting
+            data = os.urandom(8_000_000)
+            p = await c.start(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.01; done; "
+                               "exec sha256sum"], stdin=True)
+            # Unpipelined, the child never reads and this hangs: the guard fails it instead.
+            await asyncio.wait_for(p._write(data, close=True), 60)
+            r = await p.wait(60)
+            assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+            assert peak[0] == depth, f"at most {depth} in flight, and that many: {peak[0]}"
     asyncio.run(main())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections import deque
 import errno as _errno
 import inspect
 import json
@@ -45,8 +46,16 @@ __all__ = ["connect", "Client", "Process", "Result", "Event", "ApprovalRequest",
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: Largest stdin chunk of one JSON `process/write`.
 JSON_WRITE_CHUNK = 256 * 1024
-#: Largest stdin chunk of one binary write (`MAX_CHUNK_BYTES`).
-BINARY_WRITE_CHUNK = 64 * 1024
+#: Largest stdin chunk of one binary write: `MAX_CHUNK_BYTES` (64 KiB) less 512 bytes, so that
+#: the write with its head and length prefix fits one Noise record (a stream's window counts
+#: records), as the Rust library cuts them.
+BINARY_WRITE_CHUNK = 64 * 1024 - 512
+#: Binary writes one `write()` keeps in flight before it waits for the oldest answer: the
+#: largest window a server grants (64 records, one write each), so that a far server's window
+#: and not this pipeline sets an upload's speed.
+BINARY_WRITES_IN_FLIGHT = 64
+#: JSON writes one `write()` keeps in flight (2 MiB of 256 KiB chunks).
+JSON_WRITES_IN_FLIGHT = 8
 #: Acknowledge a process's events once this many output bytes were consumed since the last
 #: ack (and always its exit notice), well inside the server's retention.
 ACK_EVERY_BYTES = 512 * 1024
@@ -80,6 +89,13 @@ class StdinClosed(ExecRelayError, BrokenPipeError):
 
 class _Dropped(Exception):
     """The connection carrying a request ended before its answer: retry after a resume."""
+
+
+def _forget(answers: "deque[asyncio.Future[Any]]") -> None:
+    """Stop waiting for these answers: retrieve whatever they end with, so that asyncio does
+    not report an exception nobody took."""
+    while answers:
+        answers.popleft().add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _hello_suite(pinned: Optional[int]) -> int:
@@ -198,30 +214,34 @@ class _Connection:
     async def request(self, method: str, params: Any, req_id: int) -> Tuple[str, Any]:
         if self.closed.done():
             raise _Dropped("the connection is closed")
-        fut = asyncio.get_running_loop().create_future()
-        self.pending[req_id] = fut
+        return await (await self.start(method, params, req_id))
+
+    async def start(self, method: str, params: Any, req_id: int) -> "asyncio.Future[Any]":
+        """Send a request; its answer is the future returned (`_Dropped` if the connection
+        ends first)."""
         text = json.dumps({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params},
                           separators=(",", ":"))
-        try:
-            await self.send(text)
-        except TransportClosed as e:
-            self.pending.pop(req_id, None)
-            self._close(e)
-            raise _Dropped(str(e)) from None
-        return await fut
+        return await self._start(text, req_id)
 
-    async def request_binary(self, body: bytes, req_id: int) -> Tuple[str, Any]:
+    async def _start(self, msg: Union[str, bytes], req_id: int) -> "asyncio.Future[Any]":
         if self.closed.done():
             raise _Dropped("the connection is closed")
         fut = asyncio.get_running_loop().create_future()
         self.pending[req_id] = fut
         try:
-            await self.send(body)
+            await self.send(msg)
         except TransportClosed as e:
             self.pending.pop(req_id, None)
             self._close(e)
             raise _Dropped(str(e)) from None
-        return await fut
+        return fut
+
+    async def request_binary(self, body: bytes, req_id: int) -> Tuple[str, Any]:
+        return await (await self._start(body, req_id))
+
+    async def start_binary(self, body: bytes, req_id: int) -> "asyncio.Future[Any]":
+        """Send a binary request (`protocol.md` §5.2); its answer is the future returned."""
+        return await self._start(body, req_id)
 
     async def notify(self, method: str, params: Any) -> None:
         text = json.dumps({"jsonrpc": "2.0", "method": method, "params": params},
@@ -386,13 +406,14 @@ class Process:
         async with self._write_lock:
             binary = c._binary_input
             step = BINARY_WRITE_CHUNK if binary else JSON_WRITE_CHUNK
-            chunks = [data[i:i + step] for i in range(0, len(data), step)] or [b""]
-            for i, chunk in enumerate(chunks):
-                last = i == len(chunks) - 1
-                wid = c._next_write_id()
-                status = await c._write_chunk(self.id, chunk, wid, close and last)
-                if status != "accepted":
-                    raise StdinClosed(f"process {self.id}: stdin not writable ({status})")
+            depth = BINARY_WRITES_IN_FLIGHT if binary else JSON_WRITES_IN_FLIGHT
+            view = memoryview(data)
+            chunks = [bytes(view[i:i + step]) for i in range(0, len(data), step)] or [b""]
+            writes = [(c._next_write_id(), chunk, close and i == len(chunks) - 1)
+                      for i, chunk in enumerate(chunks)]
+            status = await c._write_chunks(self.id, writes, depth)
+            if status != "accepted":
+                raise StdinClosed(f"process {self.id}: stdin not writable ({status})")
             if close and not c._binary_input:
                 await c._call("process/closeStdin", {"processId": self.id})
 
@@ -810,29 +831,51 @@ class Client:
                 raise _rpc_error(res if isinstance(res, dict) else {}, cwd)
             return res
 
-    async def _write_chunk(self, pid: str, chunk: bytes, wid: str, close: bool) -> str:
-        while True:
-            conn = await self._conn_ready()
-            req_id = self._new_id()
-            try:
-                if self._binary_input:
-                    p, w = pid.encode(), wid.encode()
-                    body = (b"\x01" + bytes([1 if close else 0]) + req_id.to_bytes(8, "big")
-                            + len(p).to_bytes(2, "big") + bytes([len(w)]) + p + w + chunk)
-                    kind, res = await conn.request_binary(body, req_id)
-                else:
-                    kind, res = await conn.request("process/write", {
-                        "processId": pid, "chunk": base64.b64encode(chunk).decode("ascii"),
-                        "writeId": wid}, req_id)
-            except _Dropped:
-                continue
-            if kind == "error":
-                err = _rpc_error(res if isinstance(res, dict) else {})
-                if err.code == -32001:
-                    # Its exit was acknowledged and the server forgot it: it exited.
-                    return "exited"
-                raise err
-            return str((res or {}).get("status", ""))
+    async def _write_chunks(self, pid: str, writes: Sequence[Tuple[str, bytes, bool]],
+                            depth: int) -> str:
+        """Send `writes` (writeId, chunk, close) in order with up to `depth` unanswered, so a
+        far server is not held to one round trip per chunk. After a lost connection every
+        unanswered one goes again, in order, with its `writeId`: the server applies each once.
+        The first status that is not ``accepted``, or ``accepted``."""
+        answers: "deque[asyncio.Future[Any]]" = deque()
+        done = 0  # writes answered
+        try:
+            while done < len(writes):
+                conn = await self._conn_ready()
+                try:
+                    while done + len(answers) < len(writes) and len(answers) < depth:
+                        wid, chunk, close = writes[done + len(answers)]
+                        answers.append(await self._send_write(conn, pid, wid, chunk, close))
+                    kind, res = await answers[0]
+                except _Dropped:
+                    _forget(answers)
+                    continue
+                answers.popleft()
+                done += 1
+                if kind == "error":
+                    err = _rpc_error(res if isinstance(res, dict) else {})
+                    if err.code == -32001:
+                        # Its exit was acknowledged and the server forgot it: it exited.
+                        return "exited"
+                    raise err
+                status = str((res or {}).get("status", ""))
+                if status != "accepted":
+                    return status
+            return "accepted"
+        finally:
+            _forget(answers)
+
+    async def _send_write(self, conn: "_Connection", pid: str, wid: str, chunk: bytes,
+                          close: bool) -> "asyncio.Future[Any]":
+        req_id = self._new_id()
+        if self._binary_input:
+            p, w = pid.encode(), wid.encode()
+            body = (b"\x01" + bytes([1 if close else 0]) + req_id.to_bytes(8, "big")
+                    + len(p).to_bytes(2, "big") + bytes([len(w)]) + p + w + chunk)
+            return await conn.start_binary(body, req_id)
+        return await conn.start("process/write", {
+            "processId": pid, "chunk": base64.b64encode(chunk).decode("ascii"),
+            "writeId": wid}, req_id)
 
     async def _start(self, cmd: Union[str, Sequence[str]], *, queue_events: bool,
                      cwd: Optional[str], env: Optional[Mapping[str, Optional[str]]],
