@@ -394,8 +394,10 @@ class Process:
     async def write(self, data: bytes) -> None:
         """Write to the process's stdin (needs `stdin=True` or `tty=True`), in order.
 
-        Raises `StdinClosed` when stdin is closed or the process exited. Each chunk carries a
-        `writeId`, so a write retried across a resume is applied once.
+        Raises `StdinClosed` when stdin is closed or the process exited. The data goes as
+        chunks, several in flight (`BINARY_WRITES_IN_FLIGHT` or `JSON_WRITES_IN_FLIGHT`), and
+        this returns once every chunk was accepted. Each chunk carries a `writeId`, so a write
+        retried across a resume is applied once.
         """
         if isinstance(data, str):
             raise TypeError("write() takes bytes; encode text first")
