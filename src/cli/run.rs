@@ -24,7 +24,10 @@ use super::outcome::{command_end, start_failure};
 use super::show::show_events;
 use super::terminal::{announce_resumes, approval_handler, local_size, RawMode};
 use super::words::{split, ValueOptions};
-use crate::client::{Client, ClientOptions, InProcessConfig, StartOptions, StdinWriter};
+use crate::client::{
+    Client, ClientError, ClientOptions, InProcessConfig, ProcessController, StartOptions,
+    StdinRefused, StdinWriter,
+};
 use crate::rpc::messages::OutputCapKeep;
 
 /// `run --help`'s examples.
@@ -309,8 +312,10 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
     };
     announce_resumes(&client);
     let _raw = if tty { RawMode::enable() } else { None };
+    // Set when stdin could not be delivered: the command was stopped, and `run` says why.
+    let stdin_failed = std::sync::Arc::new(std::sync::OnceLock::new());
     if plan.stdin {
-        forward_stdin(proc.stdin_writer());
+        forward_stdin(proc.stdin_writer(), proc.controller(), stdin_failed.clone());
     }
     // Ctrl-C (when the terminal is not raw) → SIGINT; window changes → resize.
     let ctl = proc.controller();
@@ -335,6 +340,10 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
     });
     let ended = show_events(&mut proc, tty).await;
     let code = match ended {
+        // The command ended because its input could not be delivered: not its own doing.
+        Some(_) if stdin_failed.get().is_some() => {
+            Failure::cause(stdin_failed.get().cloned().unwrap_or_default()).report()
+        }
         Some(info) => {
             let (code, words) = command_end(
                 &info,
@@ -367,28 +376,57 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
 
 /// Local stdin → `process/write`, then `closeStdin` at end of file: pipelined writes of
 /// whatever stdin has, never waiting for more than the first byte, read in the writer's pieces
-/// ([`StdinWriter::piece_bytes`]). Stops when the process takes no more input.
-pub fn forward_stdin(mut writer: StdinWriter) {
+/// ([`StdinWriter::piece_bytes`]). Stops when the process takes no more input (its stdin
+/// closed, or it exited).
+///
+/// A write the server refuses (a `-32004` limit, any error answer) means the command's input
+/// would arrive incomplete, and writes already in flight behind it may have been applied: the
+/// command is terminated rather than left to finish on part of its input as if it were whole,
+/// and `failed` gets the words `run` reports (exit 255).
+pub fn forward_stdin(
+    writer: StdinWriter,
+    ctl: ProcessController,
+    failed: std::sync::Arc<std::sync::OnceLock<String>>,
+) {
     tokio::spawn(async move {
-        use crate::transport::stdio::{grow_pipe, stdin_reader, STDIN_PIPE_BYTES};
-        use std::os::fd::AsFd;
-        grow_pipe(std::io::stdin().as_fd(), STDIN_PIPE_BYTES);
-        let mut stdin = stdin_reader();
-        let mut buf = bytes::BytesMut::new();
-        loop {
-            let Ok(piece) = writer.piece_bytes().await else {
-                return;
-            };
-            let more = read_piece(&mut stdin, &mut buf, piece).await;
-            if !buf.is_empty() && writer.write(buf.split().freeze()).await.is_err() {
-                return;
-            }
-            if !more {
-                break;
+        if let Err(StdinRefused::Error(e)) = pump_stdin(writer).await {
+            if input_lost(&e) {
+                let _ = failed.set(format!(
+                    "stdin could not be delivered ({e}); the command was stopped, since its \
+                     input would have been incomplete"
+                ));
+                let _ = ctl.terminate().await;
             }
         }
-        let _ = writer.finish().await;
     });
+}
+
+/// Whether a failed write means input was lost while the command goes on: an error answer
+/// (a limit, `-32004`). Not a lost connection or session (the command's end reports that),
+/// nor a process the server no longer knows (`-32001`: it exited, and its end was reported).
+pub(crate) fn input_lost(e: &ClientError) -> bool {
+    let gone = crate::rpc::ErrorCode::UnknownProcess.code();
+    matches!(e, ClientError::Rpc { code, .. } if *code != gone)
+}
+
+/// The loop of [`forward_stdin`]: stdin to the writer until its end or a refusal.
+async fn pump_stdin(mut writer: StdinWriter) -> Result<(), StdinRefused> {
+    use crate::transport::stdio::{grow_pipe, stdin_reader, STDIN_PIPE_BYTES};
+    use std::os::fd::AsFd;
+    grow_pipe(std::io::stdin().as_fd(), STDIN_PIPE_BYTES);
+    let mut stdin = stdin_reader();
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        let piece = writer.piece_bytes().await?;
+        let more = read_piece(&mut stdin, &mut buf, piece).await;
+        if !buf.is_empty() {
+            writer.write(buf.split().freeze()).await?;
+        }
+        if !more {
+            break;
+        }
+    }
+    writer.finish().await
 }
 
 /// Read what `input` has into `buf`, up to one `piece`: the first read waits; later ones,

@@ -15,7 +15,8 @@ use super::{
 };
 use crate::cli::failure::Failure;
 use crate::cli::outcome::start_failure;
-use crate::client::{ProcessEvent, StartOptions, StdinWriter};
+use crate::cli::run::input_lost;
+use crate::client::{ProcessEvent, StartOptions, StdinRefused, StdinWriter};
 
 /// Local sources → `dst` on the server.
 pub(super) async fn upload(
@@ -108,7 +109,19 @@ pub(super) async fn upload(
             .and_then(|mut w| w.flush())
             .map_err(|e| format!("writing the archive: {e}"))
     });
-    let sent = upload_stream(p.stdin_writer(), rx, progress.counter());
+    // A write the server refuses leaves the archive incomplete (and writes behind it may have
+    // been applied): stop the remote tar, which would otherwise wait on its stdin for good.
+    let (stdin, ctl) = (p.stdin_writer(), p.controller());
+    let counter = progress.counter();
+    let sent = async move {
+        let r = upload_stream(stdin, rx, counter).await;
+        if let Err(StdinRefused::Error(e)) = &r {
+            if input_lost(e) {
+                let _ = ctl.terminate().await;
+            }
+        }
+        r
+    };
     let mut stderr = Vec::new();
     let mut code = -1;
     let (sent, _) = tokio::join!(sent, async {
@@ -131,6 +144,15 @@ pub(super) async fn upload(
         return Err(lost(&client, &remote));
     }
     client.shutdown().await;
+    // First: the archive's thread then fails too (its channel closed), which says less.
+    if let Err(StdinRefused::Error(e)) = &sent {
+        if input_lost(e) {
+            return Err(Failure::cause(format!(
+                "{shown}: the upload could not be delivered ({e}); the remote tar was stopped, \
+                 and what it wrote may be incomplete"
+            )));
+        }
+    }
     if let Err(why) = local {
         return Err(copy_failed(why));
     }
@@ -141,20 +163,19 @@ pub(super) async fn upload(
     Ok(())
 }
 
-/// Send what arrives on `rx` to the process's stdin, then close it: the upload path. Today
-/// each chunk is a JSON `process/write` (base64); binary writes (`protocol.md` §5.2) take
-/// this one place when negotiated.
+/// Send what arrives on `rx` to the process's stdin, then close it: the upload path (binary
+/// writes where negotiated, `protocol.md` §5.2, else JSON `process/write` with base64).
 pub async fn upload_stream(
     mut writer: StdinWriter,
     mut rx: mpsc::Receiver<Bytes>,
     counter: Arc<AtomicU64>,
-) -> Result<(), String> {
+) -> Result<(), StdinRefused> {
     while let Some(chunk) = rx.recv().await {
         let n = chunk.len() as u64;
-        writer.write(chunk).await.map_err(|e| e.to_string())?;
+        writer.write(chunk).await?;
         counter.fetch_add(n, Ordering::Relaxed);
     }
-    writer.finish().await.map_err(|e| e.to_string())
+    writer.finish().await
 }
 
 /// Bytes of the regular files under `path` (for the progress bar).
