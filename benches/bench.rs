@@ -352,6 +352,17 @@ async fn throughput(kind: &str, form: &str, n: u64, keys: &NoiseKeys) -> Through
     }
 }
 
+/// `head -c n /dev/zero`, and its stdout to hand a command as stdin (the uploads' source).
+fn zeros_source(n: u64) -> (std::process::Child, Stdio) {
+    let mut head = std::process::Command::new("head")
+        .args(["-c", &n.to_string(), "/dev/zero"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("head");
+    let out = head.stdout.take().expect("head stdout");
+    (head, Stdio::from(out))
+}
+
 /// Upload: `head -c N /dev/zero | execrelay run URL -- sh -c 'cat >/dev/null'`, the real CLI
 /// against a server of `kind` (`ws` or `noise`). MB/s, and CPU seconds per GB of the server
 /// and the client (`execrelay run`) together.
@@ -377,12 +388,7 @@ async fn upload(kind: &str, n: u64, keys: &NoiseKeys) -> (f64, f64) {
             .arg(keys.dir.join("client"));
     }
     run.args(["--", "sh", "-c", "cat >/dev/null"]);
-    let mut head = std::process::Command::new("head")
-        .args(["-c", &n.to_string(), "/dev/zero"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("head");
-    let head_out = head.stdout.take().expect("head stdout");
+    let (mut head, head_out) = zeros_source(n);
     let server0 = proc_cpu_secs(server_pid);
     let t0 = Instant::now();
     let children_cpu = || {
@@ -393,7 +399,7 @@ async fn upload(kind: &str, n: u64, keys: &NoiseKeys) -> (f64, f64) {
     };
     let children0 = children_cpu();
     let status = run
-        .stdin(Stdio::from(head_out))
+        .stdin(head_out)
         .stdout(Stdio::null())
         .status()
         .expect("execrelay run");
@@ -1088,12 +1094,7 @@ async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
     for w in [STREAM_WINDOW_RECORDS, MAX_RELAY_WINDOW_RECORDS] {
         let w_arg = w.to_string();
         let (mut s, url) = far_server(keys, &["--noise-window-records", &w_arg], rtt_ms).await;
-        let mut head = std::process::Command::new("head")
-            .args(["-c", &n.to_string(), "/dev/zero"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("head");
-        let head_out = head.stdout.take().expect("head stdout");
+        let (mut head, head_out) = zeros_source(n);
         let t0 = Instant::now();
         let status = tokio::process::Command::new(server_bin())
             .arg("run")
@@ -1103,7 +1104,7 @@ async fn far_section(keys: &NoiseKeys, rtt_ms: u64, n: u64) {
             .arg("--key")
             .arg(keys.dir.join("client"))
             .args(["--", "sh", "-c", "cat >/dev/null"])
-            .stdin(Stdio::from(head_out))
+            .stdin(head_out)
             .stdout(Stdio::null())
             .status()
             .await

@@ -9,7 +9,7 @@
 //! stops the large one. Every wait is on an exit, under the hang guard.
 
 mod common;
-use common::binary::{first_line, output_of, serve_cmd};
+use common::binary::{first_line, output_of, output_with_stdin, serve_cmd};
 use common::*;
 
 use std::process::{Output, Stdio};
@@ -35,21 +35,15 @@ async fn tight_server() -> (Child, String, impl Sized) {
 
 /// `execrelay run URL -- ARGV…` with stdin from `input`.
 async fn run_with_input(url: &str, input: &std::path::Path, argv: &[&str]) -> Output {
-    let child = Command::new(bin())
-        .args(["run", url, "--"])
-        .args(argv)
-        .stdin(std::fs::File::open(input).expect("open the input"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env_remove("RUST_LOG")
-        .env("HOME", "/")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn execrelay run");
-    tokio::time::timeout(GUARD, child.wait_with_output())
-        .await
-        .expect("execrelay run did not exit (hang guard)")
-        .expect("wait for execrelay run")
+    output_with_stdin(
+        Command::new(bin())
+            .args(["run", url, "--"])
+            .args(argv)
+            .env_remove("RUST_LOG")
+            .env("HOME", "/"),
+        std::fs::File::open(input).expect("open the input"),
+    )
+    .await
 }
 
 fn input_of(dir: &tempfile::TempDir, name: &str, len: usize) -> std::path::PathBuf {

@@ -15,8 +15,13 @@ use super::{bin, RawClient, GUARD};
 /// Run `cmd` to completion within [`GUARD`]: stdin null, stdout and stderr piped, killed if
 /// the test gives up on it.
 pub async fn output_of(cmd: &mut Command) -> Output {
+    output_with_stdin(cmd, Stdio::null()).await
+}
+
+/// [`output_of`], with `stdin` as the command's stdin (a file, a pipe).
+pub async fn output_with_stdin(cmd: &mut Command, stdin: impl Into<Stdio>) -> Output {
     let child = cmd
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -212,8 +212,6 @@ class _Connection:
             await self.transport.send(msg)
 
     async def request(self, method: str, params: Any, req_id: int) -> Tuple[str, Any]:
-        if self.closed.done():
-            raise _Dropped("the connection is closed")
         return await (await self.start(method, params, req_id))
 
     async def start(self, method: str, params: Any, req_id: int) -> "asyncio.Future[Any]":
