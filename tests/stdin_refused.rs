@@ -74,7 +74,8 @@ async fn run_stops_a_command_whose_input_was_refused_and_says_why() {
         stderr.contains("stdin could not be delivered")
             && stderr.contains("-32004")
             && stderr.contains("maxPendingRequestBytes")
-            && stderr.contains("the command was stopped"),
+            && stderr.contains("the command was stopped")
+            && stderr.contains("have its operator raise that limit"),
         "the refusal is named: {stderr}"
     );
     assert_ne!(
@@ -103,7 +104,8 @@ async fn cp_stops_the_remote_tar_when_the_upload_is_refused_and_says_why() {
     assert!(
         stderr.contains("the upload could not be delivered")
             && stderr.contains("-32004")
-            && stderr.contains("the remote tar was stopped"),
+            && stderr.contains("the remote tar was stopped")
+            && stderr.contains("have its operator raise that limit"),
         "the refusal is named: {stderr}"
     );
 }

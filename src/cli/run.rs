@@ -393,7 +393,8 @@ pub fn forward_stdin(
             if input_lost(&e) {
                 let _ = failed.set(format!(
                     "stdin could not be delivered ({e}); the command was stopped, since its \
-                     input would have been incomplete"
+                     input would have been incomplete{}",
+                    refusal_hint(&e)
                 ));
                 let _ = ctl.terminate().await;
             }
@@ -407,6 +408,17 @@ pub fn forward_stdin(
 pub(crate) fn input_lost(e: &ClientError) -> bool {
     let gone = crate::rpc::ErrorCode::UnknownProcess.code();
     matches!(e, ClientError::Rpc { code, .. } if *code != gone)
+}
+
+/// What to do about a refused write, after its words: a `-32004` is one of the server's
+/// limits, full for now (the error names it), which a later attempt or its operator can change.
+pub(crate) fn refusal_hint(e: &ClientError) -> &'static str {
+    match e {
+        ClientError::Rpc { code, .. } if *code == crate::rpc::ErrorCode::LimitReached.code() => {
+            ": run it again when the server is less busy, or have its operator raise that limit"
+        }
+        _ => "",
+    }
 }
 
 /// The loop of [`forward_stdin`]: stdin to the writer until its end or a refusal.

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::cli::failure::Failure;
 use crate::cli::outcome::start_failure;
-use crate::cli::run::input_lost;
+use crate::cli::run::{input_lost, refusal_hint};
 use crate::client::{ProcessEvent, StartOptions, StdinRefused, StdinWriter};
 
 /// Local sources → `dst` on the server.
@@ -149,7 +149,8 @@ pub(super) async fn upload(
         if input_lost(e) {
             return Err(Failure::cause(format!(
                 "{shown}: the upload could not be delivered ({e}); the remote tar was stopped, \
-                 and what it wrote may be incomplete"
+                 and what it wrote may be incomplete{}",
+                refusal_hint(e)
             )));
         }
     }
