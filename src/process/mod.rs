@@ -39,6 +39,7 @@ pub mod managed_process;
 pub mod output_budget;
 pub mod output_drain;
 pub mod output_pump;
+pub mod output_source;
 pub mod ready_set;
 pub mod signals;
 pub mod spawn;

@@ -37,7 +37,9 @@
 //!   every waiter, so a told stream that never asks cannot hold the others back.
 
 mod event;
+mod flow_report;
 mod inbound;
+mod outbound;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
@@ -46,90 +48,16 @@ use std::time::Instant;
 use bytes::Bytes;
 
 pub use event::{Event, ResetCause, SendError, UseError};
+pub use flow_report::{RecvFlow, StreamFlow};
 use stream::Stream;
 pub use stream::StreamState;
 
 use crate::bucket::TokenBucket;
 use crate::closed_set::ClosedSet;
 use crate::config::{ConfigError, EndpointConfig};
-use crate::frame::{
-    Frame, FrameType, StreamId, HEADER_BYTES, LINK_STREAM, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES,
-};
+use crate::frame::{Frame, FrameType, StreamId, HEADER_BYTES, LINK_STREAM, MAX_PAYLOAD_BYTES};
 use crate::keepalive::Keepalive;
 use crate::reason::{CloseReason, Counters, Reason};
-use crate::transmit::Transmit;
-
-/// One stream's sending direction as the flow-control rules see it (secure-transport.md §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamFlow {
-    /// Records sent (the last `seq`).
-    pub sent: u64,
-    /// The peer's last report: the records it consumed…
-    pub acked: u64,
-    /// …and how many past them it accepts.
-    pub window: u32,
-    /// Records that may be sent now: `acked + window - sent`.
-    pub credit: u64,
-    /// Records of this stream queued for the link writer.
-    pub queued_records: usize,
-    /// `DATA` bytes queued for the link writer, all streams.
-    pub link_queued_bytes: usize,
-    /// Whether the link's send queue takes another record.
-    pub link_has_room: bool,
-    /// The application was told to wait and has not been told it may send again.
-    pub waiting: bool,
-}
-
-impl StreamFlow {
-    /// Whether the stream may send a record now (credit, and room in the link's queue).
-    pub fn can_send(&self) -> bool {
-        self.credit > 0 && self.link_has_room
-    }
-}
-
-/// One stream's receiving direction (secure-transport.md §7): what arrived, what the
-/// application took, and what the sender was last told. A sender that waits for credit while
-/// `consumed` is past `reported` waits for a report this side still owes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecvFlow {
-    /// Records received (the last `seq`).
-    pub received: u64,
-    /// Records the application consumed.
-    pub consumed: u64,
-    /// The `ack` last sent to the peer…
-    pub reported: u64,
-    /// …with this window.
-    pub window: u32,
-    /// Records received and not yet taken by the application.
-    pub queued_records: usize,
-}
-
-impl std::fmt::Display for RecvFlow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "received {} consumed {} reported {} window {} queued {} records",
-            self.received, self.consumed, self.reported, self.window, self.queued_records,
-        )
-    }
-}
-
-impl std::fmt::Display for StreamFlow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "sent {} acked {} window {} credit {} queued {} records (link {} bytes{}){}",
-            self.sent,
-            self.acked,
-            self.window,
-            self.credit,
-            self.queued_records,
-            self.link_queued_bytes,
-            if self.link_has_room { "" } else { ", full" },
-            if self.waiting { ", sender waiting" } else { "" },
-        )
-    }
-}
 
 /// Which end of the link this is: the client opens streams, the server accepts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,72 +443,6 @@ impl Endpoint {
         self.cfg.keepalive.write_timeout
     }
 
-    // ---- the writer's side -------------------------------------------------------------
-
-    /// Whether [`poll_transmit`](Self::poll_transmit) has something (a cheap check for
-    /// drivers deciding whether to wake their writer).
-    pub fn has_transmit(&self) -> bool {
-        self.closed.is_none()
-            && (self.keepalive.wants_ping()
-                || !self.control.is_empty()
-                || !self.acks.is_empty()
-                || !self.ready.is_empty())
-    }
-
-    /// The next thing to write: a due ping, control frames, bare `ACK`s, then `DATA` round
-    /// robin between streams. Every frame of a live stream carries its current report.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if self.closed.is_some() {
-            return None;
-        }
-        if let Some(p) = self.keepalive.poll_ping(now) {
-            return Some(Transmit::Ping(p));
-        }
-        if let Some(f) = self.control.pop_front() {
-            return Some(self.sent(f));
-        }
-        while let Some(id) = self.acks.pop_front() {
-            let Some(s) = self.streams.get_mut(&id) else {
-                continue;
-            };
-            s.in_acks = false;
-            if !s.recv.unreported() {
-                continue; // a DATA frame carried it already
-            }
-            let (ack, window) = s.recv.report();
-            let mut f = Frame::new(FrameType::Ack, id, 0, Bytes::new());
-            (f.ack, f.window) = (ack, window);
-            return Some(self.sent(f));
-        }
-        while let Some(id) = self.ready.pop_front() {
-            let Some(s) = self.streams.get_mut(&id) else {
-                continue;
-            };
-            s.in_ready = false;
-            let Some((seq, payload)) = s.out.pop_front() else {
-                continue;
-            };
-            let mut f = Frame::new(FrameType::Data, id, seq, payload);
-            (f.ack, f.window) = s.recv.report();
-            if !s.out.is_empty() {
-                s.in_ready = true;
-                self.ready.push_back(id);
-            } else if let StreamState::Finishing(reason) = s.state {
-                self.remove_and_reset(id, reason);
-            }
-            self.queued_data_bytes -= f.wire_len();
-            self.counters.data_bytes_out += f.payload.len() as u64;
-            self.wake_link_waiters();
-            return Some(self.sent(f));
-        }
-        None
-    }
-
-    fn sent(&mut self, f: Frame) -> Transmit {
-        self.counters.frames_out[f.ftype as usize] += 1;
-        Transmit::Frame(f)
-    }
-
     // ---- internals ---------------------------------------------------------------------
 
     fn usable(&self) -> Result<(), UseError> {
@@ -655,71 +517,6 @@ impl Endpoint {
             crate::config::HandshakeBudgetPolicy::CloseLink => {
                 self.close_link(CloseReason::HandshakeBudget);
             }
-        }
-    }
-
-    /// Report `Writable` for `stream` if it wants it and now may send. If only the link's
-    /// queue stops it (credit is back, room is not), it waits for room again: the queue's
-    /// earlier wake-up may have been spent while it still lacked credit.
-    /// `by_queue`: the queue's room is what it waited for (it then counts as woken, see
-    /// [`wake_link_waiters`](Self::wake_link_waiters)).
-    fn maybe_writable(&mut self, stream: &StreamId, by_queue: bool) {
-        let room = self.queued_data_bytes < self.cfg.send_queue_bytes;
-        if let Some(s) = self.streams.get_mut(stream) {
-            if !s.wants_writable || s.state != StreamState::Open || s.send.credit() == 0 {
-                return;
-            }
-            if room {
-                s.wants_writable = false;
-                if by_queue && !s.link_woken {
-                    s.link_woken = true;
-                    self.link_woken += 1;
-                }
-                self.events.push_back(Event::Writable { stream: *stream });
-            } else if !s.in_link_waiters {
-                s.in_link_waiters = true;
-                self.link_waiters.push_back(*stream);
-            }
-        }
-    }
-
-    /// Tell the streams waiting for room in the send queue, oldest first, as many as the
-    /// room takes: each one told is counted as about to queue a whole frame until it asks to
-    /// send ([`link_wake_spent`](Self::link_wake_spent)). Telling all of them whenever any
-    /// room appeared made each frame the writer took wake every waiting stream's task (a
-    /// thousand, under a fan-in) for one of them to fill the room and the rest to find the
-    /// queue full again and wait anew.
-    ///
-    /// An empty queue tells every waiter, whatever is counted as told: a told stream whose
-    /// sender stopped polling without ending the stream (a send future dropped by a
-    /// `select!`) never asks again, and no frame leaves an empty queue to wake anyone else.
-    /// Counting stays an optimisation of the busy queue; it can never hold a stream back
-    /// for good.
-    fn wake_link_waiters(&mut self) {
-        while self.queued_data_bytes == 0
-            || self.queued_data_bytes + self.link_woken * MAX_FRAME_BYTES
-                < self.cfg.send_queue_bytes
-        {
-            let Some(id) = self.link_waiters.pop_front() else {
-                break;
-            };
-            if let Some(s) = self.streams.get_mut(&id) {
-                s.in_link_waiters = false;
-            }
-            self.maybe_writable(&id, true);
-        }
-    }
-
-    /// `stream` asked to send (or will send nothing more): the room counted as its own since
-    /// the queue woke it is free again, for the next waiter if the stream leaves it unused.
-    fn link_wake_spent(&mut self, stream: &StreamId) {
-        let Some(s) = self.streams.get_mut(stream) else {
-            return;
-        };
-        if s.link_woken {
-            s.link_woken = false;
-            self.link_woken -= 1;
-            self.wake_link_waiters();
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! It owns the connection's state machine (`initialize` → `initialized` → ready), the request
 //! classes of `protocol.md` §6 (control requests run at once, per-process requests through the
-//! [`Scheduler`]), the per-connection request limits (a count, and on a network connection a
+//! [`Scheduler`]; both routed in `routing.rs`), the per-connection request limits (a count, and on a network connection a
 //! byte budget under the server's, `request_budget.rs`: each request's message is charged when
 //! read and given back once it is answered or skipped), the idle timeout, and the connection's
 //! writer task. When the connection ends, queued requests are skipped, in-flight ones (long
@@ -16,28 +16,28 @@
 mod initialize;
 mod inlet;
 mod inline;
+mod routing;
 
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::delivery::{hand_over, run_writer, ControlMessage};
-use super::handlers::{self, Ctx, Handled};
 use super::local::LocalServerEnd;
-use super::message::{Call, Inbound, Note, Outbound, Reply, RequestId};
+use super::message::{Outbound, RequestId};
 use super::outlet::{Outlet, OutputForm, ReceiverSlot};
 use super::request_budget::REQUEST_BUDGET_NAME;
-use super::scheduler::{Class, Scheduler};
-use crate::bounds::{Charge, IdleTimer};
+use super::scheduler::Scheduler;
+use crate::bounds::IdleTimer;
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
-use crate::rpc::{MethodClass, RpcError};
-use crate::session::{AnswerOutcome, ApprovalAnswer, Session, SessionRegistry};
+use crate::rpc::RpcError;
+use crate::session::{Session, SessionRegistry};
 use crate::transport::{FlowProbe, FramingError, Transport};
 use inlet::Inlet;
 
@@ -344,237 +344,9 @@ impl ConnectionProcessor {
         }
     }
 
-    /// Serve one message. `charge` holds its bytes: a request keeps it until it is answered
-    /// or skipped; anything answered by the reader itself gives it back on return.
-    async fn handle_message(&mut self, inbound: Inbound, charge: Charge) -> Option<ConnectionEnd> {
-        match inbound {
-            Inbound::Rejected { id, error } => {
-                self.send(self.error(id, &error)).await;
-                None
-            }
-            Inbound::Response { id, answer } => self.handle_response(id.as_ref(), answer),
-            Inbound::Notification(note) => {
-                self.handle_notification(note);
-                None
-            }
-            Inbound::Request { id, call } => {
-                self.handle_request(id, call, charge).await;
-                None
-            }
-        }
-    }
-
-    /// A response to a server request (`process/approve`): the session takes the first
-    /// answer and ignores late ones; an id it never sent closes this connection (only).
-    fn handle_response(
-        &mut self,
-        id: Option<&RequestId>,
-        answer: ApprovalAnswer,
-    ) -> Option<ConnectionEnd> {
-        let session = match &self.state {
-            State::AwaitInitialize => None,
-            State::AwaitInitialized(s) | State::Ready(s) => Some(s.clone()),
-        };
-        let outcome = match (session, id.and_then(RequestId::as_str)) {
-            (Some(s), Some(id)) => s.answer(id, answer),
-            _ => AnswerOutcome::NeverSent,
-        };
-        if outcome == AnswerOutcome::NeverSent {
-            tracing::warn!("client sent a response to a request the server never sent");
-            return Some(ConnectionEnd::UnexpectedResponse);
-        }
-        None
-    }
-
-    fn handle_notification(&mut self, note: Note) {
-        match (&self.state, note) {
-            (State::AwaitInitialized(s), Note::Initialized) => {
-                self.state = State::Ready(s.clone());
-            }
-            (State::Ready(s), Note::Ack(params)) => handlers::ack(s, params),
-            (_, note) => tracing::debug!(?note, "notification ignored"),
-        }
-    }
-
-    async fn handle_request(&mut self, id: RequestId, call: Call, charge: Charge) {
-        let method = call.method();
-        let session = match (&self.state, call) {
-            (State::AwaitInitialize, Call::Initialize(params)) => {
-                let msg = match self.initialize(params) {
-                    Ok(r) => Outbound::Result {
-                        id,
-                        reply: Reply::Initialize(r),
-                    },
-                    Err(e) => self.error(Some(id), &e),
-                };
-                self.send(msg).await;
-                return;
-            }
-            (
-                State::AwaitInitialize,
-                Call::Invalid {
-                    method: crate::rpc::Method::Initialize,
-                    error,
-                    ..
-                },
-            ) => {
-                self.send(self.error(Some(id), &error)).await;
-                return;
-            }
-            (State::AwaitInitialize, _) => {
-                let e = RpcError::invalid_request("client must send initialize first");
-                self.send(self.error(Some(id), &e)).await;
-                return;
-            }
-            (_, Call::Initialize(_))
-            | (
-                _,
-                Call::Invalid {
-                    method: crate::rpc::Method::Initialize,
-                    ..
-                },
-            ) => {
-                let e = RpcError::invalid_request("initialize may succeed only once");
-                self.send(self.error(Some(id), &e)).await;
-                return;
-            }
-            (State::AwaitInitialized(_), _) => {
-                let e = RpcError::invalid_request("client must send initialized first");
-                self.send(self.error(Some(id), &e)).await;
-                return;
-            }
-            (State::Ready(s), call) => (s.clone(), call),
-        };
-        let (session, call) = session;
-
-        let class = match (method, method.map(|m| m.class())) {
-            (_, Some(MethodClass::Control)) => None,
-            (_, Some(MethodClass::Exclusive)) => Some(Class::Exclusive),
-            (_, Some(MethodClass::Shared)) => Some(Class::Shared),
-            (_, Some(MethodClass::Ack)) => {
-                if let Call::Ack(params) = call {
-                    handlers::ack(&session, params);
-                }
-                self.send(Outbound::Result {
-                    id,
-                    reply: Reply::Empty,
-                })
-                .await;
-                return;
-            }
-            // Unknown, or not something a client may call (`initialized` as a request, a
-            // server notification).
-            (_, Some(MethodClass::Setup | MethodClass::ServerToClient))
-            | (None, None)
-            | (Some(_), None) => {
-                let name = match &call {
-                    Call::NotFound(n) => n.clone(),
-                    _ => method.map(|m| m.as_str().to_string()).unwrap_or_default(),
-                };
-                self.send(self.error(Some(id), &RpcError::method_not_found(&name)))
-                    .await;
-                return;
-            }
-        };
-
-        // Control requests draw from their own small pool, so that a connection whose
-        // request slots are all taken by long polls can still terminate its processes.
-        let pool = if class.is_none() {
-            &self.control_pending
-        } else {
-            &self.pending
-        };
-        let Ok(permit) = pool.clone().try_acquire_owned() else {
-            let (name, value) = if class.is_none() {
-                ("maxPendingControlRequests", CONTROL_REQUEST_SLOTS as u64)
-            } else {
-                (
-                    "maxPendingRequests",
-                    self.registry.config().max_pending_requests as u64,
-                )
-            };
-            let e = RpcError::limit_reached(name, value);
-            self.send(self.error(Some(id), &e)).await;
-            return;
-        };
-
-        // Per-process requests need their processId before they can queue.
-        let slot = match class {
-            None => None,
-            Some(class) => match call.process_id() {
-                Some(pid) => Some(self.scheduler.enqueue(pid, class)),
-                None => {
-                    let e = match call {
-                        Call::Invalid { error, .. } => error,
-                        _ => RpcError::invalid_params("invalid params: processId"),
-                    };
-                    self.send(self.error(Some(id), &e)).await;
-                    return;
-                }
-            },
-        };
-        self.spawn_request(id, call, session, slot, (permit, charge));
-    }
-
     /// An error response, counted by code.
     fn error(&self, id: Option<RequestId>, e: &RpcError) -> Outbound {
         counted_error(&self.registry, id, e)
-    }
-
-    fn spawn_request(
-        &self,
-        id: RequestId,
-        call: Call,
-        session: Arc<Session>,
-        slot: Option<super::scheduler::Slot>,
-        held: (OwnedSemaphorePermit, Charge),
-    ) {
-        let ctx = Ctx {
-            session,
-            registry: self.registry.clone(),
-            conn_id: self.conn_id,
-            can_approve: self.can_approve,
-            cancel: self.closing.clone(),
-        };
-        let control = self.control.clone();
-        let receiver = self.receiver.clone();
-        let cancel = self.cancel.clone();
-        let span = tracing::debug_span!("request", method = ?call.method());
-        inline::run_until_first_wait(
-            async move {
-                // The request's slot and bytes are given back when this task ends: answered,
-                // or skipped because the connection closed.
-                let _held = held;
-                let mut slot = slot;
-                if let Some(s) = slot.as_mut() {
-                    tokio::select! {
-                        biased;
-                        // Closed connection: queued requests are skipped, never run.
-                        _ = cancel.cancelled() => return,
-                        _ = s.ready() => {}
-                    }
-                }
-                if cancel.is_cancelled() {
-                    return;
-                }
-                // A request that has started runs to its end even if the connection closes
-                // meanwhile: a write cut half-way could not be retried exactly once. Long
-                // polls watch the connection's token themselves and end at once.
-                let reply = handlers::dispatch(&ctx, call).await;
-                let msg = match reply {
-                    Ok(Handled { reply, after_write }) => ControlMessage {
-                        msg: Outbound::Result { id, reply },
-                        after_write,
-                    },
-                    Err(e) => ControlMessage::new(counted_error(&ctx.registry, Some(id), &e)),
-                };
-                if hand_over(&control, receiver.as_ref(), msg).await {
-                    ctx.registry.metrics().rpc_responses.inc();
-                }
-                drop(slot);
-            }
-            .instrument(span),
-        );
     }
 
     /// Let every request already read run and send its answer: long polls end now, queued
