@@ -326,6 +326,13 @@ async fn unreachable_server_is_reported() {
             && err.lines().count() == 1,
         "stderr: {err}"
     );
+    // Nothing listens on that port: the line says what to check.
+    assert!(
+        err.trim_end().ends_with(
+            ": is the exec server (or relay) running and listening on that address and port?"
+        ),
+        "stderr: {err}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

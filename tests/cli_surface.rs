@@ -275,6 +275,11 @@ async fn what_is_not_the_commands_doing_is_255_with_its_cause() {
         words.contains(&format!("(key {} (SHA256:", other.p())),
         "{words}"
     );
+    // And what to do about it.
+    assert!(
+        words.ends_with("to the server's authorized_keys"),
+        "{words}"
+    );
     // The good key works, for contrast.
     let o = home
         .out(&[

@@ -102,10 +102,15 @@ pub fn connect_failure(url: &str, e: &ClientError, key: Option<&str>, token: boo
             if why.contains("is offline") {
                 return Failure::cause(format!("{url}: {}", strip_connect(why, url)));
             }
-            Failure::cause(format!(
-                "cannot connect to {url}: {}",
-                strip_connect(why, url)
-            ))
+            let why = strip_connect(why, url);
+            // Nothing listens there: the commonest first mistake (a server not started, a
+            // wrong port), so the line says what to check, as the refusal below does.
+            let hint = if why.contains("Connection refused") {
+                ": is the exec server (or relay) running and listening on that address and port?"
+            } else {
+                ""
+            };
+            Failure::cause(format!("cannot connect to {url}: {why}{hint}"))
         }
         ClientError::Refused(why) => {
             let why = why
@@ -116,6 +121,13 @@ pub fn connect_failure(url: &str, e: &ClientError, key: Option<&str>, token: boo
             if let Some(key) = key {
                 words.push_str(&format!(" (key {key}"));
                 words.push_str(if token { ", with a token)" } else { ")" });
+            }
+            if why.starts_with("its key is not authorized") {
+                // What to do about it: the server's operator adds the public line.
+                words.push_str(
+                    ": add this key's public line (its .pub file, or `execrelay keygen -y -f KEY`) \
+                     to the server's authorized_keys",
+                );
             }
             Failure::cause(words)
         }
@@ -193,14 +205,27 @@ mod tests {
         );
         assert_eq!(
             connect_failure(url, &e, None, false).words,
-            "cannot connect to noise+ws://h:1: Connection refused (os error 111)"
+            "cannot connect to noise+ws://h:1: Connection refused (os error 111): is the exec \
+             server (or relay) running and listening on that address and port?"
+        );
+        let e = ClientError::Connect("cannot connect to noise+ws://h:1: timed out".into());
+        assert_eq!(
+            connect_failure(url, &e, None, false).words,
+            "cannot connect to noise+ws://h:1: timed out"
         );
         let e = ClientError::Refused("its key is not authorized".into());
         let f = connect_failure(url, &e, Some("/k (SHA256:ab)"), true);
         assert_eq!(f.status, 255);
         assert_eq!(
             f.words,
-            "noise+ws://h:1 refused this client: its key is not authorized (key /k (SHA256:ab), with a token)"
+            "noise+ws://h:1 refused this client: its key is not authorized (key /k (SHA256:ab), \
+             with a token): add this key's public line (its .pub file, or `execrelay keygen -y -f \
+             KEY`) to the server's authorized_keys"
+        );
+        let e = ClientError::Refused("check --server-key and --key".into());
+        assert_eq!(
+            connect_failure(url, &e, None, false).words,
+            "noise+ws://h:1 refused this client: check --server-key and --key"
         );
         assert!(
             connect_failure(url, &ClientError::SessionExpired, None, false)
