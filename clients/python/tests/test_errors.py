@@ -63,6 +63,28 @@ def test_unreachable_server():
     with pytest.raises(execrelay.ConnectError) as e:
         execrelay.connect("ws://127.0.0.1:1")
     assert "127.0.0.1:1" in str(e.value)
+    # Nothing listens there: the message says what to check.
+    assert str(e.value).endswith("is the exec server (or relay) running and listening on "
+                                 "that address and port?"), str(e.value)
+
+
+def test_a_wrong_scheme_names_the_right_one(servers, noise_url, creds):
+    """An execrelay listener dialled with the wrong scheme answers 404 with the form to use;
+    the error carries it with this host and port filled in."""
+    host_port = noise_url.split("://", 1)[1]
+    with pytest.raises(execrelay.ConnectError) as e:
+        execrelay.connect("ws://" + host_port)
+    assert str(e.value) == (f"ws://{host_port}: this is an execrelay exec server speaking "
+                            f"Noise; use noise+ws://{host_port}")
+    with pytest.raises(execrelay.ConnectError) as e:
+        execrelay.connect(f"relay+ws://{host_port}/env-1", **creds)
+    assert str(e.value).endswith(f"use noise+ws://{host_port}"), str(e.value)
+    relay = servers.relay()
+    relay_hp = relay.url.split("://", 1)[1]
+    with pytest.raises(execrelay.ConnectError) as e:
+        execrelay.connect(f"noise+ws://{relay_hp}", **creds)
+    assert f"this is an execrelay relay; clients use relay+ws://{relay_hp}/ENVIRONMENT_ID" in \
+        str(e.value), str(e.value)
 
 
 def test_bad_targets_and_keys(servers, tmp_path):

@@ -122,6 +122,23 @@ def _refused(reason: str, token: bool) -> RefusedError:
     return RefusedError(f"the server refused the connection: {reason}", "other", reason)
 
 
+def _connect_failure(display: str, url: str, e: BaseException) -> ConnectError:
+    """A failed dial, saying what to do where we can tell: an execrelay listener reached on the
+    wrong path answers `404` with a line naming the right URL form (the Rust CLI shows the same),
+    and nothing listening is the commonest first mistake."""
+    where = display if display == url else f"{display} ({url})"
+    body = getattr(getattr(e, "response", None), "body", None)
+    if body:
+        said = bytes(body).decode("utf-8", "replace").strip().splitlines()[0]
+        if said.startswith("this is an execrelay "):
+            host_port = url.split("://", 1)[-1].split("/", 1)[0]
+            return ConnectError(f"{display}: {said.replace('HOST:PORT', host_port)}")
+    if isinstance(e, ConnectionRefusedError):
+        return ConnectError(f"cannot connect to {where}: {e}: is the exec server (or relay) "
+                            "running and listening on that address and port?")
+    return ConnectError(f"cannot connect to {where}: {e}")
+
+
 _FINAL_RESETS = {"unauthorized", "handshake_failed", "clock_skew"}
 _RETRY_RESETS = {"busy", "replayed_handshake"}
 
@@ -648,7 +665,7 @@ class Client:
                                                  keepalive_interval=self._keepalive,
                                                  pong_timeout=self._pong_timeout)
             except Exception as e:  # noqa: BLE001
-                raise ConnectError(f"cannot connect to {ep.display}: {e}") from None
+                raise _connect_failure(ep.display, ep.url, e) from None
         attempts = 0
         while True:
             if self._link is None or not self._link.alive:
@@ -658,7 +675,7 @@ class Client:
                         max_message=MAX_MESSAGE_BYTES, keepalive_interval=self._keepalive,
                         pong_timeout=self._pong_timeout)
                 except Exception as e:  # noqa: BLE001
-                    raise ConnectError(f"cannot connect to {ep.display} ({ep.url}): {e}") from None
+                    raise _connect_failure(ep.display, ep.url, e) from None
             assert ep.private_key is not None and ep.server_key is not None
             try:
                 stream, hello = await self._link.open_stream(ep.private_key, ep.server_key,
