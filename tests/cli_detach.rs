@@ -247,6 +247,17 @@ async fn attach_shows_every_byte_from_the_first_and_ends_with_the_status() {
 async fn ps_lists_and_kill_signals_detached_commands() {
     let (_server, url) = ws_server(&[]).await;
     let home = Home::new();
+    // Nothing detached yet: the header alone on stdout, and a line on stderr saying so.
+    let o = home.out(&["ps", &url]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().count(), 1, "{}", text(&o.stdout));
+    assert_eq!(
+        text(&o.stderr).trim_end(),
+        format!(
+            "execrelay: no detached commands started from this client on {url} \
+             (`execrelay run --detach {url} CMD` starts one)"
+        )
+    );
     let a = home.detach(&url, &["sleep 100"]).await;
     let b = home.detach(&url, &["--", "sleep", "101"]).await;
     let o = home.out(&["ps", &url]).await;

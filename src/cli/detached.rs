@@ -446,6 +446,14 @@ pub fn ps_main(args: PsArgs) -> i32 {
 async fn ps(args: PsArgs) -> Result<i32, Failure> {
     let remote = resolve(&args.target, &args.conn)?;
     let all = Detached::all_at(&remote.url)?;
+    if all.is_empty() {
+        // `ps` asks no server: it lists what this client detached there. An empty list for
+        // a mistyped target would otherwise look the same as a quiet server.
+        say(&format!(
+            "no detached commands started from this client on {} (`execrelay run --detach {} CMD` starts one)",
+            args.target, args.target
+        ));
+    }
     println!(
         "{:<40} {:<8} {:<14} {:>6}  COMMAND",
         "HANDLE", "STATE", "STATUS", "AGE"
