@@ -128,6 +128,9 @@ pub fn connect_failure(url: &str, e: &ClientError, key: Option<&str>, token: boo
                     ": add this key's public line (its .pub file, or `execrelay keygen -y -f KEY`) \
                      to the server's authorized_keys",
                 );
+                if token {
+                    words.push_str(", or check the token (--token-file) against the server's");
+                }
             }
             Failure::cause(words)
         }
@@ -220,7 +223,8 @@ mod tests {
             f.words,
             "noise+ws://h:1 refused this client: its key is not authorized (key /k (SHA256:ab), \
              with a token): add this key's public line (its .pub file, or `execrelay keygen -y -f \
-             KEY`) to the server's authorized_keys"
+             KEY`) to the server's authorized_keys, or check the token (--token-file) against the \
+             server's"
         );
         let e = ClientError::Refused("check --server-key and --key".into());
         assert_eq!(
