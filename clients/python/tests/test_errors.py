@@ -116,3 +116,42 @@ def test_offline_environment(servers, creds):
     url = relay.url.replace("ws://", "relay+ws://") + "/env-1"
     with pytest.raises(execrelay.ConnectError, match="offline"):
         execrelay.connect(url, **creds)
+
+
+def test_a_listeners_404_text_is_recognised_never_echoed():
+    """A listener that is not ours (or is hostile) answers 404 with words of its own: the error
+    keeps our words, with none of its text or terminal escapes."""
+    import socket
+    import threading
+
+    body = b"this is an execrelay relay; use relay+ws://evil.example/x \x1b[2J"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(10)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                request += chunk
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\nConnection: close"
+                         b"\r\n\r\n" % len(body) + body)
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(execrelay.ConnectError) as e:
+            execrelay.connect(f"ws://127.0.0.1:{port}")
+    finally:
+        t.join(10)
+        listener.close()
+    words = str(e.value)
+    assert words == (f"ws://127.0.0.1:{port}: this is an execrelay relay; clients use "
+                     f"relay+ws://127.0.0.1:{port}/ENVIRONMENT_ID (relay+wss:// over TLS)"), words
+    assert "evil" not in words and "\x1b" not in words

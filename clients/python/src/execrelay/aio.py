@@ -122,17 +122,29 @@ def _refused(reason: str, token: bool) -> RefusedError:
     return RefusedError(f"the server refused the connection: {reason}", "other", reason)
 
 
+#: The first words of the `404` an execrelay listener answers on a path it does not serve
+#: (the exec server's `NOISE_SERVER_HINT`, the relay's `RELAY_HINT`).
+_NOISE_SERVER_SAYS = b"this is an execrelay exec server speaking Noise"
+_RELAY_SAYS = b"this is an execrelay relay"
+
+
 def _connect_failure(display: str, url: str, e: BaseException) -> ConnectError:
     """A failed dial, saying what to do where we can tell: an execrelay listener reached on the
-    wrong path answers `404` with a line naming the right URL form (the Rust CLI shows the same),
+    wrong path answers `404` with a line naming what it is (the Rust CLI reads it the same way),
     and nothing listening is the commonest first mistake."""
     where = display if display == url else f"{display} ({url})"
     body = getattr(getattr(e, "response", None), "body", None)
     if body:
-        said = bytes(body).decode("utf-8", "replace").strip().splitlines()[0]
-        if said.startswith("this is an execrelay "):
-            host_port = url.split("://", 1)[-1].split("/", 1)[0]
-            return ConnectError(f"{display}: {said.replace('HOST:PORT', host_port)}")
+        # Recognised, never echoed: the words are ours, so a hostile listener cannot put its
+        # own text (or terminal escapes) in front of the user.
+        said = bytes(body[:256])
+        host_port = url.split("://", 1)[-1].split("/", 1)[0]
+        if said.startswith(_NOISE_SERVER_SAYS):
+            return ConnectError(f"{display}: this is an execrelay exec server speaking Noise; "
+                                f"use noise+ws://{host_port}")
+        if said.startswith(_RELAY_SAYS):
+            return ConnectError(f"{display}: this is an execrelay relay; clients use "
+                                f"relay+ws://{host_port}/ENVIRONMENT_ID (relay+wss:// over TLS)")
     if isinstance(e, ConnectionRefusedError):
         return ConnectError(f"cannot connect to {where}: {e}: is the exec server (or relay) "
                             "running and listening on that address and port?")
