@@ -263,9 +263,6 @@ class _Connection:
             raise _Dropped(str(e)) from None
         return fut
 
-    async def request_binary(self, body: bytes, req_id: int) -> Tuple[str, Any]:
-        return await (await self._start(body, req_id))
-
     async def start_binary(self, body: bytes, req_id: int) -> "asyncio.Future[Any]":
         """Send a binary request (`protocol.md` §5.2); its answer is the future returned."""
         return await self._start(body, req_id)
