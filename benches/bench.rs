@@ -24,7 +24,9 @@ use execrelay::noise::suite::{NoiseSuite, SuiteChoice};
 use tokio::io::AsyncBufReadExt;
 
 mod common;
-use common::{drain, env_u64, percentile, proc_cpu_secs, proc_own_cpu_secs};
+use common::{
+    drain, env_u64, faults_per_mib, percentile, proc_cpu_secs, proc_minor_faults, proc_own_cpu_secs,
+};
 
 fn server_bin() -> std::path::PathBuf {
     common::bin("execrelay", "EXECRELAY_BIN")
@@ -149,25 +151,26 @@ async fn start_noise_server_with(keys: &NoiseKeys, extra: &[&str]) -> ServerProc
 /// RSS before any session.
 async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64, u64) {
     let limit = (procs + 16).to_string();
+    // FANIN_SERVER_ARGS: more flags for the server (say `--output-budget-bytes 32MiB`), to see
+    // what a setting costs or saves under fan-in.
+    let more = std::env::var("FANIN_SERVER_ARGS").unwrap_or_default();
     // Every client is one key from one address: the per-client quotas must allow them all.
-    let s = start_noise_server_with(
-        keys,
-        &[
-            "--max-sessions",
-            &limit,
-            "--max-sessions-per-key",
-            &limit,
-            "--max-sessions-per-address",
-            &limit,
-            "--max-processes-per-key",
-            &limit,
-            "--max-processes-per-address",
-            &limit,
-            "--max-streams-per-key",
-            &limit,
-        ],
-    )
-    .await;
+    let mut args: Vec<&str> = vec![
+        "--max-sessions",
+        &limit,
+        "--max-sessions-per-key",
+        &limit,
+        "--max-sessions-per-address",
+        &limit,
+        "--max-processes-per-key",
+        &limit,
+        "--max-processes-per-address",
+        &limit,
+        "--max-streams-per-key",
+        &limit,
+    ];
+    args.extend(more.split_whitespace());
+    let s = start_noise_server_with(keys, &args).await;
     let server_pid = s.child.id().unwrap_or(0);
     // Before any session: the per-session figure is the growth from here.
     let rss_empty = peak_rss_kib(server_pid);
@@ -212,6 +215,7 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
             .expect("perf record")
     });
     let cpu0 = proc_own_cpu_secs(server_pid);
+    let faults0 = proc_minor_faults(server_pid);
     let t0 = Instant::now();
     let runs = clients.iter().enumerate().map(|(i, c)| {
         let argv = vec![
@@ -226,6 +230,11 @@ async fn fan_in(keys: &NoiseKeys, procs: usize, per: u64) -> (f64, u64, f64, u64
     let took = t0.elapsed();
     // The server's own CPU: the 1,000 `head` processes' start-up (about 1 ms each) is theirs.
     let cpu = proc_own_cpu_secs(server_pid) - cpu0;
+    let faults = proc_minor_faults(server_pid);
+    eprintln!(
+        "[bench] fan-in: server minor faults {:.1} per MiB",
+        faults_per_mib(faults0, faults, per * procs as u64)
+    );
     if let Some(mut perf) = perf {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(perf.id() as i32),
@@ -333,9 +342,15 @@ async fn throughput(kind: &str, form: &str, n: u64, keys: &NoiseKeys) -> Through
         }
     };
     let server0 = proc_own_cpu_secs(server_pid);
+    let faults0 = proc_minor_faults(server_pid);
     let cpu0 = proc_cpu_secs(server_pid) + self_cpu_secs();
     let (bytes, took) = drain(&client, "tp", argv).await;
     let server_cpu = proc_own_cpu_secs(server_pid) - server0;
+    let faults = proc_minor_faults(server_pid);
+    eprintln!(
+        "[bench] {kind}_{form}: server minor faults {:.1} per MiB",
+        faults_per_mib(faults0, faults, n)
+    );
     let cpu = proc_cpu_secs(server_pid) + self_cpu_secs() - cpu0;
     assert_eq!(bytes, n, "every byte must arrive (got {bytes} of {n})");
     let rss = peak_rss_kib(server_pid);
