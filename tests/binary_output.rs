@@ -329,7 +329,8 @@ async fn same_command_in_both_forms(noise: bool) {
         let init = c.init(binary, None).await;
         assert_eq!(
             init["capabilities"],
-            json!({"acks": true, "binaryOutput": binary, "binaryInput": false}),
+            json!({"acks": true, "binaryOutput": binary, "binaryInput": false,
+                "retryRefusedWrites": true}),
             "the result says what the server will do"
         );
         runs.push(lockstep_run(&mut c, &id, &path).await);
@@ -654,7 +655,8 @@ async fn stdio_answers_false_and_keeps_sending_json_lines() {
     let init = next_line(&mut lines).await;
     assert_eq!(
         init["result"]["capabilities"],
-        json!({"acks": true, "binaryOutput": false, "binaryInput": false})
+        json!({"acks": true, "binaryOutput": false, "binaryInput": false,
+            "retryRefusedWrites": true})
     );
     // Bytes that would break a line if they were sent raw.
     let payload = "a\\nb\\0c\\377";

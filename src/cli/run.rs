@@ -118,6 +118,11 @@ pub struct RunArgs {
     /// default where the server offers them; `protocol.md` §5.2).
     #[arg(long)]
     pub json_input: bool,
+    /// How long stdin the server refuses for a full limit (`-32004`) is sent again before the
+    /// command is stopped (`0`: at the first refusal). Only servers that keep a process's
+    /// writes in order after a refusal are sent input again [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub input_retry: Option<Duration>,
 }
 
 /// The id of the one process `run` starts.
@@ -282,6 +287,9 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
         )),
         binary_output: !args.json_output,
         binary_input: !args.json_input,
+        write_retry_for: args
+            .input_retry
+            .unwrap_or(ClientOptions::default().write_retry_for),
         ..ClientOptions::default()
     };
     let (client, url) = match &remote {
@@ -379,10 +387,12 @@ async fn run(args: RunArgs, words: &[OsString]) -> Result<i32, Failure> {
 /// ([`StdinWriter::piece_bytes`]). Stops when the process takes no more input (its stdin
 /// closed, or it exited).
 ///
-/// A write the server refuses (a `-32004` limit, any error answer) means the command's input
-/// would arrive incomplete, and writes already in flight behind it may have been applied: the
-/// command is terminated rather than left to finish on part of its input as if it were whole,
-/// and `failed` gets the words `run` reports (exit 255).
+/// A write the server refuses for a full limit (`-32004`) is sent again, with the writes after
+/// it, for `--input-retry` (60 s by default), on a server that keeps a process's writes in
+/// order after a refusal ([`StdinWriter`]). One still refused then (or any other error answer,
+/// or any refusal from a server that does not keep that order) means the command's input would
+/// arrive incomplete: the command is terminated rather than left to finish on part of its
+/// input as if it were whole, and `failed` gets the words `run` reports (exit 255).
 pub fn forward_stdin(
     writer: StdinWriter,
     ctl: ProcessController,
@@ -415,7 +425,8 @@ pub(crate) fn input_lost(e: &ClientError) -> bool {
 pub(crate) fn refusal_hint(e: &ClientError) -> &'static str {
     match e {
         ClientError::Rpc { code, .. } if *code == crate::rpc::ErrorCode::LimitReached.code() => {
-            ": run it again when the server is less busy, or have its operator raise that limit"
+            ": run it again when the server is less busy (or with a longer --input-retry), or \
+             have its operator raise that limit"
         }
         _ => "",
     }

@@ -141,6 +141,8 @@ impl Client {
                 server_requests: ServerRequests {
                     approve: self.shared.opts.approval_handler.is_some(),
                 },
+                // A server's promise, never a client's request.
+                retry_refused_writes: false,
             },
             session_ttl_ms: self
                 .shared
@@ -158,6 +160,7 @@ impl Client {
         };
         conn.notify_typed(Note::Initialized).await?;
         conn.set_binary_input(init.capabilities.binary_input);
+        conn.set_retry_refused_writes(init.capabilities.retry_refused_writes);
         self.shared.server_max_message.store(
             usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
             std::sync::atomic::Ordering::Relaxed,

@@ -14,7 +14,9 @@
 //! forever on a live connection. `event_stream.rs` holds the per-process event streams that
 //! hand out every event exactly once and in order (deduplicated by `seq`, gaps filled with
 //! `process/read`) and the acks; `process_handle.rs` holds [`ProcessHandle`] and
-//! [`ProcessController`], the application's grip on one process. It must never show a byte
+//! [`ProcessController`], the application's grip on one process; `stdin_writer.rs` the
+//! pipelined [`StdinWriter`], with `write_retry.rs` deciding when a refused write goes
+//! again. It must never show a byte
 //! twice or skip one silently: a range the server no longer retains is surfaced as
 //! [`ProcessEvent::Lost`].
 //!
@@ -38,8 +40,10 @@ mod options;
 mod process_handle;
 pub mod rpc_connection;
 mod silence;
+mod stdin_writer;
 mod supervise;
 mod target;
+mod write_retry;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -67,12 +71,14 @@ pub use diagnostics::DeliveryState;
 pub use error::ClientError;
 pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};
-pub use process_handle::{
-    ProcessController, ProcessHandle, StdinRefused, StdinWriter, STDIN_BINARY_WRITES_IN_FLIGHT,
-    STDIN_BINARY_WRITE_BYTES, STDIN_WRITES_IN_FLIGHT, STDIN_WRITE_BYTES,
-};
+pub use process_handle::{ProcessController, ProcessHandle};
 pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
+pub use stdin_writer::{
+    StdinRefused, StdinWriter, STDIN_BINARY_WRITES_IN_FLIGHT, STDIN_BINARY_WRITE_BYTES,
+    STDIN_WRITES_IN_FLIGHT, STDIN_WRITE_BYTES,
+};
 pub use target::Target;
+pub use write_retry::{WRITE_RETRY_FIRST_MS, WRITE_RETRY_FOR_MS, WRITE_RETRY_MAX_MS};
 
 /// First reconnect delay; doubles up to [`RECONNECT_MAX_DELAY`], each delay less up to a
 /// quarter of jitter ([`Backoff`](crate::link::backoff::Backoff)).
@@ -312,6 +318,16 @@ impl Client {
         lock(&self.shared.conn)
             .as_ref()
             .is_some_and(|c| c.binary_input())
+    }
+
+    /// Whether a write the server refuses for a limit is sent again by a
+    /// [`StdinWriter`] (within [`ClientOptions::write_retry_for`]): the server's last
+    /// `initialize` promised `retryRefusedWrites` (it keeps a process's writes in order after
+    /// a refusal), on a network connection.
+    pub fn retry_refused_writes(&self) -> bool {
+        lock(&self.shared.conn)
+            .as_ref()
+            .is_some_and(|c| c.retry_refused_writes())
     }
 
     /// The session's id and resume token: what a later client needs to resume it

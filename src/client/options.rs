@@ -83,6 +83,15 @@ pub struct ClientOptions {
     /// [`FIRST_CONNECT_OFFLINE_WAIT`](super::FIRST_CONNECT_OFFLINE_WAIT). A lost connection
     /// is resumed as always, within [`reconnect_deadline`](Self::reconnect_deadline).
     pub offline_wait: Duration,
+    /// How long a [`StdinWriter`](super::StdinWriter) keeps sending a write the server refused
+    /// for a limit (`-32004`) again, with everything after it, in order, before it reports the
+    /// input lost: only on a server that keeps a process's writes in order after a refusal
+    /// (`capabilities.retryRefusedWrites`; elsewhere the first refusal is reported). Pauses
+    /// from [`WRITE_RETRY_FIRST_MS`](super::WRITE_RETRY_FIRST_MS) doubling to
+    /// [`WRITE_RETRY_MAX_MS`](super::WRITE_RETRY_MAX_MS); an accepted write starts over.
+    /// `Duration::ZERO`: report the first refusal. Default
+    /// [`WRITE_RETRY_FOR_MS`](super::WRITE_RETRY_FOR_MS).
+    pub write_retry_for: Duration,
 }
 
 /// When a client acknowledges the events its application consumed (`process/ack`): what the
@@ -114,6 +123,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("session_ttl", &self.session_ttl)
             .field("ack_policy", &self.ack_policy)
             .field("offline_wait", &self.offline_wait)
+            .field("write_retry_for", &self.write_retry_for)
             .finish()
     }
 }
@@ -133,6 +143,7 @@ impl Default for ClientOptions {
             session_ttl: None,
             ack_policy: AckPolicy::Eager,
             offline_wait: super::FIRST_CONNECT_OFFLINE_WAIT,
+            write_retry_for: Duration::from_millis(super::WRITE_RETRY_FOR_MS),
         }
     }
 }

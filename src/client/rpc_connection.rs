@@ -223,6 +223,9 @@ pub struct RpcConnection {
     flow: Option<Arc<dyn FlowProbe>>,
     /// The server accepted binary writes (`capabilities.binaryInput`, §5.2) on this connection.
     binary_input: Arc<AtomicBool>,
+    /// The server keeps a process's writes in order after refusing one
+    /// (`capabilities.retryRefusedWrites`): a refused write may be sent again.
+    retry_refused_writes: Arc<AtomicBool>,
 }
 
 impl RpcConnection {
@@ -236,6 +239,19 @@ impl RpcConnection {
     pub fn set_binary_input(&self, on: bool) {
         let network = matches!(self.out, Out::Json(_));
         self.binary_input.store(on && network, Ordering::Relaxed);
+    }
+
+    /// Whether a write the server refused for a limit may be sent again, then the writes after
+    /// it (the server said `retryRefusedWrites: true`; a network connection only).
+    pub fn retry_refused_writes(&self) -> bool {
+        self.retry_refused_writes.load(Ordering::Relaxed)
+    }
+
+    /// Record what `initialize`'s result said about refused writes.
+    pub fn set_retry_refused_writes(&self, on: bool) {
+        let network = matches!(self.out, Out::Json(_));
+        self.retry_refused_writes
+            .store(on && network, Ordering::Relaxed);
     }
 
     /// Start the reader and writer tasks over `transport`.

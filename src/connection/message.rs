@@ -72,6 +72,19 @@ pub enum Inbound {
         /// The decision, or unreadable (a denial).
         answer: ApprovalAnswer,
     },
+    /// A `process/write` refused for a limit before it was decoded (`request_budget.rs`):
+    /// answered with `error`, and its process's later writes wait for it to come again
+    /// (`write_order.rs`).
+    RefusedWrite {
+        /// The id to answer (`None`: `null`).
+        id: Option<RequestId>,
+        /// The `-32004` naming the limit.
+        error: RpcError,
+        /// Its process.
+        process_id: String,
+        /// Its `writeId`, if it had one.
+        write_id: Option<String>,
+    },
     /// A message that cannot be served (not JSON, not JSON-RPC, a bad id): answered with
     /// `error`, the connection goes on.
     Rejected {

@@ -58,6 +58,7 @@ pub mod outlet;
 pub mod processor;
 pub mod request_budget;
 pub mod scheduler;
+pub mod write_order;
 
 pub use processor::{
     ConnectionEnd, ConnectionOptions, ConnectionProcessor, HALF_CLOSE_DRAIN_TIMEOUT,

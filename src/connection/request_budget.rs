@@ -68,6 +68,9 @@ pub(super) enum Admission {
         id: Option<RequestId>,
         /// The `-32004` naming the budget that is full.
         error: RpcError,
+        /// A `process/write`'s process id and `writeId`, as far as they could be read: its
+        /// process's later writes wait for it (`write_order.rs`).
+        write: Option<RefusedWrite>,
     },
     /// A notification or a response over budget: nothing answers it.
     Drop,
@@ -101,12 +104,22 @@ pub(super) fn admit(budget: &ByteBudget, bytes: &[u8]) -> Admission {
         // A request: it has a method and an id.
         Some(Peek {
             id: Some(id),
-            method: Some(_),
+            method: Some(method),
         }) => {
             tracing::debug!(limit = over.limit, bytes = bytes.len(), "request refused");
+            let write = (method == Method::ProcessWrite.as_str())
+                .then(|| serde_json::from_slice::<WritePeek>(bytes).ok())
+                .flatten()
+                .and_then(|w| {
+                    Some(RefusedWrite {
+                        process_id: w.params.process_id?.into_owned(),
+                        write_id: w.params.write_id.map(Cow::into_owned),
+                    })
+                });
             Admission::Refuse {
                 id: request_id(&id),
                 error: RpcError::limit_reached(over.limit, over.max as u64),
+                write,
             }
         }
         _ => {
@@ -129,6 +142,33 @@ pub(super) fn admit_binary_write(budget: &ByteBudget, len: usize) -> Result<Char
         tracing::debug!(limit = over.limit, bytes = len, "binary write refused");
         RpcError::limit_reached(over.limit, over.max as u64)
     })
+}
+
+/// A write refused for a limit, as far as its ids could be read (`write_order.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RefusedWrite {
+    /// Its process.
+    pub(super) process_id: String,
+    /// Its `writeId`, if it has one.
+    pub(super) write_id: Option<String>,
+}
+
+/// The ids of a refused `process/write`: serde skips its chunk without allocating. (A string
+/// id with escapes is unescaped into an owned one; both are bounded by `write_order.rs`
+/// before they are kept.)
+#[derive(Deserialize)]
+struct WritePeek<'a> {
+    #[serde(borrow)]
+    params: WriteIds<'a>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WriteIds<'a> {
+    #[serde(default, borrow)]
+    process_id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    write_id: Option<Cow<'a, str>>,
 }
 
 /// The envelope of a message that did not fit its budget: enough to answer it, without
@@ -166,6 +206,34 @@ mod tests {
         assert!(parse_cost(terminate.as_bytes()) < SMALL_MESSAGE_BYTES);
     }
 
+    #[test]
+    fn a_refused_write_names_its_process_and_write_id_even_escaped() {
+        let budget = full();
+        let msg = br#"{"jsonrpc":"2.0","id":3,"method":"process/write","params":{"processId":"p\u0031","writeId":"s-7","chunk":"QUJD"}}"#;
+        match admit(&budget, msg) {
+            Admission::Refuse { write, .. } => assert_eq!(
+                write,
+                Some(RefusedWrite {
+                    process_id: "p1".into(),
+                    write_id: Some("s-7".into())
+                })
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Not a write, or a write whose params cannot be read: nothing named.
+        for msg in [
+            &br#"{"jsonrpc":"2.0","id":3,"method":"process/read","params":{"processId":"p"}}"#[..],
+            br#"{"jsonrpc":"2.0","id":3,"method":"process/write","params":[1,2]}"#,
+            br#"{"jsonrpc":"2.0","id":3,"method":"process/write","params":{"writeId":"s-1"}}"#,
+            br#"{"jsonrpc":"2.0","id":3,"method":"process/write","params":{"processId":7}}"#,
+        ] {
+            match admit(&budget, msg) {
+                Admission::Refuse { write, .. } => assert_eq!(write, None),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     /// A budget with no room at all.
     fn full() -> ByteBudget {
         ByteBudget::new("maxPendingRequestBytes", 0)
@@ -189,12 +257,20 @@ mod tests {
         let budget = full();
         let msg = br#"{"jsonrpc":"2.0","id":"w-9","method":"process/write","params":{"processId":"p","chunk":""}}"#;
         match admit(&budget, msg) {
-            Admission::Refuse { id, error } => {
+            Admission::Refuse { id, error, write } => {
                 assert_eq!(id, Some(RequestId::Str("w-9".into())));
                 assert_eq!(error.code.code(), -32004);
                 assert_eq!(
                     error.data,
                     Some(serde_json::json!({"limit": "maxPendingRequestBytes", "value": 0}))
+                );
+                // A write without a writeId: its process is named, nothing to send again.
+                assert_eq!(
+                    write,
+                    Some(RefusedWrite {
+                        process_id: "p".into(),
+                        write_id: None
+                    })
                 );
             }
             other => panic!("{other:?}"),

@@ -158,6 +158,20 @@ impl RpcError {
         }
     }
 
+    /// `-32004` for a write behind a refused one of the same process
+    /// (`connection/write_order.rs`): `data.limit` `writeOrder`, `data.writeId` the refused
+    /// write's id, to be sent again first.
+    pub fn write_order(held_write_id: &str) -> Self {
+        RpcError {
+            code: ErrorCode::LimitReached,
+            message: format!(
+                "limit reached: writeOrder (this process's write {held_write_id:?} was refused \
+                 for a limit; send it again, then the writes after it)"
+            ),
+            data: Some(json!({ "limit": "writeOrder", "writeId": held_write_id })),
+        }
+    }
+
     /// `-32005` with the exact missing range.
     pub fn output_not_retained(from_seq: u64, to_seq: u64) -> Self {
         RpcError {

@@ -60,6 +60,13 @@ pub struct Capabilities {
     /// The client may send `process/write` as binary messages (`protocol.md` §5.2).
     #[serde(default)]
     pub binary_input: bool,
+    /// In a result only (a project extension; README, "Decisions where the spec is silent"):
+    /// once a write is refused for a limit (`-32004`), this connection refuses the process's
+    /// later writes until that write comes again (`data.limit` `writeOrder`), so a client may
+    /// send a refused write again, then the writes after it, and nothing is applied out of
+    /// order. Absent (false) from servers that predate it, and in process.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_refused_writes: bool,
 }
 
 /// `capabilities.serverRequests`: on the wire a list of method names

@@ -28,7 +28,7 @@ pub(super) async fn download(
     if srcs.len() > 1 && !into_dir {
         return Err(copy_failed(format!("{}: not a directory", dst.display())));
     }
-    let (remote, client) = connect(&srcs[0].target, &args.conn).await?;
+    let (remote, client) = connect(&srcs[0].target, args).await?;
     for (i, src) in srcs.iter().enumerate() {
         let r = download_one(&client, &remote, src, dst, into_dir, args.recursive, i).await;
         if let Err(f) = r {

@@ -68,6 +68,11 @@ pub struct CpArgs {
     /// How to reach the server (flags win over the host's entry).
     #[command(flatten)]
     pub conn: ConnFlags,
+    /// How long an upload the server refuses for a full limit (`-32004`) is sent again before
+    /// the copy is stopped (`0`: at the first refusal). Only servers that keep a process's
+    /// writes in order after a refusal are sent input again [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::cli::duration::parse_duration)]
+    pub input_retry: Option<std::time::Duration>,
 }
 
 /// A path on the server: the target (alias or URL) and the path there.
@@ -172,10 +177,15 @@ async fn cp(args: CpArgs) -> Result<(), Failure> {
     }
 }
 
-/// A connected client for `target`.
-pub(super) async fn connect(target: &str, conn: &ConnFlags) -> Result<(Remote, Client), Failure> {
-    let remote = resolve(target, conn)?;
-    let client = Client::connect(remote.target.clone(), ClientOptions::default())
+/// A connected client for `target`, as `args` ask.
+pub(super) async fn connect(target: &str, args: &CpArgs) -> Result<(Remote, Client), Failure> {
+    let remote = resolve(target, &args.conn)?;
+    let defaults = ClientOptions::default();
+    let opts = ClientOptions {
+        write_retry_for: args.input_retry.unwrap_or(defaults.write_retry_for),
+        ..defaults
+    };
+    let client = Client::connect(remote.target.clone(), opts)
         .await
         .map_err(|e| failure_of(&remote, &e))?;
     Ok((remote, client))

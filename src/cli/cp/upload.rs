@@ -43,7 +43,7 @@ pub(super) async fn upload(
             .unwrap_or_else(|| ".".into());
         items.push((path, name));
     }
-    let (remote, client) = connect(&dst.target, &args.conn).await?;
+    let (remote, client) = connect(&dst.target, args).await?;
     let shown = format!("{}:{}", dst.target, dst.path);
     // Where it goes: into DST when it is a directory there, else as DST.
     let probe = run_small(

@@ -199,5 +199,6 @@ pub(super) fn start(
         failure: Arc::default(),
         flow: None,
         binary_input: Arc::default(),
+        retry_refused_writes: Arc::default(),
     }
 }

@@ -184,5 +184,6 @@ pub(super) fn start(
         failure,
         flow,
         binary_input: Arc::default(),
+        retry_refused_writes: Arc::default(),
     }
 }

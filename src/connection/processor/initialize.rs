@@ -82,6 +82,7 @@ impl ConnectionProcessor {
                 binary_input,
                 // The server requests this connection will receive (`protocol.md` §7).
                 server_requests: p.capabilities.server_requests,
+                retry_refused_writes: self.write_order.is_some(),
             },
         };
         self.state = State::AwaitInitialized(session);

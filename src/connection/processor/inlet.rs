@@ -64,7 +64,20 @@ impl Inlet {
                 // take; the text is dropped as soon as it is decoded.
                 Some(Ok(match admit(budget, &bytes) {
                     Admission::Admit(charge) => Some((decode_inbound(&bytes), charge)),
-                    Admission::Refuse { id, error } => {
+                    Admission::Refuse {
+                        id,
+                        error,
+                        write: Some(w),
+                    } => Some((
+                        Inbound::RefusedWrite {
+                            id,
+                            error,
+                            process_id: w.process_id,
+                            write_id: w.write_id,
+                        },
+                        Charge::none(),
+                    )),
+                    Admission::Refuse { id, error, .. } => {
                         Some((Inbound::Rejected { id, error }, Charge::none()))
                     }
                     Admission::Drop => None,
@@ -100,9 +113,11 @@ fn binary_write(budget: &ByteBudget, negotiated: bool, bytes: Bytes) -> Arrival 
         Ok(charge) => charge,
         Err(error) => {
             return Some((
-                Inbound::Rejected {
+                Inbound::RefusedWrite {
                     id: Some(id),
                     error,
+                    process_id: w.process_id,
+                    write_id: w.write_id,
                 },
                 Charge::none(),
             ));

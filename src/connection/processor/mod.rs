@@ -33,6 +33,7 @@ use super::message::{Outbound, RequestId};
 use super::outlet::{Outlet, OutputForm, ReceiverSlot};
 use super::request_budget::REQUEST_BUDGET_NAME;
 use super::scheduler::Scheduler;
+use super::write_order::WriteOrder;
 use crate::bounds::IdleTimer;
 use crate::metrics::GaugeGuard;
 use crate::process::ReadySet;
@@ -121,6 +122,10 @@ pub struct ConnectionProcessor {
     state: State,
     /// The client declared `serverRequests: ["process/approve"]`.
     can_approve: bool,
+    /// The refused writes whose processes' later writes wait for them (`write_order.rs`);
+    /// `None` in process, where a full request queue refuses a write in the client, before
+    /// this reader could see it, so the rule cannot be kept (`retryRefusedWrites` false).
+    write_order: Option<WriteOrder>,
 }
 
 impl ConnectionProcessor {
@@ -200,6 +205,8 @@ impl ConnectionProcessor {
             receiver,
             ..
         } = edge;
+        // Only the in-process transport has a receiver slot.
+        let in_process = receiver.is_some();
         async move {
             let cfg = registry.config().clone();
             let (control, control_rx) = mpsc::channel(
@@ -233,6 +240,7 @@ impl ConnectionProcessor {
                 control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
                 state: State::AwaitInitialize,
                 can_approve: false,
+                write_order: (!in_process).then(WriteOrder::default),
             };
             tracing::debug!("connection open");
             let end = cp.read_loop(inlet, &shutdown).await;

@@ -34,6 +34,21 @@ impl ConnectionProcessor {
                 self.send(self.error(id, &error)).await;
                 None
             }
+            Inbound::RefusedWrite {
+                id,
+                error,
+                process_id,
+                write_id,
+            } => {
+                // A write behind a held one is answered for the held one (and holds nothing).
+                let held = self.check_write_order(&process_id, write_id.as_deref());
+                if held.is_ok() {
+                    self.hold_writes_behind(&process_id, write_id.as_deref());
+                }
+                self.send(self.error(id, &held.err().unwrap_or(error)))
+                    .await;
+                None
+            }
             Inbound::Response { id, answer } => self.handle_response(id.as_ref(), answer),
             Inbound::Notification(note) => {
                 self.handle_notification(note);
@@ -159,6 +174,14 @@ impl ConnectionProcessor {
             }
         };
 
+        // Writes keep their order once one was refused (`write_order.rs`): a later one is
+        // refused until the refused one comes again.
+        if let Call::Write(w) = &call {
+            if let Err(e) = self.check_write_order(&w.process_id, w.write_id.as_deref()) {
+                self.send(self.error(Some(id), &e)).await;
+                return;
+            }
+        }
         // Control requests draw from their own small pool, so that a connection whose
         // request slots are all taken by long polls can still terminate its processes.
         let pool = if class.is_none() {
@@ -176,6 +199,9 @@ impl ConnectionProcessor {
                 )
             };
             let e = RpcError::limit_reached(name, value);
+            if let Call::Write(w) = &call {
+                self.hold_writes_behind(&w.process_id, w.write_id.as_deref());
+            }
             self.send(self.error(Some(id), &e)).await;
             return;
         };
@@ -196,6 +222,21 @@ impl ConnectionProcessor {
             },
         };
         self.spawn_request(id, call, session, slot, (permit, charge));
+    }
+
+    /// `Err`: a refused write of `process` has not come again and this is not it.
+    fn check_write_order(&mut self, process: &str, write_id: Option<&str>) -> Result<(), RpcError> {
+        match &mut self.write_order {
+            Some(order) => order.check(process, write_id),
+            None => Ok(()),
+        }
+    }
+
+    /// A write of `process` was refused for a limit: its later writes wait for it.
+    fn hold_writes_behind(&mut self, process: &str, write_id: Option<&str>) {
+        if let Some(order) = &mut self.write_order {
+            order.refused(process, write_id);
+        }
     }
 
     fn spawn_request(

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from . import aio
 from ._link import KEEPALIVE_INTERVAL, PONG_TIMEOUT
+from ._write_retry import WRITE_RETRY_FOR
 from .aio import StdinClosed
 from .errors import (CommandError, ConfigError, ConnectError, ExecRelayError, NotApprovedError,
                      OutputLost, ProtocolError, RefusedError, RpcError, SessionLost, StartError)
@@ -318,7 +319,7 @@ def connect(target: str, *, server_key: "str | bytes | None" = None,
             session_ttl: Optional[float] = None, noise_suite: Optional[int] = None,
             noise_window: Optional[int] = None,
             keepalive_interval: float = KEEPALIVE_INTERVAL, pong_timeout: float = PONG_TIMEOUT,
-            reconnect: bool = True) -> Client:
+            reconnect: bool = True, write_retry_for: float = WRITE_RETRY_FOR) -> Client:
     """Connect to an exec server (blocking). The arguments are those of `aio.connect`."""
     cb = _Callbacks()
     approval: Optional[Callable[[ApprovalRequest], Any]] = None
@@ -336,6 +337,7 @@ def connect(target: str, *, server_key: "str | bytes | None" = None,
                                  noise_window=noise_window,
                                  keepalive_interval=keepalive_interval,
                                  pong_timeout=pong_timeout, reconnect=reconnect,
+                                 write_retry_for=write_retry_for,
                                  _callback_runner=cb.submit)
 
     try:

@@ -35,6 +35,7 @@ from ._link import Link, LinkError, StreamReset
 from ._noise import SUITE_AESGCM, SUITE_CHACHAPOLY, cpu_has_fast_aes
 from ._target import Endpoint, check_window, resolve
 from ._transport import NoiseTransport, TransportClosed, WsTransport
+from ._write_retry import WRITE_RETRY_FOR, WriteRetry, write_cost
 from .errors import (ConnectError, ExecRelayError, NotApprovedError, OutputLost, ProtocolError,
                      RefusedError, RpcError, SessionLost, StartError)
 from .types import ApprovalRequest, Event, Result
@@ -431,7 +432,7 @@ class Process:
         c = self._client
         async with self._write_lock:
             binary = c._binary_input
-            step = BINARY_WRITE_CHUNK if binary else JSON_WRITE_CHUNK
+            step = BINARY_WRITE_CHUNK if binary else c._json_write_chunk()
             depth = BINARY_WRITES_IN_FLIGHT if binary else JSON_WRITES_IN_FLIGHT
             view = memoryview(data)
             chunks = [bytes(view[i:i + step]) for i in range(0, len(data), step)] or [b""]
@@ -512,7 +513,8 @@ class Client:
                  session_ttl: Optional[float], noise_suite: Optional[int],
                  keepalive_interval: float, pong_timeout: float, reconnect: bool,
                  noise_window: Optional[int] = None,
-                 client_name: str, callback_runner: Optional[Callable[..., Any]] = None) -> None:
+                 client_name: str, callback_runner: Optional[Callable[..., Any]] = None,
+                 write_retry_for: float = WRITE_RETRY_FOR) -> None:
         self._ep = endpoint
         self._binary = binary
         self._on_approval = on_approval
@@ -543,6 +545,12 @@ class Client:
         self._acks_later: Dict[str, int] = {}
         self._binary_input = False
         self._binary_output = False
+        #: The server keeps a process's writes in order after refusing one (its last
+        #: `initialize` said ``retryRefusedWrites``): a refused write may go again.
+        self._retry_refused_writes = False
+        self._write_retry_for = write_retry_for
+        #: Writes the server refused for a limit and this client sent again, in all.
+        self.writes_sent_again = 0
         #: What the last `initialize` result said.
         self.init_result: Dict[str, Any] = {}
         #: How many times the session was resumed on a new connection.
@@ -749,6 +757,7 @@ class Client:
         self._session = (str(res["sessionId"]), str(res.get("resumeToken", "")))
         caps_res = res.get("capabilities") or {}
         self._binary_input = bool(caps_res.get("binaryInput")) and self._binary
+        self._retry_refused_writes = bool(caps_res.get("retryRefusedWrites"))
         self._binary_output = bool(caps_res.get("binaryOutput"))
         ttl_ms = (res.get("limits") or {}).get("detachedSessionTtlMs")
         if isinstance(ttl_ms, int) and ttl_ms > 0:
@@ -830,6 +839,14 @@ class Client:
         self._next_id += 1
         return self._next_id
 
+    def _json_write_chunk(self) -> int:
+        """The stdin bytes of one JSON write: `JSON_WRITE_CHUNK`, or less where the server's
+        ``maxMessageBytes`` would not take that much in base64 with its envelope (4 KiB)."""
+        limit = (self.init_result.get("limits") or {}).get("maxMessageBytes")
+        if not isinstance(limit, int) or limit <= 0:
+            return JSON_WRITE_CHUNK
+        return max(1, min(JSON_WRITE_CHUNK, (limit - 4096) // 4 * 3))
+
     def _next_write_id(self) -> str:
         self._next_write += 1
         return f"w-{self._next_write}"
@@ -865,6 +882,7 @@ class Client:
         The first status that is not ``accepted``, or ``accepted``."""
         answers: "deque[asyncio.Future[Any]]" = deque()
         done = 0  # writes answered
+        retry = WriteRetry(self._write_retry_for)
         try:
             while done < len(writes):
                 conn = await self._conn_ready()
@@ -876,14 +894,25 @@ class Client:
                 except _Dropped:
                     _forget(answers)
                     continue
-                answers.popleft()
-                done += 1
                 if kind == "error":
                     err = _rpc_error(res if isinstance(res, dict) else {})
                     if err.code == -32001:
                         # Its exit was acknowledged and the server forgot it: it exited.
                         return "exited"
-                    raise err
+                    # Refused for a limit by a server that then refuses the writes behind it
+                    # until it comes again: wait, then send it and those after it again.
+                    pause = retry.after_refusal(
+                        err.code, err.data, write_cost(len(writes[done][1]), self._binary_input),
+                        self._retry_refused_writes)
+                    if pause is None:
+                        raise err
+                    _forget(answers)
+                    self.writes_sent_again += 1
+                    await asyncio.sleep(pause)
+                    continue
+                answers.popleft()
+                done += 1
+                retry.accepted()
                 status = str((res or {}).get("status", ""))
                 if status != "accepted":
                     return status
@@ -1152,6 +1181,7 @@ async def connect(target: str, *, server_key: "str | bytes | None" = None,
                   keepalive_interval: float = _link.KEEPALIVE_INTERVAL,
                   pong_timeout: float = _link.PONG_TIMEOUT, reconnect: bool = True,
                   client_name: str = "execrelay-python",
+                  write_retry_for: float = WRITE_RETRY_FOR,
                   _callback_runner: Optional[Callable[..., Any]] = None) -> Client:
     """Connect to an exec server and open a session.
 
@@ -1168,7 +1198,10 @@ async def connect(target: str, *, server_key: "str | bytes | None" = None,
     most 64 KiB (1 to 256, default 32): a stream moves at most one window per round trip, so
     a server far away wants more (64 is the most a relay passes on by default), at that much
     memory per stream. A host alias's `noise_suite` and `noise_window` apply when these are
-    not given.
+    not given. `write_retry_for` (seconds, default 60): how long a write the server refuses for
+    a full limit is sent again, with the writes after it, on a server that keeps a process's
+    writes in order after a refusal (``capabilities.retryRefusedWrites``); 0 raises the first
+    refusal (`RpcError`, code -32004).
     """
     ep = resolve(target, server_key=server_key, key=key, token=token, ca_file=ca_file)
     if noise_suite is None:
@@ -1181,7 +1214,7 @@ async def connect(target: str, *, server_key: "str | bytes | None" = None,
                noise_suite=noise_suite, noise_window=noise_window,
                keepalive_interval=keepalive_interval,
                pong_timeout=pong_timeout, reconnect=reconnect, client_name=client_name,
-               callback_runner=_callback_runner)
+               callback_runner=_callback_runner, write_retry_for=write_retry_for)
     try:
         await c._establish(resume=False)
     except BaseException:

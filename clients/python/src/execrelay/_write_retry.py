@@ -1,0 +1,68 @@
+"""When a refused write is sent again (the Rust library's `client/write_retry.rs`, the same
+policy).
+
+A server whose `initialize` result says ``capabilities.retryRefusedWrites`` keeps a process's
+writes in order after refusing one for a limit (``-32004``): every later write of that process
+is refused too (``data.limit`` ``writeOrder``) until the refused one comes again. So a refused
+write is not lost input, only input that came too early: the client waits, then sends it and
+every write after it again, in order. Pauses from `WRITE_RETRY_FIRST` doubling to
+`WRITE_RETRY_MAX`, for at most `write_retry_for` seconds of refusals in a row (an accepted write
+starts over); never for a byte limit smaller than the write, nor on a server that did not
+promise the order.
+"""
+
+from typing import Any, Optional
+
+#: The first pause (seconds) before a refused write is sent again.
+WRITE_RETRY_FIRST = 0.005
+#: The longest pause (seconds) between two tries.
+WRITE_RETRY_MAX = 0.5
+#: How long (seconds) refusals in a row are tried again by default.
+WRITE_RETRY_FOR = 60.0
+
+#: The byte limits a write is charged to: ``data.value`` is their size in bytes.
+_BYTE_LIMITS = ("maxPendingRequestBytes", "maxInboundBytes")
+
+#: What a binary write is charged beside its bytes (the server's bookkeeping).
+_BINARY_WRITE_OVERHEAD = 1024
+
+
+def write_cost(length: int, binary: bool) -> int:
+    """The least the server charges a write of `length` bytes: a binary one exactly its length
+    and bookkeeping, a JSON one at least its base64 text."""
+    return length + _BINARY_WRITE_OVERHEAD if binary else (length + 2) // 3 * 4
+
+
+class WriteRetry:
+    """Refusals in a row of one `write()`, and the next pause."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.next = WRITE_RETRY_FIRST
+        self.waited = 0.0
+        #: Refused writes sent again, in all.
+        self.tries = 0
+
+    def after_refusal(self, code: int, data: Any, cost: int, promised: bool) -> Optional[float]:
+        """The pause before the refused write (and those after it) go again, or None: give up."""
+        if not promised or code != -32004 or _never_fits(data, cost):
+            return None
+        if self.waited >= self.limit:
+            return None
+        pause = self.next
+        self.waited += pause
+        self.tries += 1
+        self.next = min(self.next * 2, WRITE_RETRY_MAX)
+        return pause
+
+    def accepted(self) -> None:
+        """A write was accepted: the next refusal starts over."""
+        self.next = WRITE_RETRY_FIRST
+        self.waited = 0.0
+
+
+def _never_fits(data: Any, cost: int) -> bool:
+    if not isinstance(data, dict):
+        return False
+    limit, value = data.get("limit"), data.get("value")
+    return limit in _BYTE_LIMITS and isinstance(value, int) and value < cost

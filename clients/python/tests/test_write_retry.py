@@ -1,0 +1,109 @@
+"""A write the server refuses for a full limit (-32004) is sent again, with the writes after
+it: the server keeps a process's writes in order after a refusal
+(``capabilities.retryRefusedWrites``), so the child gets every byte once, in order. With
+``write_retry_for=0`` the refusal is raised. JSON writes fit the server's ``maxMessageBytes``.
+
+The refusal is made, not hoped for: the server's byte budgets hold one large write, and the
+child waits on a FIFO without reading its stdin, so the second write finds its pipe full and
+holds its charge, and the third is refused. The test releases the child once the third write's
+refusal has arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from typing import Any, List
+
+import pytest
+
+from execrelay import RpcError, aio
+
+#: Each byte budget of the server: one large write fits, two do not.
+TIGHT = "90112"
+
+
+@pytest.fixture
+def tight_url(servers) -> str:
+    return servers.ws("--max-message-bytes", TIGHT, "--max-pending-request-bytes", TIGHT,
+                      "--max-inbound-bytes", TIGHT).url
+
+
+def _fifo(tmp_path) -> str:
+    path = str(tmp_path / "go")
+    os.mkfifo(path)
+    return path
+
+
+async def _release(fifo: str) -> None:
+    """Let the child blocked in ``read -r _ < FIFO`` go on (blocks until it has it open)."""
+    def write() -> None:
+        with open(fifo, "w") as f:
+            f.write("go\n")
+    await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, write), 30)
+
+
+async def _recording(c: aio.Client) -> List["asyncio.Future[Any]"]:
+    """The answers of every request sent on `c`'s connection from now on, in order."""
+    conn = await c._conn_ready()
+    sent: List["asyncio.Future[Any]"] = []
+    start = conn._start
+
+    async def record(msg, req_id):
+        fut = await start(msg, req_id)
+        sent.append(fut)
+        return fut
+    conn._start = record
+    return sent
+
+
+async def _third_refused(sent: List["asyncio.Future[Any]"]) -> None:
+    """Wait for the third write's answer: the refusal (the first two are held by the child)."""
+    deadline = time.monotonic() + 30
+    while len(sent) < 3 or not sent[2].done():
+        assert time.monotonic() < deadline, "the third write was not answered"
+        await asyncio.sleep(0.01)
+    kind, res = sent[2].result()
+    assert kind == "error" and res["code"] == -32004, res
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_a_refused_write_goes_again_and_every_byte_arrives_in_order(tight_url, tmp_path, binary):
+    fifo = _fifo(tmp_path)
+
+    async def main():
+        async with await aio.connect(tight_url, binary=binary) as c:
+            assert c.init_result["capabilities"]["retryRefusedWrites"] is True
+            p = await c.start(["sh", "-c", 'read -r _ < "$0"; exec sha256sum', fifo], stdin=True)
+            sent = await _recording(c)
+            data = os.urandom(1_000_000)
+            writing = asyncio.ensure_future(p._write(data, close=True))
+            await _third_refused(sent)
+            await _release(fifo)
+            await asyncio.wait_for(writing, 60)
+            assert c.writes_sent_again >= 1
+            r = await p.wait(60)
+            assert r.exit_code == 0
+            assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    asyncio.run(main())
+
+
+def test_without_retries_the_refusal_is_raised(tight_url, tmp_path):
+    fifo = _fifo(tmp_path)
+
+    async def main():
+        async with await aio.connect(tight_url, write_retry_for=0) as c:
+            p = await c.start(["sh", "-c", 'read -r _ < "$0"; exec cat >/dev/null', fifo],
+                              stdin=True)
+            sent = await _recording(c)
+            writing = asyncio.ensure_future(p.write(os.urandom(1_000_000)))
+            await _third_refused(sent)
+            await _release(fifo)
+            with pytest.raises(RpcError) as e:
+                await asyncio.wait_for(writing, 60)
+            assert e.value.code == -32004
+            assert e.value.data["limit"] == "maxPendingRequestBytes"
+            assert c.writes_sent_again == 0
+            await p.terminate()
+    asyncio.run(main())

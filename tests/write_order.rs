@@ -1,0 +1,325 @@
+//! A process's writes keep their order once one is refused for a limit (the server's promise,
+//! `capabilities.retryRefusedWrites`; README, "Decisions where the spec is silent"): every
+//! later write of that process is refused (`-32004`, `data.limit` `writeOrder`, `data.writeId`
+//! the refused one) until the refused write comes again; nothing is applied out of order, a
+//! write without a `writeId` is held back too, and other processes are not touched. The client
+//! library sends a refused write again, with the writes after it, and the child gets every
+//! byte once, in order; with `write_retry_for` zero it reports the first refusal.
+//!
+//! The refusals are made, not hoped for: the child waits on a FIFO without reading its stdin,
+//! so a write that finds its pipe full holds its charge, and the budget's arithmetic refuses
+//! the next large one (checked by the test, or by the answers). Every wait is on a message,
+//! under a hang guard.
+
+mod common;
+use common::fifo::{held_cat, make_fifo, release};
+use common::noise::pattern;
+use common::*;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use execrelay::client::{
+    Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions, StdinRefused, Target,
+};
+use execrelay::config::ServerConfig;
+use execrelay::server::{Listener, Server};
+use tokio_util::sync::CancellationToken;
+
+/// Each byte budget of the tight server: one large write fits, a large and a small one do not.
+const TIGHT: usize = 90_112;
+
+fn tight() -> ServerConfig {
+    ServerConfig {
+        max_message_bytes: TIGHT,
+        max_pending_request_bytes: TIGHT,
+        max_inbound_bytes: TIGHT,
+        ..cfg()
+    }
+}
+
+/// What the server charges a `process/write` with `params` (its text and parsed values).
+fn cost(params: &Value) -> usize {
+    let m = json!({"jsonrpc": "2.0", "id": 1_000_000, "method": "process/write", "params": params});
+    execrelay::connection::parse_cost(m.to_string().as_bytes())
+}
+
+fn write(pid: &str, write_id: Option<&str>, data: &[u8]) -> Value {
+    let mut p = json!({"processId": pid, "chunk": b64(data)});
+    if let Some(w) = write_id {
+        p["writeId"] = json!(w);
+    }
+    p
+}
+
+fn status(r: &Value) -> &str {
+    r["result"]["status"].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_behind_a_refused_one_wait_for_it_and_nothing_is_applied_out_of_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let mut t = in_process(tight(), 1 << 20);
+    let init = t.client.handshake().await;
+    assert_eq!(
+        init["capabilities"]["retryRefusedWrites"], true,
+        "a network connection promises the order: {init}"
+    );
+    t.client
+        .start(json!({"processId": "p", "argv": held_cat(&fifo), "pipeStdin": true}))
+        .await;
+
+    // A fills the child's pipe (64 KiB) exactly: written whole, answered.
+    let a = pattern(65_536, 1);
+    let b = b"B".to_vec();
+    let c = pattern(65_000, 3);
+    let d = b"D, sent behind the refused C".to_vec();
+    let (pa, pb, pc, pd) = (
+        write("p", Some("w-1"), &a),
+        write("p", Some("w-2"), &b),
+        write("p", Some("w-3"), &c),
+        write("p", Some("w-4"), &d),
+    );
+    // The arithmetic the refusals rest on: each write fits alone; B, held, and C do not.
+    assert!(cost(&pa) <= TIGHT && cost(&pc) <= TIGHT);
+    assert!(cost(&pb) + cost(&pc) > TIGHT, "C must not fit beside B");
+    let id = t.client.request("process/write", pa).await;
+    assert_eq!(status(&t.client.response(id).await), "accepted");
+
+    // B finds the pipe full: it is held, with its charge, until the child reads.
+    let b_id = t.client.request("process/write", pb).await;
+    // C does not fit beside it: refused for the budget.
+    let c_id = t.client.request("process/write", pc.clone()).await;
+    let r = t.client.response(c_id).await;
+    assert_eq!(error_of(&r)["code"], -32004, "{r}");
+    assert_eq!(
+        error_of(&r)["data"]["limit"],
+        "maxPendingRequestBytes",
+        "{r}"
+    );
+    // D, behind C, is refused for C's sake, naming it; so is a write without a writeId.
+    let d_id = t.client.request("process/write", pd.clone()).await;
+    let r = t.client.response(d_id).await;
+    assert_eq!(error_of(&r)["code"], -32004, "{r}");
+    assert_eq!(
+        error_of(&r)["data"],
+        json!({"limit": "writeOrder", "writeId": "w-3"}),
+        "{r}"
+    );
+    let e_id = t
+        .client
+        .request("process/write", write("p", None, b"no id"))
+        .await;
+    let r = t.client.response(e_id).await;
+    assert_eq!(error_of(&r)["data"]["limit"], "writeOrder", "{r}");
+    // Another process's writes are not held for it.
+    let q_id = t
+        .client
+        .request("process/write", write("q", Some("w-3"), b"q"))
+        .await;
+    let r = t.client.response(q_id).await;
+    assert_ne!(error_of(&r)["data"]["limit"], "writeOrder", "{r}");
+
+    // The child reads: B is written and answered, its charge given back.
+    release(&fifo).await;
+    assert_eq!(status(&t.client.response(b_id).await), "accepted");
+    // C again, as a client would send it until it fits (B's charge goes a moment after its
+    // answer); each refusal holds D back again.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        assert!(tries < 10_000, "C never fitted once B was answered");
+        let id = t.client.request("process/write", pc.clone()).await;
+        let r = t.client.response(id).await;
+        if status(&r) == "accepted" {
+            break;
+        }
+        assert_eq!(
+            error_of(&r)["data"]["limit"],
+            "maxPendingRequestBytes",
+            "{r}"
+        );
+    }
+    // Then D: accepted now.
+    let id = t.client.request("process/write", pd).await;
+    assert_eq!(status(&t.client.response(id).await), "accepted");
+    t.client.close_stdin("p").await;
+    let out = t.client.collect("p").await;
+    assert_eq!(out.exit["exitCode"], 0, "{:?}", out.exit);
+    let expected = [a, b, c, d].concat();
+    assert_eq!(out.stdout.len(), expected.len());
+    assert!(
+        out.stdout == expected,
+        "A, B, C, D: each once, in order, nothing of a refused write"
+    );
+}
+
+/// An in-process server with a `ws://` listener on `cfg`.
+async fn ws_server(cfg: ServerConfig) -> (String, CancellationToken, tokio::task::JoinHandle<()>) {
+    let ws = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", ws.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        Server::new(std::sync::Arc::new(cfg))
+            .expect("server starts")
+            .run(vec![Listener::Ws(ws)], shutdown.clone()),
+    );
+    (url, shutdown, task)
+}
+
+/// The child's stdout until its exit notice, and its exit code.
+async fn output_and_code(p: &mut execrelay::client::ProcessHandle) -> (Vec<u8>, Option<i32>) {
+    let mut out = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(GUARD, p.next_event())
+            .await
+            .expect("no event (hang guard)");
+        match ev {
+            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
+            Some(ProcessEvent::Exited(info)) => return (out, info.exit_code),
+            Some(_) => {}
+            None => panic!("events ended before the exit"),
+        }
+    }
+}
+
+/// A child held on `fifo` (it reads nothing until released), then `sha256sum` of its stdin.
+fn held_sha256sum(fifo: &std::path::Path) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        r#"read -r _ < "$0"; exec sha256sum"#.into(),
+        fifo.to_str().unwrap().into(),
+    ]
+}
+
+/// Three whole writes to a held child through the tight server, `refused` in the middle: the
+/// first fills the child's pipe and is answered; the second finds it full and is held with its
+/// charge; the third does not fit beside it and is refused, before the child is released (a
+/// signal's answer, read by the server after the three, says the server has seen them all).
+/// Returns the writer, the process and the input, with the child released.
+async fn third_write_refused(
+    client: &Client,
+    fifo: &std::path::Path,
+) -> (
+    execrelay::client::StdinWriter,
+    execrelay::client::ProcessHandle,
+    Vec<u8>,
+) {
+    let mut start = StartOptions::new("up", held_sha256sum(fifo));
+    start.params.pipe_stdin = true;
+    let p = client.start(start).await.expect("start");
+    let mut w = p.stdin_writer();
+    let piece = w.piece_bytes().await.expect("piece size");
+    let input = pattern(3 * piece, 9);
+    // Three pieces, all in flight at once (the pipeline holds more): `write` does not wait.
+    w.write(bytes::Bytes::from(input.clone()))
+        .await
+        .expect("queued");
+    p.signal("SIGCONT")
+        .await
+        .expect("a round trip behind the writes");
+    release(fifo).await;
+    (w, p, input)
+}
+
+/// The library's stdin, binary writes and JSON ones, through a refusal: the refused write is
+/// sent again with the writes after it, and the child's hash is the input's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_in_order() {
+    let (url, shutdown, task) = ws_server(tight()).await;
+    for binary_input in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = make_fifo(dir.path());
+        let opts = ClientOptions {
+            binary_input,
+            ..ClientOptions::default()
+        };
+        let client = Client::connect(Target::Ws(url.clone()), opts)
+            .await
+            .expect("connect");
+        let (w, mut p, input) = third_write_refused(&client, &fifo).await;
+        let mut w = w;
+        w.flush().await.expect("every write delivered in the end");
+        // At least once: more if the second write's charge was not yet given back when the
+        // third came again (the child is released just before).
+        assert!(
+            w.refused_writes_sent_again() >= 1,
+            "binary_input {binary_input}: the third write was sent again"
+        );
+        w.finish().await.expect("stdin closed");
+        let (out, code) = output_and_code(&mut p).await;
+        assert_eq!(code, Some(0));
+        assert_eq!(
+            text(&out).split_whitespace().next(),
+            Some(sha256(&input).as_str()),
+            "binary_input {binary_input}: every byte once, in order"
+        );
+        client.shutdown().await;
+    }
+    shutdown.cancel();
+    tokio::time::timeout(PROMPT, task)
+        .await
+        .expect("server stops")
+        .expect("server task");
+}
+
+/// With `write_retry_for` zero, the refusal is reported, naming the limit (as a client facing
+/// a server that does not keep the order always does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_retries_the_refusal_is_reported() {
+    let (url, shutdown, task) = ws_server(tight()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let opts = ClientOptions {
+        write_retry_for: Duration::ZERO,
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(Target::Ws(url), opts)
+        .await
+        .expect("connect");
+    let (mut w, p, _) = third_write_refused(&client, &fifo).await;
+    match w.flush().await {
+        Err(StdinRefused::Error(execrelay::client::ClientError::Rpc { code, data, .. })) => {
+            assert_eq!(code, -32004);
+            assert_eq!(
+                data.as_ref().and_then(|d| d["limit"].as_str()),
+                Some("maxPendingRequestBytes"),
+                "{data:?}"
+            );
+        }
+        other => panic!("the refusal, reported: {other:?}"),
+    }
+    assert_eq!(w.refused_writes_sent_again(), 0);
+    let _ = p.terminate(None).await;
+    client.shutdown().await;
+    shutdown.cancel();
+    tokio::time::timeout(PROMPT, task)
+        .await
+        .expect("server stops")
+        .expect("server task");
+}
+
+/// In process, where a full request queue refuses a write in the client before the server
+/// sees it, the server does not promise the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_the_order_is_not_promised_and_over_websocket_it_is() {
+    let client = Client::in_process(InProcessConfig::default(), ClientOptions::default())
+        .await
+        .expect("in process");
+    assert!(!client.retry_refused_writes());
+    client.shutdown().await;
+    let (url, shutdown, task) = ws_server(cfg()).await;
+    let client = Client::connect(Target::Ws(url), ClientOptions::default())
+        .await
+        .expect("connect");
+    assert!(client.retry_refused_writes());
+    client.shutdown().await;
+    shutdown.cancel();
+    tokio::time::timeout(PROMPT, task)
+        .await
+        .expect("server stops")
+        .expect("server task");
+}
