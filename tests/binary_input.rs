@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use execrelay::client::{Client, ClientOptions, ProcessEvent, StartOptions, Target};
+use execrelay::client::{Client, ClientOptions, StartOptions, Target};
 use execrelay::config::MAX_CHUNK_BYTES;
 use execrelay::link::client::{ClientLink, NoiseClientConfig};
 use execrelay::link::server::NoiseServerConfig;
@@ -430,21 +430,9 @@ async fn a_binary_write_is_answered_as_the_json_one_would_be() {
 }
 
 async fn sha256sum_output(p: &mut execrelay::client::ProcessHandle) -> String {
-    let mut out = Vec::new();
-    loop {
-        let ev = tokio::time::timeout(GUARD, p.next_event())
-            .await
-            .expect("no event (hang guard)");
-        match ev {
-            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
-            Some(ProcessEvent::Exited(info)) => {
-                assert_eq!(info.exit_code, Some(0));
-                return text(&out);
-            }
-            Some(_) => {}
-            None => panic!("events ended before the exit"),
-        }
-    }
+    let (out, code) = stdout_and_code(p).await;
+    assert_eq!(code, Some(0));
+    text(&out)
 }
 
 /// The library's stdin over binary writes, on both transports, with the connection killed

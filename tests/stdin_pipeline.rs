@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use execrelay::client::{
-    Client, ClientOptions, ProcessEvent, StartOptions, StdinRefused, Target, STDIN_WRITE_BYTES,
+    Client, ClientOptions, StartOptions, StdinRefused, Target, STDIN_WRITE_BYTES,
 };
 use execrelay::config::ServerConfig;
 use execrelay::server::{Listener, Server};
@@ -26,24 +26,11 @@ async fn ws_server() -> (String, CancellationToken) {
     (url, stop)
 }
 
-/// Everything the process wrote to stdout, until its exit notice.
+/// Everything the process wrote to stdout, until its exit notice (status 0).
 async fn stdout_of(p: &mut execrelay::client::ProcessHandle) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let ev = tokio::time::timeout(GUARD, p.next_event())
-            .await
-            .expect("no event (hang guard)");
-        match ev {
-            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
-            Some(ProcessEvent::Exited(info)) => {
-                assert_eq!(info.exit_code, Some(0));
-                return out;
-            }
-            Some(ProcessEvent::Lost { from, to }) => panic!("lost {from}..={to}"),
-            Some(ProcessEvent::Omitted { .. }) => panic!("no cap was asked for"),
-            None => panic!("the event stream ended without an exit notice"),
-        }
-    }
+    let (out, code) = stdout_and_code(p).await;
+    assert_eq!(code, Some(0));
+    out
 }
 
 fn start_opts(id: &str, argv: &[&str]) -> StartOptions {

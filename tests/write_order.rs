@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use execrelay::client::{
-    Client, ClientOptions, InProcessConfig, ProcessEvent, StartOptions, StdinRefused, Target,
+    Client, ClientOptions, InProcessConfig, StartOptions, StdinRefused, Target,
 };
 use execrelay::config::ServerConfig;
 use execrelay::server::{Listener, Server};
@@ -169,22 +169,6 @@ async fn ws_server(cfg: ServerConfig) -> (String, CancellationToken, tokio::task
     (url, shutdown, task)
 }
 
-/// The child's stdout until its exit notice, and its exit code.
-async fn output_and_code(p: &mut execrelay::client::ProcessHandle) -> (Vec<u8>, Option<i32>) {
-    let mut out = Vec::new();
-    loop {
-        let ev = tokio::time::timeout(GUARD, p.next_event())
-            .await
-            .expect("no event (hang guard)");
-        match ev {
-            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
-            Some(ProcessEvent::Exited(info)) => return (out, info.exit_code),
-            Some(_) => {}
-            None => panic!("events ended before the exit"),
-        }
-    }
-}
-
 /// A child held on `fifo` (it reads nothing until released), then `sha256sum` of its stdin.
 fn held_sha256sum(fifo: &std::path::Path) -> Vec<String> {
     vec![
@@ -250,7 +234,7 @@ async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_i
             "binary_input {binary_input}: the third write was sent again"
         );
         w.finish().await.expect("stdin closed");
-        let (out, code) = output_and_code(&mut p).await;
+        let (out, code) = stdout_and_code(&mut p).await;
         assert_eq!(code, Some(0));
         assert_eq!(
             text(&out).split_whitespace().next(),

@@ -567,6 +567,26 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A library client's process: its stdout until the exit notice, and its exit code. Nothing
+/// may be lost or omitted on the way (no cap was asked for), and each event comes within the
+/// hang guard.
+pub async fn stdout_and_code(p: &mut execrelay::client::ProcessHandle) -> (Vec<u8>, Option<i32>) {
+    use execrelay::client::ProcessEvent;
+    let mut out = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(GUARD, p.next_event())
+            .await
+            .expect("no event (hang guard)");
+        match ev {
+            Some(ProcessEvent::Output { data, .. }) => out.extend_from_slice(&data),
+            Some(ProcessEvent::Exited(info)) => return (out, info.exit_code),
+            Some(ProcessEvent::Lost { from, to }) => panic!("lost {from}..={to}"),
+            Some(ProcessEvent::Omitted { .. }) => panic!("no cap was asked for"),
+            None => panic!("the event stream ended without an exit notice"),
+        }
+    }
+}
+
 /// The built binary.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_execrelay")
