@@ -107,3 +107,11 @@ def test_without_retries_the_refusal_is_raised(tight_url, tmp_path):
             assert c.writes_sent_again == 0
             await p.terminate()
     asyncio.run(main())
+
+
+def test_the_blocking_client_takes_the_setting_and_counts(tight_url):
+    import execrelay
+    with execrelay.connect(tight_url, write_retry_for=2.5) as c:
+        assert c._c._write_retry_for == 2.5
+        assert c.writes_sent_again == 0
+        assert c.run(["sh", "-c", "wc -c"], input=b"x" * 100_000).stdout.strip() == b"100000"

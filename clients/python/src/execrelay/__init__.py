@@ -245,6 +245,12 @@ class Client:
         return self._c.resumes
 
     @property
+    def writes_sent_again(self) -> int:
+        """Writes the server refused for a full limit and this client sent again (see
+        `write_retry_for`)."""
+        return self._c.writes_sent_again
+
+    @property
     def noise_suite(self) -> Optional[int]:
         """The Noise suite of the current stream (0 ChaChaPoly, 1 AESGCM; None on ws://)."""
         return self._c.noise_suite
