@@ -156,17 +156,44 @@ async fn writes_behind_a_refused_one_wait_for_it_and_nothing_is_applied_out_of_o
     );
 }
 
-/// An in-process server with a `ws://` listener on `cfg`.
-async fn ws_server(cfg: ServerConfig) -> (String, CancellationToken, tokio::task::JoinHandle<()>) {
-    let ws = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", ws.local_addr().unwrap());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Server::new(std::sync::Arc::new(cfg))
-            .expect("server starts")
-            .run(vec![Listener::Ws(ws)], shutdown.clone()),
-    );
-    (url, shutdown, task)
+/// An in-process server with a `ws://` listener.
+struct WsServer {
+    url: String,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WsServer {
+    async fn start(cfg: ServerConfig) -> WsServer {
+        let ws = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", ws.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            Server::new(std::sync::Arc::new(cfg))
+                .expect("server starts")
+                .run(vec![Listener::Ws(ws)], shutdown.clone()),
+        );
+        WsServer {
+            url,
+            shutdown,
+            task,
+        }
+    }
+
+    /// A client of this server with `opts`.
+    async fn client(&self, opts: ClientOptions) -> Client {
+        Client::connect(Target::Ws(self.url.clone()), opts)
+            .await
+            .expect("connect")
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(PROMPT, self.task)
+            .await
+            .expect("server stops")
+            .expect("server task");
+    }
 }
 
 /// A child held on `fifo` (it reads nothing until released), then `sha256sum` of its stdin.
@@ -213,7 +240,7 @@ async fn third_write_refused(
 /// sent again with the writes after it, and the child's hash is the input's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_in_order() {
-    let (url, shutdown, task) = ws_server(tight()).await;
+    let server = WsServer::start(tight()).await;
     for binary_input in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let fifo = make_fifo(dir.path());
@@ -221,9 +248,7 @@ async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_i
             binary_input,
             ..ClientOptions::default()
         };
-        let client = Client::connect(Target::Ws(url.clone()), opts)
-            .await
-            .expect("connect");
+        let client = server.client(opts).await;
         let (w, mut p, input) = third_write_refused(&client, &fifo).await;
         let mut w = w;
         w.flush().await.expect("every write delivered in the end");
@@ -243,27 +268,21 @@ async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_i
         );
         client.shutdown().await;
     }
-    shutdown.cancel();
-    tokio::time::timeout(PROMPT, task)
-        .await
-        .expect("server stops")
-        .expect("server task");
+    server.stop().await;
 }
 
 /// With `write_retry_for` zero, the refusal is reported, naming the limit (as a client facing
 /// a server that does not keep the order always does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_retries_the_refusal_is_reported() {
-    let (url, shutdown, task) = ws_server(tight()).await;
+    let server = WsServer::start(tight()).await;
     let dir = tempfile::tempdir().unwrap();
     let fifo = make_fifo(dir.path());
     let opts = ClientOptions {
         write_retry_for: Duration::ZERO,
         ..ClientOptions::default()
     };
-    let client = Client::connect(Target::Ws(url), opts)
-        .await
-        .expect("connect");
+    let client = server.client(opts).await;
     let (mut w, p, _) = third_write_refused(&client, &fifo).await;
     match w.flush().await {
         Err(StdinRefused::Error(execrelay::client::ClientError::Rpc { code, data, .. })) => {
@@ -279,11 +298,7 @@ async fn without_retries_the_refusal_is_reported() {
     assert_eq!(w.refused_writes_sent_again(), 0);
     let _ = p.terminate(None).await;
     client.shutdown().await;
-    shutdown.cancel();
-    tokio::time::timeout(PROMPT, task)
-        .await
-        .expect("server stops")
-        .expect("server task");
+    server.stop().await;
 }
 
 /// In process, where a full request queue refuses a write in the client before the server
@@ -295,15 +310,188 @@ async fn in_process_the_order_is_not_promised_and_over_websocket_it_is() {
         .expect("in process");
     assert!(!client.retry_refused_writes());
     client.shutdown().await;
-    let (url, shutdown, task) = ws_server(cfg()).await;
-    let client = Client::connect(Target::Ws(url), ClientOptions::default())
-        .await
-        .expect("connect");
+    let server = WsServer::start(cfg()).await;
+    let client = server.client(ClientOptions::default()).await;
     assert!(client.retry_refused_writes());
     client.shutdown().await;
-    shutdown.cancel();
-    tokio::time::timeout(PROMPT, task)
-        .await
-        .expect("server stops")
-        .expect("server task");
+    server.stop().await;
+}
+
+/// Held entries of processes the session does not have never crowd out its own: with the
+/// table full of refused writes to made-up processes, a refused write of a real one is still
+/// held, and the write behind it is refused for its sake (red team, 2026-12-05: past 256
+/// entries the rule lapsed while the connection still promised it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_full_of_made_up_processes_still_holds_a_real_ones_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let mut t = in_process(tight(), 1 << 20);
+    t.client.handshake().await;
+    t.client
+        .start(json!({"processId": "p", "argv": held_cat(&fifo), "pipeStdin": true}))
+        .await;
+    let (a, b, c, d) = (
+        pattern(65_536, 1),
+        b"B".to_vec(),
+        pattern(65_000, 3),
+        b"D".to_vec(),
+    );
+    let id = t
+        .client
+        .request("process/write", write("p", Some("w-1"), &a))
+        .await;
+    assert_eq!(status(&t.client.response(id).await), "accepted");
+    // B is stuck on the full pipe, with its charge: anything as large as C is refused.
+    let b_id = t
+        .client
+        .request("process/write", write("p", Some("w-2"), &b))
+        .await;
+    let table = execrelay::config::MAX_PROCESSES;
+    for i in 0..table {
+        let id = t
+            .client
+            .request("process/write", write(&format!("gone-{i}"), Some("x"), &c))
+            .await;
+        let r = t.client.response(id).await;
+        assert_eq!(
+            error_of(&r)["data"]["limit"],
+            "maxPendingRequestBytes",
+            "{r}"
+        );
+    }
+    let c_id = t
+        .client
+        .request("process/write", write("p", Some("w-3"), &c))
+        .await;
+    let r = t.client.response(c_id).await;
+    assert_eq!(
+        error_of(&r)["data"]["limit"],
+        "maxPendingRequestBytes",
+        "{r}"
+    );
+    // D, behind C: refused for C's sake, the table full of others notwithstanding.
+    let d_id = t
+        .client
+        .request("process/write", write("p", Some("w-4"), &d))
+        .await;
+    let r = t.client.response(d_id).await;
+    assert_eq!(
+        error_of(&r)["data"],
+        json!({"limit": "writeOrder", "writeId": "w-3"}),
+        "{r}"
+    );
+    release(&fifo).await;
+    assert_eq!(status(&t.client.response(b_id).await), "accepted");
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        assert!(tries < 10_000, "C never fitted once B was answered");
+        let id = t
+            .client
+            .request("process/write", write("p", Some("w-3"), &c))
+            .await;
+        if status(&t.client.response(id).await) == "accepted" {
+            break;
+        }
+    }
+    let id = t
+        .client
+        .request("process/write", write("p", Some("w-4"), &d))
+        .await;
+    assert_eq!(status(&t.client.response(id).await), "accepted");
+    t.client.close_stdin("p").await;
+    let out = t.client.collect("p").await;
+    assert!(out.stdout == [a, b, c, d].concat(), "A, B, C, D in order");
+}
+
+/// A process that ends while one of its writes is refused leaves nothing behind for a new
+/// process under the same id: its writes go in order, none taken for a repeat (red team,
+/// 2026-12-05: the new process's stdin came out `3333444411112222`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_under_a_reused_id_is_not_held_for_the_old_ones_write() {
+    let server = WsServer::start(tight()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let opts = ClientOptions {
+        binary_input: false,
+        ..ClientOptions::default()
+    };
+    let client = server.client(opts).await;
+    let (mut w, mut p, _) = third_write_refused(&client, &fifo).await;
+    // The child ends before the third write comes again: the writer stops on `exited`.
+    p.terminate(None).await.expect("terminate");
+    let r = w.flush().await;
+    assert!(matches!(r, Err(StdinRefused::Status(_))), "{r:?}");
+    let _ = stdout_and_code(&mut p).await;
+    drop(p);
+    // The same id again, once the server has released the old process (its exit was
+    // acknowledged; the release follows on the server's side): each try is a round trip.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    let mut q = loop {
+        let mut start = StartOptions::new("up", ["cat"]);
+        start.params.pipe_stdin = true;
+        match client.start(start).await {
+            Ok(q) => break q,
+            Err(execrelay::client::ClientError::Rpc { code: -32002, .. })
+                if tokio::time::Instant::now() < deadline => {}
+            Err(e) => panic!("the id is never free again: {e:?}"),
+        }
+    };
+    let mut w2 = q.stdin_writer();
+    for piece in ["1111", "2222", "3333", "4444"] {
+        w2.write(bytes::Bytes::from_static(piece.as_bytes()))
+            .await
+            .expect("queued");
+    }
+    w2.finish().await.expect("stdin closed");
+    let (out, code) = stdout_and_code(&mut q).await;
+    assert_eq!(code, Some(0));
+    assert_eq!(text(&out), "1111222233334444", "every write once, in order");
+    client.shutdown().await;
+    server.stop().await;
+}
+
+/// `ProcessHandle::write` sends a refused write again under the same `writeId` (red team,
+/// 2026-12-05: it took a new id for each call, so after one refusal every later write was
+/// refused for the old one). The refusal is certain: the write goes out, then a signal whose
+/// answer says the server has read it, refused, while the child is held; only then is the
+/// child released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_handle_write_sends_a_refused_write_again() {
+    let server = WsServer::start(tight()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let client = server.client(ClientOptions::default()).await;
+    let mut start = StartOptions::new("h", held_sha256sum(&fifo));
+    start.params.pipe_stdin = true;
+    let mut p = client.start(start).await.expect("start");
+    let a = pattern(65_536, 1);
+    assert_eq!(p.write(&a).await.expect("a"), "accepted");
+    // B is stuck on the full pipe; the signal's answer says the server has read it.
+    let ctl = p.controller();
+    let b = pattern(65_000, 2);
+    let stuck = {
+        let (ctl, b) = (ctl.clone(), b.clone());
+        tokio::spawn(async move { ctl.write(&b, "x-1").await })
+    };
+    ctl.signal("SIGCONT").await.expect("round trip behind B");
+    let c = pattern(65_000, 3);
+    let (written, ()) = tokio::join!(p.write(&c), async {
+        // C went out first (polled first, it sends before it waits); this answer comes
+        // after the server read, and refused, it.
+        ctl.signal("SIGCONT").await.expect("round trip behind C");
+        release(&fifo).await;
+    });
+    assert_eq!(written.expect("C sent again, accepted"), "accepted");
+    assert_eq!(stuck.await.expect("join").expect("B"), "accepted");
+    ctl.close_stdin().await.expect("close");
+    let (out, code) = stdout_and_code(&mut p).await;
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        text(&out).split_whitespace().next(),
+        Some(sha256(&[a, b, c].concat()).as_str()),
+        "A, B, C once each, in order"
+    );
+    client.shutdown().await;
+    server.stop().await;
 }

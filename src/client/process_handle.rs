@@ -16,13 +16,14 @@
 //! - Retry a request that is not safe to repeat: every request here goes through
 //!   [`Client::call`], and a write carries its idempotency key.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use super::write_retry::{write_cost, WriteRetry};
 use super::{Client, ClientError, ProcessEvent};
 use crate::connection::message::{Call, Reply, WriteCall};
 use crate::process::WriteStatus;
@@ -38,7 +39,6 @@ pub struct ProcessHandle {
     /// Every control request goes through here, so the handle and its controllers send the
     /// same requests.
     control: ProcessController,
-    write_seq: u64,
     /// The seq of the last event handed out.
     last_seq: u64,
     /// Its event slot's identity (the slot's `Notify`): a handle removes only its own slot.
@@ -59,10 +59,10 @@ impl ProcessHandle {
                 id: id.clone(),
                 client,
                 finished,
+                write_seq: Arc::default(),
             },
             id,
             pid,
-            write_seq: 0,
             last_seq: 0,
             slot,
         }
@@ -88,11 +88,30 @@ impl ProcessHandle {
         self.last_seq
     }
 
-    /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`).
+    /// Write to stdin. Idempotent across reconnects (each write carries a `writeId`). A
+    /// write the server refuses for a full limit is sent again with the same `writeId` where
+    /// the server keeps a process's writes in order after a refusal, as a [`StdinWriter`]'s
+    /// are (`ClientOptions::write_retry_for`); otherwise, or past that, the refusal is
+    /// returned.
+    ///
+    /// [`StdinWriter`]: super::StdinWriter
     pub async fn write(&mut self, data: &[u8]) -> Result<String, ClientError> {
-        self.write_seq += 1;
-        let write_id = format!("w-{}", self.write_seq);
-        self.control.write(data, &write_id).await
+        let write_id = self.control.next_write_id("w");
+        let mut retry = WriteRetry::new(self.control.client.shared.opts.write_retry_for);
+        loop {
+            match self.control.write(data, &write_id).await {
+                Err(e) => {
+                    // A write through `ProcessController::write` travels as JSON.
+                    let cost = write_cost(data.len(), false);
+                    let promised = self.control.client.retry_refused_writes();
+                    match retry.after_refusal(&e, cost, promised) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => return Err(e),
+                    }
+                }
+                answered => return answered,
+            }
+        }
     }
 
     /// Close stdin.
@@ -147,12 +166,24 @@ pub struct ProcessController {
     pub(super) id: String,
     pub(super) client: Client,
     finished: Arc<AtomicBool>,
+    /// The last `writeId` number taken, shared by every writer of this process, so that no
+    /// two of its writes carry the same id (the server would take the second for a repeat of
+    /// the first, and drop it).
+    write_seq: Arc<AtomicU64>,
 }
 
 /// `-32001`, the server's "unknown process id".
 pub(super) const UNKNOWN_PROCESS: i64 = -32001;
 
 impl ProcessController {
+    /// A `writeId` no other write of this process carries: `PREFIX-N`.
+    pub(super) fn next_write_id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}-{}",
+            self.write_seq.fetch_add(1, Ordering::Relaxed) + 1
+        )
+    }
+
     /// A control request about this process, sent again after a reconnect as every request
     /// safe to repeat is. `None` when a repeat finds the process unknown: the first attempt
     /// may well have been applied, the process exited and this client took its exit notice
@@ -220,7 +251,8 @@ impl ProcessController {
     /// process gone answers `exited`, as the server does for a write to an exited process.
     /// Not sent again on a refusal: a write refused for a limit (`-32004`) holds this
     /// process's later writes back (refused, `writeOrder`) until it is written again with the
-    /// same `write_id` (see [`StdinWriter`](super::StdinWriter), which does that).
+    /// same `write_id` ([`ProcessHandle::write`] and [`StdinWriter`](super::StdinWriter) do
+    /// that).
     pub async fn write(&self, data: &[u8], write_id: &str) -> Result<String, ClientError> {
         if self.is_finished() {
             return Ok("exited".into());

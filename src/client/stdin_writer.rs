@@ -77,7 +77,6 @@ struct InFlight {
 /// and the server acknowledges those it had already applied without writing them twice.
 pub struct StdinWriter {
     control: ProcessController,
-    next: u64,
     in_flight: VecDeque<InFlight>,
     /// The connection the in-flight writes were sent on.
     conn: Option<RpcConnection>,
@@ -122,7 +121,6 @@ impl StdinWriter {
     pub(super) fn new(control: ProcessController, retry_for: Duration) -> StdinWriter {
         StdinWriter {
             control,
-            next: 0,
             in_flight: VecDeque::new(),
             conn: None,
             retry: WriteRetry::new(retry_for),
@@ -150,9 +148,8 @@ impl StdinWriter {
             while self.in_flight.len() >= in_flight {
                 self.settle_oldest().await?;
             }
-            self.next += 1;
             let mut w = InFlight {
-                write_id: format!("s-{}", self.next),
+                write_id: self.control.next_write_id("s"),
                 data: piece,
                 close_stdin: false,
                 call: None,
@@ -244,9 +241,8 @@ impl StdinWriter {
         while self.in_flight.len() >= STDIN_BINARY_WRITES_IN_FLIGHT {
             self.settle_oldest().await?;
         }
-        self.next += 1;
         let mut w = InFlight {
-            write_id: format!("s-{}", self.next),
+            write_id: self.control.next_write_id("s"),
             data: Bytes::new(),
             close_stdin: true,
             call: None,

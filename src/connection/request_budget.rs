@@ -24,6 +24,7 @@ use serde_json::Value;
 use super::json_codec::request_id;
 use super::message::RequestId;
 use crate::bounds::{ByteBudget, Charge};
+use crate::config::{MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES};
 use crate::rpc::{Method, MethodClass, RpcError};
 
 /// A message charged at most this many bytes ([`parse_cost`]) whose method finishes at once
@@ -111,9 +112,19 @@ pub(super) fn admit(budget: &ByteBudget, bytes: &[u8]) -> Admission {
                 .then(|| serde_json::from_slice::<WritePeek>(bytes).ok())
                 .flatten()
                 .and_then(|w| {
+                    // Ids past their limits are never kept: not copied either (a refused
+                    // message's text may be up to `maxMessageBytes`).
+                    let process_id = w
+                        .params
+                        .process_id
+                        .filter(|p| p.len() <= MAX_PROCESS_ID_BYTES)?;
                     Some(RefusedWrite {
-                        process_id: w.params.process_id?.into_owned(),
-                        write_id: w.params.write_id.map(Cow::into_owned),
+                        process_id: process_id.into_owned(),
+                        write_id: w
+                            .params
+                            .write_id
+                            .filter(|w| w.len() <= MAX_WRITE_ID_BYTES)
+                            .map(Cow::into_owned),
                     })
                 });
             Admission::Refuse {
@@ -220,6 +231,29 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
+        // Ids past their limits are not copied: a process id names nothing, a writeId none.
+        let long = format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"process/write","params":{{"processId":"p","writeId":"{}","chunk":""}}}}"#,
+            "w".repeat(MAX_WRITE_ID_BYTES + 1)
+        );
+        match admit(&budget, long.as_bytes()) {
+            Admission::Refuse { write, .. } => assert_eq!(
+                write,
+                Some(RefusedWrite {
+                    process_id: "p".into(),
+                    write_id: None
+                })
+            ),
+            other => panic!("{other:?}"),
+        }
+        let long = format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"process/write","params":{{"processId":"{}","chunk":""}}}}"#,
+            "p".repeat(MAX_PROCESS_ID_BYTES + 1)
+        );
+        assert!(matches!(
+            admit(&budget, long.as_bytes()),
+            Admission::Refuse { write: None, .. }
+        ));
         // Not a write, or a write whose params cannot be read: nothing named.
         for msg in [
             &br#"{"jsonrpc":"2.0","id":3,"method":"process/read","params":{"processId":"p"}}"#[..],

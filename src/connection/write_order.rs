@@ -15,10 +15,13 @@
 //! # What this module owns
 //!
 //! [`WriteOrder`], one per network connection: the processes with a refused write not yet sent
-//! again, each with that write's id. At most [`MAX_HELD_PROCESSES`] of them (a write refused
-//! beyond that is not held: its process's later writes are not refused on its account), each
-//! at most 256 + 256 bytes of ids: bounded whatever the peer sends, even process ids that
-//! do not exist.
+//! again, each with that write's id. An entry goes when its write comes again, or when a
+//! `process/start` names its process id (a new process under a reused id starts with nothing
+//! held: its writer numbers its writes afresh). At most `max_processes` entries
+//! ([`MAX_HELD_PROCESSES`] by default), each at most 256 + 256 bytes of ids: when the table
+//! is full, the entries of processes the session no longer has (ended and released, or never
+//! there) are dropped first ([`WriteOrder::retain`]), so a session's own processes always find
+//! room, and made-up process ids cannot crowd them out.
 //!
 //! # What it must never do
 //!
@@ -34,8 +37,8 @@ use std::collections::HashMap;
 use crate::config::{MAX_PROCESS_ID_BYTES, MAX_WRITE_ID_BYTES};
 use crate::rpc::RpcError;
 
-/// Processes per connection that may have a refused write held at once: the most processes a
-/// session can have by default (`max_processes`), each with one refused write in flight.
+/// Processes per connection that may have a refused write held at once, by default: the most
+/// processes a session can have by default (`max_processes`, which sizes the table).
 pub const MAX_HELD_PROCESSES: usize = crate::config::MAX_PROCESSES;
 
 /// `data.limit` of the `-32004` that refuses a write behind a refused one
@@ -43,16 +46,51 @@ pub const MAX_HELD_PROCESSES: usize = crate::config::MAX_PROCESSES;
 pub const WRITE_ORDER_LIMIT: &str = "writeOrder";
 
 /// The refused writes of one connection not yet sent again (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WriteOrder {
     /// Process id → the `writeId` of its refused write.
     held: HashMap<String, String>,
+    /// The most entries (the session's `max_processes`).
+    limit: usize,
+}
+
+impl Default for WriteOrder {
+    fn default() -> Self {
+        WriteOrder::new(MAX_HELD_PROCESSES)
+    }
 }
 
 impl WriteOrder {
+    /// A table of at most `limit` processes (at least one).
+    pub fn new(limit: usize) -> WriteOrder {
+        WriteOrder {
+            held: HashMap::new(),
+            limit: limit.max(1),
+        }
+    }
+
+    /// Whether one more process could not be held now: the caller drops the entries of
+    /// processes that are gone ([`WriteOrder::retain`]) before [`WriteOrder::refused`].
+    pub fn is_full(&self) -> bool {
+        self.held.len() >= self.limit
+    }
+
+    /// Keep only the entries of processes for which `live` holds.
+    pub fn retain(&mut self, mut live: impl FnMut(&str) -> bool) {
+        self.held.retain(|process, _| live(process));
+    }
+
+    /// A `process/start` names `process`: whatever was held under that id belonged to an
+    /// earlier process (or to none), and the new one's writes start afresh.
+    pub fn forget(&mut self, process: &str) {
+        self.held.remove(process);
+    }
+
     /// A write of `process` was refused for a limit: hold the process's later writes until
     /// `write_id` comes again. A write without an id, or ids past their limits (a peer's, never
-    /// kept), or one more process than [`MAX_HELD_PROCESSES`], holds nothing.
+    /// kept), or one more process than the table's limit (after [`WriteOrder::retain`], only
+    /// a session with more live processes than `max_processes`, which it cannot have), holds
+    /// nothing.
     pub fn refused(&mut self, process: &str, write_id: Option<&str>) {
         let Some(write_id) = write_id else { return };
         if process.len() > MAX_PROCESS_ID_BYTES || write_id.len() > MAX_WRITE_ID_BYTES {
@@ -63,7 +101,7 @@ impl WriteOrder {
         if self.held.contains_key(process) {
             return;
         }
-        if self.held.len() >= MAX_HELD_PROCESSES {
+        if self.is_full() {
             tracing::debug!("write refused, not held: too many processes with refused writes");
             return;
         }
@@ -143,6 +181,25 @@ mod tests {
             Some(&"w".repeat(MAX_WRITE_ID_BYTES)),
         );
         assert_eq!(order.held(), 1);
+    }
+
+    #[test]
+    fn a_start_under_the_id_forgets_what_was_held_and_gone_processes_make_room() {
+        let mut order = WriteOrder::new(2);
+        order.refused("p", Some("s-3"));
+        // A new process under the id p: its own s-1 is not behind the old s-3.
+        order.forget("p");
+        assert!(order.check("p", Some("s-1")).is_ok());
+        order.refused("a", Some("w"));
+        order.refused("b", Some("w"));
+        assert!(order.is_full());
+        // b is gone: dropped, and c finds room; a, still there, stays held.
+        order.retain(|p| p != "b");
+        order.refused("c", Some("w"));
+        assert_eq!(order.held(), 2);
+        assert!(order.check("a", Some("x")).is_err());
+        assert!(order.check("c", Some("x")).is_err());
+        assert!(order.check("b", Some("x")).is_ok());
     }
 
     #[test]

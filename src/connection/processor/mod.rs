@@ -240,7 +240,7 @@ impl ConnectionProcessor {
                 control_pending: Arc::new(Semaphore::new(CONTROL_REQUEST_SLOTS)),
                 state: State::AwaitInitialize,
                 can_approve: false,
-                write_order: (!in_process).then(WriteOrder::default),
+                write_order: (!in_process).then(|| WriteOrder::new(cfg.max_processes)),
             };
             tracing::debug!("connection open");
             let end = cp.read_loop(inlet, &shutdown).await;

@@ -175,12 +175,20 @@ impl ConnectionProcessor {
         };
 
         // Writes keep their order once one was refused (`write_order.rs`): a later one is
-        // refused until the refused one comes again.
-        if let Call::Write(w) = &call {
-            if let Err(e) = self.check_write_order(&w.process_id, w.write_id.as_deref()) {
-                self.send(self.error(Some(id), &e)).await;
-                return;
+        // refused until the refused one comes again. A start under an id begins afresh.
+        match &call {
+            Call::Write(w) => {
+                if let Err(e) = self.check_write_order(&w.process_id, w.write_id.as_deref()) {
+                    self.send(self.error(Some(id), &e)).await;
+                    return;
+                }
             }
+            Call::Start(p) => {
+                if let Some(order) = &mut self.write_order {
+                    order.forget(&p.process_id);
+                }
+            }
+            _ => {}
         }
         // Control requests draw from their own small pool, so that a connection whose
         // request slots are all taken by long polls can still terminate its processes.
@@ -232,11 +240,22 @@ impl ConnectionProcessor {
         }
     }
 
-    /// A write of `process` was refused for a limit: its later writes wait for it.
+    /// A write of `process` was refused for a limit: its later writes wait for it. A full
+    /// table first drops the processes the session no longer has.
     fn hold_writes_behind(&mut self, process: &str, write_id: Option<&str>) {
-        if let Some(order) = &mut self.write_order {
-            order.refused(process, write_id);
+        let Some(order) = &mut self.write_order else {
+            return;
+        };
+        if order.is_full() {
+            let known: std::collections::HashSet<String> = match &self.state {
+                State::AwaitInitialized(s) | State::Ready(s) => {
+                    s.processes().iter().map(|p| p.id.clone()).collect()
+                }
+                State::AwaitInitialize => Default::default(),
+            };
+            order.retain(|p| known.contains(p));
         }
+        order.refused(process, write_id);
     }
 
     fn spawn_request(
