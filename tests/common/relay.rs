@@ -414,18 +414,23 @@ impl BinEnv {
 }
 
 /// Copy `stderr` to `log` line by line; tell `up` when the environment link first comes up.
+///
+/// Each line is in the file before anyone hears of it: a `tokio::fs::File` write only hands
+/// the bytes to a blocking task, so the line is flushed first, and `up` is told after. (A
+/// test that read the log at once after the link came up found the line missing.)
 async fn copy_log(stderr: ChildStderr, log: PathBuf, up: tokio::sync::oneshot::Sender<()>) {
     let mut up = Some(up);
     let mut lines = BufReader::new(stderr).lines();
     let mut file = tokio::fs::File::create(&log).await.unwrap();
     while let Ok(Some(line)) = lines.next_line().await {
+        let _ = file.write_all(line.as_bytes()).await;
+        let _ = file.write_all(b"\n").await;
+        let _ = file.flush().await;
         if line.contains("connected to relay ") {
             if let Some(tx) = up.take() {
                 let _ = tx.send(());
             }
         }
-        let _ = file.write_all(line.as_bytes()).await;
-        let _ = file.write_all(b"\n").await;
     }
 }
 
