@@ -202,6 +202,8 @@ pub struct Metrics {
     pub delivery_blocked_seconds: Counter<f64, AtomicU64>,
     /// JSON-RPC error responses sent, by code.
     pub rpc_errors: Family<CodeLabel, Counter>,
+    /// Requests refused for a limit (`-32004`), by the limit's name (`data.limit`).
+    pub limit_refusals: Family<RefusedLimitLabel, Counter>,
     /// JSON-RPC responses (results and errors) queued on connections' control lanes, counted
     /// once each is queued: from then on it goes out before any output not yet written.
     pub rpc_responses: Counter,
@@ -229,6 +231,29 @@ pub struct Metrics {
     retained_output_bytes: Gauge,
     largest_session_processes: Gauge,
     limits: Family<LimitLabel, Gauge>,
+}
+
+/// The limits a `-32004` can name (`data.limit`), each a label of
+/// `execrelay_limit_refusals_total`; any other is counted as `other`.
+pub const LIMIT_REFUSAL_NAMES: [&str; 11] = [
+    "maxSessions",
+    "maxProcesses",
+    "maxSessionsPerKey",
+    "maxSessionsPerAddress",
+    "maxProcessesPerKey",
+    "maxProcessesPerAddress",
+    "maxPendingRequests",
+    "maxPendingControlRequests",
+    "maxPendingRequestBytes",
+    "maxInboundBytes",
+    "writeOrder",
+];
+
+/// The limit a refused request met (one of [`LIMIT_REFUSAL_NAMES`], or `other`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLimitLabel {
+    /// The limit's name, as `data.limit` of the `-32004` gave it.
+    pub limit: &'static str,
 }
 
 /// The name of a limit (a `ServerConfig` setting).
@@ -266,6 +291,7 @@ impl Metrics {
             stdin_bytes: Counter::default(),
             delivery_blocked_seconds: Counter::default(),
             rpc_errors: Family::default(),
+            limit_refusals: Family::default(),
             rpc_responses: Counter::default(),
             noise_failures: Family::default(),
             noise_links: Gauge::default(),
@@ -327,6 +353,11 @@ impl Metrics {
             "rpc_errors",
             "JSON-RPC error responses sent, by code",
             m.rpc_errors.clone(),
+        );
+        registry.register(
+            "limit_refusals",
+            "Requests refused for a limit (-32004), by the limit's name",
+            m.limit_refusals.clone(),
         );
         registry.register(
             "rpc_responses",
@@ -442,6 +473,19 @@ impl Metrics {
         self.rpc_errors.get_or_create(&CodeLabel { code }).inc();
     }
 
+    /// Count a request refused for a limit (`-32004`) whose `data.limit` is `limit`: one of
+    /// [`LIMIT_REFUSAL_NAMES`], else `other`, so that a label is never a string a peer chose.
+    pub fn limit_refusal(&self, limit: Option<&str>) {
+        let name = LIMIT_REFUSAL_NAMES
+            .iter()
+            .find(|n| Some(**n) == limit)
+            .copied()
+            .unwrap_or("other");
+        self.limit_refusals
+            .get_or_create(&RefusedLimitLabel { limit: name })
+            .inc();
+    }
+
     /// Count a Noise failure; `reason` is one of the fixed `RESET` reasons.
     pub fn noise_failure(&self, reason: &'static str) {
         self.noise_failures
@@ -512,6 +556,12 @@ mod tests {
         m.approval(ApprovalOutcome::Requested);
         m.approval(ApprovalOutcome::TimedOut);
         m.policy_denials.inc();
+        m.limit_refusal(Some("writeOrder"));
+        m.limit_refusal(Some("writeOrder"));
+        m.limit_refusal(Some("maxInboundBytes"));
+        // Never a label a peer chose: anything unknown, or no name, is `other`.
+        m.limit_refusal(Some("a name a peer made up"));
+        m.limit_refusal(None);
         let _g = GaugeGuard::new(&m.connections);
         let out = m.render(&StateSnapshot::default());
         for line in [
@@ -525,6 +575,9 @@ mod tests {
             "execrelay_approvals_total{outcome=\"requested\"} 1",
             "execrelay_approvals_total{outcome=\"timed_out\"} 1",
             "execrelay_policy_denials_total 1",
+            "execrelay_limit_refusals_total{limit=\"writeOrder\"} 2",
+            "execrelay_limit_refusals_total{limit=\"maxInboundBytes\"} 1",
+            "execrelay_limit_refusals_total{limit=\"other\"} 2",
             "# EOF",
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");

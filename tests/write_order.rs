@@ -159,6 +159,7 @@ async fn writes_behind_a_refused_one_wait_for_it_and_nothing_is_applied_out_of_o
 /// An in-process server with a `ws://` listener.
 struct WsServer {
     url: String,
+    registry: std::sync::Arc<execrelay::session::session_registry::SessionRegistry>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -168,13 +169,12 @@ impl WsServer {
         let ws = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", ws.local_addr().unwrap());
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(
-            Server::new(std::sync::Arc::new(cfg))
-                .expect("server starts")
-                .run(vec![Listener::Ws(ws)], shutdown.clone()),
-        );
+        let server = Server::new(std::sync::Arc::new(cfg)).expect("server starts");
+        let registry = server.registry().clone();
+        let task = tokio::spawn(server.run(vec![Listener::Ws(ws)], shutdown.clone()));
         WsServer {
             url,
+            registry,
             shutdown,
             task,
         }
@@ -185,6 +185,21 @@ impl WsServer {
         Client::connect(Target::Ws(self.url.clone()), opts)
             .await
             .expect("connect")
+    }
+
+    /// Requests this server refused for `limit` (`execrelay_limit_refusals_total`).
+    fn refusals(&self, limit: &'static str) -> u64 {
+        use execrelay::metrics::RefusedLimitLabel;
+        self.registry
+            .metrics()
+            .limit_refusals
+            .get_or_create(&RefusedLimitLabel { limit })
+            .get()
+    }
+
+    /// Requests refused for one of the byte budgets.
+    fn byte_refusals(&self) -> u64 {
+        self.refusals("maxPendingRequestBytes") + self.refusals("maxInboundBytes")
     }
 
     async fn stop(self) {
@@ -266,6 +281,88 @@ async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_i
             Some(sha256(&input).as_str()),
             "binary_input {binary_input}: every byte once, in order"
         );
+        client.shutdown().await;
+    }
+    server.stop().await;
+}
+
+/// A refused write is sent again alone while the server's budget stays full: the writes behind
+/// it are refused once (naming it), not once per try, and go again only after it is accepted.
+/// Another process of the connection, held on a FIFO, keeps the budget full: its first write
+/// fills its pipe, its second waits there with its charge. Then five writes to a process that
+/// reads: the first is refused for the budget, the four behind it for the order. The budget
+/// stays full until the server has refused the first three times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_is_tried_alone_and_the_writes_behind_it_wait_for_its_answer() {
+    let server = WsServer::start(tight()).await;
+    for binary_input in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = make_fifo(dir.path());
+        let opts = ClientOptions {
+            binary_input,
+            ..ClientOptions::default()
+        };
+        let client = server.client(opts).await;
+        let (order_before, bytes_before) = (server.refusals("writeOrder"), server.byte_refusals());
+
+        // Both started first: with the budget full, a start would be refused too.
+        let mut start = StartOptions::new("up", ["sha256sum"]);
+        start.params.pipe_stdin = true;
+        let mut p = client.start(start).await.expect("start");
+        let mut start = StartOptions::new("holder", held_sha256sum(&fifo));
+        start.params.pipe_stdin = true;
+        let mut holder = client.start(start).await.expect("start the holder");
+        let mut held = holder.stdin_writer();
+        let piece = held.piece_bytes().await.expect("piece size");
+        let held_input = pattern(2 * piece, 3);
+        held.write(bytes::Bytes::from(held_input.clone()))
+            .await
+            .expect("two writes in flight");
+        holder
+            .signal("SIGCONT")
+            .await
+            .expect("a round trip behind the holder's writes");
+
+        let mut w = p.stdin_writer();
+        let input = pattern(5 * piece, 11);
+        w.write(bytes::Bytes::from(input.clone()))
+            .await
+            .expect("five writes in flight at once");
+        let flushing = tokio::spawn(async move {
+            let flushed = w.flush().await;
+            (w, flushed)
+        });
+        eventually("the first write refused for the budget three times", || {
+            server.byte_refusals() - bytes_before >= 3
+        })
+        .await;
+        assert_eq!(
+            server.refusals("writeOrder") - order_before,
+            4,
+            "binary_input {binary_input}: the four behind the refused write are refused once \
+             each, not again with every try of it"
+        );
+        release(&fifo).await;
+        let (w, flushed) = tokio::time::timeout(PROMPT, flushing)
+            .await
+            .expect("the writes go once the holder reads (hang guard)")
+            .expect("join");
+        flushed.expect("every write delivered in the end");
+        assert!(
+            w.refused_writes_sent_again() >= 2,
+            "binary_input {binary_input}"
+        );
+        w.finish().await.expect("stdin closed");
+        held.finish().await.expect("the holder's stdin closed");
+        for (proc, sent) in [(&mut p, &input), (&mut holder, &held_input)] {
+            let (out, code) = stdout_and_code(proc).await;
+            assert_eq!(code, Some(0));
+            assert_eq!(
+                text(&out).split_whitespace().next(),
+                Some(sha256(sent).as_str()),
+                "binary_input {binary_input}: every byte once, in order"
+            );
+        }
         client.shutdown().await;
     }
     server.stop().await;
@@ -492,6 +589,68 @@ async fn process_handle_write_sends_a_refused_write_again() {
         Some(sha256(&[a, b, c].concat()).as_str()),
         "A, B, C once each, in order"
     );
+    client.shutdown().await;
+    server.stop().await;
+}
+
+/// A child that leaves its stdin unread does not get its client's connection closed: the
+/// silence watch does not ask about a process whose write is in flight (a `process/read`
+/// would wait behind the write, `protocol.md` §6, and the watch would take the connection
+/// for wedged). Another, quiet process is asked about meanwhile, round after round; once its
+/// answers show many rounds went by, the client is still on its first connection, and the
+/// held upload then arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_leaves_its_stdin_unread_keeps_its_connection() {
+    let server = WsServer::start(cfg()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let opts = ClientOptions {
+        silence_probe: Some(Duration::from_millis(50)),
+        probe_reply_timeout: Duration::from_millis(200),
+        ..ClientOptions::default()
+    };
+    let client = server.client(opts).await;
+    let mut quiet = client
+        .start(StartOptions::new("quiet", ["sleep", "60"]))
+        .await
+        .expect("start the quiet process");
+    let mut start = StartOptions::new("held", held_sha256sum(&fifo));
+    start.params.pipe_stdin = true;
+    let mut held = client.start(start).await.expect("start");
+    let mut w = held.stdin_writer();
+    let piece = w.piece_bytes().await.expect("piece size");
+    // The first write fills the pipe; the second waits there until the child reads.
+    let input = pattern(2 * piece, 5);
+    w.write(bytes::Bytes::from(input.clone()))
+        .await
+        .expect("queued");
+    held.signal("SIGCONT")
+        .await
+        .expect("a round trip behind the writes");
+    let responses = || server.registry.metrics().rpc_responses.get();
+    let before = responses();
+    eventually("twenty rounds of the silence watch", || {
+        responses() - before >= 20
+    })
+    .await;
+    assert_eq!(
+        client.connection_count(),
+        1,
+        "the connection was taken for wedged while the child left its stdin unread"
+    );
+    release(&fifo).await;
+    w.finish()
+        .await
+        .expect("every write delivered, stdin closed");
+    let (out, code) = stdout_and_code(&mut held).await;
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        text(&out).split_whitespace().next(),
+        Some(sha256(&input).as_str())
+    );
+    assert_eq!(client.connection_count(), 1);
+    quiet.terminate(None).await.expect("terminate");
+    let _ = stdout_and_code(&mut quiet).await;
     client.shutdown().await;
     server.stop().await;
 }

@@ -20,7 +20,7 @@
 //!   release it and keep reading the child.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -113,7 +113,38 @@ pub(super) struct ProcSlot {
     /// which they send nothing more (the server forgets the process once its exit is
     /// acknowledged, and a request then would only be answered "unknown process").
     pub(super) finished: Arc<AtomicBool>,
+    /// Shared with the process's controllers: its exclusive requests (writes, `closeStdin`,
+    /// `resize`) awaiting their answer. A `process/read` would queue behind them
+    /// (`protocol.md` §6), so the silence watch does not ask about the process meanwhile.
+    pub(super) exclusive_in_flight: Arc<AtomicUsize>,
     pub(super) notify: Arc<Notify>,
+}
+
+/// What a process's slot shares with the handle and controllers of that process.
+#[derive(Clone)]
+pub(super) struct SlotFlags {
+    /// [`ProcSlot::finished`].
+    pub(super) finished: Arc<AtomicBool>,
+    /// [`ProcSlot::exclusive_in_flight`].
+    pub(super) exclusive_in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts one exclusive request of a process in flight while it lives
+/// ([`ProcSlot::exclusive_in_flight`]).
+pub(super) struct ExclusiveInFlight(Arc<AtomicUsize>);
+
+impl ExclusiveInFlight {
+    /// One more exclusive request of the process behind `count` in flight.
+    pub(super) fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        ExclusiveInFlight(count.clone())
+    }
+}
+
+impl Drop for ExclusiveInFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl ProcSlot {
@@ -128,7 +159,16 @@ impl ProcSlot {
             done: false,
             heard: tokio::time::Instant::now(),
             finished: Arc::new(AtomicBool::new(false)),
+            exclusive_in_flight: Arc::default(),
             notify: Arc::new(Notify::new()),
+        }
+    }
+
+    /// What the process's handle and controllers share with this slot.
+    pub(super) fn flags(&self) -> SlotFlags {
+        SlotFlags {
+            finished: self.finished.clone(),
+            exclusive_in_flight: self.exclusive_in_flight.clone(),
         }
     }
 }
@@ -327,7 +367,16 @@ impl Client {
         let mut procs = lock(&self.shared.procs);
         procs
             .iter_mut()
-            .filter(|(_, s)| !s.done && s.buf.is_empty() && s.heard <= quiet_since)
+            // A process with a write (or `closeStdin`, `resize`) in flight is not asked about:
+            // the read would wait behind it (`protocol.md` §6), for as long as the child
+            // leaves its stdin unread, and the watch would take a healthy connection for a
+            // wedged one. It is asked about once the write is answered, if still quiet.
+            .filter(|(_, s)| {
+                !s.done
+                    && s.buf.is_empty()
+                    && s.heard <= quiet_since
+                    && s.exclusive_in_flight.load(Ordering::Acquire) == 0
+            })
             .map(|(pid, s)| {
                 s.heard = now;
                 (pid.clone(), s.received)

@@ -208,10 +208,10 @@ impl Client {
         for (id, after) in attach {
             // Registered before the resume: its replay starts at once.
             let slot = ProcSlot::new(*after);
-            let (finished, notify) = (slot.finished.clone(), slot.notify.clone());
+            let (flags, notify) = (slot.flags(), slot.notify.clone());
             lock(&client.shared.procs).insert(id.clone(), slot);
             handles.push(
-                ProcessHandle::new(id.clone(), 0, client.clone(), finished, notify).after(*after),
+                ProcessHandle::new(id.clone(), 0, client.clone(), flags, notify).after(*after),
             );
         }
         client
@@ -458,7 +458,7 @@ impl Client {
                 }
                 std::collections::hash_map::Entry::Vacant(v) => {
                     let s = v.insert(ProcSlot::new(0));
-                    (s.notify.clone(), s.finished.clone())
+                    (s.notify.clone(), s.flags())
                 }
             }
         };

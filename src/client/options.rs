@@ -68,6 +68,10 @@ pub struct ClientOptions {
     /// is closed and resumed. `None`: never ask. Default
     /// [`SILENCE_PROBE_AFTER`](super::SILENCE_PROBE_AFTER).
     pub silence_probe: Option<Duration>,
+    /// How long the answer to a silence probe may take before the connection is taken for
+    /// wedged (closed, then resumed). Default
+    /// [`PROBE_REPLY_TIMEOUT`](super::PROBE_REPLY_TIMEOUT).
+    pub probe_reply_timeout: Duration,
     /// How long the session may stay detached (`sessionTtlMs`, `protocol.md` §3); `None`:
     /// the server's default. Sent again on every resume. Above the server's
     /// `max_session_ttl_ms`, `initialize` fails with `-32602` (its `data.max` says the most).
@@ -84,10 +88,11 @@ pub struct ClientOptions {
     /// is resumed as always, within [`reconnect_deadline`](Self::reconnect_deadline).
     pub offline_wait: Duration,
     /// How long a [`StdinWriter`](super::StdinWriter) keeps sending a write the server refused
-    /// for a limit (`-32004`) again, with everything after it, in order, before it reports the
-    /// input lost: only on a server that keeps a process's writes in order after a refusal
-    /// (`capabilities.retryRefusedWrites`; elsewhere the first refusal is reported). Pauses
-    /// from [`WRITE_RETRY_FIRST_MS`](super::WRITE_RETRY_FIRST_MS) doubling to
+    /// for a limit (`-32004`) again (alone; once it is accepted, the writes after it follow,
+    /// in order) before it reports the input lost, counted from the first refusal in a row,
+    /// round trips included: only on a server that keeps a process's writes in order after a
+    /// refusal (`capabilities.retryRefusedWrites`; elsewhere the first refusal is reported).
+    /// Pauses from [`WRITE_RETRY_FIRST_MS`](super::WRITE_RETRY_FIRST_MS) doubling to
     /// [`WRITE_RETRY_MAX_MS`](super::WRITE_RETRY_MAX_MS); an accepted write starts over.
     /// `Duration::ZERO`: report the first refusal. Default
     /// [`WRITE_RETRY_FOR_MS`](super::WRITE_RETRY_FOR_MS).
@@ -120,6 +125,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("approval_handler", &self.approval_handler.is_some())
             .field("silence_probe", &self.silence_probe)
+            .field("probe_reply_timeout", &self.probe_reply_timeout)
             .field("session_ttl", &self.session_ttl)
             .field("ack_policy", &self.ack_policy)
             .field("offline_wait", &self.offline_wait)
@@ -140,6 +146,7 @@ impl Default for ClientOptions {
             max_message_bytes: MAX_MESSAGE_BYTES,
             approval_handler: None,
             silence_probe: Some(super::SILENCE_PROBE_AFTER),
+            probe_reply_timeout: super::PROBE_REPLY_TIMEOUT,
             session_ttl: None,
             ack_policy: AckPolicy::Eager,
             offline_wait: super::FIRST_CONNECT_OFFLINE_WAIT,

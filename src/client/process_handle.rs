@@ -16,14 +16,15 @@
 //! - Retry a request that is not safe to repeat: every request here goes through
 //!   [`Client::call`], and a write carries its idempotency key.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::write_retry::{write_cost, WriteRetry};
+use super::event_stream::{ExclusiveInFlight, SlotFlags};
+use super::write_retry::{retry_now, write_cost, WriteRetry};
 use super::{Client, ClientError, ProcessEvent};
 use crate::connection::message::{Call, Reply, WriteCall};
 use crate::process::WriteStatus;
@@ -51,14 +52,15 @@ impl ProcessHandle {
         id: String,
         pid: u32,
         client: Client,
-        finished: Arc<AtomicBool>,
+        flags: SlotFlags,
         slot: Arc<Notify>,
     ) -> Self {
         ProcessHandle {
             control: ProcessController {
                 id: id.clone(),
                 client,
-                finished,
+                finished: flags.finished,
+                exclusive_in_flight: flags.exclusive_in_flight,
                 write_seq: Arc::default(),
             },
             id,
@@ -104,7 +106,7 @@ impl ProcessHandle {
                     // A write through `ProcessController::write` travels as JSON.
                     let cost = write_cost(data.len(), false);
                     let promised = self.control.client.retry_refused_writes();
-                    match retry.after_refusal(&e, cost, promised) {
+                    match retry.after_refusal(&e, cost, promised, retry_now()) {
                         Some(pause) => tokio::time::sleep(pause).await,
                         None => return Err(e),
                     }
@@ -166,6 +168,9 @@ pub struct ProcessController {
     pub(super) id: String,
     pub(super) client: Client,
     finished: Arc<AtomicBool>,
+    /// Its exclusive requests awaiting their answer (the silence watch leaves the process
+    /// alone meanwhile: `event_stream.rs`).
+    exclusive_in_flight: Arc<AtomicUsize>,
     /// The last `writeId` number taken, shared by every writer of this process, so that no
     /// two of its writes carry the same id (the server would take the second for a repeat of
     /// the first, and drop it).
@@ -176,6 +181,11 @@ pub struct ProcessController {
 pub(super) const UNKNOWN_PROCESS: i64 = -32001;
 
 impl ProcessController {
+    /// Count an exclusive request of this process in flight until the guard drops.
+    pub(super) fn exclusive(&self) -> ExclusiveInFlight {
+        ExclusiveInFlight::new(&self.exclusive_in_flight)
+    }
+
     /// A `writeId` no other write of this process carries: `PREFIX-N`.
     pub(super) fn next_write_id(&self, prefix: &str) -> String {
         format!(
@@ -238,6 +248,7 @@ impl ProcessController {
         if self.is_finished() {
             return Ok(());
         }
+        let _in_flight = self.exclusive();
         self.control(Call::Resize(ResizeParams {
             process_id: self.id.clone(),
             rows: size.rows,
@@ -257,6 +268,7 @@ impl ProcessController {
         if self.is_finished() {
             return Ok("exited".into());
         }
+        let _in_flight = self.exclusive();
         let r = self
             .control(Call::Write(WriteCall {
                 process_id: self.id.clone(),
@@ -279,6 +291,7 @@ impl ProcessController {
         if self.is_finished() {
             return Ok(());
         }
+        let _in_flight = self.exclusive();
         self.control(Call::CloseStdin(ProcessRef {
             process_id: self.id.clone(),
         }))

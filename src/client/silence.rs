@@ -10,6 +10,11 @@
 //! not answer within [`PROBE_REPLY_TIMEOUT`] is taken for wedged: it is closed, and the client
 //! resumes on a new one as after any lost connection (the resume replays what it missed).
 //!
+//! Not while the process has a write (or `closeStdin`, `resize`) in flight: a read waits
+//! behind it (`protocol.md` §6), and a write waits for as long as the child leaves its stdin
+//! unread. Asked then, a healthy connection would be closed for a child that was merely busy,
+//! and its upload refused on the new one while the old write still held the server's budget.
+//!
 //! Only when everything received was consumed: with acks, a `process/read` acknowledges what
 //! precedes it, and the client never acknowledges what the application has not taken.
 
@@ -23,7 +28,7 @@ use crate::sync::lock;
 pub const SILENCE_PROBE_AFTER: Duration = Duration::from_secs(30);
 
 /// How long the answer to that question may take before the connection is taken for wedged
-/// (closed, then resumed).
+/// (closed, then resumed): the default of `ClientOptions::probe_reply_timeout`.
 pub const PROBE_REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Client {
@@ -33,6 +38,7 @@ impl Client {
             return;
         };
         let tick = (after / 4).max(Duration::from_millis(10));
+        let reply_within = self.shared.opts.probe_reply_timeout;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(tick) => {}
@@ -46,11 +52,8 @@ impl Client {
             }
             let quiet_since = tokio::time::Instant::now() - after;
             for (pid, received) in self.quiet_processes(quiet_since) {
-                match tokio::time::timeout(
-                    PROBE_REPLY_TIMEOUT,
-                    self.fetch_after(&conn, &pid, received),
-                )
-                .await
+                match tokio::time::timeout(reply_within, self.fetch_after(&conn, &pid, received))
+                    .await
                 {
                     Ok(0) => {}
                     Ok(n) => tracing::warn!(
@@ -62,7 +65,7 @@ impl Client {
                     Err(_) => {
                         tracing::warn!(
                             process = %pid,
-                            "no answer within {PROBE_REPLY_TIMEOUT:?} on a live connection: \
+                            "no answer within {reply_within:?} on a live connection: \
                              closing it to resume on a new one"
                         );
                         conn.close();

@@ -10,8 +10,8 @@
 //!   flight, each held with its `writeId` until it is answered.
 //! - Sending again: after a reconnect, every write not yet answered, in order, so none is lost
 //!   or applied twice; after a refusal for a limit, on a server that keeps the order
-//!   (`retryRefusedWrites`), the refused write and everything after it, when
-//!   `write_retry.rs` says to.
+//!   (`retryRefusedWrites`), the refused write alone when `write_retry.rs` says to, then,
+//!   once it is accepted, everything after it.
 //!
 //! # What it must never do
 //!
@@ -25,9 +25,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::event_stream::ExclusiveInFlight;
 use super::process_handle::{ProcessController, ProcessHandle, UNKNOWN_PROCESS};
 use super::rpc_connection::{PendingCall, RpcConnection};
-use super::write_retry::{write_cost, WriteRetry};
+use super::write_retry::{retry_now, write_cost, WriteRetry};
 use super::ClientError;
 use crate::process::WriteStatus;
 
@@ -68,6 +69,8 @@ struct InFlight {
     call: Option<PendingCall>,
     /// Sent again after a reconnect (so an earlier attempt may have been applied).
     repeated: bool,
+    /// Counts it among the process's exclusive requests in flight while it is unanswered.
+    _in_flight: ExclusiveInFlight,
 }
 
 /// Stdin as a pipeline: up to [`STDIN_WRITES_IN_FLIGHT`] `process/write` requests in flight,
@@ -154,6 +157,7 @@ impl StdinWriter {
                 close_stdin: false,
                 call: None,
                 repeated: false,
+                _in_flight: self.control.exclusive(),
             };
             if let Some(conn) = &self.conn {
                 w.call = self.send(conn, &w).await;
@@ -247,6 +251,7 @@ impl StdinWriter {
             close_stdin: true,
             call: None,
             repeated: false,
+            _in_flight: self.control.exclusive(),
         };
         if let Some(conn) = &self.conn {
             w.call = self.send(conn, &w).await;
@@ -309,6 +314,30 @@ impl StdinWriter {
         }
     }
 
+    /// Send the oldest write alone again (after a refusal), on the current connection; the
+    /// others' answers (refusals naming it) are no longer awaited, and they are sent again
+    /// once it is accepted (their `writeId`s make that safe on a new connection too).
+    async fn resend_oldest(&mut self) -> Result<(), StdinRefused> {
+        let conn = self
+            .control
+            .client
+            .connection()
+            .await
+            .map_err(StdinRefused::Error)?;
+        for w in self.in_flight.iter_mut() {
+            w.call = None;
+        }
+        if let Some(oldest) = self.in_flight.front() {
+            let call = self.send(&conn, oldest).await;
+            if let Some(front) = self.in_flight.front_mut() {
+                front.call = call;
+                front.repeated = true;
+            }
+        }
+        self.conn = Some(conn);
+        Ok(())
+    }
+
     /// Wait for the oldest write's answer; on a lost connection, send everything unanswered
     /// again and wait on.
     async fn settle_oldest(&mut self) -> Result<(), StdinRefused> {
@@ -337,6 +366,11 @@ impl StdinWriter {
                     return match v["status"].as_str() {
                         Some("accepted") => {
                             self.retry.accepted();
+                            // After a refusal only the refused write went again: the writes
+                            // behind it go now, in order, before anything newer.
+                            if self.in_flight.iter().any(|w| w.call.is_none()) {
+                                self.resend().await?;
+                            }
                             Ok(())
                         }
                         other => Err(StdinRefused::Status(other.unwrap_or("").to_string())),
@@ -349,16 +383,18 @@ impl StdinWriter {
                     self.resend().await?;
                 }
                 // Refused for a limit, by a server that then refuses everything behind it
-                // until it comes again: wait, and send it and the rest again, in order.
+                // until it comes again: wait, and send it alone again; the rest follow once it
+                // is accepted (above). Sending them with it would only have them refused
+                // again, each charged to the server's full budget first.
                 Err(e @ ClientError::Rpc { .. }) => {
                     let (promised, binary) = self.conn.as_ref().map_or((false, false), |c| {
                         (c.retry_refused_writes(), c.binary_input())
                     });
                     let cost = write_cost(len, binary);
-                    match self.retry.after_refusal(&e, cost, promised) {
+                    match self.retry.after_refusal(&e, cost, promised, retry_now()) {
                         Some(pause) => {
                             tokio::time::sleep(pause).await;
-                            self.resend().await?;
+                            self.resend_oldest().await?;
                         }
                         None => return Err(StdinRefused::Error(e)),
                     }

@@ -4,14 +4,17 @@
 //! A server that says `capabilities.retryRefusedWrites` keeps a process's writes in order after
 //! refusing one for a limit (`connection/write_order.rs`): everything behind the refused write
 //! is refused too, until it comes again. So a refused write is not lost input, only input that
-//! came too early: the writer waits, then sends it and everything after it again, in order.
+//! came too early: the writer waits, then sends it again alone, and once it is accepted the
+//! writes after it, in order (sent with it, they would only be refused again, each charged to
+//! the server's full budget first).
 //!
 //! # What this module owns
 //!
 //! [`WriteRetry`]: whether a refusal is worth another try, and how long to wait first — from
 //! [`WRITE_RETRY_FIRST_MS`], doubling to [`WRITE_RETRY_MAX_MS`], for at most
-//! `ClientOptions::write_retry_for` ([`WRITE_RETRY_FOR_MS`] by default) of refusals in a row;
-//! an accepted write starts it over.
+//! `ClientOptions::write_retry_for` ([`WRITE_RETRY_FOR_MS`] by default) since the first of the
+//! refusals in a row (pauses and round trips alike: the caller passes the time); an accepted
+//! write starts it over.
 //!
 //! # What it must never do
 //!
@@ -20,7 +23,7 @@
 //! - Retry on a server that did not promise the order (a refused write sent again there could
 //!   land after writes that followed it).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -49,7 +52,8 @@ pub(super) struct WriteRetry {
     /// How long refusals in a row are tried again.
     limit: Duration,
     next: Duration,
-    waited: Duration,
+    /// When the first of the refusals in a row came.
+    since: Option<Instant>,
     /// Refused writes sent again, in all.
     tries: u64,
 }
@@ -60,7 +64,7 @@ impl WriteRetry {
         WriteRetry {
             limit,
             next: Duration::from_millis(WRITE_RETRY_FIRST_MS),
-            waited: Duration::ZERO,
+            since: None,
             tries: 0,
         }
     }
@@ -71,13 +75,14 @@ impl WriteRetry {
     }
 
     /// The oldest write in flight, charged about `cost` bytes by the server, was answered
-    /// `error` on a connection where `promised` says the server keeps the order: the pause
-    /// before sending it again (and everything after it), or `None` to give up.
+    /// `error`, at `now`, on a connection where `promised` says the server keeps the order: the
+    /// pause before sending it again, or `None` to give up.
     pub(super) fn after_refusal(
         &mut self,
         error: &ClientError,
         cost: usize,
         promised: bool,
+        now: Instant,
     ) -> Option<Duration> {
         let ClientError::Rpc { code, data, .. } = error else {
             return None;
@@ -85,11 +90,11 @@ impl WriteRetry {
         if !promised || *code != ErrorCode::LimitReached.code() || never_fits(data, cost) {
             return None;
         }
-        if self.waited >= self.limit {
+        let since = *self.since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= self.limit {
             return None;
         }
         let pause = self.next;
-        self.waited += pause;
         self.tries += 1;
         self.next = (self.next * 2).min(Duration::from_millis(WRITE_RETRY_MAX_MS));
         Some(pause)
@@ -98,8 +103,14 @@ impl WriteRetry {
     /// A write was accepted: the next refusal starts over.
     pub(super) fn accepted(&mut self) {
         self.next = Duration::from_millis(WRITE_RETRY_FIRST_MS);
-        self.waited = Duration::ZERO;
+        self.since = None;
     }
+}
+
+/// The time [`WriteRetry::after_refusal`] is given: tokio's clock, so that a test with paused
+/// time drives it as it drives the pauses.
+pub(super) fn retry_now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// A byte limit smaller than the write: no wait makes room for it.
@@ -142,68 +153,96 @@ mod tests {
         }
     }
 
+    /// Refusals in a row, each a round trip of `rtt` after the pause before it: the pauses
+    /// given, and the time from the first refusal to the one given up on.
+    fn refused_until_given_up(r: &mut WriteRetry, rtt: Duration) -> (Vec<u64>, Duration) {
+        let e = limit("maxInboundBytes", 1 << 20);
+        let start = Instant::now();
+        let mut now = start;
+        let mut pauses = Vec::new();
+        while let Some(p) = r.after_refusal(&e, 65_000, true, now) {
+            pauses.push(p.as_millis() as u64);
+            now += p + rtt;
+        }
+        (pauses, now - start)
+    }
+
     #[test]
     fn pauses_double_to_the_most_then_it_gives_up_after_the_minute() {
-        let mut r = WriteRetry::new(Duration::from_millis(WRITE_RETRY_FOR_MS));
-        let e = limit("maxInboundBytes", 1 << 20);
-        let mut pauses = Vec::new();
-        while let Some(p) = r.after_refusal(&e, 65_000, true) {
-            pauses.push(p.as_millis() as u64);
-        }
+        let limit_for = Duration::from_millis(WRITE_RETRY_FOR_MS);
+        let mut r = WriteRetry::new(limit_for);
+        let (pauses, took) = refused_until_given_up(&mut r, Duration::ZERO);
         assert_eq!(&pauses[..8], &[5, 10, 20, 40, 80, 160, 320, 500]);
         assert!(pauses[8..].iter().all(|&p| p == WRITE_RETRY_MAX_MS));
-        let total: u64 = pauses.iter().sum();
-        assert!(
-            (WRITE_RETRY_FOR_MS..WRITE_RETRY_FOR_MS + WRITE_RETRY_MAX_MS).contains(&total),
-            "{total}"
-        );
+        let max = Duration::from_millis(WRITE_RETRY_MAX_MS);
+        assert!(took >= limit_for && took < limit_for + max, "{took:?}");
         assert_eq!(r.tries(), pauses.len() as u64);
         // An accepted write starts it over.
         r.accepted();
+        let e = limit("maxInboundBytes", 1 << 20);
         assert_eq!(
-            r.after_refusal(&e, 65_000, true),
+            r.after_refusal(&e, 65_000, true, Instant::now()),
             Some(Duration::from_millis(5))
         );
         // A limit of zero: the first refusal is reported.
         let mut never = WriteRetry::new(Duration::ZERO);
-        assert_eq!(never.after_refusal(&e, 65_000, true), None);
+        assert_eq!(never.after_refusal(&e, 65_000, true, Instant::now()), None);
+    }
+
+    /// The minute counts the round trips too: a far server is not tried for longer.
+    #[test]
+    fn round_trips_count_against_the_limit() {
+        let limit_for = Duration::from_millis(WRITE_RETRY_FOR_MS);
+        let rtt = Duration::from_millis(200);
+        let mut r = WriteRetry::new(limit_for);
+        let (pauses, took) = refused_until_given_up(&mut r, rtt);
+        let max = Duration::from_millis(WRITE_RETRY_MAX_MS);
+        assert!(
+            took >= limit_for && took < limit_for + max + rtt,
+            "{took:?}"
+        );
+        // Fewer tries than with no round trip: each one took 200 ms more.
+        let mut near = WriteRetry::new(limit_for);
+        let (near_pauses, _) = refused_until_given_up(&mut near, Duration::ZERO);
+        assert!(pauses.len() < near_pauses.len(), "{} tries", pauses.len());
     }
 
     #[test]
     fn only_a_limit_that_can_free_on_a_server_that_keeps_the_order_is_retried() {
         let mut r = WriteRetry::new(Duration::from_secs(60));
+        let now = Instant::now();
         // The server did not promise the order.
         assert_eq!(
-            r.after_refusal(&limit("maxInboundBytes", 1 << 20), 10, false),
+            r.after_refusal(&limit("maxInboundBytes", 1 << 20), 10, false, now),
             None
         );
         // A byte limit smaller than the write.
         assert_eq!(
-            r.after_refusal(&limit("maxPendingRequestBytes", 1000), 1001, true),
+            r.after_refusal(&limit("maxPendingRequestBytes", 1000), 1001, true, now),
             None
         );
         assert!(r
-            .after_refusal(&limit("maxPendingRequestBytes", 1001), 1001, true)
+            .after_refusal(&limit("maxPendingRequestBytes", 1001), 1001, true, now)
             .is_some());
         // Slots and the write order itself free as answers go out.
         assert!(r
-            .after_refusal(&limit("maxPendingRequests", 1), 1 << 30, true)
+            .after_refusal(&limit("maxPendingRequests", 1), 1 << 30, true, now)
             .is_some());
         let order = ClientError::Rpc {
             code: -32004,
             message: "limit reached: writeOrder".into(),
             data: Some(json!({"limit": "writeOrder", "writeId": "s-1"})),
         };
-        assert!(r.after_refusal(&order, 1 << 30, true).is_some());
+        assert!(r.after_refusal(&order, 1 << 30, true, now).is_some());
         // Anything else is not a limit.
         let other = ClientError::Rpc {
             code: -32602,
             message: "invalid params".into(),
             data: None,
         };
-        assert_eq!(r.after_refusal(&other, 10, true), None);
+        assert_eq!(r.after_refusal(&other, 10, true, now), None);
         assert_eq!(
-            r.after_refusal(&ClientError::ConnectionLost, 10, true),
+            r.after_refusal(&ClientError::ConnectionLost, 10, true, now),
             None
         );
     }

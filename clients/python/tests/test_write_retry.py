@@ -89,6 +89,87 @@ def test_a_refused_write_goes_again_and_every_byte_arrives_in_order(tight_url, t
     asyncio.run(main())
 
 
+def _refusals(sent: List["asyncio.Future[Any]"], limits) -> int:
+    """How many of the answers so far refuse a request for one of `limits`."""
+    n = 0
+    for fut in sent:
+        if fut.done():
+            kind, res = fut.result()
+            data = res.get("data") if kind == "error" and isinstance(res, dict) else None
+            if isinstance(data, dict) and data.get("limit") in limits:
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_a_refused_write_goes_again_alone_and_the_rest_follow_it(tight_url, tmp_path, binary):
+    """Another process, held on a FIFO, keeps the budget full (its first write fills its pipe,
+    its second waits there with its charge). Five writes to a process that reads: the first is
+    refused for the budget, the four behind it for the order. Tried three times while the
+    budget stays full, the first goes alone: the four are refused once each."""
+    fifo = _fifo(tmp_path)
+
+    async def main():
+        async with await aio.connect(tight_url, binary=binary) as c:
+            # Both started first: with the budget full, a start would be refused too.
+            up = await c.start(["sha256sum"], stdin=True)
+            holder = await c.start(["sh", "-c", 'read -r _ < "$0"; exec sha256sum', fifo],
+                                   stdin=True)
+            step = aio.BINARY_WRITE_CHUNK if binary else c._json_write_chunk()
+            held = os.urandom(2 * step)
+            sent = await _recording(c)
+            holding = asyncio.ensure_future(holder._write(held, close=True))
+            # A round trip behind the holder's two writes: the server has read them both.
+            deadline = time.monotonic() + 30
+            while len(sent) < 2:
+                assert time.monotonic() < deadline, "the holder's writes were not sent"
+                await asyncio.sleep(0.01)
+            await holder.signal("SIGCONT")
+            data = os.urandom(5 * step)
+            writing = asyncio.ensure_future(up._write(data, close=True))
+            deadline = time.monotonic() + 30
+            byte_limits = ("maxPendingRequestBytes", "maxInboundBytes")
+            while _refusals(sent, byte_limits) < 3:
+                assert time.monotonic() < deadline, "the first write was not refused three times"
+                await asyncio.sleep(0.01)
+            assert _refusals(sent, ("writeOrder",)) == 4
+            await _release(fifo)
+            await asyncio.wait_for(asyncio.gather(holding, writing), 60)
+            assert c.writes_sent_again >= 2
+            for proc, sent_bytes in ((up, data), (holder, held)):
+                r = await proc.wait(60)
+                assert r.exit_code == 0
+                assert r.stdout.split()[0].decode() == hashlib.sha256(sent_bytes).hexdigest()
+    asyncio.run(main())
+
+
+def test_the_policy_counts_round_trips_and_starts_over_when_accepted():
+    from execrelay._write_retry import WRITE_RETRY_MAX, WriteRetry
+
+    def given_up_after(rtt: float) -> "tuple[int, float]":
+        r, now, tries = WriteRetry(60.0), 1000.0, 0
+        while True:
+            pause = r.after_refusal(-32004, {"limit": "maxInboundBytes", "value": 1 << 20},
+                                    65_000, True, now)
+            if pause is None:
+                return tries, now - 1000.0
+            tries += 1
+            now += pause + rtt
+    near, near_took = given_up_after(0.0)
+    far, far_took = given_up_after(0.2)
+    assert 60.0 <= near_took < 60.0 + WRITE_RETRY_MAX
+    assert 60.0 <= far_took < 60.0 + WRITE_RETRY_MAX + 0.2
+    assert far < near, "each round trip counts against the limit"
+    r = WriteRetry(60.0)
+    assert r.after_refusal(-32004, None, 10, True, 0.0) == 0.005
+    assert r.after_refusal(-32004, None, 10, True, 0.1) == 0.01
+    r.accepted()
+    assert r.after_refusal(-32004, None, 10, True, 500.0) == 0.005
+    assert WriteRetry(0.0).after_refusal(-32004, None, 10, True, 0.0) is None
+    assert r.after_refusal(-32004, None, 10, False, 500.0) is None, "no promise, no retry"
+    assert r.after_refusal(-32602, None, 10, True, 500.0) is None, "not a limit"
+
+
 def test_without_retries_the_refusal_is_raised(tight_url, tmp_path):
     fifo = _fifo(tmp_path)
 

@@ -414,6 +414,12 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
 /// Every error response of a connection is made here, so each is counted once by code.
 fn counted_error(registry: &SessionRegistry, id: Option<RequestId>, e: &RpcError) -> Outbound {
     registry.metrics().rpc_error(e.code.code());
+    if e.code == crate::rpc::ErrorCode::LimitReached {
+        let limit = e.data.as_ref().and_then(|d| d.get("limit"));
+        registry
+            .metrics()
+            .limit_refusal(limit.and_then(serde_json::Value::as_str));
+    }
     tracing::debug!(code = e.code.code(), error = %e.message, "error response");
     Outbound::Error {
         id,

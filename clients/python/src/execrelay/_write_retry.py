@@ -4,11 +4,12 @@ policy).
 A server whose `initialize` result says ``capabilities.retryRefusedWrites`` keeps a process's
 writes in order after refusing one for a limit (``-32004``): every later write of that process
 is refused too (``data.limit`` ``writeOrder``) until the refused one comes again. So a refused
-write is not lost input, only input that came too early: the client waits, then sends it and
-every write after it again, in order. Pauses from `WRITE_RETRY_FIRST` doubling to
-`WRITE_RETRY_MAX`, for at most `write_retry_for` seconds of refusals in a row (an accepted write
-starts over); never for a byte limit smaller than the write, nor on a server that did not
-promise the order.
+write is not lost input, only input that came too early: the client waits, then sends it again
+alone, and once it is accepted every write after it, in order (sent with it, they would only be
+refused again, each charged to the server's full budget first). Pauses from `WRITE_RETRY_FIRST`
+doubling to `WRITE_RETRY_MAX`, for at most `write_retry_for` seconds from the first of the
+refusals in a row, round trips included (an accepted write starts over); never for a byte limit
+smaller than the write, nor on a server that did not promise the order.
 """
 
 from typing import Any, Optional
@@ -39,18 +40,22 @@ class WriteRetry:
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.next = WRITE_RETRY_FIRST
-        self.waited = 0.0
+        #: When (a monotonic clock, seconds) the first of the refusals in a row came.
+        self.since: Optional[float] = None
         #: Refused writes sent again, in all.
         self.tries = 0
 
-    def after_refusal(self, code: int, data: Any, cost: int, promised: bool) -> Optional[float]:
-        """The pause before the refused write (and those after it) go again, or None: give up."""
+    def after_refusal(self, code: int, data: Any, cost: int, promised: bool,
+                      now: float) -> Optional[float]:
+        """The pause before the refused write goes again, or None: give up. `now` is a
+        monotonic clock's time (seconds), so that round trips count as well as pauses."""
         if not promised or code != -32004 or _never_fits(data, cost):
             return None
-        if self.waited >= self.limit:
+        if self.since is None:
+            self.since = now
+        if now - self.since >= self.limit:
             return None
         pause = self.next
-        self.waited += pause
         self.tries += 1
         self.next = min(self.next * 2, WRITE_RETRY_MAX)
         return pause
@@ -58,7 +63,7 @@ class WriteRetry:
     def accepted(self) -> None:
         """A write was accepted: the next refusal starts over."""
         self.next = WRITE_RETRY_FIRST
-        self.waited = 0.0
+        self.since = None
 
 
 def _never_fits(data: Any, cost: int) -> bool:

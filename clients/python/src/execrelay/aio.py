@@ -883,11 +883,15 @@ class Client:
         answers: "deque[asyncio.Future[Any]]" = deque()
         done = 0  # writes answered
         retry = WriteRetry(self._write_retry_for)
+        # After a refusal the refused write goes again alone; those after it follow once it
+        # is accepted (sent with it, they would only be refused again).
+        solo = False
         try:
             while done < len(writes):
                 conn = await self._conn_ready()
                 try:
-                    while done + len(answers) < len(writes) and len(answers) < depth:
+                    while (done + len(answers) < len(writes)
+                           and len(answers) < (1 if solo else depth)):
                         wid, chunk, close = writes[done + len(answers)]
                         answers.append(await self._send_write(conn, pid, wid, chunk, close))
                     kind, res = await answers[0]
@@ -900,18 +904,20 @@ class Client:
                         # Its exit was acknowledged and the server forgot it: it exited.
                         return "exited"
                     # Refused for a limit by a server that then refuses the writes behind it
-                    # until it comes again: wait, then send it and those after it again.
+                    # until it comes again: wait, then send it again alone.
                     pause = retry.after_refusal(
                         err.code, err.data, write_cost(len(writes[done][1]), self._binary_input),
-                        self._retry_refused_writes)
+                        self._retry_refused_writes, time.monotonic())
                     if pause is None:
                         raise err
                     _forget(answers)
+                    solo = True
                     self.writes_sent_again += 1
                     await asyncio.sleep(pause)
                     continue
                 answers.popleft()
                 done += 1
+                solo = False
                 retry.accepted()
                 status = str((res or {}).get("status", ""))
                 if status != "accepted":
