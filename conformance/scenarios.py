@@ -289,6 +289,62 @@ def binary_writes(ctx: Context) -> None:
     ctx.check(open(path, "rb").read() == pattern(3_000_000), "the upload arrived exact")
 
 
+#: Each byte budget of the tight server of `refused-write-retry`: one large write fits, two
+#: do not (its `maxMessageBytes` too, so a JSON write must be cut to fit it).
+TIGHT = "90112"
+
+
+def _limit_refusals(metrics_url: str) -> Dict[str, float]:
+    """`execrelay_limit_refusals_total` by limit, from the server's `/metrics`."""
+    import re
+    import urllib.request
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^execrelay_limit_refusals_total\{limit="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+@scenario("refused-write-retry", "README decision (retryRefusedWrites), protocol §4 writeId",
+          "a write refused for a full budget is sent again; the upload arrives whole, in order",
+          needs="capabilities.retryRefusedWrites")
+def refused_write_retry(ctx: Context) -> None:
+    srv = ctx.servers.ws("--max-message-bytes", TIGHT, "--max-pending-request-bytes", TIGHT,
+                         "--max-inbound-bytes", TIGHT, "--metrics-listen", "127.0.0.1:0", *KA)
+    a = ctx.connected({"EXECRELAY_TARGET": srv.url, "EXECRELAY_SERVER_KEY": "",
+                       "EXECRELAY_KEY": ""})
+    caps = a.call("capabilities").get("capabilities") or {}
+    ctx.check(caps.get("retryRefusedWrites") is True,
+              f"the server promises the order (got {caps.get('retryRefusedWrites')})")
+    metrics = ""
+    deadline = time.monotonic() + 30
+    while not metrics:
+        import re
+        m = re.search(r"execrelay metrics: (http://\S+/metrics)", srv.log())
+        metrics = m.group(1) if m else ""
+        ctx.check(bool(metrics) or time.monotonic() < deadline, "the server's metrics URL")
+        time.sleep(0.02)
+    # The child reads nothing until the FIFO is written: its first write fills its pipe, the
+    # second waits there with its charge, the third finds the budget full and is refused.
+    fifo = os.path.join(ctx.kit.workdir, "refused-write-go")
+    os.mkfifo(fifo)
+    path = os.path.join(ctx.kit.workdir, "upload-refused")
+    a.call("start", id="u", argv=["sh", "-c", f'read -r _ < "{fifo}"; exec cat > "{path}"'],
+           stdin=True)
+    n = 2_000_000
+    a.send("write_pattern", id="u", bytes=n)
+    budgets = ("maxPendingRequestBytes", "maxInboundBytes")
+    while sum(_limit_refusals(metrics).get(k, 0) for k in budgets) < 1:
+        ctx.check(time.monotonic() < deadline + 30, "the server refused a write for its budget")
+        time.sleep(0.02)
+    with open(fifo, "w") as f:
+        f.write("go\n")
+    r = a.reply("write_pattern", timeout=120)
+    ctx.check(bool(r.get("ok")), f"the upload went on after the refusal (got {r.get('error')})")
+    a.call("close_stdin", id="u")
+    a.call("wait", id="u", timeout_ms=60000)
+    ctx.check(open(path, "rb").read() == pattern(n), "the upload arrived whole and in order")
+
+
 @scenario("output-cap", "protocol §4 outputBytesCap", "a capped stream: first bytes kept, the rest counted")
 def output_cap(ctx: Context) -> None:
     a = ctx.connected(ctx.target("ws", *KA))

@@ -468,7 +468,8 @@ impl Adapter {
                 let ttl = self.client()?.granted_session_ttl();
                 let c = self.client()?;
                 Ok(json!({"capabilities": {"binaryInput": c.binary_input(),
-                                           "binaryOutput": c.binary_output()},
+                                           "binaryOutput": c.binary_output(),
+                                           "retryRefusedWrites": c.retry_refused_writes()},
                           "limits": {"detachedSessionTtlMs": ttl.as_millis() as u64}}))
             }
             "start" => self.start(m).await,
