@@ -236,5 +236,84 @@ async fn a_connection_lost_while_the_handler_decides_is_answered_once_after_the_
     stop.cancel();
 }
 
+/// A person who takes long to answer does not cost the client its connection: the silence
+/// watch does not ask about a process whose start is still waiting (a `process/read` would
+/// wait behind the start, `protocol.md` §6, and the watch would take the connection for
+/// wedged, so the question would be asked again on a new one). Another, quiet process is asked
+/// about meanwhile, round after round; once its answers show many rounds went by, the client
+/// is still on its first connection and was asked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_keeps_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_exec_policy(Arc::new(ServerConfig::default()), loaded(dir.path()))
+        .expect("server starts");
+    let registry = server.registry().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(server.run(vec![Listener::Ws(listener)], stop.clone()));
+    let (calls_tx, mut calls) = mpsc::unbounded_channel::<ApproveParams>();
+    let (gate_tx, gate) = watch::channel(false);
+    let opts = ClientOptions {
+        approval_handler: Some(Arc::new(move |req: ApproveParams| {
+            let _ = calls_tx.send(req);
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                ApprovalDecision::Approve
+            }
+        })),
+        silence_probe: Some(Duration::from_millis(50)),
+        probe_reply_timeout: Duration::from_millis(200),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect(Target::Ws(url), opts).await.unwrap();
+    let mut quiet = client
+        .start(StartOptions::new("quiet", ["tail", "-f", "/dev/null"]))
+        .await
+        .expect("start the quiet process");
+    let arg = marker(40);
+    let start = tokio::spawn({
+        let client = client.clone();
+        let arg = arg.clone();
+        async move {
+            client
+                .start(StartOptions::new("asked", ["sleep", arg.as_str()]))
+                .await
+        }
+    });
+    tokio::time::timeout(GUARD, calls.recv())
+        .await
+        .expect("the handler is asked (hang guard)")
+        .unwrap();
+    let responses = || registry.metrics().rpc_responses.get();
+    let before = responses();
+    eventually("twenty rounds of the silence watch", || {
+        responses() - before >= 20
+    })
+    .await;
+    assert_eq!(
+        client.connection_count(),
+        1,
+        "the connection was taken for wedged while the person decided"
+    );
+    let _ = gate_tx.send(true);
+    let mut p = tokio::time::timeout(GUARD, start)
+        .await
+        .expect("the start finishes (hang guard)")
+        .unwrap()
+        .expect("approved");
+    assert!(
+        calls.try_recv().is_err(),
+        "asked once, on the first connection"
+    );
+    assert_eq!(client.connection_count(), 1);
+    for proc in [&mut p, &mut quiet] {
+        assert!(matches!(exit_of(proc, true).await, ProcessEvent::Exited(_)));
+    }
+    client.shutdown().await;
+    stop.cancel();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The built binary.

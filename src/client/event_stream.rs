@@ -113,8 +113,8 @@ pub(super) struct ProcSlot {
     /// which they send nothing more (the server forgets the process once its exit is
     /// acknowledged, and a request then would only be answered "unknown process").
     pub(super) finished: Arc<AtomicBool>,
-    /// Shared with the process's controllers: its exclusive requests (writes, `closeStdin`,
-    /// `resize`) awaiting their answer. A `process/read` would queue behind them
+    /// Shared with the process's controllers: its exclusive requests (its start, writes,
+    /// `closeStdin`, `resize`) awaiting their answer. A `process/read` would queue behind them
     /// (`protocol.md` §6), so the silence watch does not ask about the process meanwhile.
     pub(super) exclusive_in_flight: Arc<AtomicUsize>,
     pub(super) notify: Arc<Notify>,

@@ -61,7 +61,7 @@ use crate::rpc::Method;
 use crate::server::LocalServer;
 use crate::sync::lock;
 use crate::transport::Transport;
-use event_stream::ProcSlot;
+use event_stream::{ExclusiveInFlight, ProcSlot};
 use rpc_connection::{Notification, RpcConnection};
 
 pub use crate::connection::local::LocalLimits as InProcessLimits;
@@ -450,7 +450,7 @@ impl Client {
         let id = opts.params.process_id.clone();
         // A live handle owns its id's slot: replacing it would leave that handle waiting on a
         // slot no event reaches any more.
-        let (slot, finished) = {
+        let (slot, flags) = {
             let mut procs = lock(&self.shared.procs);
             match procs.entry(id.clone()) {
                 std::collections::hash_map::Entry::Occupied(_) => {
@@ -462,6 +462,9 @@ impl Client {
                 }
             }
         };
+        // The start is an exclusive request until it is answered, which may take a person's
+        // time (an approval): the silence watch leaves the process alone meanwhile.
+        let _starting = ExclusiveInFlight::new(&flags.exclusive_in_flight);
         let mut retried = false;
         let mut lookups = 0;
         let result = loop {
@@ -525,7 +528,7 @@ impl Client {
             id,
             result.pid,
             self.clone(),
-            finished,
+            flags,
             slot,
         ))
     }

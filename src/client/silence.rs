@@ -10,10 +10,12 @@
 //! not answer within [`PROBE_REPLY_TIMEOUT`] is taken for wedged: it is closed, and the client
 //! resumes on a new one as after any lost connection (the resume replays what it missed).
 //!
-//! Not while the process has a write (or `closeStdin`, `resize`) in flight: a read waits
-//! behind it (`protocol.md` §6), and a write waits for as long as the child leaves its stdin
-//! unread. Asked then, a healthy connection would be closed for a child that was merely busy,
-//! and its upload refused on the new one while the old write still held the server's budget.
+//! Not while the process has its start, a write (or `closeStdin`, `resize`) in flight: a read
+//! waits behind it (`protocol.md` §6), a write for as long as the child leaves its stdin
+//! unread, a start for as long as a person takes to approve it. Asked then, a healthy
+//! connection would be closed for a process that was merely waiting: its upload refused on
+//! the new one while the old write still held the server's budget, or its question asked
+//! again.
 //!
 //! Only when everything received was consumed: with acks, a `process/read` acknowledges what
 //! precedes it, and the client never acknowledges what the application has not taken.
