@@ -211,6 +211,18 @@ impl WsServer {
     }
 }
 
+/// `proc` (a `sha256sum` of its stdin) exits 0 and prints the hash of `sent`: every byte
+/// arrived once, in order (`what` names the case).
+async fn sha256sum_of_all(proc: &mut execrelay::client::ProcessHandle, sent: &[u8], what: &str) {
+    let (out, code) = stdout_and_code(proc).await;
+    assert_eq!(code, Some(0), "{what}");
+    assert_eq!(
+        text(&out).split_whitespace().next(),
+        Some(sha256(sent).as_str()),
+        "{what}"
+    );
+}
+
 /// A child held on `fifo` (it reads nothing until released), then `sha256sum` of its stdin.
 fn held_sha256sum(fifo: &std::path::Path) -> Vec<String> {
     vec![
@@ -274,13 +286,12 @@ async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_i
             "binary_input {binary_input}: the third write was sent again"
         );
         w.finish().await.expect("stdin closed");
-        let (out, code) = stdout_and_code(&mut p).await;
-        assert_eq!(code, Some(0));
-        assert_eq!(
-            text(&out).split_whitespace().next(),
-            Some(sha256(&input).as_str()),
-            "binary_input {binary_input}: every byte once, in order"
-        );
+        sha256sum_of_all(
+            &mut p,
+            &input,
+            &format!("binary_input {binary_input}: every byte once, in order"),
+        )
+        .await;
         client.shutdown().await;
     }
     server.stop().await;
@@ -355,13 +366,12 @@ async fn a_refused_write_is_tried_alone_and_the_writes_behind_it_wait_for_its_an
         w.finish().await.expect("stdin closed");
         held.finish().await.expect("the holder's stdin closed");
         for (proc, sent) in [(&mut p, &input), (&mut holder, &held_input)] {
-            let (out, code) = stdout_and_code(proc).await;
-            assert_eq!(code, Some(0));
-            assert_eq!(
-                text(&out).split_whitespace().next(),
-                Some(sha256(sent).as_str()),
-                "binary_input {binary_input}: every byte once, in order"
-            );
+            sha256sum_of_all(
+                proc,
+                sent,
+                &format!("binary_input {binary_input}: every byte once, in order"),
+            )
+            .await;
         }
         client.shutdown().await;
     }
@@ -642,12 +652,7 @@ async fn a_child_that_leaves_its_stdin_unread_keeps_its_connection() {
     w.finish()
         .await
         .expect("every write delivered, stdin closed");
-    let (out, code) = stdout_and_code(&mut held).await;
-    assert_eq!(code, Some(0));
-    assert_eq!(
-        text(&out).split_whitespace().next(),
-        Some(sha256(&input).as_str())
-    );
+    sha256sum_of_all(&mut held, &input, "every byte once, in order").await;
     assert_eq!(client.connection_count(), 1);
     quiet.terminate(None).await.expect("terminate");
     let _ = stdout_and_code(&mut quiet).await;
