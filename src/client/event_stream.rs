@@ -367,10 +367,11 @@ impl Client {
         let mut procs = lock(&self.shared.procs);
         procs
             .iter_mut()
-            // A process with a write (or `closeStdin`, `resize`) in flight is not asked about:
-            // the read would wait behind it (`protocol.md` §6), for as long as the child
-            // leaves its stdin unread, and the watch would take a healthy connection for a
-            // wedged one. It is asked about once the write is answered, if still quiet.
+            // A process with its start, a write (or `closeStdin`, `resize`) in flight is not
+            // asked about: the read would wait behind it (`protocol.md` §6), for as long as the
+            // child leaves its stdin unread or a person takes to approve the start, and the
+            // watch would take a healthy connection for a wedged one. It is asked about once
+            // that is answered, if still quiet.
             .filter(|(_, s)| {
                 !s.done
                     && s.buf.is_empty()
