@@ -151,7 +151,7 @@ impl StdinWriter {
             while self.in_flight.len() >= in_flight {
                 self.settle_oldest().await?;
             }
-            let mut w = InFlight {
+            let w = InFlight {
                 write_id: self.control.next_write_id("s"),
                 data: piece,
                 close_stdin: false,
@@ -159,13 +159,7 @@ impl StdinWriter {
                 repeated: false,
                 _in_flight: self.control.exclusive(),
             };
-            if let Some(conn) = &self.conn {
-                w.call = self.send(conn, &w).await;
-            }
-            self.in_flight.push_back(w);
-            if self.conn.is_none() || self.in_flight.back().is_some_and(|w| w.call.is_none()) {
-                self.resend().await?;
-            }
+            self.push_in_order(w).await?;
         }
         Ok(())
     }
@@ -215,8 +209,8 @@ impl StdinWriter {
         })
     }
 
-    /// Writes the server refused for a limit and this writer sent again (with the writes after
-    /// them), so far: how often the server's limits were full under this input.
+    /// Writes the server refused for a limit and this writer sent again (alone, the writes
+    /// after them following once they were accepted), so far: how often the server's limits were full under this input.
     pub fn refused_writes_sent_again(&self) -> u64 {
         self.retry.tries()
     }
@@ -245,7 +239,7 @@ impl StdinWriter {
         while self.in_flight.len() >= STDIN_BINARY_WRITES_IN_FLIGHT {
             self.settle_oldest().await?;
         }
-        let mut w = InFlight {
+        let w = InFlight {
             write_id: self.control.next_write_id("s"),
             data: Bytes::new(),
             close_stdin: true,
@@ -253,14 +247,7 @@ impl StdinWriter {
             repeated: false,
             _in_flight: self.control.exclusive(),
         };
-        if let Some(conn) = &self.conn {
-            w.call = self.send(conn, &w).await;
-        }
-        let unsent = w.call.is_none();
-        self.in_flight.push_back(w);
-        if unsent {
-            self.resend().await?;
-        }
+        self.push_in_order(w).await?;
         while let Some(oldest) = self.in_flight.front() {
             let closing = oldest.close_stdin;
             match self.settle_oldest().await {
@@ -274,6 +261,23 @@ impl StdinWriter {
                 }
                 Err(e) => return Err(e),
             }
+        }
+        Ok(())
+    }
+
+    /// Queue `w` behind the writes in flight and send it, never ahead of one of them: when
+    /// some are unsent (a call cancelled while a refused write went again alone, or a lost
+    /// connection), everything unanswered goes again, in order, with it (the `writeId`s make
+    /// the repeats harmless).
+    async fn push_in_order(&mut self, mut w: InFlight) -> Result<(), StdinRefused> {
+        let behind_unsent = self.in_flight.iter().any(|w| w.call.is_none());
+        if let (Some(conn), false) = (&self.conn, behind_unsent) {
+            w.call = self.send(conn, &w).await;
+        }
+        let unsent = w.call.is_none();
+        self.in_flight.push_back(w);
+        if self.conn.is_none() || unsent {
+            self.resend().await?;
         }
         Ok(())
     }
