@@ -281,12 +281,7 @@ async fn a_slow_answer_keeps_the_connection() {
         .await
         .expect("the handler is asked (hang guard)")
         .unwrap();
-    let responses = || registry.metrics().rpc_responses.get();
-    let before = responses();
-    eventually("twenty rounds of the silence watch", || {
-        responses() - before >= 20
-    })
-    .await;
+    answered_more(&registry, 20, "twenty rounds of the silence watch").await;
     assert_eq!(
         client.connection_count(),
         1,

@@ -637,12 +637,7 @@ async fn a_child_that_leaves_its_stdin_unread_keeps_its_connection() {
     held.signal("SIGCONT")
         .await
         .expect("a round trip behind the writes");
-    let responses = || server.registry.metrics().rpc_responses.get();
-    let before = responses();
-    eventually("twenty rounds of the silence watch", || {
-        responses() - before >= 20
-    })
-    .await;
+    answered_more(&server.registry, 20, "twenty rounds of the silence watch").await;
     assert_eq!(
         client.connection_count(),
         1,

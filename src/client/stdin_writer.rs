@@ -199,13 +199,7 @@ impl StdinWriter {
     async fn binary(&self) -> Result<bool, StdinRefused> {
         Ok(match &self.conn {
             Some(conn) => conn.binary_input(),
-            None => self
-                .control
-                .client
-                .connection()
-                .await
-                .map_err(StdinRefused::Error)?
-                .binary_input(),
+            None => self.connection().await?.binary_input(),
         })
     }
 
@@ -291,16 +285,20 @@ impl StdinWriter {
             .ok()
     }
 
+    /// The client's current connection (waiting for a reconnect if one is under way).
+    async fn connection(&self) -> Result<RpcConnection, StdinRefused> {
+        self.control
+            .client
+            .connection()
+            .await
+            .map_err(StdinRefused::Error)
+    }
+
     /// Send every unanswered write again, in order, on the current connection (waiting for a
     /// reconnect if one is under way).
     async fn resend(&mut self) -> Result<(), StdinRefused> {
         loop {
-            let conn = self
-                .control
-                .client
-                .connection()
-                .await
-                .map_err(StdinRefused::Error)?;
+            let conn = self.connection().await?;
             let mut all_sent = true;
             for i in 0..self.in_flight.len() {
                 let call = self.send(&conn, &self.in_flight[i]).await;
@@ -322,12 +320,7 @@ impl StdinWriter {
     /// others' answers (refusals naming it) are no longer awaited, and they are sent again
     /// once it is accepted (their `writeId`s make that safe on a new connection too).
     async fn resend_oldest(&mut self) -> Result<(), StdinRefused> {
-        let conn = self
-            .control
-            .client
-            .connection()
-            .await
-            .map_err(StdinRefused::Error)?;
+        let conn = self.connection().await?;
         for w in self.in_flight.iter_mut() {
             w.call = None;
         }

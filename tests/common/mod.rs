@@ -554,6 +554,14 @@ pub fn kill_group(pid: &Value) {
     unsafe { libc::kill(-pid, libc::SIGKILL) };
 }
 
+/// Wait until `registry`'s server has answered `n` more requests than when called: a count of
+/// rounds of a client's silence watch, when one quiet process is all it asks about.
+pub async fn answered_more(registry: &execrelay::session::SessionRegistry, n: u64, what: &str) {
+    let responses = || registry.metrics().rpc_responses.get();
+    let before = responses();
+    eventually(what, || responses() - before >= n).await;
+}
+
 /// Wait (bounded) until `f` holds, polling: for conditions that live outside the protocol,
 /// like a process group disappearing after SIGKILL.
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
