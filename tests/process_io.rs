@@ -492,6 +492,62 @@ async fn a_write_that_crosses_session_close_answers_exited() {
     assert_eq!(e["code"], -32001, "{e}");
 }
 
+/// The client library keeps up to `STDIN_BINARY_WRITES_IN_FLIGHT` writes in flight and sends
+/// them all again after a resume: every one of them, the oldest too, is still known as
+/// accepted once its process was forgotten. (Found by the CI soak: the session kept the last
+/// 16, the pipeline had grown to 64, and the oldest repeats of a finished upload were answered
+/// `exited`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_pipeline_of_writes_repeated_after_its_process_was_forgotten_is_accepted() {
+    let pipeline = execrelay::client::STDIN_BINARY_WRITES_IN_FLIGHT + 1; // and the close
+    let mut ip = in_process(cfg(), 1 << 20);
+    let c = &mut ip.client;
+    c.call(
+        "initialize",
+        json!({"clientName": "test", "capabilities": {"acks": true}}),
+    )
+    .await;
+    c.notify("initialized", json!({})).await;
+    // One byte per write: the child exits once it read them all.
+    start_checked(
+        c,
+        json!({"processId": "up", "argv": ["head", "-c", pipeline.to_string()], "pipeStdin": true}),
+    )
+    .await;
+    let write =
+        |i: usize| json!({"processId": "up", "chunk": b64(b"x"), "writeId": format!("s-{i}")});
+    for i in 1..=pipeline {
+        assert_eq!(
+            c.call("process/write", write(i)).await,
+            json!({"status": "accepted"}),
+            "write {i}"
+        );
+    }
+    let got = collect_checked(c, "up").await;
+    assert_eq!(got.stdout, vec![b'x'; pipeline]);
+    let seq = *got.seqs.last().expect("the exit notice's seq");
+    c.notify("process/ack", json!({"processId": "up", "seq": seq}))
+        .await;
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while list_entry(c, "up").await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "still listed");
+        tokio::task::yield_now().await;
+    }
+
+    for i in 1..=pipeline {
+        assert_eq!(
+            c.call("process/write", write(i)).await,
+            json!({"status": "accepted"}),
+            "the repeat of write {i} of {pipeline}, which the process took"
+        );
+    }
+    assert_eq!(
+        c.call("process/write", write(pipeline + 1)).await,
+        json!({"status": "exited"}),
+        "a write it never took"
+    );
+}
+
 /// A write whose answer was lost with its connection is repeated after the resume; meanwhile
 /// the child took the bytes and exited, and the client acknowledged the exit notice, so the
 /// session forgot the process. The repeat did its work and is answered `accepted`, as it

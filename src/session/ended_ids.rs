@@ -22,8 +22,15 @@ use std::sync::Arc;
 pub const ENDED_PROCESS_IDS: usize = 1024;
 
 /// How many of an ended process's last accepted `writeId`s are kept: what a client may have
-/// in flight and repeat after a resume (the client library pipelines 8).
-pub const ENDED_WRITE_IDS: usize = 16;
+/// in flight and repeat after a resume. The client library pipelines up to 64 binary writes
+/// (as many as the records of the largest window, `MAX_NOISE_WINDOW_RECORDS`) and the write
+/// that closes stdin; with 16, the chaos soak saw the oldest repeats of a cut upload answered
+/// `exited` although the child had read every byte. Twice the window, so that a client with
+/// a deeper pipeline of small writes is covered too.
+pub const ENDED_WRITE_IDS: usize = 2 * crate::config::MAX_NOISE_WINDOW_RECORDS as usize;
+
+// A client's whole pipeline of binary writes (one per window record) and its close must fit.
+const _: () = assert!(ENDED_WRITE_IDS > crate::config::MAX_NOISE_WINDOW_RECORDS as usize);
 
 /// Bytes of ended processes' `writeId`s one session keeps (each id is at most 256 bytes):
 /// the oldest process's ids are forgotten first. A repeat of a forgotten one is answered
@@ -164,7 +171,7 @@ mod tests {
         assert!(!e.wrote("p", "s-3"), "older ones are not");
         assert!(!e.wrote("q", "s-4"), "another process's ids are its own");
 
-        // Bytes: 256-byte ids, 16 per process; the oldest processes' ids go first.
+        // Bytes: 256-byte ids, ENDED_WRITE_IDS per process; the oldest processes' ids go first.
         let big = |p: usize| -> Vec<Arc<str>> {
             (0..ENDED_WRITE_IDS)
                 .map(|i| Arc::from(format!("{p:03}-{i:03}-{}", "x".repeat(248))))
