@@ -20,7 +20,7 @@
 //!   release it and keep reading the child.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -116,7 +116,7 @@ pub(super) struct ProcSlot {
     /// Shared with the process's controllers: its exclusive requests (its start, writes,
     /// `closeStdin`, `resize`) awaiting their answer. A `process/read` would queue behind them
     /// (`protocol.md` §6), so the silence watch does not ask about the process meanwhile.
-    pub(super) exclusive_in_flight: Arc<AtomicUsize>,
+    pub(super) exclusive_in_flight: Arc<ExclusiveCounts>,
     pub(super) notify: Arc<Notify>,
 }
 
@@ -126,24 +126,58 @@ pub(super) struct SlotFlags {
     /// [`ProcSlot::finished`].
     pub(super) finished: Arc<AtomicBool>,
     /// [`ProcSlot::exclusive_in_flight`].
-    pub(super) exclusive_in_flight: Arc<AtomicUsize>,
+    pub(super) exclusive_in_flight: Arc<ExclusiveCounts>,
+}
+
+/// A process's exclusive requests: how many are in flight, and how many ever began. The
+/// silence watch asks about a process only with none in flight, and does not take the
+/// connection for wedged when one began while its question was on the way: the question
+/// then waits behind it (`protocol.md` §6).
+#[derive(Debug, Default)]
+pub(super) struct ExclusiveCounts {
+    in_flight: AtomicUsize,
+    begun: AtomicU64,
+}
+
+impl ExclusiveCounts {
+    /// Whether none is in flight now.
+    pub(super) fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// How many began so far: compared before and after a question to the server.
+    pub(super) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
+    }
+}
+
+/// A process the silence watch asks about ([`Client::quiet_processes`]).
+pub(super) struct QuietProcess {
+    pub(super) pid: String,
+    /// The last seq received when it was picked.
+    pub(super) received: u64,
+    /// Its exclusive requests: checked again just before the question, as one may have
+    /// begun while the watch asked about the processes before it.
+    pub(super) exclusive: Arc<ExclusiveCounts>,
 }
 
 /// Counts one exclusive request of a process in flight while it lives
 /// ([`ProcSlot::exclusive_in_flight`]).
-pub(super) struct ExclusiveInFlight(Arc<AtomicUsize>);
+pub(super) struct ExclusiveInFlight(Arc<ExclusiveCounts>);
 
 impl ExclusiveInFlight {
-    /// One more exclusive request of the process behind `count` in flight.
-    pub(super) fn new(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        ExclusiveInFlight(count.clone())
+    /// One more exclusive request of the process behind `counts` in flight.
+    pub(super) fn new(counts: &Arc<ExclusiveCounts>) -> Self {
+        // Counted as begun first: a watch that sees it in flight also sees it begun.
+        counts.begun.fetch_add(1, Ordering::AcqRel);
+        counts.in_flight.fetch_add(1, Ordering::AcqRel);
+        ExclusiveInFlight(counts.clone())
     }
 }
 
 impl Drop for ExclusiveInFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -362,7 +396,7 @@ impl Client {
     /// Processes the application waits on (running, everything received consumed) that
     /// delivered nothing since `quiet_since`, with the last seq received; each is marked
     /// heard now, so it is asked about once per quiet period.
-    pub(super) fn quiet_processes(&self, quiet_since: tokio::time::Instant) -> Vec<(String, u64)> {
+    pub(super) fn quiet_processes(&self, quiet_since: tokio::time::Instant) -> Vec<QuietProcess> {
         let now = tokio::time::Instant::now();
         let mut procs = lock(&self.shared.procs);
         procs
@@ -376,11 +410,15 @@ impl Client {
                 !s.done
                     && s.buf.is_empty()
                     && s.heard <= quiet_since
-                    && s.exclusive_in_flight.load(Ordering::Acquire) == 0
+                    && s.exclusive_in_flight.idle()
             })
             .map(|(pid, s)| {
                 s.heard = now;
-                (pid.clone(), s.received)
+                QuietProcess {
+                    pid: pid.clone(),
+                    received: s.received,
+                    exclusive: s.exclusive_in_flight.clone(),
+                }
             })
             .collect()
     }

@@ -16,14 +16,14 @@
 //! - Retry a request that is not safe to repeat: every request here goes through
 //!   [`Client::call`], and a write carries its idempotency key.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::event_stream::{ExclusiveInFlight, SlotFlags};
+use super::event_stream::{ExclusiveCounts, ExclusiveInFlight, SlotFlags};
 use super::write_retry::{retry_now, write_cost, WriteRetry};
 use super::{Client, ClientError, ProcessEvent};
 use crate::connection::message::{Call, Reply, WriteCall};
@@ -170,7 +170,7 @@ pub struct ProcessController {
     finished: Arc<AtomicBool>,
     /// Its exclusive requests awaiting their answer (the silence watch leaves the process
     /// alone meanwhile: `event_stream.rs`).
-    exclusive_in_flight: Arc<AtomicUsize>,
+    exclusive_in_flight: Arc<ExclusiveCounts>,
     /// The last `writeId` number taken, shared by every writer of this process, so that no
     /// two of its writes carry the same id (the server would take the second for a repeat of
     /// the first, and drop it).
