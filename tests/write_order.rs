@@ -14,18 +14,15 @@
 mod common;
 use common::fifo::{held_cat, make_fifo, release};
 use common::noise::pattern;
+use common::ws_server::{held_sha256sum, sha256sum_of_all, WsServer};
 use common::*;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use execrelay::client::{
-    Client, ClientOptions, InProcessConfig, StartOptions, StdinRefused, Target,
-};
+use execrelay::client::{Client, ClientOptions, InProcessConfig, StartOptions, StdinRefused};
 use execrelay::config::ServerConfig;
-use execrelay::server::{Listener, Server};
-use tokio_util::sync::CancellationToken;
 
 /// Each byte budget of the tight server: one large write fits, a large and a small one do not.
 const TIGHT: usize = 90_112;
@@ -154,83 +151,6 @@ async fn writes_behind_a_refused_one_wait_for_it_and_nothing_is_applied_out_of_o
         out.stdout == expected,
         "A, B, C, D: each once, in order, nothing of a refused write"
     );
-}
-
-/// An in-process server with a `ws://` listener.
-struct WsServer {
-    url: String,
-    registry: std::sync::Arc<execrelay::session::session_registry::SessionRegistry>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl WsServer {
-    async fn start(cfg: ServerConfig) -> WsServer {
-        let ws = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}", ws.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        let server = Server::new(std::sync::Arc::new(cfg)).expect("server starts");
-        let registry = server.registry().clone();
-        let task = tokio::spawn(server.run(vec![Listener::Ws(ws)], shutdown.clone()));
-        WsServer {
-            url,
-            registry,
-            shutdown,
-            task,
-        }
-    }
-
-    /// A client of this server with `opts`.
-    async fn client(&self, opts: ClientOptions) -> Client {
-        Client::connect(Target::Ws(self.url.clone()), opts)
-            .await
-            .expect("connect")
-    }
-
-    /// Requests this server refused for `limit` (`execrelay_limit_refusals_total`).
-    fn refusals(&self, limit: &'static str) -> u64 {
-        use execrelay::metrics::RefusedLimitLabel;
-        self.registry
-            .metrics()
-            .limit_refusals
-            .get_or_create(&RefusedLimitLabel { limit })
-            .get()
-    }
-
-    /// Requests refused for one of the byte budgets.
-    fn byte_refusals(&self) -> u64 {
-        self.refusals("maxPendingRequestBytes") + self.refusals("maxInboundBytes")
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(PROMPT, self.task)
-            .await
-            .expect("server stops")
-            .expect("server task");
-    }
-}
-
-/// `proc` (a `sha256sum` of its stdin) exits 0 and prints the hash of `sent`: every byte
-/// arrived once, in order (`what` names the case).
-async fn sha256sum_of_all(proc: &mut execrelay::client::ProcessHandle, sent: &[u8], what: &str) {
-    let (out, code) = stdout_and_code(proc).await;
-    assert_eq!(code, Some(0), "{what}");
-    assert_eq!(
-        text(&out).split_whitespace().next(),
-        Some(sha256(sent).as_str()),
-        "{what}"
-    );
-}
-
-/// A child held on `fifo` (it reads nothing until released), then `sha256sum` of its stdin.
-fn held_sha256sum(fifo: &std::path::Path) -> Vec<String> {
-    vec![
-        "sh".into(),
-        "-c".into(),
-        r#"read -r _ < "$0"; exec sha256sum"#.into(),
-        fifo.to_str().unwrap().into(),
-    ]
 }
 
 /// Three whole writes to a held child through the tight server, `refused` in the middle: the
@@ -599,58 +519,6 @@ async fn process_handle_write_sends_a_refused_write_again() {
         Some(sha256(&[a, b, c].concat()).as_str()),
         "A, B, C once each, in order"
     );
-    client.shutdown().await;
-    server.stop().await;
-}
-
-/// A child that leaves its stdin unread does not get its client's connection closed: the
-/// silence watch does not ask about a process whose write is in flight (a `process/read`
-/// would wait behind the write, `protocol.md` §6, and the watch would take the connection
-/// for wedged). Another, quiet process is asked about meanwhile, round after round; once its
-/// answers show many rounds went by, the client is still on its first connection, and the
-/// held upload then arrives whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_child_that_leaves_its_stdin_unread_keeps_its_connection() {
-    let server = WsServer::start(cfg()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = make_fifo(dir.path());
-    let opts = ClientOptions {
-        silence_probe: Some(Duration::from_millis(50)),
-        probe_reply_timeout: Duration::from_millis(200),
-        ..ClientOptions::default()
-    };
-    let client = server.client(opts).await;
-    let mut quiet = client
-        .start(StartOptions::new("quiet", ["sleep", "60"]))
-        .await
-        .expect("start the quiet process");
-    let mut start = StartOptions::new("held", held_sha256sum(&fifo));
-    start.params.pipe_stdin = true;
-    let mut held = client.start(start).await.expect("start");
-    let mut w = held.stdin_writer();
-    let piece = w.piece_bytes().await.expect("piece size");
-    // The first write fills the pipe; the second waits there until the child reads.
-    let input = pattern(2 * piece, 5);
-    w.write(bytes::Bytes::from(input.clone()))
-        .await
-        .expect("queued");
-    held.signal("SIGCONT")
-        .await
-        .expect("a round trip behind the writes");
-    answered_more(&server.registry, 20, "twenty rounds of the silence watch").await;
-    assert_eq!(
-        client.connection_count(),
-        1,
-        "the connection was taken for wedged while the child left its stdin unread"
-    );
-    release(&fifo).await;
-    w.finish()
-        .await
-        .expect("every write delivered, stdin closed");
-    sha256sum_of_all(&mut held, &input, "every byte once, in order").await;
-    assert_eq!(client.connection_count(), 1);
-    quiet.terminate(None).await.expect("terminate");
-    let _ = stdout_and_code(&mut quiet).await;
     client.shutdown().await;
     server.stop().await;
 }

@@ -20,13 +20,14 @@
 //!   release it and keep reading the child.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::{mpsc, Notify};
 
+use super::exclusive::ExclusiveCounts;
 use super::rpc_connection::{Notification, RpcConnection};
 use super::{AckPolicy, Client, ClientError, Shared};
 use crate::connection::message::{Call, Note, Reply};
@@ -129,28 +130,6 @@ pub(super) struct SlotFlags {
     pub(super) exclusive_in_flight: Arc<ExclusiveCounts>,
 }
 
-/// A process's exclusive requests: how many are in flight, and how many ever began. The
-/// silence watch asks about a process only with none in flight, and does not take the
-/// connection for wedged when one began while its question was on the way: the question
-/// then waits behind it (`protocol.md` §6).
-#[derive(Debug, Default)]
-pub(super) struct ExclusiveCounts {
-    in_flight: AtomicUsize,
-    begun: AtomicU64,
-}
-
-impl ExclusiveCounts {
-    /// Whether none is in flight now.
-    pub(super) fn idle(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0
-    }
-
-    /// How many began so far: compared before and after a question to the server.
-    pub(super) fn begun(&self) -> u64 {
-        self.begun.load(Ordering::Acquire)
-    }
-}
-
 /// A process the silence watch asks about ([`Client::quiet_processes`]).
 pub(super) struct QuietProcess {
     pub(super) pid: String,
@@ -159,26 +138,6 @@ pub(super) struct QuietProcess {
     /// Its exclusive requests: checked again just before the question, as one may have
     /// begun while the watch asked about the processes before it.
     pub(super) exclusive: Arc<ExclusiveCounts>,
-}
-
-/// Counts one exclusive request of a process in flight while it lives
-/// ([`ProcSlot::exclusive_in_flight`]).
-pub(super) struct ExclusiveInFlight(Arc<ExclusiveCounts>);
-
-impl ExclusiveInFlight {
-    /// One more exclusive request of the process behind `counts` in flight.
-    pub(super) fn new(counts: &Arc<ExclusiveCounts>) -> Self {
-        // Counted as begun first: a watch that sees it in flight also sees it begun.
-        counts.begun.fetch_add(1, Ordering::AcqRel);
-        counts.in_flight.fetch_add(1, Ordering::AcqRel);
-        ExclusiveInFlight(counts.clone())
-    }
-}
-
-impl Drop for ExclusiveInFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 impl ProcSlot {

@@ -36,6 +36,7 @@ mod diagnostics;
 mod error;
 mod establish;
 mod event_stream;
+mod exclusive;
 mod options;
 mod process_handle;
 pub mod rpc_connection;
@@ -61,7 +62,8 @@ use crate::rpc::Method;
 use crate::server::LocalServer;
 use crate::sync::lock;
 use crate::transport::Transport;
-use event_stream::{ExclusiveInFlight, ProcSlot};
+use event_stream::ProcSlot;
+use exclusive::ExclusiveInFlight;
 use rpc_connection::{Notification, RpcConnection};
 
 pub use crate::connection::local::LocalLimits as InProcessLimits;
@@ -475,7 +477,11 @@ impl Client {
                     return Err(e);
                 }
             };
-            match conn.call_typed(Call::Start(opts.params.clone())).await {
+            let held = Some(_starting.another());
+            match conn
+                .call_typed_held(Call::Start(opts.params.clone()), held)
+                .await
+            {
                 Ok(Reply::Start(r)) => break r,
                 Ok(other) => {
                     lock(&self.shared.procs).remove(&id);

@@ -23,7 +23,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::event_stream::{ExclusiveCounts, ExclusiveInFlight, SlotFlags};
+use super::event_stream::SlotFlags;
+use super::exclusive::{ExclusiveCounts, ExclusiveInFlight};
 use super::write_retry::{retry_now, write_cost, WriteRetry};
 use super::{Client, ClientError, ProcessEvent};
 use crate::connection::message::{Call, Reply, WriteCall};
@@ -205,12 +206,17 @@ impl ProcessController {
     /// id (`session::ended_ids`, the last 1,024 ended per session); this rule covers a repeat
     /// that arrives after that memory moved on (many processes of the session ending during
     /// one reconnect) and a server that does not remember ended ids at all.
-    async fn control(&self, call: Call) -> Result<Option<Reply>, ClientError> {
+    ///
+    /// An `exclusive` request (a write, `closeStdin`, `resize`) is counted among the
+    /// process's exclusive requests while each attempt is on the wire, by the connection,
+    /// even if the caller drops this future first (`exclusive.rs`).
+    async fn control(&self, call: Call, exclusive: bool) -> Result<Option<Reply>, ClientError> {
         let shared = &self.client.shared;
         let mut repeated = false;
         loop {
             let conn = self.client.connection().await?;
-            match conn.call_typed(call.clone()).await {
+            let held = exclusive.then(|| self.exclusive());
+            match conn.call_typed_held(call.clone(), held).await {
                 Err(ClientError::ConnectionLost)
                     if shared.opts.reconnect && shared.target.can_reconnect() =>
                 {
@@ -235,10 +241,13 @@ impl ProcessController {
         if self.is_finished() {
             return Ok(());
         }
-        self.control(Call::Signal(SignalParams {
-            process_id: self.id.clone(),
-            signal: name.to_string(),
-        }))
+        self.control(
+            Call::Signal(SignalParams {
+                process_id: self.id.clone(),
+                signal: name.to_string(),
+            }),
+            false,
+        )
         .await
         .map(|_| ())
     }
@@ -249,11 +258,14 @@ impl ProcessController {
             return Ok(());
         }
         let _in_flight = self.exclusive();
-        self.control(Call::Resize(ResizeParams {
-            process_id: self.id.clone(),
-            rows: size.rows,
-            cols: size.cols,
-        }))
+        self.control(
+            Call::Resize(ResizeParams {
+                process_id: self.id.clone(),
+                rows: size.rows,
+                cols: size.cols,
+            }),
+            true,
+        )
         .await
         .map(|_| ())
     }
@@ -270,12 +282,15 @@ impl ProcessController {
         }
         let _in_flight = self.exclusive();
         let r = self
-            .control(Call::Write(WriteCall {
-                process_id: self.id.clone(),
-                data: Bytes::copy_from_slice(data),
-                write_id: Some(write_id.to_string()),
-                close_stdin: false,
-            }))
+            .control(
+                Call::Write(WriteCall {
+                    process_id: self.id.clone(),
+                    data: Bytes::copy_from_slice(data),
+                    write_id: Some(write_id.to_string()),
+                    close_stdin: false,
+                }),
+                true,
+            )
             .await?;
         match r {
             Some(Reply::Write(status)) => Ok(status.as_str().to_string()),
@@ -292,9 +307,12 @@ impl ProcessController {
             return Ok(());
         }
         let _in_flight = self.exclusive();
-        self.control(Call::CloseStdin(ProcessRef {
-            process_id: self.id.clone(),
-        }))
+        self.control(
+            Call::CloseStdin(ProcessRef {
+                process_id: self.id.clone(),
+            }),
+            true,
+        )
         .await
         .map(|_| ())
     }
@@ -311,10 +329,13 @@ impl ProcessController {
             return Ok(false);
         }
         let r = self
-            .control(Call::Terminate(TerminateParams {
-                process_id: self.id.clone(),
-                grace_ms: grace.map(|g| g.as_millis() as u64),
-            }))
+            .control(
+                Call::Terminate(TerminateParams {
+                    process_id: self.id.clone(),
+                    grace_ms: grace.map(|g| g.as_millis() as u64),
+                }),
+                false,
+            )
             .await?;
         match r {
             Some(Reply::Terminate { running }) => Ok(running),

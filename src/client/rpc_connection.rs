@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 mod local_router;
 mod network;
 
+use super::exclusive::ExclusiveInFlight;
 use super::ClientError;
 use crate::connection::json_codec::{call_value, decode_call, decode_reply, reply_value};
 use crate::connection::local::LocalClientEnd;
@@ -48,7 +49,23 @@ enum Answer {
     Typed(Reply),
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, ClientError>>>>>;
+/// A call awaiting its response: where the answer goes, and, for an exclusive request of a
+/// process (`exclusive.rs`), the guard that keeps it counted until the server answered or the
+/// connection ended, even when the caller stopped waiting: the request still holds the
+/// process's queue on the server.
+struct Waiting {
+    tx: oneshot::Sender<Result<Answer, ClientError>>,
+    _held: Option<ExclusiveInFlight>,
+}
+
+impl Waiting {
+    /// Hand the answer to the caller, if it still waits; the guard goes with this.
+    fn answer(self, a: Result<Answer, ClientError>) {
+        let _ = self.tx.send(a);
+    }
+}
+
+type Pending = Arc<Mutex<HashMap<u64, Waiting>>>;
 
 /// A notification from the server. Output deltas are decoded on the reader task without
 /// building a JSON tree (they carry almost every byte).
@@ -292,11 +309,22 @@ impl RpcConnection {
     /// encoded (and the result decoded) by the JSON codec; in process it travels as it is. A
     /// full in-process queue is `-32004` (`inProcessQueue`) at once.
     pub async fn call_typed(&self, call: Call) -> Result<Reply, ClientError> {
+        self.call_typed_held(call, None).await
+    }
+
+    /// [`call_typed`](Self::call_typed) of an exclusive request of a process, counted by
+    /// `held` until the server answers it or the connection ends, even if this future is
+    /// dropped first (`exclusive.rs`).
+    pub(crate) async fn call_typed_held(
+        &self,
+        call: Call,
+        held: Option<ExclusiveInFlight>,
+    ) -> Result<Reply, ClientError> {
         match &self.out {
             Out::Json(_) => {
                 let (method, params) = call_value(&call).map_err(ClientError::from_rpc)?;
                 match self
-                    .request(RequestBody::Json(method.as_str(), params))
+                    .request(RequestBody::Json(method.as_str(), params), held)
                     .await?
                 {
                     Answer::Json(v) => decode_reply(method, v).map_err(|e| {
@@ -305,7 +333,7 @@ impl RpcConnection {
                     Answer::Typed(r) => Ok(r),
                 }
             }
-            Out::Local { .. } => match self.request(RequestBody::Typed(call)).await? {
+            Out::Local { .. } => match self.request(RequestBody::Typed(call), held).await? {
                 Answer::Typed(r) => Ok(r),
                 Answer::Json(_) => Err(ClientError::Protocol(
                     "JSON from an in-process server".into(),
@@ -352,10 +380,14 @@ impl RpcConnection {
         }
     }
 
-    async fn request(&self, body: RequestBody<'_>) -> Result<Answer, ClientError> {
+    async fn request(
+        &self,
+        body: RequestBody<'_>,
+        held: Option<ExclusiveInFlight>,
+    ) -> Result<Answer, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, tx);
+        lock(&self.pending).insert(id, Waiting { tx, _held: held });
         if self.closed.is_cancelled() {
             lock(&self.pending).remove(&id);
             return Err(ClientError::ConnectionLost);
@@ -409,7 +441,10 @@ impl RpcConnection {
     /// JSON (the library's own requests use [`call_typed`](Self::call_typed)).
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
         match &self.out {
-            Out::Json(_) => match self.request(RequestBody::Json(method, params)).await? {
+            Out::Json(_) => match self
+                .request(RequestBody::Json(method, params), None)
+                .await?
+            {
                 Answer::Json(v) => Ok(v),
                 Answer::Typed(r) => Ok(reply_value(&r)),
             },
@@ -446,9 +481,23 @@ impl RpcConnection {
         data: &bytes::Bytes,
         close_stdin: bool,
     ) -> Result<PendingCall, ClientError> {
+        self.start_write_held(process_id, write_id, data, close_stdin, None)
+            .await
+    }
+
+    /// [`start_write`](Self::start_write), counted among the process's exclusive requests by
+    /// `held` until the server answers it or the connection ends.
+    pub(crate) async fn start_write_held(
+        &self,
+        process_id: &str,
+        write_id: &str,
+        data: &bytes::Bytes,
+        close_stdin: bool,
+        held: Option<ExclusiveInFlight>,
+    ) -> Result<PendingCall, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, tx);
+        lock(&self.pending).insert(id, Waiting { tx, _held: held });
         if self.closed.is_cancelled() {
             lock(&self.pending).remove(&id);
             return Err(self.failure().unwrap_or(ClientError::ConnectionLost));

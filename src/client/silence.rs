@@ -24,7 +24,7 @@
 
 use std::time::Duration;
 
-use super::event_stream::ExclusiveCounts;
+use super::exclusive::ExclusiveCounts;
 use super::Client;
 use crate::sync::lock;
 
@@ -131,7 +131,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::client::event_stream::ExclusiveInFlight;
+    use crate::client::exclusive::ExclusiveInFlight;
 
     const WITHIN: Duration = Duration::from_secs(20);
 

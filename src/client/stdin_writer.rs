@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::event_stream::ExclusiveInFlight;
+use super::exclusive::ExclusiveInFlight;
 use super::process_handle::{ProcessController, ProcessHandle, UNKNOWN_PROCESS};
 use super::rpc_connection::{PendingCall, RpcConnection};
 use super::write_retry::{retry_now, write_cost, WriteRetry};
@@ -85,6 +85,9 @@ pub struct StdinWriter {
     conn: Option<RpcConnection>,
     /// Refusals in a row, and the pause before the next try (`write_retry.rs`).
     retry: WriteRetry,
+    /// Why it stopped, once it did: every later call answers the same, and nothing it held
+    /// is kept (the writes still on the wire stay counted by the connection until answered).
+    stopped: Option<StdinRefused>,
 }
 
 /// Why a [`StdinWriter`] stopped: the process no longer takes input.
@@ -127,6 +130,7 @@ impl StdinWriter {
             in_flight: VecDeque::new(),
             conn: None,
             retry: WriteRetry::new(retry_for),
+            stopped: None,
         }
     }
 
@@ -135,6 +139,9 @@ impl StdinWriter {
     /// while the pipeline is full. An error means the process takes no more input (or the
     /// session is lost): nothing further will be written.
     pub async fn write(&mut self, data: Bytes) -> Result<(), StdinRefused> {
+        if let Some(e) = &self.stopped {
+            return Err(e.clone());
+        }
         if self.control.is_finished() {
             return Err(StdinRefused::Status("exited".into()));
         }
@@ -211,6 +218,9 @@ impl StdinWriter {
 
     /// Wait until every queued write was answered `accepted`.
     pub async fn flush(&mut self) -> Result<(), StdinRefused> {
+        if let Some(e) = &self.stopped {
+            return Err(e.clone());
+        }
         while !self.in_flight.is_empty() {
             self.settle_oldest().await?;
         }
@@ -221,6 +231,9 @@ impl StdinWriter {
     /// empty write whose close-stdin flag is set, in the pipeline like any write (resent, with
     /// its `writeId`, after a reconnect); else `process/closeStdin`.
     pub async fn finish(mut self) -> Result<(), StdinRefused> {
+        if let Some(e) = self.stopped.take() {
+            return Err(e);
+        }
         let binary = self.binary().await?;
         if !binary || self.control.is_finished() {
             self.flush().await?;
@@ -263,7 +276,12 @@ impl StdinWriter {
     /// some are unsent (a call cancelled while a refused write went again alone, or a lost
     /// connection), everything unanswered goes again, in order, with it (the `writeId`s make
     /// the repeats harmless).
-    async fn push_in_order(&mut self, mut w: InFlight) -> Result<(), StdinRefused> {
+    async fn push_in_order(&mut self, w: InFlight) -> Result<(), StdinRefused> {
+        let r = self.push_in_order_once(w).await;
+        self.stop_on(r)
+    }
+
+    async fn push_in_order_once(&mut self, mut w: InFlight) -> Result<(), StdinRefused> {
         let behind_unsent = self.in_flight.iter().any(|w| w.call.is_none());
         if let (Some(conn), false) = (&self.conn, behind_unsent) {
             w.call = self.send(conn, &w).await;
@@ -280,7 +298,10 @@ impl StdinWriter {
         // (A write already in flight when the exit arrived is still answered by the server:
         // `exited`, the process being known until its exit is acknowledged.)
         let id = &self.control.id;
-        conn.start_write(id, &w.write_id, &w.data, w.close_stdin)
+        // Counted by the connection too while on the wire: the writer may be dropped (or
+        // stop on an error) while the server still holds the write.
+        let held = Some(w._in_flight.another());
+        conn.start_write_held(id, &w.write_id, &w.data, w.close_stdin, held)
             .await
             .ok()
     }
@@ -338,6 +359,22 @@ impl StdinWriter {
     /// Wait for the oldest write's answer; on a lost connection, send everything unanswered
     /// again and wait on.
     async fn settle_oldest(&mut self) -> Result<(), StdinRefused> {
+        let r = self.settle_oldest_once().await;
+        self.stop_on(r)
+    }
+
+    /// After an error nothing more is written (red team F4: a writer that stopped kept its
+    /// writes, each counted as an exclusive request of the process, until it was dropped,
+    /// and the silence watch left the process alone meanwhile).
+    fn stop_on(&mut self, r: Result<(), StdinRefused>) -> Result<(), StdinRefused> {
+        if let Err(e) = &r {
+            self.in_flight.clear();
+            self.stopped = Some(e.clone());
+        }
+        r
+    }
+
+    async fn settle_oldest_once(&mut self) -> Result<(), StdinRefused> {
         loop {
             let Some(oldest) = self.in_flight.front_mut() else {
                 return Ok(());

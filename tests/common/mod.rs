@@ -5,7 +5,7 @@
 //! `contain` (processes recorded by pid and start time, checked in `/proc`; whether cgroups
 //! are here), `fifo` (holding a child back), `interop` (the Python clients written from the spec, in their own venv), `process` (one process from start to exit notice, checked,
 //! and what `/proc` says about it), `noise` and `noise_bin` (Noise servers, raw links, key
-//! files), `pty` (a terminal for `run -t`). Every test binary compiles all of them, hence
+//! files), `pty` (a terminal for `run -t`), `ws_server` (the server on a `ws://` listener, for the client library). Every test binary compiles all of them, hence
 //! `dead_code` is allowed for the whole module.
 #![allow(dead_code)]
 
@@ -20,6 +20,7 @@ pub mod noise_bin;
 pub mod process;
 pub mod pty;
 pub mod relay;
+pub mod ws_server;
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;

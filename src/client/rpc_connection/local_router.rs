@@ -53,8 +53,8 @@ impl LocalRouter {
     pub(super) fn route_control(&self, m: Outbound) {
         match m {
             Outbound::Result { id, reply } => {
-                if let Some(tx) = local_id(&id).and_then(|n| lock(&self.pending).remove(&n)) {
-                    let _ = tx.send(Ok(Answer::Typed(reply)));
+                if let Some(w) = local_id(&id).and_then(|n| lock(&self.pending).remove(&n)) {
+                    w.answer(Ok(Answer::Typed(reply)));
                 }
             }
             Outbound::Error { id, error } => {
@@ -62,8 +62,8 @@ impl LocalRouter {
                     .as_ref()
                     .and_then(local_id)
                     .and_then(|n| lock(&self.pending).remove(&n));
-                if let Some(tx) = waiting {
-                    let _ = tx.send(Err(ClientError::from_rpc(error)));
+                if let Some(w) = waiting {
+                    w.answer(Err(ClientError::from_rpc(error)));
                 }
             }
             Outbound::Request { id, params } => {
@@ -187,8 +187,9 @@ pub(super) fn start(
         }
         c.cancel();
         router.release();
-        for (_, tx) in lock(&p).drain() {
-            let _ = tx.send(Err(ClientError::ConnectionLost));
+        let waiting: Vec<_> = lock(&p).drain().collect();
+        for (_, w) in waiting {
+            w.answer(Err(ClientError::ConnectionLost));
         }
     });
     RpcConnection {

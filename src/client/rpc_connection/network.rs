@@ -129,9 +129,9 @@ pub(super) fn start(
             match parse_inbound(&bytes) {
                 Ok(Inbound::Response { id, outcome }) => {
                     let Some(id) = id.as_u64() else { continue };
-                    let tx = lock(&p).remove(&id);
-                    if let Some(tx) = tx {
-                        let _ = tx.send(
+                    let waiting = lock(&p).remove(&id);
+                    if let Some(w) = waiting {
+                        w.answer(
                             outcome
                                 .map(Answer::Json)
                                 .map_err(ClientError::from_error_object),
@@ -171,8 +171,9 @@ pub(super) fn start(
         // Fail every waiting call: the connection is gone (for the reason it broke, if the
         // server broke the protocol).
         let why = lock(&failed).clone().unwrap_or(ClientError::ConnectionLost);
-        for (_, tx) in lock(&p).drain() {
-            let _ = tx.send(Err(why.clone()));
+        let waiting: Vec<_> = lock(&p).drain().collect();
+        for (_, w) in waiting {
+            w.answer(Err(why.clone()));
         }
     });
 

@@ -1,0 +1,65 @@
+//! A process's exclusive requests in flight (its start, writes, `closeStdin`, `resize`):
+//! counted per process, shared by its slot, its controllers and the connection's table of
+//! calls awaiting an answer.
+//!
+//! Why: a `process/read` waits behind them on the server (`protocol.md` §6), for as long as a
+//! child leaves its stdin unread or a person takes to approve a start, so the silence watch
+//! (`silence.rs`) must not ask about a process meanwhile, nor take an unanswered question for
+//! a wedged connection when one of them began while it was on its way.
+//!
+//! Owns only the two counters and the guard that keeps one request counted. It must never
+//! block, and a guard must live exactly as long as its request can still hold the server's
+//! queue: the caller's future may be dropped while the request is on the wire, so the
+//! connection keeps a guard with the pending call until it is answered or the connection
+//! ends (`rpc_connection.rs`).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A process's exclusive requests: how many are in flight, and how many ever began. The
+/// silence watch asks about a process only with none in flight, and does not take the
+/// connection for wedged when one began while its question was on the way: the question
+/// then waits behind it (`protocol.md` §6).
+#[derive(Debug, Default)]
+pub(crate) struct ExclusiveCounts {
+    in_flight: AtomicUsize,
+    begun: AtomicU64,
+}
+
+impl ExclusiveCounts {
+    /// Whether none is in flight now.
+    pub(crate) fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// How many began so far: compared before and after a question to the server.
+    pub(crate) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
+    }
+}
+
+/// Counts one exclusive request of a process in flight while it lives
+/// (`ProcSlot::exclusive_in_flight`).
+pub(crate) struct ExclusiveInFlight(Arc<ExclusiveCounts>);
+
+impl ExclusiveInFlight {
+    /// One more exclusive request of the process behind `counts` in flight.
+    pub(crate) fn new(counts: &Arc<ExclusiveCounts>) -> Self {
+        // Counted as begun first: a watch that sees it in flight also sees it begun.
+        counts.begun.fetch_add(1, Ordering::AcqRel);
+        counts.in_flight.fetch_add(1, Ordering::AcqRel);
+        ExclusiveInFlight(counts.clone())
+    }
+
+    /// One more guard counting the same process's requests: the one the connection keeps
+    /// with the pending call, which outlives the caller's future if that is dropped.
+    pub(crate) fn another(&self) -> ExclusiveInFlight {
+        ExclusiveInFlight::new(&self.0)
+    }
+}
+
+impl Drop for ExclusiveInFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
