@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use execrelay::client::{Client, ClientOptions, InProcessConfig, StartOptions, StdinRefused};
+use execrelay::client::{
+    Client, ClientError, ClientOptions, InProcessConfig, StartOptions, StdinRefused,
+};
 use execrelay::config::ServerConfig;
 
 /// Each byte budget of the tight server: one large write fits, a large and a small one do not.
@@ -519,6 +521,125 @@ async fn process_handle_write_sends_a_refused_write_again() {
         Some(sha256(&[a, b, c].concat()).as_str()),
         "A, B, C once each, in order"
     );
+    client.shutdown().await;
+    server.stop().await;
+}
+
+/// A start refused for a limit that empties by itself (here `maxPendingRequestBytes`, full
+/// of another process's held upload) is tried again, with the pauses of a refused write, and
+/// goes through once the upload moves; a start larger than the server's `maxMessageBytes` is
+/// refused by the client at once, and with `write_retry_for` zero the first refusal is
+/// reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_while_uploads_fill_the_budget_goes_once_they_move() {
+    let server = WsServer::start(tight()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let client = server.client(ClientOptions::default()).await;
+    let mut start = StartOptions::new("holder", held_sha256sum(&fifo));
+    start.params.pipe_stdin = true;
+    let mut holder = client.start(start).await.expect("start the holder");
+    let mut held = holder.stdin_writer();
+    let piece = held.piece_bytes().await.expect("piece size");
+    // The first write fills the pipe; the second waits there with its charge.
+    let held_input = pattern(2 * piece, 3);
+    held.write(bytes::Bytes::from(held_input.clone()))
+        .await
+        .expect("two writes in flight");
+    holder
+        .signal("SIGCONT")
+        .await
+        .expect("a round trip behind the holder's writes");
+
+    // A start whose argv does not fit beside the held write, but fits the budget alone.
+    let big_arg = "x".repeat(TIGHT - piece);
+    let argv = ["sh", "-c", "echo started", big_arg.as_str()];
+    let bytes_before = server.byte_refusals();
+    let starting = {
+        let client = client.clone();
+        let argv = argv.map(String::from);
+        tokio::spawn(async move { client.start(StartOptions::new("late", argv)).await })
+    };
+    eventually("the start refused for the budget", || {
+        server.byte_refusals() > bytes_before
+    })
+    .await;
+    assert!(
+        !starting.is_finished(),
+        "the start ended at its first refusal instead of trying again"
+    );
+    release(&fifo).await;
+    let mut late = tokio::time::timeout(PROMPT, starting)
+        .await
+        .expect("started once the upload moved (hang guard)")
+        .expect("join")
+        .expect("the start went through");
+    let (out, code) = stdout_and_code(&mut late).await;
+    assert_eq!((text(&out).as_str(), code), ("started\n", Some(0)));
+    held.finish().await.expect("the holder's stdin closed");
+    sha256sum_of_all(&mut holder, &held_input, "the holder's upload, whole").await;
+
+    // Larger than the server reads in one message: refused by the client, never sent (the
+    // server would close the connection on it, and the start, sent again on each new one,
+    // looped for ever).
+    let huge = "x".repeat(TIGHT + 1);
+    let e = tokio::time::timeout(
+        PROMPT,
+        client.start(StartOptions::new("huge", ["true", huge.as_str()])),
+    )
+    .await
+    .expect("answered at once (hang guard)")
+    .err()
+    .expect("a start larger than maxMessageBytes");
+    match &e {
+        ClientError::RequestTooLarge {
+            method,
+            bytes,
+            limit,
+        } => {
+            assert_eq!((method.as_str(), *limit), ("process/start", TIGHT));
+            assert!(*bytes > TIGHT);
+        }
+        other => panic!("expected RequestTooLarge: {other}"),
+    }
+    assert!(e.to_string().contains("maxMessageBytes"), "{e}");
+    assert_eq!(client.connection_count(), 1, "the connection was kept");
+    let mut after = client
+        .start(StartOptions::new("huge", ["echo", "fine"]))
+        .await
+        .expect("the id is free again, the connection usable");
+    let (out, _) = stdout_and_code(&mut after).await;
+    assert_eq!(text(&out), "fine\n");
+    client.shutdown().await;
+
+    // Without retries, the first refusal is the answer.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = make_fifo(dir.path());
+    let opts = ClientOptions {
+        write_retry_for: Duration::ZERO,
+        ..ClientOptions::default()
+    };
+    let client = server.client(opts).await;
+    let mut start = StartOptions::new("holder", held_sha256sum(&fifo));
+    start.params.pipe_stdin = true;
+    let mut holder = client.start(start).await.expect("start the holder");
+    let mut held = holder.stdin_writer();
+    held.write(bytes::Bytes::from(held_input.clone()))
+        .await
+        .expect("two writes in flight");
+    holder
+        .signal("SIGCONT")
+        .await
+        .expect("a round trip behind the holder's writes");
+    let e = client
+        .start(StartOptions::new("late", argv))
+        .await
+        .err()
+        .expect("refused, not tried again");
+    assert!(matches!(e, ClientError::Rpc { code: -32004, .. }), "{e}");
+    release(&fifo).await;
+    held.finish().await.expect("the holder's stdin closed");
+    sha256sum_of_all(&mut holder, &held_input, "the holder's upload, whole").await;
     client.shutdown().await;
     server.stop().await;
 }

@@ -151,6 +151,7 @@ pub fn connect_failure(url: &str, e: &ClientError, key: Option<&str>, token: boo
         )),
         ClientError::ConnectionLost => Failure::cause(format!("the connection to {url} was lost")),
         ClientError::Protocol(why) => Failure::cause(format!("{url}: {why}")),
+        e @ ClientError::RequestTooLarge { .. } => Failure::cause(format!("{url}: {e}")),
     }
 }
 

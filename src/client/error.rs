@@ -41,6 +41,22 @@ pub enum ClientError {
     /// resuming it was refused with `-32003`.
     #[error("the session expired on the server (or was closed)")]
     SessionExpired,
+    /// A request larger than the server's `maxMessageBytes` (`initialize`'s `limits`): not
+    /// sent, as the server would close the connection on it, and a repeat on the next one
+    /// would fare no better.
+    #[error(
+        "a {method} request of {bytes} bytes is larger than the server's maxMessageBytes \
+         ({limit}): send less in one request (a shorter argv or env), or raise the server's \
+         limit"
+    )]
+    RequestTooLarge {
+        /// The method.
+        method: String,
+        /// The request's size, encoded.
+        bytes: usize,
+        /// The server's `maxMessageBytes`.
+        limit: usize,
+    },
     /// The relay revoked the environment (its key is no longer listed): nothing retries.
     #[error("{0}")]
     Revoked(String),

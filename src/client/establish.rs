@@ -161,10 +161,11 @@ impl Client {
         conn.notify_typed(Note::Initialized).await?;
         conn.set_binary_input(init.capabilities.binary_input);
         conn.set_retry_refused_writes(init.capabilities.retry_refused_writes);
-        self.shared.server_max_message.store(
-            usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let max_message = usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX);
+        conn.set_max_message(max_message);
+        self.shared
+            .server_max_message
+            .store(max_message, std::sync::atomic::Ordering::Relaxed);
         self.shared.server_retained.store(
             init.limits.retained_output_bytes,
             std::sync::atomic::Ordering::Relaxed,

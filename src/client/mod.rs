@@ -468,6 +468,8 @@ impl Client {
         // time (an approval): the silence watch leaves the process alone meanwhile.
         let _starting = ExclusiveInFlight::new(&flags.exclusive_in_flight);
         let mut retried = false;
+        let mut refusals = write_retry::WriteRetry::new(self.shared.opts.write_retry_for);
+        let cost = serde_json::to_vec(&opts.params).map_or(0, |v| v.len());
         let mut lookups = 0;
         let result = loop {
             let conn = match self.connection().await {
@@ -521,6 +523,20 @@ impl Client {
                                 process_id: id.clone(),
                                 pid: 0,
                             }
+                        }
+                    }
+                }
+                // Refused for a limit that empties as other requests are answered (many
+                // uploads held by children that do not read): refused before it was read, so
+                // nothing was started. Tried again, with the pauses and bound of a refused
+                // write; a start that can never fit the byte limit is given up at once.
+                Err(e) if write_retry::transient_limit(&e) => {
+                    let now = write_retry::retry_now();
+                    match refusals.after_refusal(&e, cost, true, now) {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => {
+                            lock(&self.shared.procs).remove(&id);
+                            return Err(e);
                         }
                     }
                 }

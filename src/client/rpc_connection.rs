@@ -14,7 +14,7 @@
 //! [`Client`]: super::Client
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
@@ -243,9 +243,29 @@ pub struct RpcConnection {
     /// The server keeps a process's writes in order after refusing one
     /// (`capabilities.retryRefusedWrites`): a refused write may be sent again.
     retry_refused_writes: Arc<AtomicBool>,
+    /// The server's `maxMessageBytes` ([`set_max_message`](Self::set_max_message)); no
+    /// limit until `initialize` tells it.
+    max_message: Arc<AtomicUsize>,
 }
 
 impl RpcConnection {
+    /// The most the server reads in one message (`initialize`'s `limits.maxMessageBytes`):
+    /// a larger request is refused here, not sent (the server would close the connection on
+    /// it, and a client that resends on a new connection would loop).
+    pub fn set_max_message(&self, bytes: usize) {
+        self.max_message.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The error for a `method` request of `bytes` over the server's limit, if it is.
+    fn over_limit(&self, method: &str, bytes: usize) -> Option<ClientError> {
+        let limit = self.max_message.load(Ordering::Relaxed);
+        (bytes > limit).then(|| ClientError::RequestTooLarge {
+            method: method.to_string(),
+            bytes,
+            limit,
+        })
+    }
+
     /// Whether writes go as binary messages (the server said `binaryInput: true`).
     pub fn binary_input(&self) -> bool {
         self.binary_input.load(Ordering::Relaxed)
@@ -393,10 +413,16 @@ impl RpcConnection {
             return Err(ClientError::ConnectionLost);
         }
         let sent = match (&self.out, body) {
-            (Out::Json(out), RequestBody::Json(method, params)) => out
-                .send(encode_request(&Value::from(id), method, &params).into())
-                .await
-                .map_err(|_| ClientError::ConnectionLost),
+            (Out::Json(out), RequestBody::Json(method, params)) => {
+                let text = encode_request(&Value::from(id), method, &params);
+                match self.over_limit(method, text.len()) {
+                    Some(e) => Err(e),
+                    None => out
+                        .send(text.into())
+                        .await
+                        .map_err(|_| ClientError::ConnectionLost),
+                }
+            }
             (Out::Local { requests, capacity }, RequestBody::Typed(call)) => requests
                 .try_send(Typed::Request {
                     id: RequestId::from(id),

@@ -1,5 +1,6 @@
-//! When a [`StdinWriter`](super::StdinWriter) sends a refused write again: the policy, without
-//! I/O or a clock (the writer sleeps the pauses it returns).
+//! When a [`StdinWriter`](super::StdinWriter) sends a refused write again, and when
+//! `Client::start` sends a refused start again: the policy, without I/O or a clock (the
+//! caller sleeps the pauses it returns).
 //!
 //! A server that says `capabilities.retryRefusedWrites` keeps a process's writes in order after
 //! refusing one for a limit (`connection/write_order.rs`): everything behind the refused write
@@ -14,7 +15,8 @@
 //! [`WRITE_RETRY_FIRST_MS`], doubling to [`WRITE_RETRY_MAX_MS`], for at most
 //! `ClientOptions::write_retry_for` ([`WRITE_RETRY_FOR_MS`] by default) since the first of the
 //! refusals in a row (pauses and round trips alike: the caller passes the time); an accepted
-//! write starts it over.
+//! write starts it over. [`transient_limit`]: the refusals a start is tried again on (a start
+//! is tried again with the same pauses and bound; it needs no promise of order).
 //!
 //! # What it must never do
 //!
@@ -41,6 +43,32 @@ pub const WRITE_RETRY_MAX_MS: u64 = 500;
 /// server that does not keep the order): a server whose limits stay full for a minute is not
 /// coming back soon.
 pub const WRITE_RETRY_FOR_MS: u64 = 60_000;
+
+/// The limits whose `-32004` a start is tried again on (`Client::start`): the connection's
+/// and the server's requests in flight and their bytes, and the in-process queue. They empty
+/// as other requests are answered, and a request refused for them was refused before it was
+/// read, so the start was not made. Not `maxProcesses` and its kin: they wait on processes
+/// ending, which is the application's to decide.
+const TRANSIENT_LIMITS: [&str; 5] = [
+    "maxPendingRequests",
+    "maxPendingControlRequests",
+    "maxPendingRequestBytes",
+    "maxInboundBytes",
+    super::rpc_connection::IN_PROCESS_QUEUE_LIMIT,
+];
+
+/// Whether `error` is a refusal for a limit that empties by itself ([`TRANSIENT_LIMITS`]).
+pub(super) fn transient_limit(error: &ClientError) -> bool {
+    let ClientError::Rpc { code, data, .. } = error else {
+        return false;
+    };
+    *code == ErrorCode::LimitReached.code()
+        && data
+            .as_ref()
+            .and_then(|d| d.get("limit"))
+            .and_then(Value::as_str)
+            .is_some_and(|l| TRANSIENT_LIMITS.contains(&l))
+}
 
 /// The byte limits a write is charged to (`data.limit` of their `-32004`); `data.value` is
 /// their size in bytes, so a write larger than that can never fit.
@@ -144,6 +172,34 @@ pub(super) fn write_cost(len: usize, binary: bool) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_start_is_tried_again_only_for_limits_that_empty_by_themselves() {
+        for name in TRANSIENT_LIMITS {
+            assert!(transient_limit(&limit(name, 1)), "{name}");
+        }
+        for name in [
+            "maxProcesses",
+            "maxSessions",
+            "maxProcessesPerKey",
+            "writeOrder",
+        ] {
+            assert!(!transient_limit(&limit(name, 1)), "{name}");
+        }
+        let no_data = ClientError::Rpc {
+            code: -32004,
+            message: "limit reached".into(),
+            data: None,
+        };
+        assert!(!transient_limit(&no_data));
+        let other_code = ClientError::Rpc {
+            code: -32602,
+            message: "x".into(),
+            data: Some(json!({"limit": "maxInboundBytes", "value": 1})),
+        };
+        assert!(!transient_limit(&other_code));
+        assert!(!transient_limit(&ClientError::ConnectionLost));
+    }
 
     fn limit(name: &str, value: u64) -> ClientError {
         ClientError::Rpc {

@@ -196,3 +196,54 @@ def test_the_blocking_client_takes_the_setting_and_counts(tight_url):
         assert c._c._write_retry_for == 2.5
         assert c.writes_sent_again == 0
         assert c.run(["sh", "-c", "wc -c"], input=b"x" * 100_000).stdout.strip() == b"100000"
+
+
+def test_a_start_refused_while_an_upload_fills_the_budget_goes_once_it_moves(tight_url, tmp_path):
+    """A start refused for a limit that empties by itself (``maxPendingRequestBytes``, full of
+    another process's held upload) is tried again, and goes once the upload moves; a start
+    larger than ``maxMessageBytes`` is refused by the client, never sent (the server would
+    close the connection, and the start, sent again on each new one, looped)."""
+    from execrelay import RequestTooLarge
+    from execrelay._write_retry import transient_limit
+    fifo = _fifo(tmp_path)
+
+    async def main():
+        async with await aio.connect(tight_url) as c:
+            holder = await c.start(["sh", "-c", 'read -r _ < "$0"; exec sha256sum', fifo],
+                                   stdin=True)
+            step = aio.BINARY_WRITE_CHUNK
+            held = os.urandom(2 * step)
+            sent = await _recording(c)
+            holding = asyncio.ensure_future(holder._write(held, close=True))
+            deadline = time.monotonic() + 30
+            while len(sent) < 2:
+                assert time.monotonic() < deadline, "the holder's writes were not sent"
+                await asyncio.sleep(0.01)
+            # A round trip behind the holder's two writes: the server has read them both.
+            await holder.signal("SIGCONT")
+            big = "x" * (int(TIGHT) - step)
+            starting = asyncio.ensure_future(c.run(["sh", "-c", "echo started", big]))
+            deadline = time.monotonic() + 30
+            while _refusals(sent, ("maxPendingRequestBytes", "maxInboundBytes")) < 1:
+                assert time.monotonic() < deadline, "the start was not refused"
+                await asyncio.sleep(0.01)
+            assert not starting.done(), "the start ended at its first refusal"
+            await _release(fifo)
+            r = await asyncio.wait_for(starting, 60)
+            assert (r.stdout, r.exit_code) == (b"started\n", 0)
+            await asyncio.wait_for(holding, 60)
+            hr = await holder.wait(60)
+            assert hr.stdout.split()[0].decode() == hashlib.sha256(held).hexdigest()
+
+            resumes = c.resumes
+            with pytest.raises(RequestTooLarge) as e:
+                await asyncio.wait_for(c.run(["true", "x" * (int(TIGHT) + 1)]), 30)
+            assert (e.value.method, e.value.limit) == ("process/start", int(TIGHT))
+            assert "maxMessageBytes" in str(e.value)
+            assert c.resumes == resumes, "the connection was kept"
+            assert (await c.run(["echo", "fine"])).stdout == b"fine\n"
+    asyncio.run(main())
+    assert transient_limit(-32004, {"limit": "maxInboundBytes", "value": 1})
+    assert not transient_limit(-32004, {"limit": "maxProcesses", "value": 1})
+    assert not transient_limit(-32004, None)
+    assert not transient_limit(-32602, {"limit": "maxInboundBytes"})

@@ -201,5 +201,6 @@ pub(super) fn start(
         flow: None,
         binary_input: Arc::default(),
         retry_refused_writes: Arc::default(),
+        max_message: Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
     }
 }

@@ -186,5 +186,6 @@ pub(super) fn start(
         flow,
         binary_input: Arc::default(),
         retry_refused_writes: Arc::default(),
+        max_message: Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
     }
 }

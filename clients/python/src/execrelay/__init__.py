@@ -28,7 +28,8 @@ from ._link import KEEPALIVE_INTERVAL, PONG_TIMEOUT
 from ._write_retry import WRITE_RETRY_FOR
 from .aio import StdinClosed
 from .errors import (CommandError, ConfigError, ConnectError, ExecRelayError, NotApprovedError,
-                     OutputLost, ProtocolError, RefusedError, RpcError, SessionLost, StartError)
+                     OutputLost, ProtocolError, RefusedError, RequestTooLarge, RpcError,
+                     SessionLost, StartError)
 from .types import ApprovalRequest, Event, Result
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "connect", "Client", "Process", "Result", "Event", "ApprovalRequest", "aio",
     "ExecRelayError", "ConfigError", "ConnectError", "RefusedError", "ProtocolError",
     "SessionLost", "RpcError", "StartError", "NotApprovedError", "OutputLost", "CommandError",
+    "RequestTooLarge",
     "StdinClosed", "__version__",
 ]
 

@@ -1,5 +1,5 @@
-"""When a refused write is sent again (the Rust library's `client/write_retry.rs`, the same
-policy).
+"""When a refused write (or start) is sent again (the Rust library's `client/write_retry.rs`,
+the same policy).
 
 A server whose `initialize` result says ``capabilities.retryRefusedWrites`` keeps a process's
 writes in order after refusing one for a limit (``-32004``): every later write of that process
@@ -20,6 +20,18 @@ WRITE_RETRY_FIRST = 0.005
 WRITE_RETRY_MAX = 0.5
 #: How long (seconds) refusals in a row are tried again by default.
 WRITE_RETRY_FOR = 60.0
+
+#: The limits whose ``-32004`` a start is tried again on: requests in flight and their bytes,
+#: which empty as other requests are answered (a request refused for them was refused before
+#: it was read, so nothing was started). Not ``maxProcesses`` and its kin.
+TRANSIENT_LIMITS = ("maxPendingRequests", "maxPendingControlRequests", "maxPendingRequestBytes",
+                    "maxInboundBytes")
+
+
+def transient_limit(code: int, data: Any) -> bool:
+    """Whether a refusal is for a limit that empties by itself (`TRANSIENT_LIMITS`)."""
+    return code == -32004 and isinstance(data, dict) and data.get("limit") in TRANSIENT_LIMITS
+
 
 #: The byte limits a write is charged to: ``data.value`` is their size in bytes.
 _BYTE_LIMITS = ("maxPendingRequestBytes", "maxInboundBytes")

@@ -35,9 +35,9 @@ from ._link import Link, LinkError, StreamReset
 from ._noise import SUITE_AESGCM, SUITE_CHACHAPOLY, cpu_has_fast_aes
 from ._target import Endpoint, check_window, resolve
 from ._transport import NoiseTransport, TransportClosed, WsTransport
-from ._write_retry import WRITE_RETRY_FOR, WriteRetry, write_cost
+from ._write_retry import WRITE_RETRY_FOR, WriteRetry, transient_limit, write_cost
 from .errors import (ConnectError, ExecRelayError, NotApprovedError, OutputLost, ProtocolError,
-                     RefusedError, RpcError, SessionLost, StartError)
+                     RefusedError, RequestTooLarge, RpcError, SessionLost, StartError)
 from .types import ApprovalRequest, Event, Result
 
 __all__ = ["connect", "Client", "Process", "Result", "Event", "ApprovalRequest",
@@ -249,6 +249,12 @@ class _Connection:
         ends first)."""
         text = json.dumps({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params},
                           separators=(",", ":"))
+        # Never sent when larger than the server reads: it would close the connection on it,
+        # and a request sent again on each new connection would loop.
+        limit = (self.client.init_result.get("limits") or {}).get("maxMessageBytes")
+        size = len(text.encode())
+        if isinstance(limit, int) and size > limit:
+            raise RequestTooLarge(method, size, limit)
         return await self._start(text, req_id)
 
     async def _start(self, msg: Union[str, bytes], req_id: int) -> "asyncio.Future[Any]":
@@ -996,10 +1002,21 @@ class Client:
     async def _start_call(self, params: Dict[str, Any], cwd: Optional[str]) -> Any:
         attempts = 0
         resumes = self.resumes
+        refusals = WriteRetry(self._write_retry_for)
+        cost = len(json.dumps(params, separators=(",", ":")))
         while True:
             try:
                 return await self._call("process/start", params, cwd=cwd)
             except RpcError as e:
+                # Refused for a limit that empties as other requests are answered (uploads
+                # held by children that do not read): nothing was started. Tried again with
+                # the pauses and bound of a refused write.
+                if transient_limit(e.code, e.data):
+                    pause = refusals.after_refusal(e.code, e.data, cost, True, time.monotonic())
+                    if pause is None:
+                        raise
+                    await asyncio.sleep(pause)
+                    continue
                 # A start retried after a resume may have been applied already: find it.
                 if e.code != -32002 or self.resumes == resumes or attempts >= START_LOOKUPS:
                     raise

@@ -39,6 +39,21 @@ class SessionLost(ExecRelayError):
     """The session could not be resumed (its TTL passed, it expired, or the server forgot it)."""
 
 
+class RequestTooLarge(ExecRelayError, ValueError):
+    """A request larger than the server's ``maxMessageBytes`` (its ``initialize`` limits): not
+    sent, as the server would close the connection on it. `method`, `size` and `limit` (bytes)
+    say which and by how much."""
+
+    def __init__(self, method: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"a {method} request of {size} bytes is larger than the server's maxMessageBytes "
+            f"({limit}): send less in one request (a shorter argv or env), or raise the "
+            "server's limit")
+        self.method = method
+        self.size = size
+        self.limit = limit
+
+
 class RpcError(ExecRelayError):
     """The server answered a request with a JSON-RPC error (`code`, `message`, `data`)."""
 
