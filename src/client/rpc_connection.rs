@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 mod local_router;
 mod network;
+mod notification;
+
+pub use notification::{FastPath, Notification, NotificationSink};
 
 use super::exclusive::ExclusiveInFlight;
 use super::ClientError;
@@ -31,8 +34,7 @@ use crate::connection::local::LocalClientEnd;
 use crate::connection::message::{Call, Inbound as Typed, Note, Reply, RequestId, WriteCall};
 use crate::rpc::binary_write::{encode_write_head, fits_binary_write};
 use crate::rpc::jsonrpc::{encode_error, encode_notification, encode_request, encode_response};
-use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult, ExitInfo, StreamName};
-use crate::rpc::notification::OutputDelta;
+use crate::rpc::messages::{ApprovalDecision, ApproveParams, ApproveResult};
 use crate::rpc::write_request::encode_write_request;
 use crate::rpc::{Method, RpcError};
 use crate::session::ApprovalAnswer;
@@ -66,71 +68,6 @@ impl Waiting {
 }
 
 type Pending = Arc<Mutex<HashMap<u64, Waiting>>>;
-
-/// A notification from the server. Output deltas are decoded on the reader task without
-/// building a JSON tree (they carry almost every byte).
-#[derive(Debug)]
-pub enum Notification {
-    /// `process/outputDelta`, decoded.
-    Output {
-        /// The process.
-        process_id: String,
-        /// Its seq.
-        seq: u64,
-        /// `stdout`, `stderr` or `pty`.
-        stream: StreamName,
-        /// Raw bytes.
-        data: bytes::Bytes,
-    },
-    /// `process/outputOmitted`, typed (from an in-process connection).
-    Omitted {
-        /// The process.
-        process_id: String,
-        /// Its seq.
-        seq: u64,
-        /// Which stream.
-        stream: StreamName,
-        /// Bytes not kept.
-        omitted_bytes: u64,
-    },
-    /// `process/exited`, typed (from an in-process connection).
-    Exited {
-        /// The process.
-        process_id: String,
-        /// Its seq.
-        seq: u64,
-        /// The exit notice.
-        info: ExitInfo,
-    },
-    /// Any other notification.
-    Other {
-        /// Method.
-        method: String,
-        /// Params.
-        params: Value,
-    },
-}
-
-impl From<OutputDelta> for Notification {
-    fn from(d: OutputDelta) -> Self {
-        Notification::Output {
-            process_id: d.process_id,
-            seq: d.seq,
-            stream: d.stream,
-            data: d.data,
-        }
-    }
-}
-
-/// Receives every notification, in wire order, from the reader task, which never waits for
-/// it: the router may itself be waiting for a response (filling a gap with `process/read`)
-/// that only the reader can deliver. The queue is bounded by the server instead: with acks it
-/// sends at most `retainedOutputBytes` per process beyond what this client acknowledged.
-pub type NotificationSink = mpsc::UnboundedSender<Notification>;
-
-/// Called on the reader task for each notification before it is queued: returns `None` when
-/// it handled it (the common case of in-order output, saving a task hop per message).
-pub type FastPath = Arc<dyn Fn(Notification) -> Option<Notification> + Send + Sync>;
 
 /// A request sent by [`RpcConnection::start_write`], awaiting its response.
 pub struct PendingCall {
