@@ -32,10 +32,22 @@ pub const ENDED_WRITE_IDS: usize = 2 * crate::config::MAX_NOISE_WINDOW_RECORDS a
 // A client's whole pipeline of binary writes (one per window record) and its close must fit.
 const _: () = assert!(ENDED_WRITE_IDS > crate::config::MAX_NOISE_WINDOW_RECORDS as usize);
 
-/// Bytes of ended processes' `writeId`s one session keeps (each id is at most 256 bytes):
-/// the oldest process's ids are forgotten first. A repeat of a forgotten one is answered
-/// `exited`, as before this memory existed.
-pub const ENDED_WRITE_ID_BYTES: usize = 64 * 1024;
+/// Bytes of ended processes' `writeId`s one session keeps, each id counted with what holding
+/// it costs ([`ENDED_WRITE_ID_OVERHEAD`] beside its text, at most 256 bytes): the oldest
+/// process's ids are forgotten first. A repeat of a forgotten one is answered `exited`, as
+/// before this memory existed. About 38 processes' full pipelines of 128 short ids (`s-123`);
+/// 16 MiB for a server's 64 sessions at most.
+pub const ENDED_WRITE_ID_BYTES: usize = 256 * 1024;
+
+/// What one remembered id costs beside its text: its shared allocation's counts (16 bytes,
+/// the allocation rounded up) and its slot in the list (16). Counted so that a peer's
+/// one-byte ids cannot hold many times the bytes the bound names.
+pub const ENDED_WRITE_ID_OVERHEAD: usize = 48;
+
+/// What `ids` cost against [`ENDED_WRITE_ID_BYTES`].
+fn charge(ids: &[Arc<str>]) -> usize {
+    ids.iter().map(|w| w.len() + ENDED_WRITE_ID_OVERHEAD).sum()
+}
 
 /// The last [`ENDED_PROCESS_IDS`] ids of processes forgotten by one session, with the last
 /// `writeId`s they accepted (within [`ENDED_WRITE_ID_BYTES`]).
@@ -61,13 +73,13 @@ impl EndedIds {
             write_ids.drain(..write_ids.len() - ENDED_WRITE_IDS);
         }
         if !write_ids.is_empty() && !self.writes.iter().any(|(p, _)| *p == id) {
-            self.write_bytes += write_ids.iter().map(|w| w.len()).sum::<usize>();
+            self.write_bytes += charge(&write_ids);
             self.writes.push_back((id.clone(), write_ids));
             while self.write_bytes > ENDED_WRITE_ID_BYTES {
                 let Some((_, old)) = self.writes.pop_front() else {
                     break;
                 };
-                self.write_bytes -= old.iter().map(|w| w.len()).sum::<usize>();
+                self.write_bytes -= charge(&old);
             }
         }
         if self.set.contains(&id) {
@@ -94,7 +106,7 @@ impl EndedIds {
     fn forget_writes(&mut self, id: &str) {
         if let Some(i) = self.writes.iter().position(|(p, _)| p == id) {
             if let Some((_, old)) = self.writes.remove(i) {
-                self.write_bytes -= old.iter().map(|w| w.len()).sum::<usize>();
+                self.write_bytes -= charge(&old);
             }
         }
     }
@@ -121,7 +133,7 @@ impl EndedIds {
         self.order.is_empty()
     }
 
-    /// Bytes of `writeId`s held.
+    /// What the `writeId`s held cost (their text and [`ENDED_WRITE_ID_OVERHEAD`] each).
     pub fn write_id_bytes(&self) -> usize {
         self.write_bytes
     }
@@ -159,6 +171,22 @@ mod tests {
         assert!(e.is_empty());
     }
 
+    /// A peer's one-byte ids are charged what holding them costs, not one byte each.
+    #[test]
+    fn short_ids_are_charged_what_they_cost() {
+        let mut e = EndedIds::default();
+        let per_process = ENDED_WRITE_IDS * (1 + ENDED_WRITE_ID_OVERHEAD);
+        let fit = ENDED_WRITE_ID_BYTES / per_process;
+        for p in 0..fit + 3 {
+            let ids: Vec<Arc<str>> = (0..ENDED_WRITE_IDS).map(|_| Arc::from("x")).collect();
+            e.insert_with_writes(format!("p{p}"), ids);
+            assert!(e.write_id_bytes() <= ENDED_WRITE_ID_BYTES);
+        }
+        assert_eq!(e.write_id_bytes(), fit * per_process);
+        assert!(!e.wrote("p2", "x"), "the oldest processes' ids went first");
+        assert!(e.wrote(&format!("p{}", fit + 2), "x"));
+    }
+
     #[test]
     fn an_ended_process_keeps_its_last_write_ids_within_both_bounds() {
         let mut e = EndedIds::default();
@@ -177,7 +205,7 @@ mod tests {
                 .map(|i| Arc::from(format!("{p:03}-{i:03}-{}", "x".repeat(248))))
                 .collect()
         };
-        let per_process = ENDED_WRITE_IDS * 256;
+        let per_process = ENDED_WRITE_IDS * (256 + ENDED_WRITE_ID_OVERHEAD);
         let fit = ENDED_WRITE_ID_BYTES / per_process;
         for p in 0..fit + 1 {
             e.insert_with_writes(format!("big{p}"), big(p));
