@@ -345,6 +345,72 @@ def refused_write_retry(ctx: Context) -> None:
     ctx.check(open(path, "rb").read() == pattern(n), "the upload arrived whole and in order")
 
 
+def _metrics_url(ctx: Context, srv: Any) -> str:
+    """The `/metrics` URL a server started with `--metrics-listen` logged."""
+    import re
+    deadline = time.monotonic() + 30
+    while True:
+        m = re.search(r"execrelay metrics: (http://\S+/metrics)", srv.log())
+        if m:
+            return m.group(1)
+        ctx.check(time.monotonic() < deadline, "the server's metrics URL")
+        time.sleep(0.02)
+
+
+@scenario("refused-start-retry", "README decision (a refused start is tried again)",
+          "a start refused while another client's upload fills the server's budget goes once it moves")
+def refused_start_retry(ctx: Context) -> None:
+    srv = ctx.servers.ws("--max-message-bytes", TIGHT, "--max-pending-request-bytes", TIGHT,
+                         "--max-inbound-bytes", TIGHT, "--metrics-listen", "127.0.0.1:0", *KA)
+    env = {"EXECRELAY_TARGET": srv.url, "EXECRELAY_SERVER_KEY": "", "EXECRELAY_KEY": ""}
+    metrics = _metrics_url(ctx, srv)
+    a = ctx.connected(dict(env))
+    b = ctx.connected(dict(env))
+    # A's child reads nothing until the FIFO is written: its upload holds the server-wide
+    # budget (`maxInboundBytes`) until then.
+    fifo = os.path.join(ctx.kit.workdir, "refused-start-go")
+    os.mkfifo(fifo)
+    a.call("start", id="h", argv=["sh", "-c", f'read -r _ < "{fifo}"; exec cat > /dev/null'],
+           stdin=True)
+    a.send("write_pattern", id="h", bytes=2_000_000)
+    # A's own connection budget refuses A's next write; the server-wide one, B's start.
+    deadline = time.monotonic() + 60
+    while _limit_refusals(metrics).get("maxPendingRequestBytes", 0) < 1:
+        ctx.check(time.monotonic() < deadline, "the server refused a write of A for its budget")
+        time.sleep(0.02)
+    before = _limit_refusals(metrics).get("maxInboundBytes", 0)
+    # B's start carries an argument that does not fit beside the held write.
+    b.send("start", id="late", argv=["sh", "-c", "echo started", "x" * 40_000])
+    while _limit_refusals(metrics).get("maxInboundBytes", 0) <= before:
+        ctx.check(time.monotonic() < deadline, "the server refused B's start for its budget")
+        time.sleep(0.02)
+    with open(fifo, "w") as f:
+        f.write("go\n")
+    r = b.reply("start", timeout=60)
+    ctx.check(bool(r.get("ok")), f"the start went once the upload moved (got {r.get('error')})")
+    if r.get("ok"):
+        w = b.call("wait", id="late", timeout_ms=60000)
+        ctx.check(out(w) == b"started\n" and w.get("exit_code") == 0,
+                  f"it ran, once (got {out(w)!r}, exit {w.get('exit_code')})")
+    r = a.reply("write_pattern", timeout=120)
+    ctx.check(bool(r.get("ok")), f"A's upload went on (got {r.get('error')})")
+
+
+@scenario("oversized-request", "protocol §3 limits.maxMessageBytes",
+          "a start larger than the server reads is refused by the client; the connection goes on")
+def oversized_request(ctx: Context) -> None:
+    srv = ctx.servers.ws("--max-message-bytes", TIGHT, *KA)
+    a = ctx.connected({"EXECRELAY_TARGET": srv.url, "EXECRELAY_SERVER_KEY": "",
+                       "EXECRELAY_KEY": ""})
+    r = a.request("start", id="big", argv=["true", "x" * (int(TIGHT) + 1)], timeout=30)
+    e = r.get("error") or {}
+    ctx.check(not r.get("ok") and e.get("type") == "request_too_large",
+              f"refused as too large (got {r})")
+    ctx.check(e.get("limit") == int(TIGHT), f"the limit named: {TIGHT} (got {e.get('limit')})")
+    ok = run(a, "echo still")
+    ctx.check(out(ok) == b"still\n", "the session goes on")
+
+
 @scenario("output-cap", "protocol §4 outputBytesCap", "a capped stream: first bytes kept, the rest counted")
 def output_cap(ctx: Context) -> None:
     a = ctx.connected(ctx.target("ws", *KA))

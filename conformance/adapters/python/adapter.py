@@ -82,6 +82,9 @@ def error_of(e: BaseException) -> Dict[str, Any]:
         return {"type": "not_approved", "reason": e.reason, "message": str(e)}
     if isinstance(e, execrelay.StdinClosed):
         return {"type": "stdin_closed", "message": str(e)}
+    if isinstance(e, execrelay.RequestTooLarge):
+        return {"type": "request_too_large", "size": e.size, "limit": e.limit,
+                "message": str(e)}
     if isinstance(e, execrelay.SessionLost):
         return {"type": "session_lost", "message": str(e)}
     if isinstance(e, execrelay.RpcError):

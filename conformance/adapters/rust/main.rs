@@ -109,6 +109,10 @@ fn error_of(e: &ClientError) -> Value {
         },
         ClientError::Connect(m) => json!({"type": "connect", "message": m}),
         ClientError::SessionLost(m) => json!({"type": "session_lost", "message": m}),
+        e @ ClientError::RequestTooLarge { bytes, limit, .. } => {
+            json!({"type": "request_too_large", "size": bytes, "limit": limit,
+                   "message": e.to_string()})
+        }
         other => json!({"type": "other", "message": other.to_string()}),
     }
 }
