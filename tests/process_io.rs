@@ -389,6 +389,28 @@ async fn write_blocked_when_the_child_dies_answers_exited() {
 
 // A control request that crosses the exit's acknowledgement ----------------------------------
 
+/// `initialize` with acks, then `initialized`.
+async fn initialized_with_acks(c: &mut RawClient) {
+    c.call(
+        "initialize",
+        json!({"clientName": "test", "capabilities": {"acks": true}}),
+    )
+    .await;
+    c.notify("initialized", json!({})).await;
+}
+
+/// Acknowledge `id`'s exit notice (`seq`) and wait until the session forgot it (the ack is a
+/// notification: it is applied after this returns).
+async fn ack_until_forgotten(c: &mut RawClient, id: &str, seq: u64) {
+    c.notify("process/ack", json!({"processId": id, "seq": seq}))
+        .await;
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while list_entry(c, id).await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "{id} still listed");
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A client's stdin pump may send `process/closeStdin` (or a last write) while its event
 /// loop acknowledges the exit notice: the session forgets the process on the ack, and the
 /// request that arrives just after is answered as for an exited process, not `-32001`
@@ -398,12 +420,7 @@ async fn write_blocked_when_the_child_dies_answers_exited() {
 async fn control_requests_after_the_exit_was_acknowledged_answer_as_exited() {
     let mut ip = in_process(cfg(), 1 << 20);
     let c = &mut ip.client;
-    c.call(
-        "initialize",
-        json!({"clientName": "test", "capabilities": {"acks": true}}),
-    )
-    .await;
-    c.notify("initialized", json!({})).await;
+    initialized_with_acks(c).await;
     start_checked(
         c,
         json!({"processId": "done", "argv": ["true"], "pipeStdin": true}),
@@ -412,14 +429,7 @@ async fn control_requests_after_the_exit_was_acknowledged_answer_as_exited() {
     let got = collect_checked(c, "done").await;
     assert_eq!(got.exit["exitCode"], 0, "{}", got.exit);
     let seq = *got.seqs.last().expect("the exit notice's seq");
-    c.notify("process/ack", json!({"processId": "done", "seq": seq}))
-        .await;
-    // The ack is a notification: the session forgets the process once it is applied.
-    let deadline = tokio::time::Instant::now() + GUARD;
-    while list_entry(c, "done").await.is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "still listed");
-        tokio::task::yield_now().await;
-    }
+    ack_until_forgotten(c, "done", seq).await;
 
     assert_eq!(c.close_stdin("done").await, json!({}));
     assert_eq!(c.write("done", b"late").await, json!({"status": "exited"}));
@@ -502,12 +512,7 @@ async fn a_whole_pipeline_of_writes_repeated_after_its_process_was_forgotten_is_
     let pipeline = execrelay::client::STDIN_BINARY_WRITES_IN_FLIGHT + 1; // and the close
     let mut ip = in_process(cfg(), 1 << 20);
     let c = &mut ip.client;
-    c.call(
-        "initialize",
-        json!({"clientName": "test", "capabilities": {"acks": true}}),
-    )
-    .await;
-    c.notify("initialized", json!({})).await;
+    initialized_with_acks(c).await;
     // One byte per write: the child exits once it read them all.
     start_checked(
         c,
@@ -526,13 +531,7 @@ async fn a_whole_pipeline_of_writes_repeated_after_its_process_was_forgotten_is_
     let got = collect_checked(c, "up").await;
     assert_eq!(got.stdout, vec![b'x'; pipeline]);
     let seq = *got.seqs.last().expect("the exit notice's seq");
-    c.notify("process/ack", json!({"processId": "up", "seq": seq}))
-        .await;
-    let deadline = tokio::time::Instant::now() + GUARD;
-    while list_entry(c, "up").await.is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "still listed");
-        tokio::task::yield_now().await;
-    }
+    ack_until_forgotten(c, "up", seq).await;
 
     for i in 1..=pipeline {
         assert_eq!(
@@ -558,12 +557,7 @@ async fn a_whole_pipeline_of_writes_repeated_after_its_process_was_forgotten_is_
 async fn a_write_repeated_after_its_process_was_forgotten_is_accepted() {
     let mut ip = in_process(cfg(), 1 << 20);
     let c = &mut ip.client;
-    c.call(
-        "initialize",
-        json!({"clientName": "test", "capabilities": {"acks": true}}),
-    )
-    .await;
-    c.notify("initialized", json!({})).await;
+    initialized_with_acks(c).await;
     // `head -c 5` exits once it read its five bytes: the write is what ends it.
     start_checked(
         c,
@@ -578,13 +572,7 @@ async fn a_write_repeated_after_its_process_was_forgotten_is_accepted() {
     let got = collect_checked(c, "reader").await;
     assert_eq!(got.stdout, b"12345");
     let seq = *got.seqs.last().expect("the exit notice's seq");
-    c.notify("process/ack", json!({"processId": "reader", "seq": seq}))
-        .await;
-    let deadline = tokio::time::Instant::now() + GUARD;
-    while list_entry(c, "reader").await.is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "still listed");
-        tokio::task::yield_now().await;
-    }
+    ack_until_forgotten(c, "reader", seq).await;
 
     assert_eq!(
         c.call("process/write", write("s-1")).await,

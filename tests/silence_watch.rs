@@ -16,7 +16,9 @@ use common::*;
 
 use std::time::Duration;
 
-use execrelay::client::{ClientOptions, ProcessEvent, StartOptions, StdinRefused};
+use execrelay::client::{
+    Client, ClientOptions, ProcessEvent, ProcessHandle, StartOptions, StdinRefused, StdinWriter,
+};
 
 /// A watch that asks after 50 ms of silence and gives up after 200 ms.
 fn impatient() -> ClientOptions {
@@ -24,6 +26,80 @@ fn impatient() -> ClientOptions {
         silence_probe: Some(Duration::from_millis(50)),
         probe_reply_timeout: Duration::from_millis(200),
         ..ClientOptions::default()
+    }
+}
+
+/// An impatient client of a fresh server with two processes: `quiet` (asked about round
+/// after round: its answers count the watch's rounds) and `held`, whose child reads nothing
+/// until `fifo` is released and then hashes its stdin.
+struct Held {
+    server: WsServer,
+    client: Client,
+    quiet: ProcessHandle,
+    held: ProcessHandle,
+    fifo: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Held {
+    async fn start() -> Held {
+        let server = WsServer::start(cfg()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = make_fifo(dir.path());
+        let client = server.client(impatient()).await;
+        let quiet = client
+            .start(StartOptions::new("quiet", ["sleep", "60"]))
+            .await
+            .expect("start the quiet process");
+        let mut start = StartOptions::new("held", held_sha256sum(&fifo));
+        start.params.pipe_stdin = true;
+        let held = client.start(start).await.expect("start");
+        Held {
+            server,
+            client,
+            quiet,
+            held,
+            fifo,
+            _dir: dir,
+        }
+    }
+
+    /// Two pieces of input for `held` (from `seed`) through a writer: the first fills the
+    /// pipe, the second waits at the server until the child reads (a signal's answer, read by
+    /// the server after both, says it has them). Returns the writer and the input.
+    async fn two_writes_held(&self, seed: u64) -> (StdinWriter, Vec<u8>) {
+        let mut w = self.held.stdin_writer();
+        let piece = w.piece_bytes().await.expect("piece size");
+        let input = pattern(2 * piece, seed);
+        w.write(bytes::Bytes::from(input.clone()))
+            .await
+            .expect("queued");
+        self.held
+            .signal("SIGCONT")
+            .await
+            .expect("a round trip behind the writes");
+        (w, input)
+    }
+
+    /// Many rounds of the watch go by, and the client is still on its first connection.
+    async fn many_rounds_on_one_connection(&self, why: &str) {
+        answered_more(
+            &self.server.registry,
+            20,
+            "twenty rounds of the silence watch",
+        )
+        .await;
+        assert_eq!(self.client.connection_count(), 1, "{why}");
+    }
+
+    /// Release the child, check it hashed `input`, and stop everything.
+    async fn finish(mut self, input: &[u8], what: &str) {
+        sha256sum_of_all(&mut self.held, input, what).await;
+        assert_eq!(self.client.connection_count(), 1);
+        self.quiet.terminate(None).await.expect("terminate");
+        let _ = stdout_and_code(&mut self.quiet).await;
+        self.client.shutdown().await;
+        self.server.stop().await;
     }
 }
 
@@ -35,48 +111,17 @@ fn impatient() -> ClientOptions {
 /// held upload then arrives whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_that_leaves_its_stdin_unread_keeps_its_connection() {
-    let server = WsServer::start(cfg()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = make_fifo(dir.path());
-    let opts = ClientOptions {
-        silence_probe: Some(Duration::from_millis(50)),
-        probe_reply_timeout: Duration::from_millis(200),
-        ..ClientOptions::default()
-    };
-    let client = server.client(opts).await;
-    let mut quiet = client
-        .start(StartOptions::new("quiet", ["sleep", "60"]))
-        .await
-        .expect("start the quiet process");
-    let mut start = StartOptions::new("held", held_sha256sum(&fifo));
-    start.params.pipe_stdin = true;
-    let mut held = client.start(start).await.expect("start");
-    let mut w = held.stdin_writer();
-    let piece = w.piece_bytes().await.expect("piece size");
-    // The first write fills the pipe; the second waits there until the child reads.
-    let input = pattern(2 * piece, 5);
-    w.write(bytes::Bytes::from(input.clone()))
-        .await
-        .expect("queued");
-    held.signal("SIGCONT")
-        .await
-        .expect("a round trip behind the writes");
-    answered_more(&server.registry, 20, "twenty rounds of the silence watch").await;
-    assert_eq!(
-        client.connection_count(),
-        1,
-        "the connection was taken for wedged while the child left its stdin unread"
-    );
-    release(&fifo).await;
+    let t = Held::start().await;
+    let (w, input) = t.two_writes_held(5).await;
+    t.many_rounds_on_one_connection(
+        "the connection was taken for wedged while the child left its stdin unread",
+    )
+    .await;
+    release(&t.fifo).await;
     w.finish()
         .await
         .expect("every write delivered, stdin closed");
-    sha256sum_of_all(&mut held, &input, "every byte once, in order").await;
-    assert_eq!(client.connection_count(), 1);
-    quiet.terminate(None).await.expect("terminate");
-    let _ = stdout_and_code(&mut quiet).await;
-    client.shutdown().await;
-    server.stop().await;
+    t.finish(&input, "every byte once, in order").await;
 }
 
 /// Red team F3: the writes of a writer dropped while the server still holds them (the child
@@ -85,94 +130,48 @@ async fn a_child_that_leaves_its_stdin_unread_keeps_its_connection() {
 /// the read queued behind the held write and the connection was closed after 200 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_of_a_dropped_writer_still_held_by_the_server_keep_the_connection() {
-    let server = WsServer::start(cfg()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = make_fifo(dir.path());
-    let client = server.client(impatient()).await;
-    let mut quiet = client
-        .start(StartOptions::new("quiet", ["sleep", "60"]))
-        .await
-        .expect("start the quiet process");
-    let mut start = StartOptions::new("held", held_sha256sum(&fifo));
-    start.params.pipe_stdin = true;
-    let mut held = client.start(start).await.expect("start");
-    let mut w = held.stdin_writer();
-    let piece = w.piece_bytes().await.expect("piece size");
-    // The first write fills the pipe; the second waits there until the child reads.
-    let input = pattern(2 * piece, 7);
-    w.write(bytes::Bytes::from(input.clone()))
-        .await
-        .expect("queued");
-    held.signal("SIGCONT")
-        .await
-        .expect("a round trip behind the writes");
+    let t = Held::start().await;
+    let (w, input) = t.two_writes_held(7).await;
     drop(w);
-    answered_more(&server.registry, 20, "twenty rounds of the silence watch").await;
-    assert_eq!(
-        client.connection_count(),
-        1,
-        "the connection was taken for wedged behind a dropped writer's write"
-    );
-    release(&fifo).await;
-    held.controller()
+    t.many_rounds_on_one_connection(
+        "the connection was taken for wedged behind a dropped writer's write",
+    )
+    .await;
+    release(&t.fifo).await;
+    t.held
         .close_stdin()
         .await
         .expect("stdin closed after the writes");
-    sha256sum_of_all(
-        &mut held,
-        &input,
-        "every write sent before the drop, once, in order",
-    )
-    .await;
-    assert_eq!(client.connection_count(), 1);
-    quiet.terminate(None).await.expect("terminate");
-    let _ = stdout_and_code(&mut quiet).await;
-    client.shutdown().await;
-    server.stop().await;
+    t.finish(&input, "every write sent before the drop, once, in order")
+        .await;
 }
 
 /// Red team F3, for one write: a `ProcessController::write` whose caller stopped waiting
 /// (its future dropped) while the server holds the write is still counted until answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_write_call_still_held_by_the_server_keeps_the_connection() {
-    let server = WsServer::start(cfg()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = make_fifo(dir.path());
-    let client = server.client(impatient()).await;
-    let mut quiet = client
-        .start(StartOptions::new("quiet", ["sleep", "60"]))
-        .await
-        .expect("start the quiet process");
-    let mut start = StartOptions::new("held", held_sha256sum(&fifo));
-    start.params.pipe_stdin = true;
-    let mut held = client.start(start).await.expect("start");
+    let t = Held::start().await;
     // More than a pipe holds: the write waits at the server until the child reads.
     let input = pattern(256 * 1024, 9);
-    let control = held.controller();
+    let control = t.held.controller();
     let data = input.clone();
     let write = tokio::spawn(async move { control.write(&data, "w-1").await });
     // The server holds it, charged to its budget, while the pipe is full.
-    let budget = server.registry.inbound_budget().clone();
+    let budget = t.server.registry.inbound_budget().clone();
     eventually("the write held by the server", || budget.used() > 0).await;
     write.abort();
     assert!(
         write.await.is_err_and(|e| e.is_cancelled()),
         "dropped unanswered"
     );
-    answered_more(&server.registry, 20, "twenty rounds of the silence watch").await;
-    assert_eq!(
-        client.connection_count(),
-        1,
-        "the connection was taken for wedged behind a dropped write call"
-    );
-    release(&fifo).await;
-    held.controller().close_stdin().await.expect("stdin closed");
-    sha256sum_of_all(&mut held, &input, "the dropped call's write, applied once").await;
-    assert_eq!(client.connection_count(), 1);
-    quiet.terminate(None).await.expect("terminate");
-    let _ = stdout_and_code(&mut quiet).await;
-    client.shutdown().await;
-    server.stop().await;
+    t.many_rounds_on_one_connection(
+        "the connection was taken for wedged behind a dropped write call",
+    )
+    .await;
+    release(&t.fifo).await;
+    t.held.close_stdin().await.expect("stdin closed");
+    t.finish(&input, "the dropped call's write, applied once")
+        .await;
 }
 
 /// Red team F4: a writer that stopped on an error (the child closed its stdin) keeps nothing:

@@ -219,6 +219,34 @@ async fn the_library_sends_a_refused_write_again_and_the_child_gets_every_byte_i
     server.stop().await;
 }
 
+/// A process of `client` whose child reads nothing until `fifo` is released, holding the
+/// tight server's budget: its first write fills its pipe, its second waits there with its
+/// charge (a signal's answer, read by the server after both, says the server has them).
+/// Returns it, its writer and its input (the pieces of the connection's size).
+async fn holder_of_the_budget(
+    client: &Client,
+    fifo: &std::path::Path,
+) -> (
+    execrelay::client::ProcessHandle,
+    execrelay::client::StdinWriter,
+    Vec<u8>,
+) {
+    let mut start = StartOptions::new("holder", held_sha256sum(fifo));
+    start.params.pipe_stdin = true;
+    let holder = client.start(start).await.expect("start the holder");
+    let mut held = holder.stdin_writer();
+    let piece = held.piece_bytes().await.expect("piece size");
+    let held_input = pattern(2 * piece, 3);
+    held.write(bytes::Bytes::from(held_input.clone()))
+        .await
+        .expect("two writes in flight");
+    holder
+        .signal("SIGCONT")
+        .await
+        .expect("a round trip behind the holder's writes");
+    (holder, held, held_input)
+}
+
 /// A refused write is sent again alone while the server's budget stays full: the writes behind
 /// it are refused once (naming it), not once per try, and go again only after it is accepted.
 /// Another process of the connection, held on a FIFO, keeps the budget full: its first write
@@ -238,23 +266,12 @@ async fn a_refused_write_is_tried_alone_and_the_writes_behind_it_wait_for_its_an
         let client = server.client(opts).await;
         let (order_before, bytes_before) = (server.refusals("writeOrder"), server.byte_refusals());
 
-        // Both started first: with the budget full, a start would be refused too.
+        // Both started first: with the budget full, a start would wait for room (tried again).
         let mut start = StartOptions::new("up", ["sha256sum"]);
         start.params.pipe_stdin = true;
         let mut p = client.start(start).await.expect("start");
-        let mut start = StartOptions::new("holder", held_sha256sum(&fifo));
-        start.params.pipe_stdin = true;
-        let mut holder = client.start(start).await.expect("start the holder");
-        let mut held = holder.stdin_writer();
+        let (mut holder, held, held_input) = holder_of_the_budget(&client, &fifo).await;
         let piece = held.piece_bytes().await.expect("piece size");
-        let held_input = pattern(2 * piece, 3);
-        held.write(bytes::Bytes::from(held_input.clone()))
-            .await
-            .expect("two writes in flight");
-        holder
-            .signal("SIGCONT")
-            .await
-            .expect("a round trip behind the holder's writes");
 
         let mut w = p.stdin_writer();
         let input = pattern(5 * piece, 11);
@@ -536,20 +553,8 @@ async fn a_start_refused_while_uploads_fill_the_budget_goes_once_they_move() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = make_fifo(dir.path());
     let client = server.client(ClientOptions::default()).await;
-    let mut start = StartOptions::new("holder", held_sha256sum(&fifo));
-    start.params.pipe_stdin = true;
-    let mut holder = client.start(start).await.expect("start the holder");
-    let mut held = holder.stdin_writer();
+    let (mut holder, held, held_input) = holder_of_the_budget(&client, &fifo).await;
     let piece = held.piece_bytes().await.expect("piece size");
-    // The first write fills the pipe; the second waits there with its charge.
-    let held_input = pattern(2 * piece, 3);
-    held.write(bytes::Bytes::from(held_input.clone()))
-        .await
-        .expect("two writes in flight");
-    holder
-        .signal("SIGCONT")
-        .await
-        .expect("a round trip behind the holder's writes");
 
     // A start whose argv does not fit beside the held write, but fits the budget alone.
     let big_arg = "x".repeat(TIGHT - piece);
@@ -620,17 +625,7 @@ async fn a_start_refused_while_uploads_fill_the_budget_goes_once_they_move() {
         ..ClientOptions::default()
     };
     let client = server.client(opts).await;
-    let mut start = StartOptions::new("holder", held_sha256sum(&fifo));
-    start.params.pipe_stdin = true;
-    let mut holder = client.start(start).await.expect("start the holder");
-    let mut held = holder.stdin_writer();
-    held.write(bytes::Bytes::from(held_input.clone()))
-        .await
-        .expect("two writes in flight");
-    holder
-        .signal("SIGCONT")
-        .await
-        .expect("a round trip behind the holder's writes");
+    let (mut holder, held, held_input) = holder_of_the_budget(&client, &fifo).await;
     let e = client
         .start(StartOptions::new("late", argv))
         .await

@@ -135,6 +135,12 @@ mod tests {
 
     const WITHIN: Duration = Duration::from_secs(20);
 
+    /// A question that says when it is sent, and is never answered.
+    async fn sent_never_answered(asked: oneshot::Sender<()>) -> u64 {
+        let _ = asked.send(());
+        std::future::pending::<u64>().await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_answer_is_taken_as_it_comes() {
         let counts = ExclusiveCounts::default();
@@ -181,12 +187,8 @@ mod tests {
                 drop(write);
             })
         };
-        let fetch = async move {
-            let _ = asked.send(());
-            std::future::pending::<u64>().await
-        };
         assert_eq!(
-            ask(&counts, WITHIN, fetch).await,
+            ask(&counts, WITHIN, sent_never_answered(asked)).await,
             Probe::BehindItsOwnRequest
         );
         // Begun and already answered counts too: the read still queued behind it for a while.
@@ -201,12 +203,8 @@ mod tests {
         };
         let _ = writer.await;
         assert!(counts.idle());
-        let fetch = async move {
-            let _ = asked.send(());
-            std::future::pending::<u64>().await
-        };
         assert_eq!(
-            ask(&counts, WITHIN, fetch).await,
+            ask(&counts, WITHIN, sent_never_answered(asked)).await,
             Probe::BehindItsOwnRequest
         );
         quick.await.expect("the quick write");

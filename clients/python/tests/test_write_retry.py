@@ -89,6 +89,24 @@ def test_a_refused_write_goes_again_and_every_byte_arrives_in_order(tight_url, t
     asyncio.run(main())
 
 
+async def _hold_the_budget(c: aio.Client, fifo: str, sent: List["asyncio.Future[Any]"],
+                           step: int) -> "tuple[Any, bytes, asyncio.Future[Any]]":
+    """A process whose child reads nothing until `fifo` is released, holding the tight
+    server's budget: its first write (of `step` bytes) fills its pipe, its second waits there
+    with its charge. Returns it, its input and the task writing it (stdin closed after)."""
+    holder = await c.start(["sh", "-c", 'read -r _ < "$0"; exec sha256sum', fifo], stdin=True)
+    held = os.urandom(2 * step)
+    first = len(sent)
+    holding = asyncio.ensure_future(holder._write(held, close=True))
+    deadline = time.monotonic() + 30
+    while len(sent) < first + 2:
+        assert time.monotonic() < deadline, "the holder's writes were not sent"
+        await asyncio.sleep(0.01)
+    # A round trip behind the holder's two writes: the server has read them both.
+    await holder.signal("SIGCONT")
+    return holder, held, holding
+
+
 def _refusals(sent: List["asyncio.Future[Any]"], limits) -> int:
     """How many of the answers so far refuse a request for one of `limits`."""
     n = 0
@@ -111,20 +129,11 @@ def test_a_refused_write_goes_again_alone_and_the_rest_follow_it(tight_url, tmp_
 
     async def main():
         async with await aio.connect(tight_url, binary=binary) as c:
-            # Both started first: with the budget full, a start would be refused too.
+            # Both started first: with the budget full, a start would wait for it (tried again).
             up = await c.start(["sha256sum"], stdin=True)
-            holder = await c.start(["sh", "-c", 'read -r _ < "$0"; exec sha256sum', fifo],
-                                   stdin=True)
             step = aio.BINARY_WRITE_CHUNK if binary else c._json_write_chunk()
-            held = os.urandom(2 * step)
             sent = await _recording(c)
-            holding = asyncio.ensure_future(holder._write(held, close=True))
-            # A round trip behind the holder's two writes: the server has read them both.
-            deadline = time.monotonic() + 30
-            while len(sent) < 2:
-                assert time.monotonic() < deadline, "the holder's writes were not sent"
-                await asyncio.sleep(0.01)
-            await holder.signal("SIGCONT")
+            holder, held, holding = await _hold_the_budget(c, fifo, sent, step)
             data = os.urandom(5 * step)
             writing = asyncio.ensure_future(up._write(data, close=True))
             deadline = time.monotonic() + 30
@@ -209,18 +218,9 @@ def test_a_start_refused_while_an_upload_fills_the_budget_goes_once_it_moves(tig
 
     async def main():
         async with await aio.connect(tight_url) as c:
-            holder = await c.start(["sh", "-c", 'read -r _ < "$0"; exec sha256sum', fifo],
-                                   stdin=True)
             step = aio.BINARY_WRITE_CHUNK
-            held = os.urandom(2 * step)
             sent = await _recording(c)
-            holding = asyncio.ensure_future(holder._write(held, close=True))
-            deadline = time.monotonic() + 30
-            while len(sent) < 2:
-                assert time.monotonic() < deadline, "the holder's writes were not sent"
-                await asyncio.sleep(0.01)
-            # A round trip behind the holder's two writes: the server has read them both.
-            await holder.signal("SIGCONT")
+            holder, held, holding = await _hold_the_budget(c, fifo, sent, step)
             big = "x" * (int(TIGHT) - step)
             starting = asyncio.ensure_future(c.run(["sh", "-c", "echo started", big]))
             deadline = time.monotonic() + 30
