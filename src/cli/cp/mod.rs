@@ -70,7 +70,8 @@ pub struct CpArgs {
     pub conn: ConnFlags,
     /// How long an upload the server refuses for a full limit (`-32004`) is sent again before
     /// the copy is stopped (`0`: at the first refusal). Only servers that keep a process's
-    /// writes in order after a refusal are sent input again [default: 60s].
+    /// writes in order after a refusal are sent input again. A start refused for a full
+    /// request budget is tried again as long [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = crate::cli::duration::parse_duration)]
     pub input_retry: Option<std::time::Duration>,
 }
