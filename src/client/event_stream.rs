@@ -413,6 +413,13 @@ impl Client {
                         .and_then(|d| d.get("toSeq"))
                         .and_then(Value::as_u64)
                         .unwrap_or(upto - 1);
+                    // A `toSeq` that does not move past what was asked is the server's error:
+                    // taken as it is, the same read went again for ever (or, at `u64::MAX`,
+                    // overflowed the next one's seq). One past the gap is kept to the gap.
+                    if to <= after {
+                        return pushed;
+                    }
+                    let to = to.min(upto - 1);
                     let mut procs = lock(&self.shared.procs);
                     if let Some(slot) = procs.get_mut(pid) {
                         if slot.received == after {

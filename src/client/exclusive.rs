@@ -8,10 +8,13 @@
 //! a wedged connection when one of them began while it was on its way.
 //!
 //! Owns only the two counters and the guard that keeps one request counted. It must never
-//! block, and a guard must live exactly as long as its request can still hold the server's
-//! queue: the caller's future may be dropped while the request is on the wire, so the
-//! connection keeps a guard with the pending call until it is answered or the connection
-//! ends (`rpc_connection.rs`).
+//! block, and a guard must live as long as its request can still hold the server's queue: the
+//! caller's future may be dropped while the request is on the wire, so the connection keeps a
+//! guard with the pending call from the moment it is handed to the transport until it is
+//! answered or the connection ends (`rpc_connection.rs`; a request dropped before it was
+//! sent takes its guard with it). One exclusive request goes uncounted: the
+//! `process/closeStdin` that follows a JSON write closing stdin, which the server carries out
+//! as soon as that write is answered (closing a pipe waits for nothing).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,12 +32,13 @@ pub(crate) struct ExclusiveCounts {
 impl ExclusiveCounts {
     /// Whether none is in flight now.
     pub(crate) fn idle(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0
+        self.in_flight.load(Ordering::SeqCst) == 0
     }
 
-    /// How many began so far: compared before and after a question to the server.
+    /// How many began so far: read before [`idle`](Self::idle) and compared after a question
+    /// to the server.
     pub(crate) fn begun(&self) -> u64 {
-        self.begun.load(Ordering::Acquire)
+        self.begun.load(Ordering::SeqCst)
     }
 }
 
@@ -45,9 +49,13 @@ pub(crate) struct ExclusiveInFlight(Arc<ExclusiveCounts>);
 impl ExclusiveInFlight {
     /// One more exclusive request of the process behind `counts` in flight.
     pub(crate) fn new(counts: &Arc<ExclusiveCounts>) -> Self {
-        // Counted as begun first: a watch that sees it in flight also sees it begun.
-        counts.begun.fetch_add(1, Ordering::AcqRel);
-        counts.in_flight.fetch_add(1, Ordering::AcqRel);
+        // In flight first, then begun; the watch reads them the other way round (`begun`,
+        // then `idle`, `silence.rs`). A request that begins around the check is then either
+        // seen in flight (the process is skipped) or counted as begun after the watch read
+        // `begun` (the question is excused): never neither, which would condemn a healthy
+        // connection (review R3). SeqCst: the argument needs one order of all four accesses.
+        counts.in_flight.fetch_add(1, Ordering::SeqCst);
+        counts.begun.fetch_add(1, Ordering::SeqCst);
         ExclusiveInFlight(counts.clone())
     }
 
@@ -60,6 +68,6 @@ impl ExclusiveInFlight {
 
 impl Drop for ExclusiveInFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -57,6 +57,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::MAX_MESSAGE_BYTES;
 use crate::connection::local::LocalLimits;
 use crate::connection::message::{Call, Reply};
+use crate::connection::parse_cost;
 use crate::rpc::messages::StartResult;
 use crate::rpc::Method;
 use crate::server::LocalServer;
@@ -105,6 +106,27 @@ pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
 /// process is still being spawned it is not listed yet, and the start is tried again, at
 /// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
 pub const START_LOOKUPS: u32 = 20;
+
+/// A start's claim on its id's slot ([`Client::start`]): freed on drop unless the start
+/// succeeded ([`keep`](SlotClaim::keep)).
+struct SlotClaim<'a> {
+    shared: &'a Shared,
+    id: &'a str,
+}
+
+impl SlotClaim<'_> {
+    /// The start succeeded: the slot is the handle's now.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for SlotClaim<'_> {
+    fn drop(&mut self) {
+        let slot = lock(&self.shared.procs).remove(self.id);
+        drop(slot);
+    }
+}
 
 /// The in-process server a client owns (`Client::in_process`).
 struct OwnedServer {
@@ -464,21 +486,25 @@ impl Client {
                 }
             }
         };
+        // Until the start succeeds the slot is the start's: any other end (an error, or this
+        // future dropped, say during a retry's pause under the caller's timeout) frees the id,
+        // else every later start with it failed `ProcessIdInUse` (review R5).
+        let claim = SlotClaim {
+            shared: &self.shared,
+            id: &id,
+        };
         // The start is an exclusive request until it is answered, which may take a person's
         // time (an approval): the silence watch leaves the process alone meanwhile.
         let _starting = ExclusiveInFlight::new(&flags.exclusive_in_flight);
         let mut retried = false;
         let mut refusals = write_retry::WriteRetry::new(self.shared.opts.write_retry_for);
-        let cost = serde_json::to_vec(&opts.params).map_or(0, |v| v.len());
+        // The least the server charges it, as it charges (text and parsed values): a start of
+        // many short arguments costs far more than its text, and one that can never fit the
+        // byte budget is given up at once (review R6).
+        let cost = serde_json::to_vec(&opts.params).map_or(0, |v| parse_cost(&v));
         let mut lookups = 0;
         let result = loop {
-            let conn = match self.connection().await {
-                Ok(c) => c,
-                Err(e) => {
-                    lock(&self.shared.procs).remove(&id);
-                    return Err(e);
-                }
-            };
+            let conn = self.connection().await?;
             let held = Some(_starting.another());
             match conn
                 .call_typed_held(Call::Start(opts.params.clone()), held)
@@ -486,7 +512,6 @@ impl Client {
             {
                 Ok(Reply::Start(r)) => break r,
                 Ok(other) => {
-                    lock(&self.shared.procs).remove(&id);
                     return Err(ClientError::Protocol(format!(
                         "bad start result: {other:?}"
                     )));
@@ -499,14 +524,7 @@ impl Client {
                 // it is still being spawned (or waits for approval) it has none yet: try the
                 // start again (a start waiting for approval is joined).
                 Err(ClientError::Rpc { code: -32002, .. }) if retried => {
-                    let pid = match self.call_typed(Call::List).await? {
-                        Reply::List(list) => list
-                            .into_iter()
-                            .find(|p| p.process_id == id)
-                            .and_then(|p| p.pid),
-                        _ => None,
-                    };
-                    match pid {
+                    match self.listed(&id).await?.flatten() {
                         Some(pid) => {
                             break StartResult {
                                 process_id: id.clone(),
@@ -527,25 +545,29 @@ impl Client {
                     }
                 }
                 // Refused for a limit that empties as other requests are answered (many
-                // uploads held by children that do not read): refused before it was read, so
-                // nothing was started. Tried again, with the pauses and bound of a refused
-                // write; a start that can never fit the byte limit is given up at once.
+                // uploads held by children that do not read): refused before it was carried
+                // out, so this attempt started nothing. Tried again, with the pauses and bound
+                // of a refused write; a start that can never fit the byte limit is given up at
+                // once.
                 Err(e) if write_retry::transient_limit(&e) => {
                     let now = write_retry::retry_now();
                     match refusals.after_refusal(&e, cost, true, now) {
                         Some(pause) => tokio::time::sleep(pause).await,
-                        None => {
-                            lock(&self.shared.procs).remove(&id);
-                            return Err(e);
+                        None => return Err(e),
+                    }
+                    // An attempt on a connection that was lost may have started it, and it
+                    // may have exited and been forgotten during the pauses: sent again, it
+                    // would run twice (review R7).
+                    if retried {
+                        if let Some(r) = self.started_earlier(&id).await? {
+                            break r;
                         }
                     }
                 }
-                Err(e) => {
-                    lock(&self.shared.procs).remove(&id);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         };
+        claim.keep();
         Ok(ProcessHandle::new(
             id,
             result.pid,
@@ -553,6 +575,41 @@ impl Client {
             flags,
             slot,
         ))
+    }
+
+    /// The process `id` as the server lists it: `None` when it is not listed, else its pid
+    /// (`None` while it is being spawned or waits for approval).
+    async fn listed(&self, id: &str) -> Result<Option<Option<u32>>, ClientError> {
+        Ok(match self.call_typed(Call::List).await? {
+            Reply::List(list) => list.into_iter().find(|p| p.process_id == id).map(|p| p.pid),
+            _ => None,
+        })
+    }
+
+    /// Whether an earlier attempt of the start of `id`, on a connection since lost, started
+    /// it: listed with a pid, or not listed although events of it arrived (it ran, exited,
+    /// and the server forgot it). `None` when nothing says so (not listed, nothing heard, or
+    /// the list itself refused for a limit): the start goes again. One listed without a pid
+    /// yet is started again too, which the server answers `-32002`, and that is looked up.
+    async fn started_earlier(&self, id: &str) -> Result<Option<StartResult>, ClientError> {
+        let found = |pid| {
+            Some(StartResult {
+                process_id: id.to_string(),
+                pid,
+            })
+        };
+        match self.listed(id).await {
+            Ok(Some(Some(pid))) => Ok(found(pid)),
+            Ok(Some(None)) => Ok(None),
+            Ok(None) => {
+                let heard = lock(&self.shared.procs)
+                    .get(id)
+                    .is_some_and(|s| s.delivery().received_seq > 0);
+                Ok(if heard { found(0) } else { None })
+            }
+            Err(e) if write_retry::transient_limit(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// `server/info`.

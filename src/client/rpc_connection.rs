@@ -24,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 mod local_router;
 mod network;
 mod notification;
+#[cfg(test)]
+mod tests;
 
 pub use notification::{FastPath, Notification, NotificationSink};
 
@@ -68,6 +70,36 @@ impl Waiting {
 }
 
 type Pending = Arc<Mutex<HashMap<u64, Waiting>>>;
+
+/// A request's entry in the table of calls awaiting an answer while it is not yet handed to
+/// the transport: dropped unsent (an error, or the caller's future dropped while it waited for
+/// room in the outbound queue), it takes the entry, and its exclusive guard, out of the table.
+/// An unsent request holds nothing on the server, so its guard must not keep the silence
+/// watch away from its process until the connection ends (review R1).
+struct Unsent<'a> {
+    pending: &'a Pending,
+    id: u64,
+}
+
+impl<'a> Unsent<'a> {
+    fn insert(pending: &'a Pending, id: u64, waiting: Waiting) -> Self {
+        lock(pending).insert(id, waiting);
+        Unsent { pending, id }
+    }
+
+    /// Handed to the transport: the entry stays until the answer or the connection's end.
+    fn sent(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        // Taken out of the table first, dropped after the lock is released.
+        let entry = lock(self.pending).remove(&self.id);
+        drop(entry);
+    }
+}
 
 /// A request sent by [`RpcConnection::start_write`], awaiting its response.
 pub struct PendingCall {
@@ -188,9 +220,12 @@ pub struct RpcConnection {
 impl RpcConnection {
     /// The most the server reads in one message (`initialize`'s `limits.maxMessageBytes`):
     /// a larger request is refused here, not sent (the server would close the connection on
-    /// it, and a client that resends on a new connection would loop).
+    /// it, and a client that resends on a new connection would loop). A limit of 0 says
+    /// nothing a client can use (no request is that small): it is taken as unknown, and
+    /// nothing is refused here, as in the Python package.
     pub fn set_max_message(&self, bytes: usize) {
-        self.max_message.store(bytes, Ordering::Relaxed);
+        let limit = if bytes == 0 { usize::MAX } else { bytes };
+        self.max_message.store(limit, Ordering::Relaxed);
     }
 
     /// The error for a `method` request of `bytes` over the server's limit, if it is.
@@ -344,9 +379,8 @@ impl RpcConnection {
     ) -> Result<Answer, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, Waiting { tx, _held: held });
+        let unsent = Unsent::insert(&self.pending, id, Waiting { tx, _held: held });
         if self.closed.is_cancelled() {
-            lock(&self.pending).remove(&id);
             return Err(ClientError::ConnectionLost);
         }
         let sent = match (&self.out, body) {
@@ -373,10 +407,8 @@ impl RpcConnection {
                 }),
             _ => Err(ClientError::Protocol("request of the wrong kind".into())),
         };
-        if let Err(e) = sent {
-            lock(&self.pending).remove(&id);
-            return Err(e);
-        }
+        sent?;
+        unsent.sent();
         tokio::select! {
             r = rx => r.unwrap_or(Err(ClientError::ConnectionLost)),
             _ = self.closed.cancelled() => {
@@ -460,27 +492,34 @@ impl RpcConnection {
     ) -> Result<PendingCall, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, Waiting { tx, _held: held });
+        let unsent = Unsent::insert(&self.pending, id, Waiting { tx, _held: held });
         if self.closed.is_cancelled() {
-            lock(&self.pending).remove(&id);
             return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
         }
         let sent = match &self.out {
             Out::Json(out) => {
                 let binary = self.binary_input.load(Ordering::Relaxed)
                     && fits_binary_write(id, process_id, write_id, data.len());
-                let msg = if binary {
+                let (msg, bytes) = if binary {
                     // The chunk goes as the message's second part: not copied here.
-                    OutMessage::Binary {
-                        head: encode_write_head(id, close_stdin, process_id, write_id),
-                        payload: data.clone(),
-                    }
+                    let head = encode_write_head(id, close_stdin, process_id, write_id);
+                    let bytes = head.len() + data.len();
+                    let payload = data.clone();
+                    (OutMessage::Binary { head, payload }, bytes)
                 } else {
-                    OutMessage::Text(encode_write_request(id, process_id, write_id, data))
+                    let text = encode_write_request(id, process_id, write_id, data);
+                    let bytes = text.len();
+                    (OutMessage::Text(text), bytes)
                 };
+                // Checked as any request is: sent anyway, it would close the connection, and
+                // the writer would send it again on each new one (review R2).
+                if let Some(e) = self.over_limit(Method::ProcessWrite.as_str(), bytes) {
+                    return Err(e);
+                }
                 let sent = out.send(msg).await.is_ok();
                 if sent && close_stdin && !binary {
-                    // The flag has no JSON form: the same request, then its closeStdin.
+                    // The flag has no JSON form: the same request, then its closeStdin (a few
+                    // hundred bytes at most: a process id is at most 256).
                     let close = serde_json::json!({"processId": process_id});
                     let close_id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let text = encode_request(&Value::from(close_id), "process/closeStdin", &close);
@@ -503,9 +542,9 @@ impl RpcConnection {
                 .is_ok(),
         };
         if !sent {
-            lock(&self.pending).remove(&id);
             return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
         }
+        unsent.sent();
         Ok(PendingCall {
             id,
             rx,

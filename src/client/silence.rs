@@ -113,10 +113,11 @@ async fn ask(
     reply_within: Duration,
     fetch: impl std::future::Future<Output = u64>,
 ) -> Probe {
+    // `begun` before `idle`: see `ExclusiveInFlight::new` for why this order (review R3).
+    let begun = exclusive.begun();
     if !exclusive.idle() {
         return Probe::Skipped;
     }
-    let begun = exclusive.begun();
     match tokio::time::timeout(reply_within, fetch).await {
         Ok(n) => Probe::Answered(n),
         Err(_) if exclusive.begun() != begun => Probe::BehindItsOwnRequest,

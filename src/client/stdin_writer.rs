@@ -284,7 +284,7 @@ impl StdinWriter {
     async fn push_in_order_once(&mut self, mut w: InFlight) -> Result<(), StdinRefused> {
         let behind_unsent = self.in_flight.iter().any(|w| w.call.is_none());
         if let (Some(conn), false) = (&self.conn, behind_unsent) {
-            w.call = self.send(conn, &w).await;
+            w.call = self.send(conn, &w).await?;
         }
         let unsent = w.call.is_none();
         self.in_flight.push_back(w);
@@ -294,16 +294,28 @@ impl StdinWriter {
         Ok(())
     }
 
-    async fn send(&self, conn: &RpcConnection, w: &InFlight) -> Option<PendingCall> {
+    /// Send one write: `None` when the connection is gone (sent again on the next), an error
+    /// when it can never be sent (larger than the server reads: sending it again on each new
+    /// connection looped at full speed, review R2).
+    async fn send(
+        &self,
+        conn: &RpcConnection,
+        w: &InFlight,
+    ) -> Result<Option<PendingCall>, StdinRefused> {
         // (A write already in flight when the exit arrived is still answered by the server:
         // `exited`, the process being known until its exit is acknowledged.)
         let id = &self.control.id;
         // Counted by the connection too while on the wire: the writer may be dropped (or
         // stop on an error) while the server still holds the write.
         let held = Some(w._in_flight.another());
-        conn.start_write_held(id, &w.write_id, &w.data, w.close_stdin, held)
+        match conn
+            .start_write_held(id, &w.write_id, &w.data, w.close_stdin, held)
             .await
-            .ok()
+        {
+            Ok(call) => Ok(Some(call)),
+            Err(e @ ClientError::RequestTooLarge { .. }) => Err(StdinRefused::Error(e)),
+            Err(_) => Ok(None),
+        }
     }
 
     /// The client's current connection (waiting for a reconnect if one is under way).
@@ -322,7 +334,7 @@ impl StdinWriter {
             let conn = self.connection().await?;
             let mut all_sent = true;
             for i in 0..self.in_flight.len() {
-                let call = self.send(&conn, &self.in_flight[i]).await;
+                let call = self.send(&conn, &self.in_flight[i]).await?;
                 all_sent &= call.is_some();
                 self.in_flight[i].call = call;
                 self.in_flight[i].repeated = true;
@@ -346,7 +358,7 @@ impl StdinWriter {
             w.call = None;
         }
         if let Some(oldest) = self.in_flight.front() {
-            let call = self.send(&conn, oldest).await;
+            let call = self.send(&conn, oldest).await?;
             if let Some(front) = self.in_flight.front_mut() {
                 front.call = call;
                 front.repeated = true;

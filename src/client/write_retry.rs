@@ -47,7 +47,8 @@ pub const WRITE_RETRY_FOR_MS: u64 = 60_000;
 /// The limits whose `-32004` a start is tried again on (`Client::start`): the connection's
 /// and the server's requests in flight and their bytes, and the in-process queue. They empty
 /// as other requests are answered, and a request refused for them was refused before it was
-/// read, so the start was not made. Not `maxProcesses` and its kin: they wait on processes
+/// carried out (the byte budgets before it is parsed, the request slots before it is routed),
+/// so that attempt made no start. Not `maxProcesses` and its kin: they wait on processes
 /// ending, which is the application's to decide.
 const TRANSIENT_LIMITS: [&str; 5] = [
     "maxPendingRequests",

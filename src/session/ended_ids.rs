@@ -36,7 +36,7 @@ const _: () = assert!(ENDED_WRITE_IDS > crate::config::MAX_NOISE_WINDOW_RECORDS 
 /// it costs ([`ENDED_WRITE_ID_OVERHEAD`] beside its text, at most 256 bytes): the oldest
 /// process's ids are forgotten first. A repeat of a forgotten one is answered `exited`, as
 /// before this memory existed. About 38 processes' full pipelines of 128 short ids (`s-123`);
-/// 16 MiB for a server's 64 sessions at most.
+/// 16 MiB for a server with the default `max_sessions` of 64.
 pub const ENDED_WRITE_ID_BYTES: usize = 256 * 1024;
 
 /// What one remembered id costs beside its text: its shared allocation's counts (16 bytes,
