@@ -46,6 +46,19 @@ def write_cost(length: int, binary: bool) -> int:
     return length + _BINARY_WRITE_OVERHEAD if binary else (length + 2) // 3 * 4
 
 
+#: What one JSON value can take on the server once parsed, beyond its text: a message is
+#: charged its length plus this for each ``,`` ``:`` ``[`` ``{`` in it, before it is parsed
+#: (the server's ``PARSED_VALUE_BYTES``, ``src/connection/request_budget.rs``).
+PARSED_VALUE_BYTES = 128
+
+
+def parse_cost(text: bytes) -> int:
+    """What the server charges a message of this text: its length, and
+    ``PARSED_VALUE_BYTES`` for each value it can hold."""
+    values = text.count(b",") + text.count(b":") + text.count(b"[") + text.count(b"{")
+    return len(text) + values * PARSED_VALUE_BYTES
+
+
 class WriteRetry:
     """Refusals in a row of one `write()`, and the next pause."""
 

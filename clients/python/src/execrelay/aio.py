@@ -35,7 +35,8 @@ from ._link import Link, LinkError, StreamReset
 from ._noise import SUITE_AESGCM, SUITE_CHACHAPOLY, cpu_has_fast_aes
 from ._target import Endpoint, check_window, resolve
 from ._transport import NoiseTransport, TransportClosed, WsTransport
-from ._write_retry import WRITE_RETRY_FOR, WriteRetry, transient_limit, write_cost
+from ._write_retry import (WRITE_RETRY_FOR, WriteRetry, parse_cost, transient_limit,
+                           write_cost)
 from .errors import (ConnectError, ExecRelayError, NotApprovedError, OutputLost, ProtocolError,
                      RefusedError, RequestTooLarge, RpcError, SessionLost, StartError)
 from .types import ApprovalRequest, Event, Result
@@ -156,6 +157,15 @@ _FINAL_RESETS = {"unauthorized", "handshake_failed", "clock_skew"}
 _RETRY_RESETS = {"busy", "replayed_handshake"}
 
 
+def _message_limit(init_result: Mapping[str, Any]) -> Optional[int]:
+    """``limits.maxMessageBytes`` of an initialize result, when it is a positive integer; any
+    other value (missing, 0, negative, a boolean) says nothing a client can use: unknown, and
+    nothing is refused locally (as in the Rust library)."""
+    limits = init_result.get("limits")
+    limit = limits.get("maxMessageBytes") if isinstance(limits, dict) else None
+    return limit if type(limit) is int and limit > 0 else None
+
+
 def _rpc_error(err: Mapping[str, Any], start_cwd: Optional[str] = None) -> RpcError:
     code = int(err.get("code", 0)) if isinstance(err.get("code"), int) else 0
     message = str(err.get("message", ""))
@@ -186,6 +196,9 @@ class _Connection:
         self.pending: Dict[int, asyncio.Future] = {}
         self.closed = asyncio.get_running_loop().create_future()
         self.binary_input = False
+        # The server's maxMessageBytes as this connection's own initialize said it (None until
+        # then, or when it is not a positive integer: unknown, nothing refused here).
+        self.max_message: Optional[int] = None
         self._send_lock = asyncio.Lock()
         self.reader: Optional[asyncio.Task] = None
 
@@ -251,9 +264,9 @@ class _Connection:
                           separators=(",", ":"))
         # Never sent when larger than the server reads: it would close the connection on it,
         # and a request sent again on each new connection would loop.
-        limit = (self.client.init_result.get("limits") or {}).get("maxMessageBytes")
+        limit = self.max_message
         size = len(text.encode())
-        if isinstance(limit, int) and size > limit:
+        if limit is not None and size > limit:
             raise RequestTooLarge(method, size, limit)
         return await self._start(text, req_id)
 
@@ -760,6 +773,7 @@ class Client:
             await conn.close()
             raise ProtocolError("the initialize result has no sessionId")
         self.init_result = res
+        conn.max_message = _message_limit(res)
         self._session = (str(res["sessionId"]), str(res.get("resumeToken", "")))
         caps_res = res.get("capabilities") or {}
         self._binary_input = bool(caps_res.get("binaryInput")) and self._binary
@@ -848,8 +862,8 @@ class Client:
     def _json_write_chunk(self) -> int:
         """The stdin bytes of one JSON write: `JSON_WRITE_CHUNK`, or less where the server's
         ``maxMessageBytes`` would not take that much in base64 with its envelope (4 KiB)."""
-        limit = (self.init_result.get("limits") or {}).get("maxMessageBytes")
-        if not isinstance(limit, int) or limit <= 0:
+        limit = _message_limit(self.init_result)
+        if limit is None:
             return JSON_WRITE_CHUNK
         return max(1, min(JSON_WRITE_CHUNK, (limit - 4096) // 4 * 3))
 
@@ -1003,19 +1017,29 @@ class Client:
         attempts = 0
         resumes = self.resumes
         refusals = WriteRetry(self._write_retry_for)
-        cost = len(json.dumps(params, separators=(",", ":")))
+        # The least the server charges it, as it charges (text and parsed values): a start of
+        # many short arguments costs far more than its text, and one that can never fit the
+        # byte budget is given up at once.
+        cost = parse_cost(json.dumps(params, separators=(",", ":")).encode())
         while True:
             try:
                 return await self._call("process/start", params, cwd=cwd)
             except RpcError as e:
                 # Refused for a limit that empties as other requests are answered (uploads
-                # held by children that do not read): nothing was started. Tried again with
-                # the pauses and bound of a refused write.
+                # held by children that do not read): this attempt started nothing. Tried
+                # again with the pauses and bound of a refused write.
                 if transient_limit(e.code, e.data):
                     pause = refusals.after_refusal(e.code, e.data, cost, True, time.monotonic())
                     if pause is None:
                         raise
                     await asyncio.sleep(pause)
+                    # An attempt on a connection since lost may have started it, and it may
+                    # have exited and been forgotten during the pauses: sent again, it would
+                    # run twice.
+                    if self.resumes != resumes:
+                        earlier = await self._started_earlier(params["processId"])
+                        if earlier is not None:
+                            return earlier
                     continue
                 # A start retried after a resume may have been applied already: find it.
                 if e.code != -32002 or self.resumes == resumes or attempts >= START_LOOKUPS:
@@ -1025,6 +1049,25 @@ class Client:
                     if entry.get("processId") == params["processId"] and entry.get("pid"):
                         return {"processId": params["processId"], "pid": entry["pid"]}
                 await asyncio.sleep(RECONNECT_INITIAL_DELAY)
+
+    async def _started_earlier(self, process_id: str) -> Optional[Dict[str, Any]]:
+        """Whether an earlier attempt of this start, on a connection since lost, started it:
+        listed with a pid, or not listed although events of it arrived (it ran, exited, and
+        the server forgot it). None when nothing says so (or the list itself was refused for
+        a limit): the start goes again."""
+        try:
+            listed = [e for e in await self.list() if e.get("processId") == process_id]
+        except RpcError as e:
+            if transient_limit(e.code, e.data):
+                return None
+            raise
+        if listed:
+            pid = listed[0].get("pid")
+            return {"processId": process_id, "pid": pid} if pid else None
+        proc = self._procs.get(process_id)
+        if proc is not None and proc.last_seq > 0:
+            return {"processId": process_id, "pid": 0}
+        return None
 
     # What the server sends -----------------------------------------------------------------
 
