@@ -411,6 +411,28 @@ def oversized_request(ctx: Context) -> None:
     ctx.check(out(ok) == b"still\n", "the session goes on")
 
 
+@scenario("unfit-start", "README decision (a refused start is tried again)",
+          "a start the server's byte budget can never hold (many short arguments) is reported at its first refusal")
+def unfit_start(ctx: Context) -> None:
+    srv = ctx.servers.ws("--max-message-bytes", TIGHT, "--max-pending-request-bytes", TIGHT,
+                         "--metrics-listen", "127.0.0.1:0", *KA)
+    metrics = _metrics_url(ctx, srv)
+    a = ctx.connected({"EXECRELAY_TARGET": srv.url, "EXECRELAY_SERVER_KEY": "",
+                       "EXECRELAY_KEY": ""})
+    # 2,000 one-letter arguments: about 8 KB of text, under maxMessageBytes, but the server
+    # charges 128 bytes more per value (about 264 KB), over the budget whatever else is in
+    # flight. Counted by its text, it looked as if it would fit and went again for a minute.
+    before = _limit_refusals(metrics).get("maxPendingRequestBytes", 0)
+    r = a.request("start", id="unfit", argv=["true"] + ["a"] * 2000, timeout=50)
+    e = r.get("error") or {}
+    ctx.check(not r.get("ok") and e.get("type") == "rpc" and e.get("code") == -32004,
+              f"refused with -32004 (got {r})")
+    refusals = _limit_refusals(metrics).get("maxPendingRequestBytes", 0) - before
+    ctx.check(refusals == 1, f"sent once, not again (the server refused it {refusals:.0f} times)")
+    ok = run(a, "echo still")
+    ctx.check(out(ok) == b"still\n", "the session goes on")
+
+
 @scenario("output-cap", "protocol §4 outputBytesCap", "a capped stream: first bytes kept, the rest counted")
 def output_cap(ctx: Context) -> None:
     a = ctx.connected(ctx.target("ws", *KA))

@@ -239,7 +239,7 @@ async fn a_max_message_of_zero_is_no_limit() {
 }
 
 #[tokio::test]
-async fn a_start_dropped_while_it_waits_to_go_again_frees_its_id() {
+async fn a_start_its_caller_drops_while_it_is_refused_frees_its_id() {
     let starts = Arc::new(AtomicUsize::new(0));
     let s = starts.clone();
     let (url, mut seen) = fake_server(move |conn, v| match v["method"].as_str() {
@@ -253,8 +253,10 @@ async fn a_start_dropped_while_it_waits_to_go_again_frees_its_id() {
     {
         let start = c.start(StartOptions::new("p", ["true"]));
         tokio::pin!(start);
-        // Until the server has seen (and so refused) the start; then the caller gives up on
-        // it (a timeout around it, say), while it is refused or waits to go again.
+        // Until the server has seen (and so refuses) the start; then the caller gives up on
+        // it (a timeout around it, say): while its refusal is on the way, or in the pause
+        // before it goes again, whichever this run reaches (the claim on the id is freed on
+        // every end but success, so both are the same case).
         loop {
             tokio::select! {
                 r = &mut start => panic!("the refused start ended by itself: {:?}", r.err()),
@@ -362,7 +364,7 @@ async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
     })
     .await;
     let c = client(&url).await;
-    let _h = c.start(StartOptions::new("p", ["true"])).await.unwrap();
+    let mut h = c.start(StartOptions::new("p", ["true"])).await.unwrap();
     within(async { while seen.recv().await.expect("the server runs").1 != "process/read" {} })
         .await;
     // Two round trips later the gap's reads have ended with the first: the same read went
@@ -370,6 +372,64 @@ async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
     within(c.server_info()).await.unwrap();
     within(c.server_info()).await.unwrap();
     assert_eq!(reads.load(Ordering::SeqCst), 1);
+    // And the stream goes on: the gap before the event that arrived is lost, as a whole
+    // (before, with the loop ended, that event was dropped and the handle waited for ever).
+    match within(h.next_event()).await {
+        Some(ProcessEvent::Lost { from, to }) => assert_eq!((from, to), (1, 2)),
+        other => panic!("expected the gap lost, got {other:?}"),
+    }
+    match within(h.next_event()).await {
+        Some(ProcessEvent::Output { data, .. }) => assert_eq!(&data[..], b"hi\n"),
+        other => panic!("expected the event after the gap, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_read_answered_with_nothing_past_what_was_asked_ends_the_gaps_reads() {
+    // Event 3 arrives first; the read after 0 is answered with event 0 only (a server that
+    // takes `afterSeq` as inclusive, say): asked again, the same answer, for ever.
+    let reads = Arc::new(AtomicUsize::new(0));
+    let r = reads.clone();
+    let (url, mut seen) = fake_server(move |conn, v| match v["method"].as_str() {
+        Some("initialize") => initialized(conn, v, 1 << 24),
+        Some("process/start") => {
+            let Act::Send(mut msgs) = started(v, 9) else {
+                unreachable!()
+            };
+            msgs.push(
+                json!({"jsonrpc": "2.0", "method": "process/outputDelta", "params": {
+                "processId": "p", "seq": 3, "stream": "stdout", "chunk": "aGkK"}}),
+            );
+            Act::Send(msgs)
+        }
+        Some("process/read") => {
+            r.fetch_add(1, Ordering::SeqCst);
+            Act::Send(vec![answer(
+                v,
+                json!({"events": [{"seq": v["params"]["afterSeq"],
+                "type": "output", "stream": "stdout", "chunk": "aGkK"}],
+                "nextSeq": 4, "running": true, "exited": false}),
+            )])
+        }
+        _ => otherwise(v),
+    })
+    .await;
+    let c = client(&url).await;
+    let mut h = c.start(StartOptions::new("p", ["true"])).await.unwrap();
+    within(async { while seen.recv().await.expect("the server runs").1 != "process/read" {} })
+        .await;
+    within(c.server_info()).await.unwrap();
+    within(c.server_info()).await.unwrap();
+    assert_eq!(reads.load(Ordering::SeqCst), 1);
+    // What the server would not give is lost, said as such; the event after it follows.
+    match within(h.next_event()).await {
+        Some(ProcessEvent::Lost { from, to }) => assert_eq!((from, to), (1, 2)),
+        other => panic!("expected the gap lost, got {other:?}"),
+    }
+    match within(h.next_event()).await {
+        Some(ProcessEvent::Output { data, .. }) => assert_eq!(&data[..], b"hi\n"),
+        other => panic!("expected the event after the gap, got {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -395,4 +455,54 @@ async fn a_start_of_many_short_arguments_that_can_never_fit_is_given_up_at_once(
         .expect("refused");
     assert!(matches!(e, ClientError::Rpc { code: -32004, .. }), "{e}");
     assert_eq!(starts(&mut seen), [1], "reported at the first refusal");
+}
+
+/// As [`applied_then_refused`], with the lookup's first `process/list` refused for a limit too.
+async fn applied_then_refused_and_list_refused_once() -> (String, mpsc::UnboundedReceiver<Seen>) {
+    let lists = Arc::new(AtomicUsize::new(0));
+    fake_server(move |conn, v| match (conn, v["method"].as_str()) {
+        (_, Some("initialize")) => initialized(conn, v, 1 << 24),
+        (1, Some("process/start")) => Act::Drop,
+        (_, Some("process/start")) => refused(v),
+        (_, Some("process/list")) if lists.fetch_add(1, Ordering::SeqCst) == 0 => refused(v),
+        (_, Some("process/list")) => Act::Send(vec![answer(
+            v,
+            json!({"processes": [{"processId": "p", "pid": 4242, "argv": ["true"],
+                "tty": false, "state": "running", "nextSeq": 1}]}),
+        )]),
+        _ => otherwise(v),
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_start_from_a_lost_connection_waits_for_its_lookup_before_it_goes_again() {
+    // The lookup refused says nothing: the start is not sent again until a lookup answers
+    // (review S2: it went again at once, and would have run twice had the first ended).
+    let (url, mut seen) = applied_then_refused_and_list_refused_once().await;
+    let c = client(&url).await;
+    let h = within(c.start(StartOptions::new("p", ["true"])))
+        .await
+        .expect("found started");
+    assert_eq!(h.pid, 4242);
+    assert_eq!(starts(&mut seen), [1, 2]);
+}
+
+#[tokio::test]
+async fn a_start_from_a_lost_connection_is_looked_up_before_its_refusal_is_reported() {
+    // Without retries the refusal is the answer, but not before the lookup (review S3): the
+    // process the lost attempt started is running.
+    let listed = json!({"processes": [{"processId": "p", "pid": 4242, "argv": ["true"],
+        "tty": false, "state": "running", "nextSeq": 1}]});
+    let (url, mut seen) = applied_then_refused(listed, vec![]).await;
+    let opts = ClientOptions {
+        write_retry_for: std::time::Duration::ZERO,
+        ..ClientOptions::default()
+    };
+    let c = Client::connect(Target::Ws(url), opts).await.unwrap();
+    let h = within(c.start(StartOptions::new("p", ["true"])))
+        .await
+        .expect("found started");
+    assert_eq!(h.pid, 4242);
+    assert_eq!(starts(&mut seen), [1, 2]);
 }

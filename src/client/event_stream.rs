@@ -221,7 +221,7 @@ impl Client {
         };
         let mut procs = lock(&shared.procs);
         let wake = match procs.get_mut(process_id) {
-            Some(slot) if !slot.done && seq == slot.received + 1 => {
+            Some(slot) if !slot.done && Some(seq) == slot.received.checked_add(1) => {
                 typed_event(n).map(|ev| Self::push(slot, seq, ev))
             }
             Some(slot) if slot.done || seq <= slot.received => None,
@@ -314,7 +314,7 @@ impl Client {
             if seq <= slot.received || slot.done {
                 return; // a replay after resume
             }
-            if seq == slot.received + 1 {
+            if Some(seq) == slot.received.checked_add(1) {
                 let wake = Self::push(slot, seq, ev);
                 drop(procs);
                 wake.notify_waiters();
@@ -326,7 +326,7 @@ impl Client {
         self.fill_gap(conn, pid, gap_from, seq).await;
         let mut procs = lock(&self.shared.procs);
         if let Some(slot) = procs.get_mut(pid) {
-            if seq == slot.received + 1 && !slot.done {
+            if Some(seq) == slot.received.checked_add(1) && !slot.done {
                 let wake = Self::push(slot, seq, ev);
                 drop(procs);
                 wake.notify_waiters();
@@ -393,7 +393,8 @@ impl Client {
     async fn fill_gap(&self, conn: &RpcConnection, pid: &str, after: u64, upto: u64) -> u64 {
         let mut after = after;
         let mut pushed = 0;
-        while after + 1 < upto {
+        // (Checked arithmetic throughout: every seq here is the server's, `u64::MAX` too.)
+        while after.saturating_add(1) < upto {
             let r = conn
                 .call_typed(Call::Read(ReadParams {
                     process_id: pid.to_string(),
@@ -411,42 +412,31 @@ impl Client {
                     let to = data
                         .as_ref()
                         .and_then(|d| d.get("toSeq"))
-                        .and_then(Value::as_u64)
-                        .unwrap_or(upto - 1);
-                    // A `toSeq` that does not move past what was asked is the server's error:
-                    // taken as it is, the same read went again for ever (or, at `u64::MAX`,
-                    // overflowed the next one's seq). One past the gap is kept to the gap.
-                    if to <= after {
-                        return pushed;
-                    }
-                    let to = to.min(upto - 1);
-                    let mut procs = lock(&self.shared.procs);
-                    if let Some(slot) = procs.get_mut(pid) {
-                        if slot.received == after {
-                            // Not a real event: it does not take a seq of its own.
-                            slot.buf.push_back((
-                                to,
-                                ProcessEvent::Lost {
-                                    from: after + 1,
-                                    to,
-                                },
-                            ));
-                            slot.received = to;
-                            slot.notify.notify_waiters();
-                        }
-                    }
+                        .and_then(Value::as_u64);
+                    // A `toSeq` that does not move past what was asked (or none) is the
+                    // server's error: taken as it is, the same read went again for ever. In a
+                    // gap before an event that arrived, the whole gap is then lost (and that
+                    // event follows); asked after the last one received, nothing is known
+                    // (review S6). One past the gap is kept to the gap.
+                    let to = match to {
+                        Some(to) if to > after => to.min(upto - 1),
+                        _ if upto < u64::MAX => upto - 1,
+                        _ => return pushed,
+                    };
+                    self.mark_lost(pid, after, to);
                     after = to;
                     continue;
                 }
                 Err(_) => return pushed,
             };
-            if events.is_empty() {
-                return pushed;
-            }
+            let asked = after;
             for e in events {
                 let seq = e.seq;
                 if seq >= upto {
                     return pushed;
+                }
+                if seq <= after {
+                    continue; // not what was asked for (review S4)
                 }
                 let ev = match e.body {
                     EventBody::Output { stream, chunk } => ProcessEvent::Output {
@@ -464,7 +454,7 @@ impl Client {
                 };
                 let mut procs = lock(&self.shared.procs);
                 if let Some(slot) = procs.get_mut(pid) {
-                    if seq == slot.received + 1 {
+                    if Some(seq) == slot.received.checked_add(1) {
                         let wake = Self::push(slot, seq, ev);
                         drop(procs);
                         wake.notify_waiters();
@@ -473,8 +463,37 @@ impl Client {
                 }
                 after = seq;
             }
+            // Nothing past what was asked (none, or only events at or before it): asked
+            // again, the server would answer the same, for ever (review S4). In a gap before
+            // an event that arrived, what it does not give is lost, and that event follows.
+            if after == asked {
+                if upto < u64::MAX {
+                    self.mark_lost(pid, after, upto - 1);
+                }
+                return pushed;
+            }
         }
         pushed
+    }
+
+    /// Events `after + 1 ..= to` of `pid` will not arrive: the application is told so in
+    /// their place ([`ProcessEvent::Lost`]), if nothing came since `after`. `to > after`.
+    fn mark_lost(&self, pid: &str, after: u64, to: u64) {
+        let mut procs = lock(&self.shared.procs);
+        if let Some(slot) = procs.get_mut(pid) {
+            if slot.received == after && to > after {
+                // Not a real event: it does not take a seq of its own.
+                slot.buf.push_back((
+                    to,
+                    ProcessEvent::Lost {
+                        from: after + 1,
+                        to,
+                    },
+                ));
+                slot.received = to;
+                slot.notify.notify_waiters();
+            }
+        }
     }
 
     /// For each process, the highest seq the application consumed (if any).

@@ -14,7 +14,8 @@
 //! answered or the connection ends (`rpc_connection.rs`; a request dropped before it was
 //! sent takes its guard with it). One exclusive request goes uncounted: the
 //! `process/closeStdin` that follows a JSON write closing stdin, which the server carries out
-//! as soon as that write is answered (closing a pipe waits for nothing).
+//! as soon as that write is answered (closing a pipe waits for nothing); the write keeps its
+//! own guard from the moment it is on the wire, whatever becomes of the follow-up.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -107,11 +107,25 @@ pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
 /// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
 pub const START_LOOKUPS: u32 = 20;
 
+/// What an earlier attempt of a start did, as far as the client can tell
+/// ([`Client::started_earlier`]).
+enum Earlier {
+    /// It started: this is its result (pid 0 when only its events say so).
+    Started(StartResult),
+    /// It did not, or not yet: the start goes again.
+    SendAgain,
+    /// Nothing says either way (the lookup failed): nothing is sent until something does.
+    Unknown,
+}
+
 /// A start's claim on its id's slot ([`Client::start`]): freed on drop unless the start
 /// succeeded ([`keep`](SlotClaim::keep)).
 struct SlotClaim<'a> {
     shared: &'a Shared,
     id: &'a str,
+    /// The slot this start made (its `notify`): only that one is freed, never a later
+    /// start's under the same id (as `ProcessHandle`'s drop does).
+    slot: &'a Arc<Notify>,
 }
 
 impl SlotClaim<'_> {
@@ -123,7 +137,12 @@ impl SlotClaim<'_> {
 
 impl Drop for SlotClaim<'_> {
     fn drop(&mut self) {
-        let slot = lock(&self.shared.procs).remove(self.id);
+        let mut procs = lock(&self.shared.procs);
+        let ours = procs
+            .get(self.id)
+            .is_some_and(|s| Arc::ptr_eq(&s.notify, self.slot));
+        let slot = if ours { procs.remove(self.id) } else { None };
+        drop(procs);
         drop(slot);
     }
 }
@@ -492,6 +511,7 @@ impl Client {
         let claim = SlotClaim {
             shared: &self.shared,
             id: &id,
+            slot: &slot,
         };
         // The start is an exclusive request until it is answered, which may take a person's
         // time (an approval): the silence watch leaves the process alone meanwhile.
@@ -503,7 +523,7 @@ impl Client {
         // byte budget is given up at once (review R6).
         let cost = serde_json::to_vec(&opts.params).map_or(0, |v| parse_cost(&v));
         let mut lookups = 0;
-        let result = loop {
+        let result = 'attempts: loop {
             let conn = self.connection().await?;
             let held = Some(_starting.another());
             match conn
@@ -549,19 +569,35 @@ impl Client {
                 // out, so this attempt started nothing. Tried again, with the pauses and bound
                 // of a refused write; a start that can never fit the byte limit is given up at
                 // once.
-                Err(e) if write_retry::transient_limit(&e) => {
-                    let now = write_retry::retry_now();
-                    match refusals.after_refusal(&e, cost, true, now) {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => return Err(e),
+                Err(e) if write_retry::transient_limit(&e) => loop {
+                    let pause = refusals.after_refusal(&e, cost, true, write_retry::retry_now());
+                    if let Some(pause) = pause {
+                        tokio::time::sleep(pause).await;
+                    }
+                    if !retried {
+                        match pause {
+                            Some(_) => break,
+                            None => return Err(e),
+                        }
                     }
                     // An attempt on a connection that was lost may have started it, and it
                     // may have exited and been forgotten during the pauses: sent again, it
-                    // would run twice (review R7).
-                    if retried {
-                        if let Some(r) = self.started_earlier(&id).await? {
-                            break r;
-                        }
+                    // would run twice (review R7). Asked after each pause, and once more
+                    // before the refusal is reported (S3).
+                    match (self.started_earlier(&id).await, pause) {
+                        (Earlier::Started(r), _) => break 'attempts r,
+                        (Earlier::SendAgain, Some(_)) => break,
+                        // The lookup itself refused: nothing is sent until it is answered (S2).
+                        (Earlier::Unknown, Some(_)) => continue,
+                        (_, None) => return Err(e),
+                    }
+                },
+                // After a lost attempt, a limit may be that attempt's own doing (its process
+                // counted against `maxProcesses`): looked up before it is reported.
+                Err(e @ ClientError::Rpc { code: -32004, .. }) if retried => {
+                    match self.started_earlier(&id).await {
+                        Earlier::Started(r) => break r,
+                        _ => return Err(e),
                     }
                 }
                 Err(e) => return Err(e),
@@ -586,29 +622,27 @@ impl Client {
         })
     }
 
-    /// Whether an earlier attempt of the start of `id`, on a connection since lost, started
-    /// it: listed with a pid, or not listed although events of it arrived (it ran, exited,
-    /// and the server forgot it). `None` when nothing says so (not listed, nothing heard, or
-    /// the list itself refused for a limit): the start goes again. One listed without a pid
-    /// yet is started again too, which the server answers `-32002`, and that is looked up.
-    async fn started_earlier(&self, id: &str) -> Result<Option<StartResult>, ClientError> {
-        let found = |pid| {
-            Some(StartResult {
+    /// What an earlier attempt of the start of `id`, on a connection since lost, did: it
+    /// started if events of it arrived (it may have exited and been forgotten since: no list
+    /// needed) or the server lists it with a pid. Not listed and nothing heard, or listed
+    /// without a pid yet (spawning, or waiting for approval: the start again is answered
+    /// `-32002`, which is looked up), it goes again. A list that fails, with nothing heard,
+    /// says nothing.
+    async fn started_earlier(&self, id: &str) -> Earlier {
+        let started = |pid| {
+            Earlier::Started(StartResult {
                 process_id: id.to_string(),
                 pid,
             })
         };
+        let heard = lock(&self.shared.procs)
+            .get(id)
+            .is_some_and(|s| s.delivery().received_seq > 0);
         match self.listed(id).await {
-            Ok(Some(Some(pid))) => Ok(found(pid)),
-            Ok(Some(None)) => Ok(None),
-            Ok(None) => {
-                let heard = lock(&self.shared.procs)
-                    .get(id)
-                    .is_some_and(|s| s.delivery().received_seq > 0);
-                Ok(if heard { found(0) } else { None })
-            }
-            Err(e) if write_retry::transient_limit(&e) => Ok(None),
-            Err(e) => Err(e),
+            Ok(Some(Some(pid))) => started(pid),
+            _ if heard => started(0),
+            Ok(_) => Earlier::SendAgain,
+            Err(_) => Earlier::Unknown,
         }
     }
 

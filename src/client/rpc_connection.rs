@@ -492,7 +492,11 @@ impl RpcConnection {
     ) -> Result<PendingCall, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let unsent = Unsent::insert(&self.pending, id, Waiting { tx, _held: held });
+        let mut unsent = Some(Unsent::insert(
+            &self.pending,
+            id,
+            Waiting { tx, _held: held },
+        ));
         if self.closed.is_cancelled() {
             return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
         }
@@ -517,6 +521,13 @@ impl RpcConnection {
                     return Err(e);
                 }
                 let sent = out.send(msg).await.is_ok();
+                if sent {
+                    // On the wire: whatever happens to the follow-up below (or to the caller's
+                    // future while it waits for room), the write keeps its entry and guard.
+                    if let Some(u) = unsent.take() {
+                        u.sent();
+                    }
+                }
                 if sent && close_stdin && !binary {
                     // The flag has no JSON form: the same request, then its closeStdin (a few
                     // hundred bytes at most: a process id is at most 256).
@@ -544,7 +555,9 @@ impl RpcConnection {
         if !sent {
             return Err(self.failure().unwrap_or(ClientError::ConnectionLost));
         }
-        unsent.sent();
+        if let Some(u) = unsent.take() {
+            u.sent();
+        }
         Ok(PendingCall {
             id,
             rx,

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
+import execrelay
 from execrelay import RpcError, aio
 
 #: What the fake server does with one request: messages to send, or None to drop the
@@ -144,5 +145,104 @@ def test_a_start_of_many_short_arguments_that_can_never_fit_is_given_up_at_once(
                 await asyncio.wait_for(c.start(["true"] + ["a"] * 2000, process_id="p"), 30)
             assert e.value.code == -32004
             assert starts(seen) == [1]
+            await c.close(detach=True)
+    asyncio.run(main())
+
+
+def _lost_then_refused(list_refusals: int):
+    """Connection 1 takes the start and drops unanswered; later connections refuse it, and
+    refuse the first `list_refusals` lookups too, then list it running with pid 4242."""
+    lists = [0]
+
+    def script(conn, m):
+        method = m["method"]
+        if method == "initialize":
+            return initialized(conn, m, 1 << 24)
+        if method == "process/start":
+            return None if conn == 1 else refused(m)
+        if method == "process/list":
+            lists[0] += 1
+            if lists[0] <= list_refusals:
+                return refused(m, "maxPendingControlRequests", 64)
+            return [answer(m, {"processes": [{"processId": "p", "pid": 4242, "argv": ["true"],
+                                              "tty": False, "state": "running",
+                                              "nextSeq": 1}]})]
+        return []
+    return script
+
+
+@pytest.mark.parametrize("retry_for,list_refusals", [(60.0, 1), (0.0, 0)])
+def test_a_start_from_a_lost_connection_is_looked_up_before_it_goes_again_or_fails(
+        retry_for, list_refusals):
+    """A refused lookup says nothing: the start is not sent again until one answers. Without
+    retries the refusal is raised, but not before the lookup: the process the lost attempt
+    started is running, and that is the answer."""
+    seen: List[Tuple[int, str]] = []
+
+    async def main():
+        async with fake_server(_lost_then_refused(list_refusals), seen) as server:
+            c = await aio.connect(url_of(server), write_retry_for=retry_for)
+            p = await asyncio.wait_for(c.start(["true"], process_id="p"), 30)
+            assert p.pid == 4242
+            assert starts(seen) == [1, 2]
+            await c.close(detach=True)
+    asyncio.run(main())
+
+
+def test_a_read_answered_with_nothing_past_what_was_asked_fails_the_process():
+    """Event 3 arrives first; the read after 0 is answered with event 0 only: asked again,
+    the same answer, for ever. Once is enough: the gap is lost (`OutputLost`, 1 to 2)."""
+    seen: List[Tuple[int, str]] = []
+
+    def script(conn, m):
+        method = m["method"]
+        if method == "initialize":
+            return initialized(conn, m, 1 << 24)
+        if method == "process/start":
+            return [answer(m, {"processId": "p", "pid": 9}),
+                    {"jsonrpc": "2.0", "method": "process/outputDelta", "params": {
+                        "processId": "p", "seq": 3, "stream": "stdout", "chunk": "aGkK"}}]
+        if method == "process/read":
+            return [answer(m, {"events": [{"seq": m["params"]["afterSeq"], "type": "output",
+                                           "stream": "stdout", "chunk": "aGkK"}],
+                               "nextSeq": 4, "running": True, "exited": False})]
+        return []
+
+    async def main():
+        async with fake_server(script, seen) as server:
+            c = await aio.connect(url_of(server))
+            p = await c.start(["true"], process_id="p")
+            with pytest.raises(execrelay.OutputLost) as e:
+                await asyncio.wait_for(p.wait(), 30)
+            assert (e.value.from_seq, e.value.to_seq) == (1, 2)
+            assert [m for _, m in seen].count("process/read") == 1
+            await c.close(detach=True)
+    asyncio.run(main())
+
+
+def test_a_binary_write_larger_than_the_servers_messages_is_refused():
+    """Binary writes are checked like JSON ones: a 64 KiB write against a server that reads
+    16 KiB raises `RequestTooLarge` and is never sent (it would close the connection, and
+    go again on each new one)."""
+    seen: List[Tuple[int, str]] = []
+
+    def script(conn, m):
+        method = m["method"]
+        if method == "initialize":
+            out = initialized(conn, m, 16384)
+            out[0]["result"]["capabilities"]["binaryInput"] = True
+            return out
+        if method == "process/start":
+            return [answer(m, {"processId": "p", "pid": 9})]
+        return []
+
+    async def main():
+        async with fake_server(script, seen) as server:
+            c = await aio.connect(url_of(server))
+            p = await c.start(["cat"], stdin=True, process_id="p")
+            with pytest.raises(execrelay.RequestTooLarge) as e:
+                await asyncio.wait_for(p.write(b"x" * 65536), 30)
+            assert e.value.limit == 16384
+            assert c.resumes == 0
             await c.close(detach=True)
     asyncio.run(main())

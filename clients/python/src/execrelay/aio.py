@@ -160,7 +160,8 @@ _RETRY_RESETS = {"busy", "replayed_handshake"}
 def _message_limit(init_result: Mapping[str, Any]) -> Optional[int]:
     """``limits.maxMessageBytes`` of an initialize result, when it is a positive integer; any
     other value (missing, 0, negative, a boolean) says nothing a client can use: unknown, and
-    nothing is refused locally (as in the Rust library)."""
+    nothing is refused locally (the Rust library does the same for 0, and refuses a
+    non-number as a malformed initialize result)."""
     limits = init_result.get("limits")
     limit = limits.get("maxMessageBytes") if isinstance(limits, dict) else None
     return limit if type(limit) is int and limit > 0 else None
@@ -284,7 +285,10 @@ class _Connection:
         return fut
 
     async def start_binary(self, body: bytes, req_id: int) -> "asyncio.Future[Any]":
-        """Send a binary request (`protocol.md` §5.2); its answer is the future returned."""
+        """Send a binary request (`protocol.md` §5.2); its answer is the future returned.
+        Checked against ``maxMessageBytes`` as a JSON request is (``RequestTooLarge``)."""
+        if self.max_message is not None and len(body) > self.max_message:
+            raise RequestTooLarge("process/write", len(body), self.max_message)
         return await self._start(body, req_id)
 
     async def notify(self, method: str, params: Any) -> None:
@@ -354,14 +358,20 @@ class _Proc:
                     "processId": self.id, "afterSeq": self.last_seq, "maxBytes": READ_MAX_BYTES,
                     "waitMs": 0})
                 evs = res.get("events") or []
-                if not evs:
-                    break
+                asked = self.last_seq
                 for raw in evs:
                     ev = self.client._event_from_read(self, raw)
                     if ev is not None and ev.seq == self.last_seq + 1:
                         self._deliver(ev)
                 while self.last_seq + 1 in self.early:
                     self._deliver(self.early.pop(self.last_seq + 1))
+                if self.last_seq == asked:
+                    # Nothing past what was asked (none, or only events at or before it):
+                    # asked again, the server would answer the same, for ever. What it does
+                    # not give is lost, as if it said so (-32005).
+                    raise OutputLost(-32005, "the server gave nothing past seq "
+                                     f"{asked} of {self.id}",
+                                     {"fromSeq": asked + 1, "toSeq": min(self.early) - 1})
         except OutputLost as e:
             self.fail(e)
         except ExecRelayError as e:
@@ -1029,18 +1039,34 @@ class Client:
                 # held by children that do not read): this attempt started nothing. Tried
                 # again with the pauses and bound of a refused write.
                 if transient_limit(e.code, e.data):
-                    pause = refusals.after_refusal(e.code, e.data, cost, True, time.monotonic())
-                    if pause is None:
-                        raise
-                    await asyncio.sleep(pause)
                     # An attempt on a connection since lost may have started it, and it may
                     # have exited and been forgotten during the pauses: sent again, it would
-                    # run twice.
-                    if self.resumes != resumes:
-                        earlier = await self._started_earlier(params["processId"])
+                    # run twice. Asked after each pause, and once more before the refusal is
+                    # raised; while the lookup itself is refused, nothing is sent.
+                    while True:
+                        pause = refusals.after_refusal(e.code, e.data, cost, True,
+                                                       time.monotonic())
+                        if pause is not None:
+                            await asyncio.sleep(pause)
+                        if self.resumes == resumes:
+                            if pause is None:
+                                raise
+                            break
+                        earlier, known = await self._started_earlier(params["processId"])
                         if earlier is not None:
                             return earlier
+                        if pause is None:
+                            raise
+                        if known:
+                            break
                     continue
+                # After a lost attempt, a limit may be that attempt's own doing (its process
+                # counted against maxProcesses): looked up before it is raised.
+                if e.code == -32004 and self.resumes != resumes:
+                    earlier, _ = await self._started_earlier(params["processId"])
+                    if earlier is not None:
+                        return earlier
+                    raise
                 # A start retried after a resume may have been applied already: find it.
                 if e.code != -32002 or self.resumes == resumes or attempts >= START_LOOKUPS:
                     raise
@@ -1050,24 +1076,24 @@ class Client:
                         return {"processId": params["processId"], "pid": entry["pid"]}
                 await asyncio.sleep(RECONNECT_INITIAL_DELAY)
 
-    async def _started_earlier(self, process_id: str) -> Optional[Dict[str, Any]]:
-        """Whether an earlier attempt of this start, on a connection since lost, started it:
-        listed with a pid, or not listed although events of it arrived (it ran, exited, and
-        the server forgot it). None when nothing says so (or the list itself was refused for
-        a limit): the start goes again."""
+    async def _started_earlier(
+            self, process_id: str) -> Tuple[Optional[Dict[str, Any]], bool]:
+        """What an earlier attempt of this start, on a connection since lost, did: (its
+        result, True) if it started (events of it arrived, or the server lists it with a
+        pid); (None, True) if it did not, or not yet (it goes again); (None, False) if nothing
+        says either way (the lookup failed and nothing was heard)."""
+        proc = self._procs.get(process_id)
+        heard = proc is not None and proc.last_seq > 0
         try:
             listed = [e for e in await self.list() if e.get("processId") == process_id]
-        except RpcError as e:
-            if transient_limit(e.code, e.data):
-                return None
-            raise
-        if listed:
-            pid = listed[0].get("pid")
-            return {"processId": process_id, "pid": pid} if pid else None
-        proc = self._procs.get(process_id)
-        if proc is not None and proc.last_seq > 0:
-            return {"processId": process_id, "pid": 0}
-        return None
+        except ExecRelayError:
+            listed = None
+        pid = listed[0].get("pid") if listed else None
+        if pid:
+            return {"processId": process_id, "pid": pid}, True
+        if heard:
+            return {"processId": process_id, "pid": 0}, True
+        return None, listed is not None
 
     # What the server sends -----------------------------------------------------------------
 
