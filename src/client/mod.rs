@@ -41,6 +41,7 @@ mod options;
 mod process_handle;
 pub mod rpc_connection;
 mod silence;
+mod start;
 mod stdin_writer;
 mod supervise;
 mod target;
@@ -57,14 +58,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::MAX_MESSAGE_BYTES;
 use crate::connection::local::LocalLimits;
 use crate::connection::message::{Call, Reply};
-use crate::connection::parse_cost;
-use crate::rpc::messages::StartResult;
 use crate::rpc::Method;
 use crate::server::LocalServer;
 use crate::sync::lock;
 use crate::transport::Transport;
 use event_stream::ProcSlot;
-use exclusive::ExclusiveInFlight;
 use rpc_connection::{Notification, RpcConnection};
 
 pub use crate::connection::local::LocalLimits as InProcessLimits;
@@ -76,6 +74,7 @@ pub use event_stream::{ProcessEvent, ACK_EVERY_BYTES};
 pub use options::{AckPolicy, ClientOptions, InProcessConfig, StartOptions};
 pub use process_handle::{ProcessController, ProcessHandle};
 pub use silence::{PROBE_REPLY_TIMEOUT, SILENCE_PROBE_AFTER};
+pub use start::START_LOOKUPS;
 pub use stdin_writer::{
     StdinRefused, StdinWriter, STDIN_BINARY_WRITES_IN_FLIGHT, STDIN_BINARY_WRITE_BYTES,
     STDIN_WRITES_IN_FLIGHT, STDIN_WRITE_BYTES,
@@ -102,50 +101,6 @@ pub const FIRST_CONNECT_OFFLINE_WAIT: Duration = Duration::from_secs(5);
 pub const OFFLINE_RETRY_INITIAL_DELAY: Duration = Duration::from_millis(100);
 /// Longest delay between two tries of an offline environment on the first connection.
 pub const OFFLINE_RETRY_MAX_DELAY: Duration = Duration::from_secs(1);
-/// A retried `process/start` answered `-32002` looks its pid up in `process/list`; while the
-/// process is still being spawned it is not listed yet, and the start is tried again, at
-/// most this many times, [`RECONNECT_INITIAL_DELAY`] apart (a spawn takes milliseconds).
-pub const START_LOOKUPS: u32 = 20;
-
-/// What an earlier attempt of a start did, as far as the client can tell
-/// ([`Client::started_earlier`]).
-enum Earlier {
-    /// It started: this is its result (pid 0 when only its events say so).
-    Started(StartResult),
-    /// It did not, or not yet: the start goes again.
-    SendAgain,
-    /// Nothing says either way (the lookup failed): nothing is sent until something does.
-    Unknown,
-}
-
-/// A start's claim on its id's slot ([`Client::start`]): freed on drop unless the start
-/// succeeded ([`keep`](SlotClaim::keep)).
-struct SlotClaim<'a> {
-    shared: &'a Shared,
-    id: &'a str,
-    /// The slot this start made (its `notify`): only that one is freed, never a later
-    /// start's under the same id (as `ProcessHandle`'s drop does).
-    slot: &'a Arc<Notify>,
-}
-
-impl SlotClaim<'_> {
-    /// The start succeeded: the slot is the handle's now.
-    fn keep(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for SlotClaim<'_> {
-    fn drop(&mut self) {
-        let mut procs = lock(&self.shared.procs);
-        let ours = procs
-            .get(self.id)
-            .is_some_and(|s| Arc::ptr_eq(&s.notify, self.slot));
-        let slot = if ours { procs.remove(self.id) } else { None };
-        drop(procs);
-        drop(slot);
-    }
-}
 
 /// The in-process server a client owns (`Client::in_process`).
 struct OwnedServer {
@@ -485,164 +440,6 @@ impl Client {
                 }
                 other => return other,
             }
-        }
-    }
-
-    /// Start a process and get a handle streaming its events.
-    pub async fn start(&self, opts: StartOptions) -> Result<ProcessHandle, ClientError> {
-        let id = opts.params.process_id.clone();
-        // A live handle owns its id's slot: replacing it would leave that handle waiting on a
-        // slot no event reaches any more.
-        let (slot, flags) = {
-            let mut procs = lock(&self.shared.procs);
-            match procs.entry(id.clone()) {
-                std::collections::hash_map::Entry::Occupied(_) => {
-                    return Err(ClientError::ProcessIdInUse(id));
-                }
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    let s = v.insert(ProcSlot::new(0));
-                    (s.notify.clone(), s.flags())
-                }
-            }
-        };
-        // Until the start succeeds the slot is the start's: any other end (an error, or this
-        // future dropped, say during a retry's pause under the caller's timeout) frees the id,
-        // else every later start with it failed `ProcessIdInUse` (review R5).
-        let claim = SlotClaim {
-            shared: &self.shared,
-            id: &id,
-            slot: &slot,
-        };
-        // The start is an exclusive request until it is answered, which may take a person's
-        // time (an approval): the silence watch leaves the process alone meanwhile.
-        let _starting = ExclusiveInFlight::new(&flags.exclusive_in_flight);
-        let mut retried = false;
-        let mut refusals = write_retry::WriteRetry::new(self.shared.opts.write_retry_for);
-        // The least the server charges it, as it charges (text and parsed values): a start of
-        // many short arguments costs far more than its text, and one that can never fit the
-        // byte budget is given up at once (review R6).
-        let cost = serde_json::to_vec(&opts.params).map_or(0, |v| parse_cost(&v));
-        let mut lookups = 0;
-        let result = 'attempts: loop {
-            let conn = self.connection().await?;
-            let held = Some(_starting.another());
-            match conn
-                .call_typed_held(Call::Start(opts.params.clone()), held)
-                .await
-            {
-                Ok(Reply::Start(r)) => break r,
-                Ok(other) => {
-                    return Err(ClientError::Protocol(format!(
-                        "bad start result: {other:?}"
-                    )));
-                }
-                Err(ClientError::ConnectionLost) if self.shared.target.can_reconnect() => {
-                    retried = true;
-                    continue;
-                }
-                // The first attempt started it before the link died: find its pid. While
-                // it is still being spawned (or waits for approval) it has none yet: try the
-                // start again (a start waiting for approval is joined).
-                Err(ClientError::Rpc { code: -32002, .. }) if retried => {
-                    match self.listed(&id).await?.flatten() {
-                        Some(pid) => {
-                            break StartResult {
-                                process_id: id.clone(),
-                                pid,
-                            }
-                        }
-                        None if lookups < START_LOOKUPS => {
-                            lookups += 1;
-                            tokio::time::sleep(RECONNECT_INITIAL_DELAY).await;
-                            continue;
-                        }
-                        None => {
-                            break StartResult {
-                                process_id: id.clone(),
-                                pid: 0,
-                            }
-                        }
-                    }
-                }
-                // Refused for a limit that empties as other requests are answered (many
-                // uploads held by children that do not read): refused before it was carried
-                // out, so this attempt started nothing. Tried again, with the pauses and bound
-                // of a refused write; a start that can never fit the byte limit is given up at
-                // once.
-                Err(e) if write_retry::transient_limit(&e) => loop {
-                    let pause = refusals.after_refusal(&e, cost, true, write_retry::retry_now());
-                    if let Some(pause) = pause {
-                        tokio::time::sleep(pause).await;
-                    }
-                    if !retried {
-                        match pause {
-                            Some(_) => break,
-                            None => return Err(e),
-                        }
-                    }
-                    // An attempt on a connection that was lost may have started it, and it
-                    // may have exited and been forgotten during the pauses: sent again, it
-                    // would run twice (review R7). Asked after each pause, and once more
-                    // before the refusal is reported (S3).
-                    match (self.started_earlier(&id).await, pause) {
-                        (Earlier::Started(r), _) => break 'attempts r,
-                        (Earlier::SendAgain, Some(_)) => break,
-                        // The lookup itself refused: nothing is sent until it is answered (S2).
-                        (Earlier::Unknown, Some(_)) => continue,
-                        (_, None) => return Err(e),
-                    }
-                },
-                // After a lost attempt, a limit may be that attempt's own doing (its process
-                // counted against `maxProcesses`): looked up before it is reported.
-                Err(e @ ClientError::Rpc { code: -32004, .. }) if retried => {
-                    match self.started_earlier(&id).await {
-                        Earlier::Started(r) => break r,
-                        _ => return Err(e),
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        claim.keep();
-        Ok(ProcessHandle::new(
-            id,
-            result.pid,
-            self.clone(),
-            flags,
-            slot,
-        ))
-    }
-
-    /// The process `id` as the server lists it: `None` when it is not listed, else its pid
-    /// (`None` while it is being spawned or waits for approval).
-    async fn listed(&self, id: &str) -> Result<Option<Option<u32>>, ClientError> {
-        Ok(match self.call_typed(Call::List).await? {
-            Reply::List(list) => list.into_iter().find(|p| p.process_id == id).map(|p| p.pid),
-            _ => None,
-        })
-    }
-
-    /// What an earlier attempt of the start of `id`, on a connection since lost, did: it
-    /// started if events of it arrived (it may have exited and been forgotten since: no list
-    /// needed) or the server lists it with a pid. Not listed and nothing heard, or listed
-    /// without a pid yet (spawning, or waiting for approval: the start again is answered
-    /// `-32002`, which is looked up), it goes again. A list that fails, with nothing heard,
-    /// says nothing.
-    async fn started_earlier(&self, id: &str) -> Earlier {
-        let started = |pid| {
-            Earlier::Started(StartResult {
-                process_id: id.to_string(),
-                pid,
-            })
-        };
-        let heard = lock(&self.shared.procs)
-            .get(id)
-            .is_some_and(|s| s.delivery().received_seq > 0);
-        match self.listed(id).await {
-            Ok(Some(Some(pid))) => started(pid),
-            _ if heard => started(0),
-            Ok(_) => Earlier::SendAgain,
-            Err(_) => Earlier::Unknown,
         }
     }
 
