@@ -99,8 +99,9 @@ impl Client {
         let mut refusals = write_retry::WriteRetry::new(self.shared.opts.write_retry_for);
         // The least the server charges it, as it charges (text and parsed values): a start of
         // many short arguments costs far more than its text, and one that can never fit the
-        // byte budget is given up at once (review R6).
-        let cost = serde_json::to_vec(&opts.params).map_or(0, |v| parse_cost(&v));
+        // byte budget is given up at once (review R6). Counted at the first refusal only: an
+        // in-process start is never encoded as JSON otherwise.
+        let mut cost = None;
         let mut lookups = 0;
         let result = 'attempts: loop {
             let conn = self.connection().await?;
@@ -149,6 +150,9 @@ impl Client {
                 // of a refused write; a start that can never fit the byte limit is given up at
                 // once.
                 Err(e) if write_retry::transient_limit(&e) => loop {
+                    let cost = *cost.get_or_insert_with(|| {
+                        serde_json::to_vec(&opts.params).map_or(0, |v| parse_cost(&v))
+                    });
                     let pause = refusals.after_refusal(&e, cost, true, write_retry::retry_now());
                     if let Some(pause) = pause {
                         tokio::time::sleep(pause).await;
