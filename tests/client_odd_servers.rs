@@ -11,6 +11,7 @@
 //! - A `-32005` whose `toSeq` does not move past what was asked ends the gap's reads.
 
 mod common;
+use common::fake_server::{answer, fake_server, initialized, Act, Seen};
 use common::GUARD;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,88 +24,8 @@ use execrelay::client::{
     Client, ClientError, ClientOptions, ProcessEvent, StartOptions, StdinRefused, Target,
     STDIN_WRITE_BYTES,
 };
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
-
-/// What the fake server does with one request.
-enum Act {
-    /// Send these messages (answers or notifications), in order.
-    Send(Vec<Value>),
-    /// Close the connection without answering (the request was applied, say).
-    Drop,
-}
-
-/// A request the fake server saw: its connection (1 for the first) and method.
-type Seen = (usize, String);
-
-/// A WebSocket server that runs `script` on each request (`conn`, the request) and reports
-/// every request it saw on the returned channel, before acting on it.
-async fn fake_server(
-    script: impl Fn(usize, &Value) -> Act + Send + Sync + 'static,
-) -> (String, mpsc::UnboundedReceiver<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", listener.local_addr().unwrap());
-    let (seen_tx, seen) = mpsc::unbounded_channel();
-    let script = Arc::new(script);
-    tokio::spawn(async move {
-        let mut conn = 0;
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            conn += 1;
-            let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
-                continue;
-            };
-            let (script, seen_tx) = (script.clone(), seen_tx.clone());
-            tokio::spawn(async move {
-                while let Some(Ok(m)) = ws.next().await {
-                    let Message::Text(text) = m else { continue };
-                    let Ok(v) = serde_json::from_str::<Value>(&text) else {
-                        continue;
-                    };
-                    let Some(method) = v["method"].as_str() else {
-                        continue;
-                    };
-                    let _ = seen_tx.send((conn, method.to_string()));
-                    match script(conn, &v) {
-                        Act::Send(msgs) => {
-                            for m in msgs {
-                                if ws.send(Message::Text(m.to_string().into())).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                        Act::Drop => return,
-                    }
-                }
-            });
-        }
-    });
-    (url, seen)
-}
-
-/// The answer to `request`.
-fn answer(request: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": request["id"], "result": result})
-}
-
-/// `initialize`'s answer on connection `conn`, saying `max_message` bytes.
-fn initialized(conn: usize, request: &Value, max_message: u64) -> Act {
-    Act::Send(vec![answer(
-        request,
-        json!({
-            "protocolVersion": 1, "serverVersion": "fake", "sessionId": "s",
-            "resumeToken": "t", "resumed": conn > 1,
-            "limits": {"maxMessageBytes": max_message, "maxProcesses": 8,
-                "retainedOutputBytes": 8388608, "detachedSessionTtlMs": 60000},
-            "capabilities": {"acks": true, "binaryOutput": false,
-                "retryRefusedWrites": true}}),
-    )])
-}
 
 fn started(request: &Value, pid: u32) -> Act {
     Act::Send(vec![answer(
@@ -336,10 +257,12 @@ async fn a_start_applied_on_a_lost_connection_is_not_started_twice_when_refused_
     assert_eq!(starts(&mut seen), [1, 2]);
 }
 
-#[tokio::test]
-async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
-    // Event 3 arrives first: the client reads the gap after 0, and the server says 0 to 0 is
-    // lost, which is nothing. Taken as it was, the same read went again for ever.
+/// Event 3 of process `p` arrives first, so the client reads the gap after 0, and the server
+/// answers every `process/read` with `read(request)`. Checks that it was asked once (two round
+/// trips later: the same read went again as soon as each answer came), and that the stream
+/// goes on: the gap lost as a whole, then the event that arrived (before, with the loop ended,
+/// that event was dropped and the handle waited for ever).
+async fn a_gap_read_once(read: fn(&Value) -> Value) {
     let reads = Arc::new(AtomicUsize::new(0));
     let r = reads.clone();
     let (url, mut seen) = fake_server(move |conn, v| match v["method"].as_str() {
@@ -356,9 +279,7 @@ async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
         }
         Some("process/read") => {
             r.fetch_add(1, Ordering::SeqCst);
-            Act::Send(vec![json!({"jsonrpc": "2.0", "id": v["id"], "error": {
-                "code": -32005, "message": "gone",
-                "data": {"fromSeq": 1, "toSeq": v["params"]["afterSeq"]}}})])
+            Act::Send(vec![read(v)])
         }
         _ => otherwise(v),
     })
@@ -367,13 +288,9 @@ async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
     let mut h = c.start(StartOptions::new("p", ["true"])).await.unwrap();
     within(async { while seen.recv().await.expect("the server runs").1 != "process/read" {} })
         .await;
-    // Two round trips later the gap's reads have ended with the first: the same read went
-    // again as soon as each answer came.
     within(c.server_info()).await.unwrap();
     within(c.server_info()).await.unwrap();
     assert_eq!(reads.load(Ordering::SeqCst), 1);
-    // And the stream goes on: the gap before the event that arrived is lost, as a whole
-    // (before, with the loop ended, that event was dropped and the handle waited for ever).
     match within(h.next_event()).await {
         Some(ProcessEvent::Lost { from, to }) => assert_eq!((from, to), (1, 2)),
         other => panic!("expected the gap lost, got {other:?}"),
@@ -385,51 +302,30 @@ async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
 }
 
 #[tokio::test]
-async fn a_read_answered_with_nothing_past_what_was_asked_ends_the_gaps_reads() {
-    // Event 3 arrives first; the read after 0 is answered with event 0 only (a server that
-    // takes `afterSeq` as inclusive, say): asked again, the same answer, for ever.
-    let reads = Arc::new(AtomicUsize::new(0));
-    let r = reads.clone();
-    let (url, mut seen) = fake_server(move |conn, v| match v["method"].as_str() {
-        Some("initialize") => initialized(conn, v, 1 << 24),
-        Some("process/start") => {
-            let Act::Send(mut msgs) = started(v, 9) else {
-                unreachable!()
-            };
-            msgs.push(
-                json!({"jsonrpc": "2.0", "method": "process/outputDelta", "params": {
-                "processId": "p", "seq": 3, "stream": "stdout", "chunk": "aGkK"}}),
-            );
-            Act::Send(msgs)
-        }
-        Some("process/read") => {
-            r.fetch_add(1, Ordering::SeqCst);
-            Act::Send(vec![answer(
-                v,
-                json!({"events": [{"seq": v["params"]["afterSeq"],
-                "type": "output", "stream": "stdout", "chunk": "aGkK"}],
-                "nextSeq": 4, "running": true, "exited": false}),
-            )])
-        }
-        _ => otherwise(v),
+async fn a_lost_range_that_does_not_move_ends_the_gaps_reads() {
+    // The server says 0 to 0 is lost, which is nothing. Taken as it was, the same read went
+    // again for ever.
+    a_gap_read_once(|v| {
+        json!({"jsonrpc": "2.0", "id": v["id"], "error": {
+            "code": -32005, "message": "gone",
+            "data": {"fromSeq": 1, "toSeq": v["params"]["afterSeq"]}}})
     })
     .await;
-    let c = client(&url).await;
-    let mut h = c.start(StartOptions::new("p", ["true"])).await.unwrap();
-    within(async { while seen.recv().await.expect("the server runs").1 != "process/read" {} })
-        .await;
-    within(c.server_info()).await.unwrap();
-    within(c.server_info()).await.unwrap();
-    assert_eq!(reads.load(Ordering::SeqCst), 1);
-    // What the server would not give is lost, said as such; the event after it follows.
-    match within(h.next_event()).await {
-        Some(ProcessEvent::Lost { from, to }) => assert_eq!((from, to), (1, 2)),
-        other => panic!("expected the gap lost, got {other:?}"),
-    }
-    match within(h.next_event()).await {
-        Some(ProcessEvent::Output { data, .. }) => assert_eq!(&data[..], b"hi\n"),
-        other => panic!("expected the event after the gap, got {other:?}"),
-    }
+}
+
+#[tokio::test]
+async fn a_read_answered_with_nothing_past_what_was_asked_ends_the_gaps_reads() {
+    // Answered with event 0 only (a server that takes `afterSeq` as inclusive, say): asked
+    // again, the same answer, for ever. What it would not give is lost, said as such.
+    a_gap_read_once(|v| {
+        answer(
+            v,
+            json!({"events": [{"seq": v["params"]["afterSeq"],
+                "type": "output", "stream": "stdout", "chunk": "aGkK"}],
+                "nextSeq": 4, "running": true, "exited": false}),
+        )
+    })
+    .await;
 }
 
 #[tokio::test]

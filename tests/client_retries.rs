@@ -9,6 +9,7 @@
 //! the connection unanswered; on the resumed one it answers the repeat `-32001`.
 
 mod common;
+use common::fake_server::{answer, fake_server as scripted, initialized, Act};
 use common::GUARD;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,67 +18,33 @@ use std::sync::Arc;
 use bytes::Bytes;
 use execrelay::client::{Client, ClientError, ClientOptions, StartOptions, StdinRefused, Target};
 use execrelay::rpc::messages::TermSize;
-use futures_util::{SinkExt, StreamExt};
-use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio_tungstenite::tungstenite::Message;
+use serde_json::json;
 
 /// A server that answers `initialize` (fresh or resumed) and `process/start`; the first
-/// `method` request on the first connection drops that connection unanswered, and every later
-/// one is answered `-32001` (`repeat_unknown`) or, on the first connection, dropped as said.
-/// Counts the `method` requests it saw.
+/// `method` request on the first connection drops that connection unanswered (unless
+/// `first_attempt_unknown`), and every other one is answered `-32001`. Counts the `method`
+/// requests it saw.
 async fn fake_server(
     method: &'static str,
     first_attempt_unknown: bool,
 ) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", listener.local_addr().unwrap());
     let seen = Arc::new(AtomicUsize::new(0));
     let seen2 = seen.clone();
-    tokio::spawn(async move {
-        let mut conn = 0;
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            conn += 1;
-            let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
-                continue;
-            };
-            while let Some(Ok(m)) = ws.next().await {
-                let Message::Text(text) = m else { continue };
-                let v: Value = serde_json::from_str(&text).unwrap();
-                let reply = match v["method"].as_str() {
-                    Some("initialize") => json!({"jsonrpc": "2.0", "id": v["id"], "result": {
-                        "protocolVersion": 1, "serverVersion": "fake", "sessionId": "s",
-                        "resumeToken": "t", "resumed": conn > 1,
-                        "limits": {"maxMessageBytes": 16777216, "maxProcesses": 8,
-                            "retainedOutputBytes": 8388608, "detachedSessionTtlMs": 60000},
-                        "capabilities": {"acks": true, "binaryOutput": false}}}),
-                    Some("process/start") => {
-                        json!({"jsonrpc": "2.0", "id": v["id"], "result": {"processId": "p", "pid": 1}})
-                    }
-                    Some(m) if m == method => {
-                        seen2.fetch_add(1, Ordering::SeqCst);
-                        if conn == 1 && !first_attempt_unknown {
-                            // Applied, and the answer lost with the link.
-                            break;
-                        }
-                        json!({"jsonrpc": "2.0", "id": v["id"], "error": {
-                            "code": -32001, "message": "unknown process id \"p\""}})
-                    }
-                    _ => continue,
-                };
-                if ws
-                    .send(Message::Text(reply.to_string().into()))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
+    let (url, _requests) = scripted(move |conn, v| match v["method"].as_str() {
+        Some("initialize") => initialized(conn, v, 16 << 20),
+        Some("process/start") => Act::Send(vec![answer(v, json!({"processId": "p", "pid": 1}))]),
+        Some(m) if m == method => {
+            seen2.fetch_add(1, Ordering::SeqCst);
+            if conn == 1 && !first_attempt_unknown {
+                // Applied, and the answer lost with the link.
+                return Act::Drop;
             }
+            Act::Send(vec![json!({"jsonrpc": "2.0", "id": v["id"], "error": {
+                "code": -32001, "message": "unknown process id \"p\""}})])
         }
-    });
+        _ => Act::Send(vec![]),
+    })
+    .await;
     (url, seen)
 }
 

@@ -12,6 +12,7 @@
 pub mod binary;
 pub mod contain;
 pub mod cut_proxy;
+pub mod fake_server;
 pub mod fifo;
 pub mod interop;
 pub mod local;
