@@ -161,12 +161,9 @@ impl Client {
         conn.notify_typed(Note::Initialized).await?;
         conn.set_binary_input(init.capabilities.binary_input);
         conn.set_retry_refused_writes(init.capabilities.retry_refused_writes);
-        // 0 is no limit a client can use: unknown, as no limit at all (README, "Decisions").
-        let max_message = match usize::try_from(init.limits.max_message_bytes) {
-            Ok(0) | Err(_) => usize::MAX,
-            Ok(n) => n,
-        };
-        conn.set_max_message(max_message);
+        conn.set_max_message(usize::try_from(init.limits.max_message_bytes).unwrap_or(usize::MAX));
+        // As the connection took it (0 is unknown: no limit).
+        let max_message = conn.max_message();
         self.shared
             .server_max_message
             .store(max_message, std::sync::atomic::Ordering::Relaxed);

@@ -228,9 +228,15 @@ impl RpcConnection {
         self.max_message.store(limit, Ordering::Relaxed);
     }
 
+    /// The server's `maxMessageBytes` as [`set_max_message`](Self::set_max_message) took it
+    /// (`usize::MAX`: none known).
+    pub fn max_message(&self) -> usize {
+        self.max_message.load(Ordering::Relaxed)
+    }
+
     /// The error for a `method` request of `bytes` over the server's limit, if it is.
     fn over_limit(&self, method: &str, bytes: usize) -> Option<ClientError> {
-        let limit = self.max_message.load(Ordering::Relaxed);
+        let limit = self.max_message();
         (bytes > limit).then(|| ClientError::RequestTooLarge {
             method: method.to_string(),
             bytes,

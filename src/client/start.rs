@@ -103,7 +103,7 @@ impl Client {
         // in-process start is never encoded as JSON otherwise.
         let mut cost = None;
         let mut lookups = 0;
-        let result = 'attempts: loop {
+        let result = loop {
             let conn = self.connection().await?;
             let held = Some(_starting.another());
             match conn
@@ -149,32 +149,17 @@ impl Client {
                 // out, so this attempt started nothing. Tried again, with the pauses and bound
                 // of a refused write; a start that can never fit the byte limit is given up at
                 // once.
-                Err(e) if write_retry::transient_limit(&e) => loop {
+                Err(e) if write_retry::transient_limit(&e) => {
                     let cost = *cost.get_or_insert_with(|| {
                         serde_json::to_vec(&opts.params).map_or(0, |v| parse_cost(&v))
                     });
-                    let pause = refusals.after_refusal(&e, cost, true, write_retry::retry_now());
-                    if let Some(pause) = pause {
-                        tokio::time::sleep(pause).await;
+                    if let Some(r) = self
+                        .after_transient_refusal(&id, e, retried, &mut refusals, cost)
+                        .await?
+                    {
+                        break r;
                     }
-                    if !retried {
-                        match pause {
-                            Some(_) => break,
-                            None => return Err(e),
-                        }
-                    }
-                    // An attempt on a connection that was lost may have started it, and it
-                    // may have exited and been forgotten during the pauses: sent again, it
-                    // would run twice (review R7). Asked after each pause, and once more
-                    // before the refusal is reported (S3).
-                    match (self.started_earlier(&id).await, pause) {
-                        (Earlier::Started(r), _) => break 'attempts r,
-                        (Earlier::SendAgain, Some(_)) => break,
-                        // The lookup itself refused: nothing is sent until it is answered (S2).
-                        (Earlier::Unknown, Some(_)) => continue,
-                        (_, None) => return Err(e),
-                    }
-                },
+                }
                 // After a lost attempt, a limit may be that attempt's own doing (its process
                 // counted against `maxProcesses`): looked up before it is reported.
                 Err(e @ ClientError::Rpc { code: -32004, .. }) if retried => {
@@ -194,6 +179,40 @@ impl Client {
             flags,
             slot,
         ))
+    }
+
+    /// A start of `id` was refused `error`, for a limit that empties by itself (this attempt
+    /// started nothing): wait the retry's pause, then `None` to send it again, or the result
+    /// of an earlier attempt on a connection since lost (`retried`) that started it, which
+    /// may have exited and been forgotten during the pauses: sent again, it would run twice
+    /// (review R7). That is asked after each pause, and once more before the refusal is
+    /// reported when the retries end (S3); while the lookup itself is refused, nothing is sent
+    /// (S2).
+    async fn after_transient_refusal(
+        &self,
+        id: &str,
+        error: ClientError,
+        retried: bool,
+        refusals: &mut write_retry::WriteRetry,
+        cost: usize,
+    ) -> Result<Option<StartResult>, ClientError> {
+        loop {
+            let pause = refusals.after_refusal(&error, cost, true, write_retry::retry_now());
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
+            let earlier = if retried {
+                self.started_earlier(id).await
+            } else {
+                Earlier::SendAgain
+            };
+            return match (earlier, pause) {
+                (Earlier::Started(r), _) => Ok(Some(r)),
+                (Earlier::SendAgain, Some(_)) => Ok(None),
+                (Earlier::Unknown, Some(_)) => continue,
+                (_, None) => Err(error),
+            };
+        }
     }
 
     /// The process `id` as the server lists it: `None` when it is not listed, else its pid
