@@ -1048,11 +1048,9 @@ class Client:
                                                        time.monotonic())
                         if pause is not None:
                             await asyncio.sleep(pause)
-                        if self.resumes == resumes:
-                            if pause is None:
-                                raise
-                            break
-                        earlier, known = await self._started_earlier(params["processId"])
+                        earlier, known = (None, True)
+                        if self.resumes != resumes:
+                            earlier, known = await self._started_earlier(params["processId"])
                         if earlier is not None:
                             return earlier
                         if pause is None:
