@@ -1029,8 +1029,9 @@ class Client:
         refusals = WriteRetry(self._write_retry_for)
         # The least the server charges it, as it charges (text and parsed values): a start of
         # many short arguments costs far more than its text, and one that can never fit the
-        # byte budget is given up at once.
-        cost = parse_cost(json.dumps(params, separators=(",", ":")).encode())
+        # byte budget is given up at once. Priced at its first refusal only, as the Rust
+        # client does: a start that goes through is never encoded twice.
+        cost: Optional[int] = None
         while True:
             try:
                 return await self._call("process/start", params, cwd=cwd)
@@ -1039,6 +1040,8 @@ class Client:
                 # held by children that do not read): this attempt started nothing. Tried
                 # again with the pauses and bound of a refused write.
                 if transient_limit(e.code, e.data):
+                    if cost is None:
+                        cost = parse_cost(json.dumps(params, separators=(",", ":")).encode())
                     # An attempt on a connection since lost may have started it, and it may
                     # have exited and been forgotten during the pauses: sent again, it would
                     # run twice. Asked after each pause, and once more before the refusal is
