@@ -43,6 +43,7 @@
 pub mod endpoint;
 mod link_state;
 pub mod read_ahead;
+pub mod read_plan;
 pub mod relay;
 pub mod socket;
 pub mod stream;

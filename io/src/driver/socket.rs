@@ -19,7 +19,7 @@
 //! # Bounds
 //!
 //! Per connection, while data flows: the read buffer, at most [`LINK_READ_BYTES`] plus one
-//! frame being completed ([`MAX_FRAME_BYTES`]); the writer's headers and, for a client, its
+//! frame ([`MAX_FRAME_BYTES`]: the room kept to complete a frame in place, `read_plan.rs`); the writer's headers and, for a client, its
 //! masked copy of one batch ([`WRITE_BATCH_BYTES`](super::WRITE_BATCH_BYTES) plus a frame).
 //! Idle: neither (the read buffer is released when drained, the writer's when it sleeps).
 
@@ -28,12 +28,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_tungstenite::WebSocketStream;
 
 use super::read_ahead::{Arrivals, ReadAhead};
+use super::read_plan::plan_read;
 use super::LINK_CLOSE_TIMEOUT;
 use execrelay_protocol::frame::{WireParts, MAX_FRAME_BYTES};
 use execrelay_protocol::websocket::{
@@ -205,8 +206,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
 /// One read of `io` into `decoder`'s buffer, up to [`LINK_READ_BYTES`] (more when a frame
 /// needs it, but never more than doubling what has arrived: a frame's declared length alone
-/// reserves nothing). While it would block with nothing buffered, the buffer's memory is
-/// released: an idle connection holds none. The read is never zero-filled first.
+/// reserves nothing). A frame in progress that fits where it is gets exactly its rest, so
+/// that nothing is moved between buffers ([`plan_read`]). While it would block with nothing
+/// buffered, the buffer's memory is released: an idle connection holds none. The read is
+/// never zero-filled first.
 ///
 /// Shared by the links' [`FrameReader`] and the plain WebSocket JSON-RPC transport, so both
 /// read the same way.
@@ -215,21 +218,23 @@ pub fn poll_fill<R: AsyncRead + Unpin + ?Sized>(
     io: Pin<&mut R>,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
+    let remaining = decoder.frame_remaining();
     let buffered = decoder.buffered();
-    let want = decoder
-        .frame_remaining()
-        .min(buffered.max(LINK_READ_BYTES))
-        .max(LINK_READ_BYTES);
     let buf = decoder.read_buffer();
-    if buf.capacity() - buf.len() < want {
-        // A buffer of exactly this much (what is left of a frame, and a read's worth), not
-        // `reserve`'s doubling: the bound in SECURITY.md holds. The old buffer stays alive
-        // only through the slices handed on from it.
-        let mut fresh = BytesMut::with_capacity(buf.len() + want);
+    let plan = plan_read(
+        buffered,
+        remaining,
+        buf.capacity() - buf.len(),
+        LINK_READ_BYTES,
+    );
+    if let Some(capacity) = plan.fresh {
+        // A buffer of exactly this much, not `reserve`'s doubling: the bound in SECURITY.md
+        // holds. The old buffer stays alive only through the slices handed on from it.
+        let mut fresh = BytesMut::with_capacity(capacity);
         fresh.extend_from_slice(buf);
         *buf = fresh;
     }
-    let r = tokio_util::io::poll_read_buf(io, cx, buf);
+    let r = tokio_util::io::poll_read_buf(io, cx, &mut (&mut *buf).limit(plan.limit));
     if !matches!(r, Poll::Ready(Ok(n)) if n > 0) {
         decoder.release_if_empty();
     }
