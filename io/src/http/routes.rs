@@ -361,6 +361,23 @@ fn check_websocket_handshake(
         Some(v) if v.as_bytes().trim_ascii() == b"13" => {}
         _ => return Err(Reply::UpgradeRequired),
     }
+    // An opening handshake has no body (RFC 6455 §4.1): a length or a transfer coding on it
+    // is the shape of request smuggling behind a front that reads the body another way.
+    let content_length = headers.get(header::CONTENT_LENGTH);
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        || content_length.is_some_and(|v| v.as_bytes().trim_ascii() != b"0")
+        || headers.get_all(header::CONTENT_LENGTH).iter().count() > 1
+    {
+        return Err(Reply::BadRequest(
+            "a WebSocket upgrade carries no body (no Transfer-Encoding, no Content-Length but 0)",
+        ));
+    }
+    // The field must not appear more than once (RFC 6455 §11.3.1): which key would we answer?
+    if headers.get_all(header::SEC_WEBSOCKET_KEY).iter().count() > 1 {
+        return Err(Reply::BadRequest(
+            "a WebSocket upgrade needs exactly one Sec-WebSocket-Key",
+        ));
+    }
     let key = headers
         .get(header::SEC_WEBSOCKET_KEY)
         .map(|k| k.as_bytes().trim_ascii())

@@ -265,6 +265,51 @@ fn websocket_handshakes_are_checked() {
         reply_of(decide(&routes, &bad_key)),
         Reply::BadRequest(_)
     ));
+    // Two keys: which would be answered? Refused (RFC 6455 §11.3.1).
+    let two_keys = upgrade("/v1/link")
+        .header("Sec-WebSocket-Key", "AAAAAAAAAAAAAAAAAAAAAA==")
+        .body(())
+        .unwrap();
+    assert_eq!(
+        reply_of(decide(&routes, &two_keys)),
+        Reply::BadRequest("a WebSocket upgrade needs exactly one Sec-WebSocket-Key")
+    );
+    // A body on the handshake (the request-smuggling shapes): refused; `Content-Length: 0`
+    // is no body and passes.
+    let no_body =
+        "a WebSocket upgrade carries no body (no Transfer-Encoding, no Content-Length but 0)";
+    for (name, value) in [
+        ("Transfer-Encoding", "chunked"),
+        ("Content-Length", "5"),
+        ("Content-Length", " 1"),
+    ] {
+        let r = upgrade("/v1/link").header(name, value).body(()).unwrap();
+        assert_eq!(
+            reply_of(decide(&routes, &r)),
+            Reply::BadRequest(no_body),
+            "{name}: {value}"
+        );
+    }
+    let both = upgrade("/v1/link")
+        .header("Content-Length", "0")
+        .header("Transfer-Encoding", "chunked")
+        .body(())
+        .unwrap();
+    assert_eq!(reply_of(decide(&routes, &both)), Reply::BadRequest(no_body));
+    let twice = upgrade("/v1/link")
+        .header("Content-Length", "0")
+        .header("Content-Length", "0")
+        .body(())
+        .unwrap();
+    assert_eq!(
+        reply_of(decide(&routes, &twice)),
+        Reply::BadRequest(no_body)
+    );
+    let empty = upgrade("/v1/link")
+        .header("Content-Length", "0")
+        .body(())
+        .unwrap();
+    assert!(matches!(decide(&routes, &empty), Decision::Upgrade(_)));
     let post = Request::post("/v1/link")
         .header("Upgrade", "websocket")
         .header("Connection", "Upgrade")
