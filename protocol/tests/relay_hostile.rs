@@ -404,3 +404,70 @@ fn client_links_per_address_count_an_ipv6_slash_64_as_one_address() {
         .add_client_link(now, "env1", v6("192.0.2.7"), 1)
         .unwrap();
 }
+
+/// A client's `OPEN` that breaks a rule of §5 on an id it does not hold (a window of 0, a
+/// sequence number, an acknowledgement) is answered `RESET
+/// malformed_frame` on its own link, so that its implementer learns why; nothing reaches the
+/// environment, and the id's holder (another client) is not disturbed. Before, it was dropped
+/// in silence and the client waited for its own timeout.
+#[test]
+fn a_malformed_open_is_refused_malformed_frame_to_its_sender_alone() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut net = Net::new(relay_cfg());
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 1, 0, 7);
+    let (bad, env_link) = (net.clients[0].1, net.envs[0].1);
+    drain(&mut net.router, bad, now);
+    drain(&mut net.router, env_link, now);
+    let cases = [
+        (
+            "a window of 0",
+            raw(FrameType::Open, sid(1), 0, 0, 0, b"msg1"),
+        ),
+        (
+            "a sequence number",
+            raw(FrameType::Open, sid(3), 5, 0, 16, b"msg1"),
+        ),
+        (
+            "an acknowledgement",
+            raw(FrameType::Open, sid(4), 0, 9, 16, b"msg1"),
+        ),
+        // The id another client holds (stream 7 of client 1).
+        (
+            "on a held id",
+            raw(FrameType::Open, sid(7), 1, 0, 16, b"msg1"),
+        ),
+    ];
+    for (n, (what, frame)) in cases.into_iter().enumerate() {
+        let id = execrelay_protocol::frame::Frame::decode(&frame)
+            .expect("a frame that decodes")
+            .stream;
+        net.router.handle_frame(now, bad, frame);
+        let sent = drain(&mut net.router, bad, now);
+        assert_eq!(sent.len(), 1, "{what}: one answer");
+        assert_eq!(sent[0].ftype, FrameType::Reset, "{what}");
+        assert_eq!(sent[0].stream, id, "{what}");
+        assert_eq!(&sent[0].payload[..], b"malformed_frame", "{what}");
+        assert!(
+            drain(&mut net.router, env_link, now).is_empty(),
+            "{what}: nothing forwarded"
+        );
+        assert_eq!(
+            net.router.counters().resets(Reason::MalformedFrame),
+            n as u64 + 1,
+            "{what}"
+        );
+    }
+    // The holder's stream carries on.
+    net.env(0)
+        .send(&sid(7), Bytes::from_static(b"still here"))
+        .unwrap();
+    net.pump(now);
+    assert_eq!(
+        data_of(&events(net.client(1))),
+        vec![(sid(7), 1, b"still here".to_vec())]
+    );
+}

@@ -38,14 +38,24 @@ impl<T: RoutingTable> Router<T> {
                 self.forwarded.bytes += f.payload.len() as u64;
             }
         }
-        if f.check_rules().is_err() {
-            self.malformed(now, link, Some(f.stream));
-            return;
-        }
         let key = RouteKey {
             env,
             stream: f.stream,
         };
+        if f.check_rules().is_err() {
+            // A client's `OPEN` that breaks a rule of §5 (a window of 0, a reserved flag, a
+            // sequence number) on an id this link does not hold is refused as any `OPEN` is,
+            // so that the client learns why instead of waiting for its own timeout. It opens
+            // nothing and is charged as malformed; on an id it holds, `malformed` resets it.
+            let refuse = kind == LinkKind::Client
+                && f.ftype == FrameType::Open
+                && !self.owns(link, kind, &key);
+            self.malformed(now, link, Some(f.stream));
+            if refuse && self.links.contains_key(&link) {
+                self.refuse(link, f.stream, Reason::MalformedFrame);
+            }
+            return;
+        }
         match (kind, f.ftype) {
             (LinkKind::Client, FrameType::Open) => self.on_open(now, link, key, f),
             (LinkKind::Environment, FrameType::Accept) => self.on_accept(now, link, key, f),
