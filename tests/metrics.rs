@@ -297,41 +297,79 @@ async fn bad_requests_get_http_errors() {
     scrape(addr).await;
 }
 
-#[tokio::test]
-async fn concurrent_scrapes_are_capped() {
-    let server = start("ws://127.0.0.1:0", &[]).await;
-    let addr = server.metrics.as_str();
-    // Fill every slot with a connection that has not sent its request yet. The server accepts
-    // in order and takes a slot before accepting the next connection.
-    let mut held = Vec::new();
-    for _ in 0..execrelay_io::http::MAX_METRICS_SCRAPES {
-        held.push(TcpStream::connect(addr).await.expect("connect"));
-    }
-    // One more is closed without an answer (a FIN, or a reset since its request is unread).
-    let mut extra = TcpStream::connect(addr).await.expect("connect");
-    extra
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+/// A connection to the metrics listener from `source` (a loopback address of its own).
+async fn connect_from(addr: &str, source: [u8; 4]) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .expect("bind a loopback source address");
+    socket
+        .connect(addr.parse().expect("metrics address"))
+        .await
+        .expect("connect")
+}
+
+/// A connection over a cap is closed without an answer (a FIN, or a reset since its request
+/// is unread).
+async fn assert_closed_unanswered(mut s: TcpStream, what: &str) {
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("send");
     let mut out = Vec::new();
-    match tokio::time::timeout(GUARD, extra.read_to_end(&mut out))
+    match tokio::time::timeout(GUARD, s.read_to_end(&mut out))
         .await
         .expect("closed")
     {
-        Ok(_) => assert!(out.is_empty(), "a connection over the cap gets no response"),
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
+        Ok(_) => assert!(
+            out.is_empty(),
+            "{what}: a connection over the cap gets no response"
+        ),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}"),
     }
+}
+
+async fn assert_served(mut s: TcpStream) {
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut out = Vec::new();
+    tokio::time::timeout(GUARD, s.read_to_end(&mut out))
+        .await
+        .expect("response")
+        .expect("read");
+    assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+/// Scrapes are capped at `MAX_METRICS_SCRAPES` at once and `MAX_METRICS_SCRAPES_PER_ADDRESS`
+/// from one address: one host holding connections that send nothing cannot blind the endpoint
+/// for another (the red team's 8 stalled connections from one address did, for 10 s at a time,
+/// renewable).
+#[tokio::test]
+async fn concurrent_scrapes_are_capped_in_all_and_per_address() {
+    use execrelay_io::http::{MAX_METRICS_SCRAPES, MAX_METRICS_SCRAPES_PER_ADDRESS};
+    let server = start("ws://127.0.0.1:0", &[]).await;
+    let addr = server.metrics.as_str();
+    // The server accepts in order and takes a slot before accepting the next connection.
+    let mut held = Vec::new();
+    for _ in 0..MAX_METRICS_SCRAPES_PER_ADDRESS {
+        held.push(connect_from(addr, [127, 0, 0, 2]).await);
+    }
+    let extra = connect_from(addr, [127, 0, 0, 2]).await;
+    assert_closed_unanswered(extra, "one address past its share").await;
+    // Other addresses still get the rest (each is served below); past the total, a new
+    // address is refused too.
+    let mut host = 3;
+    while held.len() < MAX_METRICS_SCRAPES {
+        held.push(connect_from(addr, [127, 0, 0, host]).await);
+        if held.len() % MAX_METRICS_SCRAPES_PER_ADDRESS == 0 {
+            host += 1;
+        }
+    }
+    let extra = connect_from(addr, [127, 0, 0, 200]).await;
+    assert_closed_unanswered(extra, "past the total").await;
     // The held ones are live slots: each is served when its request arrives.
-    for mut s in held {
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .expect("send");
-        let mut out = Vec::new();
-        tokio::time::timeout(GUARD, s.read_to_end(&mut out))
-            .await
-            .expect("response")
-            .expect("read");
-        assert!(out.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    for s in held {
+        assert_served(s).await;
     }
 }
 

@@ -54,8 +54,8 @@ use tracing::{debug, warn, Instrument};
 use super::address_slots::AddressSlots;
 use super::frame_queue::FrameQueue;
 use super::limits::{
-    CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES,
-    REPLY_TIMEOUT_MS,
+    CLOSE_DRAIN_BYTES, MAX_METRICS_SCRAPES, MAX_METRICS_SCRAPES_PER_ADDRESS, MAX_REQUEST_HEADERS,
+    MAX_REQUEST_HEAD_BYTES, REPLY_TIMEOUT_MS,
 };
 use super::routes::{decide, Accepted, Decision, Routes};
 use super::stream::FrontIo;
@@ -89,12 +89,13 @@ impl FrontLimits {
         }
     }
 
-    /// The limits of a metrics listener: [`MAX_METRICS_SCRAPES`] at once, from any address.
+    /// The limits of a metrics listener: [`MAX_METRICS_SCRAPES`] at once,
+    /// [`MAX_METRICS_SCRAPES_PER_ADDRESS`] of them from one address.
     pub fn metrics(head_timeout: Duration) -> FrontLimits {
         FrontLimits {
             head_timeout,
             pending: MAX_METRICS_SCRAPES,
-            pending_per_address: MAX_METRICS_SCRAPES,
+            pending_per_address: MAX_METRICS_SCRAPES_PER_ADDRESS,
         }
     }
 }

@@ -13,6 +13,11 @@ pub const MAX_REQUEST_HEADERS: usize = 64;
 /// Scrapes of the metrics endpoint served at once; more connections are closed at once. A
 /// Prometheus server scrapes one at a time; a few spare slots let an operator's `curl` in.
 pub const MAX_METRICS_SCRAPES: usize = 8;
+/// Of those, from one address: 4, half. A host that holds connections without sending must
+/// not blind the endpoint for everyone (the red team's 8 stalled connections from one address
+/// did); a scraper's quick succession of requests still fits (a served connection keeps its
+/// slot until its close is seen).
+pub const MAX_METRICS_SCRAPES_PER_ADDRESS: usize = MAX_METRICS_SCRAPES / 2;
 /// After its request head: how long an HTTP reply (or the `101` of an upgrade) may take to be
 /// written, plus the graceful close after a plain reply, 1 s. A peer that does not read its
 /// reply does not hold a slot longer.
