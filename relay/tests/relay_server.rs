@@ -722,6 +722,59 @@ async fn shutdown_closes_every_link() {
     ));
 }
 
+// Reproduce (before the eviction of silent links): squatters from a few addresses (four, at
+// the default shares) each hold their address's share of `/v1/env/ID` upgrades that never
+// send message 1, renewing each as it times out; together they hold every slot, and every
+// environment's reconnection meanwhile is refused `RESET busy` (a red team kept a real
+// environment off a relay for 45 s this way). Now a newcomer takes the slot of the oldest
+// silent link of the address holding the most.
+#[tokio::test]
+async fn a_reconnecting_environment_takes_the_slot_of_a_silent_squatter() {
+    use futures_util::StreamExt;
+    let env_keys = Keypair::generate().unwrap();
+    let relay = Relay::start(
+        execrelay_relay::server::settings::RelaySettings {
+            max_pending_link_handshakes: 3,
+            max_pending_link_handshakes_per_address: 2,
+            ..settings()
+        },
+        &[(ENV, &env_keys)],
+    )
+    .await;
+    let path = format!("/v1/env/{ENV}");
+    let (a, b) = (
+        std::net::Ipv4Addr::new(127, 0, 0, 2),
+        std::net::Ipv4Addr::new(127, 0, 0, 3),
+    );
+    let mut oldest = ws_from(a, &relay, &path).await;
+    let _second = ws_from(a, &relay, &path).await;
+    let _third = ws_from(b, &relay, &path).await;
+    // One more from the first address is over its share: refused at once. Its task starts
+    // after the first two took their slots (accepted in order).
+    let _over = ws_from(a, &relay, &path).await;
+    let busy = "execrelay_relay_environment_handshakes_total{result=\"busy\"}";
+    relay.wait_metric(busy, 1).await;
+    // Every slot is held by silent links; the environment (another address) gets one.
+    let (env, incoming) = environment(&relay, &env_keys, ENV, EndpointConfig::default()).await;
+    echo_environment(incoming);
+    let c = client(&relay, ENV).await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, "after an eviction").await;
+    let evicted = "execrelay_relay_environment_handshakes_total{result=\"evicted\"}";
+    assert_eq!(relay.wait_metric(evicted, 1).await, 1);
+    assert_eq!(relay.metric(busy).await, 1, "nobody else was refused");
+    // The evicted one was the oldest of the address holding two: it is told and closed.
+    let told = guard("the evicted link is told", oldest.next()).await;
+    let Some(Ok(tokio_tungstenite::tungstenite::Message::Binary(b))) = told else {
+        panic!("a RESET on stream id 0, got {told:?}");
+    };
+    let f = execrelay_protocol::frame::Frame::decode(&b).expect("a frame");
+    assert_eq!(f.ftype, execrelay_protocol::frame::FrameType::Reset);
+    assert_eq!(&f.payload[..], b"busy");
+    drop((env, oldest));
+    relay.stop().await;
+}
+
 // Reproduce (before `max_pending_link_handshakes_per_address`): one host opens
 // `max_pending_link_handshakes` upgrades to `/v1/env/ID` (any id, no key needed) and never
 // sends message 1; every slot is held for `link_handshake_timeout_ms`, and every

@@ -37,6 +37,11 @@ use execrelay_protocol::router::AddLinkError;
 
 type Ws = WebSocketStream<FrontStream>;
 
+/// How long a new environment link waits for the slot of the silent link it evicted
+/// (`pending_env_links.rs`): that link gives it up as soon as its task runs, so this only
+/// bounds a race with another newcomer; past it the new link is refused `busy` as before.
+const EVICTED_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Close a WebSocket with `code` and a fixed `reason`, bounded by [`LINK_CLOSE_TIMEOUT`].
 async fn close(mut ws: Ws, code: CloseCode, reason: &'static str) {
     let frame = CloseFrame {
@@ -103,16 +108,52 @@ async fn environment_link_inner(
         refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
         return;
     };
-    let Ok(slot) = shared.link_handshakes.clone().try_acquire_owned() else {
-        shared.stats.link_handshake(LinkOutcome::Busy);
-        tracing::warn!("environment link refused: too many environment links in their handshake");
-        refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
-        return;
+    let slot = match shared.link_handshakes.clone().try_acquire_owned() {
+        Ok(slot) => slot,
+        // Every slot is held: the oldest link still silent, of the address that holds the
+        // most, gives its slot up (an exec server sends its message 1 at once).
+        Err(_) if shared.silent_env_links.evict_one() => {
+            let freed = tokio::time::timeout(
+                EVICTED_SLOT_WAIT,
+                shared.link_handshakes.clone().acquire_owned(),
+            )
+            .await;
+            match freed {
+                Ok(Ok(slot)) => slot,
+                _ => {
+                    shared.stats.link_handshake(LinkOutcome::Busy);
+                    tracing::warn!(
+                        "environment link refused: too many environment links in their handshake"
+                    );
+                    refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+                    return;
+                }
+            }
+        }
+        Err(_) => {
+            shared.stats.link_handshake(LinkOutcome::Busy);
+            tracing::warn!(
+                "environment link refused: too many environment links in their handshake"
+            );
+            refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+            return;
+        }
     };
+    let silent = shared.silent_env_links.register(peer.ip());
     let first = tokio::select! {
         first = recv_frame(&mut ws, timeout) => first,
+        () = silent.evicted.cancelled() => {
+            // Its slot goes to a newer link first; then it is told, as any refused link is.
+            drop((slot, address_slot, silent));
+            shared.stats.link_handshake(LinkOutcome::Evicted);
+            tracing::warn!("environment link closed: silent in its handshake while every slot was held; its slot went to a newer link");
+            refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+            return;
+        }
         () = stop.cancelled() => return,
     };
+    // It spoke: never evicted from here on.
+    drop(silent);
     let open = match first {
         Ok(f) => f,
         Err(e) => {

@@ -79,10 +79,12 @@ pub enum LinkOutcome {
     /// Another live link holds the id (it answered the relay's probe): two exec servers
     /// share the environment's key.
     InUse,
+    /// Silent in its handshake while every slot was held: its slot went to a newer link.
+    Evicted,
 }
 
 impl LinkOutcome {
-    const ALL: [LinkOutcome; 8] = [
+    const ALL: [LinkOutcome; 9] = [
         LinkOutcome::Accepted,
         LinkOutcome::Unauthorized,
         LinkOutcome::Replayed,
@@ -91,6 +93,7 @@ impl LinkOutcome {
         LinkOutcome::Timeout,
         LinkOutcome::Busy,
         LinkOutcome::InUse,
+        LinkOutcome::Evicted,
     ];
 
     /// The metrics label.
@@ -104,6 +107,7 @@ impl LinkOutcome {
             LinkOutcome::Timeout => "timeout",
             LinkOutcome::Busy => "busy",
             LinkOutcome::InUse => REASON_HELD,
+            LinkOutcome::Evicted => "evicted",
         }
     }
 

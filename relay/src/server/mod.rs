@@ -104,6 +104,7 @@
 pub mod cli;
 mod links;
 pub mod metrics;
+mod pending_env_links;
 pub mod runtime_threads;
 mod serve;
 pub mod settings;
@@ -179,6 +180,9 @@ pub(crate) struct Shared {
     pub link_handshakes: Arc<Semaphore>,
     /// The same slots, counted per peer address.
     pub link_handshake_addresses: Arc<AddressSlots>,
+    /// The links among them that have not sent their message 1: one gives its slot up when
+    /// every slot is held (`pending_env_links.rs`).
+    pub silent_env_links: Arc<pending_env_links::SilentLinks>,
     /// Per environment id, the holder link whose second claimant was last reported (two
     /// exec servers share a key): reported once per holder, not at every redial.
     pub shared_keys_reported:
@@ -315,6 +319,7 @@ impl RelayServer {
             link_handshake_addresses: AddressSlots::new(
                 settings.max_pending_link_handshakes_per_address,
             ),
+            silent_env_links: Arc::default(),
             settings,
             stats: ServerStats::default(),
             cluster: std::sync::OnceLock::new(),
