@@ -19,8 +19,9 @@
 //! # Bounds
 //!
 //! Per connection, while data flows: the read buffer, at most [`LINK_READ_BYTES`] plus one
-//! frame ([`MAX_FRAME_BYTES`]: the room kept to complete a frame in place, `read_plan.rs`); the writer's headers and, for a client, its
-//! masked copy of one batch ([`WRITE_BATCH_BYTES`](super::WRITE_BATCH_BYTES) plus a frame).
+//! frame ([`MAX_FRAME_BYTES`]: the room kept to complete a frame in place, `read_plan.rs`);
+//! the writer's headers and, for a client, its masked copy of one batch
+//! ([`WRITE_BATCH_BYTES`](super::WRITE_BATCH_BYTES) plus a frame).
 //! Idle: neither (the read buffer is released when drained, the writer's when it sleeps).
 
 use std::io::{self, IoSlice};

@@ -43,8 +43,8 @@ impl<T: RoutingTable> Router<T> {
             stream: f.stream,
         };
         if f.check_rules().is_err() {
-            // A client's `OPEN` that breaks a rule of §5 (a window of 0, a reserved flag, a
-            // sequence number) on an id this link does not hold is refused as any `OPEN` is,
+            // A client's `OPEN` that breaks a rule of §5 (a window of 0, a sequence number, an
+            // acknowledgement) on an id this link does not hold is refused as any `OPEN` is,
             // so that the client learns why instead of waiting for its own timeout. It opens
             // nothing and is charged as malformed; on an id it holds, `malformed` resets it.
             let refuse = kind == LinkKind::Client

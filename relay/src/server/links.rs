@@ -109,35 +109,23 @@ async fn environment_link_inner(
         return;
     };
     let slot = match shared.link_handshakes.clone().try_acquire_owned() {
-        Ok(slot) => slot,
+        Ok(slot) => Some(slot),
         // Every slot is held: the oldest link still silent, of the address that holds the
         // most, gives its slot up (an exec server sends its message 1 at once).
-        Err(_) if shared.silent_env_links.evict_one() => {
-            let freed = tokio::time::timeout(
-                EVICTED_SLOT_WAIT,
-                shared.link_handshakes.clone().acquire_owned(),
-            )
-            .await;
-            match freed {
-                Ok(Ok(slot)) => slot,
-                _ => {
-                    shared.stats.link_handshake(LinkOutcome::Busy);
-                    tracing::warn!(
-                        "environment link refused: too many environment links in their handshake"
-                    );
-                    refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
-                    return;
-                }
-            }
-        }
-        Err(_) => {
-            shared.stats.link_handshake(LinkOutcome::Busy);
-            tracing::warn!(
-                "environment link refused: too many environment links in their handshake"
-            );
-            refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
-            return;
-        }
+        Err(_) if shared.silent_env_links.evict_one() => tokio::time::timeout(
+            EVICTED_SLOT_WAIT,
+            shared.link_handshakes.clone().acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok),
+        Err(_) => None,
+    };
+    let Some(slot) = slot else {
+        shared.stats.link_handshake(LinkOutcome::Busy);
+        tracing::warn!("environment link refused: too many environment links in their handshake");
+        refuse(ws, &Frame::reset(LINK_STREAM, "busy"), timeout).await;
+        return;
     };
     let silent = shared.silent_env_links.register(peer.ip());
     let first = tokio::select! {
