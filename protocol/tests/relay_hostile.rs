@@ -461,6 +461,11 @@ fn a_malformed_open_is_refused_malformed_frame_to_its_sender_alone() {
             "{what}"
         );
     }
+    // On stream id 0 (the link's own): charged, never answered there.
+    net.router
+        .handle_frame(now, bad, raw(FrameType::Open, [0; 16], 0, 0, 16, b"msg1"));
+    assert!(drain(&mut net.router, bad, now).is_empty());
+    assert!(net.router.is_live(bad));
     // The holder's stream carries on.
     net.env(0)
         .send(&sid(7), Bytes::from_static(b"still here"))

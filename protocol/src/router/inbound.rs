@@ -12,7 +12,7 @@ use super::{
     HANDSHAKE_FAILURE_REASONS,
 };
 use crate::flow::{FlowError, RelayFlow};
-use crate::frame::{Frame, FrameType, StreamId};
+use crate::frame::{Frame, FrameType, StreamId, LINK_STREAM};
 use crate::reason::{CloseReason, DropReason, Reason};
 
 impl<T: RoutingTable> Router<T> {
@@ -47,8 +47,10 @@ impl<T: RoutingTable> Router<T> {
             // acknowledgement) on an id this link does not hold is refused as any `OPEN` is,
             // so that the client learns why instead of waiting for its own timeout. It opens
             // nothing and is charged as malformed; on an id it holds, `malformed` resets it.
+            // Never on stream id 0: a `RESET` there speaks for the link, not a stream.
             let refuse = kind == LinkKind::Client
                 && f.ftype == FrameType::Open
+                && f.stream != LINK_STREAM
                 && !self.owns(link, kind, &key);
             self.malformed(now, link, Some(f.stream));
             if refuse && self.links.contains_key(&link) {
