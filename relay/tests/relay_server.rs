@@ -722,6 +722,20 @@ async fn shutdown_closes_every_link() {
     ));
 }
 
+/// A relay listing `ENV` with `env_keys`, with three environment handshake slots, two per
+/// address.
+async fn relay_with_three_env_slots(env_keys: &Keypair) -> Relay {
+    Relay::start(
+        execrelay_relay::server::settings::RelaySettings {
+            max_pending_link_handshakes: 3,
+            max_pending_link_handshakes_per_address: 2,
+            ..settings()
+        },
+        &[(ENV, env_keys)],
+    )
+    .await
+}
+
 // Reproduce (before the eviction of silent links): squatters from a few addresses (four, at
 // the default shares) each hold their address's share of `/v1/env/ID` upgrades that never
 // send message 1, renewing each as it times out; together they hold every slot, and every
@@ -732,15 +746,7 @@ async fn shutdown_closes_every_link() {
 async fn a_reconnecting_environment_takes_the_slot_of_a_silent_squatter() {
     use futures_util::StreamExt;
     let env_keys = Keypair::generate().unwrap();
-    let relay = Relay::start(
-        execrelay_relay::server::settings::RelaySettings {
-            max_pending_link_handshakes: 3,
-            max_pending_link_handshakes_per_address: 2,
-            ..settings()
-        },
-        &[(ENV, &env_keys)],
-    )
-    .await;
+    let relay = relay_with_three_env_slots(&env_keys).await;
     let path = format!("/v1/env/{ENV}");
     let (a, b) = (
         std::net::Ipv4Addr::new(127, 0, 0, 2),
@@ -783,15 +789,7 @@ async fn a_reconnecting_environment_takes_the_slot_of_a_silent_squatter() {
 #[tokio::test]
 async fn one_address_cannot_hold_every_environment_handshake_slot() {
     let env_keys = Keypair::generate().unwrap();
-    let relay = Relay::start(
-        execrelay_relay::server::settings::RelaySettings {
-            max_pending_link_handshakes: 3,
-            max_pending_link_handshakes_per_address: 2,
-            ..settings()
-        },
-        &[(ENV, &env_keys)],
-    )
-    .await;
+    let relay = relay_with_three_env_slots(&env_keys).await;
     let squatter = std::net::Ipv4Addr::new(127, 0, 0, 2);
     let mut silent = Vec::new();
     for _ in 0..3 {
