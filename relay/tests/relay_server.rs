@@ -736,6 +736,21 @@ async fn relay_with_three_env_slots(env_keys: &Keypair) -> Relay {
     .await
 }
 
+/// `ENV` connects with `env_keys` and echoes; a client's stream through the relay makes a
+/// round trip (`what` names the moment). The environment's link is returned to keep it up.
+async fn an_environment_serves(
+    relay: &Relay,
+    env_keys: &Keypair,
+    what: &str,
+) -> execrelay_io::driver::EndpointLink {
+    let (env, incoming) = environment(relay, env_keys, ENV, EndpointConfig::default()).await;
+    echo_environment(incoming);
+    let c = client(relay, ENV).await;
+    let mut s = open(&c).await;
+    round_trip(&mut s, what).await;
+    env
+}
+
 // Reproduce (before the eviction of silent links): squatters from a few addresses (four, at
 // the default shares) each hold their address's share of `/v1/env/ID` upgrades that never
 // send message 1, renewing each as it times out; together they hold every slot, and every
@@ -761,11 +776,7 @@ async fn a_reconnecting_environment_takes_the_slot_of_a_silent_squatter() {
     let busy = "execrelay_relay_environment_handshakes_total{result=\"busy\"}";
     relay.wait_metric(busy, 1).await;
     // Every slot is held by silent links; the environment (another address) gets one.
-    let (env, incoming) = environment(&relay, &env_keys, ENV, EndpointConfig::default()).await;
-    echo_environment(incoming);
-    let c = client(&relay, ENV).await;
-    let mut s = open(&c).await;
-    round_trip(&mut s, "after an eviction").await;
+    let env = an_environment_serves(&relay, &env_keys, "after an eviction").await;
     let evicted = "execrelay_relay_environment_handshakes_total{result=\"evicted\"}";
     assert_eq!(relay.wait_metric(evicted, 1).await, 1);
     assert_eq!(relay.metric(busy).await, 1, "nobody else was refused");
@@ -800,11 +811,7 @@ async fn one_address_cannot_hold_every_environment_handshake_slot() {
     relay.wait_metric(busy, 1).await;
     // The environment (another address) still gets a slot and is admitted: its share and the
     // squatter's two fill the relay's three exactly.
-    let (env, incoming) = environment(&relay, &env_keys, ENV, EndpointConfig::default()).await;
-    echo_environment(incoming);
-    let c = client(&relay, ENV).await;
-    let mut s = open(&c).await;
-    round_trip(&mut s, "with a squatter").await;
+    let env = an_environment_serves(&relay, &env_keys, "with a squatter").await;
     assert_eq!(relay.metric(busy).await, 1);
     drop((silent, env));
     relay.stop().await;
