@@ -255,6 +255,71 @@ fn every_setting_has_a_flag_and_a_toml_key_and_flags_win() {
     }
 }
 
+/// A value reads back as `--help` shows it: every setting by flag and by TOML key, given as
+/// its unit displays it (`65 581 bytes`, `60 002 ms`), and the short forms people type.
+#[test]
+fn every_setting_reads_its_value_as_help_shows_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for s in SETTINGS {
+        let (from_file, from_flag) = (s.default + 1, s.default + 2);
+        let path = dir.path().join(format!("{}.toml", s.name));
+        let shown = s.unit.display(from_file);
+        std::fs::write(&path, format!("{} = \"{shown}\"\n", s.name)).expect("write");
+        let c = serve_config(&["--config", path.to_str().expect("utf-8")]);
+        assert_eq!(
+            c.value_of(s.name),
+            Some(from_file),
+            "TOML {} = {shown:?}",
+            s.name
+        );
+        let flag = format!("--{}={}", s.flag(), s.unit.display(from_flag));
+        let c = serve_config(&[&flag]);
+        assert_eq!(c.value_of(s.name), Some(from_flag), "{flag}");
+    }
+    let c = serve_config(&[
+        "--output-budget-bytes",
+        "32MiB",
+        "--detached-session-ttl-ms",
+        "90s",
+    ]);
+    assert_eq!(c.output_budget_bytes, 32 << 20);
+    assert_eq!(c.detached_session_ttl_ms, 90_000);
+    let c =
+        ServerConfig::from_toml("output_budget_bytes = \"64 MiB\"\nmax_read_wait_ms = \"2m\"\n")
+            .expect("units in the file");
+    assert_eq!(c.output_budget_bytes, 64 << 20);
+    assert_eq!(c.max_read_wait_ms, 120_000);
+}
+
+/// A value that is not one says what was expected, by flag and by file.
+#[test]
+fn a_bad_value_names_what_was_expected() {
+    for (flag, bad, expected) in [
+        ("--output-budget-bytes", "32MB", "MiB"),
+        ("--output-budget-bytes", "lots", "256MiB"),
+        ("--output-budget-bytes", "-1", "256MiB"),
+        ("--max-sessions", "8K", "whole number"),
+        ("--detached-session-ttl-ms", "1 day", "15s"),
+        ("--noise-window-records", "4294967296", "too large"),
+    ] {
+        let given = format!("{flag}={bad}");
+        let err = Cli::try_parse_from(["execrelay", "serve", given.as_str()])
+            .err()
+            .unwrap_or_else(|| panic!("{flag} {bad:?} accepted"))
+            .to_string();
+        assert!(
+            err.contains(flag) && err.contains(expected),
+            "{flag} {bad:?}: {err}"
+        );
+    }
+    let err = ServerConfig::from_toml("max_read_wait_ms = \"soon\"\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("max_read_wait_ms: `soon` is not a time"),
+        "{err}"
+    );
+}
+
 /// The README's configuration table is exactly the generated one (run this test and paste
 /// the table it prints when a setting changes).
 #[test]

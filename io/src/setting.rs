@@ -3,7 +3,9 @@
 //! server's (`execrelay::config`), so both binaries show values alike.
 //!
 //! It also holds the one [`settings!`](crate::settings) macro both servers declare their
-//! settings with. A leaf: it knows no setting, reads no file and parses nothing.
+//! settings with, and the one way a value is read back from a flag or the TOML file
+//! ([`Unit::parse`], [`read_units`]): what `--help` shows (`256 MiB`, `15 000 ms`) is also what
+//! a flag accepts. A leaf: it knows no setting and reads no file.
 
 /// How a setting's value reads, for `--help`, the README table and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,102 @@ impl Unit {
             Unit::Count => group_thousands(value),
         }
     }
+}
+
+impl Unit {
+    /// Read a value of this unit as a person writes it in a flag or the TOML file:
+    ///
+    /// - a whole number, its digits optionally grouped by single spaces or underscores
+    ///   (`8192`, `8 192`, `8_192`), as `--help` shows values;
+    /// - for bytes, optionally a binary unit: `B`, `KiB` (or `K`), `MiB` (`M`), `GiB` (`G`),
+    ///   any case, with or without a space (`256MiB`, `256 MiB`). `KB`, `MB` and `GB` are
+    ///   refused: they mean 1000 to some and 1024 to others;
+    /// - for milliseconds, optionally `ms`, `s`, `m` (or `min`) or `h`.
+    ///
+    /// The error says what was expected, with examples.
+    pub fn parse(self, text: &str) -> Result<u64, String> {
+        let t = text.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '_' || c == ' '))
+            .unwrap_or(t.len());
+        let (number, suffix) = (t[..split].trim_end(), t[split..].trim());
+        let expected = || format!("`{text}` is not {}", self.expected());
+        let grouped_well = !number.is_empty()
+            && !number.starts_with(['_', ' '])
+            && !number.ends_with(['_', ' '])
+            && !number.contains("__")
+            && !number.contains("  ")
+            && !number.contains("_ ")
+            && !number.contains(" _");
+        if !grouped_well {
+            return Err(expected());
+        }
+        let digits: String = number.chars().filter(char::is_ascii_digit).collect();
+        let value: u64 = digits
+            .parse()
+            .map_err(|_| format!("`{text}` is too large"))?;
+        let lower = suffix.to_ascii_lowercase();
+        let factor: u64 = match (self, lower.as_str()) {
+            (_, "") => 1,
+            (Unit::Bytes, "b" | "byte" | "bytes") => 1,
+            (Unit::Bytes, "k" | "kib") => 1 << 10,
+            (Unit::Bytes, "m" | "mib") => 1 << 20,
+            (Unit::Bytes, "g" | "gib") => 1 << 30,
+            (Unit::Bytes, "kb" | "mb" | "gb") => {
+                return Err(format!(
+                    "`{text}`: `{suffix}` is ambiguous (powers of 1000 or of 1024?); write {}iB \
+                     (binary) or the number of bytes",
+                    &suffix[..1].to_ascii_uppercase()
+                ))
+            }
+            (_, fraction) if fraction.starts_with(['.', ',']) => {
+                return Err(format!(
+                    "`{text}` has a fraction; write {} in a smaller unit",
+                    self.expected()
+                ))
+            }
+            (Unit::Millis, "ms") => 1,
+            (Unit::Millis, "s") => 1_000,
+            (Unit::Millis, "m" | "min") => 60_000,
+            (Unit::Millis, "h") => 3_600_000,
+            _ => return Err(expected()),
+        };
+        value
+            .checked_mul(factor)
+            .ok_or_else(|| format!("`{text}` is too large"))
+    }
+
+    /// [`parse`](Self::parse) into the setting's own integer type (a flag's value parser).
+    pub fn parse_as<T: TryFrom<u64>>(self, text: &str) -> Result<T, String> {
+        let value = self.parse(text)?;
+        T::try_from(value).map_err(|_| format!("`{text}` is too large for this setting"))
+    }
+
+    /// What a value of this unit looks like, for error messages.
+    fn expected(self) -> &'static str {
+        match self {
+            Unit::Count => "a whole number (like 8192, 8 192 or 8_192)",
+            Unit::Bytes => {
+                "a number of bytes (like 268435456, 256MiB, 64KiB or 1GiB; KiB = 1024 bytes)"
+            }
+            Unit::Millis => "a time (like 1500 or 1500ms in milliseconds, 15s, 2m or 1h)",
+        }
+    }
+}
+
+/// Read every number setting of `settings` written as a string in a TOML table
+/// (`output_budget_bytes = "256MiB"`) into an integer, as [`Unit::parse`] reads a flag; the
+/// table then deserializes as usual. Integers are left as they are. The error names the key.
+pub fn read_units(table: &mut toml::Table, settings: &[Setting]) -> Result<(), String> {
+    for s in settings {
+        if let Some(toml::Value::String(text)) = table.get(s.name) {
+            let value = s.unit.parse(text).map_err(|e| format!("{}: {e}", s.name))?;
+            let value =
+                i64::try_from(value).map_err(|_| format!("{}: `{text}` is too large", s.name))?;
+            table.insert(s.name.to_string(), toml::Value::Integer(value));
+        }
+    }
+    Ok(())
 }
 
 /// `86400000` → `86 400 000` (a thin grouping that reads the same in every locale).
@@ -181,6 +279,7 @@ macro_rules! settings {
                 #[arg(
                     long,
                     value_name = $crate::setting::Unit::$unit.value_name(),
+                    value_parser = |text: &str| $crate::setting::Unit::$unit.parse_as::<$ty>(text),
                     help = $crate::setting::Setting {
                         name: stringify!($name),
                         default: $default as u64,
@@ -246,6 +345,116 @@ mod tests {
         assert_eq!(Unit::Millis.display(15_000), "15 000 ms");
         assert_eq!(Unit::Count.display(8192), "8 192");
         assert_eq!(Unit::Count.display(256), "256");
+    }
+
+    #[test]
+    fn values_are_read_as_they_are_shown() {
+        let mib = 1u64 << 20;
+        for (text, want) in [
+            ("268435456", 256 * mib),
+            ("256MiB", 256 * mib),
+            ("256 MiB", 256 * mib),
+            ("256mib", 256 * mib),
+            ("256M", 256 * mib),
+            ("64KiB", 64 << 10),
+            ("64 k", 64 << 10),
+            ("1GiB", 1 << 30),
+            ("65 579 bytes", 65_579),
+            ("65_579B", 65_579),
+            (" 0 ", 0),
+        ] {
+            assert_eq!(Unit::Bytes.parse(text), Ok(want), "{text:?}");
+        }
+        for (text, want) in [
+            ("15 000 ms", 15_000),
+            ("1500", 1_500),
+            ("15s", 15_000),
+            ("2m", 120_000),
+            ("2 min", 120_000),
+            ("1h", 3_600_000),
+        ] {
+            assert_eq!(Unit::Millis.parse(text), Ok(want), "{text:?}");
+        }
+        assert_eq!(Unit::Count.parse("8 192"), Ok(8192));
+        assert_eq!(Unit::Count.parse("18446744073709551615"), Ok(u64::MAX));
+        // Every default as `--help` shows it reads back to itself.
+        for (unit, value) in [
+            (Unit::Bytes, 256 * mib),
+            (Unit::Bytes, 65_579),
+            (Unit::Bytes, 16 << 10),
+            (Unit::Millis, 86_400_000),
+            (Unit::Count, 8192),
+        ] {
+            assert_eq!(unit.parse(&unit.display(value)), Ok(value));
+        }
+    }
+
+    #[test]
+    fn bad_values_say_what_was_expected() {
+        for bad in [
+            "",
+            "MiB",
+            "-1",
+            "1.5GiB",
+            "_1",
+            "1_",
+            "1__0",
+            "1  0",
+            "0x10",
+            "12 parsecs",
+        ] {
+            let err = Unit::Bytes.parse(bad).unwrap_err();
+            assert!(err.contains("256MiB"), "{bad:?}: {err}");
+        }
+        let err = Unit::Bytes.parse("32MB").unwrap_err();
+        assert!(err.contains("ambiguous") && err.contains("MiB"), "{err}");
+        let err = Unit::Count.parse("8K").unwrap_err();
+        assert!(err.contains("whole number"), "{err}");
+        let err = Unit::Millis.parse("5 days").unwrap_err();
+        assert!(err.contains("15s"), "{err}");
+        // At the edge of u64, and of the setting's own type.
+        assert!(Unit::Bytes
+            .parse("18446744073709551616")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(Unit::Bytes
+            .parse("17179869184GiB")
+            .unwrap_err()
+            .contains("too large"));
+        assert_eq!(Unit::Count.parse_as::<u32>("4294967295"), Ok(u32::MAX));
+        assert!(Unit::Count
+            .parse_as::<u32>("4294967296")
+            .unwrap_err()
+            .contains("too large for this setting"));
+    }
+
+    #[test]
+    fn a_toml_string_is_read_in_the_settings_unit() {
+        let settings = [
+            Setting {
+                name: "queue_bytes",
+                default: 0,
+                unit: Unit::Bytes,
+                bounds: "",
+            },
+            Setting {
+                name: "wait_ms",
+                default: 0,
+                unit: Unit::Millis,
+                bounds: "",
+            },
+        ];
+        let mut t: toml::Table =
+            toml::from_str("queue_bytes = \"32MiB\"\nwait_ms = 1500\nother = \"x\"").unwrap();
+        read_units(&mut t, &settings).unwrap();
+        assert_eq!(t["queue_bytes"], toml::Value::Integer(32 << 20));
+        assert_eq!(t["wait_ms"], toml::Value::Integer(1500));
+        assert_eq!(t["other"], toml::Value::String("x".into()));
+        let mut t: toml::Table = toml::from_str("wait_ms = \"soon\"").unwrap();
+        let err = read_units(&mut t, &settings).unwrap_err();
+        assert!(err.starts_with("wait_ms: `soon` is not a time"), "{err}");
+        let mut t: toml::Table = toml::from_str("queue_bytes = \"16EiB\"").unwrap();
+        assert!(read_units(&mut t, &settings).is_err());
     }
 
     #[test]

@@ -353,6 +353,40 @@ fn bad_flags_and_files_are_refused_before_serving() {
     ]);
     assert_eq!(code, Some(2));
     assert!(err.contains("max_frame_bytes"), "{err}");
+    // A size in an ambiguous unit: the flag, and what to write instead.
+    let (code, err, _) = run(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        key_s,
+        "--environments",
+        envs_s,
+        "--max-queued-bytes",
+        "512MB",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--max-queued-bytes") && err.contains("write MiB"),
+        "{err}"
+    );
+    // The same in the file: the file and the key are named.
+    let conf = dir.path().join("relay.toml");
+    std::fs::write(&conf, "max_queued_bytes = \"half a gig\"\n").unwrap();
+    let (code, err, _) = run(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--key",
+        key_s,
+        "--environments",
+        envs_s,
+        "--config",
+        conf.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("relay.toml") && err.contains("max_queued_bytes: `half a gig`"),
+        "{err}"
+    );
     // No link runtime, or far too many: the flag is named with its range.
     for bad in ["0", "100000"] {
         let (code, err, _) = run(&[

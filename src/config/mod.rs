@@ -372,13 +372,14 @@ impl ServerConfig {
 
     /// Parse a TOML configuration file's contents.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let cfg: ServerConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
-        cfg.validate()?;
-        Ok(cfg)
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        Self::from_toml_table(table)
     }
 
-    /// The settings of a TOML table already parsed (the caller took out its own keys).
-    pub fn from_toml_table(table: toml::Table) -> Result<Self, ConfigError> {
+    /// The settings of a TOML table already parsed (the caller took out its own keys). A
+    /// number may be written with its unit, as a flag's (`output_budget_bytes = "256MiB"`).
+    pub fn from_toml_table(mut table: toml::Table) -> Result<Self, ConfigError> {
+        execrelay_io::setting::read_units(&mut table, SETTINGS).map_err(ConfigError)?;
         let cfg: ServerConfig = table.try_into().map_err(|e| ConfigError(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)

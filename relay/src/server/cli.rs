@@ -273,6 +273,9 @@ impl RelayArgs {
         let mut locations: FileLocations = toml::Value::Table(located)
             .try_into()
             .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+        // A number may be written with its unit, as a flag's (`"256MiB"`, `"15s"`).
+        execrelay_io::setting::read_units(&mut table, super::settings::SETTINGS)
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
         let settings: RelaySettings = toml::Value::Table(table)
             .try_into()
             .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;

@@ -246,8 +246,14 @@ impl From<EngineConfigError> for SettingsError {
 
 impl RelaySettings {
     /// Parse a TOML configuration file's contents (unknown keys are errors), and validate.
+    /// A number may be written with its unit, as a flag's (`max_queued_bytes = "256MiB"`).
     pub fn from_toml(text: &str) -> Result<Self, SettingsError> {
-        let s: RelaySettings = toml::from_str(text).map_err(|e| SettingsError(e.to_string()))?;
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| SettingsError(e.to_string()))?;
+        execrelay_io::setting::read_units(&mut table, SETTINGS).map_err(SettingsError)?;
+        let s: RelaySettings = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| SettingsError(e.to_string()))?;
         s.validate()?;
         Ok(s)
     }
@@ -436,6 +442,17 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+        // A number may carry its unit, as a flag's; a bad one names the key and the form.
+        let s =
+            RelaySettings::from_toml("max_queued_bytes = \"512MiB\"\npong_timeout_ms = \"2s\"\n")
+                .unwrap();
+        assert_eq!(s.max_queued_bytes, 512 << 20);
+        assert_eq!(s.pong_timeout_ms, 2_000);
+        let err = RelaySettings::from_toml("max_queued_bytes = \"1.5GiB\"").unwrap_err();
+        assert!(
+            err.to_string().contains("max_queued_bytes: `1.5GiB`"),
+            "{err}"
+        );
         let edge = format!("max_frame_bytes = {MIN_FRAME_BYTES}");
         assert_eq!(
             RelaySettings::from_toml(&edge).unwrap().max_frame_bytes,
