@@ -543,6 +543,29 @@ async fn raw_spawn_latency(runs: u64) -> (f64, f64, f64) {
     )
 }
 
+/// Raw spawn and in-process exec p50 (ms), both on a runtime of one worker thread of their
+/// own (run as a task on it, as `#[tokio::main]` code runs on the bench's two).
+fn one_worker_pair(runs: u64) -> (f64, f64) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a one-worker runtime");
+        rt.block_on(async {
+            tokio::spawn(async move {
+                let (r50, _, _) = raw_spawn_latency(runs).await;
+                let (i50, _, _, _) = in_process_exec_cost_switches(runs, BackendChoice::Auto).await;
+                (r50, i50)
+            })
+            .await
+            .expect("the one-worker measurement")
+        })
+    })
+    .join()
+    .expect("the one-worker thread")
+}
+
 /// The in-process section: exec latency and throughput of `Client::in_process` with plain
 /// WebSocket measured beside it in the same run (`INPROC_RUNS`, `INPROC_BYTES`; 0 skips).
 async fn in_process_section(keys: &NoiseKeys) {
@@ -575,6 +598,16 @@ async fn in_process_section(keys: &NoiseKeys) {
         println!("inproc_ws_exec_latency_p99_ms {w99:.3}");
         println!("inproc_vs_ws_exec_latency_p50_ratio {:.3}", i50 / w50);
         println!("inproc_overhead_over_raw_spawn_p50_ms {:.3}", i50 - r50);
+        // The same pair on a runtime of one worker (a caller's choice, not the server's): no
+        // second worker is woken to steal the in-process path's tasks, so the difference
+        // between the two overheads is what that stealing costs on this machine.
+        let (o50, oi50) = one_worker_pair(runs);
+        println!("inproc_one_worker_raw_spawn_p50_ms {o50:.3}");
+        println!("inproc_one_worker_exec_latency_p50_ms {oi50:.3}");
+        println!(
+            "inproc_one_worker_overhead_over_raw_spawn_p50_ms {:.3}",
+            oi50 - o50
+        );
     }
     let n = env_u64("INPROC_BYTES", 256 << 20);
     if n > 0 {
