@@ -93,6 +93,16 @@ pub enum FrameError {
     ReasonTooLong,
 }
 
+/// A message that does not decode as a frame ([`Frame::decode_bytes_named`]): why, and, when
+/// it has a whole version-1 header, its type byte (possibly unknown) and stream id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecodable {
+    /// Why it does not decode.
+    pub error: FrameError,
+    /// `(type byte, stream id)` as the header reads, if it is a whole version-1 header.
+    pub named: Option<(u8, StreamId)>,
+}
+
 /// A frame that decodes but breaks a rule of §5–§7 about its fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -252,6 +262,32 @@ impl Frame {
             f.wire = Some(Box::new(msg));
         }
         Ok(f)
+    }
+
+    /// [`decode_bytes`](Self::decode_bytes), and on failure what the message names, where its
+    /// header can be read (see [`Undecodable`]): so a relay can answer a frame it cannot
+    /// decode on the stream it was meant for. Costs nothing more on success.
+    pub fn decode_bytes_named(msg: Bytes) -> Result<Frame, Undecodable> {
+        match Frame::decode_header(&msg) {
+            Ok(mut f) => {
+                f.payload = msg.slice(HEADER_BYTES..);
+                if f.payload.len() >= KEEP_WIRE_FROM_BYTES {
+                    f.wire = Some(Box::new(msg));
+                }
+                Ok(f)
+            }
+            Err(error) => {
+                // Only a whole version-1 header has its fields where this version puts them.
+                let readable = (HEADER_BYTES..=MAX_FRAME_BYTES).contains(&msg.len())
+                    && msg[0] == FRAME_VERSION;
+                let named = readable.then(|| {
+                    let mut stream = LINK_STREAM;
+                    stream.copy_from_slice(&msg[4..4 + STREAM_ID_BYTES]);
+                    (msg[1], stream)
+                });
+                Err(Undecodable { error, named })
+            }
+        }
     }
 
     /// Drop the payload (and the message it came from): what a queued `ACK` keeps.

@@ -476,3 +476,72 @@ fn a_malformed_open_is_refused_malformed_frame_to_its_sender_alone() {
         vec![(sid(7), 1, b"still here".to_vec())]
     );
 }
+
+/// A frame whose header reads but does not decode (reserved flag bits, a type this version
+/// lacks) is answered as one that breaks a rule: an `OPEN` on an id the sender does not hold
+/// is refused `malformed_frame` to its sender alone, and a frame on a stream the sender holds
+/// resets that stream. A message with no readable header (too short, another version) names
+/// nothing and is only charged. Before, every frame that failed decoding was only charged,
+/// and a client whose `OPEN` carried a flag this relay does not know waited for its timeout.
+#[test]
+fn a_frame_that_does_not_decode_is_answered_on_the_stream_its_header_names() {
+    let clock = Clock::new();
+    let now = clock.now;
+    let mut net = Net::new(relay_cfg());
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 1, 0, 7);
+    let (bad, holder, env_link) = (net.clients[0].1, net.clients[1].1, net.envs[0].1);
+    for link in [bad, holder, env_link] {
+        drain(&mut net.router, link, now);
+    }
+    let with_flags = |mut frame: Vec<u8>, flags: u16| {
+        frame[2..4].copy_from_slice(&flags.to_be_bytes());
+        frame
+    };
+    // An OPEN with a reserved flag bit (bit 2) on a new id: refused to its sender.
+    let open = with_flags(raw(FrameType::Open, sid(5), 0, 0, 16, b"msg1"), 0x0004);
+    assert!(execrelay_protocol::frame::Frame::decode(&open).is_err());
+    net.router.handle_frame(now, bad, open);
+    let sent = drain(&mut net.router, bad, now);
+    assert_eq!(sent.len(), 1, "one answer");
+    assert_eq!(
+        (sent[0].ftype, sent[0].stream, &sent[0].payload[..]),
+        (FrameType::Reset, sid(5), &b"malformed_frame"[..])
+    );
+    assert!(drain(&mut net.router, env_link, now).is_empty());
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 1);
+    // No readable header: too short, or another version. Charged, never answered.
+    let mut other_version = raw(FrameType::Open, sid(6), 0, 0, 16, b"msg1");
+    other_version[0] = 2;
+    for frame in [vec![1u8; HEADER_BYTES - 1], other_version] {
+        net.router.handle_frame(now, bad, frame);
+        assert!(drain(&mut net.router, bad, now).is_empty());
+    }
+    // A type this version lacks, on an id nobody holds: charged, not answered (only an OPEN
+    // is refused).
+    let mut unknown = raw(FrameType::Ack, sid(8), 0, 0, 0, b"");
+    unknown[1] = 9;
+    net.router.handle_frame(now, bad, unknown);
+    assert!(drain(&mut net.router, bad, now).is_empty());
+    assert!(net.router.is_live(bad), "within the malformed budget");
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 1);
+    // The same client's undecodable frame on an id another client holds disturbs nothing.
+    let data = with_flags(raw(FrameType::Data, sid(7), 1, 0, 0, b"x"), 0x0001);
+    net.router.handle_frame(now, bad, data.clone());
+    assert!(drain(&mut net.router, holder, now).is_empty());
+    assert!(drain(&mut net.router, env_link, now).is_empty());
+    // The holder's own undecodable frame on its stream resets that stream, both ends.
+    net.router.handle_frame(now, holder, data);
+    for (end, link) in [("client", holder), ("environment", env_link)] {
+        let sent = drain(&mut net.router, link, now);
+        assert_eq!(sent.len(), 1, "{end}: one RESET");
+        assert_eq!(
+            (sent[0].ftype, sent[0].stream, &sent[0].payload[..]),
+            (FrameType::Reset, sid(7), &b"malformed_frame"[..]),
+            "{end}"
+        );
+    }
+    assert_eq!(net.router.counters().resets(Reason::MalformedFrame), 2);
+}

@@ -23,11 +23,20 @@ impl<T: RoutingTable> Router<T> {
             return;
         };
         let (kind, env, forward) = (l.kind, l.env.clone(), l.forward);
-        let f = match Frame::decode_owned(msg) {
+        let f = match Frame::decode_bytes_named(msg.into()) {
             Ok(f) => f,
-            Err(_) => {
+            Err(bad) => {
                 self.counters.frames_in[0] += 1;
-                self.malformed(now, link, None);
+                // A header that reads (reserved flag bits, a reason too long, a type this
+                // version lacks) names its stream: answered as a decoded frame that breaks a
+                // rule is, below. Anything else names nothing and is only charged.
+                match bad.named {
+                    Some((ftype, stream)) => {
+                        let open = ftype == FrameType::Open as u8;
+                        self.malformed_named(now, link, kind, RouteKey { env, stream }, open)
+                    }
+                    None => self.malformed(now, link, None),
+                }
                 return;
             }
         };
@@ -43,19 +52,8 @@ impl<T: RoutingTable> Router<T> {
             stream: f.stream,
         };
         if f.check_rules().is_err() {
-            // A client's `OPEN` that breaks a rule of §5 (a window of 0, a sequence number, an
-            // acknowledgement) on an id this link does not hold is refused as any `OPEN` is,
-            // so that the client learns why instead of waiting for its own timeout. It opens
-            // nothing and is charged as malformed; on an id it holds, `malformed` resets it.
-            // Never on stream id 0: a `RESET` there speaks for the link, not a stream.
-            let refuse = kind == LinkKind::Client
-                && f.ftype == FrameType::Open
-                && f.stream != LINK_STREAM
-                && !self.owns(link, kind, &key);
-            self.malformed(now, link, Some(f.stream));
-            if refuse && self.links.contains_key(&link) {
-                self.refuse(link, f.stream, Reason::MalformedFrame);
-            }
+            let open = f.ftype == FrameType::Open;
+            self.malformed_named(now, link, kind, key, open);
             return;
         }
         match (kind, f.ftype) {
@@ -66,6 +64,30 @@ impl<T: RoutingTable> Router<T> {
             }
             // OPEN from an environment, ACCEPT from a client.
             _ => self.malformed(now, link, Some(f.stream)),
+        }
+    }
+
+    /// A frame that names `key`'s stream but breaks a rule of §5 or does not decode: charged as
+    /// malformed, and its stream reset if this link holds it. A client's `OPEN` (`open`) on
+    /// an id this link does not hold is refused as any `OPEN` is, so that the client learns
+    /// why instead of waiting for its own timeout; it opens nothing. Never on stream id 0: a
+    /// `RESET` there speaks for the link, not a stream.
+    fn malformed_named(
+        &mut self,
+        now: Instant,
+        link: LinkId,
+        kind: LinkKind,
+        key: RouteKey,
+        open: bool,
+    ) {
+        let stream = key.stream;
+        let refuse = kind == LinkKind::Client
+            && open
+            && stream != LINK_STREAM
+            && !self.owns(link, kind, &key);
+        self.malformed(now, link, Some(stream));
+        if refuse && self.links.contains_key(&link) {
+            self.refuse(link, stream, Reason::MalformedFrame);
         }
     }
 
