@@ -405,6 +405,16 @@ fn client_links_per_address_count_an_ipv6_slash_64_as_one_address() {
         .unwrap();
 }
 
+/// One environment and two clients; the second holds stream 7 (established, drained).
+fn one_env_two_clients(now: std::time::Instant) -> Net {
+    let mut net = Net::new(relay_cfg());
+    net.add_env(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    net.add_client(now, "env1", cfg());
+    establish_via(&mut net, now, 1, 0, 7);
+    net
+}
+
 /// A client's `OPEN` that breaks a rule of §5 on an id it does not hold (a window of 0, a
 /// sequence number, an acknowledgement) is answered `RESET
 /// malformed_frame` on its own link, so that its implementer learns why; nothing reaches the
@@ -414,11 +424,7 @@ fn client_links_per_address_count_an_ipv6_slash_64_as_one_address() {
 fn a_malformed_open_is_refused_malformed_frame_to_its_sender_alone() {
     let clock = Clock::new();
     let now = clock.now;
-    let mut net = Net::new(relay_cfg());
-    net.add_env(now, "env1", cfg());
-    net.add_client(now, "env1", cfg());
-    net.add_client(now, "env1", cfg());
-    establish_via(&mut net, now, 1, 0, 7);
+    let mut net = one_env_two_clients(now);
     let (bad, env_link) = (net.clients[0].1, net.envs[0].1);
     drain(&mut net.router, bad, now);
     drain(&mut net.router, env_link, now);
@@ -487,11 +493,7 @@ fn a_malformed_open_is_refused_malformed_frame_to_its_sender_alone() {
 fn a_frame_that_does_not_decode_is_answered_on_the_stream_its_header_names() {
     let clock = Clock::new();
     let now = clock.now;
-    let mut net = Net::new(relay_cfg());
-    net.add_env(now, "env1", cfg());
-    net.add_client(now, "env1", cfg());
-    net.add_client(now, "env1", cfg());
-    establish_via(&mut net, now, 1, 0, 7);
+    let mut net = one_env_two_clients(now);
     let (bad, holder, env_link) = (net.clients[0].1, net.clients[1].1, net.envs[0].1);
     for link in [bad, holder, env_link] {
         drain(&mut net.router, link, now);

@@ -316,15 +316,20 @@ fn bad_flags_and_files_are_refused_before_serving() {
         )
     };
     let (key_s, envs_s) = (key.to_str().unwrap(), envs.to_str().unwrap());
+    // A relay on ws:// with the key and environments above, and `more` flags.
+    let served = |more: &[&str]| {
+        let base = [
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--key",
+            key_s,
+            "--environments",
+            envs_s,
+        ];
+        run(&[&base[..], more].concat())
+    };
     // The environments file's error names its line.
-    let (code, err, out) = run(&[
-        "--listen",
-        "ws://127.0.0.1:0",
-        "--key",
-        key_s,
-        "--environments",
-        envs_s,
-    ]);
+    let (code, err, out) = served(&[]);
     assert_eq!(code, Some(2));
     assert!(err.contains(&format!("{envs_s}:1:")), "{err}");
     assert!(out.is_empty(), "nothing printed on stdout before serving");
@@ -341,29 +346,11 @@ fn bad_flags_and_files_are_refused_before_serving() {
     assert_eq!(code, Some(2));
     assert!(err.contains("--tls-cert FILE and --tls-key FILE"), "{err}");
     // A bad setting.
-    let (code, err, _) = run(&[
-        "--listen",
-        "ws://127.0.0.1:0",
-        "--key",
-        key_s,
-        "--environments",
-        envs_s,
-        "--max-frame-bytes",
-        "100",
-    ]);
+    let (code, err, _) = served(&["--max-frame-bytes", "100"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("max_frame_bytes"), "{err}");
     // A size in an ambiguous unit: the flag, and what to write instead.
-    let (code, err, _) = run(&[
-        "--listen",
-        "ws://127.0.0.1:0",
-        "--key",
-        key_s,
-        "--environments",
-        envs_s,
-        "--max-queued-bytes",
-        "512MB",
-    ]);
+    let (code, err, _) = served(&["--max-queued-bytes", "512MB"]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains("--max-queued-bytes") && err.contains("write MiB"),
@@ -372,16 +359,7 @@ fn bad_flags_and_files_are_refused_before_serving() {
     // The same in the file: the file and the key are named.
     let conf = dir.path().join("relay.toml");
     std::fs::write(&conf, "max_queued_bytes = \"half a gig\"\n").unwrap();
-    let (code, err, _) = run(&[
-        "--listen",
-        "ws://127.0.0.1:0",
-        "--key",
-        key_s,
-        "--environments",
-        envs_s,
-        "--config",
-        conf.to_str().unwrap(),
-    ]);
+    let (code, err, _) = served(&["--config", conf.to_str().unwrap()]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains("relay.toml") && err.contains("max_queued_bytes: `half a gig`"),
@@ -389,16 +367,7 @@ fn bad_flags_and_files_are_refused_before_serving() {
     );
     // No link runtime, or far too many: the flag is named with its range.
     for bad in ["0", "100000"] {
-        let (code, err, _) = run(&[
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--key",
-            key_s,
-            "--environments",
-            envs_s,
-            "--runtime-threads",
-            bad,
-        ]);
+        let (code, err, _) = served(&["--runtime-threads", bad]);
         assert_eq!(code, Some(2), "{bad}");
         assert!(
             err.contains("--runtime-threads") && err.contains("from 1 to 256"),
@@ -408,14 +377,7 @@ fn bad_flags_and_files_are_refused_before_serving() {
     // A private key others can read.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (code, err, _) = run(&[
-        "--listen",
-        "ws://127.0.0.1:0",
-        "--key",
-        key_s,
-        "--environments",
-        envs_s,
-    ]);
+    let (code, err, _) = served(&[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("permissions"), "{err}");
     // --help lists the limits with their defaults.
