@@ -256,12 +256,7 @@ impl Frame {
 
     /// [`decode_owned`](Self::decode_owned) from shared bytes.
     pub fn decode_bytes(msg: Bytes) -> Result<Frame, FrameError> {
-        let mut f = Frame::decode_header(&msg)?;
-        f.payload = msg.slice(HEADER_BYTES..);
-        if f.payload.len() >= KEEP_WIRE_FROM_BYTES {
-            f.wire = Some(Box::new(msg));
-        }
-        Ok(f)
+        Frame::decode_bytes_named(msg).map_err(|bad| bad.error)
     }
 
     /// [`decode_bytes`](Self::decode_bytes), and on failure what the message names, where its
