@@ -387,3 +387,49 @@ fn bad_flags_and_files_are_refused_before_serving() {
     assert!(help.contains("--max-streams-per-environment"), "{help}");
     assert!(help.contains("[default: 8 192]"), "{help}");
 }
+
+/// `SIGTERM` stops the relay whatever became of the stream its logs go to: a log collector
+/// that died, or `| head`, leaves stderr a pipe without a reader. Before, the signal handler's
+/// log line failed, the subscriber reported it with `eprintln!`, which panicked on the broken
+/// pipe before the handler cancelled anything, and the relay served on, deaf to `SIGTERM`.
+#[test]
+fn sigterm_stops_a_relay_whose_log_reader_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("relay.key");
+    Keypair::generate().unwrap().write(&key, "relay").unwrap();
+    let envs = dir.path().join("environments");
+    std::fs::write(&envs, "# none yet\n").unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--listen", "ws://127.0.0.1:0", "--key"])
+        .arg(&key)
+        .arg("--environments")
+        .arg(&envs)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The URL is printed once the signal handlers are installed and the listener is bound.
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    assert!(url.starts_with("ws://127.0.0.1:"), "{url:?}");
+    drop(child.stderr.take());
+    sigterm(&child);
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(GUARD) {
+        Ok(status) => assert_eq!(status.unwrap().code(), Some(0)),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("the relay did not stop within {GUARD:?} of SIGTERM");
+        }
+    }
+}

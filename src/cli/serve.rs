@@ -433,7 +433,7 @@ pub fn main(args: ServeArgs) -> i32 {
         let listeners = match bind(listen, noise, relay, probes).await {
             Ok(listeners) => listeners,
             Err(e) => {
-                eprintln!("execrelay serve: {e}");
+                execrelay_io::service::note(format_args!("execrelay serve: {e}"));
                 return 1;
             }
         };
@@ -514,7 +514,9 @@ async fn bind(
             .await
             .map_err(|e| anyhow::anyhow!("cannot bind --metrics-listen {addr}: {e}"))?;
         let local = listener.local_addr()?;
-        eprintln!("execrelay metrics: http://{local}{METRICS_PATH}");
+        execrelay_io::service::note(format_args!(
+            "execrelay metrics: http://{local}{METRICS_PATH}"
+        ));
         listeners.push(Listener::Metrics(listener));
     }
     if let Some(addr) = health {
@@ -522,7 +524,9 @@ async fn bind(
             .await
             .map_err(|e| anyhow::anyhow!("cannot bind --health-listen {addr}: {e}"))?;
         let local = listener.local_addr()?;
-        eprintln!("execrelay health: http://{local}{READYZ_PATH}");
+        execrelay_io::service::note(format_args!(
+            "execrelay health: http://{local}{READYZ_PATH}"
+        ));
         listeners.push(Listener::Health(listener));
     }
     let mut urls = Vec::new();

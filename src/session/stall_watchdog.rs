@@ -85,7 +85,9 @@ async fn run(processes: Processes, metrics: Arc<Metrics>, bound: Duration) {
                     );
                     tracing::error!(session = %session_id, process = %p.id, "{report}");
                     if abort_on_stall() {
-                        eprintln!("execrelay (debug build): {report}");
+                        execrelay_io::service::note(format_args!(
+                            "execrelay (debug build): {report}"
+                        ));
                         std::process::abort();
                     }
                 }

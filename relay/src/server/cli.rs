@@ -560,12 +560,16 @@ pub fn run(args: RelayArgs) -> i32 {
             Some(addr) => match TcpListener::bind(addr).await {
                 Ok(l) => {
                     if let Ok(local) = l.local_addr() {
-                        eprintln!("execrelay-relay metrics: http://{local}{METRICS_PATH}");
+                        execrelay_io::service::note(format_args!(
+                            "execrelay-relay metrics: http://{local}{METRICS_PATH}"
+                        ));
                     }
                     Some(l)
                 }
                 Err(e) => {
-                    eprintln!("execrelay-relay: cannot bind --metrics-listen {addr}: {e}");
+                    execrelay_io::service::note(format_args!(
+                        "execrelay-relay: cannot bind --metrics-listen {addr}: {e}"
+                    ));
                     return 1;
                 }
             },
@@ -574,7 +578,10 @@ pub fn run(args: RelayArgs) -> i32 {
         let listener = match TcpListener::bind(listen.addr).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("execrelay-relay: cannot bind {}: {e}", listen.addr);
+                execrelay_io::service::note(format_args!(
+                    "execrelay-relay: cannot bind {}: {e}",
+                    listen.addr
+                ));
                 return 1;
             }
         };
@@ -582,7 +589,7 @@ pub fn run(args: RelayArgs) -> i32 {
             Ok(a) if listen.tls => bound_tls_url(a),
             Ok(a) => bound_url(a),
             Err(e) => {
-                eprintln!("execrelay-relay: {e}");
+                execrelay_io::service::note(format_args!("execrelay-relay: {e}"));
                 return 1;
             }
         };
