@@ -60,13 +60,16 @@ impl Unit {
             .unwrap_or(t.len());
         let (number, suffix) = (t[..split].trim_end(), t[split..].trim());
         let expected = || format!("`{text}` is not {}", self.expected());
-        let grouped_well = !number.is_empty()
-            && !number.starts_with(['_', ' '])
-            && !number.ends_with(['_', ' '])
-            && !number.contains("__")
-            && !number.contains("  ")
-            && !number.contains("_ ")
-            && !number.contains(" _");
+        // Digits alone, or grouped in thousands as `--help` shows them (`86 400 000`): a
+        // first group of one to three digits, then groups of exactly three.
+        let groups: Vec<&str> = number.split(['_', ' ']).collect();
+        let grouped_well = match groups.as_slice() {
+            [one] => !one.is_empty(),
+            [first, rest @ ..] => {
+                (1..=3).contains(&first.len()) && rest.iter().all(|g| g.len() == 3)
+            }
+            [] => false,
+        };
         if !grouped_well {
             return Err(expected());
         }
@@ -361,6 +364,7 @@ mod tests {
             ("1GiB", 1 << 30),
             ("65 579 bytes", 65_579),
             ("65_579B", 65_579),
+            ("1_048_576", 1 << 20),
             (" 0 ", 0),
         ] {
             assert_eq!(Unit::Bytes.parse(text), Ok(want), "{text:?}");
@@ -402,6 +406,9 @@ mod tests {
             "1  0",
             "0x10",
             "12 parsecs",
+            "1 2",
+            "1_0000",
+            "1234_567",
         ] {
             let err = Unit::Bytes.parse(bad).unwrap_err();
             assert!(err.contains("256MiB"), "{bad:?}: {err}");
