@@ -40,13 +40,11 @@ impl Unit {
             Unit::Count => group_thousands(value),
         }
     }
-}
 
-impl Unit {
     /// Read a value of this unit as a person writes it in a flag or the TOML file:
     ///
-    /// - a whole number, its digits optionally grouped by single spaces or underscores
-    ///   (`8192`, `8 192`, `8_192`), as `--help` shows values;
+    /// - a whole number, its digits optionally grouped in thousands by single spaces or
+    ///   underscores (`8192`, `8 192`, `8_192`), as `--help` shows values;
     /// - for bytes, optionally a binary unit: `B`, `KiB` (or `K`), `MiB` (`M`), `GiB` (`G`),
     ///   any case, with or without a space (`256MiB`, `256 MiB`). `KB`, `MB` and `GB` are
     ///   refused: they mean 1000 to some and 1024 to others;
